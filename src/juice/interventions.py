@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import torch
@@ -165,30 +166,83 @@ def captured_heads(heads: ModelHeads, layers: Sequence[int]) -> Iterator[dict[in
         yield store
 
 
+@dataclass(frozen=True)
+class RowPlan:
+    """Per-row head interventions for one batched forward (JuNE and JuICE rows side by side).
+
+    Row `r`'s head outputs become `H[r] * (1 + scale[r]) + add[r] * H[source[r]]`, where the source
+    row is an unmodified (clean) row of the same batch holding the same tokens. Batch rows never
+    interact in a forward pass, so the source row *is* JuICE's first run and row `r` its second.
+
+    Attributes:
+        scale: `[rows, n_layers, n_heads]`, JuNE's beta (paper Alg. 4); 0 leaves a head alone.
+        add: `[rows, n_layers, n_heads]`, JuICE's beta (paper Alg. 1, step two).
+        source: `[rows]` long, the clean row whose outputs row `r` adds; -1 for none.
+    """
+
+    scale: Tensor
+    add: Tensor
+    source: Tensor
+
+    def __post_init__(self) -> None:
+        rows = self.source.shape[0]
+        if self.scale.shape[0] != rows or self.add.shape[0] != rows:
+            raise ValueError("scale, add and source must have one entry per row")
+        sources = self.source[self.source >= 0]
+        if sources.numel() and (self.source[sources].ge(0).any() or self.scale[sources].ne(0).any()):
+            raise ValueError("a source row must be a clean row (no scaling, no source of its own)")
+        if self.add[self.source < 0].ne(0).any():
+            raise ValueError("a row with additions needs a source row")
+
+    @classmethod
+    def clean(cls, rows: int, geometry: HeadGeometry) -> "RowPlan":
+        zeros = torch.zeros(rows, geometry.n_layers, geometry.n_heads)
+        return cls(zeros, zeros.clone(), torch.full((rows,), -1, dtype=torch.long))
+
+    def select(self, rows: Tensor, source: Tensor | None = None) -> "RowPlan":
+        """The plan of `rows` (a reordering); `source` gives the new source indices."""
+        src = self.source[rows] if source is None else source
+        return RowPlan(self.scale[rows], self.add[rows], src)
+
+
+@contextmanager
+def planned_rows(heads: ModelHeads, plan: RowPlan) -> Iterator[None]:
+    """Apply a :class:`RowPlan` on every forward inside the block."""
+    scale, add = plan.scale.detach(), plan.add.detach()
+    added_rows = torch.nonzero(plan.source >= 0).flatten()
+    sources = plan.source[added_rows]
+    scaled_layers = set(_active_layers(scale))
+    added_layers = set(_active_layers(add))
+
+    def fn(layer: int, x: Tensor) -> Tensor:
+        h = _split_heads(x, heads.geometry.n_heads)
+        out = h * (1 + _per_row(scale, layer, x)) if layer in scaled_layers else h.clone()
+        if layer in added_layers:
+            beta = add[added_rows, layer].to(device=x.device, dtype=x.dtype)[:, None, :, None]
+            out[added_rows.to(x.device)] += beta * h[sources.to(x.device)]
+        return out.reshape(x.shape)
+
+    with projection_input_hooks(heads, {layer: fn for layer in sorted(scaled_layers | added_layers)}):
+        yield
+
+
 @contextmanager
 def dual_run_rows(heads: ModelHeads, betas: Tensor) -> Iterator[None]:
     """JuICE's two runs as two halves of one batch (paper Alg. 1, Stage 2).
 
-    The batch is `[clean rows; steered rows]`, `2 * n` rows. Clean rows run the unmodified model;
-    at every layer, steered row `i` gets `H <- H + beta * H_clean[i]`, where `H_clean[i]` is clean
-    row `i`'s head output at the same layer and positions. Batch rows never interact, so this
-    equals running the clean pass first, saving its head outputs and adding them in a second run.
+    The batch is `[clean rows; steered rows]`, `2 * n` rows; steered row `i` gets
+    `H <- H + beta * H_clean[i]` at every steered head. Equals running the clean pass first,
+    saving its head outputs and adding them in a second run.
 
     Args:
-        betas: `[n_layers, n_heads]` or `[n, n_layers, n_heads]` (per steered row), e.g. beta+
-            on the positive heads and beta- on the negative heads, 0 elsewhere.
+        betas: `[n_layers, n_heads]` or `[n, n_layers, n_heads]` (per steered row).
     """
-    betas = betas.detach()
-
-    def fn(layer: int, x: Tensor) -> Tensor:
-        n = x.shape[0] // 2
-        if x.shape[0] != 2 * n:
-            raise ValueError(f"dual-run batch must have an even number of rows, got {x.shape[0]}")
-        h = _split_heads(x, heads.geometry.n_heads)
-        steered = h[n:] + _per_row(betas, layer, h[n:]) * h[:n]
-        return torch.cat([h[:n], steered]).reshape(x.shape)
-
-    with projection_input_hooks(heads, {layer: fn for layer in _active_layers(betas)}):
+    if betas.dim() == 2:
+        raise ValueError("dual_run_rows needs per-row betas [n, n_layers, n_heads]; expand them first")
+    n = betas.shape[0]
+    zeros = torch.zeros_like(betas)
+    source = torch.cat([torch.full((n,), -1), torch.arange(n)])
+    with planned_rows(heads, RowPlan(torch.cat([zeros, zeros]), torch.cat([zeros, betas]), source)):
         yield
 
 

@@ -38,6 +38,20 @@ class LoadedModel:
     def device(self) -> torch.device:
         return self.model.get_input_embeddings().weight.device
 
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Output logits from final hidden states `[..., hidden]` -> `[..., vocab]`.
+
+        The LM head applied by hand, so callers compute it only for the rows they need;
+        applies the config's final logit soft-capping (Gemma 2) and logit scaling (Granite).
+        """
+        logits = self.model.get_output_embeddings()(hidden)
+        config = self.model.config.get_text_config()
+        if cap := getattr(config, "final_logit_softcapping", None):
+            logits = torch.tanh(logits / cap) * cap
+        if scaling := getattr(config, "logits_scaling", None):
+            logits = logits / scaling
+        return logits
+
     def fingerprint(self) -> dict[str, Any]:
         """What identifies this model in a saved artifact (heads file, results)."""
         return model_fingerprint(self.model, self.heads, self.name)

@@ -4,15 +4,23 @@ JuICE (paper Alg. 1, Stage 2): run 1 is the unmodified model; run 2 adds beta+ (
 times run 1's outputs of the positive (negative) heads to the same heads. JuNE (Alg. 4) scales
 the heads' live outputs in one run: `H <- H + beta * H`.
 
-Generation keeps both runs cached: the batch holds `[clean rows; steered rows]` and one KV cache
-serves both halves; at every step both halves are fed the steered run's new token, so the clean
-run sees exactly the sequence the steered run produced (as a naive re-run of both passes would).
+Generation is cached and batched. Each request is a *stream*: a prompt and a steering method.
+All streams of a chunk share one batch and one KV cache:
+
+- prefill: one clean (unmodified) row per prompt, plus one row per JuNE or JuICE stream; a JuICE
+  row adds beta times its prompt's clean row (:class:`~juice.interventions.RowPlan`), so the clean
+  prefill is computed once however many methods and betas a prompt is steered with;
+- decoding: the cache is re-indexed so that every stream owns its rows; a JuICE stream owns a
+  copy of the clean row plus its steered row, and both are fed the steered row's new token, so
+  the clean run sees exactly the sequence the steered run produced (as a naive re-run would).
+
+Logits are computed only at the last position and only for the rows whose tokens are read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,10 +30,11 @@ from torch import Tensor
 from juice.architectures import HeadGeometry
 from juice.interventions import (
     Head,
+    RowPlan,
     added_to_heads,
     captured_heads,
     check_heads,
-    dual_run_rows,
+    planned_rows,
     scaled_heads,
 )
 from juice.models import LoadedModel
@@ -68,8 +77,8 @@ class Steering:
 
     Attributes:
         method: "original" (no change), "june" (single run) or "juice" (dual run).
-        coefficients: `[n_layers, n_heads]` for all prompts or `[n_prompts, n_layers, n_heads]`
-            per prompt (beta at the steered heads, 0 elsewhere). Ignored for "original".
+        coefficients: `[n_layers, n_heads]`, beta at the steered heads, 0 elsewhere.
+            Ignored for "original".
     """
 
     method: Method = "original"
@@ -78,39 +87,30 @@ class Steering:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"unknown steering method {self.method!r}; choose from {METHODS}")
-        if self.method != "original" and self.coefficients is None:
-            raise ValueError(f"{self.method} needs coefficients")
-
-    @property
-    def rows_per_prompt(self) -> int:
-        return 2 if self.method == "juice" else 1
+        if self.method != "original" and (self.coefficients is None or self.coefficients.dim() != 2):
+            raise ValueError(f"{self.method} needs coefficients of shape [n_layers, n_heads]")
 
 
 ORIGINAL = Steering()
 
 
-@contextmanager
-def steered(lm: LoadedModel, steering: Steering) -> Iterator[None]:
-    """Hooks for `steering` on a batch laid out as the method needs (`[clean; steered]` for JuICE)."""
-    if steering.method == "juice":
-        with dual_run_rows(lm.heads, steering.coefficients):
-            yield
-    elif steering.method == "june":
-        with scaled_heads(lm.heads, steering.coefficients):
-            yield
-    else:
-        yield
+@dataclass(frozen=True)
+class Stream:
+    """One generation request: the prompt at index `prompt`, decoded under `steering`."""
+
+    prompt: int
+    steering: Steering = ORIGINAL
 
 
 @dataclass
 class Generation:
-    """Greedy continuations of a batch of prompts.
+    """Greedy continuations, one per stream.
 
     Attributes:
-        tokens: `[n_prompts, max_new_tokens]` new token ids.
+        tokens: `[n_streams, max_new_tokens]` new token ids.
         texts: the decoded continuations.
-        first_probs: `[n_prompts, V]` next-token probabilities at the last prompt position
-            (the steered run's, for JuICE), or None if not requested.
+        first_probs: `[n_streams, k]` probabilities, at the first step, of the `k` probe tokens
+            given per stream (e.g. the parametric and the context answer's first token), or None.
     """
 
     tokens: Tensor
@@ -118,81 +118,158 @@ class Generation:
     first_probs: Tensor | None
 
 
-def _forward(lm: LoadedModel, input_ids: Tensor, mask: Tensor, positions: Tensor, past=None):
-    return lm.model(
-        input_ids=input_ids,
-        attention_mask=mask,
-        position_ids=positions,
-        past_key_values=past,
-        use_cache=True,
-        logits_to_keep=1,
+def _base_forward(lm: LoadedModel, input_ids: Tensor, mask: Tensor, positions: Tensor, past=None):
+    out = lm.model.base_model(
+        input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=past, use_cache=True
     )
+    return out.last_hidden_state[:, -1], out.past_key_values
+
+
+def _zero_plan_row(geometry: HeadGeometry) -> Tensor:
+    return torch.zeros(geometry.n_layers, geometry.n_heads)
+
+
+def _chunks(streams: Sequence[Stream], max_rows: int) -> Iterator[list[int]]:
+    """Stream indices grouped by prompt, cut so no chunk decodes more than `max_rows` rows."""
+    order = sorted(range(len(streams)), key=lambda i: streams[i].prompt)
+    chunk: list[int] = []
+    rows = 0
+    for i in order:
+        need = 2 if streams[i].steering.method == "juice" else 1
+        if chunk and rows + need > max_rows:
+            yield chunk
+            chunk, rows = [], 0
+        chunk.append(i)
+        rows += need
+    if chunk:
+        yield chunk
 
 
 @torch.inference_mode()
-def greedy_generate(
+def generate(
     lm: LoadedModel,
     prompts: Sequence[str],
+    streams: Sequence[Stream],
     max_new_tokens: int = 10,
-    steering: Steering = ORIGINAL,
     *,
-    keep_first_probs: bool = False,
+    probe_tokens: Tensor | None = None,
+    max_rows: int = 64,
 ) -> Generation:
-    """Greedy decoding of `prompts` in one left-padded batch, with one KV cache.
+    """Greedy decoding of many (prompt, steering) streams, batched and cached.
 
-    Per new token this costs one forward of one token per row; JuICE doubles the rows (its clean
-    and steered runs share the batch), never the sequence. Paper Alg. 1 (JuICE), Alg. 4 (JuNE).
+    Paper Alg. 1 (JuICE) and Alg. 4 (JuNE); "original" is the unmodified model. Per new token a
+    chunk costs one forward of one token per row; the clean prefill of a prompt is shared by all
+    its streams. See the module docstring for the layout.
 
     Args:
         lm: the model.
-        prompts: n prompt strings (BOS is added).
-        max_new_tokens: number of tokens to generate (no early stop at EOS).
-        steering: method and coefficients; per-prompt coefficients are `[n, n_layers, n_heads]`.
-        keep_first_probs: also return the first step's next-token probabilities, `[n, V]`.
+        prompts: prompt strings (BOS is added).
+        streams: what to generate; `Stream(i, steering)` decodes `prompts[i]` under `steering`.
+        max_new_tokens: tokens to generate per stream (no early stop at EOS).
+        probe_tokens: `[n_streams, k]` token ids whose first-step probabilities to return.
+        max_rows: most decoding rows per batch (a JuICE stream takes two).
+
+    Returns:
+        Generation with one entry per stream, in the order of `streams`.
 
     Raises:
         PromptTooLongError: a prompt does not fit the context window with the new tokens.
     """
     limit = context_length(lm.model)
-    batch = encode(lm.tokenizer, prompts, None if limit is None else limit - max_new_tokens).to(lm.device)
-    n = len(prompts)
-    rows = batch.repeat(steering.rows_per_prompt)
-    mask, positions = rows.attention_mask, rows.position_ids
-    new_tokens = []
-    first_probs = None
-    with steered(lm, steering):
-        out = _forward(lm, rows.input_ids, mask, positions)
-        for step in range(max_new_tokens):
-            logits = out.logits[-n:, -1].float()
-            if step == 0 and keep_first_probs:
-                first_probs = logits.softmax(-1).cpu()
-            token = logits.argmax(-1)
-            new_tokens.append(token)
-            if step == max_new_tokens - 1:
-                break
-            feed = token.repeat(steering.rows_per_prompt)[:, None]
-            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-            positions = positions[:, -1:] + 1
-            out = _forward(lm, feed, mask, positions, past=out.past_key_values)
-    tokens = torch.stack(new_tokens, dim=1).cpu() if new_tokens else torch.empty(n, 0, dtype=torch.long)
+    n = len(streams)
+    tokens = torch.zeros(n, max_new_tokens, dtype=torch.long)
+    first_probs = None if probe_tokens is None else torch.zeros(probe_tokens.shape, dtype=torch.float32)
+    for chunk in _chunks(streams, max_rows):
+        chunk_prompts = sorted({streams[i].prompt for i in chunk})
+        batch = encode(
+            lm.tokenizer, [prompts[p] for p in chunk_prompts], None if limit is None else limit - max_new_tokens
+        )
+        probes = None if probe_tokens is None else probe_tokens[chunk]
+        out_tokens, out_probs = _generate_chunk(
+            lm, batch, [chunk_prompts.index(streams[i].prompt) for i in chunk],
+            [streams[i].steering for i in chunk], max_new_tokens, probes,
+        )
+        tokens[chunk] = out_tokens
+        if first_probs is not None:
+            first_probs[chunk] = out_probs
     texts = lm.tokenizer.batch_decode(tokens, skip_special_tokens=True)
     return Generation(tokens, texts, first_probs)
 
 
-@torch.inference_mode()
-def last_position_probs(lm: LoadedModel, prompts: Sequence[str], steering: Steering = ORIGINAL) -> Tensor:
-    """Next-token probabilities at the last prompt position under `steering`: `[n, V]`."""
-    return greedy_generate(lm, prompts, 1, steering, keep_first_probs=True).first_probs
+def _generate_chunk(lm, batch, prompt_of: list[int], steerings: list[Steering], max_new_tokens, probes):
+    geometry = lm.heads.geometry
+    device = lm.device
+    n_prompts = batch.input_ids.shape[0]
+    zero = _zero_plan_row(geometry)
+
+    # Prefill layout: clean prompt rows, then one row per steered stream.
+    rows_src, scale, add, source, out_row = list(range(n_prompts)), [zero] * n_prompts, [zero] * n_prompts, [-1] * n_prompts, []
+    for p, s in zip(prompt_of, steerings):
+        if s.method == "original":
+            out_row.append(p)
+            continue
+        out_row.append(len(rows_src))
+        rows_src.append(p)
+        scale.append(s.coefficients if s.method == "june" else zero)
+        add.append(s.coefficients if s.method == "juice" else zero)
+        source.append(p if s.method == "juice" else -1)
+    plan = RowPlan(torch.stack(scale), torch.stack(add), torch.tensor(source))
+    index = torch.tensor(rows_src)
+    ids, mask, positions = (t[index].to(device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))
+    with planned_rows(lm.heads, plan):
+        hidden, cache = _base_forward(lm, ids, mask, positions)
+    logits = lm.logits(hidden[torch.tensor(out_row, device=device)]).float()
+    first_probs = None
+    if probes is not None:
+        first_probs = logits.softmax(-1).gather(1, probes.to(device)).cpu()
+    token = logits.argmax(-1)
+    new_tokens = [token]
+    if max_new_tokens == 1:
+        return torch.stack(new_tokens, 1).cpu(), first_probs
+
+    # Decoding layout: every stream owns its rows; a JuICE stream owns [clean copy, steered row].
+    select, d_scale, d_add, d_source, d_out, feed_stream = [], [], [], [], [], []
+    for k, (p, s) in enumerate(zip(prompt_of, steerings)):
+        if s.method == "juice":
+            select.append(p)
+            d_scale.append(zero), d_add.append(zero), d_source.append(-1), feed_stream.append(k)
+            d_source.append(len(select) - 1)
+        else:
+            d_source.append(-1)
+        d_out.append(len(select))
+        select.append(out_row[k])
+        d_scale.append(s.coefficients if s.method == "june" else zero)
+        d_add.append(s.coefficients if s.method == "juice" else zero)
+        feed_stream.append(k)
+    select_t = torch.tensor(select, device=device)
+    cache.reorder_cache(select_t)
+    mask, positions = mask[select_t], positions[select_t][:, -1:]
+    d_plan = RowPlan(torch.stack(d_scale), torch.stack(d_add), torch.tensor(d_source))
+    out_t, feed_t = torch.tensor(d_out, device=device), torch.tensor(feed_stream, device=device)
+    with planned_rows(lm.heads, d_plan):
+        for _ in range(max_new_tokens - 1):
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+            positions = positions + 1
+            hidden, cache = _base_forward(lm, token[feed_t][:, None], mask, positions, past=cache)
+            token = lm.logits(hidden[out_t]).float().argmax(-1)
+            new_tokens.append(token)
+    return torch.stack(new_tokens, 1).cpu(), first_probs
 
 
-def _coefficients_for(steering: Steering, row: int) -> Tensor:
-    c = steering.coefficients
-    return c if c.dim() == 2 else c[row]
+def greedy_generate(
+    lm: LoadedModel,
+    prompts: Sequence[str],
+    max_new_tokens: int = 10,
+    steering: Steering = ORIGINAL,
+    **kwargs,
+) -> Generation:
+    """Greedy continuations of `prompts`, all under one `steering` (see :func:`generate`)."""
+    return generate(lm, prompts, [Stream(i, steering) for i in range(len(prompts))], max_new_tokens, **kwargs)
 
 
 @torch.inference_mode()
 def greedy_generate_naive(
-    lm: LoadedModel, prompt: str, max_new_tokens: int = 10, steering: Steering = ORIGINAL, *, row: int = 0
+    lm: LoadedModel, prompt: str, max_new_tokens: int = 10, steering: Steering = ORIGINAL
 ) -> Tensor:
     """Reference decoding: every step re-runs the whole sequence, twice for JuICE, with no cache.
 
@@ -203,7 +280,7 @@ def greedy_generate_naive(
         `[max_new_tokens]` new token ids.
     """
     ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
-    coefficients = None if steering.method == "original" else _coefficients_for(steering, row)
+    coefficients = steering.coefficients
     active = [] if coefficients is None else [int(i) for i in coefficients.ne(0).any(-1).nonzero().flatten()]
     for _ in range(max_new_tokens):
         if steering.method == "juice":

@@ -1,0 +1,86 @@
+"""JuICE and JuNE generation: the cached, batched decoder equals the paper's literal algorithm."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from juice.interventions import Head
+from juice.steering import (
+    HeadSelection,
+    Steering,
+    Stream,
+    generate,
+    greedy_generate,
+    greedy_generate_naive,
+    steering_coefficients,
+)
+from juice.tokens import encode
+
+PROMPTS = [
+    "the capital of france is paris . the capital of france is",
+    "tennis golf w40 w41 w42 is",
+    "w7 w8 w9 w10 w11 w12 w13 w14 w15 w16 w17 w18 the",
+]
+SELECTION = HeadSelection(positive=(Head(0, 1), Head(2, 3)), negative=(Head(1, 0), Head(2, 3)))
+
+
+def coefficients(lm, beta_plus=2.0, beta_minus=-1.0):
+    return steering_coefficients(lm.heads.geometry, SELECTION, beta_plus, beta_minus)
+
+
+def test_logits_helper_equals_the_models_own_head(tiny):
+    b = encode(tiny.tokenizer, PROMPTS)
+    with torch.no_grad():
+        full = tiny.model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids)
+        hidden = tiny.model.base_model(
+            input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids
+        ).last_hidden_state
+    torch.testing.assert_close(tiny.logits(hidden[:, -1]), full.logits[:, -1], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["original", "june", "juice"])
+def test_cached_generation_equals_naive_rerun(tiny, method):
+    steering = Steering(method, None if method == "original" else coefficients(tiny))
+    cached = greedy_generate(tiny, PROMPTS, 8, steering)
+    for i, prompt in enumerate(PROMPTS):
+        naive = greedy_generate_naive(tiny, prompt, 8, steering)
+        assert torch.equal(cached.tokens[i], naive), (method, i)
+
+
+def test_juice_with_zero_betas_equals_the_original_model(tiny):
+    zero = Steering("juice", coefficients(tiny, 0.0, 0.0))
+    original = greedy_generate(tiny, PROMPTS, 6)
+    steered = greedy_generate(tiny, PROMPTS, 6, zero)
+    assert torch.equal(original.tokens, steered.tokens)
+
+
+def test_juice_changes_something_when_betas_are_large(tiny_llama):
+    strong = Steering("juice", coefficients(tiny_llama, 8.0, -3.0))
+    probes = torch.arange(8).repeat(len(PROMPTS), 1)
+    a = greedy_generate(tiny_llama, PROMPTS, 4, probe_tokens=probes)
+    b = greedy_generate(tiny_llama, PROMPTS, 4, strong, probe_tokens=probes)
+    assert not torch.allclose(a.first_probs, b.first_probs)
+
+
+def test_mixed_streams_in_one_batch_equal_separate_runs(tiny):
+    c1, c2 = coefficients(tiny, 2.0, -1.0), coefficients(tiny, 5.0, 0.0)
+    streams = [
+        Stream(0, Steering("juice", c1)), Stream(1), Stream(0, Steering("june", c2)),
+        Stream(2, Steering("juice", c2)), Stream(0), Stream(1, Steering("juice", c1)),
+    ]
+    probes = torch.tensor([[3, 4]] * len(streams))
+    together = generate(tiny, PROMPTS, streams, 5, probe_tokens=probes, max_rows=64)
+    split = generate(tiny, PROMPTS, streams, 5, probe_tokens=probes, max_rows=2)
+    assert torch.equal(together.tokens, split.tokens)
+    torch.testing.assert_close(together.first_probs, split.first_probs, rtol=0, atol=1e-5)
+    for k, s in enumerate(streams):
+        alone = greedy_generate_naive(tiny, PROMPTS[s.prompt], 5, s.steering)
+        assert torch.equal(together.tokens[k], alone), k
+
+
+def test_unknown_method_is_refused():
+    with pytest.raises(ValueError, match="unknown steering method"):
+        Steering("juicy", torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="needs coefficients"):
+        Steering("juice")
