@@ -1,0 +1,114 @@
+"""Stage 1: batched exact head scoring equals one intervention per forward; Alg. 3 selection."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from juice.data.paraconflict import build_domain
+from juice.interventions import Head
+from juice.scoring import (
+    HeadScores,
+    HeadsFileMismatchError,
+    intervention_probs,
+    intervention_probs_naive,
+    load_heads,
+    make_artifact,
+    score_heads,
+    scoring_prompts,
+    select_heads,
+    save_heads,
+)
+
+PROMPT = "the capital of france is paris . the capital of france is"
+
+
+def all_interventions(lm, alphas=(1.0, -1.0, 30.0)):
+    g = lm.heads.geometry
+    return [(Head(l, h), a) for l in range(g.n_layers) for h in range(g.n_heads) for a in alphas]
+
+
+@pytest.mark.parametrize("max_rows", [256, 5])
+def test_batched_growing_scoring_equals_one_forward_per_intervention(tiny, max_rows):
+    inter = all_interventions(tiny)
+    clean, fast = intervention_probs(tiny, PROMPT, 9, inter, max_rows=max_rows)
+    clean_ref, slow = intervention_probs_naive(tiny, PROMPT, 9, inter)
+    assert clean == pytest.approx(clean_ref, abs=1e-6)
+    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-6)
+    assert (slow - clean_ref).abs().max() > 1e-4  # the interventions do something
+
+
+def test_scale_zero_scores_zero(tiny_llama):
+    _, p = intervention_probs(tiny_llama, PROMPT, 9, all_interventions(tiny_llama, (0.0,)))
+    clean, _ = intervention_probs_naive(tiny_llama, PROMPT, 9, [])
+    torch.testing.assert_close(p, torch.full_like(p, clean), rtol=0, atol=1e-6)
+
+
+def _scores(per_type_plus, per_type_minus):
+    t = torch.stack([per_type_plus, per_type_minus], dim=-1)  # one alpha each
+    return HeadScores(t, (1.0, -1.0), 1, ("clean", "substitution", "coherent"), torch.zeros(3, 1))
+
+
+def test_selection_drops_inconsistent_heads_and_ranks_by_sum():
+    plus = torch.zeros(3, 2, 2)
+    plus[:, 0, 0] = torch.tensor([5.0, 5.0, -0.1])   # best sum but negative for one type: dropped
+    plus[:, 0, 1] = torch.tensor([1.0, 1.0, 1.0])
+    plus[:, 1, 0] = torch.tensor([0.0, 2.0, 0.5])
+    plus[:, 1, 1] = torch.tensor([-1.0, 0.0, 0.0])   # dropped
+    minus = -plus
+    sel = select_heads(_scores(plus, minus), k=5)
+    assert sel.positive == (Head(0, 1), Head(1, 0))  # sums 3.0 and 2.5
+    assert sel.negative == (Head(1, 1),)
+
+
+def test_score_heads_shapes_and_sign_split(tiny_llama):
+    examples = build_domain("world_capital")[:2]
+    prompts = scoring_prompts(tiny_llama, examples)
+    scores = score_heads(tiny_llama, prompts, (1.0, 3.0), (-1.0,))
+    g = tiny_llama.heads.geometry
+    assert scores.scores.shape == (3, g.n_layers, g.n_heads, 3)
+    torch.testing.assert_close(scores.per_type("+"), scores.scores[..., :2].sum(-1))
+    naive = score_heads(tiny_llama, prompts, (1.0, 3.0), (-1.0,), naive=True)
+    torch.testing.assert_close(scores.scores, naive.scores, rtol=0, atol=1e-5)
+
+
+def test_heads_file_round_trip_and_mismatch(tiny_llama, tiny_gemma3, tmp_path):
+    examples = build_domain("world_capital")[:1]
+    scores = score_heads(tiny_llama, scoring_prompts(tiny_llama, examples), (1.0,), (-1.0,))
+    sel = select_heads(scores, k=2)
+    path = tmp_path / "heads.json"
+    save_heads(make_artifact(tiny_llama, scores, sel, 2, "parametric", examples), path)
+    loaded = load_heads(path, tiny_llama)
+    assert loaded.selection == sel and loaded.k == 2
+    assert json.loads(path.read_text())["model"]["model_type"] == "llama"
+    with pytest.raises(HeadsFileMismatchError, match="was made for model"):
+        load_heads(path, tiny_gemma3)
+
+
+def test_attribution_is_the_derivative_of_the_exact_score(tiny):
+    from juice.scoring import head_attributions
+
+    g = tiny.heads.geometry
+    eps = 1e-2
+    attribution = head_attributions(tiny, PROMPT, 9)
+    inter = [(Head(l, h), eps) for l in range(g.n_layers) for h in range(g.n_heads)]
+    clean, p = intervention_probs(tiny, PROMPT, 9, inter)
+    finite_difference = ((p - clean) / eps).view(g.n_layers, g.n_heads)
+    scale = attribution.abs().max()
+    torch.testing.assert_close(attribution, finite_difference, rtol=0, atol=float(0.05 * scale) + 1e-5)
+    assert scale > 0
+
+
+def test_hybrid_scores_only_the_shortlist(tiny_llama):
+    from juice.scoring import attribution_scores, shortlist
+
+    prompts = scoring_prompts(tiny_llama, build_domain("world_capital")[:2])
+    approx = attribution_scores(tiny_llama, prompts, (1.0,), (-1.0,))
+    short = shortlist(approx, 2)
+    assert 2 <= len(short) <= 4
+    exact = score_heads(tiny_llama, prompts, (1.0,), (-1.0,), heads=short)
+    assert int(exact.scored.sum()) == len(short)
+    sel = select_heads(exact, k=5)
+    assert set(sel.positive) <= set(short) and set(sel.negative) <= set(short)
