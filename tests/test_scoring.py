@@ -101,14 +101,18 @@ def test_attribution_is_the_derivative_of_the_exact_score(tiny):
     assert scale > 0
 
 
-def test_hybrid_scores_only_the_shortlist(tiny_llama):
-    from juice.scoring import attribution_scores, shortlist
+def test_hybrid_scores_the_shortlists_exactly(tiny_llama):
+    from juice.scoring import attribution_scores, hybrid_scores, shortlist
 
     prompts = scoring_prompts(tiny_llama, build_domain("world_capital")[:2])
-    approx = attribution_scores(tiny_llama, prompts, (1.0,), (-1.0,))
-    short = shortlist(approx, 2)
-    assert 2 <= len(short) <= 4
-    exact = score_heads(tiny_llama, prompts, (1.0,), (-1.0,), heads=short)
-    assert int(exact.scored.sum()) == len(short)
-    sel = select_heads(exact, k=5)
-    assert set(sel.positive) <= set(short) and set(sel.negative) <= set(short)
+    approx = attribution_scores(tiny_llama, prompts, (1.0, 3.0), (-1.0,))
+    plus, minus = shortlist(approx, 3, "+"), shortlist(approx, 3, "-")
+    hybrid = hybrid_scores(tiny_llama, prompts, 3, (1.0, 3.0), (-1.0,))
+    exact = score_heads(tiny_llama, prompts, (1.0, 3.0), (-1.0,))
+    assert hybrid.scored[0].sum() == 3 and hybrid.scored[1].sum() == 3
+    for (l, h) in plus:
+        torch.testing.assert_close(hybrid.scores[:, l, h, :2], exact.scores[:, l, h, :2], rtol=0, atol=1e-6)
+    for (l, h) in minus:
+        torch.testing.assert_close(hybrid.scores[:, l, h, 2:], exact.scores[:, l, h, 2:], rtol=0, atol=1e-6)
+    sel = select_heads(hybrid, k=5)
+    assert set(sel.positive) <= set(plus) and set(sel.negative) <= set(minus)

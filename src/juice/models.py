@@ -62,8 +62,11 @@ def model_fingerprint(model: PreTrainedModel, heads: ModelHeads, name: str) -> d
 
     The checksum tells two models of the same shape apart (e.g. a base and a fine-tuned model).
     """
-    weight = heads.projections[0].weight.detach().float().cpu()
-    digest = hashlib.sha256(weight[:8].numpy().round(5).tobytes()).hexdigest()[:16]
+    weight = heads.projections[0].weight
+    if weight.device.type == "meta":  # offloaded by accelerate: identify by shape only
+        digest = "offloaded"
+    else:
+        digest = hashlib.sha256(weight.detach()[:8].float().cpu().numpy().round(5).tobytes()).hexdigest()[:16]
     g = heads.geometry
     return {
         "name": name,
@@ -137,6 +140,7 @@ def load_model(
     device_map: str | dict | None = None,
     attn_implementation: str | None = None,
     use_cache_dir: bool = True,
+    offload_folder: str | Path | None = None,
 ) -> LoadedModel:
     """Load a causal LM for head interventions.
 
@@ -145,6 +149,8 @@ def load_model(
             model directory, or a Hugging Face hub id (needs a network the first time).
         dtype: parameter dtype; float32 by default (CPU).
         device_map: passed to `from_pretrained` (e.g. "auto" to shard over devices via accelerate).
+            Hooks and caches follow each layer's device; saved head outputs are moved to it.
+        offload_folder: where accelerate offloads weights mapped to "disk".
         attn_implementation: overrides the adapter's choice ("eager" for soft-capping models).
         use_cache_dir: for GGUF sources, save and reuse a dequantized safetensors copy.
 
@@ -167,34 +173,42 @@ def load_model(
     kwargs: dict[str, Any] = {"dtype": dtype}
     if device_map is not None:
         kwargs["device_map"] = device_map
+    if offload_folder is not None:
+        kwargs["offload_folder"] = str(offload_folder)
     if gguf is not None:
         converted = cache_dir() / "models" / cache_key
         if use_cache_dir and (converted / "config.json").is_file():
             source, extra = str(converted), {}
         else:
             source, extra = str(gguf.parent), {"gguf_file": gguf.name}
+        attn = attn_implementation or _attention_for(source, extra)
         tokenizer = AutoTokenizer.from_pretrained(source, **extra)
-        config_model_type = _peek_model_type(source, extra)
-        attn = attn_implementation or adapter_for(config_model_type).attn_implementation
         model = AutoModelForCausalLM.from_pretrained(source, attn_implementation=attn, **extra, **kwargs)
         if use_cache_dir and extra:
             _atomic_save(model, tokenizer, converted)
     else:
         path = Path(spec).expanduser()
-        if (spec.startswith((".", "/", "~")) or os.sep in spec and path.exists()) and not path.exists():
+        if spec.startswith((".", "/", "~")) and not path.exists():  # a path, not a hub id
             raise FileNotFoundError(f"no model directory at {path}")
+        attn = attn_implementation or _attention_for(spec, {})
         tokenizer = AutoTokenizer.from_pretrained(spec)
-        attn = attn_implementation or adapter_for(_peek_model_type(spec, {})).attn_implementation
         model = AutoModelForCausalLM.from_pretrained(spec, attn_implementation=attn, **kwargs)
     model.eval()
     model.requires_grad_(False)
     return LoadedModel(model, _prepare_tokenizer(tokenizer), ModelHeads(model), spec)
 
 
-def _peek_model_type(source: str, extra: dict) -> str:
+def _attention_for(source: str, extra: dict) -> str | None:
+    """The adapter's attention implementation; "eager" whenever the config soft-caps attention
+    logits (Gemma 2: the sdpa path drops the cap)."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(source, **extra).model_type
+    config = AutoConfig.from_pretrained(source, **extra)
+    text = config.get_text_config()
+    adapter = adapter_for(config.model_type)  # raises UnsupportedArchitectureError early
+    if getattr(text, "attn_logit_softcapping", None):
+        return "eager"
+    return adapter.attn_implementation
 
 
 def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str = "custom") -> LoadedModel:

@@ -170,7 +170,8 @@ class HeadScores:
         n_positive: how many of `alphas` are alpha+.
         conflict_types: names of the first axis.
         clean_probs: `[n_types, |D|]` the unmodified model's target probabilities.
-        scored: `[n_layers, n_heads]` bool, the heads that were scored (all, unless shortlisted).
+        scored: `[2, n_layers, n_heads]` bool, the heads scored with alpha+ (index 0) and with
+            alpha- (index 1); all, unless shortlisted.
     """
 
     scores: Tensor
@@ -216,8 +217,8 @@ def score_heads(
     layer_idx = torch.tensor([h.layer for h in heads])
     head_idx = torch.tensor([h.head for h in heads])
     scores = torch.zeros(len(types), g.n_layers, g.n_heads, len(alphas), dtype=torch.float64)
-    scored = torch.zeros(g.n_layers, g.n_heads, dtype=torch.bool)
-    scored[layer_idx, head_idx] = True
+    scored = torch.zeros(2, g.n_layers, g.n_heads, dtype=torch.bool)
+    scored[:, layer_idx, head_idx] = True
     clean: dict[str, list[float]] = {t: [] for t in types}
     for i, sp in enumerate(prompts):
         if naive:
@@ -238,10 +239,10 @@ def select_heads(scores: HeadScores, k: int = 5) -> HeadSelection:
     Fewer than K heads are returned where fewer pass the consistency filter.
     """
 
-    def top(per_type: Tensor) -> tuple[Head, ...]:
+    def top(per_type: Tensor, sign: int) -> tuple[Head, ...]:
         consistent = per_type.ge(0).all(dim=0)
         if scores.scored is not None:
-            consistent &= scores.scored
+            consistent &= scores.scored[sign]
         total = per_type.sum(dim=0).masked_fill(~consistent, float("-inf"))
         flat = total.flatten()
         n = min(k, int(consistent.sum()))
@@ -249,7 +250,7 @@ def select_heads(scores: HeadScores, k: int = 5) -> HeadSelection:
         n_heads = per_type.shape[-1]
         return tuple(Head(int(i) // n_heads, int(i) % n_heads) for i in idx)
 
-    return HeadSelection(top(scores.per_type("+")), top(scores.per_type("-")))
+    return HeadSelection(top(scores.per_type("+"), 0), top(scores.per_type("-"), 1))
 
 
 # ---------------------------------------------------------------- artifact
@@ -323,7 +324,7 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, ensure_ascii=False)
+            json.dump(data, f, indent=1, ensure_ascii=False, default=str)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -426,16 +427,37 @@ def attribution_scores(
     return HeadScores(scores, alphas, len(alphas_positive), types, torch.zeros(len(types), 0))
 
 
-def shortlist(scores: HeadScores, m: int) -> list[Head]:
-    """Up to `m` heads per sign, most promising first: consistent heads by summed score, then the
-    rest by their worst conflict type. The union of both signs' lists (at most 2m heads)."""
-    chosen: list[Head] = []
-    for sign in "+-":
-        per_type = scores.per_type(sign)
-        total, worst = per_type.sum(0), per_type.min(0).values
-        consistent = per_type.ge(0).all(0)
-        key = torch.where(consistent, total, worst - total.abs().max() - 1)
-        idx = key.flatten().topk(min(m, key.numel())).indices
-        n_heads = per_type.shape[-1]
-        chosen += [Head(int(i) // n_heads, int(i) % n_heads) for i in idx]
-    return sorted(set(chosen))
+def shortlist(scores: HeadScores, m: int, sign: str) -> list[Head]:
+    """The `m` most promising heads for one sign ("+" or "-"): heads consistent over conflict
+    types by summed score, then the rest by their worst conflict type."""
+    per_type = scores.per_type(sign)
+    total, worst = per_type.sum(0), per_type.min(0).values
+    consistent = per_type.ge(0).all(0)
+    key = torch.where(consistent, total, worst - total.abs().max() - 1)
+    idx = key.flatten().topk(min(m, key.numel())).indices
+    n_heads = per_type.shape[-1]
+    return sorted(Head(int(i) // n_heads, int(i) % n_heads) for i in idx)
+
+
+def hybrid_scores(
+    lm: LoadedModel,
+    prompts: Sequence[ScoringPrompt],
+    m: int,
+    alphas_positive: Sequence[float] = ALPHAS_POSITIVE,
+    alphas_negative: Sequence[float] = ALPHAS_NEGATIVE,
+    *,
+    max_rows: int = 256,
+    on_prompt: Callable[[int], None] | None = None,
+) -> HeadScores:
+    """Attribution shortlist, then exact scores: the `m` best heads for alpha+ scored exactly with
+    alpha+ only, and the `m` best for alpha- with alpha- only. Unscored heads are marked in
+    `scored` and never selected."""
+    approx = attribution_scores(lm, prompts, alphas_positive, alphas_negative, on_prompt=on_prompt)
+    plus = score_heads(lm, prompts, alphas_positive, (), heads=shortlist(approx, m, "+"), max_rows=max_rows,
+                       on_prompt=on_prompt)
+    minus = score_heads(lm, prompts, (), alphas_negative, heads=shortlist(approx, m, "-"), max_rows=max_rows,
+                        on_prompt=on_prompt)
+    return HeadScores(
+        torch.cat([plus.scores, minus.scores], dim=-1), (*plus.alphas, *minus.alphas), len(plus.alphas),
+        plus.conflict_types, plus.clean_probs, torch.stack([plus.scored[0], minus.scored[1]]),
+    )

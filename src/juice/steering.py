@@ -19,7 +19,7 @@ Logits are computed only at the last position and only for the rows whose tokens
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Literal
@@ -38,7 +38,7 @@ from juice.interventions import (
     scaled_heads,
 )
 from juice.models import LoadedModel
-from juice.tokens import context_length, encode
+from juice.tokens import context_length, encode, pad_left, token_ids
 
 Method = Literal["original", "june", "juice"]
 METHODS: tuple[str, ...] = ("original", "june", "juice")
@@ -129,16 +129,25 @@ def _zero_plan_row(geometry: HeadGeometry) -> Tensor:
     return torch.zeros(geometry.n_layers, geometry.n_heads)
 
 
-def _chunks(streams: Sequence[Stream], max_rows: int) -> Iterator[list[int]]:
-    """Stream indices grouped by prompt, cut so no chunk decodes more than `max_rows` rows."""
-    order = sorted(range(len(streams)), key=lambda i: streams[i].prompt)
+PAD_SLACK = 1.3
+"""A chunk's longest prompt is at most this factor (+8 tokens) longer than its shortest one:
+left padding is computed like real tokens, so mixing 10- and 90-token prompts wastes prefill."""
+
+
+def _chunks(streams: Sequence[Stream], lengths: Sequence[int], max_rows: int) -> Iterator[list[int]]:
+    """Stream indices grouped by prompt, prompts ordered by token length (little padding), cut so
+    no chunk decodes more than `max_rows` rows."""
+    order = sorted(range(len(streams)), key=lambda i: (lengths[streams[i].prompt], streams[i].prompt))
     chunk: list[int] = []
-    rows = 0
+    rows, shortest = 0, 0
     for i in order:
         need = 2 if streams[i].steering.method == "juice" else 1
-        if chunk and rows + need > max_rows:
+        length = lengths[streams[i].prompt]
+        if chunk and (rows + need > max_rows or length > PAD_SLACK * shortest + 8):
             yield chunk
             chunk, rows = [], 0
+        if not chunk:
+            shortest = length
         chunk.append(i)
         rows += need
     if chunk:
@@ -154,6 +163,7 @@ def generate(
     *,
     probe_tokens: Tensor | None = None,
     max_rows: int = 64,
+    on_chunk: Callable[[int], None] | None = None,
 ) -> Generation:
     """Greedy decoding of many (prompt, steering) streams, batched and cached.
 
@@ -168,22 +178,26 @@ def generate(
         max_new_tokens: tokens to generate per stream (no early stop at EOS).
         probe_tokens: `[n_streams, k]` token ids whose first-step probabilities to return.
         max_rows: most decoding rows per batch (a JuICE stream takes two).
+        on_chunk: called with the number of streams finished after each batch (progress bars).
 
     Returns:
         Generation with one entry per stream, in the order of `streams`.
 
     Raises:
         PromptTooLongError: a prompt does not fit the context window with the new tokens.
+        ValueError: max_new_tokens < 1.
     """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     limit = context_length(lm.model)
     n = len(streams)
     tokens = torch.zeros(n, max_new_tokens, dtype=torch.long)
     first_probs = None if probe_tokens is None else torch.zeros(probe_tokens.shape, dtype=torch.float32)
-    for chunk in _chunks(streams, max_rows):
+    ids = [token_ids(lm.tokenizer, p) for p in prompts]
+    for chunk in _chunks(streams, [len(i) for i in ids], max_rows):
         chunk_prompts = sorted({streams[i].prompt for i in chunk})
-        batch = encode(
-            lm.tokenizer, [prompts[p] for p in chunk_prompts], None if limit is None else limit - max_new_tokens
-        )
+        batch = pad_left([ids[p] for p in chunk_prompts], lm.tokenizer.pad_token_id,
+                         None if limit is None else limit - max_new_tokens)
         probes = None if probe_tokens is None else probe_tokens[chunk]
         out_tokens, out_probs = _generate_chunk(
             lm, batch, [chunk_prompts.index(streams[i].prompt) for i in chunk],
@@ -192,6 +206,8 @@ def generate(
         tokens[chunk] = out_tokens
         if first_probs is not None:
             first_probs[chunk] = out_probs
+        if on_chunk:
+            on_chunk(len(chunk))
     texts = lm.tokenizer.batch_decode(tokens, skip_special_tokens=True)
     return Generation(tokens, texts, first_probs)
 

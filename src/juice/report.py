@@ -1,0 +1,73 @@
+"""Tables in the paper's layouts: rich for the terminal, Markdown for files."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from rich.table import Table
+
+from juice.data.records import CONFLICT_TYPES
+
+SHORT = {
+    "athlete_sport": "Ath", "book_author": "Book", "company_founder": "Fndr",
+    "company_headquarter": "HQ", "official_language": "Lang", "world_capital": "Cap", "Average": "Avg",
+}
+AccuracyTable = Mapping[str, Mapping[str, Mapping[str, float]]]  # method -> domain -> type -> %
+
+
+def _rows(table: AccuracyTable, methods: Sequence[str], domains: Sequence[str], types: Sequence[str]):
+    for m in methods:
+        cells, per_type = [], {t: [] for t in types}
+        for d in domains:
+            for t in types:
+                v = table.get(m, {}).get(d, {}).get(t)
+                cells.append(v)
+                if v is not None:
+                    per_type[t].append(v)
+        averages = [sum(v) / len(v) if v else None for v in per_type.values()]
+        yield m, cells + averages
+
+
+def _best(values_by_method: list[list[float | None]]) -> list[float | None]:
+    columns = zip(*values_by_method)
+    return [max((v for v in col if v is not None), default=None) for col in columns]
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def rich_table(
+    table: AccuracyTable, methods: Sequence[str], domains: Sequence[str], titles: Mapping[str, str],
+    types: Sequence[str] = CONFLICT_TYPES, title: str = "",
+) -> Table:
+    """The paper's Table 1 layout: methods as rows; domains x conflict types (1, 2, 3) as columns,
+    then the average over domains. The best value of each column is bold."""
+    out = Table(title=title, show_lines=False, pad_edge=False, caption=", ".join(
+        f"{SHORT.get(d, d[:4])} = {titles.get(d, d)}" for d in domains))
+    out.add_column("Method", no_wrap=True, min_width=8)
+    for d in [*domains, "Average"]:
+        for i, _ in enumerate(types, 1):
+            out.add_column(f"{SHORT.get(d, d[:4])}{i}", justify="right", no_wrap=True, min_width=5)
+    rows = list(_rows(table, methods, domains, types))
+    best = _best([cells for _, cells in rows])
+    for m, cells in rows:
+        out.add_row(m, *[f"[bold]{_fmt(v)}[/bold]" if v is not None and v == b else _fmt(v)
+                         for v, b in zip(cells, best)])
+    return out
+
+
+def markdown_table(
+    table: AccuracyTable, methods: Sequence[str], domains: Sequence[str], titles: Mapping[str, str],
+    types: Sequence[str] = CONFLICT_TYPES,
+) -> str:
+    """The same table as GitHub Markdown (best of each column in bold)."""
+    header = ["Method"] + [f"{titles.get(d, d)} {i}" for d in [*domains, "Average"] for i, _ in enumerate(types, 1)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = list(_rows(table, methods, domains, types))
+    best = _best([cells for _, cells in rows])
+    for m, cells in rows:
+        shown = [f"**{_fmt(v)}**" if v is not None and v == b else _fmt(v) for v, b in zip(cells, best)]
+        lines.append("| " + " | ".join([m, *shown]) + " |")
+    legend = ", ".join(f"{i} = {t}" for i, t in enumerate(types, 1))
+    return "\n".join(lines) + f"\n\nAccuracy (%), exact match. Conflict types: {legend}.\n"

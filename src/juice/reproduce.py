@@ -1,0 +1,282 @@
+"""The main job: the paper's Table 1 (parametric direction) on one model, end to end.
+
+Stages (each written atomically to `<out>/state/` and reused when re-run with the same settings,
+so an interrupted run resumes where it stopped):
+
+1. data: build the six domains, carve each test split (model-independent, reported unfiltered);
+   filter World Capital's development pool to the items the model answers on the clean prompt;
+   draw D (|D| = 4) and the validation split from it.
+2. heads: Stage 1 on World Capital's D only (exact, attribution or hybrid scoring).
+3. betas: grid search of beta+ x beta- for JuICE and for JuNE on World Capital validation.
+4. evaluation: Original, JuNE and JuICE on every domain's test split x 3 conflict types.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from juice.data.paraconflict import DOMAINS, build_domain
+from juice.data.records import CONFLICT_TYPES, ConflictExample
+from juice.data.splits import Splits, filtered_splits, load_paper_splits, split_test
+from juice.evaluation import accuracy_table, evaluate, results_from_json, results_to_json, summary
+from juice.interventions import Head
+from juice.models import DEFAULT_MODEL, LoadedModel, load_model
+from juice.report import markdown_table
+from juice.scoring import (
+    ALPHAS_NEGATIVE,
+    ALPHAS_POSITIVE,
+    attribution_scores,
+    make_artifact,
+    score_heads,
+    scoring_prompts,
+    hybrid_scores,
+    select_heads,
+    write_json_atomic,
+)
+from juice.steering import HeadSelection, Steering, steering_coefficients
+from juice.tuning import tune_betas
+
+HEAD_DOMAIN = "world_capital"
+METHOD_NAMES = {"original": "Original", "june": "JuNE", "juice": "JuICE"}
+
+Progress = Callable[[str, int], Callable[[int], None]]
+"""(description, total) -> advance(n): how the pipeline reports progress (e.g. rich bars)."""
+
+
+def _no_progress(description: str, total: int) -> Callable[[int], None]:
+    return lambda n: None
+
+
+@dataclass
+class ReproduceConfig:
+    """Settings of `juice reproduce`. Defaults fit about 15 minutes on 2 CPU cores."""
+
+    model: str = DEFAULT_MODEL
+    out_dir: Path = Path("juice-output")
+    limit: int | None = 10              # test items per domain; None = all
+    validation_size: int | None = 4     # validation items; None = all filtered
+    head_set_size: int = 4
+    k: int = 5
+    scoring: str = "hybrid"             # exact | attribution | hybrid
+    shortlist: int = 6                  # heads per sign re-scored exactly (hybrid)
+    alphas_positive: tuple[float, ...] = ALPHAS_POSITIVE
+    alphas_negative: tuple[float, ...] = ALPHAS_NEGATIVE
+    seed: int = 0
+    data: Path | None = None            # a ParaConflict folder (the paper's JSON splits) instead
+    domains: tuple[str, ...] = tuple(DOMAINS)
+    max_rows: int = 128
+    device_map: str | None = None       # e.g. "auto": shard over GPUs with accelerate
+    dtype: str = "float32"              # float32 | bfloat16 | float16
+
+
+@dataclass
+class ReproduceResult:
+    config: ReproduceConfig
+    model: dict[str, Any]
+    selection: HeadSelection
+    betas: dict[str, dict[str, float]]
+    table: dict[str, dict[str, dict[str, float]]]
+    summary: dict[str, dict[str, float]]
+    timings: dict[str, float]
+    splits: dict[str, dict[str, int]]
+    domains: list[str]
+    titles: dict[str, str]
+    notes: list[str] = field(default_factory=list)
+
+
+class _State:
+    """Stage files under `<out>/state/`, each tagged with the key of the settings it depends on."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def load(self, name: str, key: str) -> Any | None:
+        path = self.folder / f"{name}.json"
+        if not path.is_file():
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return data["value"] if data.get("key") == key else None
+
+    def save(self, name: str, key: str, value: Any) -> None:
+        write_json_atomic(self.folder / f"{name}.json", {"key": key, "value": value})
+
+
+def prepare_splits(
+    lm: LoadedModel, cfg: ReproduceConfig, state: _State, key: str, progress: Progress
+) -> tuple[dict[str, Splits], dict[str, str]]:
+    """Splits of every domain; D and validation only for the head domain (filtered per model)."""
+    if cfg.data is not None:
+        paper = load_paper_splits(cfg.data)
+        splits = Splits(paper.head_set, paper.validation[: cfg.validation_size], paper.test[: cfg.limit])
+        name = Path(cfg.data).name
+        return {name: splits}, {name: name.replace("_", " ").title()}
+    out, titles = {}, {}
+    for domain in cfg.domains:
+        pool, test = split_test(build_domain(domain, cfg.seed), cfg.seed)
+        test = test[: cfg.limit] if cfg.limit else test
+        titles[domain] = DOMAINS[domain].title
+        if domain != HEAD_DOMAIN:
+            out[domain] = Splits((), (), tuple(test))
+            continue
+        known = state.load("filter", key)
+        if known is None:
+            advance = progress(f"filter {domain} (clean prompts)", len(pool))
+            results = evaluate(lm, pool, {"Original": Steering()}, ("clean",), max_rows=cfg.max_rows,
+                               on_progress=advance)
+            known = {r.subject: r.correct for r in results}
+            state.save("filter", key, known)
+        out[domain] = filtered_splits(
+            pool, [known[ex.subject] for ex in pool], test, head_set_size=cfg.head_set_size,
+            validation_size=cfg.validation_size, seed=cfg.seed,
+        )
+    return out, titles
+
+
+def identify_heads(
+    lm: LoadedModel, cfg: ReproduceConfig, head_set: Sequence[ConflictExample], progress: Progress,
+    direction: str = "parametric",
+):
+    """Stage 1 with the configured scoring method. Returns (scores, selection)."""
+    prompts = scoring_prompts(lm, head_set, direction)
+    if cfg.scoring == "attribution":
+        advance = progress("stage 1: attribution", len(prompts))
+        scores = attribution_scores(lm, prompts, cfg.alphas_positive, cfg.alphas_negative,
+                                    on_prompt=lambda i: advance(1))
+    elif cfg.scoring == "hybrid":
+        advance = progress("stage 1: attribution, then exact scores of the shortlist", 3 * len(prompts))
+        scores = hybrid_scores(lm, prompts, cfg.shortlist, cfg.alphas_positive, cfg.alphas_negative,
+                               on_prompt=lambda i: advance(1))
+    elif cfg.scoring == "exact":
+        advance = progress("stage 1: exact head scores", len(prompts))
+        scores = score_heads(lm, prompts, cfg.alphas_positive, cfg.alphas_negative, on_prompt=lambda i: advance(1))
+    else:
+        raise ValueError(f"scoring must be exact, attribution or hybrid, not {cfg.scoring!r}")
+    return scores, select_heads(scores, cfg.k)
+
+
+def _selection_to_json(sel: HeadSelection) -> dict:
+    return {"positive": [str(h) for h in sel.positive], "negative": [str(h) for h in sel.negative]}
+
+
+def reproduce(cfg: ReproduceConfig, progress: Progress = _no_progress, lm: LoadedModel | None = None) -> ReproduceResult:
+    """Run the whole pipeline (module docstring) and write `results.json`, `table.md` and
+    `heads.json` to `cfg.out_dir`.
+
+    Raises:
+        ValueError: too few filtered items for D and validation; bad settings.
+    """
+    timings: dict[str, float] = {}
+    notes: list[str] = []
+    out = Path(cfg.out_dir)
+    state = _State(out / "state")
+
+    t = time.perf_counter()
+    lm = lm or load_model(cfg.model, dtype=getattr(torch, cfg.dtype), device_map=cfg.device_map)
+    timings["load_model"] = time.perf_counter() - t
+    fingerprint = lm.fingerprint()
+    base = dict(model=fingerprint, seed=cfg.seed, data=str(cfg.data), domains=cfg.domains)
+
+    t = time.perf_counter()
+    key_data = _key(base)
+    splits, titles = prepare_splits(lm, cfg, state, key_data, progress)
+    head_domain = HEAD_DOMAIN if cfg.data is None else next(iter(splits))
+    dev = splits[head_domain]
+    timings["data_and_filter"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    key_heads = _key({**base, **{f: getattr(cfg, f) for f in (
+        "head_set_size", "validation_size", "k", "scoring", "shortlist", "alphas_positive", "alphas_negative")}})
+    saved = state.load("heads", key_heads)
+    if saved is None:
+        scores, selection = identify_heads(lm, cfg, dev.head_set, progress)
+        artifact = make_artifact(lm, scores, selection, cfg.k, "parametric", dev.head_set)
+        artifact_json = artifact.to_json()
+        artifact_json["scoring"] = cfg.scoring
+        state.save("heads", key_heads, artifact_json)
+    else:
+        artifact_json = saved
+        selection = HeadSelection(tuple(map(Head.parse, saved["positive_heads"])),
+                                  tuple(map(Head.parse, saved["negative_heads"])))
+    write_json_atomic(out / "heads.json", artifact_json)
+    timings["stage1_heads"] = time.perf_counter() - t
+    if len(selection.positive) < cfg.k or len(selection.negative) < cfg.k:
+        notes.append(f"only {len(selection.positive)} positive / {len(selection.negative)} negative heads "
+                     f"passed the consistency filter (K = {cfg.k})")
+
+    t = time.perf_counter()
+    key_betas = _key({"heads": key_heads, "validation": [ex.subject for ex in dev.validation]})
+    betas = state.load("betas", key_betas)
+    if betas is None:
+        n_grid = 2 * 6 * 4
+        advance = progress("beta grid on validation", len(dev.validation) * len(CONFLICT_TYPES) * n_grid)
+        best, grid = tune_betas(lm, dev.validation, selection, max_rows=cfg.max_rows, on_progress=advance)
+        betas = {
+            "best": {m: {"beta_plus": g.beta_plus, "beta_minus": g.beta_minus, "accuracy": g.accuracy,
+                         "p_answer": g.p_answer} for m, g in best.items()},
+            "grid": [asdict(g) for g in grid],
+        }
+        state.save("betas", key_betas, betas)
+    timings["beta_tuning"] = time.perf_counter() - t
+
+    methods = {"Original": Steering()}
+    for m in ("june", "juice"):
+        b = betas["best"][m]
+        methods[METHOD_NAMES[m]] = Steering(
+            m, steering_coefficients(lm.heads.geometry, selection, b["beta_plus"], b["beta_minus"]))
+
+    t = time.perf_counter()
+    all_results = []
+    for domain, sp in splits.items():
+        key_eval = _key({"betas": key_betas, "best": betas["best"], "test": [ex.subject for ex in sp.test]})
+        rows = state.load(f"eval_{domain}", key_eval)
+        if rows is None:
+            advance = progress(f"evaluate {titles.get(domain, domain)}", len(sp.test) * len(CONFLICT_TYPES) * len(methods))
+            results = evaluate(lm, sp.test, methods, max_rows=cfg.max_rows, on_progress=advance)
+            rows = results_to_json(results)
+            state.save(f"eval_{domain}", key_eval, rows)
+        all_results += results_from_json(rows)
+    timings["evaluation"] = time.perf_counter() - t
+
+    domains = list(splits)
+    result = ReproduceResult(
+        config=cfg, model=fingerprint, selection=selection,
+        betas={m: {"beta_plus": v["beta_plus"], "beta_minus": v["beta_minus"]} for m, v in betas["best"].items()},
+        table=accuracy_table(all_results), summary=summary(all_results), timings=timings,
+        splits={d: {"head_set": len(s.head_set), "validation": len(s.validation), "test": len(s.test)}
+                for d, s in splits.items()},
+        domains=domains, titles=titles, notes=notes,
+    )
+    write_outputs(result, all_results, out)
+    return result
+
+
+def _key(values: dict) -> str:
+    return hashlib.sha256(json.dumps(values, default=str, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def write_outputs(result: ReproduceResult, results, out: Path) -> None:
+    """`results.json` (settings, heads, betas, table, timings, per-item outputs) and `table.md`."""
+    methods = list(METHOD_NAMES.values())
+    cfg = asdict(result.config)
+    write_json_atomic(out / "results.json", {
+        "config": cfg,
+        "model": result.model,
+        "heads": _selection_to_json(result.selection),
+        "betas": result.betas,
+        "table": result.table,
+        "summary": result.summary,
+        "timings_s": result.timings,
+        "splits": result.splits,
+        "notes": result.notes,
+        "items": results_to_json(results),
+    })
+    md = markdown_table(result.table, methods, result.domains, result.titles)
+    (out / "table.md").write_text(f"# Table 1 layout: {result.model['name']}\n\n{md}", encoding="utf-8")

@@ -1,0 +1,116 @@
+"""Built-in ParaConflict-style data, splits and the paper's JSON loader."""
+
+from __future__ import annotations
+
+import pytest
+
+from juice.data.paraconflict import DOMAINS, build_domain, load_facts, load_paraconflict_json
+from juice.data.records import CONFLICT_TYPES, ConflictExample
+from juice.data.splits import filtered_splits, load_paper_splits, split_test
+from juice.text import contains_answer, normalize_answer, overlaps
+
+MINIMUM = {d: 150 for d in DOMAINS} | {"company_founder": 100}
+
+
+@pytest.mark.parametrize("domain", list(DOMAINS))
+def test_fact_tables_are_large_enough_and_unique(domain):
+    facts = load_facts(domain)
+    assert len(facts) >= MINIMUM[domain]
+    subjects = [f.subject for f in facts]
+    assert len(subjects) == len(set(subjects)), "duplicate subjects"
+    assert all(a.strip() for f in facts for a in f.answers)
+
+
+@pytest.mark.parametrize("domain", list(DOMAINS))
+def test_context_answer_is_never_an_accepted_answer(domain):
+    for ex in build_domain(domain):
+        assert not any(overlaps(ex.context_answer, a) for a in ex.answers), ex.subject
+        # the EM metric must not count the context answer as correct
+        assert not contains_answer(ex.context_answer, ex.answers), ex.subject
+
+
+@pytest.mark.parametrize("domain", list(DOMAINS))
+def test_every_prompt_is_well_formed(domain):
+    spec = DOMAINS[domain]
+    for ex in build_domain(domain):
+        stem = spec.stem.format(s=ex.subject)
+        p = ex.prompts
+        assert set(p) == set(CONFLICT_TYPES)
+        assert p["clean"] == stem
+        assert p["substitution"] == f"{stem} {ex.context_answer}. {stem}"
+        assert p["coherent"].endswith(f"Answer: {stem}")
+        assert f"Question: {spec.question.format(s=ex.subject)}" in p["coherent"]
+        assert ex.context_answer in p["coherent"] and ex.subject in p["coherent"]
+        for text in p.values():
+            assert "{" not in text and "}" not in text and not text.endswith(" ")
+            assert not any(contains_answer(text, [a]) for a in ex.answers if len(normalize_answer(a)) > 3
+                           and normalize_answer(a) not in normalize_answer(ex.subject)), (ex.subject, text)
+
+
+def test_coherent_templates_per_domain():
+    assert all(len(d.coherent) >= 3 for d in DOMAINS.values())
+    used = {ex.prompts["coherent"].split(ex.subject)[0][:20] for ex in build_domain("world_capital")}
+    assert len(used) >= 2
+
+
+def test_building_is_seeded():
+    a, b, c = build_domain("book_author", 0), build_domain("book_author", 0), build_domain("book_author", 1)
+    assert [e.context_answer for e in a] == [e.context_answer for e in b]
+    assert [e.context_answer for e in a] != [e.context_answer for e in c]
+
+
+def test_splits_are_disjoint_and_seeded():
+    examples = build_domain("world_capital")
+    pool, test = split_test(examples, seed=3)
+    assert {e.subject for e in pool}.isdisjoint({e.subject for e in test})
+    assert len(pool) + len(test) == len(examples)
+    known = [i % 2 == 0 for i in range(len(pool))]
+    s1 = filtered_splits(pool, known, test, head_set_size=4, validation_size=10, seed=3)
+    s2 = filtered_splits(pool, known, test, head_set_size=4, validation_size=10, seed=3)
+    s3 = filtered_splits(pool, known, test, head_set_size=4, validation_size=10, seed=4)
+    assert s1 == s2 and s1.head_set != s3.head_set
+    d, v, t = ({e.subject for e in part} for part in (s1.head_set, s1.validation, s1.test))
+    assert len(d) == 4 and len(v) == 10 and not (d & v) and not (d & t) and not (v & t)
+    kept = {e.subject for e, k in zip(pool, known) if k}
+    assert d | v <= kept
+    assert split_test(examples, seed=3)[1] == test
+
+
+def test_too_few_known_items_is_a_clear_error():
+    pool, test = split_test(build_domain("world_capital"))
+    with pytest.raises(ValueError, match="answered correctly on the clean prompt"):
+        filtered_splits(pool, [False] * len(pool), test)
+
+
+def test_empty_answers_are_refused():
+    prompts = {t: "x is" for t in CONFLICT_TYPES}
+    with pytest.raises(ValueError, match="non-empty"):
+        ConflictExample("d", "s", ("",), "c", prompts)
+    with pytest.raises(ValueError, match="context answer"):
+        ConflictExample("d", "s", ("a",), " ", prompts)
+    with pytest.raises(ValueError, match="no prompt"):
+        ConflictExample("d", "s", ("a",), "c", {"clean": "x"})
+
+
+def test_paper_json_loader_reads_every_row(shared_data):
+    folder = shared_data / "paraconflict" / "world_capital"
+    import json
+
+    for path in sorted(folder.glob("*.json")):
+        rows = json.loads(path.read_text())
+        examples = load_paraconflict_json(path)
+        assert len(examples) == len(rows) > 0
+        for ex, row in zip(examples, rows):
+            assert ex.answer == row["Answer"] and ex.context_answer == row["Distracted Token"]
+            assert ex.prompts["coherent"] == row["Coherent Conflict"].rstrip()
+    splits = load_paper_splits(folder)
+    assert len(splits.head_set) == 4 and splits.validation and splits.test
+
+
+def test_normalization():
+    assert normalize_answer("The Hague") == "hague"
+    assert normalize_answer("Bogotá!") == "bogota"
+    assert contains_answer(" Paris. It is the capital", ["Paris"])
+    assert not contains_answer(" Parisian food", ["Paris"])
+    assert contains_answer("Washington, D.C.", ["Washington, D.C."])
+    assert not contains_answer("anything", [""])

@@ -1,0 +1,76 @@
+"""Model loading: local directories, device maps through accelerate, fingerprints, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import build_tiny
+from juice.interventions import Head
+from juice.models import load_model
+from juice.scoring import intervention_probs, intervention_probs_naive
+from juice.steering import HeadSelection, Steering, greedy_generate, greedy_generate_naive, steering_coefficients
+
+PROMPTS = ["the capital of france is paris . the capital of france is", "w3 w4 w5 golf is"]
+
+
+@pytest.fixture(scope="module")
+def saved_tiny(tmp_path_factory):
+    lm = build_tiny("llama")
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+    return lm, folder
+
+
+def test_loading_a_local_directory_matches_the_model(saved_tiny):
+    lm, folder = saved_tiny
+    loaded = load_model(str(folder))
+    assert loaded.fingerprint()["weights_sha256_16"] == lm.fingerprint()["weights_sha256_16"]
+    assert torch.equal(greedy_generate(loaded, PROMPTS, 4).tokens, greedy_generate(lm, PROMPTS, 4).tokens)
+
+
+def test_hooks_and_caches_work_with_layers_offloaded_by_accelerate(saved_tiny, tmp_path):
+    """A multi-device map on CPU: layer 1 lives on disk and is brought in by accelerate's hooks."""
+    lm, folder = saved_tiny
+    device_map = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk",
+                  "model.layers.2": "cpu", "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
+    offloaded = load_model(str(folder), device_map=device_map, offload_folder=tmp_path / "offload")
+    assert offloaded.heads.projections[1].weight.device.type == "meta"
+    sel = HeadSelection((Head(1, 2), Head(0, 0)), (Head(2, 1),))
+    steering = Steering("juice", steering_coefficients(lm.heads.geometry, sel, 3.0, -1.0))
+    cached = greedy_generate(offloaded, PROMPTS, 5, steering)
+    for i, p in enumerate(PROMPTS):
+        assert torch.equal(cached.tokens[i], greedy_generate_naive(lm, p, 5, steering))
+    inter = [(Head(1, 2), 3.0), (Head(2, 0), -1.0)]
+    _, fast = intervention_probs(offloaded, PROMPTS[0], 9, inter)
+    _, ref = intervention_probs_naive(lm, PROMPTS[0], 9, inter)
+    torch.testing.assert_close(fast, ref, rtol=0, atol=1e-5)
+
+
+def test_missing_paths_are_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no GGUF file"):
+        load_model(str(tmp_path / "nothing.gguf"))
+    with pytest.raises(FileNotFoundError, match="no model directory"):
+        load_model(str(tmp_path / "missing-dir"))
+
+
+def test_soft_capping_models_load_with_eager_attention(tmp_path):
+    lm = build_tiny("gemma2")
+    lm.model.save_pretrained(tmp_path)
+    lm.tokenizer.save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path))
+    assert loaded.model.config._attn_implementation == "eager"
+    assert torch.equal(greedy_generate(loaded, PROMPTS, 3).tokens, greedy_generate(lm, PROMPTS, 3).tokens)
+
+
+def test_unknown_architecture_fails_before_loading_weights(tmp_path):
+    from transformers import AutoConfig
+
+    from juice.architectures import UnsupportedArchitectureError
+
+    config = AutoConfig.for_model("bert", vocab_size=10, hidden_size=8, num_hidden_layers=1,
+                                  num_attention_heads=2, intermediate_size=8)
+    config.save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedArchitectureError, match="supported|Supported"):
+        load_model(str(tmp_path))

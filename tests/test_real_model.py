@@ -1,0 +1,48 @@
+"""Integration on the embedded Gemma 3 270M (slow: loads the real model once per session)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from juice.data.paraconflict import build_domain
+from juice.interventions import Head
+from juice.scoring import intervention_probs, intervention_probs_naive, scoring_prompts
+from juice.steering import HeadSelection, Steering, greedy_generate, greedy_generate_naive, steering_coefficients
+from juice.tokens import answer_first_token, encode
+
+pytestmark = pytest.mark.slow
+
+
+def test_bos_is_kept_and_answers_follow_with_a_space(real_model):
+    tok = real_model.tokenizer
+    ids = encode(tok, ["The name of the capital city of France is"]).input_ids[0]
+    assert int(ids[0]) == tok.bos_token_id
+    first = answer_first_token(tok, "The name of the capital city of France is", "Paris")
+    assert tok.convert_ids_to_tokens(first).startswith("▁")
+
+
+def test_real_model_knows_a_capital_and_follows_a_conflict(real_model):
+    ex = next(e for e in build_domain("world_capital") if e.subject == "Afghanistan")
+    gen = greedy_generate(real_model, [ex.prompts["clean"], ex.prompts["substitution"]], 4)
+    assert "Kabul" in gen.texts[0]
+    assert ex.context_answer in gen.texts[1]
+
+
+def test_batched_scoring_equals_naive_on_the_real_model(real_model):
+    ex = build_domain("world_capital")[0]
+    sp = scoring_prompts(real_model, [ex])[1]
+    inter = [(Head(0, 1), 3.0), (Head(9, 2), -1.0), (Head(17, 0), 30.0), (Head(5, 3), -5.0)]
+    clean, fast = intervention_probs(real_model, sp.prompt, sp.target_token, inter)
+    clean_ref, slow = intervention_probs_naive(real_model, sp.prompt, sp.target_token, inter)
+    assert clean == pytest.approx(clean_ref, abs=1e-5)
+    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-5)
+
+
+def test_cached_juice_equals_naive_rerun_on_the_real_model(real_model):
+    ex = build_domain("world_capital")[5]
+    sel = HeadSelection((Head(9, 3), Head(10, 0)), (Head(2, 3),))
+    steering = Steering("juice", steering_coefficients(real_model.heads.geometry, sel, 3.0, -2.0))
+    cached = greedy_generate(real_model, [ex.prompts["substitution"]], 6, steering)
+    naive = greedy_generate_naive(real_model, ex.prompts["substitution"], 6, steering)
+    assert torch.equal(cached.tokens[0], naive)
