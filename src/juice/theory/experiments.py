@@ -78,8 +78,9 @@ def first_layer_output(tokens: torch.Tensor, basis: dict[str, torch.Tensor]) -> 
 def one_layer_logits(x: torch.Tensor, w_ov: torch.Tensor, w_kq: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
     """Prop. G.2's model: f(X) = W_lin^T W_OV X sigma, sigma_j = (1 + x_j^T W_KQ x_T) / T."""
     t = x.shape[1]
-    sigma = (1 + torch.einsum("bkd,de,be->bk", x, w_kq, x[:, -1])) / t
-    return torch.einsum("bk,bkd,ed,ne->bn", sigma, x, w_ov, mu)
+    sigma = (1 + torch.einsum("bkd,bd->bk", x, x[:, -1] @ w_kq.T)) / t     # x_k^T W_KQ x_T
+    attended = torch.einsum("bk,bkd->bd", sigma, x)                      # X sigma
+    return attended @ w_ov.T @ mu.T                                      # W_lin^T W_OV X sigma
 
 
 def superposition_terms(vocab: Vocabulary, w_ov: torch.Tensor, w_kq: torch.Tensor, phi, phi_prev, mu) -> dict:
@@ -111,7 +112,7 @@ def superposition_terms(vocab: Vocabulary, w_ov: torch.Tensor, w_kq: torch.Tenso
     }
 
 
-def run_learning(cfg: ToyConfig, steps: int = 200, lr: float = 5.0, adam_steps: int = 600) -> dict[str, Any]:
+def run_learning(cfg: ToyConfig, steps: int = 200, lr: float = 5.0, adam_steps: int = 300) -> dict[str, Any]:
     """Prop. 5.2: full-batch gradient descent from zero on the linearized second layer; then the
     full softmax two-layer model with Adam (all four matrices trained, random embeddings)."""
     vocab = Vocabulary(cfg.n_subjects, cfg.n_noise)
@@ -184,7 +185,7 @@ def _train_softmax(cfg: ToyConfig, vocab: Vocabulary, tokens, targets, steps: in
 # ------------------------------------------------------------------ 3. knowledge conflict
 
 
-def run_conflict(cfg: ToyConfig, grid: tuple[float, ...] = (2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0),
+def run_conflict(cfg: ToyConfig, grid: tuple[float, ...] = (2.0, 3.5, 5.0, 6.5, 8.0),
                  c3: float = 10.0, c4: float = 4.0) -> dict[str, Any]:
     """Cor. 5.3: sweep C1 x C2 (C3, C4 fixed); measured share of factual answers on conflict
     sequences vs the predicted side of exp(C1) C3 = exp(C2) C4."""

@@ -80,31 +80,37 @@ class TwoLayerTransformer(nn.Module):
 
     # -- head interventions: `scales[l]` multiplies head l's output by (1 + alpha) -----------------
 
-    def attention(self, layer: int, x: Tensor) -> Tensor:
-        """Head output of `layer`: `W_OV X sigma(mask(X^T W_KQ X))`, shape `[batch, T, d]`."""
-        scores = torch.einsum("bkd,de,bqe->bqk", x, self.w_kq[layer], x)  # [b, query, key]: x_k^T W_KQ x_q
+    def attention(self, layer: int, x: Tensor, last_only: bool = False) -> Tensor:
+        """Head output of `layer`: `W_OV X sigma(mask(X^T W_KQ X))`, `[batch, T, d]` (or
+        `[batch, 1, d]` for the last query position only)."""
         t = x.shape[1]
-        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        queries = x[:, -1:] if last_only else x
+        scores = queries @ self.w_kq[layer].T @ x.transpose(1, 2)   # [b, query, key]: x_k^T W_KQ x_q
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()[-queries.shape[1]:]
         if self.softmax:
             weights = scores.masked_fill(~causal, float("-inf")).softmax(-1)
         else:
-            counts = torch.arange(1, t + 1, dtype=x.dtype, device=x.device)[:, None]
+            counts = torch.arange(1, t + 1, dtype=x.dtype, device=x.device)[-queries.shape[1]:, None]
             weights = ((1 + scores) / counts).masked_fill(~causal, 0.0)
-        return weights @ (x @ self.w_ov[layer].T)                  # sum_k w_qk W_OV x_k
+        return (weights @ x) @ self.w_ov[layer].T                  # W_OV sum_k w_qk x_k
 
     def forward(self, tokens: Tensor, *, scales: Tensor | None = None,
                 additions: dict[int, Tensor] | None = None, capture: dict[int, Tensor] | None = None) -> Tensor:
         """Logits at the last position, `[batch, N]`.
 
+        The second layer is computed at the last position only (all the logits need).
+
         Args:
             tokens: `[batch, T]` token ids.
             scales: `[batch, 2]` or `[2]` alphas: head l's output becomes `H + alpha * H`.
-            additions: layer -> `[batch, T, d]` added to that head's output (JuICE's run 2).
-            capture: if given, filled with layer -> head output (JuICE's run 1).
+            additions: layer -> tensor added to that head's output (JuICE's run 2), shaped as
+                `capture` returns it.
+            capture: if given, filled with layer -> head output (JuICE's run 1): `[batch, T, d]`
+                for layer 0, `[batch, 1, d]` for layer 1.
         """
         x = self.embed[tokens] + self.pos[: tokens.shape[1]]
         for layer in range(2):
-            h = self.attention(layer, x)
+            h = self.attention(layer, x, last_only=layer == 1)
             if scales is not None:
                 a = scales[..., layer]
                 h = h * (1 + (a[:, None, None] if a.dim() else a))
@@ -112,5 +118,5 @@ class TwoLayerTransformer(nn.Module):
                 h = h + additions[layer]
             if capture is not None:
                 capture[layer] = h.detach()
-            x = x + h
+            x = x + h if layer == 0 else x[:, -1:] + h
         return x[:, -1] @ self.unembed.T
