@@ -220,7 +220,7 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = _no_progress, lm: Loade
         best, grid = tune_betas(lm, dev.validation, selection, max_rows=cfg.max_rows, on_progress=advance)
         betas = {
             "best": {m: {"beta_plus": g.beta_plus, "beta_minus": g.beta_minus, "accuracy": g.accuracy,
-                         "p_answer": g.p_answer} for m, g in best.items()},
+                         "p_answer": g.p_answer, "per_type": list(g.per_type)} for m, g in best.items()},
             "grid": [asdict(g) for g in grid],
         }
         state.save("betas", key_betas, betas)

@@ -215,20 +215,24 @@ def generate(
 def _generate_chunk(lm, batch, prompt_of: list[int], steerings: list[Steering], max_new_tokens, probes):
     geometry = lm.heads.geometry
     device = lm.device
-    n_prompts = batch.input_ids.shape[0]
     zero = _zero_plan_row(geometry)
 
-    # Prefill layout: clean prompt rows, then one row per steered stream.
-    rows_src, scale, add, source, out_row = list(range(n_prompts)), [zero] * n_prompts, [zero] * n_prompts, [-1] * n_prompts, []
+    # Prefill layout: a clean row for each prompt that an original or JuICE stream needs, then one
+    # row per JuNE or JuICE stream (a JuICE row adds its prompt's clean row, see RowPlan).
+    clean_prompts = sorted({p for p, s in zip(prompt_of, steerings) if s.method in ("original", "juice")})
+    clean_row = {p: r for r, p in enumerate(clean_prompts)}
+    rows_src = list(clean_prompts)
+    scale, add, source = [zero] * len(rows_src), [zero] * len(rows_src), [-1] * len(rows_src)
+    out_row = []
     for p, s in zip(prompt_of, steerings):
         if s.method == "original":
-            out_row.append(p)
+            out_row.append(clean_row[p])
             continue
         out_row.append(len(rows_src))
         rows_src.append(p)
         scale.append(s.coefficients if s.method == "june" else zero)
         add.append(s.coefficients if s.method == "juice" else zero)
-        source.append(p if s.method == "juice" else -1)
+        source.append(clean_row[p] if s.method == "juice" else -1)
     plan = RowPlan(torch.stack(scale), torch.stack(add), torch.tensor(source))
     index = torch.tensor(rows_src)
     ids, mask, positions = (t[index].to(device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))
@@ -245,18 +249,21 @@ def _generate_chunk(lm, batch, prompt_of: list[int], steerings: list[Steering], 
 
     # Decoding layout: every stream owns its rows; a JuICE stream owns [clean copy, steered row].
     select, d_scale, d_add, d_source, d_out, feed_stream = [], [], [], [], [], []
+
+    def own(row: int, k: int, scale_row: Tensor, add_row: Tensor, src: int) -> None:
+        select.append(row)
+        d_scale.append(scale_row)
+        d_add.append(add_row)
+        d_source.append(src)
+        feed_stream.append(k)
+
     for k, (p, s) in enumerate(zip(prompt_of, steerings)):
         if s.method == "juice":
-            select.append(p)
-            d_scale.append(zero), d_add.append(zero), d_source.append(-1), feed_stream.append(k)
-            d_source.append(len(select) - 1)
+            own(clean_row[p], k, zero, zero, -1)
+            own(out_row[k], k, zero, s.coefficients, len(select) - 1)
         else:
-            d_source.append(-1)
-        d_out.append(len(select))
-        select.append(out_row[k])
-        d_scale.append(s.coefficients if s.method == "june" else zero)
-        d_add.append(s.coefficients if s.method == "juice" else zero)
-        feed_stream.append(k)
+            own(out_row[k], k, s.coefficients if s.method == "june" else zero, zero, -1)
+        d_out.append(len(select) - 1)
     select_t = torch.tensor(select, device=device)
     cache.reorder_cache(select_t)
     mask, positions = mask[select_t], positions[select_t][:, -1:]

@@ -27,6 +27,7 @@ class GridPoint:
     beta_minus: float
     accuracy: float          # mean over conflict types, percent
     p_answer: float          # mean first-token probability of the target answer
+    per_type: tuple[float, ...] = ()  # accuracy per conflict type, percent
 
     @property
     def key(self) -> tuple[float, float]:
@@ -75,5 +76,5 @@ def grid_points(results: Sequence[ItemResult], conflict_types: Sequence[str]) ->
         ]
         method, bp, bm = name.split(":")
         points.append(GridPoint(method, float(bp), float(bm), 100.0 * sum(per_type) / len(per_type),
-                                sum(r.p_parametric for r in rs) / len(rs)))
+                                sum(r.p_parametric for r in rs) / len(rs), tuple(100.0 * a for a in per_type)))
     return points
