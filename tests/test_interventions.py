@@ -11,7 +11,6 @@ from juice.interventions import (
     Head,
     added_to_heads,
     captured_heads,
-    expanded_batch_at_layer,
     head_coefficients,
     scaled_heads,
 )
@@ -110,18 +109,6 @@ def test_per_row_scaling_equals_one_by_one(tiny):
         with scaled_heads(tiny.heads, head_coefficients(g, s)):
             single = logits(tiny, prompt[:1])[0, -1]
         torch.testing.assert_close(batched[i], single, rtol=0, atol=1e-5)
-
-
-def test_expanding_the_batch_at_a_layer_is_exact(tiny):
-    g = tiny.heads.geometry
-    settings = [{Head(2, 0): 3.0}, {Head(2, 3): -1.0}, {Head(1, 1): 2.0}]
-    per_row = torch.stack([head_coefficients(g, s) for s in settings])
-    b = encode(tiny.tokenizer, PROMPTS[:1])
-    with torch.no_grad(), scaled_heads(tiny.heads, per_row):
-        full = tiny.model(input_ids=b.input_ids.repeat(3, 1), logits_to_keep=1).logits[:, -1]
-        with expanded_batch_at_layer(tiny.heads, 1, 3):
-            expanded = tiny.model(input_ids=b.input_ids, logits_to_keep=1).logits[:, -1]
-    torch.testing.assert_close(full, expanded, rtol=0, atol=1e-5)
 
 
 def test_capture_then_add_equals_scaling(tiny):

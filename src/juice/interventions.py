@@ -194,16 +194,6 @@ class RowPlan:
         if self.add[self.source < 0].ne(0).any():
             raise ValueError("a row with additions needs a source row")
 
-    @classmethod
-    def clean(cls, rows: int, geometry: HeadGeometry) -> "RowPlan":
-        zeros = torch.zeros(rows, geometry.n_layers, geometry.n_heads)
-        return cls(zeros, zeros.clone(), torch.full((rows,), -1, dtype=torch.long))
-
-    def select(self, rows: Tensor, source: Tensor | None = None) -> "RowPlan":
-        """The plan of `rows` (a reordering); `source` gives the new source indices."""
-        src = self.source[rows] if source is None else source
-        return RowPlan(self.scale[rows], self.add[rows], src)
-
 
 @contextmanager
 def planned_rows(heads: ModelHeads, plan: RowPlan) -> Iterator[None]:
@@ -224,45 +214,3 @@ def planned_rows(heads: ModelHeads, plan: RowPlan) -> Iterator[None]:
 
     with projection_input_hooks(heads, {layer: fn for layer in sorted(scaled_layers | added_layers)}):
         yield
-
-
-@contextmanager
-def dual_run_rows(heads: ModelHeads, betas: Tensor) -> Iterator[None]:
-    """JuICE's two runs as two halves of one batch (paper Alg. 1, Stage 2).
-
-    The batch is `[clean rows; steered rows]`, `2 * n` rows; steered row `i` gets
-    `H <- H + beta * H_clean[i]` at every steered head. Equals running the clean pass first,
-    saving its head outputs and adding them in a second run.
-
-    Args:
-        betas: `[n_layers, n_heads]` or `[n, n_layers, n_heads]` (per steered row).
-    """
-    if betas.dim() == 2:
-        raise ValueError("dual_run_rows needs per-row betas [n, n_layers, n_heads]; expand them first")
-    n = betas.shape[0]
-    zeros = torch.zeros_like(betas)
-    source = torch.cat([torch.full((n,), -1), torch.arange(n)])
-    with planned_rows(heads, RowPlan(torch.cat([zeros, zeros]), torch.cat([zeros, betas]), source)):
-        yield
-
-
-@contextmanager
-def expanded_batch_at_layer(heads: ModelHeads, layer: int, batch_size: int) -> Iterator[None]:
-    """Repeat a one-row residual stream to `batch_size` rows at the input of decoder `layer`.
-
-    Layers below `layer` then run once instead of `batch_size` times: exact when every row's
-    intervention sits at `layer` or above, since those layers see identical inputs in all rows.
-    """
-
-    def pre_hook(module: nn.Module, args: tuple, kwargs: dict):
-        if args:
-            hidden = args[0]
-            return (hidden.expand(batch_size, *hidden.shape[1:]).contiguous(), *args[1:]), kwargs
-        hidden = kwargs["hidden_states"]
-        return args, {**kwargs, "hidden_states": hidden.expand(batch_size, *hidden.shape[1:]).contiguous()}
-
-    handle = heads.layers[layer].register_forward_pre_hook(pre_hook, with_kwargs=True)
-    try:
-        yield
-    finally:
-        handle.remove()

@@ -62,11 +62,11 @@ class ReproduceConfig:
     model: str = DEFAULT_MODEL
     out_dir: Path = Path("juice-output")
     limit: int | None = 10              # test items per domain; None = all
-    validation_size: int | None = 4     # validation items; None = all filtered
+    validation_size: int | None = 6     # validation items; None = all filtered
     head_set_size: int = 4
     k: int = 5
     scoring: str = "hybrid"             # exact | attribution | hybrid
-    shortlist: int = 6                  # heads per sign re-scored exactly (hybrid)
+    shortlist: int = 12                 # heads per sign re-scored exactly (hybrid)
     alphas_positive: tuple[float, ...] = ALPHAS_POSITIVE
     alphas_negative: tuple[float, ...] = ALPHAS_NEGATIVE
     seed: int = 0
