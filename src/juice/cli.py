@@ -129,7 +129,6 @@ def toy(
     seed: int = typer.Option(0),
 ):
     """The paper's Sec. 5 theory on a two-layer attention-only transformer."""
-    import json
 
     from juice.theory import experiments as ex
     from juice.theory import figures as fig

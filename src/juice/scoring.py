@@ -138,9 +138,8 @@ def intervention_probs(
             hidden = lm.model.base_model(input_ids=ids, use_cache=False).last_hidden_state[:, -1]
         p = lm.logits(hidden).float().softmax(-1)[:, target_token].cpu()
         clean = float(p[0])
-        # rows come out in layer order, each layer's rows in plan order
-        flat = [i for layer in sorted(plan) for i in chunk if interventions[i][0].layer == layer]
-        probs[flat] = p[1:]
+        # rows were appended layer by layer in plan order, which is the chunk's (sorted) order
+        probs[chunk] = p[1:]
     return clean, probs
 
 

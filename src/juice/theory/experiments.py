@@ -13,8 +13,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
