@@ -48,3 +48,58 @@ class ConflictExample:
             "context_answer": self.context_answer,
             "prompts": dict(self.prompts),
         }
+
+
+CONTEXT_TYPE = "context"
+"""The single "conflict type" of the contextual datasets (the prompt with its context)."""
+
+
+@dataclass(frozen=True)
+class ContextualExample:
+    """One item of a contextual-direction dataset (paper Sec. 2.2): the target is the answer the
+    context (or the instruction in the prompt) calls for; the other one is the memorised answer.
+
+    Attributes:
+        dataset: e.g. "nqswap", "proverb_ending".
+        uid: a stable identifier within the dataset (row number in the source file).
+        prompt: the full prompt, context included, ending right before the answer.
+        question: the same prompt with the context removed (CAD's second branch).
+        context_answers: accepted contextual answers (the target).
+        parametric_answers: the memorised answers (what the context overrides).
+        kind: "completion" (sentence completion) or "qa" (question answering); picks the
+            instruction of the Prompt baseline (paper App. D.1).
+        metric: "memotrap" (exact match of the continuation's words) or "nqswap" (normalized
+            substring match), see :mod:`juice.evaluation`.
+    """
+
+    dataset: str
+    uid: str
+    prompt: str
+    question: str
+    context_answers: tuple[str, ...]
+    parametric_answers: tuple[str, ...]
+    kind: str
+    metric: str
+
+    def __post_init__(self) -> None:
+        if not self.context_answers or not all(a.strip() for a in self.context_answers):
+            raise ValueError(f"{self.dataset}/{self.uid}: every contextual answer must be non-empty")
+        if not self.parametric_answers or not all(a.strip() for a in self.parametric_answers):
+            raise ValueError(f"{self.dataset}/{self.uid}: every parametric answer must be non-empty")
+        if not self.prompt.strip() or not self.question.strip():
+            raise ValueError(f"{self.dataset}/{self.uid}: empty prompt or question")
+        if self.kind not in ("completion", "qa"):
+            raise ValueError(f"{self.dataset}/{self.uid}: kind must be 'completion' or 'qa', not {self.kind!r}")
+        if self.metric not in ("memotrap", "nqswap"):
+            raise ValueError(f"{self.dataset}/{self.uid}: unknown metric {self.metric!r}")
+
+    @property
+    def context_answer(self) -> str:
+        return self.context_answers[0]
+
+    @property
+    def parametric_answer(self) -> str:
+        return self.parametric_answers[0]
+
+    def to_json(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
