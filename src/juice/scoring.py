@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from juice.architectures import ModelHeads
-from juice.data.records import CONFLICT_TYPES, ConflictExample
+from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample
 from juice.interventions import Head, head_coefficients, projection_input_hooks, scaled_heads
 from juice.models import LoadedModel
 from juice.steering import HeadSelection
@@ -50,12 +50,13 @@ class ScoringPrompt:
 
 def scoring_prompts(
     lm: LoadedModel,
-    examples: Sequence[ConflictExample],
+    examples: Sequence[ConflictExample] | Sequence[ContextualExample],
     direction: str = "parametric",
     conflict_types: Sequence[str] = CONFLICT_TYPES,
 ) -> list[ScoringPrompt]:
     """The prompts of D with their target tokens: the parametric answer's first token, or the
-    context answer's for `direction="contextual"`.
+    context answer's for `direction="contextual"`. A :class:`ContextualExample` (MemoTrap,
+    NQ-Swap) gives its one prompt, conflict type "context", target its contextual answer.
 
     Raises:
         EmptyAnswerError: an answer tokenizes to nothing.
@@ -65,6 +66,11 @@ def scoring_prompts(
         raise ValueError(f"direction must be 'parametric' or 'contextual', not {direction!r}")
     out = []
     for ex in examples:
+        if isinstance(ex, ContextualExample):
+            # contextual datasets have one prompt; the target is always the contextual answer
+            out.append(ScoringPrompt(ex.prompt, answer_first_token(lm.tokenizer, ex.prompt, ex.context_answer),
+                                     CONTEXT_TYPE))
+            continue
         answer = ex.answer if direction == "parametric" else ex.context_answer
         for t in conflict_types:
             out.append(ScoringPrompt(ex.prompts[t], answer_first_token(lm.tokenizer, ex.prompts[t], answer), t))
@@ -112,21 +118,30 @@ def _scale_new_rows(heads: ModelHeads, plan: dict[int, list[tuple[int, float]]])
 
 
 @torch.inference_mode()
-def intervention_probs(
-    lm: LoadedModel, prompt: str, target_token: int, interventions: Sequence[tuple[Head, float]], max_rows: int = 256
-) -> tuple[float, Tensor]:
-    """Probability of `target_token` at the last position, clean and under each intervention.
+def intervention_readout(
+    lm: LoadedModel,
+    prompt: str,
+    interventions: Sequence[tuple[Head, float]],
+    readout: Callable[[Tensor], Tensor],
+    max_rows: int = 256,
+) -> tuple[Tensor, Tensor]:
+    """Last-position readouts of the clean model and of each single-head intervention, batched.
+
+    Each intervention scales one head at every position, `H <- H + alpha * H` (alpha = -1 zeroes
+    it). One forward per chunk of `max_rows` rows; the batch grows layer by layer (module
+    docstring); the LM head runs at the last position only.
 
     Args:
-        interventions: (head, alpha) pairs; each scales one head, `H <- H + alpha * H`.
+        interventions: (head, alpha) pairs.
+        readout: maps last-position logits `[rows, vocab]` (float32) to `[rows, ...]`.
         max_rows: most intervention rows per forward (memory bound).
 
     Returns:
-        (clean probability, `[len(interventions)]` probabilities under each intervention).
+        (clean readout `[...]`, `[len(interventions), ...]` readouts under each intervention).
     """
     ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
     order = sorted(range(len(interventions)), key=lambda i: interventions[i][0])
-    probs = torch.zeros(len(interventions))
+    values = None
     clean = None
     for start in range(0, max(len(order), 1), max_rows):
         chunk = order[start:start + max_rows]
@@ -136,11 +151,27 @@ def intervention_probs(
             plan.setdefault(layer, []).append((head, alpha))
         with _grow_batch(lm.heads, {l: len(v) for l, v in plan.items()}), _scale_new_rows(lm.heads, plan):
             hidden = lm.model.base_model(input_ids=ids, use_cache=False).last_hidden_state[:, -1]
-        p = lm.logits(hidden).float().softmax(-1)[:, target_token].cpu()
-        clean = float(p[0])
+        out = readout(lm.logits(hidden).float()).cpu()
+        if values is None:
+            values = torch.zeros(len(interventions), *out.shape[1:], dtype=out.dtype)
+        clean = out[0]
         # rows were appended layer by layer in plan order, which is the chunk's (sorted) order
-        probs[chunk] = p[1:]
-    return clean, probs
+        values[chunk] = out[1:]
+    return clean, values
+
+
+def intervention_probs(
+    lm: LoadedModel, prompt: str, target_token: int, interventions: Sequence[tuple[Head, float]], max_rows: int = 256
+) -> tuple[float, Tensor]:
+    """Probability of `target_token` at the last position, clean and under each intervention
+    (:func:`intervention_readout` with a softmax readout).
+
+    Returns:
+        (clean probability, `[len(interventions)]` probabilities under each intervention).
+    """
+    clean, probs = intervention_readout(
+        lm, prompt, interventions, lambda logits: logits.softmax(-1)[:, target_token], max_rows)
+    return float(clean), probs
 
 
 @torch.inference_mode()
@@ -289,7 +320,7 @@ class HeadsArtifact:
 
 def make_artifact(
     lm: LoadedModel, scores: HeadScores, selection: HeadSelection, k: int, direction: str,
-    head_set: Sequence[ConflictExample],
+    head_set: Sequence[ConflictExample] | Sequence[ContextualExample],
 ) -> HeadsArtifact:
     """Bundle a selection with the model fingerprint, D, the alphas and the per-type scores."""
     per_head = {}

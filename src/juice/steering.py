@@ -118,7 +118,16 @@ class Generation:
     first_probs: Tensor | None
 
 
-def _base_forward(lm: LoadedModel, input_ids: Tensor, mask: Tensor, positions: Tensor, past=None):
+def forward_last(lm: LoadedModel, input_ids: Tensor, mask: Tensor, positions: Tensor, past=None):
+    """One cached forward of the base model (no LM head).
+
+    Args:
+        input_ids, mask, positions: `[batch, seq]` (left padded; see :class:`juice.tokens.Batch`).
+        past: the KV cache of the previous steps, or None.
+
+    Returns:
+        (`[batch, hidden]` last-position hidden state, the updated KV cache).
+    """
     out = lm.model.base_model(
         input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=past, use_cache=True
     )
@@ -237,7 +246,7 @@ def _generate_chunk(lm, batch, prompt_of: list[int], steerings: list[Steering], 
     index = torch.tensor(rows_src)
     ids, mask, positions = (t[index].to(device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))
     with planned_rows(lm.heads, plan):
-        hidden, cache = _base_forward(lm, ids, mask, positions)
+        hidden, cache = forward_last(lm, ids, mask, positions)
     logits = lm.logits(hidden[torch.tensor(out_row, device=device)]).float()
     first_probs = None
     if probes is not None:
@@ -273,7 +282,7 @@ def _generate_chunk(lm, batch, prompt_of: list[int], steerings: list[Steering], 
         for _ in range(max_new_tokens - 1):
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
             positions = positions + 1
-            hidden, cache = _base_forward(lm, token[feed_t][:, None], mask, positions, past=cache)
+            hidden, cache = forward_last(lm, token[feed_t][:, None], mask, positions, past=cache)
             token = lm.logits(hidden[out_t]).float().argmax(-1)
             new_tokens.append(token)
     return torch.stack(new_tokens, 1).cpu(), first_probs
@@ -322,3 +331,90 @@ def greedy_generate_naive(
             logits = lm.model(input_ids=ids, use_cache=False).logits[:, -1]
         ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
     return ids[0, -max_new_tokens:].cpu()
+
+
+def continuation_ids(tokenizer, prompt: str, continuation: str) -> tuple[list[int], list[int]]:
+    """(prompt ids with BOS, continuation ids as they follow the prompt).
+
+    The continuation is taken from the tokenization of `prompt + continuation` where the prompt's
+    tokens are a prefix of it, else tokenized alone.
+
+    Raises:
+        EmptyAnswerError: the continuation yields no token.
+    """
+    from juice.tokens import EmptyAnswerError
+
+    base = token_ids(tokenizer, prompt)
+    full = token_ids(tokenizer, prompt + continuation)
+    cont = full[len(base):] if full[: len(base)] == base else list(
+        tokenizer(continuation, add_special_tokens=False)["input_ids"])
+    if not cont:
+        raise EmptyAnswerError(f"continuation {continuation!r} tokenizes to nothing")
+    return base, cont
+
+
+@torch.inference_mode()
+def sequence_logits(
+    lm: LoadedModel, sequences: Sequence[Sequence[int]], n_read: Sequence[int], steering: Steering = ORIGINAL,
+) -> list[Tensor]:
+    """Teacher-forced logits of the last `n_read[i]` next-token predictions of each sequence.
+
+    For sequence i of length T, returns the logits at positions T - n_read[i] - 1 ... T - 2, i.e.
+    the predictions of its last `n_read[i]` tokens. JuICE runs the clean row and the steered row
+    of each sequence in one batch (the steered row adds beta times the clean row's head outputs,
+    at every position); JuNE scales the heads.
+
+    Returns:
+        one `[n_read[i], vocab]` float32 tensor per sequence.
+    """
+    geometry = lm.heads.geometry
+    zero = _zero_plan_row(geometry)
+    batch = pad_left(sequences, lm.tokenizer.pad_token_id)
+    n = len(sequences)
+    if steering.method == "juice":
+        index = torch.cat([torch.arange(n), torch.arange(n)])
+        plan = RowPlan(torch.stack([zero] * (2 * n)), torch.stack([zero] * n + [steering.coefficients] * n),
+                       torch.tensor([-1] * n + list(range(n))))
+        out_rows = torch.arange(n, 2 * n)
+    else:
+        index = torch.arange(n)
+        scale = steering.coefficients if steering.method == "june" else zero
+        plan = RowPlan(torch.stack([scale] * n), torch.stack([zero] * n), torch.tensor([-1] * n))
+        out_rows = torch.arange(n)
+    ids, mask, positions = (t[index].to(lm.device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))
+    with planned_rows(lm.heads, plan):
+        hidden = lm.model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                     use_cache=False).last_hidden_state
+    width = ids.shape[1]
+    out = []
+    for i, row in enumerate(out_rows.tolist()):
+        k = n_read[i]
+        out.append(lm.logits(hidden[row, width - k - 1: width - 1]).float())
+    return out
+
+
+def continuation_logprobs(
+    lm: LoadedModel, prompts: Sequence[str], continuations: Sequence[str], steering: Steering = ORIGINAL,
+    *, max_rows: int = 32,
+) -> Tensor:
+    """Sum of log-probabilities of each continuation after its prompt, under `steering`
+    (teacher forcing; MemoTrap's likelihood comparison of the two classes).
+
+    Returns:
+        `[len(prompts)]` float64 log-probabilities (nats).
+
+    Raises:
+        EmptyAnswerError: a continuation tokenizes to nothing.
+    """
+    pairs = [continuation_ids(lm.tokenizer, p, c) for p, c in zip(prompts, continuations, strict=True)]
+    out = torch.zeros(len(pairs), dtype=torch.float64)
+    step = max(1, max_rows // (2 if steering.method == "juice" else 1))
+    order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
+    for start in range(0, len(order), step):
+        chunk = order[start:start + step]
+        seqs = [pairs[i][0] + pairs[i][1] for i in chunk]
+        logits = sequence_logits(lm, seqs, [len(pairs[i][1]) for i in chunk], steering)
+        for i, lg in zip(chunk, logits):
+            target = torch.tensor(pairs[i][1], device=lg.device)
+            out[i] = float(lg.log_softmax(-1).gather(1, target[:, None]).sum())
+    return out

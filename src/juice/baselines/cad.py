@@ -1,0 +1,143 @@
+"""CAD, context-aware decoding (Shi et al. 2023, "Trusting Your Evidence: Hallucinate Less with
+Context-aware Decoding", Eq. 2; paper Sec. 4.2 baseline, alpha = 1).
+
+At every step the next token is the argmax of
+
+    (1 + alpha) * logits(y | context, question) - alpha * logits(y | question)
+
+(greedy). The second branch really holds no context: it is the question part of the prompt,
+tokenized on its own (see :attr:`juice.data.records.ContextualExample.question`); the authors'
+code and demo strip only a BOS token and so leave the context in. The two branches keep two KV
+caches (two batches of rows, one per branch) and both are fed the chosen token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from juice.models import LoadedModel
+from juice.steering import PAD_SLACK, Generation, continuation_ids, forward_last, sequence_logits
+from juice.tokens import context_length, pad_left, token_ids
+
+ALPHA = 1.0
+
+
+def contrast(with_context: Tensor, without_context: Tensor, alpha: float = ALPHA) -> Tensor:
+    """CAD's adjusted logits `(1 + alpha) * with_context - alpha * without_context` (Eq. 2).
+
+    Args:
+        with_context, without_context: `[..., vocab]` logits.
+    """
+    return (1 + alpha) * with_context - alpha * without_context
+
+
+@torch.inference_mode()
+def cad_generate(
+    lm: LoadedModel,
+    prompts: Sequence[str],
+    questions: Sequence[str],
+    max_new_tokens: int = 10,
+    alpha: float = ALPHA,
+    *,
+    probe_tokens: Tensor | None = None,
+    max_rows: int = 64,
+    on_chunk: Callable[[int], None] | None = None,
+) -> Generation:
+    """Greedy context-aware decoding, batched, with one KV cache per branch.
+
+    Args:
+        prompts: full prompts (context and question).
+        questions: the same prompts without the context, one per prompt.
+        alpha: CAD's weight; 0 is plain greedy decoding of `prompts`.
+        probe_tokens: `[n, k]` token ids whose first-step probabilities (under the adjusted
+            logits) to return.
+        max_rows: most rows per batch (each item takes two, one per branch).
+
+    Returns:
+        :class:`~juice.steering.Generation`, one entry per prompt.
+
+    Raises:
+        PromptTooLongError: a prompt does not fit the context window with the new tokens.
+        ValueError: lengths differ or max_new_tokens < 1.
+    """
+    if len(prompts) != len(questions):
+        raise ValueError("one question per prompt")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    limit = context_length(lm.model)
+    room = None if limit is None else limit - max_new_tokens
+    ids_c = [token_ids(lm.tokenizer, p) for p in prompts]
+    ids_q = [token_ids(lm.tokenizer, q) for q in questions]
+    n = len(prompts)
+    tokens = torch.zeros(n, max_new_tokens, dtype=torch.long)
+    first_probs = None if probe_tokens is None else torch.zeros(probe_tokens.shape, dtype=torch.float32)
+    for chunk in _buckets(sorted(range(n), key=lambda i: len(ids_c[i])), [len(i) for i in ids_c], max(1, max_rows // 2)):
+        out, probs = _cad_chunk(lm, [ids_c[i] for i in chunk], [ids_q[i] for i in chunk], max_new_tokens, alpha,
+                                None if probe_tokens is None else probe_tokens[chunk], room)
+        tokens[chunk] = out
+        if first_probs is not None:
+            first_probs[chunk] = probs
+        if on_chunk:
+            on_chunk(len(chunk))
+    return Generation(tokens, lm.tokenizer.batch_decode(tokens, skip_special_tokens=True), first_probs)
+
+
+def _buckets(order: list[int], lengths: list[int], size: int):
+    """Consecutive groups of `order` (sorted by length) of at most `size` items whose longest
+    prompt is within PAD_SLACK of the shortest (left padding costs like real tokens)."""
+    chunk: list[int] = []
+    for i in order:
+        if chunk and (len(chunk) == size or lengths[i] > PAD_SLACK * lengths[chunk[0]] + 8):
+            yield chunk
+            chunk = []
+        chunk.append(i)
+    if chunk:
+        yield chunk
+
+
+def _cad_chunk(lm, ids_c, ids_q, max_new_tokens, alpha, probes, room):
+    device = lm.device
+    branches = []
+    for ids in (ids_c, ids_q):
+        b = pad_left(ids, lm.tokenizer.pad_token_id, room).to(device)
+        hidden, cache = forward_last(lm, b.input_ids, b.attention_mask, b.position_ids)
+        branches.append([b.attention_mask, b.position_ids[:, -1:], cache, hidden])
+    logits = contrast(lm.logits(branches[0][3]).float(), lm.logits(branches[1][3]).float(), alpha)
+    probs = None if probes is None else logits.softmax(-1).gather(1, probes.to(device)).cpu()
+    token = logits.argmax(-1)
+    new = [token]
+    for _ in range(max_new_tokens - 1):
+        outs = []
+        for br in branches:
+            mask, pos, cache, _ = br
+            br[0] = mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+            br[1] = pos = pos + 1
+            hidden, br[2] = forward_last(lm, token[:, None], mask, pos, past=cache)
+            outs.append(lm.logits(hidden).float())
+        token = contrast(outs[0], outs[1], alpha).argmax(-1)
+        new.append(token)
+    return torch.stack(new, 1).cpu(), probs
+
+
+def cad_continuation_logprobs(
+    lm: LoadedModel, prompts: Sequence[str], questions: Sequence[str], continuations: Sequence[str],
+    alpha: float = ALPHA,
+) -> Tensor:
+    """Sum of log-probabilities of each continuation under CAD's adjusted distribution
+    (teacher forcing; softmax of the contrasted logits at every continuation token).
+
+    Returns:
+        `[len(prompts)]` float64 log-probabilities (nats).
+    """
+    out = torch.zeros(len(prompts), dtype=torch.float64)
+    for i, (p, q, c) in enumerate(zip(prompts, questions, continuations, strict=True)):
+        base_c, cont = continuation_ids(lm.tokenizer, p, c)
+        base_q = token_ids(lm.tokenizer, q)
+        lc, lq = (sequence_logits(lm, [base + cont], [len(cont)])[0] for base in (base_c, base_q))
+        target = torch.tensor(cont, device=lc.device)
+        out[i] = float(contrast(lc, lq, alpha).log_softmax(-1).gather(1, target[:, None]).sum())
+    return out
+
