@@ -1,28 +1,64 @@
-"""Evaluation: the paper's exact match, answer probabilities, and Table 1.
+"""Evaluation: the paper's exact match, answer probabilities, and Tables 1 and 2.
 
-Exact match (paper Sec. 4): greedy decoding of 10 new tokens; the first 5 words are correct if
-any accepted answer occurs in them after normalization (lower case, accents folded, punctuation
-and articles removed), matched on word boundaries. Also recorded per item: the first-step
-probability of the parametric and of the context answer's first token, and whether the output
-follows the context answer instead.
+Parametric direction (paper Sec. 4, Table 1): greedy decoding of 10 new tokens; the first 5 words
+are correct if any accepted answer occurs in them after normalization (lower case, accents
+folded, punctuation and articles removed), matched on word boundaries. Also recorded per item:
+the first-step probability of the parametric and of the context answer's first token, and
+whether the output follows the context answer instead.
+
+Contextual direction (paper Sec. 4.2, Table 2; the target is the contextual answer):
+
+- MemoTrap: greedy decoding of 10 new tokens; correct if the first words of the output equal the
+  words of the instruction-following continuation (lower case, punctuation stripped from the
+  ends of each word). Also the likelihood comparison most peers report: correct if the
+  continuation's summed log-probability beats the memorised one's (teacher forcing).
+- NQ-Swap: greedy decoding of 20 new tokens; correct if a normalized substituted answer is a
+  substring of the normalized output.
+
+Methods are :class:`Method`s: a steering (Original, JuNE, JuICE, PH3's pruning), optionally the
+Prompt baseline's instruction (:mod:`juice.baselines.prompt`), or CAD
+(:mod:`juice.baselines.cad`, contextual direction only).
 """
 
 from __future__ import annotations
 
+import string
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 
-from juice.data.records import CONFLICT_TYPES, ConflictExample
+from juice.baselines.cad import cad_continuation_logprobs, cad_generate
+from juice.baselines.prompt import contextual_prompt, parametric_prompt
+from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample
 from juice.models import LoadedModel
-from juice.steering import Steering, Stream, generate
-from juice.text import contains_answer, first_words
+from juice.steering import ORIGINAL, Steering, Stream, continuation_logprobs, generate
+from juice.text import contains_answer, first_words, normalize_answer
 from juice.tokens import answer_first_token
 
 MAX_NEW_TOKENS = 10
 N_WORDS = 5
+NEW_TOKENS_BY_METRIC = {"memotrap": 10, "nqswap": 20}
+
+
+@dataclass(frozen=True)
+class Method:
+    """How one row of a table is produced.
+
+    Attributes:
+        steering: head steering during decoding (Original, JuNE, JuICE, PH3 pruning).
+        instructed: prepend the Prompt baseline's instruction (paper App. D.1).
+        cad_alpha: decode with CAD at this alpha instead (contextual direction only).
+    """
+
+    steering: Steering = ORIGINAL
+    instructed: bool = False
+    cad_alpha: float | None = None
+
+
+def as_method(value: "Method | Steering") -> Method:
+    return value if isinstance(value, Method) else Method(steering=value)
 
 
 @dataclass(frozen=True)
@@ -38,6 +74,8 @@ class ItemResult:
     follows_context: bool
     p_parametric: float
     p_context: float
+    follows_parametric: bool | None = None   # contextual direction: output gives the memorised answer
+    likelihood_correct: bool | None = None   # MemoTrap: the target class is the more likely one
 
 
 def is_correct(output: str, answers: Sequence[str], n_words: int = N_WORDS) -> bool:
@@ -48,7 +86,7 @@ def is_correct(output: str, answers: Sequence[str], n_words: int = N_WORDS) -> b
 def evaluate(
     lm: LoadedModel,
     examples: Sequence[ConflictExample],
-    methods: Mapping[str, Steering],
+    methods: Mapping[str, "Method | Steering"],
     conflict_types: Sequence[str] = CONFLICT_TYPES,
     *,
     max_new_tokens: int = MAX_NEW_TOKENS,
@@ -60,24 +98,30 @@ def evaluate(
     All methods of one prompt share its clean prefill (see :mod:`juice.steering`).
 
     Args:
-        methods: name -> steering; names label the results (e.g. "Original", "JuICE").
+        methods: name -> :class:`Method` (or a bare steering); names label the results (e.g.
+            "Original", "Prompt", "PH3-l", "JuICE").
         on_progress: called with the number of (prompt, method) streams finished.
 
     Raises:
         EmptyAnswerError: an answer tokenizes to nothing.
+        ValueError: a CAD method (CAD applies to the contextual direction).
     """
     prompts, meta, streams, probes = [], [], [], []
-    names = list(methods)
+    index: dict[str, int] = {}
+    methods = {name: as_method(m) for name, m in methods.items()}
+    if any(m.cad_alpha is not None for m in methods.values()):
+        raise ValueError("CAD applies to the contextual direction; use evaluate_contextual")
     for ex in examples:
         for t in conflict_types:
-            prompt = ex.prompts[t]
-            ids = [answer_first_token(lm.tokenizer, prompt, ex.answer),
-                   answer_first_token(lm.tokenizer, prompt, ex.context_answer)]
-            prompts.append(prompt)
-            for name in names:
-                streams.append(Stream(len(prompts) - 1, methods[name]))
+            for name, method in methods.items():
+                prompt = parametric_prompt(ex, t) if method.instructed else ex.prompts[t]
+                if prompt not in index:
+                    index[prompt] = len(prompts)
+                    prompts.append(prompt)
+                streams.append(Stream(index[prompt], method.steering))
                 meta.append((ex, t, name))
-                probes.append(ids)
+                probes.append([answer_first_token(lm.tokenizer, prompt, ex.answer),
+                               answer_first_token(lm.tokenizer, prompt, ex.context_answer)])
     if not streams:
         return []
     gen = generate(lm, prompts, streams, max_new_tokens, probe_tokens=torch.tensor(probes),
@@ -91,6 +135,137 @@ def evaluate(
             p_parametric=float(probs[0]), p_context=float(probs[1]),
         ))
     return results
+
+
+def _words(text: str) -> list[str]:
+    strip = string.punctuation + "‘’“”–—"
+    return [w for w in (word.strip(strip).lower() for word in text.split()) if w]
+
+
+def memotrap_match(output: str, continuation: str) -> bool:
+    """MemoTrap exact match: the output's first words equal the continuation's words (lower case,
+    punctuation stripped from both ends of each word).
+
+    >>> memotrap_match(" heavy. Absence makes", " heavy.")
+    True
+    >>> memotrap_match(" fonder.", " heavy.")
+    False
+    """
+    target = _words(continuation)
+    return bool(target) and _words(output)[: len(target)] == target
+
+
+def nqswap_match(output: str, answers: Sequence[str]) -> bool:
+    """NQ-Swap: some normalized answer is a substring of the normalized output (an answer that
+    normalizes to nothing never matches)."""
+    norm = normalize_answer(output)
+    return any((a := normalize_answer(answer)) and a in norm for answer in answers)
+
+
+def contextual_correct(example: ContextualExample, output: str, answers: Sequence[str]) -> bool:
+    """Whether `output` gives one of `answers` under the example's metric."""
+    if example.metric == "memotrap":
+        return any(memotrap_match(output, a) for a in answers)
+    return nqswap_match(output, answers)
+
+
+def evaluate_contextual(
+    lm: LoadedModel,
+    examples: Sequence[ContextualExample],
+    methods: Mapping[str, "Method | Steering"],
+    *,
+    likelihood: bool = True,
+    max_rows: int = 64,
+    on_progress: Callable[[int], None] | None = None,
+) -> list[ItemResult]:
+    """Contextual-direction evaluation (module docstring): every example x method, generation
+    batched per metric (10 new tokens for MemoTrap, 20 for NQ-Swap), CAD in its own batches.
+
+    Results use `domain` = dataset, `subject` = uid, `conflict_type` = "context"; `correct` means
+    the contextual answer. With `likelihood`, MemoTrap items also get the likelihood comparison.
+
+    Raises:
+        EmptyAnswerError: an answer tokenizes to nothing.
+    """
+    methods = {name: as_method(m) for name, m in methods.items()}
+    results: dict[tuple[int, str], ItemResult] = {}
+    for metric, new_tokens in NEW_TOKENS_BY_METRIC.items():
+        group = [(i, ex) for i, ex in enumerate(examples) if ex.metric == metric]
+        if not group:
+            continue
+        prompts, streams, probes, meta, index = [], [], [], [], {}
+        cad: dict[float, list] = {}
+        for i, ex in group:
+            for name, method in methods.items():
+                prompt = contextual_prompt(ex) if method.instructed else ex.prompt
+                probe = [answer_first_token(lm.tokenizer, prompt, ex.parametric_answer),
+                         answer_first_token(lm.tokenizer, prompt, ex.context_answer)]
+                if method.cad_alpha is not None:
+                    cad.setdefault(method.cad_alpha, []).append((i, ex, name, prompt, probe))
+                    continue
+                if prompt not in index:
+                    index[prompt] = len(prompts)
+                    prompts.append(prompt)
+                streams.append(Stream(index[prompt], method.steering))
+                probes.append(probe)
+                meta.append((i, ex, name))
+        outputs = []
+        if streams:
+            gen = generate(lm, prompts, streams, new_tokens, probe_tokens=torch.tensor(probes),
+                           max_rows=max_rows, on_chunk=on_progress)
+            outputs += list(zip(meta, gen.texts, gen.first_probs))
+        for alpha, items in cad.items():
+            gen = cad_generate(lm, [it[3] for it in items], [it[1].question for it in items], new_tokens, alpha,
+                               probe_tokens=torch.tensor([it[4] for it in items]), max_rows=max_rows,
+                               on_chunk=on_progress)
+            outputs += list(zip([it[:3] for it in items], gen.texts, gen.first_probs))
+        for (i, ex, name), text, probs in outputs:
+            results[(i, name)] = ItemResult(
+                domain=ex.dataset, subject=ex.uid, conflict_type=CONTEXT_TYPE, method=name, output=text,
+                correct=contextual_correct(ex, text, ex.context_answers),
+                follows_context=contextual_correct(ex, text, ex.context_answers),
+                p_parametric=float(probs[0]), p_context=float(probs[1]),
+                follows_parametric=contextual_correct(ex, text, ex.parametric_answers),
+            )
+    if likelihood:
+        memo = [(i, ex) for i, ex in enumerate(examples) if ex.metric == "memotrap"]
+        for name, method in methods.items():
+            wins = likelihood_wins(lm, [ex for _, ex in memo], method, max_rows=max_rows)
+            for (i, _), win in zip(memo, wins):
+                r = results[(i, name)]
+                results[(i, name)] = ItemResult(**{**asdict(r), "likelihood_correct": bool(win)})
+    return [results[(i, name)] for i in range(len(examples)) for name in methods if (i, name) in results]
+
+
+def likelihood_wins(
+    lm: LoadedModel, examples: Sequence[ContextualExample], method: "Method | Steering", *, max_rows: int = 32,
+) -> list[bool]:
+    """MemoTrap's classification metric: for each example, whether the contextual continuation
+    has a higher summed log-probability than the memorised one under `method`."""
+    method = as_method(method)
+    if not examples:
+        return []
+    prompts = [contextual_prompt(ex) if method.instructed else ex.prompt for ex in examples]
+    both = [*(ex.context_answer for ex in examples), *(ex.parametric_answer for ex in examples)]
+    if method.cad_alpha is not None:
+        questions = [ex.question for ex in examples]
+        lp = cad_continuation_logprobs(lm, prompts * 2, questions * 2, both, method.cad_alpha)
+    else:
+        lp = continuation_logprobs(lm, prompts * 2, both, method.steering, max_rows=max_rows)
+    n = len(examples)
+    return [bool(lp[i] > lp[n + i]) for i in range(n)]
+
+
+def likelihood_table(results: Sequence[ItemResult]) -> dict[str, dict[str, float]]:
+    """method -> dataset -> likelihood-comparison accuracy in percent (MemoTrap items only)."""
+    groups: dict[tuple, list[bool]] = defaultdict(list)
+    for r in results:
+        if r.likelihood_correct is not None:
+            groups[(r.method, r.domain)].append(r.likelihood_correct)
+    table: dict[str, dict[str, float]] = defaultdict(dict)
+    for (m, d), values in groups.items():
+        table[m][d] = 100.0 * sum(values) / len(values)
+    return dict(table)
 
 
 def accuracy_table(results: Sequence[ItemResult]) -> dict[str, dict[str, dict[str, float]]]:
@@ -128,3 +303,10 @@ def results_to_json(results: Sequence[ItemResult]) -> list[dict]:
 
 def results_from_json(rows: Sequence[dict]) -> list[ItemResult]:
     return [ItemResult(**r) for r in rows]
+
+
+__all__ = [
+    "ItemResult", "Method", "accuracy_table", "as_method", "contextual_correct", "evaluate", "evaluate_contextual",
+    "is_correct", "likelihood_table", "likelihood_wins", "memotrap_match", "nqswap_match", "results_from_json",
+    "results_to_json", "summary",
+]

@@ -1,0 +1,95 @@
+"""Evaluation runners: contextual metrics end to end, likelihoods, Prompt and CAD methods."""
+
+from __future__ import annotations
+
+import torch
+
+from juice.baselines.prompt import contextual_prompt
+from juice.data.paraconflict import build_domain
+from juice.data.records import ContextualExample
+from juice.evaluation import Method, evaluate, evaluate_contextual, likelihood_table
+from juice.interventions import Head, captured_heads, added_to_heads
+from juice.steering import HeadSelection, Steering, continuation_logprobs, steering_coefficients
+from juice.tokens import token_ids
+
+SELECTION = HeadSelection(positive=(Head(0, 1), Head(2, 3)), negative=(Head(1, 0),))
+
+
+def _examples():
+    return [
+        ContextualExample("proverb_ending", "0", "the capital : france is", "france is", (" paris.",), (" rome.",),
+                          "completion", "memotrap"),
+        ContextualExample("proverb_ending", "1", "tennis golf : w40 w41 is", "w40 w41 is", (" golf",), (" tennis",),
+                          "completion", "memotrap"),
+        ContextualExample("nqswap", "0", "Context: w7 w8 paris\nQuestion: w9?\nAnswer:", "Question: w9?\nAnswer:",
+                          ("paris",), ("rome",), "qa", "nqswap"),
+    ]
+
+
+def _naive_logprob(lm, prompt, continuation, steering=None):
+    base = token_ids(lm.tokenizer, prompt)
+    full = token_ids(lm.tokenizer, prompt + continuation)
+    cont = full[len(base):]
+    ids = torch.tensor([full])
+    with torch.no_grad():
+        if steering is not None and steering.method == "juice":
+            layers = [int(i) for i in steering.coefficients.ne(0).any(-1).nonzero().flatten()]
+            with captured_heads(lm.heads, layers) as saved:
+                lm.model(input_ids=ids)
+            add = {l: steering.coefficients[l][None, None, :, None] * saved[l] for l in layers}
+            with added_to_heads(lm.heads, add):
+                logits = lm.model(input_ids=ids).logits[0]
+        else:
+            logits = lm.model(input_ids=ids).logits[0]
+    lp = logits.log_softmax(-1)
+    return sum(float(lp[len(base) - 1 + j, t]) for j, t in enumerate(cont))
+
+
+def test_continuation_logprobs_equal_full_forward_logprobs(tiny):
+    prompts = ["the capital of france is", "tennis golf w40 w41 w42 is"]
+    conts = [" paris .", " golf"]
+    for steering in (Steering(), Steering("juice", steering_coefficients(tiny.heads.geometry, SELECTION, 2, -1))):
+        got = continuation_logprobs(tiny, prompts, conts, steering, max_rows=2)
+        for i in range(2):
+            assert abs(float(got[i]) - _naive_logprob(tiny, prompts[i], conts[i], steering)) < 1e-4
+
+
+def test_evaluate_contextual_covers_every_method_and_metric(tiny_llama):
+    lm = tiny_llama
+    coef = steering_coefficients(lm.heads.geometry, SELECTION, 2, -1)
+    methods = {"Original": Method(), "Prompt": Method(instructed=True), "CAD": Method(cad_alpha=1.0),
+               "JuICE": Method(Steering("juice", coef))}
+    exs = _examples()
+    results = evaluate_contextual(lm, exs, methods, max_rows=4)
+    assert len(results) == len(exs) * len(methods)
+    assert {r.method for r in results} == set(methods)
+    memo = [r for r in results if r.domain == "proverb_ending"]
+    assert all(r.likelihood_correct is not None for r in memo)
+    assert all(r.likelihood_correct is None for r in results if r.domain == "nqswap")
+    nq = [r for r in results if r.domain == "nqswap"]
+    assert all(len(lm.tokenizer(r.output, add_special_tokens=False)["input_ids"]) <= 20 for r in nq)
+    table = likelihood_table(results)
+    assert set(table) == set(methods) and set(table["CAD"]) == {"proverb_ending"}
+    # batched equals one example at a time
+    for ex in exs:
+        alone = evaluate_contextual(lm, [ex], methods, max_rows=64)
+        together = [r for r in results if r.domain == ex.dataset and r.subject == ex.uid]
+        assert [r.output for r in alone] == [r.output for r in together]
+
+
+def test_prompt_method_decodes_the_instructed_prompt(tiny_llama):
+    lm = tiny_llama
+    ex = _examples()[0]
+    r = evaluate_contextual(lm, [ex], {"Prompt": Method(instructed=True)}, likelihood=False)[0]
+    plain = evaluate_contextual(lm, [ContextualExample(**{**ex.__dict__, "prompt": contextual_prompt(ex)})],
+                                {"Original": Method()}, likelihood=False)[0]
+    assert r.output == plain.output
+
+
+def test_parametric_prompt_baseline_leaves_clean_prompts_alone(tiny_llama):
+    ex = build_domain("world_capital")[0]
+    results = evaluate(tiny_llama, [ex], {"Original": Steering(), "Prompt": Method(instructed=True)})
+    by = {(r.method, r.conflict_type): r.output for r in results}
+    assert by[("Original", "clean")] == by[("Prompt", "clean")]
+    assert len(results) == 6
+
