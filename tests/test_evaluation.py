@@ -93,3 +93,47 @@ def test_parametric_prompt_baseline_leaves_clean_prompts_alone(tiny_llama):
     assert by[("Original", "clean")] == by[("Prompt", "clean")]
     assert len(results) == 6
 
+
+
+def test_forced_decoding_likelihoods_equal_the_teacher_forced_reference(tiny_llama):
+    from juice.baselines.cad import cad_continuation_logprobs
+    from juice.evaluation import likelihood_wins
+
+    lm = tiny_llama
+    exs = [ex for ex in _examples() if ex.metric == "memotrap"]
+    coef = steering_coefficients(lm.heads.geometry, SELECTION, 3, -2)
+    methods = {"Original": Method(), "JuNE": Method(Steering("june", coef)), "JuICE": Method(Steering("juice", coef)),
+               "CAD": Method(cad_alpha=1.0), "Prompt": Method(instructed=True)}
+    wins = likelihood_wins(lm, exs, methods, max_rows=3)
+    for name, method in methods.items():
+        for j, ex in enumerate(exs):
+            prompt = contextual_prompt(ex) if method.instructed else ex.prompt
+            pair = [ex.context_answer, ex.parametric_answer]
+            if method.cad_alpha is not None:
+                lp = cad_continuation_logprobs(lm, [prompt] * 2, [ex.question] * 2, pair, 1.0)
+            else:
+                lp = continuation_logprobs(lm, [prompt] * 2, pair, method.steering)
+            assert wins[name][j] == bool(lp[0] > lp[1]), (name, j)
+
+
+def test_forced_logprobs_match_the_reference_values(tiny):
+    from juice.steering import Stream, generate
+
+    prompts = ["the capital of france is", "tennis golf w40 w41 w42 is"]
+    conts = [" paris .", " golf"]
+    coef = steering_coefficients(tiny.heads.geometry, SELECTION, 2, -1)
+    for steering in (Steering(), Steering("june", coef), Steering("juice", coef)):
+        ids = [continuation_ids_(tiny, p, c) for p, c in zip(prompts, conts)]
+        forced = torch.zeros(2, 2, dtype=torch.long)
+        for i, c in enumerate(ids):
+            forced[i, : len(c)] = torch.tensor(c)
+        gen = generate(tiny, prompts, [Stream(0, steering), Stream(1, steering)], 2, forced_tokens=forced)
+        ref = continuation_logprobs(tiny, prompts, conts, steering)
+        for i, c in enumerate(ids):
+            assert abs(float(gen.forced_logprobs[i, : len(c)].sum()) - float(ref[i])) < 1e-4
+
+
+def continuation_ids_(lm, prompt, cont):
+    from juice.steering import continuation_ids
+
+    return continuation_ids(lm.tokenizer, prompt, cont)[1]

@@ -116,3 +116,54 @@ def test_hybrid_scores_the_shortlists_exactly(tiny_llama):
         torch.testing.assert_close(hybrid.scores[:, l, h, 2:], exact.scores[:, l, h, 2:], rtol=0, atol=1e-6)
     sel = select_heads(hybrid, k=5)
     assert set(sel.positive) <= set(plus) and set(sel.negative) <= set(minus)
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def test_interrupted_stage1_resumes_at_the_next_prompt(tiny_llama, tmp_path, monkeypatch):
+    import juice.scoring as sc
+
+    lm = tiny_llama
+    prompts = scoring_prompts(lm, build_domain("world_capital")[:2])
+    reference = score_heads(lm, prompts, (1.0,), (-1.0,))
+    ckpt_path = tmp_path / "units.json"
+
+    def stop_after_three(i):
+        if i == 2:
+            raise _Interrupt
+
+    with pytest.raises(_Interrupt):
+        score_heads(lm, prompts, (1.0,), (-1.0,), on_prompt=stop_after_three,
+                    checkpoint=sc.UnitCheckpoint(ckpt_path, "tiny"))
+    assert len(json.loads(ckpt_path.read_text())["units"]) == 3
+
+    calls = []
+    real = sc.intervention_probs
+    monkeypatch.setattr(sc, "intervention_probs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    resumed = score_heads(lm, prompts, (1.0,), (-1.0,), checkpoint=sc.UnitCheckpoint(ckpt_path, "tiny"))
+    assert len(calls) == len(prompts) - 3
+    torch.testing.assert_close(resumed.scores, reference.scores, rtol=0, atol=1e-9)
+    # another model (scope) never reuses these units
+    assert sc.UnitCheckpoint(ckpt_path, "another model").units == {}
+
+
+def test_auto_rows_fit_the_budget_and_shrink_with_length(tiny_llama):
+    from juice.budget import auto_max_rows, resolve_max_rows, row_bytes
+
+    per_row = row_bytes(tiny_llama.model.config, 50)
+    assert auto_max_rows(tiny_llama, 50, budget_bytes=10 * per_row) == 10
+    assert auto_max_rows(tiny_llama, 50, budget_bytes=per_row // 2) == 1        # never 0
+    assert auto_max_rows(tiny_llama, 400, budget_bytes=10 * per_row) < 10       # longer rows, fewer fit
+    assert resolve_max_rows("auto", tiny_llama, 20) >= 1
+    assert resolve_max_rows("7", tiny_llama, 20) == 7
+    with pytest.raises(ValueError, match="auto"):
+        resolve_max_rows("many", tiny_llama, 20)
+
+
+def test_auto_rows_give_the_same_scores(tiny_llama):
+    inter = all_interventions(tiny_llama)
+    _, fixed = intervention_probs(tiny_llama, PROMPT, 9, inter, max_rows=256)
+    _, auto = intervention_probs(tiny_llama, PROMPT, 9, inter, max_rows="auto")
+    torch.testing.assert_close(fixed, auto, rtol=0, atol=1e-6)

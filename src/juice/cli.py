@@ -30,44 +30,73 @@ def _progress():
 
 @app.command()
 def reproduce(
+    direction: str = typer.Option("parametric", help="parametric (Table 1) | contextual (Table 2)"),
     model: str = typer.Option(DEFAULT_MODEL, help="embedded alias, .gguf file, model directory or hub id"),
-    out: Path = typer.Option(Path("juice-output"), help="output directory (results.json, table.md, heads.json)"),
-    limit: int = typer.Option(10, help="test items per domain"),
-    validation_size: int = typer.Option(6, help="validation items for the beta grid"),
+    out: Path = typer.Option(Path("juice-output"), help="output directory (JSON, Markdown table, heads file)"),
+    limit: int = typer.Option(10, help="test items per domain / dataset"),
+    validation_size: int = typer.Option(6, help="parametric: validation items for the beta grid"),
+    validation_per_dataset: int = typer.Option(3, help="contextual: validation items per dataset"),
     k: int = typer.Option(5, help="heads per sign (K)"),
     scoring: str = typer.Option("hybrid", help="Stage 1 scoring: exact | attribution | hybrid"),
     shortlist: int = typer.Option(12, help="hybrid: heads per sign re-scored exactly"),
-    full: bool = typer.Option(False, "--full", help="all test and validation items, exact Stage 1"),
-    data: Optional[Path] = typer.Option(None, help="a ParaConflict folder with the paper's JSON splits"),
+    ph3_dev_size: int = typer.Option(12, help="PH3-l development items (the paper: 200)"),
+    baselines: bool = typer.Option(True, help="add the Prompt, PH3 (and CAD) rows"),
+    max_prompt_tokens: int = typer.Option(256, help="contextual: drop longer prompts (NQ-Swap tables)"),
+    full: bool = typer.Option(False, "--full", help="everything: all test and validation items, exact Stage 1, "
+                                                   "PH3-l on 200 items, no prompt-length cap"),
+    data: Optional[Path] = typer.Option(None, help="parametric: a ParaConflict folder with the paper's JSON splits"),
+    data_root: Optional[Path] = typer.Option(None, help="contextual: folder with memotrap/ and nqswap/ "
+                                                        "(default $JUICE_DATA or ../shared/data)"),
     seed: int = typer.Option(0),
-    max_rows: int = typer.Option(128, help="most rows per batched forward"),
+    max_rows: str = typer.Option("128", help='most rows per batched forward, or "auto" (a quarter of free memory)'),
     device_map: Optional[str] = typer.Option(None, help='e.g. "auto" to shard the model over GPUs (accelerate)'),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
 ):
-    """Run the paper's Table 1 pipeline (parametric direction) and print the table."""
-    from juice.reproduce import METHOD_NAMES, ReproduceConfig
-    from juice.reproduce import reproduce as run
-    from juice.report import rich_table
+    """Run the paper's Table 1 (parametric) or Table 2 (contextual) pipeline and print the table."""
+    from juice.report import contextual_rich, rich_table
+    from juice.reproduce import ReproduceConfig
+    from juice.reproduce import reproduce as run_parametric
+    from juice.reproduce_contextual import reproduce_contextual
 
+    if direction not in ("parametric", "contextual"):
+        raise typer.BadParameter("direction must be parametric or contextual")
     cfg = ReproduceConfig(
         model=model, out_dir=out, limit=None if full else limit, validation_size=None if full else validation_size,
-        k=k, scoring="exact" if full else scoring, shortlist=shortlist, seed=seed, data=data, max_rows=max_rows,
-        device_map=device_map, dtype=dtype,
+        k=k, scoring="exact" if full else scoring, shortlist=shortlist, seed=seed, data=data,
+        max_rows=max_rows if max_rows == "auto" else int(max_rows),
+        device_map=device_map, dtype=dtype, baselines=baselines, ph3_dev_size=200 if full else ph3_dev_size,
+        data_root=data_root, validation_per_dataset=None if full else validation_per_dataset,
     )
     start = time.perf_counter()
     with _progress() as task:
-        result = run(cfg, progress=task)
-    console.print(rich_table(result.table, list(METHOD_NAMES.values()), result.domains, result.titles,
-                             title=f"Table 1 layout: {result.model['name']} (accuracy %, 1 clean, 2 substitution, 3 coherent)"))
+        if direction == "parametric":
+            result = run_parametric(cfg, progress=task)
+        else:
+            result = reproduce_contextual(cfg, progress=task, max_prompt_tokens=None if full else max_prompt_tokens)
+    name = result.model["name"]
+    if direction == "parametric":
+        console.print(rich_table(result.table, list(result.methods), result.domains, result.titles,
+                                 title=f"Table 1 layout: {name} (accuracy %, 1 clean, 2 substitution, 3 coherent)"))
+        files = ("results.json", "table.md", "heads.json")
+    else:
+        console.print(contextual_rich(result.table, list(result.methods), result.domains, result.titles,
+                                      title=f"Table 2 layout: {name} (accuracy %, contextual answer)"))
+        console.print(contextual_rich(result.table, list(result.methods), result.domains, result.titles,
+                                      title="MemoTrap, likelihood comparison (%)", likelihood=result.likelihood))
+        files = ("results_contextual.json", "table2.md", "heads_contextual.json")
     console.print(f"heads +: {', '.join(map(str, result.selection.positive))}   "
                   f"heads -: {', '.join(map(str, result.selection.negative))}")
     console.print("betas: " + ", ".join(f"{m}: beta+={v['beta_plus']:g} beta-={v['beta_minus']:g}"
                                         for m, v in result.betas.items()))
+    for m, info in result.baselines.items():
+        if "k" in info:
+            console.print(f"{m}: pruned k={info['k']} ({', '.join(info['pruned']) or 'none'}), "
+                          f"development items {info['n_dev_items']}")
     console.print("time: " + ", ".join(f"{k} {v:.0f}s" for k, v in result.timings.items())
                   + f", total {time.perf_counter() - start:.0f}s")
     for note in result.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
-    console.print(f"wrote {out / 'results.json'}, {out / 'table.md'}, {out / 'heads.json'}")
+    console.print("wrote " + ", ".join(str(out / f) for f in files))
 
 
 @app.command()
@@ -90,7 +119,7 @@ def identify(
                           seed=seed, data=data, domains=("world_capital",))
     lm = load_model(model)
     with _progress() as task:
-        splits, _ = prepare_splits(lm, cfg, _State(out.parent / ".juice-state"), "identify", task)
+        splits, _, _ = prepare_splits(lm, cfg, _State(out.parent / ".juice-state"), "identify", task)
         head_set = next(iter(splits.values())).head_set
         scores, selection = identify_heads(lm, cfg, head_set, task)
     save_heads(make_artifact(lm, scores, selection, k, "parametric", head_set), out)

@@ -28,12 +28,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
+from torch import Tensor
 
-from juice.baselines.cad import cad_continuation_logprobs, cad_generate
+from juice.baselines.cad import cad_generate
 from juice.baselines.prompt import contextual_prompt, parametric_prompt
 from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample
 from juice.models import LoadedModel
-from juice.steering import ORIGINAL, Steering, Stream, continuation_logprobs, generate
+from juice.steering import ORIGINAL, Steering, Stream, continuation_ids, generate
 from juice.text import contains_answer, first_words, normalize_answer
 from juice.tokens import answer_first_token
 
@@ -90,7 +91,7 @@ def evaluate(
     conflict_types: Sequence[str] = CONFLICT_TYPES,
     *,
     max_new_tokens: int = MAX_NEW_TOKENS,
-    max_rows: int = 64,
+    max_rows: int | str = 64,
     on_progress: Callable[[int], None] | None = None,
 ) -> list[ItemResult]:
     """Generate for every example x conflict type x method in shared batches and score them.
@@ -175,7 +176,7 @@ def evaluate_contextual(
     methods: Mapping[str, "Method | Steering"],
     *,
     likelihood: bool = True,
-    max_rows: int = 64,
+    max_rows: int | str = 64,
     on_progress: Callable[[int], None] | None = None,
 ) -> list[ItemResult]:
     """Contextual-direction evaluation (module docstring): every example x method, generation
@@ -229,31 +230,67 @@ def evaluate_contextual(
             )
     if likelihood:
         memo = [(i, ex) for i, ex in enumerate(examples) if ex.metric == "memotrap"]
-        for name, method in methods.items():
-            wins = likelihood_wins(lm, [ex for _, ex in memo], method, max_rows=max_rows)
-            for (i, _), win in zip(memo, wins):
+        wins = likelihood_wins(lm, [ex for _, ex in memo], methods, max_rows=max_rows)
+        for name in methods:
+            for (i, _), win in zip(memo, wins[name]):
                 r = results[(i, name)]
                 results[(i, name)] = ItemResult(**{**asdict(r), "likelihood_correct": bool(win)})
     return [results[(i, name)] for i in range(len(examples)) for name in methods if (i, name) in results]
 
 
 def likelihood_wins(
-    lm: LoadedModel, examples: Sequence[ContextualExample], method: "Method | Steering", *, max_rows: int = 32,
-) -> list[bool]:
-    """MemoTrap's classification metric: for each example, whether the contextual continuation
-    has a higher summed log-probability than the memorised one under `method`."""
-    method = as_method(method)
+    lm: LoadedModel, examples: Sequence[ContextualExample], methods: Mapping[str, "Method | Steering"], *,
+    max_rows: int | str = 64,
+) -> dict[str, list[bool]]:
+    """MemoTrap's classification metric: for each method and example, whether the contextual
+    continuation has a higher summed log-probability than the memorised one (teacher forcing).
+
+    Both continuations of every method are scored by forced decoding in shared batches
+    (:func:`juice.steering.generate` with `forced_tokens`; CAD by
+    :func:`juice.baselines.cad.cad_generate`), so a prompt's clean prefill is computed once.
+
+    Returns:
+        method name -> one bool per example.
+    """
+    methods = {name: as_method(m) for name, m in methods.items()}
     if not examples:
-        return []
-    prompts = [contextual_prompt(ex) if method.instructed else ex.prompt for ex in examples]
-    both = [*(ex.context_answer for ex in examples), *(ex.parametric_answer for ex in examples)]
-    if method.cad_alpha is not None:
-        questions = [ex.question for ex in examples]
-        lp = cad_continuation_logprobs(lm, prompts * 2, questions * 2, both, method.cad_alpha)
-    else:
-        lp = continuation_logprobs(lm, prompts * 2, both, method.steering, max_rows=max_rows)
-    n = len(examples)
-    return [bool(lp[i] > lp[n + i]) for i in range(n)]
+        return {name: [] for name in methods}
+    prompts, index, streams, conts, owners, cad = [], {}, [], [], [], {}
+    for name, method in methods.items():
+        for j, ex in enumerate(examples):
+            prompt = contextual_prompt(ex) if method.instructed else ex.prompt
+            for c, text in enumerate((ex.context_answer, ex.parametric_answer)):
+                cont = continuation_ids(lm.tokenizer, prompt, text)[1]
+                if method.cad_alpha is not None:
+                    cad.setdefault(method.cad_alpha, []).append((name, j, c, prompt, ex.question, cont))
+                    continue
+                if prompt not in index:
+                    index[prompt] = len(prompts)
+                    prompts.append(prompt)
+                streams.append(Stream(index[prompt], method.steering))
+                conts.append(cont)
+                owners.append((name, j, c))
+    logprob: dict[tuple[str, int, int], float] = {}
+
+    def forced(cs: list[list[int]]) -> tuple[Tensor, int]:
+        width = max(map(len, cs))
+        out = torch.full((len(cs), width), lm.tokenizer.pad_token_id or 0, dtype=torch.long)
+        for i, c in enumerate(cs):
+            out[i, : len(c)] = torch.tensor(c)
+        return out, width
+
+    if streams:
+        tokens, width = forced(conts)
+        gen = generate(lm, prompts, streams, width, max_rows=max_rows, forced_tokens=tokens)
+        for key, cont, lp in zip(owners, conts, gen.forced_logprobs):
+            logprob[key] = float(lp[: len(cont)].sum())
+    for alpha, items in cad.items():
+        tokens, width = forced([it[5] for it in items])
+        gen = cad_generate(lm, [it[3] for it in items], [it[4] for it in items], width, alpha, max_rows=max_rows,
+                           forced_tokens=tokens)
+        for it, lp in zip(items, gen.forced_logprobs):
+            logprob[it[:3]] = float(lp[: len(it[5])].sum())
+    return {name: [logprob[(name, j, 0)] > logprob[(name, j, 1)] for j in range(len(examples))] for name in methods}
 
 
 def likelihood_table(results: Sequence[ItemResult]) -> dict[str, dict[str, float]]:

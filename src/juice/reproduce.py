@@ -5,10 +5,16 @@ so an interrupted run resumes where it stopped):
 
 1. data: build the six domains, carve each test split (model-independent, reported unfiltered);
    filter World Capital's development pool to the items the model answers on the clean prompt;
-   draw D (|D| = 4) and the validation split from it.
+   draw D (|D| = 4) and the validation split from it; the rest of the pool (unfiltered) is PH3-l's
+   development set.
 2. heads: Stage 1 on World Capital's D only (exact, attribution or hybrid scoring).
 3. betas: grid search of beta+ x beta- for JuICE and for JuNE on World Capital validation.
-4. evaluation: Original, JuNE and JuICE on every domain's test split x 3 conflict types.
+4. PH3 (Jin et al. 2024): head effects on the development set (PH3-l) and on D (PH3-s); the
+   number of pruned context heads tuned on validation.
+5. evaluation: Original, Prompt, PH3-l, PH3-s, JuNE and JuICE on every domain's test split x 3
+   conflict types.
+
+The contextual direction (Table 2) is :mod:`juice.reproduce_contextual`.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ import torch
 from juice.data.paraconflict import DOMAINS, build_domain
 from juice.data.records import CONFLICT_TYPES, ConflictExample
 from juice.data.splits import Splits, filtered_splits, load_paper_splits, split_test
-from juice.evaluation import accuracy_table, evaluate, results_from_json, results_to_json, summary
+from juice.baselines.ph3 import ConflictPrompt, Ph3Scores, heads_to_prune, logit_difference_effects, pruning
+from juice.evaluation import Method, accuracy_table, evaluate, results_from_json, results_to_json, summary
 from juice.interventions import Head
 from juice.models import DEFAULT_MODEL, LoadedModel, load_model
 from juice.report import markdown_table
@@ -37,15 +44,19 @@ from juice.scoring import (
     make_artifact,
     score_heads,
     scoring_prompts,
+    UnitCheckpoint,
     hybrid_scores,
     select_heads,
     write_json_atomic,
 )
 from juice.steering import HeadSelection, Steering, steering_coefficients
-from juice.tuning import tune_betas
+from juice.tokens import answer_first_token
+from juice.tuning import tune_betas, tune_prune_k
 
 HEAD_DOMAIN = "world_capital"
 METHOD_NAMES = {"original": "Original", "june": "JuNE", "juice": "JuICE"}
+TABLE1_METHODS = ("Original", "Prompt", "PH3-l", "PH3-s", "JuNE", "JuICE")
+PH3_CONFLICT_TYPES = ("substitution", "coherent")
 
 Progress = Callable[[str, int], Callable[[int], None]]
 """(description, total) -> advance(n): how the pipeline reports progress (e.g. rich bars)."""
@@ -72,9 +83,13 @@ class ReproduceConfig:
     seed: int = 0
     data: Path | None = None            # a ParaConflict folder (the paper's JSON splits) instead
     domains: tuple[str, ...] = tuple(DOMAINS)
-    max_rows: int = 128
+    max_rows: int | str = 128          # rows per batched forward, or "auto" (a share of free memory)
     device_map: str | None = None       # e.g. "auto": shard over GPUs with accelerate
     dtype: str = "float32"              # float32 | bfloat16 | float16
+    baselines: bool = True              # Prompt and PH3 rows (and CAD in the contextual direction)
+    ph3_dev_size: int | None = 12       # PH3-l development items (the paper: 200); None = all
+    data_root: Path | None = None       # contextual: folder with memotrap/ and nqswap/
+    validation_per_dataset: int | None = 3  # contextual: validation items per dataset
 
 
 @dataclass
@@ -90,6 +105,9 @@ class ReproduceResult:
     domains: list[str]
     titles: dict[str, str]
     notes: list[str] = field(default_factory=list)
+    methods: tuple[str, ...] = TABLE1_METHODS
+    baselines: dict[str, Any] = field(default_factory=dict)
+    likelihood: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 class _State:
@@ -111,14 +129,21 @@ class _State:
 
 def prepare_splits(
     lm: LoadedModel, cfg: ReproduceConfig, state: _State, key: str, progress: Progress
-) -> tuple[dict[str, Splits], dict[str, str]]:
-    """Splits of every domain; D and validation only for the head domain (filtered per model)."""
+) -> tuple[dict[str, Splits], dict[str, str], list[ConflictExample]]:
+    """Splits of every domain; D and validation only for the head domain (filtered per model).
+
+    Returns:
+        (domain -> splits, domain -> title, the head domain's development items outside D and
+        validation: PH3-l's development set, unfiltered).
+    """
     if cfg.data is not None:
         paper = load_paper_splits(cfg.data)
-        splits = Splits(paper.head_set, paper.validation[: cfg.validation_size], paper.test[: cfg.limit])
+        n_val = cfg.validation_size
+        splits = Splits(paper.head_set, paper.validation[:n_val], paper.test[: cfg.limit])
         name = Path(cfg.data).name
-        return {name: splits}, {name: name.replace("_", " ").title()}
-    out, titles = {}, {}
+        rest = list(paper.validation[n_val:]) if n_val is not None else []
+        return {name: splits}, {name: name.replace("_", " ").title()}, rest
+    out, titles, rest = {}, {}, []
     for domain in cfg.domains:
         pool, test = split_test(build_domain(domain, cfg.seed), cfg.seed)
         test = test[: cfg.limit] if cfg.limit else test
@@ -137,29 +162,41 @@ def prepare_splits(
             pool, [known[ex.subject] for ex in pool], test, head_set_size=cfg.head_set_size,
             validation_size=cfg.validation_size, seed=cfg.seed,
         )
-    return out, titles
+        used = {ex.subject for ex in (*out[domain].head_set, *out[domain].validation)}
+        rest = [ex for ex in pool if ex.subject not in used]
+    return out, titles, rest
 
 
 def identify_heads(
     lm: LoadedModel, cfg: ReproduceConfig, head_set: Sequence[ConflictExample], progress: Progress,
-    direction: str = "parametric",
+    direction: str = "parametric", checkpoint: UnitCheckpoint | None = None,
 ):
-    """Stage 1 with the configured scoring method. Returns (scores, selection)."""
+    """Stage 1 with the configured scoring method. Returns (scores, selection).
+
+    With `checkpoint`, each prompt's scores are saved as soon as they are computed, so an
+    interrupted Stage 1 resumes at the next prompt.
+    """
     prompts = scoring_prompts(lm, head_set, direction)
     if cfg.scoring == "attribution":
         advance = progress("stage 1: attribution", len(prompts))
         scores = attribution_scores(lm, prompts, cfg.alphas_positive, cfg.alphas_negative,
-                                    on_prompt=lambda i: advance(1))
+                                    on_prompt=lambda i: advance(1), checkpoint=checkpoint)
     elif cfg.scoring == "hybrid":
         advance = progress("stage 1: attribution, then exact scores of the shortlist", 3 * len(prompts))
         scores = hybrid_scores(lm, prompts, cfg.shortlist, cfg.alphas_positive, cfg.alphas_negative,
-                               on_prompt=lambda i: advance(1))
+                               max_rows=_scoring_rows(cfg), on_prompt=lambda i: advance(1), checkpoint=checkpoint)
     elif cfg.scoring == "exact":
         advance = progress("stage 1: exact head scores", len(prompts))
-        scores = score_heads(lm, prompts, cfg.alphas_positive, cfg.alphas_negative, on_prompt=lambda i: advance(1))
+        scores = score_heads(lm, prompts, cfg.alphas_positive, cfg.alphas_negative, max_rows=_scoring_rows(cfg),
+                             on_prompt=lambda i: advance(1), checkpoint=checkpoint)
     else:
         raise ValueError(f"scoring must be exact, attribution or hybrid, not {cfg.scoring!r}")
     return scores, select_heads(scores, cfg.k)
+
+
+def _scoring_rows(cfg: ReproduceConfig) -> int | str:
+    """Scoring rows carry no KV cache and read one position: twice the decoding rows."""
+    return cfg.max_rows if cfg.max_rows == "auto" else 2 * int(cfg.max_rows)
 
 
 def _selection_to_json(sel: HeadSelection) -> dict:
@@ -186,7 +223,7 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = _no_progress, lm: Loade
 
     t = time.perf_counter()
     key_data = _key(base)
-    splits, titles = prepare_splits(lm, cfg, state, key_data, progress)
+    splits, titles, ph3_pool = prepare_splits(lm, cfg, state, key_data, progress)
     head_domain = HEAD_DOMAIN if cfg.data is None else next(iter(splits))
     dev = splits[head_domain]
     timings["data_and_filter"] = time.perf_counter() - t
@@ -196,7 +233,8 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = _no_progress, lm: Loade
         "head_set_size", "validation_size", "k", "scoring", "shortlist", "alphas_positive", "alphas_negative")}})
     saved = state.load("heads", key_heads)
     if saved is None:
-        scores, selection = identify_heads(lm, cfg, dev.head_set, progress)
+        scores, selection = identify_heads(lm, cfg, dev.head_set, progress,
+                                           checkpoint=UnitCheckpoint(state.folder / "units.json", fingerprint))
         artifact = make_artifact(lm, scores, selection, cfg.k, "parametric", dev.head_set)
         artifact_json = artifact.to_json()
         artifact_json["scoring"] = cfg.scoring
@@ -226,16 +264,29 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = _no_progress, lm: Loade
         state.save("betas", key_betas, betas)
     timings["beta_tuning"] = time.perf_counter() - t
 
-    methods = {"Original": Steering()}
+    methods: dict[str, Method] = {"Original": Method()}
+    baselines: dict[str, Any] = {}
+    if cfg.baselines:
+        t = time.perf_counter()
+        methods["Prompt"] = Method(instructed=True)
+        ph3_dev = ph3_pool[: cfg.ph3_dev_size] if cfg.ph3_dev_size is not None else ph3_pool
+        for name, dev_set in (("PH3-l", ph3_dev), ("PH3-s", dev.head_set)):
+            steering, info = ph3_stage(lm, cfg, state, name, dev_set, dev.validation, "parametric",
+                                       _key({"data": key_data, "dev": [ex.subject for ex in dev_set],
+                                             "validation": [ex.subject for ex in dev.validation]}), progress)
+            methods[name] = Method(steering)
+            baselines[name] = info
+        timings["ph3"] = time.perf_counter() - t
     for m in ("june", "juice"):
         b = betas["best"][m]
-        methods[METHOD_NAMES[m]] = Steering(
-            m, steering_coefficients(lm.heads.geometry, selection, b["beta_plus"], b["beta_minus"]))
+        methods[METHOD_NAMES[m]] = Method(Steering(
+            m, steering_coefficients(lm.heads.geometry, selection, b["beta_plus"], b["beta_minus"])))
 
     t = time.perf_counter()
     all_results = []
     for domain, sp in splits.items():
-        key_eval = _key({"betas": key_betas, "best": betas["best"], "test": [ex.subject for ex in sp.test]})
+        key_eval = _key({"betas": key_betas, "best": betas["best"], "test": [ex.subject for ex in sp.test],
+                         "methods": list(methods), "baselines": baselines})
         rows = state.load(f"eval_{domain}", key_eval)
         if rows is None:
             advance = progress(f"evaluate {titles.get(domain, domain)}", len(sp.test) * len(CONFLICT_TYPES) * len(methods))
@@ -252,10 +303,57 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = _no_progress, lm: Loade
         table=accuracy_table(all_results), summary=summary(all_results), timings=timings,
         splits={d: {"head_set": len(s.head_set), "validation": len(s.validation), "test": len(s.test)}
                 for d, s in splits.items()},
-        domains=domains, titles=titles, notes=notes,
+        domains=domains, titles=titles, notes=notes, methods=tuple(methods), baselines=baselines,
     )
     write_outputs(result, all_results, out)
     return result
+
+
+def ph3_prompts(lm: LoadedModel, examples: Sequence) -> list[ConflictPrompt]:
+    """PH3's development prompts: ParaConflict items give their substitution and coherent prompts,
+    contextual items their prompt; each with the parametric and the context answer's first token."""
+    out = []
+    for ex in examples:
+        if isinstance(ex, ConflictExample):
+            for t in PH3_CONFLICT_TYPES:
+                p = ex.prompts[t]
+                out.append(ConflictPrompt(p, answer_first_token(lm.tokenizer, p, ex.answer),
+                                          answer_first_token(lm.tokenizer, p, ex.context_answer)))
+        else:
+            out.append(ConflictPrompt(ex.prompt, answer_first_token(lm.tokenizer, ex.prompt, ex.parametric_answer),
+                                      answer_first_token(lm.tokenizer, ex.prompt, ex.context_answer)))
+    return out
+
+
+def ph3_stage(
+    lm: LoadedModel, cfg: ReproduceConfig, state: _State, name: str, dev_set: Sequence, validation: Sequence,
+    direction: str, key: str, progress: Progress,
+) -> tuple[Steering, dict[str, Any]]:
+    """PH3 for one development set: head effects (cached in the state), k tuned on `validation`.
+
+    Returns:
+        (the pruning steering, a JSON-able record: k, pruned heads, validation accuracy per k).
+    """
+    stem = name.lower().replace("-", "_")
+    g = lm.heads.geometry
+    saved = state.load(f"{stem}_{direction}", key)
+    if saved is None:
+        prompts = ph3_prompts(lm, dev_set)
+        advance = progress(f"{name}: ablate each head on {len(prompts)} development prompts", len(prompts))
+        scores = logit_difference_effects(lm, prompts, max_rows=_scoring_rows(cfg), on_prompt=lambda i: advance(1),
+                                          checkpoint=UnitCheckpoint(state.folder / "units.json", lm.fingerprint()))
+        advance = progress(f"{name}: k on validation", 1)
+        choice = tune_prune_k(lm, validation, scores, direction=direction, max_rows=cfg.max_rows)
+        advance(1)
+        saved = {"effects": scores.effects.tolist(), "clean_ld": scores.clean_ld.tolist(), "k": choice.k,
+                 "validation_accuracy_by_k": {str(k): v for k, v in choice.per_k.items()},
+                 "n_dev_items": len(dev_set), "n_dev_prompts": len(prompts)}
+        state.save(f"{stem}_{direction}", key, saved)
+    scores = Ph3Scores(torch.tensor(saved["effects"]), torch.tensor(saved["clean_ld"]))
+    heads = heads_to_prune(scores, direction, saved["k"])
+    info = {"k": saved["k"], "pruned": [str(h) for h in heads], "n_dev_items": saved["n_dev_items"],
+            "validation_accuracy_by_k": saved["validation_accuracy_by_k"]}
+    return pruning(g, heads), info
 
 
 def _key(values: dict) -> str:
@@ -264,13 +362,14 @@ def _key(values: dict) -> str:
 
 def write_outputs(result: ReproduceResult, results, out: Path) -> None:
     """`results.json` (settings, heads, betas, table, timings, per-item outputs) and `table.md`."""
-    methods = list(METHOD_NAMES.values())
+    methods = list(result.methods)
     cfg = asdict(result.config)
     write_json_atomic(out / "results.json", {
         "config": cfg,
         "model": result.model,
         "heads": _selection_to_json(result.selection),
         "betas": result.betas,
+        "baselines": result.baselines,
         "table": result.table,
         "summary": result.summary,
         "timings_s": result.timings,

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from juice.architectures import ModelHeads
+from juice.budget import resolve_max_rows
 from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample
 from juice.interventions import Head, head_coefficients, projection_input_hooks, scaled_heads
 from juice.models import LoadedModel
@@ -123,7 +124,7 @@ def intervention_readout(
     prompt: str,
     interventions: Sequence[tuple[Head, float]],
     readout: Callable[[Tensor], Tensor],
-    max_rows: int = 256,
+    max_rows: int | str = 256,
 ) -> tuple[Tensor, Tensor]:
     """Last-position readouts of the clean model and of each single-head intervention, batched.
 
@@ -134,12 +135,14 @@ def intervention_readout(
     Args:
         interventions: (head, alpha) pairs.
         readout: maps last-position logits `[rows, vocab]` (float32) to `[rows, ...]`.
-        max_rows: most intervention rows per forward (memory bound).
+        max_rows: most intervention rows per forward (memory bound), or "auto" to fit a share of
+            the free memory (:func:`juice.budget.auto_max_rows`).
 
     Returns:
         (clean readout `[...]`, `[len(interventions), ...]` readouts under each intervention).
     """
     ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
+    max_rows = resolve_max_rows(max_rows, lm, ids.shape[1])
     order = sorted(range(len(interventions)), key=lambda i: interventions[i][0])
     values = None
     clean = None
@@ -161,7 +164,8 @@ def intervention_readout(
 
 
 def intervention_probs(
-    lm: LoadedModel, prompt: str, target_token: int, interventions: Sequence[tuple[Head, float]], max_rows: int = 256
+    lm: LoadedModel, prompt: str, target_token: int, interventions: Sequence[tuple[Head, float]],
+    max_rows: int | str = 256,
 ) -> tuple[float, Tensor]:
     """Probability of `target_token` at the last position, clean and under each intervention
     (:func:`intervention_readout` with a softmax readout).
@@ -217,16 +221,53 @@ class HeadScores:
         return part.sum(-1)
 
 
+class UnitCheckpoint:
+    """Results of a long sweep, one entry per unit of work (a prompt), so an interrupted sweep
+    resumes where it stopped.
+
+    The file holds `{"scope": ..., "units": {unit id: value}}` and is rewritten atomically after
+    every unit (:func:`write_json_atomic`). Unit ids hash everything the value depends on (prompt,
+    target, interventions); `scope` (e.g. the model fingerprint) guards against another model:
+    a file with another scope is ignored and overwritten.
+    """
+
+    def __init__(self, path: str | Path, scope: Any):
+        self.path = Path(path)
+        self.scope = json.loads(json.dumps(scope, default=str))
+        self.units: dict[str, Any] = {}
+        if self.path.is_file():
+            try:
+                data = json.loads(self.path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError:
+                data = {}
+            if data.get("scope") == self.scope:
+                self.units = data.get("units", {})
+
+    @staticmethod
+    def unit_id(*parts: Any) -> str:
+        import hashlib
+
+        return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:24]
+
+    def get(self, unit: str) -> Any | None:
+        return self.units.get(unit)
+
+    def put(self, unit: str, value: Any) -> None:
+        self.units[unit] = value
+        write_json_atomic(self.path, {"scope": self.scope, "units": self.units})
+
+
 def score_heads(
     lm: LoadedModel,
     prompts: Sequence[ScoringPrompt],
     alphas_positive: Sequence[float] = ALPHAS_POSITIVE,
     alphas_negative: Sequence[float] = ALPHAS_NEGATIVE,
     *,
-    max_rows: int = 256,
+    max_rows: int | str = 256,
     naive: bool = False,
     heads: Sequence[Head] | None = None,
     on_prompt: Callable[[int], None] | None = None,
+    checkpoint: UnitCheckpoint | None = None,
 ) -> HeadScores:
     """Paper Alg. 2 ("Record Head Score") for every head, batched.
 
@@ -236,6 +277,7 @@ def score_heads(
         naive: use the one-intervention-per-forward reference (benchmarks).
         heads: score only these heads (the rest get score 0 and `scored` False); all by default.
         on_prompt: called with the index of each prompt when scored (progress bars).
+        checkpoint: per-prompt results are read from and written to it (resumable sweep).
     """
     g = lm.heads.geometry
     alphas = (*map(float, alphas_positive), *map(float, alphas_negative))
@@ -251,10 +293,16 @@ def score_heads(
     scored[:, layer_idx, head_idx] = True
     clean: dict[str, list[float]] = {t: [] for t in types}
     for i, sp in enumerate(prompts):
-        if naive:
+        unit = UnitCheckpoint.unit_id("exact", sp, interventions) if checkpoint else ""
+        done = checkpoint.get(unit) if checkpoint else None
+        if done is not None:
+            p0, p = done["clean"], torch.tensor(done["probs"], dtype=torch.float64)
+        elif naive:
             p0, p = intervention_probs_naive(lm, sp.prompt, sp.target_token, interventions)
         else:
             p0, p = intervention_probs(lm, sp.prompt, sp.target_token, interventions, max_rows=max_rows)
+        if checkpoint and done is None:
+            checkpoint.put(unit, {"clean": p0, "probs": p.double().tolist()})
         scores[types.index(sp.conflict_type), layer_idx, head_idx] += (p.double() - p0).view(len(heads), len(alphas))
         clean[sp.conflict_type].append(p0)
         if on_prompt:
@@ -443,14 +491,24 @@ def attribution_scores(
     alphas_positive: Sequence[float] = ALPHAS_POSITIVE,
     alphas_negative: Sequence[float] = ALPHAS_NEGATIVE,
     on_prompt: Callable[[int], None] | None = None,
+    checkpoint: UnitCheckpoint | None = None,
 ) -> HeadScores:
-    """Linear estimate of :func:`score_heads`: score(h, alpha) ~= alpha * A[h], summed over D."""
+    """Linear estimate of :func:`score_heads`: score(h, alpha) ~= alpha * A[h], summed over D.
+    With `checkpoint`, per-prompt attributions are saved and reused (resumable)."""
     g = lm.heads.geometry
     alphas = (*map(float, alphas_positive), *map(float, alphas_negative))
     types = tuple(dict.fromkeys(p.conflict_type for p in prompts))
     per_type = torch.zeros(len(types), g.n_layers, g.n_heads, dtype=torch.float64)
     for i, sp in enumerate(prompts):
-        per_type[types.index(sp.conflict_type)] += head_attributions(lm, sp.prompt, sp.target_token).double()
+        unit = UnitCheckpoint.unit_id("attribution", sp) if checkpoint else ""
+        done = checkpoint.get(unit) if checkpoint else None
+        if done is None:
+            attribution = head_attributions(lm, sp.prompt, sp.target_token).double()
+            if checkpoint:
+                checkpoint.put(unit, attribution.tolist())
+        else:
+            attribution = torch.tensor(done, dtype=torch.float64)
+        per_type[types.index(sp.conflict_type)] += attribution
         if on_prompt:
             on_prompt(i)
     scores = per_type[..., None] * torch.tensor(alphas, dtype=torch.float64)
@@ -476,17 +534,19 @@ def hybrid_scores(
     alphas_positive: Sequence[float] = ALPHAS_POSITIVE,
     alphas_negative: Sequence[float] = ALPHAS_NEGATIVE,
     *,
-    max_rows: int = 256,
+    max_rows: int | str = 256,
     on_prompt: Callable[[int], None] | None = None,
+    checkpoint: UnitCheckpoint | None = None,
 ) -> HeadScores:
     """Attribution shortlist, then exact scores: the `m` best heads for alpha+ scored exactly with
     alpha+ only, and the `m` best for alpha- with alpha- only. Unscored heads are marked in
     `scored` and never selected."""
-    approx = attribution_scores(lm, prompts, alphas_positive, alphas_negative, on_prompt=on_prompt)
+    approx = attribution_scores(lm, prompts, alphas_positive, alphas_negative, on_prompt=on_prompt,
+                                checkpoint=checkpoint)
     plus = score_heads(lm, prompts, alphas_positive, (), heads=shortlist(approx, m, "+"), max_rows=max_rows,
-                       on_prompt=on_prompt)
+                       on_prompt=on_prompt, checkpoint=checkpoint)
     minus = score_heads(lm, prompts, (), alphas_negative, heads=shortlist(approx, m, "-"), max_rows=max_rows,
-                        on_prompt=on_prompt)
+                        on_prompt=on_prompt, checkpoint=checkpoint)
     return HeadScores(
         torch.cat([plus.scores, minus.scores], dim=-1), (*plus.alphas, *minus.alphas), len(plus.alphas),
         plus.conflict_types, plus.clean_probs, torch.stack([plus.scored[0], minus.scored[1]]),

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from juice.architectures import HeadGeometry
+from juice.budget import resolve_max_rows
 from juice.interventions import (
     Head,
     RowPlan,
@@ -111,11 +112,14 @@ class Generation:
         texts: the decoded continuations.
         first_probs: `[n_streams, k]` probabilities, at the first step, of the `k` probe tokens
             given per stream (e.g. the parametric and the context answer's first token), or None.
+        forced_logprobs: `[n_streams, max_new_tokens]` log-probabilities (nats) of the forced
+            tokens (teacher forcing), or None.
     """
 
     tokens: Tensor
     texts: list[str]
     first_probs: Tensor | None
+    forced_logprobs: Tensor | None = None
 
 
 def forward_last(lm: LoadedModel, input_ids: Tensor, mask: Tensor, positions: Tensor, past=None):
@@ -171,8 +175,9 @@ def generate(
     max_new_tokens: int = 10,
     *,
     probe_tokens: Tensor | None = None,
-    max_rows: int = 64,
+    max_rows: int | str = 64,
     on_chunk: Callable[[int], None] | None = None,
+    forced_tokens: Tensor | None = None,
 ) -> Generation:
     """Greedy decoding of many (prompt, steering) streams, batched and cached.
 
@@ -186,8 +191,12 @@ def generate(
         streams: what to generate; `Stream(i, steering)` decodes `prompts[i]` under `steering`.
         max_new_tokens: tokens to generate per stream (no early stop at EOS).
         probe_tokens: `[n_streams, k]` token ids whose first-step probabilities to return.
-        max_rows: most decoding rows per batch (a JuICE stream takes two).
+        max_rows: most decoding rows per batch (a JuICE stream takes two), or "auto" (sized for
+            the longest prompt, :func:`juice.budget.auto_max_rows`).
         on_chunk: called with the number of streams finished after each batch (progress bars).
+        forced_tokens: `[n_streams, max_new_tokens]` token ids to feed instead of the greedy
+            choice (teacher forcing: scores given continuations under every steering, sharing
+            each prompt's prefill like generation does); their log-probabilities are returned.
 
     Returns:
         Generation with one entry per stream, in the order of `streams`.
@@ -202,26 +211,43 @@ def generate(
     n = len(streams)
     tokens = torch.zeros(n, max_new_tokens, dtype=torch.long)
     first_probs = None if probe_tokens is None else torch.zeros(probe_tokens.shape, dtype=torch.float32)
+    forced_lp = None if forced_tokens is None else torch.zeros(n, max_new_tokens, dtype=torch.float64)
+    if forced_tokens is not None and forced_tokens.shape != (n, max_new_tokens):
+        raise ValueError(f"forced_tokens must be [n_streams, max_new_tokens] = {(n, max_new_tokens)}")
     ids = [token_ids(lm.tokenizer, p) for p in prompts]
+    max_rows = resolve_max_rows(max_rows, lm, max(map(len, ids), default=1) + max_new_tokens)
     for chunk in _chunks(streams, [len(i) for i in ids], max_rows):
         chunk_prompts = sorted({streams[i].prompt for i in chunk})
         batch = pad_left([ids[p] for p in chunk_prompts], lm.tokenizer.pad_token_id,
                          None if limit is None else limit - max_new_tokens)
         probes = None if probe_tokens is None else probe_tokens[chunk]
-        out_tokens, out_probs = _generate_chunk(
+        forced = None if forced_tokens is None else forced_tokens[chunk]
+        out_tokens, out_probs, out_lp = _generate_chunk(
             lm, batch, [chunk_prompts.index(streams[i].prompt) for i in chunk],
-            [streams[i].steering for i in chunk], max_new_tokens, probes,
+            [streams[i].steering for i in chunk], max_new_tokens, probes, forced,
         )
         tokens[chunk] = out_tokens
         if first_probs is not None:
             first_probs[chunk] = out_probs
+        if forced_lp is not None:
+            forced_lp[chunk] = out_lp
         if on_chunk:
             on_chunk(len(chunk))
     texts = lm.tokenizer.batch_decode(tokens, skip_special_tokens=True)
-    return Generation(tokens, texts, first_probs)
+    return Generation(tokens, texts, first_probs, forced_lp)
 
 
-def _generate_chunk(lm, batch, prompt_of: list[int], steerings: list[Steering], max_new_tokens, probes):
+def pick_token(logits: Tensor, forced: Tensor | None, step: int, lps: list[Tensor]) -> Tensor:
+    """The greedy token, or the forced one (recording its log-probability)."""
+    if forced is None:
+        return logits.argmax(-1)
+    token = forced[:, step].to(logits.device)
+    lps.append(logits.log_softmax(-1).gather(1, token[:, None])[:, 0].double().cpu())
+    return token
+
+
+def _generate_chunk(lm, batch, prompt_of: list[int], steerings: list[Steering], max_new_tokens, probes,
+                    forced=None):
     geometry = lm.heads.geometry
     device = lm.device
     zero = _zero_plan_row(geometry)
@@ -251,10 +277,11 @@ def _generate_chunk(lm, batch, prompt_of: list[int], steerings: list[Steering], 
     first_probs = None
     if probes is not None:
         first_probs = logits.softmax(-1).gather(1, probes.to(device)).cpu()
-    token = logits.argmax(-1)
+    lps: list[Tensor] = []
+    token = pick_token(logits, forced, 0, lps)
     new_tokens = [token]
     if max_new_tokens == 1:
-        return torch.stack(new_tokens, 1).cpu(), first_probs
+        return torch.stack(new_tokens, 1).cpu(), first_probs, torch.stack(lps, 1) if lps else None
 
     # Decoding layout: every stream owns its rows; a JuICE stream owns [clean copy, steered row].
     select, d_scale, d_add, d_source, d_out, feed_stream = [], [], [], [], [], []
@@ -283,9 +310,9 @@ def _generate_chunk(lm, batch, prompt_of: list[int], steerings: list[Steering], 
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
             positions = positions + 1
             hidden, cache = forward_last(lm, token[feed_t][:, None], mask, positions, past=cache)
-            token = lm.logits(hidden[out_t]).float().argmax(-1)
+            token = pick_token(lm.logits(hidden[out_t]).float(), forced, len(new_tokens), lps)
             new_tokens.append(token)
-    return torch.stack(new_tokens, 1).cpu(), first_probs
+    return torch.stack(new_tokens, 1).cpu(), first_probs, torch.stack(lps, 1) if lps else None
 
 
 def greedy_generate(
@@ -395,7 +422,7 @@ def sequence_logits(
 
 def continuation_logprobs(
     lm: LoadedModel, prompts: Sequence[str], continuations: Sequence[str], steering: Steering = ORIGINAL,
-    *, max_rows: int = 32,
+    *, max_rows: int | str = 32,
 ) -> Tensor:
     """Sum of log-probabilities of each continuation after its prompt, under `steering`
     (teacher forcing; MemoTrap's likelihood comparison of the two classes).
@@ -408,6 +435,7 @@ def continuation_logprobs(
     """
     pairs = [continuation_ids(lm.tokenizer, p, c) for p, c in zip(prompts, continuations, strict=True)]
     out = torch.zeros(len(pairs), dtype=torch.float64)
+    max_rows = resolve_max_rows(max_rows, lm, max((len(a) + len(b) for a, b in pairs), default=1))
     step = max(1, max_rows // (2 if steering.method == "juice" else 1))
     order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
     for start in range(0, len(order), step):

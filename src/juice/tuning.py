@@ -67,7 +67,7 @@ def tune_betas(
     conflict_types: Sequence[str] = CONFLICT_TYPES,
     *,
     direction: str = "parametric",
-    max_rows: int = 64,
+    max_rows: int | str = 64,
     on_progress: Callable[[int], None] | None = None,
 ) -> tuple[dict[str, GridPoint], list[GridPoint]]:
     """Grid-search beta+ and beta- for each method on `validation`.
@@ -120,7 +120,7 @@ def tune_prune_k(
     conflict_types: Sequence[str] = CONFLICT_TYPES,
     *,
     direction: str = "parametric",
-    max_rows: int = 64,
+    max_rows: int | str = 64,
     on_progress: Callable[[int], None] | None = None,
 ) -> PruneChoice:
     """PH3's number of pruned heads, chosen on `validation` (Jin et al. 2024; paper App. D.1)."""

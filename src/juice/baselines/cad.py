@@ -18,8 +18,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from juice.budget import resolve_max_rows
 from juice.models import LoadedModel
-from juice.steering import PAD_SLACK, Generation, continuation_ids, forward_last, sequence_logits
+from juice.steering import PAD_SLACK, Generation, pick_token, continuation_ids, forward_last, sequence_logits
 from juice.tokens import context_length, pad_left, token_ids
 
 ALPHA = 1.0
@@ -43,8 +44,9 @@ def cad_generate(
     alpha: float = ALPHA,
     *,
     probe_tokens: Tensor | None = None,
-    max_rows: int = 64,
+    max_rows: int | str = 64,
     on_chunk: Callable[[int], None] | None = None,
+    forced_tokens: Tensor | None = None,
 ) -> Generation:
     """Greedy context-aware decoding, batched, with one KV cache per branch.
 
@@ -54,7 +56,9 @@ def cad_generate(
         alpha: CAD's weight; 0 is plain greedy decoding of `prompts`.
         probe_tokens: `[n, k]` token ids whose first-step probabilities (under the adjusted
             logits) to return.
-        max_rows: most rows per batch (each item takes two, one per branch).
+        max_rows: most rows per batch (each item takes two, one per branch), or "auto".
+        forced_tokens: `[n, max_new_tokens]` tokens to feed instead of the greedy choice; their
+            log-probabilities under the contrasted distribution are returned (teacher forcing).
 
     Returns:
         :class:`~juice.steering.Generation`, one entry per prompt.
@@ -71,18 +75,23 @@ def cad_generate(
     room = None if limit is None else limit - max_new_tokens
     ids_c = [token_ids(lm.tokenizer, p) for p in prompts]
     ids_q = [token_ids(lm.tokenizer, q) for q in questions]
+    max_rows = resolve_max_rows(max_rows, lm, max(map(len, ids_c), default=1) + max_new_tokens)
     n = len(prompts)
     tokens = torch.zeros(n, max_new_tokens, dtype=torch.long)
     first_probs = None if probe_tokens is None else torch.zeros(probe_tokens.shape, dtype=torch.float32)
+    forced_lp = None if forced_tokens is None else torch.zeros(n, max_new_tokens, dtype=torch.float64)
     for chunk in _buckets(sorted(range(n), key=lambda i: len(ids_c[i])), [len(i) for i in ids_c], max(1, max_rows // 2)):
-        out, probs = _cad_chunk(lm, [ids_c[i] for i in chunk], [ids_q[i] for i in chunk], max_new_tokens, alpha,
-                                None if probe_tokens is None else probe_tokens[chunk], room)
+        out, probs, lp = _cad_chunk(lm, [ids_c[i] for i in chunk], [ids_q[i] for i in chunk], max_new_tokens, alpha,
+                                    None if probe_tokens is None else probe_tokens[chunk], room,
+                                    None if forced_tokens is None else forced_tokens[chunk])
         tokens[chunk] = out
         if first_probs is not None:
             first_probs[chunk] = probs
+        if forced_lp is not None:
+            forced_lp[chunk] = lp
         if on_chunk:
             on_chunk(len(chunk))
-    return Generation(tokens, lm.tokenizer.batch_decode(tokens, skip_special_tokens=True), first_probs)
+    return Generation(tokens, lm.tokenizer.batch_decode(tokens, skip_special_tokens=True), first_probs, forced_lp)
 
 
 def _buckets(order: list[int], lengths: list[int], size: int):
@@ -98,7 +107,7 @@ def _buckets(order: list[int], lengths: list[int], size: int):
         yield chunk
 
 
-def _cad_chunk(lm, ids_c, ids_q, max_new_tokens, alpha, probes, room):
+def _cad_chunk(lm, ids_c, ids_q, max_new_tokens, alpha, probes, room, forced=None):
     device = lm.device
     branches = []
     for ids in (ids_c, ids_q):
@@ -107,7 +116,8 @@ def _cad_chunk(lm, ids_c, ids_q, max_new_tokens, alpha, probes, room):
         branches.append([b.attention_mask, b.position_ids[:, -1:], cache, hidden])
     logits = contrast(lm.logits(branches[0][3]).float(), lm.logits(branches[1][3]).float(), alpha)
     probs = None if probes is None else logits.softmax(-1).gather(1, probes.to(device)).cpu()
-    token = logits.argmax(-1)
+    lps: list[Tensor] = []
+    token = pick_token(logits, forced, 0, lps)
     new = [token]
     for _ in range(max_new_tokens - 1):
         outs = []
@@ -117,9 +127,9 @@ def _cad_chunk(lm, ids_c, ids_q, max_new_tokens, alpha, probes, room):
             br[1] = pos = pos + 1
             hidden, br[2] = forward_last(lm, token[:, None], mask, pos, past=cache)
             outs.append(lm.logits(hidden).float())
-        token = contrast(outs[0], outs[1], alpha).argmax(-1)
+        token = pick_token(contrast(outs[0], outs[1], alpha), forced, len(new), lps)
         new.append(token)
-    return torch.stack(new, 1).cpu(), probs
+    return torch.stack(new, 1).cpu(), probs, torch.stack(lps, 1) if lps else None
 
 
 def cad_continuation_logprobs(

@@ -36,7 +36,7 @@ from torch import Tensor
 from juice.architectures import HeadGeometry
 from juice.interventions import Head, head_coefficients
 from juice.models import LoadedModel
-from juice.scoring import intervention_readout
+from juice.scoring import UnitCheckpoint, intervention_readout
 from juice.steering import Steering
 
 PRUNE_K: tuple[int, ...] = (1, 3, 5, 7, 9, 15)
@@ -79,13 +79,15 @@ def logit_difference_effects(
     lm: LoadedModel,
     prompts: Sequence[ConflictPrompt],
     *,
-    max_rows: int = 256,
+    max_rows: int | str = 256,
     on_prompt: Callable[[int], None] | None = None,
+    checkpoint: UnitCheckpoint | None = None,
 ) -> Ph3Scores:
     """Zero-ablate every head alone on every prompt and record the change of LD (module docstring).
 
     Cost: one batched forward per prompt holding `n_layers * n_heads` ablation rows (the
-    growing batch of :func:`juice.scoring.intervention_readout`).
+    growing batch of :func:`juice.scoring.intervention_readout`). With `checkpoint`, each
+    prompt's result is saved as soon as it is computed (an interrupted sweep resumes).
 
     Raises:
         ValueError: no prompts.
@@ -98,11 +100,17 @@ def logit_difference_effects(
     total = torch.zeros(g.n_layers * g.n_heads, dtype=torch.float64)
     clean_ld = []
     for i, cp in enumerate(prompts):
-        pair = torch.tensor([cp.parametric_token, cp.context_token])
-        clean, values = intervention_readout(
-            lm, cp.prompt, interventions, lambda logits: logits[:, pair.to(logits.device)], max_rows)
-        ld0 = float(clean[0] - clean[1])
-        total += (values[:, 0] - values[:, 1]).double() - ld0
+        unit = UnitCheckpoint.unit_id("ph3", cp, g) if checkpoint else ""
+        done = checkpoint.get(unit) if checkpoint else None
+        if done is None:
+            pair = torch.tensor([cp.parametric_token, cp.context_token])
+            clean, values = intervention_readout(
+                lm, cp.prompt, interventions, lambda logits: logits[:, pair.to(logits.device)], max_rows)
+            done = {"clean_ld": float(clean[0] - clean[1]), "ld": (values[:, 0] - values[:, 1]).double().tolist()}
+            if checkpoint:
+                checkpoint.put(unit, done)
+        ld0 = done["clean_ld"]
+        total += torch.tensor(done["ld"], dtype=torch.float64) - ld0
         clean_ld.append(ld0)
         if on_prompt:
             on_prompt(i)
