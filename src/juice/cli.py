@@ -112,14 +112,14 @@ def identify(
 ):
     """Stage 1 only: identify the heads on World Capital's D and write a heads JSON file."""
     from juice.models import load_model
-    from juice.reproduce import ReproduceConfig, _State, identify_heads, prepare_splits
+    from juice.reproduce import ReproduceConfig, StageFiles, identify_heads, prepare_splits
     from juice.scoring import make_artifact, save_heads
 
     cfg = ReproduceConfig(model=model, k=k, scoring=scoring, shortlist=shortlist, head_set_size=head_set_size,
                           seed=seed, data=data, domains=("world_capital",))
     lm = load_model(model)
     with _progress() as task:
-        splits, _, _ = prepare_splits(lm, cfg, _State(out.parent / ".juice-state"), "identify", task)
+        splits, _, _ = prepare_splits(lm, cfg, StageFiles(out.parent / ".juice-state"), "identify", task)
         head_set = next(iter(splits.values())).head_set
         scores, selection = identify_heads(lm, cfg, head_set, task)
     save_heads(make_artifact(lm, scores, selection, k, "parametric", head_set), out)

@@ -317,7 +317,8 @@ def accuracy_table(results: Sequence[ItemResult]) -> dict[str, dict[str, dict[st
 
 
 def summary(results: Sequence[ItemResult]) -> dict[str, dict[str, float]]:
-    """method -> mean accuracy, follows-context rate and answer probabilities (over all items)."""
+    """method -> mean accuracy, follows-context rate (contextual direction: also the rate of
+    outputs giving the memorised answer) and answer probabilities (over all items)."""
     by_method: dict[str, list[ItemResult]] = defaultdict(list)
     for r in results:
         by_method[r.method].append(r)
@@ -331,6 +332,9 @@ def summary(results: Sequence[ItemResult]) -> dict[str, dict[str, float]]:
             "p_parametric": sum(r.p_parametric for r in rs) / n,
             "p_context": sum(r.p_context for r in rs) / n,
         }
+        parametric = [r.follows_parametric for r in rs if r.follows_parametric is not None]
+        if parametric:
+            out[m]["follows_parametric"] = 100.0 * sum(parametric) / len(parametric)
     return out
 
 

@@ -50,10 +50,10 @@ from juice.reproduce import (
     Progress,
     ReproduceConfig,
     ReproduceResult,
-    _key,
-    _no_progress,
-    _selection_to_json,
-    _State,
+    settings_key,
+    no_progress,
+    selection_to_json,
+    StageFiles,
     identify_heads,
     ph3_stage,
 )
@@ -104,7 +104,7 @@ def prepare_contextual(lm: LoadedModel, cfg: ReproduceConfig, max_prompt_tokens:
 
 
 def reproduce_contextual(
-    cfg: ReproduceConfig, progress: Progress = _no_progress, lm: LoadedModel | None = None,
+    cfg: ReproduceConfig, progress: Progress = no_progress, lm: LoadedModel | None = None,
     max_prompt_tokens: int | None = 256,
 ) -> ReproduceResult:
     """Run the contextual pipeline (module docstring) and write `results_contextual.json`,
@@ -116,7 +116,7 @@ def reproduce_contextual(
     timings: dict[str, float] = {}
     notes: list[str] = []
     out = Path(cfg.out_dir)
-    state = _State(out / "state")
+    state = StageFiles(out / "state")
 
     t = time.perf_counter()
     lm = lm or load_model(cfg.model, dtype=getattr(torch, cfg.dtype), device_map=cfg.device_map)
@@ -135,7 +135,7 @@ def reproduce_contextual(
     timings["data"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    key_heads = _key({**base, **{f: getattr(cfg, f) for f in (
+    key_heads = settings_key({**base, **{f: getattr(cfg, f) for f in (
         "k", "scoring", "shortlist", "alphas_positive", "alphas_negative")}})
     saved = state.load("heads_contextual", key_heads)
     if saved is None:
@@ -153,7 +153,7 @@ def reproduce_contextual(
                      f"passed the consistency filter (K = {cfg.k})")
 
     t = time.perf_counter()
-    key_betas = _key({"heads": key_heads})
+    key_betas = settings_key({"heads": key_heads})
     betas = state.load("betas_contextual", key_betas)
     if betas is None:
         advance = progress("beta grid on validation (all five datasets)", len(validation) * 2 * 6 * 4)
@@ -172,7 +172,7 @@ def reproduce_contextual(
         methods["CAD"] = Method(cad_alpha=ALPHA)
         for name, dev_set in (("PH3-l", head.ph3_dev), ("PH3-s", head.head_set)):
             steering, info = ph3_stage(lm, cfg, state, name, dev_set, validation, "contextual",
-                                       _key({**base, "dev": [ex.uid for ex in dev_set]}), progress)
+                                       settings_key({**base, "dev": [ex.uid for ex in dev_set]}), progress)
             methods[name] = Method(steering)
             baselines[name] = info
         baselines["CAD"] = {"alpha": ALPHA}
@@ -185,7 +185,7 @@ def reproduce_contextual(
     t = time.perf_counter()
     all_results = []
     for name, sp in splits.items():
-        key_eval = _key({"betas": key_betas, "best": betas, "test": [ex.uid for ex in sp.test],
+        key_eval = settings_key({"betas": key_betas, "best": betas, "test": [ex.uid for ex in sp.test],
                          "methods": list(methods), "baselines": baselines})
         rows = state.load(f"eval_contextual_{name}", key_eval)
         if rows is None:
@@ -213,7 +213,7 @@ def _write(result: ReproduceResult, results, out: Path) -> None:
     from dataclasses import asdict
 
     write_json_atomic(out / "results_contextual.json", {
-        "config": asdict(result.config), "model": result.model, "heads": _selection_to_json(result.selection),
+        "config": asdict(result.config), "model": result.model, "heads": selection_to_json(result.selection),
         "betas": result.betas, "baselines": result.baselines, "table": result.table,
         "likelihood": result.likelihood, "summary": result.summary, "timings_s": result.timings,
         "splits": result.splits, "notes": result.notes, "items": results_to_json(results),

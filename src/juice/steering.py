@@ -425,7 +425,8 @@ def continuation_logprobs(
     *, max_rows: int | str = 32,
 ) -> Tensor:
     """Sum of log-probabilities of each continuation after its prompt, under `steering`
-    (teacher forcing; MemoTrap's likelihood comparison of the two classes).
+    (teacher forcing, one full forward per sequence). The reference for the forced decoding of
+    :func:`generate` (`forced_tokens`), which the evaluation uses because it shares prefills.
 
     Returns:
         `[len(prompts)]` float64 log-probabilities (nats).

@@ -137,7 +137,8 @@ def cad_continuation_logprobs(
     alpha: float = ALPHA,
 ) -> Tensor:
     """Sum of log-probabilities of each continuation under CAD's adjusted distribution
-    (teacher forcing; softmax of the contrasted logits at every continuation token).
+    (teacher forcing; softmax of the contrasted logits at every continuation token). A reference,
+    one item at a time; :func:`cad_generate` with `forced_tokens` does the same in batches.
 
     Returns:
         `[len(prompts)]` float64 log-probabilities (nats).

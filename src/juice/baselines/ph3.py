@@ -12,8 +12,8 @@ position) the top-k heads of the kind that opposes the wanted answer: context he
 model follow its memory, memory heads to make it follow the context. k is tuned on validation
 from {1, 3, 5, 7, 9, 15}.
 
-Points decided here (the PH3 paper patches paths from a counterfactual run; we could not read
-its code here):
+Points decided here (the PH3 paper describes path patching from a counterfactual run; its text
+and code were not available offline where this was written, so these choices are ours):
 
 - the patch is a zero-ablation of the head's output at every position (its slice of the
   `o_proj` input), the same operation as the pruning applied afterwards, so the score measures
