@@ -9,7 +9,13 @@ import torch
 
 from juice.architectures import ModelHeads
 from juice.baselines.cad import cad_continuation_logprobs, cad_generate, contrast
-from juice.baselines.ph3 import ConflictPrompt, Ph3Scores, heads_to_prune, logit_difference_effects, pruning
+from juice.baselines.ph3 import (
+    ConflictPrompt,
+    Ph3Scores,
+    heads_to_prune,
+    logit_difference_effects,
+    pruning,
+)
 from juice.baselines.prompt import (
     CONTEXTUAL_COMPLETION,
     CONTEXTUAL_QA,

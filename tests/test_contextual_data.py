@@ -7,8 +7,17 @@ import re
 
 import pytest
 
-from juice.data.contextual import CONTEXTUAL_DATASETS, contextual_splits, load_contextual
-from juice.data.memotrap import SUBTASKS, MemoTrapFormatError, load_memotrap, question_part
+from juice.data.contextual import (
+    CONTEXTUAL_DATASETS,
+    contextual_splits,
+    load_contextual,
+)
+from juice.data.memotrap import (
+    SUBTASKS,
+    MemoTrapFormatError,
+    load_memotrap,
+    question_part,
+)
 from juice.data.nqswap import load_nqswap, strip_markup
 from juice.evaluation import memotrap_match, nqswap_match
 

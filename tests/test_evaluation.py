@@ -8,8 +8,13 @@ from juice.baselines.prompt import contextual_prompt
 from juice.data.paraconflict import build_domain
 from juice.data.records import ContextualExample
 from juice.evaluation import Method, evaluate, evaluate_contextual, likelihood_table
-from juice.interventions import Head, captured_heads, added_to_heads
-from juice.steering import HeadSelection, Steering, continuation_logprobs, steering_coefficients
+from juice.interventions import Head, added_to_heads, captured_heads
+from juice.steering import (
+    HeadSelection,
+    Steering,
+    continuation_logprobs,
+    steering_coefficients,
+)
 from juice.tokens import token_ids
 
 SELECTION = HeadSelection(positive=(Head(0, 1), Head(2, 3)), negative=(Head(1, 0),))

@@ -8,7 +8,8 @@ with rows x sequence length. The estimate per row is deliberately simple and con
   (about 6 x hidden), the MLP's gate, up and activated intermediate (3 x intermediate), and the
   attention scores and probabilities (2 x heads x sequence);
 - the KV cache of every layer (2 x KV heads x head_dim per token per layer);
-- one row of last-position logits (the vocabulary).
+- last-position logits with their softmax and one temporary (3 x the vocabulary): for a
+  262k-word vocabulary and short prompts this is the largest term.
 
 All in the model's dtype. The budget defaults to a fraction of the memory the device reports free
 (`torch.cuda.mem_get_info` on a GPU, `MemAvailable` of /proc/meminfo on a CPU).
@@ -44,7 +45,7 @@ def row_bytes(config, seq_len: int, dtype: torch.dtype = torch.float32, *, kv_ca
     size = torch.empty((), dtype=dtype).element_size()
     per_token = 6 * d + 3 * ffn + 2 * n_heads * seq_len
     cache = n_layers * 2 * kv_heads * head_dim if kv_cache else 0
-    return size * (seq_len * (per_token + cache) + vocab)
+    return size * (seq_len * (per_token + cache) + 3 * vocab)
 
 
 def available_bytes(device: torch.device) -> int:

@@ -42,7 +42,8 @@ def reproduce(
     ph3_dev_size: int = typer.Option(12, help="PH3-l development items (the paper: 200)"),
     baselines: bool = typer.Option(True, help="add the Prompt, PH3 (and CAD) rows"),
     max_prompt_tokens: int = typer.Option(256, help="contextual: drop longer prompts (NQ-Swap tables)"),
-    full: bool = typer.Option(False, "--full", help="everything: all test and validation items, exact Stage 1, "
+    full: bool = typer.Option(False, "--full", help="everything: all test items, all (parametric) or 50 per "
+                                                   "dataset (contextual) validation items, exact Stage 1, "
                                                    "PH3-l on 200 items, no prompt-length cap"),
     data: Optional[Path] = typer.Option(None, help="parametric: a ParaConflict folder with the paper's JSON splits"),
     data_root: Optional[Path] = typer.Option(None, help="contextual: folder with memotrap/ and nqswap/ "
@@ -65,7 +66,7 @@ def reproduce(
         k=k, scoring="exact" if full else scoring, shortlist=shortlist, seed=seed, data=data,
         max_rows=max_rows if max_rows == "auto" else int(max_rows),
         device_map=device_map, dtype=dtype, baselines=baselines, ph3_dev_size=200 if full else ph3_dev_size,
-        data_root=data_root, validation_per_dataset=None if full else validation_per_dataset,
+        data_root=data_root, validation_per_dataset=max(50, validation_per_dataset) if full else validation_per_dataset,
     )
     start = time.perf_counter()
     with _progress() as task:

@@ -32,7 +32,12 @@ from torch import Tensor
 
 from juice.baselines.cad import cad_generate
 from juice.baselines.prompt import contextual_prompt, parametric_prompt
-from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample
+from juice.data.records import (
+    CONFLICT_TYPES,
+    CONTEXT_TYPE,
+    ConflictExample,
+    ContextualExample,
+)
 from juice.models import LoadedModel
 from juice.steering import ORIGINAL, Steering, Stream, continuation_ids, generate
 from juice.text import contains_answer, first_words, normalize_answer

@@ -29,23 +29,37 @@ from typing import Any
 
 import torch
 
+from juice.baselines.ph3 import (
+    PRUNE_K,
+    ConflictPrompt,
+    Ph3Scores,
+    heads_to_prune,
+    logit_difference_effects,
+    pruning,
+)
 from juice.data.paraconflict import DOMAINS, build_domain
 from juice.data.records import CONFLICT_TYPES, ConflictExample
 from juice.data.splits import Splits, filtered_splits, load_paper_splits, split_test
-from juice.baselines.ph3 import ConflictPrompt, Ph3Scores, heads_to_prune, logit_difference_effects, pruning
-from juice.evaluation import Method, accuracy_table, evaluate, results_from_json, results_to_json, summary
+from juice.evaluation import (
+    Method,
+    accuracy_table,
+    evaluate,
+    results_from_json,
+    results_to_json,
+    summary,
+)
 from juice.interventions import Head
 from juice.models import DEFAULT_MODEL, LoadedModel, load_model
 from juice.report import markdown_table
 from juice.scoring import (
     ALPHAS_NEGATIVE,
     ALPHAS_POSITIVE,
+    UnitCheckpoint,
     attribution_scores,
+    hybrid_scores,
     make_artifact,
     score_heads,
     scoring_prompts,
-    UnitCheckpoint,
-    hybrid_scores,
     select_heads,
     write_json_atomic,
 )
@@ -271,7 +285,11 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
         t = time.perf_counter()
         methods["Prompt"] = Method(instructed=True)
         ph3_dev = ph3_pool[: cfg.ph3_dev_size] if cfg.ph3_dev_size is not None else ph3_pool
+        if not ph3_dev:
+            notes.append("PH3-l skipped: no development items outside D and validation")
         for name, dev_set in (("PH3-l", ph3_dev), ("PH3-s", dev.head_set)):
+            if not dev_set:
+                continue
             steering, info = ph3_stage(lm, cfg, state, name, dev_set, dev.validation, "parametric",
                                        settings_key({"data": key_data, "dev": [ex.subject for ex in dev_set],
                                              "validation": [ex.subject for ex in dev.validation]}), progress)
@@ -343,9 +361,10 @@ def ph3_stage(
         advance = progress(f"{name}: ablate each head on {len(prompts)} development prompts", len(prompts))
         scores = logit_difference_effects(lm, prompts, max_rows=_scoring_rows(cfg), on_prompt=lambda i: advance(1),
                                           checkpoint=UnitCheckpoint(state.folder / "units.json", lm.fingerprint()))
-        advance = progress(f"{name}: k on validation", 1)
-        choice = tune_prune_k(lm, validation, scores, direction=direction, max_rows=cfg.max_rows)
-        advance(1)
+        per_item = len(CONFLICT_TYPES) if direction == "parametric" else 1
+        advance = progress(f"{name}: k on validation", len(validation) * per_item * len(PRUNE_K))
+        choice = tune_prune_k(lm, validation, scores, direction=direction, max_rows=cfg.max_rows,
+                              on_progress=advance)
         saved = {"effects": scores.effects.tolist(), "clean_ld": scores.clean_ld.tolist(), "k": choice.k,
                  "validation_accuracy_by_k": {str(k): v for k, v in choice.per_k.items()},
                  "n_dev_items": len(dev_set), "n_dev_prompts": len(prompts)}

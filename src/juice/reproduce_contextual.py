@@ -50,12 +50,12 @@ from juice.reproduce import (
     Progress,
     ReproduceConfig,
     ReproduceResult,
-    settings_key,
-    no_progress,
-    selection_to_json,
     StageFiles,
     identify_heads,
+    no_progress,
     ph3_stage,
+    selection_to_json,
+    settings_key,
 )
 from juice.scoring import UnitCheckpoint, make_artifact, write_json_atomic
 from juice.steering import HeadSelection, Steering, steering_coefficients
@@ -170,7 +170,11 @@ def reproduce_contextual(
         t = time.perf_counter()
         methods["Prompt"] = Method(instructed=True)
         methods["CAD"] = Method(cad_alpha=ALPHA)
+        if not head.ph3_dev:
+            notes.append("PH3-l skipped: no development items outside D and validation")
         for name, dev_set in (("PH3-l", head.ph3_dev), ("PH3-s", head.head_set)):
+            if not dev_set:
+                continue
             steering, info = ph3_stage(lm, cfg, state, name, dev_set, validation, "contextual",
                                        settings_key({**base, "dev": [ex.uid for ex in dev_set]}), progress)
             methods[name] = Method(steering)

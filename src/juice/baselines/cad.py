@@ -20,7 +20,14 @@ from torch import Tensor
 
 from juice.budget import resolve_max_rows
 from juice.models import LoadedModel
-from juice.steering import PAD_SLACK, Generation, pick_token, continuation_ids, forward_last, sequence_logits
+from juice.steering import (
+    PAD_SLACK,
+    Generation,
+    continuation_ids,
+    forward_last,
+    pick_token,
+    sequence_logits,
+)
 from juice.tokens import context_length, pad_left, token_ids
 
 ALPHA = 1.0
