@@ -39,7 +39,7 @@ from juice.interventions import (
     scaled_heads,
 )
 from juice.models import LoadedModel
-from juice.tokens import context_length, encode, pad_left, token_ids
+from juice.tokens import EmptyAnswerError, context_length, encode, pad_left, token_ids
 
 Method = Literal["original", "june", "juice"]
 METHODS: tuple[str, ...] = ("original", "june", "juice")
@@ -238,7 +238,13 @@ def generate(
 
 
 def pick_token(logits: Tensor, forced: Tensor | None, step: int, lps: list[Tensor]) -> Tensor:
-    """The greedy token, or the forced one (recording its log-probability)."""
+    """The next token of every row: the greedy one, or `forced[:, step]` whose log-probability
+    (`[rows]`, float64, nats) is appended to `lps`.
+
+    Args:
+        logits: `[rows, vocab]` last-position logits.
+        forced: `[rows, n_steps]` token ids to feed, or None for greedy decoding.
+    """
     if forced is None:
         return logits.argmax(-1)
     token = forced[:, step].to(logits.device)
@@ -369,8 +375,6 @@ def continuation_ids(tokenizer, prompt: str, continuation: str) -> tuple[list[in
     Raises:
         EmptyAnswerError: the continuation yields no token.
     """
-    from juice.tokens import EmptyAnswerError
-
     base = token_ids(tokenizer, prompt)
     full = token_ids(tokenizer, prompt + continuation)
     cont = full[len(base):] if full[: len(base)] == base else list(
