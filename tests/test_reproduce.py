@@ -100,8 +100,8 @@ def test_contextual_pipeline_runs_writes_table2_and_resumes(tiny_llama, tmp_path
         raise AssertionError("stage recomputed")
 
     mp = pytest.MonkeyPatch()
-    for name in ("identify_heads", "tune_betas"):
-        mp.setattr(rc, name, boom)
+    mp.setattr(rc, "tune_betas", boom)
+    mp.setattr(rp, "identify_heads", boom)
     mp.setattr(rp, "logit_difference_effects", boom)
     try:
         second = rc.reproduce_contextual(cfg, lm=tiny_llama)

@@ -225,14 +225,9 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
     Raises:
         ValueError: too few filtered items for D and validation; bad settings.
     """
-    timings: dict[str, float] = {}
     notes: list[str] = []
     out = Path(cfg.out_dir)
-    state = StageFiles(out / "state")
-
-    t = time.perf_counter()
-    lm = lm or load_model(cfg.model, dtype=getattr(torch, cfg.dtype), device_map=cfg.device_map)
-    timings["load_model"] = time.perf_counter() - t
+    lm, state, timings = start_run(cfg, lm)
     fingerprint = lm.fingerprint()
     base = dict(model=fingerprint, seed=cfg.seed, data=str(cfg.data), domains=cfg.domains)
 
@@ -246,23 +241,10 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
     t = time.perf_counter()
     key_heads = settings_key({**base, **{f: getattr(cfg, f) for f in (
         "head_set_size", "validation_size", "k", "scoring", "shortlist", "alphas_positive", "alphas_negative")}})
-    saved = state.load("heads", key_heads)
-    if saved is None:
-        scores, selection = identify_heads(lm, cfg, dev.head_set, progress,
-                                           checkpoint=UnitCheckpoint(state.folder / "units.json", fingerprint))
-        artifact = make_artifact(lm, scores, selection, cfg.k, "parametric", dev.head_set)
-        artifact_json = artifact.to_json()
-        artifact_json["scoring"] = cfg.scoring
-        state.save("heads", key_heads, artifact_json)
-    else:
-        artifact_json = saved
-        selection = HeadSelection(tuple(map(Head.parse, saved["positive_heads"])),
-                                  tuple(map(Head.parse, saved["negative_heads"])))
+    selection, artifact_json = heads_stage(lm, cfg, state, "heads", key_heads, dev.head_set, "parametric",
+                                           progress, notes)
     write_json_atomic(out / "heads.json", artifact_json)
     timings["stage1_heads"] = time.perf_counter() - t
-    if len(selection.positive) < cfg.k or len(selection.negative) < cfg.k:
-        notes.append(f"only {len(selection.positive)} positive / {len(selection.negative)} negative heads "
-                     f"passed the consistency filter (K = {cfg.k})")
 
     t = time.perf_counter()
     key_betas = settings_key({"heads": key_heads, "validation": [ex.subject for ex in dev.validation]})
@@ -285,21 +267,14 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
         t = time.perf_counter()
         methods["Prompt"] = Method(instructed=True)
         ph3_dev = ph3_pool[: cfg.ph3_dev_size] if cfg.ph3_dev_size is not None else ph3_pool
-        if not ph3_dev:
-            notes.append("PH3-l skipped: no development items outside D and validation")
-        for name, dev_set in (("PH3-l", ph3_dev), ("PH3-s", dev.head_set)):
-            if not dev_set:
-                continue
-            steering, info = ph3_stage(lm, cfg, state, name, dev_set, dev.validation, "parametric",
-                                       settings_key({"data": key_data, "dev": [ex.subject for ex in dev_set],
-                                             "validation": [ex.subject for ex in dev.validation]}), progress)
-            methods[name] = Method(steering)
-            baselines[name] = info
+        validation_ids = [ex.subject for ex in dev.validation]
+        ph3_rows, baselines = ph3_methods(
+            lm, cfg, state, ph3_dev, dev.head_set, dev.validation, "parametric",
+            lambda dev_set: settings_key({"data": key_data, "dev": [ex.subject for ex in dev_set],
+                                          "validation": validation_ids}), progress, notes)
+        methods.update(ph3_rows)
         timings["ph3"] = time.perf_counter() - t
-    for m in ("june", "juice"):
-        b = betas["best"][m]
-        methods[METHOD_NAMES[m]] = Method(Steering(
-            m, steering_coefficients(lm.heads.geometry, selection, b["beta_plus"], b["beta_minus"])))
+    methods.update(steered_methods(lm, selection, betas["best"]))
 
     t = time.perf_counter()
     all_results = []
@@ -326,6 +301,71 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
     )
     write_outputs(result, all_results, out)
     return result
+
+
+def start_run(cfg: ReproduceConfig, lm: LoadedModel | None) -> tuple[LoadedModel, StageFiles, dict[str, float]]:
+    """The model (loaded unless given), the stage files under `<out>/state/` and the timings
+    with the load time."""
+    t = time.perf_counter()
+    lm = lm or load_model(cfg.model, dtype=getattr(torch, cfg.dtype), device_map=cfg.device_map)
+    return lm, StageFiles(Path(cfg.out_dir) / "state"), {"load_model": time.perf_counter() - t}
+
+
+def heads_stage(
+    lm: LoadedModel, cfg: ReproduceConfig, state: StageFiles, stage: str, key: str, head_set: Sequence,
+    direction: str, progress: Progress, notes: list[str],
+) -> tuple[HeadSelection, dict[str, Any]]:
+    """Stage 1 on `head_set`, read from the stage file `stage` when its settings `key` match
+    (per-prompt results resume from `units.json`). Notes a selection smaller than K.
+
+    Returns:
+        (selection, the heads artifact as JSON).
+    """
+    saved = state.load(stage, key)
+    if saved is None:
+        scores, selection = identify_heads(lm, cfg, head_set, progress, direction=direction,
+                                           checkpoint=UnitCheckpoint(state.folder / "units.json", lm.fingerprint()))
+        saved = make_artifact(lm, scores, selection, cfg.k, direction, head_set).to_json()
+        saved["scoring"] = cfg.scoring
+        state.save(stage, key, saved)
+    selection = HeadSelection(tuple(map(Head.parse, saved["positive_heads"])),
+                              tuple(map(Head.parse, saved["negative_heads"])))
+    if len(selection.positive) < cfg.k or len(selection.negative) < cfg.k:
+        notes.append(f"only {len(selection.positive)} positive / {len(selection.negative)} negative heads "
+                     f"passed the consistency filter (K = {cfg.k})")
+    return selection, saved
+
+
+def steered_methods(lm: LoadedModel, selection: HeadSelection, best: dict[str, dict[str, float]]) -> dict[str, Method]:
+    """JuNE and JuICE with their tuned betas (`best[method]["beta_plus"]`, `["beta_minus"]`)."""
+    return {
+        METHOD_NAMES[m]: Method(Steering(m, steering_coefficients(
+            lm.heads.geometry, selection, best[m]["beta_plus"], best[m]["beta_minus"])))
+        for m in ("june", "juice")
+    }
+
+
+def ph3_methods(
+    lm: LoadedModel, cfg: ReproduceConfig, state: StageFiles, large_dev: Sequence, small_dev: Sequence,
+    validation: Sequence, direction: str, key_of: Callable[[Sequence], str], progress: Progress,
+    notes: list[str],
+) -> tuple[dict[str, Method], dict[str, Any]]:
+    """PH3-l (on `large_dev`) and PH3-s (on `small_dev`, the set D), each via :func:`ph3_stage`;
+    an empty development set skips its row with a note.
+
+    Returns:
+        (name -> pruning method, name -> JSON record of k and pruned heads).
+    """
+    methods, records = {}, {}
+    if not large_dev:
+        notes.append("PH3-l skipped: no development items outside D and validation")
+    for name, dev_set in (("PH3-l", large_dev), ("PH3-s", small_dev)):
+        if not dev_set:
+            continue
+        steering, records[name] = ph3_stage(lm, cfg, state, name, dev_set, validation, direction, key_of(dev_set),
+                                            progress)
+        methods[name] = Method(steering)
+    return methods, records
 
 
 def ph3_prompts(lm: LoadedModel, examples: Sequence) -> list[ConflictPrompt]:

@@ -22,8 +22,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from juice.baselines.cad import ALPHA
 from juice.data.contextual import (
     CONTEXTUAL_DATASETS,
@@ -42,23 +40,21 @@ from juice.evaluation import (
     results_to_json,
     summary,
 )
-from juice.interventions import Head
-from juice.models import LoadedModel, load_model
+from juice.models import LoadedModel
 from juice.report import contextual_markdown
 from juice.reproduce import (
-    METHOD_NAMES,
     Progress,
     ReproduceConfig,
     ReproduceResult,
-    StageFiles,
-    identify_heads,
+    heads_stage,
     no_progress,
-    ph3_stage,
+    ph3_methods,
     selection_to_json,
     settings_key,
+    start_run,
+    steered_methods,
 )
-from juice.scoring import UnitCheckpoint, make_artifact, write_json_atomic
-from juice.steering import HeadSelection, Steering, steering_coefficients
+from juice.scoring import write_json_atomic
 from juice.tokens import token_ids
 from juice.tuning import tune_betas
 
@@ -113,14 +109,9 @@ def reproduce_contextual(
     Raises:
         FileNotFoundError: the contextual data are not found (see :func:`resolve_data_root`).
     """
-    timings: dict[str, float] = {}
     notes: list[str] = []
     out = Path(cfg.out_dir)
-    state = StageFiles(out / "state")
-
-    t = time.perf_counter()
-    lm = lm or load_model(cfg.model, dtype=getattr(torch, cfg.dtype), device_map=cfg.device_map)
-    timings["load_model"] = time.perf_counter() - t
+    lm, state, timings = start_run(cfg, lm)
     fingerprint = lm.fingerprint()
 
     t = time.perf_counter()
@@ -137,20 +128,10 @@ def reproduce_contextual(
     t = time.perf_counter()
     key_heads = settings_key({**base, **{f: getattr(cfg, f) for f in (
         "k", "scoring", "shortlist", "alphas_positive", "alphas_negative")}})
-    saved = state.load("heads_contextual", key_heads)
-    if saved is None:
-        scores, selection = identify_heads(lm, cfg, head.head_set, progress, direction="contextual",
-                                           checkpoint=UnitCheckpoint(state.folder / "units.json", fingerprint))
-        saved = make_artifact(lm, scores, selection, cfg.k, "contextual", head.head_set).to_json()
-        saved["scoring"] = cfg.scoring
-        state.save("heads_contextual", key_heads, saved)
-    selection = HeadSelection(tuple(map(Head.parse, saved["positive_heads"])),
-                              tuple(map(Head.parse, saved["negative_heads"])))
+    selection, saved = heads_stage(lm, cfg, state, "heads_contextual", key_heads, head.head_set, "contextual",
+                                   progress, notes)
     write_json_atomic(out / "heads_contextual.json", saved)
     timings["stage1_heads"] = time.perf_counter() - t
-    if len(selection.positive) < cfg.k or len(selection.negative) < cfg.k:
-        notes.append(f"only {len(selection.positive)} positive / {len(selection.negative)} negative heads "
-                     f"passed the consistency filter (K = {cfg.k})")
 
     t = time.perf_counter()
     key_betas = settings_key({"heads": key_heads})
@@ -170,21 +151,13 @@ def reproduce_contextual(
         t = time.perf_counter()
         methods["Prompt"] = Method(instructed=True)
         methods["CAD"] = Method(cad_alpha=ALPHA)
-        if not head.ph3_dev:
-            notes.append("PH3-l skipped: no development items outside D and validation")
-        for name, dev_set in (("PH3-l", head.ph3_dev), ("PH3-s", head.head_set)):
-            if not dev_set:
-                continue
-            steering, info = ph3_stage(lm, cfg, state, name, dev_set, validation, "contextual",
-                                       settings_key({**base, "dev": [ex.uid for ex in dev_set]}), progress)
-            methods[name] = Method(steering)
-            baselines[name] = info
+        ph3_rows, baselines = ph3_methods(
+            lm, cfg, state, head.ph3_dev, head.head_set, validation, "contextual",
+            lambda dev_set: settings_key({**base, "dev": [ex.uid for ex in dev_set]}), progress, notes)
+        methods.update(ph3_rows)
         baselines["CAD"] = {"alpha": ALPHA}
         timings["ph3"] = time.perf_counter() - t
-    for m in ("june", "juice"):
-        b = betas[m]
-        methods[METHOD_NAMES[m]] = Method(Steering(
-            m, steering_coefficients(lm.heads.geometry, selection, b["beta_plus"], b["beta_minus"])))
+    methods.update(steered_methods(lm, selection, betas))
 
     t = time.perf_counter()
     all_results = []
