@@ -147,24 +147,30 @@ PAD_SLACK = 1.3
 left padding is computed like real tokens, so mixing 10- and 90-token prompts wastes prefill."""
 
 
-def _chunks(streams: Sequence[Stream], lengths: Sequence[int], max_rows: int) -> Iterator[list[int]]:
-    """Stream indices grouped by prompt, prompts ordered by token length (little padding), cut so
-    no chunk decodes more than `max_rows` rows."""
-    order = sorted(range(len(streams)), key=lambda i: (lengths[streams[i].prompt], streams[i].prompt))
+def length_buckets(
+    order: Sequence[int], lengths: Sequence[int], rows: Sequence[int], max_rows: int
+) -> Iterator[list[int]]:
+    """Consecutive groups of `order` (items sorted by length): a group is cut before it would
+    hold more than `max_rows` rows (item i takes `rows[i]`) or before an item longer than
+    PAD_SLACK x its first item (+8 tokens), since left padding costs like real tokens."""
     chunk: list[int] = []
-    rows, shortest = 0, 0
+    used = 0
     for i in order:
-        need = 2 if streams[i].steering.method == "juice" else 1
-        length = lengths[streams[i].prompt]
-        if chunk and (rows + need > max_rows or length > PAD_SLACK * shortest + 8):
+        if chunk and (used + rows[i] > max_rows or lengths[i] > PAD_SLACK * lengths[chunk[0]] + 8):
             yield chunk
-            chunk, rows = [], 0
-        if not chunk:
-            shortest = length
+            chunk, used = [], 0
         chunk.append(i)
-        rows += need
+        used += rows[i]
     if chunk:
         yield chunk
+
+
+def _chunks(streams: Sequence[Stream], lengths: Sequence[int], max_rows: int) -> Iterator[list[int]]:
+    """Stream indices grouped by prompt, prompts ordered by token length (little padding), cut so
+    no chunk decodes more than `max_rows` rows (a JuICE stream takes two)."""
+    order = sorted(range(len(streams)), key=lambda i: (lengths[streams[i].prompt], streams[i].prompt))
+    return length_buckets(order, [lengths[s.prompt] for s in streams],
+                          [2 if s.steering.method == "juice" else 1 for s in streams], max_rows)
 
 
 @torch.inference_mode()

@@ -21,10 +21,10 @@ from torch import Tensor
 from juice.budget import resolve_max_rows
 from juice.models import LoadedModel
 from juice.steering import (
-    PAD_SLACK,
     Generation,
     continuation_ids,
     forward_last,
+    length_buckets,
     pick_token,
     sequence_logits,
 )
@@ -87,7 +87,9 @@ def cad_generate(
     tokens = torch.zeros(n, max_new_tokens, dtype=torch.long)
     first_probs = None if probe_tokens is None else torch.zeros(probe_tokens.shape, dtype=torch.float32)
     forced_lp = None if forced_tokens is None else torch.zeros(n, max_new_tokens, dtype=torch.float64)
-    for chunk in _buckets(sorted(range(n), key=lambda i: len(ids_c[i])), [len(i) for i in ids_c], max(1, max_rows // 2)):
+    lengths = [len(i) for i in ids_c]
+    # each item takes two rows, one per branch
+    for chunk in length_buckets(sorted(range(n), key=lengths.__getitem__), lengths, [2] * n, max_rows):
         out, probs, lp = _cad_chunk(lm, [ids_c[i] for i in chunk], [ids_q[i] for i in chunk], max_new_tokens, alpha,
                                     None if probe_tokens is None else probe_tokens[chunk], room,
                                     None if forced_tokens is None else forced_tokens[chunk])
@@ -99,19 +101,6 @@ def cad_generate(
         if on_chunk:
             on_chunk(len(chunk))
     return Generation(tokens, lm.tokenizer.batch_decode(tokens, skip_special_tokens=True), first_probs, forced_lp)
-
-
-def _buckets(order: list[int], lengths: list[int], size: int):
-    """Consecutive groups of `order` (sorted by length) of at most `size` items whose longest
-    prompt is within PAD_SLACK of the shortest (left padding costs like real tokens)."""
-    chunk: list[int] = []
-    for i in order:
-        if chunk and (len(chunk) == size or lengths[i] > PAD_SLACK * lengths[chunk[0]] + 8):
-            yield chunk
-            chunk = []
-        chunk.append(i)
-    if chunk:
-        yield chunk
 
 
 def _cad_chunk(lm, ids_c, ids_q, max_new_tokens, alpha, probes, room, forced=None):
