@@ -112,8 +112,8 @@ def evaluate(
         EmptyAnswerError: an answer tokenizes to nothing.
         ValueError: a CAD method (CAD applies to the contextual direction).
     """
-    prompts, meta, streams, probes = [], [], [], []
-    index: dict[str, int] = {}
+    prompts: dict[str, int] = {}
+    meta, streams, probes = [], [], []
     methods = {name: as_method(m) for name, m in methods.items()}
     if any(m.cad_alpha is not None for m in methods.values()):
         raise ValueError("CAD applies to the contextual direction; use evaluate_contextual")
@@ -121,16 +121,14 @@ def evaluate(
         for t in conflict_types:
             for name, method in methods.items():
                 prompt = parametric_prompt(ex, t) if method.instructed else ex.prompts[t]
-                if prompt not in index:
-                    index[prompt] = len(prompts)
-                    prompts.append(prompt)
-                streams.append(Stream(index[prompt], method.steering))
+                # each distinct prompt once, so its streams share one clean prefill
+                streams.append(Stream(prompts.setdefault(prompt, len(prompts)), method.steering))
                 meta.append((ex, t, name))
                 probes.append([answer_first_token(lm.tokenizer, prompt, ex.answer),
                                answer_first_token(lm.tokenizer, prompt, ex.context_answer)])
     if not streams:
         return []
-    gen = generate(lm, prompts, streams, max_new_tokens, probe_tokens=torch.tensor(probes),
+    gen = generate(lm, list(prompts), streams, max_new_tokens, probe_tokens=torch.tensor(probes),
                    max_rows=max_rows, on_chunk=on_progress)
     results = []
     for (ex, t, name), text, probs in zip(meta, gen.texts, gen.first_probs):
@@ -199,7 +197,8 @@ def evaluate_contextual(
         group = [(i, ex) for i, ex in enumerate(examples) if ex.metric == metric]
         if not group:
             continue
-        prompts, streams, probes, meta, index = [], [], [], [], {}
+        prompts: dict[str, int] = {}
+        streams, probes, meta = [], [], []
         cad: dict[float, list] = {}
         for i, ex in group:
             for name, method in methods.items():
@@ -209,15 +208,13 @@ def evaluate_contextual(
                 if method.cad_alpha is not None:
                     cad.setdefault(method.cad_alpha, []).append((i, ex, name, prompt, probe))
                     continue
-                if prompt not in index:
-                    index[prompt] = len(prompts)
-                    prompts.append(prompt)
-                streams.append(Stream(index[prompt], method.steering))
+                # each distinct prompt once, so its streams share one clean prefill
+                streams.append(Stream(prompts.setdefault(prompt, len(prompts)), method.steering))
                 probes.append(probe)
                 meta.append((i, ex, name))
         outputs = []
         if streams:
-            gen = generate(lm, prompts, streams, new_tokens, probe_tokens=torch.tensor(probes),
+            gen = generate(lm, list(prompts), streams, new_tokens, probe_tokens=torch.tensor(probes),
                            max_rows=max_rows, on_chunk=on_progress)
             outputs += list(zip(meta, gen.texts, gen.first_probs))
         for alpha, items in cad.items():
@@ -226,10 +223,10 @@ def evaluate_contextual(
                                on_chunk=on_progress)
             outputs += list(zip([it[:3] for it in items], gen.texts, gen.first_probs))
         for (i, ex, name), text, probs in outputs:
+            correct = contextual_correct(ex, text, ex.context_answers)
             results[(i, name)] = ItemResult(
                 domain=ex.dataset, subject=ex.uid, conflict_type=CONTEXT_TYPE, method=name, output=text,
-                correct=contextual_correct(ex, text, ex.context_answers),
-                follows_context=contextual_correct(ex, text, ex.context_answers),
+                correct=correct, follows_context=correct,
                 p_parametric=float(probs[0]), p_context=float(probs[1]),
                 follows_parametric=contextual_correct(ex, text, ex.parametric_answers),
             )
@@ -260,7 +257,8 @@ def likelihood_wins(
     methods = {name: as_method(m) for name, m in methods.items()}
     if not examples:
         return {name: [] for name in methods}
-    prompts, index, streams, conts, owners, cad = [], {}, [], [], [], {}
+    prompts: dict[str, int] = {}
+    streams, conts, owners, cad = [], [], [], {}
     for name, method in methods.items():
         for j, ex in enumerate(examples):
             prompt = contextual_prompt(ex) if method.instructed else ex.prompt
@@ -269,10 +267,8 @@ def likelihood_wins(
                 if method.cad_alpha is not None:
                     cad.setdefault(method.cad_alpha, []).append((name, j, c, prompt, ex.question, cont))
                     continue
-                if prompt not in index:
-                    index[prompt] = len(prompts)
-                    prompts.append(prompt)
-                streams.append(Stream(index[prompt], method.steering))
+                # each distinct prompt once, so its streams share one clean prefill
+                streams.append(Stream(prompts.setdefault(prompt, len(prompts)), method.steering))
                 conts.append(cont)
                 owners.append((name, j, c))
     logprob: dict[tuple[str, int, int], float] = {}
@@ -286,7 +282,7 @@ def likelihood_wins(
 
     if streams:
         tokens, width = forced(conts)
-        gen = generate(lm, prompts, streams, width, max_rows=max_rows, forced_tokens=tokens)
+        gen = generate(lm, list(prompts), streams, width, max_rows=max_rows, forced_tokens=tokens)
         for key, cont, lp in zip(owners, conts, gen.forced_logprobs):
             logprob[key] = float(lp[: len(cont)].sum())
     for alpha, items in cad.items():
