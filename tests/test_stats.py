@@ -1,5 +1,5 @@
-"""Bootstrap intervals: coverage of a known Bernoulli mean, pairing, determinism, errors; the
-figure of a table with intervals."""
+"""Bootstrap intervals: coverage of a known Bernoulli mean, pairing, determinism, errors, the
+printed form. The figure is tested in test_plots.py."""
 
 from __future__ import annotations
 
@@ -48,26 +48,24 @@ def test_paired_differences():
 def test_errors_and_empty_cells():
     with pytest.raises(ValueError, match="1,000 resamples"):
         bootstrap_interval([1, 0], resamples=999)
+    with pytest.raises(ValueError, match="1,000 resamples"):
+        paired_difference_interval([1, 0], [0, 1], resamples=10)
     with pytest.raises(ValueError, match="confidence"):
         bootstrap_interval([1, 0], confidence=1.0)
+    with pytest.raises(ValueError, match="one-dimensional"):
+        bootstrap_interval([[1, 0], [0, 1]])
     empty = bootstrap_interval([])
     assert empty.n == 0 and math.isnan(empty.mean) and empty.format() == "–"
     assert empty.to_json() == {"mean": None, "low": None, "high": None, "n": 0}
-    assert set(cell_intervals({"a": [1, 0], "b": []})) == {"a", "b"}
+    assert paired_difference_interval([], []).n == 0
+    cells = cell_intervals({"a": [1, 0, 1], "b": []})
+    assert list(cells) == ["a", "b"] and cells["a"] == bootstrap_interval([1, 0, 1]) and cells["b"].n == 0
 
 
 def test_format_prints_percent_and_the_larger_half_width():
     assert Interval(0.476, 0.435, 0.51, 40).format() == "47.6 ±4.1"
     assert Interval(0.5, 0.45, 0.6, 10).format(digits=0) == "50 ±10"
-
-
-def test_the_bar_chart_writes_a_png_with_a_missing_cell(tmp_path):
-    from juice.plots import interval_bar_chart
-
-    iv = Interval(0.5, 0.4, 0.6, 20)
-    cells = {"Original": {"clean": iv, "substitution": iv, "coherent": iv},
-             "JuNE": {"clean": iv, "substitution": Interval(math.nan, math.nan, math.nan, 0)},
-             "JuICE": {"clean": iv, "substitution": iv, "coherent": iv}}
-    path = interval_bar_chart(cells, tmp_path / "figs" / "t.png", title="test")
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert [p.name for p in path.parent.iterdir()] == ["t.png"]   # no temporary file left
+    assert Interval(0.25, 0.2, 0.3, 8).format(scale=1.0, digits=2) == "0.25 ±0.05"
+    assert Interval(0.0, 0.0, 0.0, 5).format() == "0.0 ±0.0"
+    assert Interval(0.5, 0.4, 0.6, 0).format() == "–"
+    assert Interval(0.5, 0.4, 0.6, 10).to_json() == {"mean": 0.5, "low": 0.4, "high": 0.6, "n": 10}

@@ -13,14 +13,18 @@ from juice.stats import Interval
 
 def interval_bar_chart(
     cells: Mapping[str, Mapping[str, Interval]], path: str | Path, *, title: str, ylabel: str = "accuracy (%)",
-    scale: float = 100.0,
+    scale: float = 100.0, interval_label: str = "95% bootstrap intervals",
 ) -> Path:
     """Grouped bars: one colour per method (outer key), groups (inner key, e.g. conflict types or
     datasets) along the x axis, asymmetric error bars from each interval; written atomically.
 
     Args:
         cells: method -> group -> interval; missing groups and NaN means are left out.
-        path: the PNG to write (parent folders are created).
+        path: the PNG to write (parent folders are created; an existing file is replaced).
+        title: the figure's title; the items' n (every distinct n drawn) is added below it.
+        scale: multiplies means and bounds (100: fractions drawn as percent). The y axis spans
+            0 to `scale` unless a bound lies outside (e.g. a negative difference).
+        interval_label: what the error bars are, for the caption.
 
     Returns:
         The path written.
@@ -34,7 +38,7 @@ def interval_bar_chart(
     fig = Figure(figsize=(max(6.0, 1.2 * len(groups) * max(1, len(methods)) / 3), 4.2), dpi=120)
     ax = fig.add_subplot()
     width = 0.8 / max(1, len(methods))
-    ns = set()
+    ns, bounds = set(), [0.0, scale]
     for i, m in enumerate(methods):
         xs, ys, err = [], [], [[], []]
         for j, g in enumerate(groups):
@@ -46,12 +50,15 @@ def interval_bar_chart(
             ys.append(iv.mean * scale)
             err[0].append(max(0.0, (iv.mean - iv.low) * scale))
             err[1].append(max(0.0, (iv.high - iv.mean) * scale))
+            bounds += [v * scale for v in (iv.low, iv.mean, iv.high) if not math.isnan(v)]
         ax.bar(xs, ys, width, yerr=err, capsize=2, label=m)
     ax.set_xticks(range(len(groups)), groups)
     ax.set_ylabel(ylabel)
-    ax.set_ylim(0, scale)   # accuracy: 0 to 100 %
-    n_text = "n = " + "/".join(str(n) for n in sorted(ns)) if ns else ""
-    ax.set_title(f"{title}\n{n_text}; error bars: 95% bootstrap intervals", fontsize=9)
+    low, high = min(bounds), max(bounds)   # 0 to `scale` (accuracy: 0-100 %) unless a bound lies outside
+    pad = 0.03 * (high - low)
+    ax.set_ylim(low - pad if low < 0 else 0.0, high + pad if high > scale else scale)
+    n_text = "n = " + "/".join(str(n) for n in sorted(ns)) + "; " if ns else ""
+    ax.set_title(f"{title}\n{n_text}error bars: {interval_label}", fontsize=9)
     ax.legend(fontsize=7, ncol=min(4, max(1, len(methods))))
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()

@@ -121,7 +121,7 @@ class ReproduceConfig:
     ph3_knockout: bool = False          # also PH3-l with the knock-out scorer, a row of its own
     ph3_dev_size: int | None = 12       # PH3-l development items (the paper: 200); None = all
     data_root: Path | None = None       # contextual: folder with memotrap/ and nqswap/
-    validation_per_dataset: int | None = 3  # contextual: validation items per dataset
+    validation_per_dataset: int | None = 5  # contextual: validation items per dataset
     bootstrap_resamples: int = 2000
 
 
@@ -370,12 +370,13 @@ def ph3_prompts(lm: LoadedModel, examples: Sequence) -> list[ConflictPrompt]:
 
 def ph3_scores_stage(
     lm: LoadedModel, cfg: ReproduceConfig, state: StageFiles, name: str, dev_set: Sequence, key: str,
-    progress: Progress, knockout: bool = False,
+    progress: Progress, knockout: bool = False, direction: str = "parametric",
 ) -> Ph3Scores:
     """PH3's head scores on one development set: path patching (Jin et al. 2024; the default) or
     the knock-out scorer (`knockout`); cached in the state, per-prompt results resumable."""
     stem = name.lower().replace("-", "_").replace(" ", "_").replace("(", "").replace(")", "")
-    saved = state.load(f"ph3_{stem}", key)
+    stage = f"ph3_{direction}_{stem}"   # both directions may share an output folder
+    saved = state.load(stage, key)
     if saved is None:
         checkpoint = UnitCheckpoint(state.folder / "units.json", lm.fingerprint())
         if knockout:
@@ -390,13 +391,13 @@ def ph3_scores_stage(
                                            on_prompt=lambda i: advance(1), checkpoint=checkpoint)
         saved = {"effects": scores.effects.tolist(), "clean_ld": scores.clean_ld.tolist(),
                  "n_dev_items": len(dev_set), "n_dev_prompts": len(prompts)}
-        state.save(f"ph3_{stem}", key, saved)
+        state.save(stage, key, saved)
     return Ph3Scores(torch.tensor(saved["effects"]), torch.tensor(saved["clean_ld"]))
 
 
 def ph3_stage(
     lm: LoadedModel, cfg: ReproduceConfig, state: StageFiles, large_dev: Sequence, small_dev: Sequence,
-    key_of: Callable[[Sequence], str], progress: Progress, notes: list[str],
+    key_of: Callable[[Sequence], str], progress: Progress, notes: list[str], direction: str = "parametric",
 ) -> dict[str, Ph3Scores]:
     """PH3-l (on `large_dev`), PH3-s (on `small_dev`, the set D) and, with `cfg.ph3_knockout`,
     PH3-l with the knock-out scorer; an empty development set skips its row with a note.
@@ -412,7 +413,7 @@ def ph3_stage(
         if not dev_set:
             notes.append(f"{name} skipped: no development items outside D and validation")
             continue
-        out[name] = ph3_scores_stage(lm, cfg, state, name, dev_set, key_of(dev_set), progress, knockout)
+        out[name] = ph3_scores_stage(lm, cfg, state, name, dev_set, key_of(dev_set), progress, knockout, direction)
     return out
 
 

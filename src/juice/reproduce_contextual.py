@@ -129,7 +129,8 @@ def reproduce_contextual(
     ph3 = {}
     if cfg.baselines:
         ph3 = ph3_stage(lm, cfg, state, head.ph3_dev, head.head_set,
-                        lambda d: settings_key({**base, "dev": [ex.uid for ex in d]}), progress, notes)
+                        lambda d: settings_key({**base, "dev": [ex.uid for ex in d]}), progress, notes,
+                        direction="contextual")
     timings["ph3_heads"] = time.perf_counter() - t
 
     t = time.perf_counter()

@@ -59,6 +59,13 @@ def _check(resamples: int, confidence: float) -> None:
         raise ValueError(f"confidence must lie strictly between 0 and 1, got {confidence}")
 
 
+def _vector(values, name: str) -> np.ndarray:
+    x = np.asarray(values, dtype=np.float64)
+    if x.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional (one value per item), got shape {x.shape}")
+    return x
+
+
 def _percentile_interval(values: np.ndarray, resamples: int, confidence: float, seed: int) -> Interval:
     n = len(values)
     if n == 0:
@@ -75,25 +82,34 @@ def bootstrap_interval(
 ) -> Interval:
     """Percentile bootstrap interval of the mean of `values` (`[n]`, bools or floats).
 
+    Memory: a `[resamples, n]` index matrix and its values (32 MB for 2,000 resamples of 1,000
+    items).
+
+    Returns:
+        The sample mean and the interval's bounds, in the unit of `values`; all NaN when n = 0.
+
     Raises:
-        ValueError: fewer than 1,000 resamples, or a confidence outside (0, 1).
+        ValueError: fewer than 1,000 resamples, a confidence outside (0, 1), or `values` not 1-D.
     """
     _check(resamples, confidence)
-    return _percentile_interval(np.asarray(values, dtype=np.float64).reshape(-1), resamples, confidence, seed)
+    return _percentile_interval(_vector(values, "values"), resamples, confidence, seed)
 
 
 def paired_difference_interval(
     a: Sequence[bool] | Sequence[float], b: Sequence[bool] | Sequence[float], *,
     resamples: int = 2000, confidence: float = 0.95, seed: int = 0,
 ) -> Interval:
-    """Paired bootstrap interval of mean(a - b): `a[i]` and `b[i]` are two methods' outcomes on
-    the same item i; items are resampled together.
+    """Paired bootstrap interval of mean(a - b): `a[i]` and `b[i]` (`[n]` each) are two methods'
+    outcomes on the same item i; items are resampled together (one index draw for both).
+
+    Returns:
+        The mean difference (equal to mean(a) - mean(b)) and its interval; all NaN when n = 0.
 
     Raises:
-        ValueError: `a` and `b` differ in length; bad resamples or confidence.
+        ValueError: `a` and `b` differ in length or are not 1-D; bad resamples or confidence.
     """
     _check(resamples, confidence)
-    x, y = np.asarray(a, dtype=np.float64).reshape(-1), np.asarray(b, dtype=np.float64).reshape(-1)
+    x, y = _vector(a, "a"), _vector(b, "b")
     if len(x) != len(y):
         raise ValueError(f"paired samples differ in length: {len(x)} and {len(y)}")
     return _percentile_interval(x - y, resamples, confidence, seed)
@@ -103,5 +119,6 @@ def cell_intervals(
     groups: Mapping[Hashable, Sequence[bool] | Sequence[float]], *, resamples: int = 2000,
     confidence: float = 0.95, seed: int = 0,
 ) -> dict[Hashable, Interval]:
-    """:func:`bootstrap_interval` of every group (e.g. a table's cells)."""
+    """:func:`bootstrap_interval` of every group (e.g. a table's cells), each with the same seed;
+    keys are kept, in order."""
     return {k: bootstrap_interval(v, resamples=resamples, confidence=confidence, seed=seed) for k, v in groups.items()}
