@@ -202,3 +202,56 @@ def test_full_splits_the_head_domains_known_items_between_validation_and_ph3(tin
     splits, *_ = rp.prepare_domains(tiny_llama, cfg, rp.StageFiles(tmp_path / "s"), {"seed": 0}, rp.no_progress)
     wc = splits["world_capital"]
     assert len(wc.ph3_dev) > 0 and abs(len(wc.validation) - len(wc.ph3_dev)) <= 1
+
+
+def test_too_few_known_items_in_the_head_domain_is_a_clear_error(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setattr(rp, "clean_outputs", lambda lm, exs, max_rows, on_progress=None: [" no idea"] * len(exs))
+    cfg = ReproduceConfig(out_dir=tmp_path, domains=("world_capital",), limit=2, validation_size=2)
+    with pytest.raises(ValueError, match="answered correctly on the clean prompt"):
+        rp.prepare_domains(tiny_llama, cfg, rp.StageFiles(tmp_path / "s"), {"seed": 0}, rp.no_progress)
+
+
+def test_without_the_filter_the_items_used_still_get_the_preferred_alias(tiny_llama, tmp_path, monkeypatch):
+    """--no-filter keeps every pool item, but D, validation and PH3-l (the first `need` items)
+    are decoded and get the model's preferred alias (PROTOCOL.md, "answer alias")."""
+    decoded = []
+
+    def fake_clean_outputs(lm, examples, max_rows, on_progress=None):
+        decoded.extend(examples)
+        return [" no idea"] * len(examples)
+
+    monkeypatch.setattr(rp, "clean_outputs", fake_clean_outputs)
+    marked = lambda lm, exs, outs, **kw: [rp.replace(ex, answers=(*ex.answers, "ALIAS")) for ex in exs]
+    monkeypatch.setattr(rp, "prefer_aliases", marked)
+    cfg = ReproduceConfig(out_dir=tmp_path, domains=("world_capital",), limit=2, validation_size=3, filter=False,
+                          baselines=False)
+    splits, _, _, counts = rp.prepare_domains(tiny_llama, cfg, rp.StageFiles(tmp_path / "s"), {"seed": 0},
+                                              rp.no_progress)
+    wc = splits["world_capital"]
+    assert counts["world_capital"]["decoded"] == 4 + 3 == len(decoded) - 2   # D + validation, and the 2 test items
+    assert all(ex.answers[-1] == "ALIAS" for ex in (*wc.head_set, *wc.validation, *wc.test))
+
+
+def test_the_filter_stage_is_keyed_on_the_items_content(tiny_llama, tmp_path, monkeypatch):
+    """An alias added to a data file changes the key: the saved answers are not reused."""
+    calls = []
+
+    def fake_clean_outputs(lm, examples, max_rows, on_progress=None):
+        calls.append(len(examples))
+        return [f" {ex.answers[0]}" for ex in examples]
+
+    monkeypatch.setattr(rp, "clean_outputs", fake_clean_outputs)
+    monkeypatch.setattr(rp, "prefer_aliases", lambda lm, exs, outs, **kw: list(exs))
+    cfg = ReproduceConfig(out_dir=tmp_path, domains=("world_capital",), limit=2, validation_size=1, baselines=False)
+    state = rp.StageFiles(tmp_path / "s")
+    sources, _ = rp.domain_sources(cfg)
+    rp.prepare_domains(tiny_llama, cfg, state, {"seed": 0}, rp.no_progress)
+    n = len(calls)
+    rp.prepare_domains(tiny_llama, cfg, state, {"seed": 0}, rp.no_progress)
+    assert len(calls) == n   # same items: read from the state
+    first = sources["world_capital"].test[0]
+    changed = {"world_capital": rp.replace(sources["world_capital"], test=(
+        rp.replace(first, answers=(*first.answers, "another alias")), *sources["world_capital"].test[1:]))}
+    monkeypatch.setattr(rp, "domain_sources", lambda cfg: (changed, {"world_capital": "World Capital"}))
+    splits, *_ = rp.prepare_domains(tiny_llama, cfg, state, {"seed": 0}, rp.no_progress)
+    assert len(calls) > n and "another alias" in splits["world_capital"].test[0].answers

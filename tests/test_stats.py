@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from juice.stats import Interval, bootstrap_interval, cell_intervals, paired_difference_interval
+from juice.stats import Interval, bootstrap_interval, paired_difference_interval, stratified_interval
 
 
 def test_bootstrap_intervals_cover_a_known_bernoulli_mean_at_about_the_stated_rate():
@@ -45,6 +45,33 @@ def test_paired_differences():
         paired_difference_interval(a, b[:5])
 
 
+def test_the_stratified_average_is_the_mean_of_the_strata_means():
+    """The paper's "Avg" is the mean of per-domain accuracies: a domain of 4 items all correct and
+    one of a single wrong item average to 0.5, not to the pooled 0.8; n counts every item."""
+    iv = stratified_interval([[1, 1, 1, 1], [0], []])
+    assert (iv.mean, iv.n) == (0.5, 5)
+    assert (iv.low, iv.high) == (0.5, 0.5)   # each stratum is constant: no resample moves the mean
+    rng = np.random.default_rng(4)
+    strata = [(rng.random(n) < p).tolist() for n, p in ((30, 0.2), (50, 0.7), (20, 0.5))]
+    iv = stratified_interval(strata, seed=3)
+    assert iv.mean == pytest.approx(np.mean([np.mean(s) for s in strata])) and iv.low < iv.mean < iv.high
+    assert iv == stratified_interval(strata, seed=3)
+    # one stratum: the plain bootstrap of that stratum, same seed, same draws
+    assert stratified_interval([strata[0]], seed=3) == bootstrap_interval(strata[0], seed=3)
+
+
+def test_stratified_intervals_cover_the_mean_of_the_strata_means():
+    """200 seeded draws of three strata (n = 20, 40, 60; p = 0.2, 0.5, 0.8): the interval covers
+    the true mean of means (0.5) at about 95%, as the plain bootstrap does."""
+    rng = np.random.default_rng(7)
+    covered = 0
+    for i in range(200):
+        strata = [rng.random(n) < p for n, p in ((20, 0.2), (40, 0.5), (60, 0.8))]
+        iv = stratified_interval(strata, resamples=1000, seed=i)
+        covered += iv.low <= 0.5 <= iv.high
+    assert 0.88 <= covered / 200 <= 0.99
+
+
 def test_errors_and_empty_cells():
     with pytest.raises(ValueError, match="1,000 resamples"):
         bootstrap_interval([1, 0], resamples=999)
@@ -58,8 +85,9 @@ def test_errors_and_empty_cells():
     assert empty.n == 0 and math.isnan(empty.mean) and empty.format() == "–"
     assert empty.to_json() == {"mean": None, "low": None, "high": None, "n": 0}
     assert paired_difference_interval([], []).n == 0
-    cells = cell_intervals({"a": [1, 0, 1], "b": []})
-    assert list(cells) == ["a", "b"] and cells["a"] == bootstrap_interval([1, 0, 1]) and cells["b"].n == 0
+    assert stratified_interval([[], []]).n == 0
+    with pytest.raises(ValueError, match="1,000 resamples"):
+        stratified_interval([[1, 0]], resamples=10)
 
 
 def test_format_prints_percent_and_the_larger_half_width():

@@ -13,7 +13,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from juice.models import DEFAULT_MODEL
 
-DEFAULT_LIMIT = {"parametric": 30, "contextual": 10}
 """Test items per domain (dataset) by default: as many as fit 20 minutes on 2 CPU cores (README)."""
 
 app = typer.Typer(add_completion=False, help="Steer a language model toward its parametric memory or its context (JuICE).")
@@ -36,9 +35,9 @@ def reproduce(
     direction: str = typer.Option("parametric", help="parametric (Table 1) | contextual (Table 2)"),
     model: str = typer.Option(DEFAULT_MODEL, help="embedded alias, .gguf file, model directory or hub id"),
     out: Path = typer.Option(Path("juice-output"), help="output directory (JSON, Markdown tables, PNG, heads file)"),
-    limit: Optional[int] = typer.Option(None, help="test items per domain (default 30) / dataset (default 10)"),
+    limit: Optional[int] = typer.Option(None, help="test items per domain (default 30) / dataset (default 20)"),
     validation_size: int = typer.Option(4, help="parametric: known validation items per domain"),
-    validation_per_dataset: int = typer.Option(3, help="contextual: validation items per dataset"),
+    validation_per_dataset: int = typer.Option(5, help="contextual: validation items per dataset"),
     k: int = typer.Option(5, help="heads per sign (K)"),
     scoring: str = typer.Option("exact", help="Stage 1 scoring: exact (the paper's Alg. 2, default) | hybrid "
                                               "(APPROXIMATION: attribution shortlist + exact re-score) | "
@@ -79,7 +78,7 @@ def reproduce(
         raise typer.BadParameter("scoring must be exact, hybrid or attribution")
     cfg = ReproduceConfig(
         model=model, out_dir=out, validation_size=None if full else validation_size,
-        limit=None if full else limit if limit is not None else DEFAULT_LIMIT[direction],
+        limit=None if full else limit if limit is not None else "default",
         k=k, scoring=scoring, shortlist=shortlist, seed=seed, data=data, filter=filter_items,
         max_rows=max_rows if max_rows == "auto" else int(max_rows), device=device,
         device_map=device_map, dtype=dtype, baselines=baselines, ph3_dev_size=200 if full else ph3_dev_size,

@@ -46,7 +46,7 @@ def separated_best(intervals: Sequence[Any]) -> int | None:
     if len(ranked) < 2:
         return None
     best, second = intervals[ranked[0]], intervals[ranked[1]]
-    return ranked[0] if best.low > second.high else None
+    return ranked[0] if best.low > second.high + 1e-9 else None   # beyond float rounding
 
 
 def _interval_rows(table: Any, methods: Sequence[str], columns: Sequence[tuple[str, str]]):
@@ -99,7 +99,9 @@ def difference_markdown(table: Any, columns: Sequence[tuple[str, str]], headers:
             if iv is None or not iv.n:
                 cells.append("-")
                 continue
-            mark = "*" if iv.low > 0 or iv.high < 0 else ""
-            cells.append(f"{100 * iv.mean:+.1f} [{100 * iv.low:+.1f}, {100 * iv.high:+.1f}]{mark}")
+            # a bound within float rounding of 0 (a mean of means) counts as 0
+            mark = "*" if iv.low > 1e-9 or iv.high < -1e-9 else ""
+            mean, low, high = (round(100 * v, 1) + 0.0 for v in (iv.mean, iv.low, iv.high))   # no "-0.0"
+            cells.append(f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]{mark}")
         lines.append("| " + " | ".join([name, *cells]) + " |")
     return "\n".join(lines) + "\n"

@@ -90,7 +90,13 @@ Progress = Callable[[str, int], Callable[[int], None]]
 
 
 def no_progress(description: str, total: int) -> Callable[[int], None]:
+    """The `progress` callback that shows nothing: given a task's description and its number of
+    steps, returns the function called with each step count done."""
     return lambda n: None
+
+
+DEFAULT_TEST_ITEMS = {"parametric": 30, "contextual": 20}
+"""Test items per domain / dataset by default: as many as fit 20 minutes on 2 CPU cores (README)."""
 
 
 @dataclass
@@ -101,7 +107,8 @@ class ReproduceConfig:
 
     model: str = DEFAULT_MODEL
     out_dir: Path = Path("juice-output")
-    limit: int | None = 30              # test items per domain (dataset); None = all
+    limit: int | None | str = "default"  # test items per domain (dataset); None = all; "default" =
+                                         # DEFAULT_TEST_ITEMS of the direction
     validation_size: int | None = 4     # known validation items per domain; None = all
     head_set_size: int = 4
     k: int = 5
@@ -124,9 +131,24 @@ class ReproduceConfig:
     validation_per_dataset: int | None = 5  # contextual: validation items per dataset
     bootstrap_resamples: int = 2000
 
+    def test_limit(self, direction: str) -> int | None:
+        """Test items per domain (parametric) or dataset (contextual); None = all.
+
+        Raises:
+            ValueError: `limit` is negative or a string other than "default".
+        """
+        if self.limit == "default":
+            return DEFAULT_TEST_ITEMS[direction]
+        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 0):
+            raise ValueError(f"limit must be a non-negative number of items, None or 'default', not {self.limit!r}")
+        return self.limit
+
 
 @dataclass
 class ReproduceResult:
+    """What :func:`reproduce` (and :func:`juice.reproduce_contextual.reproduce_contextual`)
+    return; `results.json` holds the same, plus every item's outputs."""
+
     config: ReproduceConfig
     model: dict[str, Any]
     selection: HeadSelection
@@ -141,6 +163,7 @@ class ReproduceResult:
     notes: list[str] = field(default_factory=list)
     methods: tuple[str, ...] = TABLE1_METHODS
     likelihood: IntervalTable | None = None     # contextual: MemoTrap by likelihood comparison
+    head_domain: str = "world_capital"          # whose D the heads come from
 
 
 class StageFiles:
@@ -164,6 +187,8 @@ class StageFiles:
 
 
 def settings_key(values: dict) -> str:
+    """A stage's key: the first 16 hex digits of the SHA-256 of `values` as sorted JSON (anything
+    not JSON-serializable by its `str`)."""
     return hashlib.sha256(json.dumps(values, default=str, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -171,7 +196,7 @@ def settings_key(values: dict) -> str:
 
 
 def domain_sources(cfg: ReproduceConfig) -> tuple[dict[str, DomainPool], dict[str, str]]:
-    """Every domain's development pool and test split (cut to `cfg.limit`), and its title.
+    """Every domain's development pool and test split (cut to `cfg.test_limit`), and its title.
 
     Built-in domains: half of the items (seeded) are the test split, the rest the pool in seeded
     order. With `cfg.data`: the paper's layout (:func:`juice.data.splits.load_paper_domains`).
@@ -185,7 +210,8 @@ def domain_sources(cfg: ReproduceConfig) -> tuple[dict[str, DomainPool], dict[st
             pool, test = split_test(build_domain(domain, cfg.seed), cfg.seed)
             sources[domain] = DomainPool(tuple(pool), tuple(test))
         titles = {d: DOMAINS[d].title for d in sources}
-    return {d: replace(s, test=s.test if cfg.limit is None else s.test[: cfg.limit]) for d, s in sources.items()}, titles
+    limit = cfg.test_limit("parametric")
+    return {d: replace(s, test=s.test if limit is None else s.test[:limit]) for d, s in sources.items()}, titles
 
 
 def clean_outputs(lm: LoadedModel, examples: Sequence[ConflictExample], max_rows: int | str,
@@ -204,7 +230,9 @@ def filter_domain(
 
     Known = the greedy clean-prompt output contains an accepted answer (exact match). Pool
     items are decoded in chunks of `FILTER_CHUNK` only until `need` are known. Without
-    `cfg.filter`, every pool item counts as known.
+    `cfg.filter`, every pool item counts as known, and the first `need` (the items D, validation
+    and PH3-l are drawn from) are decoded for their preferred alias, which for an item the model
+    does not know is the alias whose first token is most probable.
 
     Returns:
         (known pool items, test items, counts: pool, decoded, known).
@@ -225,12 +253,20 @@ def filter_domain(
                 known += sum(is_correct(o, ex.answers) for o, ex in zip(new, chunk))
                 outputs += new
             saved["pool_outputs"] = outputs
+        else:   # no filter: the items used (the first `need`) still get the preferred alias
+            used = list(source.pool if need is None else source.pool[:need])
+            advance = progress(f"{domain}: clean prompts of the development items (answer aliases)", len(used))
+            outputs = clean_outputs(lm, used, cfg.max_rows, advance) if used else []
+            used = prefer_aliases(lm, used, outputs, max_rows=cfg.max_rows) if used else []
+            saved["pool_outputs"], saved["pool_answers"] = outputs, [list(ex.answers) for ex in used]
         test_items = prefer_aliases(lm, test, saved["test_outputs"], max_rows=cfg.max_rows) if test else []
         saved["test_answers"] = [list(ex.answers) for ex in test_items]
         state.save(stage, key, saved)
     test_items = [replace(ex, answers=tuple(a)) for ex, a in zip(source.test, saved["test_answers"])]
     if not cfg.filter:
-        return list(source.pool), test_items, {"pool": len(source.pool), "decoded": 0, "known": len(source.pool)}
+        used = [replace(ex, answers=tuple(a)) for ex, a in zip(source.pool, saved["pool_answers"])]
+        items = used + list(source.pool[len(used):])
+        return items, test_items, {"pool": len(source.pool), "decoded": len(used), "known": len(items)}
     outputs = saved["pool_outputs"]
     decoded = list(source.pool[: len(outputs)])
     known = [(ex, o) for ex, o in zip(decoded, outputs) if is_correct(o, ex.answers)]
@@ -261,7 +297,7 @@ def prepare_domains(
             parts += [cfg.head_set_size, cfg.ph3_dev_size if cfg.baselines else 0]
         need = None if any(p is None for p in parts) else sum(parts)
         key = settings_key({**base, "stage": "filter", "domain": domain, "filter": cfg.filter, "need": need,
-                            "pool": [ex.subject for ex in source.pool], "test": [ex.subject for ex in source.test]})
+                            "pool": [ex.to_json() for ex in source.pool], "test": [ex.to_json() for ex in source.test]})
         known, test, counts[domain] = filter_domain(lm, cfg, state, key, domain, source, need, progress)
         head_set: list[ConflictExample] = []
         if is_head:
@@ -319,6 +355,7 @@ def _scoring_rows(cfg: ReproduceConfig) -> int | str:
 
 
 def selection_to_json(sel: HeadSelection) -> dict:
+    """{"positive": ["L6H3", ...], "negative": [...]}: the heads, named from 0."""
     return {"positive": [str(h) for h in sel.positive], "negative": [str(h) for h in sel.negative]}
 
 
@@ -503,7 +540,7 @@ def run_key_base(lm: LoadedModel, cfg: ReproduceConfig, **extra: Any) -> dict[st
 
 def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: LoadedModel | None = None) -> ReproduceResult:
     """Run the whole pipeline (module docstring) and write `results.json`, `table.md`,
-    `table_known.md`, `table.png` and `heads.json` to `cfg.out_dir`.
+    `table.png`, `table_known.png` and `heads.json` to `cfg.out_dir`.
 
     Raises:
         ValueError: too few known items for D and validation in the head domain; bad settings.
@@ -514,13 +551,16 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
     notes: list[str] = []
     out = Path(cfg.out_dir)
     lm, state, timings = start_run(cfg, lm)
-    base = run_key_base(lm, cfg, data=str(cfg.data), domains=cfg.domains, limit=cfg.limit,
-                        validation_size=cfg.validation_size, head_set_size=cfg.head_set_size,
-                        ph3_dev_size=cfg.ph3_dev_size if cfg.baselines else 0)
+    # each stage's key adds the content of the items it reads, so sizes and folders need not be in it:
+    # a larger --limit re-runs only the filter and the evaluation, not Stage 1, PH3 or the tuning
+    base = run_key_base(lm, cfg)
 
     t = time.perf_counter()
     splits, titles, head_domain, counts = prepare_domains(lm, cfg, state, base, progress)
     dev = splits[head_domain]
+    if head_domain != HEAD_DOMAIN:
+        notes.append(f"no {titles.get(HEAD_DOMAIN, HEAD_DOMAIN)} domain: D and PH3-l's items come from "
+                     f"{titles.get(head_domain, head_domain)}")
     timings["data_and_filter"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -573,7 +613,7 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
         splits={d: {"head_set": len(s.head_set), "validation": len(s.validation), "ph3_dev": len(s.ph3_dev),
                     "test": len(s.test), "test_known": sum((d, ex.subject) in known for ex in s.test),
                     **{f"pool_{k}": v for k, v in counts[d].items()}} for d, s in splits.items()},
-        domains=list(splits), titles=titles, notes=notes, methods=tuple(methods_order),
+        domains=list(splits), titles=titles, notes=notes, methods=tuple(methods_order), head_domain=head_domain,
     )
     write_outputs(result, all_results, out)
     return result
@@ -593,7 +633,7 @@ def write_outputs(result: ReproduceResult, results, out: Path) -> None:
     write_json_atomic(out / "results.json", {
         "config": cfg,
         "protocol": {"scoring": result.config.scoring, "scoring_label": scoring_title(result.config),
-                     "tuning": "per domain, on its own validation split", "heads_from": "world_capital D"},
+                     "tuning": "per domain, on its own validation split", "heads_from": f"{result.head_domain} D"},
         "model": result.model,
         "heads": selection_to_json(result.selection),
         "choices": result.choices,
@@ -614,7 +654,7 @@ def write_outputs(result: ReproduceResult, results, out: Path) -> None:
         f"{METHOD_NAMES[m]} ({b['beta_plus']:g}, {b['beta_minus']:g})" for m, b in c["betas"].items())
         + "".join(f", {n} k={p['k']}" for n, p in c["prune"].items()) for d, c in result.choices.items())
     text = [f"# Table 1 layout: {result.model['name']}\n",
-            f"Heads: {scoring_title(result.config)} on World Capital's D; + {', '.join(map(str, result.selection.positive))}; "
+            f"Heads: {scoring_title(result.config)} on {result.titles.get(result.head_domain, result.head_domain)}'s D; + {', '.join(map(str, result.selection.positive))}; "
             f"- {', '.join(map(str, result.selection.negative))}. Per-domain (beta+, beta-) and PH3 k: {betas}.\n",
             "## Unfiltered test split (the paper's Table 1)\n", interval_markdown(result.table, methods, cols, headers),
             "\nAccuracy (%), exact match, ± the half-width of the 95% bootstrap interval "

@@ -89,7 +89,7 @@ def prepare_contextual(lm: LoadedModel, cfg: ReproduceConfig, max_prompt_tokens:
             examples = kept
         out[name] = contextual_splits(
             examples, head_set_size=cfg.head_set_size, validation_size=cfg.validation_per_dataset,
-            ph3_dev_size=cfg.ph3_dev_size if name == HEAD_DATASET else 0, limit=cfg.limit, seed=cfg.seed)
+            ph3_dev_size=cfg.ph3_dev_size if name == HEAD_DATASET else 0, limit=cfg.test_limit("contextual"), seed=cfg.seed)
     return out, dropped
 
 
@@ -111,7 +111,7 @@ def reproduce_contextual(
     splits, dropped = prepare_contextual(lm, cfg, max_prompt_tokens)
     head = splits[HEAD_DATASET]
     base = run_key_base(lm, cfg, direction="contextual", max_prompt_tokens=max_prompt_tokens,
-                        head=[ex.uid for ex in head.head_set])
+                        head=[ex.to_json() for ex in head.head_set])
     if any(dropped.values()):
         notes.append("prompts longer than %d tokens dropped before splitting: %s" % (
             max_prompt_tokens, ", ".join(f"{CONTEXTUAL_TITLES[d]} {n}" for d, n in dropped.items() if n)))
@@ -129,14 +129,14 @@ def reproduce_contextual(
     ph3 = {}
     if cfg.baselines:
         ph3 = ph3_stage(lm, cfg, state, head.ph3_dev, head.head_set,
-                        lambda d: settings_key({**base, "dev": [ex.uid for ex in d]}), progress, notes,
+                        lambda d: settings_key({**base, "dev": [ex.to_json() for ex in d]}), progress, notes,
                         direction="contextual")
     timings["ph3_heads"] = time.perf_counter() - t
 
     t = time.perf_counter()
     validation = {d: list(s.validation) for d, s in splits.items()}
     key_tuning = settings_key({"heads": key_heads, "ph3": {n: s.effects.tolist() for n, s in ph3.items()},
-                               "validation": {d: [ex.uid for ex in v] for d, v in validation.items()}})
+                               "validation": {d: [ex.to_json() for ex in v] for d, v in validation.items()}})
     choices = tuning_stage(lm, cfg, state, key_tuning, validation, selection, ph3, "contextual", HEAD_DATASET,
                            progress, notes)
     timings["tuning"] = time.perf_counter() - t
@@ -152,7 +152,7 @@ def reproduce_contextual(
                        **{k: v for k, v in methods.items() if k not in ("Original", "Prompt")}}
         order += [m for m in methods if m not in order]
         key_eval = settings_key({"tuning": key_tuning, "choice": choices[name], "methods": list(methods),
-                                 "test": [ex.uid for ex in sp.test]})
+                                 "test": [ex.to_json() for ex in sp.test]})
         rows = state.load(f"eval_contextual_{name}", key_eval)
         if rows is None:
             advance = progress(f"evaluate {CONTEXTUAL_TITLES[name]}", len(sp.test) * len(methods))

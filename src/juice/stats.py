@@ -5,13 +5,14 @@ percentile bootstrap over items (Efron and Tibshirani 1993, ch. 13): draw n item
 replacement `resamples` times, take the 2.5th and 97.5th percentiles of the resampled means.
 Comparing two methods on the same items, the paired bootstrap resamples items and takes the
 mean of the per-item differences, so item difficulty cancels. Seeded: the same seed gives the
-same interval.
+same interval. An average over strata (domains) resamples within each stratum
+(:func:`stratified_interval`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,10 +116,28 @@ def paired_difference_interval(
     return _percentile_interval(x - y, resamples, confidence, seed)
 
 
-def cell_intervals(
-    groups: Mapping[Hashable, Sequence[bool] | Sequence[float]], *, resamples: int = 2000,
-    confidence: float = 0.95, seed: int = 0,
-) -> dict[Hashable, Interval]:
-    """:func:`bootstrap_interval` of every group (e.g. a table's cells), each with the same seed;
-    keys are kept, in order."""
-    return {k: bootstrap_interval(v, resamples=resamples, confidence=confidence, seed=seed) for k, v in groups.items()}
+def stratified_interval(
+    strata: Sequence[Sequence[bool] | Sequence[float]], *, resamples: int = 2000, confidence: float = 0.95,
+    seed: int = 0,
+) -> Interval:
+    """Percentile bootstrap interval of the mean of the strata's means (e.g. a table's "Average"
+    over domains: the paper averages per-domain accuracies). Each stratum (`[n_s]`) is resampled
+    within itself, with its own size; empty strata are left out. For a paired difference, pass
+    each stratum's per-item differences `a - b`.
+
+    Returns:
+        The mean of the non-empty strata's means, its interval, and n = the items over all strata;
+        all NaN when every stratum is empty.
+
+    Raises:
+        ValueError: bad resamples or confidence; a stratum that is not 1-D.
+    """
+    _check(resamples, confidence)
+    parts = [x for x in (_vector(v, "stratum") for v in strata) if len(x)]
+    if not parts:
+        return Interval(math.nan, math.nan, math.nan, 0)
+    rng = np.random.default_rng(seed)
+    means = np.mean([x[rng.integers(0, len(x), size=(resamples, len(x)))].mean(axis=1) for x in parts], axis=0)
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(means, [tail, 1 - tail])
+    return Interval(float(np.mean([x.mean() for x in parts])), float(low), float(high), sum(len(x) for x in parts))

@@ -3,9 +3,10 @@ bootstrap intervals of accuracy differences over the same items.
 
 A table maps method -> column -> row group -> :class:`juice.stats.Interval` of the accuracy
 (a fraction; reports print percent). Columns are domains (datasets in the contextual
-direction) plus "Average"; row groups are conflict types (or "context"). The "Average" cell
-pools every item of that group over the columns: with the same n per column this is the mean
-over columns (the paper's average), otherwise each item weighs the same.
+direction) plus "Average"; row groups are conflict types (or "context"). The "Average" cell is
+the mean of that group's column accuracies (the paper's average over domains; columns with no
+item are left out), its interval a bootstrap that resamples within each column
+(:func:`juice.stats.stratified_interval`); its n counts every item.
 
 Differences compare methods item by item (same domain, subject and conflict type): the focus
 method (JuICE) against every other method, and every method against the baseline (Original).
@@ -18,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from juice.evaluation import ItemResult
-from juice.stats import Interval, bootstrap_interval, paired_difference_interval
+from juice.stats import Interval, bootstrap_interval, paired_difference_interval, stratified_interval
 
 AVERAGE = "Average"
 Cells = dict[str, dict[str, dict[str, Interval]]]
@@ -86,26 +87,35 @@ def interval_table(
     outcome: dict[str, dict[tuple[str, str, str], bool]] = defaultdict(dict)
     for r in results:
         if r.method in methods and (keep is None or keep(r)):
-            outcome[r.method][(r.domain, r.subject, r.conflict_type)] = r.correct
+            key = (r.domain, r.subject, r.conflict_type)
+            if key in outcome[r.method]:
+                raise ValueError(f"{r.method}: two results for {key} (duplicate subjects in a domain?)")
+            outcome[r.method][key] = r.correct
     columns = list(dict.fromkeys(key[0] for o in outcome.values() for key in o))
     groups = list(dict.fromkeys(key[2] for o in outcome.values() for key in o))
 
     def keys_of(method: str, column: str, group: str) -> list[tuple[str, str, str]]:
-        return [k for k in outcome[method] if k[2] == group and (column == AVERAGE or k[0] == column)]
+        return [k for k in outcome[method] if k[2] == group and k[0] == column]
 
     boot = dict(resamples=resamples, confidence=confidence, seed=seed)
     cells: Cells = {}
     for m in methods:
         cells[m] = {c: {g: bootstrap_interval([outcome[m][k] for k in keys_of(m, c, g)], **boot) for g in groups}
-                    for c in [*columns, AVERAGE]}
+                    for c in columns}
+        cells[m][AVERAGE] = {g: stratified_interval(
+            [[outcome[m][k] for k in keys_of(m, c, g)] for c in columns], **boot) for g in groups}
     differences: Cells = {}
     for a, b in comparisons(methods, focus, baseline):
         name = f"{a} - {b}"
         differences[name] = {}
-        for c in [*columns, AVERAGE]:
-            differences[name][c] = {}
+        per_column: dict[str, dict[str, list[float]]] = {}
+        for c in columns:
+            differences[name][c], per_column[c] = {}, {}
             for g in groups:
                 shared = [k for k in keys_of(a, c, g) if k in outcome[b]]
-                differences[name][c][g] = paired_difference_interval(
-                    [outcome[a][k] for k in shared], [outcome[b][k] for k in shared], **boot)
+                diff = [float(outcome[a][k]) - float(outcome[b][k]) for k in shared]
+                per_column[c][g] = diff
+                differences[name][c][g] = bootstrap_interval(diff, **boot)
+        differences[name][AVERAGE] = {g: stratified_interval([per_column[c][g] for c in columns], **boot)
+                                      for g in groups}
     return IntervalTable(cells, differences, resamples, confidence, seed)

@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import re
-import string
 import unicodedata
 from collections.abc import Iterable
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = str.maketrans({c: " " for c in string.punctuation + "‘’“”–—"})
+_NON_WORD = re.compile(r"[^\w\s]|_")
 
 
 def normalize_answer(text: str) -> str:
     """Lower case, accents folded, punctuation and articles removed, white space collapsed.
+
+    PROTOCOL.md ("Exact match") deletes every non-word, non-space character after NFD and keeps
+    articles. Ours, by choice: NFKD (also folds compatibility forms such as full-width letters);
+    such characters become a space, so "Hague's" keeps the word "hague" for the word-boundary
+    match of :func:`contains_answer`; "a", "an", "the" are removed, so "The Hague" matches
+    "Hague".
 
     >>> normalize_answer("  The Hague's Palace, São Tomé! ")
     'hague s palace sao tome'
     """
     text = unicodedata.normalize("NFKD", text)
     text = "".join(c for c in text if not unicodedata.combining(c)).lower()
-    text = text.translate(_PUNCT)
+    text = _NON_WORD.sub(" ", text)
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
 

@@ -41,6 +41,7 @@ class GridPoint:
 
 
 def grid_name(method: str, beta_plus: float, beta_minus: float) -> str:
+    """The name of one grid point's steering in a batched run, e.g. "juice:2:-1"."""
     return f"{method}:{beta_plus:g}:{beta_minus:g}"
 
 
@@ -75,6 +76,9 @@ def grid_points(
 
 @dataclass(frozen=True)
 class PruneChoice:
+    """PH3's chosen number of pruned heads on one domain's validation split, with the accuracy
+    of every k tried (ties: the smaller k)."""
+
     k: int
     accuracy: float                  # mean over groups, percent
     per_k: dict[int, float]          # k -> mean accuracy, percent

@@ -76,4 +76,4 @@ def contextual_splits(
     n_val = len(rest) if validation_size is None else min(validation_size, len(rest))
     validation, rest = rest[:n_val], rest[n_val:]
     ph3 = rest if ph3_dev_size is None else rest[:ph3_dev_size]
-    return ContextualSplits(tuple(head), tuple(validation), tuple(ph3), tuple(test[:limit] if limit else test))
+    return ContextualSplits(tuple(head), tuple(validation), tuple(ph3), tuple(test if limit is None else test[:limit]))

@@ -39,33 +39,6 @@ def split_test(examples: Sequence[ConflictExample], seed: int = 0, test_fraction
     return order[n_test:], order[:n_test]
 
 
-def filtered_splits(
-    pool: Sequence[ConflictExample],
-    known: Sequence[bool],
-    test: Sequence[ConflictExample],
-    *,
-    head_set_size: int = 4,
-    validation_size: int | None = None,
-    seed: int = 0,
-) -> Splits:
-    """D and validation from the items of `pool` the model knows (`known[i]`), seeded.
-
-    Raises:
-        ValueError: fewer known items than `head_set_size` + 1.
-    """
-    kept = [ex for ex, ok in zip(pool, known, strict=True) if ok]
-    if len(kept) < head_set_size + 1:
-        raise ValueError(
-            f"only {len(kept)} development items are answered correctly on the clean prompt; need at "
-            f"least {head_set_size + 1} for a head identification set of {head_set_size} and validation"
-        )
-    random.Random(f"dev/{seed}").shuffle(kept)
-    head_set, validation = kept[:head_set_size], kept[head_set_size:]
-    if validation_size is not None:
-        validation = validation[:validation_size]
-    return Splits(tuple(head_set), tuple(validation), tuple(test))
-
-
 PAPER_SPLIT_FILES = {
     "head_set": "head_finding_set_size_4.json",
     "validation": "filtered_validation.json",
@@ -115,6 +88,7 @@ def load_paper_domains(folder: str | Path) -> dict[str, DomainPool]:
     Raises:
         FileNotFoundError: no domain folder, or a domain folder lacks a split file (the message
             lists the expected names).
+        ValueError: a subject is in the test file and in the head-finding or validation file.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -130,5 +104,9 @@ def load_paper_domains(folder: str | Path) -> dict[str, DomainPool]:
         pool: dict[str, ConflictExample] = {}
         for ex in (*splits.head_set, *splits.validation):
             pool.setdefault(ex.subject, ex)  # first occurrence of each subject, in file order
+        shared = sorted(set(pool) & {ex.subject for ex in splits.test})
+        if shared:
+            raise ValueError(f"{f}: {len(shared)} subjects are both in the test file and in the head-finding or "
+                             f"validation file (e.g. {shared[0]!r}); the splits must be disjoint")
         out[f.name] = DomainPool(tuple(pool.values()), splits.test)
     return out
