@@ -23,8 +23,9 @@ WORDS = (
     "the of is a capital city name france paris germany berlin japan tokyo spain madrid italy rome "
     "plays sport tennis golf basketball author book was written by official language french german "
     "question answer what who where . , ? : ! known for its vibrant culture heart country visitors "
-    "and in on to as it are located headquarters company founded"
+    "and in on to as it are located headquarters company founded The France Paris"
 ).split()
+"""The last three make the load-time self-check's sentence tokenize without unknown words."""
 
 
 def make_tokenizer() -> PreTrainedTokenizerFast:

@@ -13,7 +13,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from juice.models import DEFAULT_MODEL
 
-"""Test items per domain (dataset) by default: as many as fit 20 minutes on 2 CPU cores (README)."""
 
 app = typer.Typer(add_completion=False, help="Steer a language model toward its parametric memory or its context (JuICE).")
 console = Console(width=200)
@@ -53,9 +52,9 @@ def reproduce(
     full: bool = typer.Option(False, "--full", help="everything: all test items; every known item for validation "
                                                    "(World Capital: half of them, the other half, up to 200, PH3-l's) "
                                                    "or 50 per dataset (contextual); no prompt-length cap"),
-    data: Optional[Path] = typer.Option(None, help="parametric: the paper's ParaConflict layout (a folder with one "
+    data: Optional[Path] = typer.Option(None, exists=True, help="parametric: the paper's ParaConflict layout (a folder with one "
                                                    "sub-folder of split files per domain, or one domain folder)"),
-    data_root: Optional[Path] = typer.Option(None, help="contextual: folder with memotrap/ and nqswap/ "
+    data_root: Optional[Path] = typer.Option(None, exists=True, file_okay=False, help="contextual: folder with memotrap/ and nqswap/ "
                                                         "(default $JUICE_DATA or ../shared/data)"),
     seed: int = typer.Option(0),
     max_rows: str = typer.Option("128", help='most rows per batched forward, or "auto" (a quarter of free memory)'),
@@ -135,18 +134,26 @@ def identify(
     shortlist: int = typer.Option(12),
     head_set_size: int = typer.Option(4),
     seed: int = typer.Option(0),
-    data: Optional[Path] = typer.Option(None, help="the paper's ParaConflict layout; World Capital's pool gives D"),
+    data: Optional[Path] = typer.Option(None, exists=True, help="the paper's ParaConflict layout; World Capital's pool gives D"),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
 ):
     """Stage 1 only: identify the heads on World Capital's D (filtered for the model) and write a
     heads JSON file."""
     from juice.models import load_model
-    from juice.reproduce import ReproduceConfig, StageFiles, identify_heads, prepare_domains, run_key_base
+    from juice.reproduce import (
+        ReproduceConfig,
+        StageFiles,
+        domain_sources,
+        identify_heads,
+        prepare_domains,
+        run_key_base,
+    )
     from juice.scoring import make_artifact, save_heads
 
     cfg = ReproduceConfig(model=model, k=k, scoring=scoring, shortlist=shortlist, head_set_size=head_set_size,
                           seed=seed, data=data, domains=("world_capital",), validation_size=0, baselines=False,
                           limit=0, device=device)
+    domain_sources(cfg)   # bad data fails before the model loads
     lm = load_model(model, device=device)
     with _progress() as task:
         # the filter's stage files are keyed on the model, the data and the seed (run_key_base)
@@ -163,7 +170,8 @@ def identify(
 @app.command()
 def generate(
     prompt: str = typer.Argument(..., help="the prompt to continue"),
-    heads: Path = typer.Option(..., help="a heads file from `juice identify` or `juice reproduce`"),
+    heads: Path = typer.Option(..., exists=True, dir_okay=False,
+                               help="a heads file from `juice identify` or `juice reproduce`"),
     beta_plus: float = typer.Option(2.0),
     beta_minus: float = typer.Option(-1.0),
     model: str = typer.Option(DEFAULT_MODEL),
@@ -174,6 +182,7 @@ def generate(
     from juice.scoring import load_heads
     from juice.steering import Steering, Stream, generate as run, steering_coefficients
 
+    load_heads(heads)   # a malformed file fails before the model loads
     lm = load_model(model)
     artifact = load_heads(heads, lm)
     coeff = steering_coefficients(lm.heads.geometry, artifact.selection, beta_plus, beta_minus)
@@ -234,5 +243,63 @@ def models():
         console.print(f"  {t:<12} {a.layers}[i].{a.output_projection} ({a.weight_layout})")
 
 
+RESUME = "interrupted: finished stages are saved; run the same command again to resume"
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    if isinstance(err, KeyError) and len(err.args) == 1:
+        text = f"missing key {err.args[0]!r}"
+    first = text.splitlines()[0]
+    return first + (" (...)" if len(text.splitlines()) > 1 else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `juice` entry point: bad input (a missing or malformed file, an unknown model, a heads
+    file for another model, a prompt too long, a model that loaded wrong, ...) ends with one line
+    on stderr and exit status 2, never a traceback; Ctrl-C ends with status 130 and a reminder
+    that re-running the same command resumes. `JUICE_DEBUG=1` shows the traceback instead.
+
+    Returns:
+        The exit status.
+    """
+    import os
+    import sys
+
+    from juice.guard import BatchingMismatchError
+    from juice.selfcheck import ModelLoadError
+
+    user_errors = (OSError, ValueError, KeyError, ModelLoadError, BatchingMismatchError)
+    try:
+        command = typer.main.get_command(app)   # click's own call: no rich traceback for bad input
+        result = command.main(args=argv, prog_name="juice", standalone_mode=False)
+        if result == 130:   # click returns 130 for Ctrl-C
+            print(RESUME, file=sys.stderr)
+        return result if isinstance(result, int) else 0
+    except typer.Exit as done:
+        if done.exit_code == 130:   # click turned Ctrl-C into an exit
+            print(RESUME, file=sys.stderr)
+        return done.exit_code
+    except typer.TyperException as usage:   # usage errors: a bad option, a missing file argument
+        if hasattr(usage, "show"):
+            usage.show()
+        else:
+            print(f"error: {_one_line(usage)}", file=sys.stderr)
+        return getattr(usage, "exit_code", 2)
+    except (KeyboardInterrupt, typer.Abort):
+        print(RESUME, file=sys.stderr)
+        return 130
+    except user_errors as err:
+        if os.environ.get("JUICE_DEBUG"):
+            raise
+        print(f"error: {_one_line(err)}", file=sys.stderr)
+        return 2
+
+
+def run() -> None:
+    """Console-script target: :func:`main` with the process's arguments and exit status."""
+    raise SystemExit(main())
+
+
 if __name__ == "__main__":
-    app()
+    run()

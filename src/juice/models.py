@@ -22,6 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from juice.architectures import ModelHeads, adapter_for
+from juice.selfcheck import check_loaded_model
 
 DEFAULT_MODEL = "gemma-3-270m"
 
@@ -155,6 +156,7 @@ def load_model(
     use_cache_dir: bool = True,
     offload_folder: str | Path | None = None,
     device: str | torch.device | None = "auto",
+    self_check: bool = True,
 ) -> LoadedModel:
     """Load a causal LM for head interventions.
 
@@ -170,6 +172,9 @@ def load_model(
         device: where to put the model when no `device_map` is given: "auto" (a CUDA GPU if one
             is visible, else Apple's MPS, else the CPU; see :func:`resolve_device`), "cpu",
             "cuda", "cuda:1", "mps", or None to leave it where `from_pretrained` put it.
+        self_check: refuse a model whose tokenizer or weights loaded wrong
+            (:func:`juice.selfcheck.check_loaded_model`: round trip, BOS, vocabulary; for the
+            embedded aliases, known ids and a canary prompt).
 
     Returns:
         LoadedModel in eval mode, with a left-padding tokenizer that adds BOS.
@@ -177,7 +182,10 @@ def load_model(
     Raises:
         UnsupportedArchitectureError: the model type has no adapter.
         FileNotFoundError: a local path that does not exist.
+        OSError: `spec` is none of the above and cannot be fetched from the hub (one line).
         ValueError: an unknown or unavailable device.
+        juice.selfcheck.ModelLoadError: the self-check failed (the message names the check and the
+            package versions).
     """
     target = None if device_map is not None or device is None else resolve_device(device)
     gguf: Path | None = None
@@ -209,14 +217,22 @@ def load_model(
         path = Path(spec).expanduser()
         if spec.startswith((".", "/", "~")) and not path.exists():  # a path, not a hub id
             raise FileNotFoundError(f"no model directory at {path}")
-        attn = attn_implementation or _attention_for(spec, {})
-        tokenizer = AutoTokenizer.from_pretrained(spec)
-        model = AutoModelForCausalLM.from_pretrained(spec, attn_implementation=attn, **kwargs)
+        try:
+            attn = attn_implementation or _attention_for(spec, {})
+            tokenizer = AutoTokenizer.from_pretrained(spec)
+            model = AutoModelForCausalLM.from_pretrained(spec, attn_implementation=attn, **kwargs)
+        except OSError as err:   # not on disk and not reachable on the hub: say what was tried, in one line
+            said = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise OSError(f"could not load {spec!r}: not an embedded alias ({', '.join(EMBEDDED_MODELS)}), "
+                          f"a model directory or a .gguf file, and the hub gave: {said}") from err
     if target is not None and target.type != "cpu":
         model.to(target)
     model.eval()
     model.requires_grad_(False)
-    return LoadedModel(model, _prepare_tokenizer(tokenizer), ModelHeads(model), spec)
+    lm = LoadedModel(model, _prepare_tokenizer(tokenizer), ModelHeads(model), spec)
+    if self_check:
+        check_loaded_model(lm, spec if spec in EMBEDDED_MODELS else None)
+    return lm
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:

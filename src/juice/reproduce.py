@@ -544,12 +544,14 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
 
     Raises:
         ValueError: too few known items for D and validation in the head domain; bad settings.
-        FileNotFoundError: `cfg.data` is not a ParaConflict folder.
+        FileNotFoundError: `cfg.data` is not a ParaConflict folder (raised before the model loads,
+            as is a ValueError for a malformed data file).
     """
     if cfg.scoring not in SCORING_LABELS:
         raise ValueError(f"scoring must be exact, attribution or hybrid, not {cfg.scoring!r}")
     notes: list[str] = []
     out = Path(cfg.out_dir)
+    domain_sources(cfg)   # bad data fails here, in one line, before the model loads
     lm, state, timings = start_run(cfg, lm)
     # each stage's key adds the content of the items it reads, so sizes and folders need not be in it:
     # a larger --limit re-runs only the filter and the evaluation, not Stage 1, PH3 or the tuning

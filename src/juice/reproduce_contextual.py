@@ -102,9 +102,14 @@ def reproduce_contextual(
 
     Raises:
         FileNotFoundError: the contextual data are not found (see :func:`resolve_data_root`).
+        ValueError: a data file does not parse (MemoTrapFormatError, or a malformed NQ-Swap row);
+            raised before the model loads.
     """
     notes: list[str] = []
     out = Path(cfg.out_dir)
+    root = resolve_data_root(cfg)
+    for name in CONTEXTUAL_DATASETS:   # bad data fails here, in one line, before the model loads
+        load_contextual(name, root)
     lm, state, timings = start_run(cfg, lm)
 
     t = time.perf_counter()

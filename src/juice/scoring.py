@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from juice.architectures import ModelHeads
 from juice.budget import resolve_max_rows
 from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample
-from juice.interventions import Head, head_coefficients, projection_input_hooks, scaled_heads
+from juice.interventions import Head, check_heads, head_coefficients, projection_input_hooks, scaled_heads
 from juice.models import LoadedModel
 from juice.steering import HeadSelection
 from juice.tokens import answer_first_token, encode
@@ -422,10 +422,16 @@ def load_heads(path: str | Path, lm: LoadedModel | None = None) -> HeadsArtifact
 
     Raises:
         HeadsFileMismatchError: the file's model fingerprint differs from `lm`'s.
-        ValueError: not a juice heads file.
+        ValueError: not a juice heads file (not JSON, another format, a missing field, a head
+            name that does not parse); with `lm`, a head outside the model.
     """
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    if data.get("format") != "juice-heads/1":
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not a juice heads file: not JSON ({err})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a juice heads file: not UTF-8 text") from None
+    if not isinstance(data, dict) or data.get("format") != "juice-heads/1":
         raise ValueError(f"{path} is not a juice heads file (no 'format': 'juice-heads/1')")
     if lm is not None:
         mine = lm.fingerprint()
@@ -436,13 +442,24 @@ def load_heads(path: str | Path, lm: LoadedModel | None = None) -> HeadsArtifact
                 f"{path} was made for model {theirs.get('name')!r} ({', '.join(f'{k}={theirs.get(k)}' for k in diff)}); "
                 f"this model is {mine['name']!r} ({', '.join(f'{k}={mine.get(k)}' for k in diff)})"
             )
-    selection = HeadSelection(
-        tuple(Head.parse(h) for h in data["positive_heads"]), tuple(Head.parse(h) for h in data["negative_heads"])
-    )
-    return HeadsArtifact(
-        data["model"], data["direction"], data["k"], data["alphas_positive"], data["alphas_negative"],
-        selection, data.get("head_set", []), data.get("scores", {}),
-    )
+    try:
+        selection = HeadSelection(
+            tuple(Head.parse(h) for h in data["positive_heads"]), tuple(Head.parse(h) for h in data["negative_heads"])
+        )
+        artifact = HeadsArtifact(
+            data["model"], data["direction"], data["k"], data["alphas_positive"], data["alphas_negative"],
+            selection, data.get("head_set", []), data.get("scores", {}),
+        )
+    except KeyError as missing:
+        raise ValueError(f"{path}: a juice heads file without the field {missing}") from None
+    except (TypeError, AttributeError):
+        raise ValueError(f"{path}: heads must be lists of names like 'L6H3'") from None
+    if lm is not None:
+        try:
+            check_heads(list(selection.positive) + list(selection.negative), lm.heads.geometry)
+        except IndexError as err:
+            raise ValueError(f"{path}: {err}") from None
+    return artifact
 
 
 # ---------------------------------------------------------------- attribution prefilter

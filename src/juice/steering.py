@@ -29,6 +29,7 @@ from torch import Tensor
 
 from juice.architectures import HeadGeometry
 from juice.budget import resolve_max_rows
+from juice.guard import check_batch, needs_check
 from juice.interventions import (
     Head,
     RowPlan,
@@ -207,9 +208,14 @@ def generate(
     Returns:
         Generation with one entry per stream, in the order of `streams`.
 
+    The first padded chunk on a device / attention backend not yet verified in this process is
+    checked against one-at-a-time decoding of its most padded rows (:mod:`juice.guard`).
+
     Raises:
         PromptTooLongError: a prompt does not fit the context window with the new tokens.
         ValueError: max_new_tokens < 1.
+        juice.guard.BatchingMismatchError: batched decoding is not exact here, even with eager
+            attention.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -222,16 +228,27 @@ def generate(
         raise ValueError(f"forced_tokens must be [n_streams, max_new_tokens] = {(n, max_new_tokens)}")
     ids = [token_ids(lm.tokenizer, p) for p in prompts]
     max_rows = resolve_max_rows(max_rows, lm, max(map(len, ids), default=1) + max_new_tokens)
-    for chunk in _chunks(streams, [len(i) for i in ids], max_rows):
+
+    def run(chunk: list[int]):
         chunk_prompts = sorted({streams[i].prompt for i in chunk})
         batch = pad_left([ids[p] for p in chunk_prompts], lm.tokenizer.pad_token_id,
                          None if limit is None else limit - max_new_tokens)
         probes = None if probe_tokens is None else probe_tokens[chunk]
         forced = None if forced_tokens is None else forced_tokens[chunk]
-        out_tokens, out_probs, out_lp = _generate_chunk(
-            lm, batch, [chunk_prompts.index(streams[i].prompt) for i in chunk],
-            [streams[i].steering for i in chunk], max_new_tokens, probes, forced,
-        )
+        return _generate_chunk(lm, batch, [chunk_prompts.index(streams[i].prompt) for i in chunk],
+                               [streams[i].steering for i in chunk], max_new_tokens, probes, forced)
+
+    for chunk in _chunks(streams, [len(i) for i in ids], max_rows):
+        result = [run(chunk)]
+        if needs_check(lm):   # the runtime guard (juice.guard): batched must equal one at a time
+
+            def redo(chunk=chunk, result=result) -> Tensor:
+                result[0] = run(chunk)
+                return result[0][0]
+
+            check_batch(lm, [len(ids[streams[i].prompt]) for i in chunk], result[0][0],
+                        lambda r, chunk=chunk: run([chunk[r]])[0][0], redo)
+        out_tokens, out_probs, out_lp = result[0]
         tokens[chunk] = out_tokens
         if first_probs is not None:
             first_probs[chunk] = out_probs

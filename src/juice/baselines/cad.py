@@ -59,6 +59,7 @@ from juice.steering import (
     pick_token,
     sequence_logits,
 )
+from juice.guard import check_batch, needs_check
 from juice.tokens import context_length, pad_left, token_ids
 
 ALPHA = 1.0
@@ -138,6 +139,8 @@ def cad_generate(
     Raises:
         PromptTooLongError: a prompt does not fit the context window with the new tokens.
         ValueError: lengths differ or max_new_tokens < 1.
+        juice.guard.BatchingMismatchError: batched decoding is not exact on this backend (the first
+            padded chunk is checked against one-at-a-time decoding, as in :func:`juice.steering.generate`).
     """
     if len(prompts) != len(questions):
         raise ValueError("one question per prompt")
@@ -154,10 +157,23 @@ def cad_generate(
     forced_lp = None if forced_tokens is None else torch.zeros(n, max_new_tokens, dtype=torch.float64)
     lengths = [len(i) for i in ids_c]
     # each item takes two rows, one per branch
+
+    def run(chunk: list[int]):
+        return _cad_chunk(lm, [ids_c[i] for i in chunk], [ids_q[i] for i in chunk], max_new_tokens, alpha,
+                          None if probe_tokens is None else probe_tokens[chunk], room,
+                          None if forced_tokens is None else forced_tokens[chunk])
+
     for chunk in length_buckets(sorted(range(n), key=lengths.__getitem__), lengths, [2] * n, max_rows):
-        out, probs, lp = _cad_chunk(lm, [ids_c[i] for i in chunk], [ids_q[i] for i in chunk], max_new_tokens, alpha,
-                                    None if probe_tokens is None else probe_tokens[chunk], room,
-                                    None if forced_tokens is None else forced_tokens[chunk])
+        result = [run(chunk)]
+        if needs_check(lm):   # the runtime guard (juice.guard): batched must equal one at a time
+
+            def redo(chunk=chunk, result=result) -> Tensor:
+                result[0] = run(chunk)
+                return result[0][0]
+
+            check_batch(lm, [(len(ids_c[i]), len(ids_q[i])) for i in chunk], result[0][0],
+                        lambda r, chunk=chunk: run([chunk[r]])[0][0], redo)
+        out, probs, lp = result[0]
         tokens[chunk] = out
         if first_probs is not None:
             first_probs[chunk] = probs

@@ -75,19 +75,27 @@ def parse_row(subtask: str, index: int, row: dict[str, str]) -> ContextualExampl
         MemoTrapFormatError: malformed classes or answer index, or an unexpected prompt layout.
     """
     try:
+        if row.get("classes") is None or row.get("answer_index") is None or row.get("prompt") is None:
+            raise KeyError("prompt, classes and answer_index")
         classes = ast.literal_eval(row["classes"])
         answer_index = int(row["answer_index"])
-    except (ValueError, SyntaxError, KeyError) as err:
-        raise MemoTrapFormatError(f"{subtask} row {index}: {err}") from err
-    if not isinstance(classes, (list, tuple)) or len(classes) != 2 or answer_index not in (0, 1):
-        raise MemoTrapFormatError(f"{subtask} row {index}: expected two classes and an index 0/1, got "
+    except (ValueError, SyntaxError, KeyError, TypeError, MemoryError, RecursionError) as err:
+        raise MemoTrapFormatError(f"{subtask} row {index}: {type(err).__name__}: {err}") from None
+    if (not isinstance(classes, (list, tuple)) or len(classes) != 2 or answer_index not in (0, 1)
+            or not all(isinstance(c, str) for c in classes)):
+        raise MemoTrapFormatError(f"{subtask} row {index}: expected two text classes and an index 0/1, got "
                                   f"{classes!r}, {answer_index}")
     prompt = row["prompt"]
-    return ContextualExample(
-        dataset=subtask, uid=str(index), prompt=prompt, question=question_part(subtask, prompt),
-        context_answers=(classes[answer_index],), parametric_answers=(classes[1 - answer_index],),
-        kind=KIND[subtask], metric="memotrap",
-    )
+    try:
+        return ContextualExample(
+            dataset=subtask, uid=str(index), prompt=prompt, question=question_part(subtask, prompt),
+            context_answers=(classes[answer_index],), parametric_answers=(classes[1 - answer_index],),
+            kind=KIND[subtask], metric="memotrap",
+        )
+    except MemoTrapFormatError:
+        raise
+    except ValueError as err:   # an empty answer or prompt
+        raise MemoTrapFormatError(f"{subtask} row {index}: {err}") from None
 
 
 def load_memotrap(source: str | Path, subtask: str) -> list[ContextualExample]:
@@ -102,7 +110,8 @@ def load_memotrap(source: str | Path, subtask: str) -> list[ContextualExample]:
     Raises:
         ValueError: unknown subtask.
         FileNotFoundError: no such file or folder (and not a hub id).
-        MemoTrapFormatError: a row does not parse.
+        MemoTrapFormatError: the file is not UTF-8 CSV, or a row does not parse (the message
+            names the subtask and the row).
     """
     if subtask not in SUBTASKS:
         raise ValueError(f"unknown MemoTrap subtask {subtask!r}; choose from {sorted(SUBTASKS)}")
@@ -115,5 +124,10 @@ def load_memotrap(source: str | Path, subtask: str) -> list[ContextualExample]:
         path = Path(hf_hub_download(str(source), SUBTASKS[subtask], repo_type="dataset"))
     if not path.is_file():
         raise FileNotFoundError(f"MemoTrap file not found: {path}")
-    with path.open(encoding="utf-8", newline="") as f:
-        return [parse_row(subtask, i, row) for i, row in enumerate(csv.DictReader(f))]
+    try:
+        with path.open(encoding="utf-8", newline="") as f:
+            return [parse_row(subtask, i, row) for i, row in enumerate(csv.DictReader(f))]
+    except UnicodeDecodeError:
+        raise MemoTrapFormatError(f"{subtask}: {path} is not UTF-8 text") from None
+    except csv.Error as err:
+        raise MemoTrapFormatError(f"{subtask}: {path}: malformed CSV ({err})") from None

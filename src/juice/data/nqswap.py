@@ -45,17 +45,23 @@ def parse_record(index: int, record: dict) -> ContextualExample:
         ValueError: a field is missing or an answer list is empty.
     """
     try:
+        if not isinstance(record, dict):
+            raise TypeError(f"a row must be a JSON object, got {type(record).__name__}")
         question, context = record["question"], record["sub_context"]
         sub, org = record["sub_answer"], record["org_answer"]
+        sub = [sub] if isinstance(sub, str) else list(sub)
+        org = [org] if isinstance(org, str) else list(org)
+        if not all(isinstance(t, str) for t in (question, context, *sub, *org)):
+            raise TypeError("question, context and answers must be text")
+        return ContextualExample(
+            dataset="nqswap", uid=str(index), prompt=context_prompt(context, question),
+            question=question_prompt(question), context_answers=tuple(sub), parametric_answers=tuple(org),
+            kind="qa", metric="nqswap",
+        )
     except KeyError as err:
-        raise ValueError(f"NQ-Swap row {index}: missing field {err}") from err
-    sub = [sub] if isinstance(sub, str) else list(sub)
-    org = [org] if isinstance(org, str) else list(org)
-    return ContextualExample(
-        dataset="nqswap", uid=str(index), prompt=context_prompt(context, question),
-        question=question_prompt(question), context_answers=tuple(sub), parametric_answers=tuple(org),
-        kind="qa", metric="nqswap",
-    )
+        raise ValueError(f"NQ-Swap row {index}: missing field {err}") from None
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"NQ-Swap row {index}: {err}") from None
 
 
 def _records(source: str | Path) -> Iterable[dict]:
@@ -63,10 +69,16 @@ def _records(source: str | Path) -> Iterable[dict]:
     if path.is_dir():
         path = path / "nqswap.jsonl"
     if path.is_file():
-        with path.open(encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    yield json.loads(line)
+        with path.open(encoding="utf-8", errors="strict") as f:
+            try:
+                for n, line in enumerate(f, 1):
+                    if line.strip():
+                        try:
+                            yield json.loads(line)
+                        except json.JSONDecodeError as err:
+                            raise ValueError(f"NQ-Swap {path} line {n}: not JSON ({err})") from None
+            except UnicodeDecodeError:
+                raise ValueError(f"NQ-Swap {path}: not UTF-8 text") from None
         return
     if "/" in str(source) and not path.parent.exists():
         try:
@@ -88,6 +100,7 @@ def load_nqswap(source: str | Path = HUB_ID) -> list[ContextualExample]:
 
     Raises:
         FileNotFoundError: no such file or folder (and not a hub id).
-        ValueError: a row misses a field.
+        ValueError: a line that is not JSON, a row that misses a field or holds a field that is
+            not text, an empty answer (the message names the row).
     """
     return [parse_record(i, r) for i, r in enumerate(_records(source))]

@@ -209,17 +209,34 @@ def load_paraconflict_json(path: str | Path, domain: str | None = None) -> list[
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: an item lacks a field (the message names the item and the field).
+        ValueError: not JSON, not a list, or an item lacks a field, has a field that is not text,
+            or an empty answer or prompt (the message names the file, the item and the field).
     """
     path = Path(path)
-    items = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        items = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not a JSON file ({err})") from None
+    if not isinstance(items, list):
+        raise ValueError(f"{path}: expected a JSON list of items, got {type(items).__name__}")
     domain = domain or path.parent.name
     examples = []
     for i, item in enumerate(items):
         try:
-            answers = tuple(dict.fromkeys([item["Answer"], *item.get("Answer_ns", [])]))
+            if not isinstance(item, dict):
+                raise TypeError(f"an item must be an object, got {type(item).__name__}")
+            others = item.get("Answer_ns", [])
+            if not isinstance(others, list):
+                raise TypeError("Answer_ns must be a list")
+            fields = [item["Subject"], item["Answer"], *others, item["Distracted Token"],
+                      *(item[key] for key in _JSON_KEYS.values())]
+            if not all(isinstance(f, str) for f in fields):
+                raise TypeError("every field must be text")
+            answers = tuple(dict.fromkeys([item["Answer"], *others]))
             prompts = {t: item[key].rstrip() for t, key in _JSON_KEYS.items()}
             examples.append(ConflictExample(domain, item["Subject"], answers, item["Distracted Token"], prompts))
         except KeyError as missing:
             raise ValueError(f"{path}: item {i} has no field {missing}") from None
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{path}: item {i}: {err}") from None
     return examples

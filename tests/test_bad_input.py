@@ -1,0 +1,149 @@
+"""Bad input, as a table: each command, given what people get wrong, ends with one line on
+stderr and exit status 2 (no traceback), before any model loads where the input can be read
+first; Ctrl-C ends with 130 and says how to resume. The README lists the same table."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+import juice.cli as cli
+
+HEADS = {"format": "juice-heads/1", "model": {"name": "other", "model_type": "llama", "n_layers": 3, "n_heads": 4,
+                                               "head_dim": 8, "vocab_size": 160, "weights_sha256_16": "0" * 16},
+         "direction": "parametric", "k": 1, "alphas_positive": [1.0], "alphas_negative": [-1.0],
+         "positive_heads": ["L0H0"], "negative_heads": ["L1H1"]}
+
+
+def _paper_folder(shared_data, root, mutate=None):
+    folder = root / "world_capital"
+    shutil.copytree(shared_data / "paraconflict" / "world_capital", folder)
+    if mutate:
+        mutate(folder)
+    return root
+
+
+def _write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def _no_field(folder):
+    rows = json.loads((folder / "unfiltered_test.json").read_text())
+    del rows[3]["Clean Prompt"]
+    (folder / "unfiltered_test.json").write_text(json.dumps(rows))
+
+
+def _empty_answer(folder):
+    rows = json.loads((folder / "unfiltered_test.json").read_text())
+    rows[0]["Answer"] = " "
+    (folder / "unfiltered_test.json").write_text(json.dumps(rows))
+
+
+def _contextual_root(tmp, nq_lines):
+    root = tmp / "ctx"
+    (root / "memotrap").mkdir(parents=True)
+    _write(root / "nqswap" / "nqswap.jsonl", nq_lines)
+    return root
+
+
+# (case, argv builder, expected text in the one line)
+CASES = [
+    ("reproduce: --data does not exist", lambda tmp, sd: ["reproduce", "--data", str(tmp / "nope")], "does not exist"),
+    ("reproduce: --data holds no domain", lambda tmp, sd: ["reproduce", "--data", str(tmp)],
+     "holds no ParaConflict domain"),
+    ("reproduce: a split file is not JSON", lambda tmp, sd: ["reproduce", "--data", str(_paper_folder(
+        sd, tmp / "d", lambda f: (f / "unfiltered_test.json").write_text("[{")))], "not a JSON file"),
+    ("reproduce: a row lacks a field", lambda tmp, sd: ["reproduce", "--data", str(_paper_folder(
+        sd, tmp / "d", _no_field))], "item 3 has no field 'Clean Prompt'"),
+    ("reproduce: an empty answer", lambda tmp, sd: ["reproduce", "--data", str(_paper_folder(
+        sd, tmp / "d", _empty_answer))], "non-empty"),
+    ("reproduce: an unknown direction", lambda tmp, sd: ["reproduce", "--direction", "sideways"],
+     "direction must be parametric or contextual"),
+    ("reproduce: --limit is not a number", lambda tmp, sd: ["reproduce", "--limit", "many"], "--limit"),
+    ("reproduce contextual: no data there", lambda tmp, sd: ["reproduce", "--direction", "contextual",
+                                                             "--data-root", str(tmp)], "no MemoTrap/NQ-Swap data"),
+    ("reproduce contextual: a malformed NQ-Swap line", lambda tmp, sd: [
+        "reproduce", "--direction", "contextual", "--data-root",
+        str(_contextual_root(tmp, '{"question": "q", "sub_context": "c", "sub_answer": ["a"], "org_answer": ["b"]}\n{oops\n'))],
+     "line 2: not JSON"),
+    ("identify: --data does not exist", lambda tmp, sd: ["identify", "--data", str(tmp / "nope")], "does not exist"),
+    ("generate: the heads file does not exist", lambda tmp, sd: ["generate", "x", "--heads", str(tmp / "h.json")],
+     "does not exist"),
+    ("generate: the heads file is not JSON", lambda tmp, sd: ["generate", "x", "--heads",
+                                                              str(_write(tmp / "h.json", "{heads"))], "not JSON"),
+    ("generate: another file format", lambda tmp, sd: ["generate", "x", "--heads", str(_write(tmp / "h.json", "[]"))],
+     "not a juice heads file"),
+    ("generate: a heads file without its heads", lambda tmp, sd: ["generate", "x", "--heads", str(_write(
+        tmp / "h.json", json.dumps({k: v for k, v in HEADS.items() if k != "negative_heads"})))],
+     "without the field 'negative_heads'"),
+    ("generate: an unknown model alias", lambda tmp, sd: ["generate", "x", "--model", "gemma-3-27m", "--heads",
+                                                          str(_write(tmp / "h.json", json.dumps(HEADS)))],
+     "not an embedded alias (gemma-3-270m, smollm2-135m)"),
+    ("toy: an unknown part", lambda tmp, sd: ["toy", "everything", "--out", str(tmp / "toy")], "choose all or one of"),
+]
+
+
+@pytest.mark.parametrize("name, argv, expected", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_ends_in_one_line(name, argv, expected, tmp_path, monkeypatch, capsys):
+    shared = cli.__file__  # placeholder so the lambdas can take the shared folder when it exists
+    from conftest import SHARED
+
+    if "--data" in name or "row" in name or "split file" in name or "empty answer" in name:
+        if not (SHARED / "data" / "paraconflict").is_dir():
+            pytest.skip("needs ../shared/data (the paper's ParaConflict files)")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")   # the unknown alias must not wait for the network
+
+    def no_model(*args, **kwargs):
+        if "alias" not in name:
+            raise AssertionError("the model was loaded before the bad input was found")
+        return real_load(*args, **kwargs)
+
+    import juice.models
+
+    real_load = juice.models.load_model
+    monkeypatch.setattr(juice.models, "load_model", no_model)
+    status = cli.main(argv(tmp_path, SHARED / "data"))
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert expected in err, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len([line for line in lines if line.startswith(("error:", "Error:"))]) == 1
+    del shared
+
+
+def test_ctrl_c_says_how_to_resume(monkeypatch, capsys):
+    def interrupted(**kwargs):
+        raise KeyboardInterrupt
+
+    import juice.reproduce
+
+    monkeypatch.setattr(juice.reproduce, "reproduce", lambda *a, **k: interrupted())
+    assert cli.main(["reproduce", "--out", "/tmp/juice-ctrl-c"]) == 130
+    assert "run the same command again to resume" in capsys.readouterr().err
+
+
+def test_debug_shows_the_traceback(monkeypatch, tmp_path):
+    monkeypatch.setenv("JUICE_DEBUG", "1")
+    with pytest.raises(ValueError, match="not a juice heads file"):
+        cli.main(["generate", "x", "--heads", str(_write(tmp_path / "h.json", "[]"))])
+
+
+@pytest.mark.slow
+def test_a_heads_file_for_another_model_and_a_prompt_too_long(tmp_path, capsys):
+    path = _write(tmp_path / "h.json", json.dumps(HEADS))
+    assert cli.main(["generate", "x", "--heads", str(path)]) == 2
+    assert "was made for model 'other'" in capsys.readouterr().err
+    from juice.models import load_model
+    from juice.scoring import make_artifact, save_heads  # noqa: F401  (the real format)
+
+    lm = load_model("gemma-3-270m")
+    mine = dict(HEADS, model=lm.fingerprint())
+    _write(path, json.dumps(mine))
+    too_long = "word " * 40000
+    assert cli.main(["generate", too_long, "--heads", str(path)]) == 2
+    assert "the model's context holds" in capsys.readouterr().err

@@ -1,0 +1,121 @@
+"""The runtime guard: the first padded batch on an unverified backend is checked against
+one-at-a-time decoding; a mismatch falls back to eager attention (saying so) or stops the run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import juice.steering as st
+from juice import guard
+from juice.steering import Stream, generate
+from juice.tokens import token_ids
+
+from conftest import build_tiny
+
+PROMPTS = ["the capital of france is",                        # 6 tokens with BOS: the most padded
+           "the name of the capital city of japan is",       # 10
+           "w1 w2 w3 the name of the capital city of spain is"]   # 13: one length bucket for all three
+
+
+@pytest.fixture(autouse=True)
+def fresh_guard(monkeypatch):
+    guard.forget_verifications()
+    monkeypatch.setenv("JUICE_BATCH_CHECK", "always")
+    yield
+    guard.forget_verifications()
+
+
+def count_chunks(monkeypatch) -> list[int]:
+    """Record the number of prompts of every decoded chunk."""
+    seen, real = [], st._generate_chunk
+
+    def counting(lm, batch, *args, **kwargs):
+        seen.append(batch.input_ids.shape[0])
+        return real(lm, batch, *args, **kwargs)
+
+    monkeypatch.setattr(st, "_generate_chunk", counting)
+    return seen
+
+
+def test_an_exact_backend_is_checked_once_and_then_trusted(tiny_llama, monkeypatch):
+    assert len({len(token_ids(tiny_llama.tokenizer, p)) for p in PROMPTS}) == 3   # really padded
+    seen = count_chunks(monkeypatch)
+    streams = [Stream(i) for i in range(3)]
+    first = generate(tiny_llama, PROMPTS, streams, 6, max_rows=64)
+    assert seen == [3, 1, 1, 1]                    # the batch, then its 3 rows one at a time
+    assert guard.combination(tiny_llama) in guard._verified
+    second = generate(tiny_llama, PROMPTS, streams, 6, max_rows=64)
+    assert seen[4:] == [3] and torch.equal(first.tokens, second.tokens)
+
+
+def _corrupt_batches(monkeypatch, when):
+    """Simulate the CUDA bug: batches of several prompts come back wrong while `when(lm)`."""
+    real = st._generate_chunk
+
+    def corrupted(lm, batch, *args, **kwargs):
+        tokens, probs, lps = real(lm, batch, *args, **kwargs)
+        if batch.input_ids.shape[0] > 1 and when(lm):
+            tokens = (tokens + 1) % lm.model.config.vocab_size
+        return tokens, probs, lps
+
+    monkeypatch.setattr(st, "_generate_chunk", corrupted)
+
+
+def test_a_mismatch_switches_to_eager_attention_and_says_so(monkeypatch):
+    lm = build_tiny("llama")   # its own copy: the fallback changes the model
+    assert guard.attention_implementation(lm) == "sdpa"
+    alone = [generate(lm, [p], [Stream(0)], 6).tokens[0] for p in PROMPTS]
+    _corrupt_batches(monkeypatch, lambda lm: guard.attention_implementation(lm) != "eager")
+    with pytest.warns(RuntimeWarning, match="switching the model to eager attention"):
+        out = generate(lm, PROMPTS, [Stream(i) for i in range(3)], 6)
+    assert guard.attention_implementation(lm) == "eager"
+    for i in range(3):
+        assert torch.equal(out.tokens[i], alone[i])
+
+
+def test_a_mismatch_that_eager_does_not_fix_stops_the_run(tiny_llama, monkeypatch):
+    _corrupt_batches(monkeypatch, lambda lm: True)
+    lm = build_tiny("llama")
+    lm.model.set_attn_implementation("eager")
+    with pytest.raises(guard.BatchingMismatchError, match="differs from one-at-a-time decoding on 3 of 3"):
+        generate(lm, PROMPTS, [Stream(i) for i in range(3)], 6)
+    assert not guard._verified
+
+
+def test_policy(monkeypatch, tiny_llama):
+    monkeypatch.setenv("JUICE_BATCH_CHECK", "auto")
+    assert not guard.needs_check(tiny_llama)        # the CPU is checked by the test suite instead
+    monkeypatch.setenv("JUICE_BATCH_CHECK", "off")
+    assert not guard.needs_check(tiny_llama)
+    monkeypatch.setenv("JUICE_BATCH_CHECK", "always")
+    assert guard.needs_check(tiny_llama)
+    monkeypatch.setenv("JUICE_BATCH_CHECK", "sometimes")
+    with pytest.raises(ValueError, match="JUICE_BATCH_CHECK must be one of auto, always, off"):
+        guard.needs_check(tiny_llama)
+
+
+def test_batches_without_padding_are_not_checked_yet():
+    calls = []
+    out = guard.check_batch(None, [5, 5], torch.zeros(2, 3), lambda r: calls.append(r), lambda: None)
+    assert not calls and out.shape == (2, 3)
+
+
+def test_cad_batches_are_checked_too(monkeypatch):
+    import juice.baselines.cad as cad
+
+    lm = build_tiny("llama")
+    questions = ["the capital of france is", "the capital of japan is", "the capital of spain is"]
+    alone = [cad.cad_generate(lm, [p], [q], 5).tokens[0] for p, q in zip(PROMPTS, questions)]
+    real = cad._cad_chunk
+
+    def corrupted(lm, ids_c, *args, **kwargs):
+        tokens, probs, lps = real(lm, ids_c, *args, **kwargs)
+        if len(ids_c) > 1 and guard.attention_implementation(lm) != "eager":
+            tokens = (tokens + 1) % lm.model.config.vocab_size
+        return tokens, probs, lps
+
+    monkeypatch.setattr(cad, "_cad_chunk", corrupted)
+    with pytest.warns(RuntimeWarning, match="eager attention"):
+        out = cad.cad_generate(lm, PROMPTS, questions, 5)
+    assert all(torch.equal(out.tokens[i], alone[i]) for i in range(3))
