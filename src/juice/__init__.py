@@ -1,8 +1,51 @@
-"""juice: steer a language model toward its parametric memory or its context (JuICE, ICML 2025)."""
+"""juice: steer a language model toward its parametric memory or its context (JuICE, ICML 2025).
 
+The public names, in three lines::
+
+    import juice
+    lm = juice.load_model("gemma-3-270m")
+    steer = juice.JuICE(lm, juice.load_heads("heads.json", lm).selection, beta_plus=2, beta_minus=-1)
+    print(juice.greedy_generate(lm, ["... prompt ..."], 10, steer).texts)
+
+Names are imported from their modules on first use (PEP 562), so `import juice` and the
+command line stay fast.
+"""
+
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 
 try:
     __version__ = version("juice")
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+unknown"
+
+_EXPORTS = {
+    # models
+    "load_model": "juice.models", "LoadedModel": "juice.models", "EMBEDDED_MODELS": "juice.models",
+    "ModelLoadError": "juice.selfcheck",
+    # heads and interventions
+    "Head": "juice.interventions", "HeadSelection": "juice.steering",
+    "score_heads": "juice.scoring", "select_heads": "juice.scoring",
+    "load_heads": "juice.scoring", "save_heads": "juice.scoring", "make_artifact": "juice.scoring",
+    # steering and decoding
+    "Steering": "juice.steering", "JuICE": "juice.steering", "JuNE": "juice.steering", "Prune": "juice.steering",
+    "Stream": "juice.steering", "generate": "juice.steering", "greedy_generate": "juice.steering",
+    "steering_coefficients": "juice.steering", "BatchingMismatchError": "juice.guard",
+    # the paper's pipelines
+    "ReproduceConfig": "juice.reproduce", "reproduce": "juice.reproduce",
+    "reproduce_contextual": "juice.reproduce_contextual",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(import_module(_EXPORTS[name]), name)
+        globals()[name] = value   # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'juice' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

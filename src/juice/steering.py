@@ -36,6 +36,7 @@ from juice.interventions import (
     added_to_heads,
     captured_heads,
     check_heads,
+    head_coefficients,
     planned_rows,
     scaled_heads,
 )
@@ -94,6 +95,44 @@ class Steering:
 
 
 ORIGINAL = Steering()
+
+
+def _geometry(model: "LoadedModel | HeadGeometry") -> HeadGeometry:
+    return model if isinstance(model, HeadGeometry) else model.heads.geometry
+
+
+def JuICE(model: "LoadedModel | HeadGeometry", heads: HeadSelection, beta_plus: float, beta_minus: float) -> Steering:
+    """The JuICE preset (paper Alg. 1, dual run): run 1 is the unmodified model; run 2 adds
+    beta+ (beta-) times run 1's outputs of the positive (negative) heads to the same heads.
+
+    Args:
+        model: a loaded model (or its head geometry).
+        heads: the heads to steer (e.g. `load_heads(path, lm).selection`).
+
+    Raises:
+        IndexError: a head outside the model.
+    """
+    return Steering("juice", steering_coefficients(_geometry(model), heads, beta_plus, beta_minus))
+
+
+def JuNE(model: "LoadedModel | HeadGeometry", heads: HeadSelection, beta_plus: float, beta_minus: float) -> Steering:
+    """The JuNE preset (paper Alg. 4, one run): the live outputs of the positive (negative) heads
+    are scaled by 1 + beta+ (1 + beta-).
+
+    Raises:
+        IndexError: a head outside the model.
+    """
+    return Steering("june", steering_coefficients(_geometry(model), heads, beta_plus, beta_minus))
+
+
+def Prune(model: "LoadedModel | HeadGeometry", heads: Sequence[Head]) -> Steering:
+    """Zero the outputs of `heads` (PH3's pruning, Jin et al. 2024): JuNE with beta = -1, which
+    equals zeroing those heads' columns of the output projection (tested).
+
+    Raises:
+        IndexError: a head outside the model.
+    """
+    return Steering("june", head_coefficients(_geometry(model), {h: -1.0 for h in heads}))
 
 
 @dataclass(frozen=True)

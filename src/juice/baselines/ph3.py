@@ -84,10 +84,10 @@ from torch import Tensor
 from juice.architectures import HeadGeometry
 from juice.budget import resolve_max_rows
 from juice.data.records import ConflictExample, ContextualExample
-from juice.interventions import Head, check_heads, head_coefficients, projection_input_hooks
+from juice.interventions import Head, check_heads, projection_input_hooks
 from juice.models import LoadedModel
 from juice.scoring import UnitCheckpoint, _grow_batch, intervention_readout
-from juice.steering import Steering
+from juice.steering import Prune, Steering
 from juice.tokens import answer_first_token, encode
 
 PRUNE_K: tuple[int, ...] = (1, 3, 5, 7, 9, 15)
@@ -386,5 +386,5 @@ def heads_to_prune(scores: Ph3Scores, direction: str, k: int) -> tuple[Head, ...
 
 def pruning(geometry: HeadGeometry, heads: Sequence[Head]) -> Steering:
     """Zero-ablation of `heads` at every position: a single-run scaling with alpha = -1
-    (`H <- H - H = 0`)."""
-    return Steering("june", head_coefficients(geometry, {h: -1.0 for h in heads}))
+    (`H <- H - H = 0`); :func:`juice.steering.Prune`."""
+    return Prune(geometry, heads)
