@@ -119,3 +119,30 @@ def test_cad_batches_are_checked_too(monkeypatch):
     with pytest.warns(RuntimeWarning, match="eager attention"):
         out = cad.cad_generate(lm, PROMPTS, questions, 5)
     assert all(torch.equal(out.tokens[i], alone[i]) for i in range(3))
+
+
+def test_teacher_forcing_is_checked_on_its_log_probabilities(monkeypatch):
+    """Forced tokens agree by construction: the guard must compare the log-probabilities."""
+    lm = build_tiny("llama")
+    lm.model.set_attn_implementation("eager")
+    real = st._generate_chunk
+
+    def corrupted(lm, batch, *args, **kwargs):
+        tokens, probs, lps = real(lm, batch, *args, **kwargs)
+        if batch.input_ids.shape[0] > 1:
+            lps = lps + 1.0
+        return tokens, probs, lps
+
+    monkeypatch.setattr(st, "_generate_chunk", corrupted)
+    forced = torch.full((3, 4), 7, dtype=torch.long)
+    with pytest.raises(guard.BatchingMismatchError):
+        generate(lm, PROMPTS, [Stream(i) for i in range(3)], 4, forced_tokens=forced)
+    assert not guard._verified
+
+
+def test_a_verification_holds_for_one_model_only(tiny_llama, tiny_gemma3, monkeypatch):
+    seen = count_chunks(monkeypatch)
+    generate(tiny_llama, PROMPTS, [Stream(i) for i in range(3)], 3)
+    generate(tiny_gemma3, PROMPTS, [Stream(i) for i in range(3)], 3)
+    assert seen == [3, 1, 1, 1, 3, 1, 1, 1]   # the second architecture is checked too
+    assert guard.combination(tiny_llama) != guard.combination(tiny_gemma3)

@@ -97,3 +97,16 @@ def test_device_auto_picks_cuda_when_torch_sees_a_gpu(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_device("auto") == torch.device("cuda")
+
+
+def test_a_cached_conversion_is_reused_only_under_the_versions_that_made_it(tmp_path):
+    import json
+
+    from juice.models import STAMP, _cached_conversion_ok, _conversion_stamp
+
+    (tmp_path / "config.json").write_text("{}")
+    assert not _cached_conversion_ok(tmp_path)                      # no stamp: an old or torn conversion
+    (tmp_path / STAMP).write_text(json.dumps({**_conversion_stamp(), "transformers": "5.17.0"}))
+    assert not _cached_conversion_ok(tmp_path)                      # made by a version that converts wrongly
+    (tmp_path / STAMP).write_text(json.dumps(_conversion_stamp()))
+    assert _cached_conversion_ok(tmp_path)

@@ -248,8 +248,6 @@ RESUME = "interrupted: finished stages are saved; run the same command again to 
 
 def _one_line(err: BaseException) -> str:
     text = str(err).strip() or type(err).__name__
-    if isinstance(err, KeyError) and len(err.args) == 1:
-        text = f"missing key {err.args[0]!r}"
     first = text.splitlines()[0]
     return first + (" (...)" if len(text.splitlines()) > 1 else "")
 
@@ -257,8 +255,10 @@ def _one_line(err: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     """The `juice` entry point: bad input (a missing or malformed file, an unknown model, a heads
     file for another model, a prompt too long, a model that loaded wrong, ...) ends with one line
-    on stderr and exit status 2, never a traceback; Ctrl-C ends with status 130 and a reminder
-    that re-running the same command resumes. `JUICE_DEBUG=1` shows the traceback instead.
+    on stderr and exit status 2, never a traceback; usage errors (a bad option value, a missing
+    file option) print click's usage hint and one `Error:` line, status 2; Ctrl-C ends with 130
+    (for `reproduce` and `identify` with a reminder that re-running resumes). `JUICE_DEBUG=1`
+    shows the traceback instead. Other exceptions (bugs) keep their traceback.
 
     Returns:
         The exit status.
@@ -269,30 +269,29 @@ def main(argv: list[str] | None = None) -> int:
     from juice.guard import BatchingMismatchError
     from juice.selfcheck import ModelLoadError
 
-    user_errors = (OSError, ValueError, KeyError, ModelLoadError, BatchingMismatchError)
+    args = sys.argv[1:] if argv is None else list(argv)
+    resumable = bool(args) and args[0] in ("reproduce", "identify")
+    interrupted = RESUME if resumable else "interrupted"
+    user_errors = (OSError, ValueError, ModelLoadError, BatchingMismatchError)
     try:
         command = typer.main.get_command(app)   # click's own call: no rich traceback for bad input
-        result = command.main(args=argv, prog_name="juice", standalone_mode=False)
-        if result == 130:   # click returns 130 for Ctrl-C
-            print(RESUME, file=sys.stderr)
+        result = command.main(args=args, prog_name="juice", standalone_mode=False)
+        if result == 130:   # typer turns Ctrl-C into exit status 130
+            print(interrupted, file=sys.stderr)
         return result if isinstance(result, int) else 0
-    except typer.Exit as done:
-        if done.exit_code == 130:   # click turned Ctrl-C into an exit
-            print(RESUME, file=sys.stderr)
-        return done.exit_code
-    except typer.TyperException as usage:   # usage errors: a bad option, a missing file argument
+    except typer.TyperException as usage:   # usage errors: a bad option value, a missing file option
         if hasattr(usage, "show"):
             usage.show()
         else:
             print(f"error: {_one_line(usage)}", file=sys.stderr)
-        return getattr(usage, "exit_code", 2)
+        return 2
     except (KeyboardInterrupt, typer.Abort):
-        print(RESUME, file=sys.stderr)
+        print(interrupted, file=sys.stderr)
         return 130
     except user_errors as err:
         if os.environ.get("JUICE_DEBUG"):
             raise
-        print(f"error: {_one_line(err)}", file=sys.stderr)
+        print(f"error: {_one_line(err)} (JUICE_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 2
 
 

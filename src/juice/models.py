@@ -123,6 +123,24 @@ EMBEDDED_MODELS = {
 }
 
 
+STAMP = "juice-conversion.json"
+"""Beside a cached conversion: the package versions that made it (a conversion made by other
+versions is redone, so a broken one does not outlive the versions that broke it)."""
+
+
+def _conversion_stamp() -> dict[str, str]:
+    import importlib.metadata as md
+
+    return {pkg: md.version(pkg) for pkg in ("transformers", "gguf")}
+
+
+def _cached_conversion_ok(folder: Path) -> bool:
+    try:
+        return (folder / "config.json").is_file() and json.loads((folder / STAMP).read_text()) == _conversion_stamp()
+    except (OSError, ValueError):
+        return False
+
+
 def _atomic_save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
@@ -132,6 +150,7 @@ def _atomic_save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tar
         model.hf_quantizer = None
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        (tmp / STAMP).write_text(json.dumps(_conversion_stamp()))
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)
@@ -168,7 +187,8 @@ def load_model(
             Hooks and caches follow each layer's device; saved head outputs are moved to it.
         offload_folder: where accelerate offloads weights mapped to "disk".
         attn_implementation: overrides the adapter's choice ("eager" for soft-capping models).
-        use_cache_dir: for GGUF sources, save and reuse a dequantized safetensors copy.
+        use_cache_dir: for GGUF sources, save and reuse a dequantized safetensors copy (saved
+            after the self-check passed, redone when the transformers or gguf version changes).
         device: where to put the model when no `device_map` is given: "auto" (a CUDA GPU if one
             is visible, else Apple's MPS, else the CPU; see :func:`resolve_device`), "cpu",
             "cuda", "cuda:1", "mps", or None to leave it where `from_pretrained` put it.
@@ -204,15 +224,13 @@ def load_model(
         kwargs["offload_folder"] = str(offload_folder)
     if gguf is not None:
         converted = cache_dir() / "models" / cache_key
-        if use_cache_dir and (converted / "config.json").is_file():
+        if use_cache_dir and _cached_conversion_ok(converted):
             source, extra = str(converted), {}
         else:
             source, extra = str(gguf.parent), {"gguf_file": gguf.name}
         attn = attn_implementation or _attention_for(source, extra)
         tokenizer = AutoTokenizer.from_pretrained(source, **extra)
         model = AutoModelForCausalLM.from_pretrained(source, attn_implementation=attn, **extra, **kwargs)
-        if use_cache_dir and extra:
-            _atomic_save(model, tokenizer, converted)
     else:
         path = Path(spec).expanduser()
         if spec.startswith((".", "/", "~")) and not path.exists():  # a path, not a hub id
@@ -232,6 +250,8 @@ def load_model(
     lm = LoadedModel(model, _prepare_tokenizer(tokenizer), ModelHeads(model), spec)
     if self_check:
         check_loaded_model(lm, spec if spec in EMBEDDED_MODELS else None)
+    if gguf is not None and use_cache_dir and extra:   # a new conversion, cached only once it passed
+        _atomic_save(model, tokenizer, converted)
     return lm
 
 

@@ -427,12 +427,14 @@ def load_heads(path: str | Path, lm: LoadedModel | None = None) -> HeadsArtifact
     """
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not a juice heads file: not JSON ({err})") from None
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise ValueError(f"{path} is not a juice heads file: not JSON ({type(err).__name__})") from None
     except UnicodeDecodeError:
         raise ValueError(f"{path} is not a juice heads file: not UTF-8 text") from None
     if not isinstance(data, dict) or data.get("format") != "juice-heads/1":
         raise ValueError(f"{path} is not a juice heads file (no 'format': 'juice-heads/1')")
+    if not isinstance(data.get("model"), dict):
+        raise ValueError(f"{path}: a juice heads file without its model fingerprint")
     if lm is not None:
         mine = lm.fingerprint()
         theirs = data["model"]
@@ -452,7 +454,7 @@ def load_heads(path: str | Path, lm: LoadedModel | None = None) -> HeadsArtifact
         )
     except KeyError as missing:
         raise ValueError(f"{path}: a juice heads file without the field {missing}") from None
-    except (TypeError, AttributeError):
+    except (TypeError, AttributeError, ValueError):
         raise ValueError(f"{path}: heads must be lists of names like 'L6H3'") from None
     if lm is not None:
         try:

@@ -91,7 +91,9 @@ def check_loaded_model(lm, alias: str | None = None) -> None:
         ModelLoadError: a check fails.
     """
     config = lm.model.config
-    ids = check_tokenizer(lm.tokenizer, config.model_type, getattr(config, "vocab_size", None), lm.name)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config   # multimodal wrappers
+    model_type = config.model_type if config.model_type in BOS_REQUIRED else text.model_type
+    ids = check_tokenizer(lm.tokenizer, model_type, getattr(text, "vocab_size", None), lm.name)
     known = KNOWN.get(alias or "")
     if known is None:
         return

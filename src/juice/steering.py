@@ -281,12 +281,12 @@ def generate(
         result = [run(chunk)]
         if needs_check(lm):   # the runtime guard (juice.guard): batched must equal one at a time
 
-            def redo(chunk=chunk, result=result) -> Tensor:
+            def redo(chunk=chunk, result=result) -> tuple:
                 result[0] = run(chunk)
-                return result[0][0]
+                return result[0]
 
-            check_batch(lm, [len(ids[streams[i].prompt]) for i in chunk], result[0][0],
-                        lambda r, chunk=chunk: run([chunk[r]])[0][0], redo)
+            check_batch(lm, [len(ids[streams[i].prompt]) for i in chunk], result[0],
+                        lambda r, chunk=chunk: run([chunk[r]]), redo)
         out_tokens, out_probs, out_lp = result[0]
         tokens[chunk] = out_tokens
         if first_probs is not None:

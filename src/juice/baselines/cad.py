@@ -167,12 +167,12 @@ def cad_generate(
         result = [run(chunk)]
         if needs_check(lm):   # the runtime guard (juice.guard): batched must equal one at a time
 
-            def redo(chunk=chunk, result=result) -> Tensor:
+            def redo(chunk=chunk, result=result) -> tuple:
                 result[0] = run(chunk)
-                return result[0][0]
+                return result[0]
 
-            check_batch(lm, [(len(ids_c[i]), len(ids_q[i])) for i in chunk], result[0][0],
-                        lambda r, chunk=chunk: run([chunk[r]])[0][0], redo)
+            check_batch(lm, [(len(ids_c[i]), len(ids_q[i])) for i in chunk], result[0],
+                        lambda r, chunk=chunk: run([chunk[r]]), redo)
         out, probs, lp = result[0]
         tokens[chunk] = out
         if first_probs is not None:

@@ -75,7 +75,7 @@ def _records(source: str | Path) -> Iterable[dict]:
                     if line.strip():
                         try:
                             yield json.loads(line)
-                        except json.JSONDecodeError as err:
+                        except (json.JSONDecodeError, RecursionError) as err:
                             raise ValueError(f"NQ-Swap {path} line {n}: not JSON ({err})") from None
             except UnicodeDecodeError:
                 raise ValueError(f"NQ-Swap {path}: not UTF-8 text") from None

@@ -215,8 +215,8 @@ def load_paraconflict_json(path: str | Path, domain: str | None = None) -> list[
     path = Path(path)
     try:
         items = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not a JSON file ({err})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+        raise ValueError(f"{path}: not a JSON file ({type(err).__name__}: {err})") from None
     if not isinstance(items, list):
         raise ValueError(f"{path}: expected a JSON list of items, got {type(items).__name__}")
     domain = domain or path.parent.name
