@@ -29,7 +29,7 @@ _EXPORTS = {
     "load_heads": "juice.scoring", "save_heads": "juice.scoring", "make_artifact": "juice.scoring",
     # steering and decoding
     "Steering": "juice.steering", "JuICE": "juice.steering", "JuNE": "juice.steering", "Prune": "juice.steering",
-    "Stream": "juice.steering", "generate": "juice.steering", "greedy_generate": "juice.steering",
+    "Stream": "juice.steering", "Sampling": "juice.steering", "generate": "juice.steering", "greedy_generate": "juice.steering",
     "steering_coefficients": "juice.steering", "BatchingMismatchError": "juice.guard",
     # the paper's pipelines
     "ReproduceConfig": "juice.reproduce", "reproduce": "juice.reproduce",

@@ -136,11 +136,54 @@ def Prune(model: "LoadedModel | HeadGeometry", heads: Sequence[Head]) -> Steerin
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """Sampling instead of greedy decoding, as Hugging Face means these settings: the logits are
+    divided by `temperature`, then only the `top_k` most probable tokens (0: all) and the smallest
+    set whose probability reaches `top_p` (1: all) are kept, and one token is drawn.
+
+    Each stream draws from its own `torch.Generator` seeded with `seed`, one draw per step, so
+    a stream's tokens do not depend on the other streams of its batch.
+
+    Raises:
+        ValueError: temperature <= 0, top_k < 0, or top_p outside (0, 1].
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 (greedy decoding: no Sampling), got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+
+    def draw(self, logits: Tensor, generator: torch.Generator) -> int:
+        """One token id from `[vocab]` logits (float32, on the CPU)."""
+        logits = logits / self.temperature
+        if self.top_k:
+            kth = logits.topk(min(self.top_k, logits.numel())).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.top_p < 1:
+            order = logits.argsort(descending=True)
+            probs = logits[order].softmax(-1)
+            drop = probs.cumsum(-1) - probs >= self.top_p   # keep the token that crosses top_p
+            logits = logits.clone()
+            logits[order[drop]] = float("-inf")
+        return int(torch.multinomial(logits.softmax(-1), 1, generator=generator))
+
+
+@dataclass(frozen=True)
 class Stream:
-    """One generation request: the prompt at index `prompt`, decoded under `steering`."""
+    """One generation request: the prompt at index `prompt`, decoded under `steering`, greedily
+    or with `sampling`."""
 
     prompt: int
     steering: Steering = ORIGINAL
+    sampling: Sampling | None = None
 
 
 @dataclass
@@ -225,7 +268,7 @@ def generate(
     on_chunk: Callable[[int], None] | None = None,
     forced_tokens: Tensor | None = None,
 ) -> Generation:
-    """Greedy decoding of many (prompt, steering) streams, batched and cached.
+    """Greedy or sampled decoding of many (prompt, steering) streams, batched and cached.
 
     Paper Alg. 1 (JuICE) and Alg. 4 (JuNE); "original" is the unmodified model. Per new token a
     chunk costs one forward of one token per row; the clean prefill of a prompt is shared by all
@@ -234,7 +277,8 @@ def generate(
     Args:
         lm: the model.
         prompts: prompt strings (BOS is added).
-        streams: what to generate; `Stream(i, steering)` decodes `prompts[i]` under `steering`.
+        streams: what to generate; `Stream(i, steering)` decodes `prompts[i]` under `steering`,
+            greedily, or with `Stream(i, steering, Sampling(...))` by sampling.
         max_new_tokens: tokens to generate per stream (no early stop at EOS).
         probe_tokens: `[n_streams, k]` token ids whose first-step probabilities to return.
         max_rows: most decoding rows per batch (a JuICE stream takes two), or "auto" (sized for
@@ -275,7 +319,8 @@ def generate(
         probes = None if probe_tokens is None else probe_tokens[chunk]
         forced = None if forced_tokens is None else forced_tokens[chunk]
         return _generate_chunk(lm, batch, [chunk_prompts.index(streams[i].prompt) for i in chunk],
-                               [streams[i].steering for i in chunk], max_new_tokens, probes, forced)
+                               [streams[i].steering for i in chunk], max_new_tokens, probes, forced,
+                               [streams[i].sampling for i in chunk])
 
     for chunk in _chunks(streams, [len(i) for i in ids], max_rows):
         result = [run(chunk)]
@@ -299,23 +344,32 @@ def generate(
     return Generation(tokens, texts, first_probs, forced_lp)
 
 
-def pick_token(logits: Tensor, forced: Tensor | None, step: int, lps: list[Tensor]) -> Tensor:
-    """The next token of every row: the greedy one, or `forced[:, step]` whose log-probability
-    (`[rows]`, float64, nats) is appended to `lps`.
+def pick_token(logits: Tensor, forced: Tensor | None, step: int, lps: list[Tensor],
+               samplers: Sequence[tuple[Sampling, torch.Generator] | None] | None = None) -> Tensor:
+    """The next token of every row: the greedy one, a sampled one, or `forced[:, step]` whose
+    log-probability (`[rows]`, float64, nats) is appended to `lps`.
 
     Args:
         logits: `[rows, vocab]` last-position logits.
-        forced: `[rows, n_steps]` token ids to feed, or None for greedy decoding.
+        forced: `[rows, n_steps]` token ids to feed, or None.
+        samplers: per row, its :class:`Sampling` and generator, or None for greedy decoding.
     """
     if forced is None:
-        return logits.argmax(-1)
+        token = logits.argmax(-1)
+        if samplers is not None and any(samplers):
+            rows = logits.float().cpu()
+            token = token.clone()
+            for r, sampler in enumerate(samplers):
+                if sampler is not None:
+                    token[r] = sampler[0].draw(rows[r], sampler[1])
+        return token
     token = forced[:, step].to(logits.device)
     lps.append(logits.log_softmax(-1).gather(1, token[:, None])[:, 0].double().cpu())
     return token
 
 
 def _generate_chunk(lm, batch, prompt_of: list[int], steerings: list[Steering], max_new_tokens, probes,
-                    forced=None):
+                    forced=None, samplings: Sequence[Sampling | None] | None = None):
     geometry = lm.heads.geometry
     device = lm.device
     zero = _zero_plan_row(geometry)
@@ -346,7 +400,9 @@ def _generate_chunk(lm, batch, prompt_of: list[int], steerings: list[Steering], 
     if probes is not None:
         first_probs = logits.softmax(-1).gather(1, probes.to(device)).cpu()
     lps: list[Tensor] = []
-    token = pick_token(logits, forced, 0, lps)
+    samplers = None if samplings is None else [
+        None if sm is None else (sm, torch.Generator().manual_seed(sm.seed)) for sm in samplings]
+    token = pick_token(logits, forced, 0, lps, samplers)
     new_tokens = [token]
     if max_new_tokens == 1:
         return torch.stack(new_tokens, 1).cpu(), first_probs, torch.stack(lps, 1) if lps else None
@@ -378,7 +434,7 @@ def _generate_chunk(lm, batch, prompt_of: list[int], steerings: list[Steering], 
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
             positions = positions + 1
             hidden, cache = forward_last(lm, token[feed_t][:, None], mask, positions, past=cache)
-            token = pick_token(lm.logits(hidden[out_t]).float(), forced, len(new_tokens), lps)
+            token = pick_token(lm.logits(hidden[out_t]).float(), forced, len(new_tokens), lps, samplers)
             new_tokens.append(token)
     return torch.stack(new_tokens, 1).cpu(), first_probs, torch.stack(lps, 1) if lps else None
 
