@@ -31,6 +31,7 @@ _EXPORTS = {
     "Steering": "juice.steering", "JuICE": "juice.steering", "JuNE": "juice.steering", "Prune": "juice.steering",
     "Stream": "juice.steering", "Sampling": "juice.steering", "generate": "juice.steering", "greedy_generate": "juice.steering",
     "steering_coefficients": "juice.steering", "BatchingMismatchError": "juice.guard",
+    "Steerer": "juice.steerer",
     # the paper's pipelines
     "ReproduceConfig": "juice.reproduce", "reproduce": "juice.reproduce",
     "reproduce_contextual": "juice.reproduce_contextual",

@@ -266,6 +266,7 @@ def generate(
     probe_tokens: Tensor | None = None,
     max_rows: int | str = 64,
     on_chunk: Callable[[int], None] | None = None,
+    on_token: Callable[[list[int], Tensor], None] | None = None,
     forced_tokens: Tensor | None = None,
 ) -> Generation:
     """Greedy or sampled decoding of many (prompt, steering) streams, batched and cached.
@@ -284,6 +285,10 @@ def generate(
         max_rows: most decoding rows per batch (a JuICE stream takes two), or "auto" (sized for
             the longest prompt, :func:`juice.budget.auto_max_rows`).
         on_chunk: called with the number of streams finished after each batch (progress bars).
+        on_token: called after every decoding step with the indices (into `streams`) of the
+            batch's streams and their new tokens `[len(indices)]` (streaming); with it, no
+            batch is re-decoded by the guard after tokens were handed out, so it needs an
+            exact backend (the CPU, or one the guard verified earlier in the process).
         forced_tokens: `[n_streams, max_new_tokens]` token ids to feed instead of the greedy
             choice (teacher forcing: scores given continuations under every steering, sharing
             each prompt's prefill like generation does); their log-probabilities are returned.
@@ -318,13 +323,14 @@ def generate(
                          None if limit is None else limit - max_new_tokens)
         probes = None if probe_tokens is None else probe_tokens[chunk]
         forced = None if forced_tokens is None else forced_tokens[chunk]
+        step = None if on_token is None else (lambda t, chunk=chunk: on_token(list(chunk), t.cpu()))
         return _generate_chunk(lm, batch, [chunk_prompts.index(streams[i].prompt) for i in chunk],
                                [streams[i].steering for i in chunk], max_new_tokens, probes, forced,
-                               [streams[i].sampling for i in chunk])
+                               [streams[i].sampling for i in chunk], step)
 
     for chunk in _chunks(streams, [len(i) for i in ids], max_rows):
         result = [run(chunk)]
-        if needs_check(lm):   # the runtime guard (juice.guard): batched must equal one at a time
+        if needs_check(lm) and on_token is None:   # the runtime guard (juice.guard): batched = one at a time
 
             def redo(chunk=chunk, result=result) -> tuple:
                 result[0] = run(chunk)
@@ -369,7 +375,7 @@ def pick_token(logits: Tensor, forced: Tensor | None, step: int, lps: list[Tenso
 
 
 def _generate_chunk(lm, batch, prompt_of: list[int], steerings: list[Steering], max_new_tokens, probes,
-                    forced=None, samplings: Sequence[Sampling | None] | None = None):
+                    forced=None, samplings: Sequence[Sampling | None] | None = None, on_step=None):
     geometry = lm.heads.geometry
     device = lm.device
     zero = _zero_plan_row(geometry)
@@ -404,6 +410,8 @@ def _generate_chunk(lm, batch, prompt_of: list[int], steerings: list[Steering], 
         None if sm is None else (sm, torch.Generator().manual_seed(sm.seed)) for sm in samplings]
     token = pick_token(logits, forced, 0, lps, samplers)
     new_tokens = [token]
+    if on_step:
+        on_step(token)
     if max_new_tokens == 1:
         return torch.stack(new_tokens, 1).cpu(), first_probs, torch.stack(lps, 1) if lps else None
 
@@ -436,6 +444,8 @@ def _generate_chunk(lm, batch, prompt_of: list[int], steerings: list[Steering], 
             hidden, cache = forward_last(lm, token[feed_t][:, None], mask, positions, past=cache)
             token = pick_token(lm.logits(hidden[out_t]).float(), forced, len(new_tokens), lps, samplers)
             new_tokens.append(token)
+            if on_step:
+                on_step(token)
     return torch.stack(new_tokens, 1).cpu(), first_probs, torch.stack(lps, 1) if lps else None
 
 

@@ -1,0 +1,199 @@
+"""One object to steer with: a model, its heads and a method, with the generation options users
+know from Hugging Face (greedy or sampled, stop strings, EOS, chat templates, streaming).
+
+    steerer = juice.Steerer(lm, "heads.json", method="juice", beta_plus=2, beta_minus=0)
+    steerer.generate(["..."], max_new_tokens=64, temperature=0.7, top_p=0.9, seed=0, stop=["\\n\\n"])
+    steerer.chat([{"role": "user", "content": "..."}])
+    for piece in steerer.stream("..."):
+        print(piece, end="")
+
+Decoding is :func:`juice.steering.generate` (batched, left-padded, KV-cached; JuICE is the
+paper's dual run, Alg. 1; JuNE the single run, Alg. 4). Generation runs `max_new_tokens` steps
+and the text is cut after: at the first EOS token, then before the first stop string.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from juice.models import LoadedModel
+from juice.scoring import HeadsArtifact, load_heads
+from juice.steering import ORIGINAL, HeadSelection, JuICE, JuNE, Sampling, Steering, Stream, generate
+
+METHODS = ("juice", "june", "original")
+
+
+class Steerer:
+    """A loaded model steered by one method on one set of heads.
+
+    Args:
+        lm: the model (:func:`juice.load_model`).
+        heads: a :class:`HeadSelection`, a heads artifact, or the path of a heads file (checked
+            against `lm`); None only with method "original".
+        method: "juice" (dual run), "june" (single run) or "original" (steering off).
+        beta_plus, beta_minus: the betas (default 2 and 0).
+
+    Raises:
+        ValueError: an unknown method, or steering without heads.
+        juice.scoring.HeadsFileMismatchError: the heads file was made for another model.
+    """
+
+    def __init__(self, lm: LoadedModel, heads: HeadSelection | HeadsArtifact | str | Path | None = None, *,
+                 method: str = "juice", beta_plus: float = 2.0, beta_minus: float = 0.0):
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
+        if isinstance(heads, (str, Path)):
+            heads = load_heads(heads, lm)
+        if isinstance(heads, HeadsArtifact):
+            heads = heads.selection
+        if method != "original" and heads is None:
+            raise ValueError(f"method {method!r} needs heads (a HeadSelection, a heads file or its artifact)")
+        self.lm, self.heads, self.method = lm, heads, method
+        self.beta_plus, self.beta_minus = float(beta_plus), float(beta_minus)
+        preset = {"juice": JuICE, "june": JuNE}.get(method)
+        self.steering: Steering = ORIGINAL if preset is None else preset(lm, heads, self.beta_plus, self.beta_minus)
+
+    # ------------------------------------------------------------------ generation
+
+    def _streams(self, n: int, do_sample: bool | None, temperature: float | None, top_k: int, top_p: float,
+                 seed: int) -> list[Stream]:
+        sample = do_sample if do_sample is not None else (temperature is not None and temperature > 0)
+        if not sample:
+            return [Stream(i, self.steering) for i in range(n)]
+        t = 1.0 if temperature is None else temperature
+        return [Stream(i, self.steering, Sampling(t, top_k, top_p, seed + i)) for i in range(n)]
+
+    def _finish(self, tokens: Sequence[int], stop: Sequence[str]) -> str:
+        eos = self.lm.tokenizer.eos_token_id
+        ids = list(tokens)
+        if eos is not None and eos in ids:
+            ids = ids[: ids.index(eos)]
+        return cut_at_stop(self.lm.tokenizer.decode(ids, skip_special_tokens=True), stop)
+
+    def generate(self, prompts: str | Sequence[str], max_new_tokens: int = 64, *, do_sample: bool | None = None,
+                 temperature: float | None = None, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                 stop: Sequence[str] = (), max_rows: int | str = 64) -> list[str]:
+        """Continue every prompt (batched, left-padded).
+
+        Args:
+            prompts: one prompt or several (BOS is added).
+            do_sample: sample instead of greedy decoding; by default, sample iff a temperature > 0
+                is given (Hugging Face's options; prompt i is seeded with `seed + i`).
+            temperature, top_k, top_p: see :class:`juice.steering.Sampling`.
+            stop: strings; each text is cut before the first one found.
+
+        Returns:
+            One continuation per prompt, cut at EOS and at the first stop string.
+
+        Raises:
+            PromptTooLongError: a prompt does not fit the context with `max_new_tokens`.
+            ValueError: bad sampling settings, max_new_tokens < 1.
+        """
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        gen = generate(self.lm, prompts, self._streams(len(prompts), do_sample, temperature, top_k, top_p, seed),
+                       max_new_tokens, max_rows=max_rows)
+        return [self._finish(row, stop) for row in gen.tokens.tolist()]
+
+    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
+        """The prompt the tokenizer's chat template makes of `messages`, ready for the assistant's
+        turn (a BOS the template writes is dropped: the tokenizer adds its own).
+
+        Raises:
+            ValueError: the tokenizer has no chat template.
+        """
+        tok = self.lm.tokenizer
+        if not getattr(tok, "chat_template", None):
+            raise ValueError(f"{self.lm.name}'s tokenizer has no chat template; use generate() with a plain prompt")
+        text = tok.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        bos = tok.bos_token
+        if bos and text.startswith(bos) and tok("x", add_special_tokens=True)["input_ids"][0] == tok.bos_token_id:
+            text = text[len(bos):]
+        return text
+
+    def chat(self, messages: Sequence[dict[str, str]], max_new_tokens: int = 256, **options) -> str:
+        """The assistant's reply to `messages` (see :meth:`chat_prompt`; options as in :meth:`generate`)."""
+        return self.generate([self.chat_prompt(messages)], max_new_tokens, **options)[0]
+
+    def stream(self, prompt: str, max_new_tokens: int = 64, *, do_sample: bool | None = None,
+               temperature: float | None = None, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+               stop: Sequence[str] = ()) -> Iterator[str]:
+        """Yield the continuation of `prompt` piece by piece as it is decoded; the pieces join to
+        what :meth:`generate` returns for the same arguments (EOS and stop strings end it).
+
+        Raises:
+            As :meth:`generate` (raised from the iterator).
+        """
+        pieces: queue.Queue = queue.Queue()
+        done, cancel = object(), threading.Event()
+
+        def on_token(rows, tokens) -> None:
+            if cancel.is_set():
+                raise _Cancelled   # the reader stopped: end the decoding (hooks are removed on the way out)
+            pieces.put(int(tokens[0]))
+
+        def work() -> None:
+            try:
+                generate(self.lm, [prompt], self._streams(1, do_sample, temperature, top_k, top_p, seed),
+                         max_new_tokens, on_token=on_token)
+                pieces.put(done)
+            except _Cancelled:
+                pieces.put(done)
+            except BaseException as err:   # handed to the reader
+                pieces.put(err)
+
+        worker = threading.Thread(target=work, daemon=True)
+        worker.start()
+        ids: list[int] = []
+        shown = ""
+        eos = self.lm.tokenizer.eos_token_id
+        try:
+            while True:
+                item = pieces.get()
+                if item is done:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                if item == eos:
+                    break
+                ids.append(item)
+                full = self.lm.tokenizer.decode(ids, skip_special_tokens=True)
+                text = cut_at_stop(full, stop)
+                held = 0 if text != full else _stop_prefix_length(text, stop)   # may become a stop string
+                if len(text) - held > len(shown):
+                    yield text[len(shown): len(text) - held]
+                    shown = text[: len(text) - held]
+                if text != full:
+                    break
+            final = self._finish(ids, stop)
+            if len(final) > len(shown):
+                yield final[len(shown):]
+        finally:   # never leave a decoding running on this model (its hooks are not thread-safe)
+            cancel.set()
+            worker.join()
+
+
+class _Cancelled(Exception):
+    """Raised inside a streamed decoding whose reader has stopped."""
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    """`text` up to (not including) the earliest occurrence of any stop string."""
+    cut = min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=len(text))
+    return text[:cut]
+
+
+def _stop_prefix_length(text: str, stop: Sequence[str]) -> int:
+    """How many characters at the end of `text` could be the start of a stop string."""
+    best = 0
+    for s in stop:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                best = max(best, k)
+                break
+    return best
+
+
+__all__ = ["METHODS", "Steerer", "cut_at_stop"]

@@ -1,0 +1,83 @@
+"""The Steerer: one object built from a model and its heads; generate (greedy = the engine = HF,
+sampled and seeded), EOS and stop strings, chat templates, streaming."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import juice
+from juice.steerer import Steerer, cut_at_stop
+from juice.steering import Sampling, Stream, generate, greedy_generate
+
+PROMPTS = ["the capital of france is", "the name of the capital city of japan is"]
+SEL = juice.HeadSelection((juice.Head(1, 2),), (juice.Head(0, 1),))
+
+
+def test_generate_equals_the_engine_cut_at_eos(tiny_llama):
+    s = Steerer(tiny_llama, SEL, method="juice", beta_plus=2, beta_minus=-1)
+    texts = s.generate(PROMPTS, 6)
+    tokens = greedy_generate(tiny_llama, PROMPTS, 6, juice.JuICE(tiny_llama, SEL, 2, -1)).tokens.tolist()
+    eos = tiny_llama.tokenizer.eos_token_id
+    for text, row in zip(texts, tokens):
+        row = row[: row.index(eos)] if eos in row else row
+        assert text == tiny_llama.tokenizer.decode(row, skip_special_tokens=True)
+    assert Steerer(tiny_llama, method="original").generate(PROMPTS[0], 6) == Steerer(
+        tiny_llama, SEL, method="juice", beta_plus=0, beta_minus=0).generate(PROMPTS[0], 6)
+
+
+def test_sampling_options_and_seeds(tiny_llama):
+    s = Steerer(tiny_llama, SEL, method="june", beta_plus=1, beta_minus=0)
+    a = s.generate(PROMPTS, 8, temperature=1.3, top_p=0.9, seed=5)
+    assert a == s.generate(PROMPTS, 8, temperature=1.3, top_p=0.9, seed=5)
+    engine = generate(tiny_llama, PROMPTS, [Stream(i, s.steering, Sampling(1.3, 0, 0.9, 5 + i)) for i in range(2)], 8)
+    assert [s._finish(r, ()) for r in engine.tokens.tolist()] == a
+    assert s.generate(PROMPTS, 8, do_sample=True, top_k=1) == s.generate(PROMPTS, 8)   # top_k 1 = greedy
+
+
+def test_stop_strings_cut_where_they_should():
+    assert cut_at_stop("Paris.\n\nThe next", ["\n\n"]) == "Paris."
+    assert cut_at_stop("a b c", ["c", "b"]) == "a "
+    assert cut_at_stop("no stop here", ["zz", ""]) == "no stop here"
+
+
+def test_stream_pieces_join_to_the_generated_text(tiny_llama):
+    s = Steerer(tiny_llama, SEL, method="juice", beta_plus=2, beta_minus=-1)
+    for prompt in PROMPTS:
+        pieces = list(s.stream(prompt, 8))
+        assert "".join(pieces) == s.generate(prompt, 8)[0]
+        text = s.generate(prompt, 8)[0]
+        if len(text.split()) > 2:
+            word = text.split()[1]
+            assert "".join(s.stream(prompt, 8, stop=[word])) == s.generate(prompt, 8, stop=[word])[0] == cut_at_stop(text, [word])
+
+
+def test_chat_uses_the_template_without_a_second_bos(tiny_llama):
+    tok = tiny_llama.tokenizer
+    s = Steerer(tiny_llama, method="original")
+    with pytest.raises(ValueError, match="no chat template"):
+        s.chat([{"role": "user", "content": "the capital of france"}])
+    tok.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}is"
+    try:
+        prompt = s.chat_prompt([{"role": "user", "content": "the capital of france"}])
+        assert prompt == "the capital of france is"
+        assert s.chat([{"role": "user", "content": "the capital of france"}], 5) == s.generate(prompt, 5)[0]
+    finally:
+        tok.chat_template = None
+
+
+def test_bad_construction(tiny_llama):
+    with pytest.raises(ValueError, match="method must be one of"):
+        Steerer(tiny_llama, SEL, method="both")
+    with pytest.raises(ValueError, match="needs heads"):
+        Steerer(tiny_llama, None, method="juice")
+
+
+def test_a_stream_closed_early_leaves_no_decoding_running(tiny_llama):
+    s = Steerer(tiny_llama, SEL, method="juice", beta_plus=2, beta_minus=-1)
+    before = s.generate(PROMPTS, 12)
+    for _ in range(3):
+        it = s.stream(PROMPTS[1], 200)
+        next(it)
+        it.close()   # the reader stops after one piece: the worker must be gone before we go on
+        assert s.generate(PROMPTS, 12) == before
