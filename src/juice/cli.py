@@ -193,6 +193,35 @@ def generate(
 
 
 @app.command()
+def serve(
+    model: str = typer.Option(DEFAULT_MODEL, help="embedded alias, .gguf file, model directory or hub id"),
+    heads: list[Path] = typer.Option([], exists=True, dir_okay=False,
+                                     help="a heads file (repeat: one per direction, e.g. parametric and contextual)"),
+    host: str = typer.Option("127.0.0.1"),
+    port: int = typer.Option(8000),
+    device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
+    batch_window: float = typer.Option(0.01, help="seconds to wait for more requests to batch together"),
+):
+    """OpenAI-compatible server (/v1/models, /v1/completions, /v1/chat/completions) with
+    per-request steering in the body's "juice" field (needs the server extra: FastAPI, uvicorn)."""
+    try:
+        import uvicorn
+    except ImportError as err:
+        raise ValueError("juice serve needs FastAPI and uvicorn: pip install -e '.[server]'") from err
+    from juice.models import load_model
+    from juice.scoring import load_heads
+    from juice.server import create_app
+
+    for path in heads:
+        load_heads(path)   # malformed files fail before the model loads
+    lm = load_model(model, device=device)
+    app_ = create_app(lm, [load_heads(path, lm) for path in heads], batch_window_s=batch_window)
+    console.print(f"serving {lm.name} on http://{host}:{port}/v1 with heads for "
+                  f"{', '.join(sorted(str(load_heads(p).direction) for p in heads)) or 'no direction (Original only)'}")
+    uvicorn.run(app_, host=host, port=port, log_level="info")
+
+
+@app.command()
 def toy(
     which: str = typer.Argument("all", help="all | construction | learning | conflict | juice"),
     out: Path = typer.Option(Path("juice-toy"), help="output directory (PNG figures, toy.json)"),
