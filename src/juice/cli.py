@@ -134,11 +134,16 @@ def identify(
     shortlist: int = typer.Option(12),
     head_set_size: int = typer.Option(4),
     seed: int = typer.Option(0),
-    data: Optional[Path] = typer.Option(None, exists=True, help="the paper's ParaConflict layout; World Capital's pool gives D"),
+    data: Optional[Path] = typer.Option(None, exists=True, help=(
+        "your examples (a JSONL/CSV file with prompt, target, optional other and conflict_type; a ParaConflict "
+        "JSON file; an NQ-Swap JSONL; a MemoTrap CSV): every row is scored; or the paper's ParaConflict folder "
+        "layout (World Capital's pool gives D, filtered for the model)")),
+    direction: str = typer.Option("parametric", help="with a data file: parametric | contextual (which answer the "
+                                                     "ParaConflict, NQ-Swap and MemoTrap rows promote)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
 ):
-    """Stage 1 only: identify the heads on World Capital's D (filtered for the model) and write a
-    heads JSON file."""
+    """Stage 1 only: identify the heads on your examples (--data FILE) or on World Capital's D
+    (filtered for the model), and write a heads JSON file that records its data."""
     from juice.models import load_model
     from juice.reproduce import (
         ReproduceConfig,
@@ -147,21 +152,37 @@ def identify(
         identify_heads,
         prepare_domains,
         run_key_base,
+        score_prompts,
     )
-    from juice.scoring import make_artifact, save_heads
+    from juice.scoring import ScoringPrompt, make_artifact, save_heads
+    from juice.tokens import answer_first_token
+    from juice.userdata import file_digest, load_rows
 
     cfg = ReproduceConfig(model=model, k=k, scoring=scoring, shortlist=shortlist, head_set_size=head_set_size,
                           seed=seed, data=data, domains=("world_capital",), validation_size=0, baselines=False,
                           limit=0, device=device)
-    domain_sources(cfg)   # bad data fails before the model loads
-    lm = load_model(model, device=device)
-    with _progress() as task:
-        # the filter's stage files are keyed on the model, the data and the seed (run_key_base)
-        base = run_key_base(lm, cfg, data=str(data), command="identify", head_set_size=head_set_size)
-        splits, _, head_domain, _ = prepare_domains(lm, cfg, StageFiles(out.parent / ".juice-state"), base, task)
-        head_set = splits[head_domain].head_set
-        scores, selection = identify_heads(lm, cfg, head_set, task)
-    save_heads(make_artifact(lm, scores, selection, k, "parametric", head_set), out)
+    if data is not None and data.is_file():   # the user's own rows: all of them are D
+        rows = load_rows(data, direction)      # bad data fails before the model loads
+        lm = load_model(model, device=device)
+        prompts = [ScoringPrompt(r.prompt, answer_first_token(lm.tokenizer, r.prompt, r.target), r.conflict_type)
+                   for r in rows]
+        with _progress() as task:
+            scores, selection = score_prompts(lm, cfg, prompts, task)
+        artifact = make_artifact(lm, scores, selection, k, direction, rows)
+        artifact.data = {"file": str(data), "sha256_16": file_digest(data), "rows": len(rows),
+                         "conflict_types": sorted({r.conflict_type for r in rows})}
+    else:
+        domain_sources(cfg)   # bad data fails before the model loads
+        lm = load_model(model, device=device)
+        with _progress() as task:
+            # the filter's stage files are keyed on the model, the data and the seed (run_key_base)
+            base = run_key_base(lm, cfg, data=str(data), command="identify", head_set_size=head_set_size)
+            splits, _, head_domain, _ = prepare_domains(lm, cfg, StageFiles(out.parent / ".juice-state"), base, task)
+            head_set = splits[head_domain].head_set
+            scores, selection = identify_heads(lm, cfg, head_set, task)
+        artifact = make_artifact(lm, scores, selection, k, "parametric", head_set)
+        artifact.data = {"folder": str(data) if data else "built-in", "domain": head_domain, "rows": len(head_set)}
+    save_heads(artifact, out)
     console.print(f"positive: {', '.join(map(str, selection.positive))}")
     console.print(f"negative: {', '.join(map(str, selection.negative))}")
     console.print(f"wrote {out}")

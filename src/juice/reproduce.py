@@ -331,7 +331,17 @@ def identify_heads(
     With `checkpoint`, each prompt's scores are saved as soon as they are computed, so an
     interrupted Stage 1 resumes at the next prompt.
     """
-    prompts = scoring_prompts(lm, head_set, direction)
+    return score_prompts(lm, cfg, scoring_prompts(lm, head_set, direction), progress, checkpoint)
+
+
+def score_prompts(lm: LoadedModel, cfg: ReproduceConfig, prompts: Sequence, progress: Progress = no_progress,
+                  checkpoint: UnitCheckpoint | None = None):
+    """Stage 1 (cfg.scoring: exact, attribution or hybrid) on ready scoring prompts, then Alg. 3's
+    selection of cfg.k heads per sign. Returns (scores, selection).
+
+    Raises:
+        ValueError: an unknown scoring method.
+    """
     if cfg.scoring == "attribution":
         advance = progress("stage 1: attribution (approximate)", len(prompts))
         scores = attribution_scores(lm, prompts, cfg.alphas_positive, cfg.alphas_negative,

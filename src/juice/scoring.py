@@ -350,6 +350,7 @@ class HeadsArtifact:
     selection: HeadSelection
     head_set: list[dict] = field(default_factory=list)
     scores: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)   # where D came from (file, digest, rows)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -363,6 +364,7 @@ class HeadsArtifact:
             "negative_heads": [str(h) for h in self.selection.negative],
             "head_set": self.head_set,
             "scores": self.scores,
+            "data": self.data,
         }
 
 
@@ -450,7 +452,7 @@ def load_heads(path: str | Path, lm: LoadedModel | None = None) -> HeadsArtifact
         )
         artifact = HeadsArtifact(
             data["model"], data["direction"], data["k"], data["alphas_positive"], data["alphas_negative"],
-            selection, data.get("head_set", []), data.get("scores", {}),
+            selection, data.get("head_set", []), data.get("scores", {}), data.get("data", {}),
         )
     except KeyError as missing:
         raise ValueError(f"{path}: a juice heads file without the field {missing}") from None

@@ -1,0 +1,139 @@
+"""Your own conflict examples for head identification (`juice identify --data FILE`).
+
+Accepted files:
+
+- JSONL or CSV with the columns `prompt`, `target` (the answer to promote), optional `other` (the
+  answer to suppress; recorded) and optional `conflict_type` (any label, default "all"; Stage 1's
+  consistency filter, paper Alg. 3, keeps heads whose score is non-negative for every label present);
+- the paper's ParaConflict JSON (a list of items): three rows per item, one per conflict type,
+  target the parametric answer (direction "parametric") or the context answer ("contextual");
+- an NQ-Swap JSONL (rows with `sub_answer`) or a MemoTrap CSV (columns `classes`, `answer_index`):
+  one row per item, label "context", target the contextual answer ("contextual") or the
+  memorised one ("parametric").
+
+Each row becomes a :class:`juice.scoring.ScoringPrompt` whose target is the first token of
+`target` after the prompt.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE
+
+DIRECTIONS = ("parametric", "contextual")
+
+
+@dataclass(frozen=True)
+class ConflictRow:
+    """One example: `prompt` ends right before the answer; `target` is promoted."""
+
+    prompt: str
+    target: str
+    other: str | None = None
+    conflict_type: str = "all"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _row(where: str, record: object) -> ConflictRow:
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: a row must be an object with prompt and target")
+    prompt, target = record.get("prompt"), record.get("target")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"{where}: no prompt")
+    if not isinstance(target, str) or not target.strip():
+        raise ValueError(f"{where}: no target (the answer to promote)")
+    other = record.get("other") or None
+    label = record.get("conflict_type") or "all"
+    if other is not None and not isinstance(other, str):
+        raise ValueError(f"{where}: other must be text")
+    return ConflictRow(prompt, target, other, str(label))
+
+
+def load_rows(path: str | Path, direction: str = "parametric") -> list[ConflictRow]:
+    """The rows of `path` (module docstring), in file order.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: an unknown direction, an unknown format, a malformed or empty file, a row
+            without prompt or target (the message names the file and the row).
+    """
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be parametric or contextual, not {direction!r}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no data file at {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
+    rows: list[ConflictRow]
+    if path.suffix.lower() == ".csv":
+        try:
+            records = list(csv.DictReader(text.splitlines()))
+        except csv.Error as err:
+            raise ValueError(f"{path}: malformed CSV ({err})") from None
+        if records and "classes" in records[0] and "answer_index" in records[0]:
+            rows = _memotrap_rows(path, records, direction)
+        else:
+            rows = [_row(f"{path} row {i + 1}", r) for i, r in enumerate(records)]
+    elif path.suffix.lower() == ".json":
+        from juice.data.paraconflict import load_paraconflict_json
+
+        rows = []
+        for ex in load_paraconflict_json(path):
+            target = ex.answer if direction == "parametric" else ex.context_answer
+            other = ex.context_answer if direction == "parametric" else ex.answer
+            rows += [ConflictRow(ex.prompts[t], target, other, t) for t in CONFLICT_TYPES]
+    else:   # JSONL
+        records = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except (json.JSONDecodeError, RecursionError) as err:
+                    raise ValueError(f"{path} line {n}: not JSON ({type(err).__name__})") from None
+        if records and isinstance(records[0], dict) and "sub_answer" in records[0]:
+            from juice.data.nqswap import parse_record
+
+            exs = [parse_record(i, r) for i, r in enumerate(records)]
+            rows = [ConflictRow(ex.prompt, *((ex.context_answer, ex.parametric_answers[0]) if direction == "contextual"
+                                             else (ex.parametric_answers[0], ex.context_answer)), CONTEXT_TYPE)
+                    for ex in exs]
+        else:
+            rows = [_row(f"{path} line {i + 1}", r) for i, r in enumerate(records)]
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    return rows
+
+
+def _memotrap_rows(path: Path, records: list[dict], direction: str) -> list[ConflictRow]:
+    from juice.data.memotrap import MemoTrapFormatError, SUBTASKS, parse_row
+
+    subtask = next((name for name, file in SUBTASKS.items() if file == path.name), None)
+    if subtask is None:
+        raise ValueError(f"{path}: a MemoTrap CSV must keep its file name ({', '.join(SUBTASKS.values())})")
+    out = []
+    for i, r in enumerate(records):
+        try:
+            ex = parse_row(subtask, i, r)
+        except MemoTrapFormatError as err:
+            raise ValueError(str(err)) from None
+        target, other = ((ex.context_answer, ex.parametric_answers[0]) if direction == "contextual"
+                         else (ex.parametric_answers[0], ex.context_answer))
+        out.append(ConflictRow(ex.prompt, target, other, CONTEXT_TYPE))
+    return out
+
+
+def file_digest(path: str | Path) -> str:
+    """The first 16 hex digits of the file's SHA-256 (recorded in the heads file)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+__all__ = ["ConflictRow", "DIRECTIONS", "file_digest", "load_rows"]
