@@ -23,7 +23,7 @@ from juice.baselines.ph3 import (
 from juice.data.records import ConflictExample, ContextualExample
 from juice.interventions import Head, captured_heads, projection_input_hooks
 from juice.models import wrap_model
-from juice.scoring import UnitCheckpoint
+from juice.io import UnitCheckpoint
 from juice.tokens import answer_first_token, encode
 
 

@@ -272,7 +272,7 @@ def toy(
         results[name]["seconds"] = time.perf_counter() - start
         draw(results[name], out / f"{name}.png")
         console.print(f"[bold]{name}[/bold] ({results[name]['seconds']:.0f}s): {ex.headline(name, results[name])}")
-    from juice.scoring import write_json_atomic
+    from juice.io import write_json_atomic
 
     write_json_atomic(out / "toy.json", results)
     console.print(f"wrote {out / 'toy.json'} and {', '.join(f'{n}.png' for n in results)}")

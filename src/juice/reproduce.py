@@ -28,8 +28,6 @@ The contextual direction (Table 2) is :mod:`juice.reproduce_contextual`.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -56,17 +54,16 @@ from juice.evaluation import Method, evaluate, is_correct, results_from_json, re
 from juice.interventions import Head
 from juice.models import DEFAULT_MODEL, LoadedModel, load_model
 from juice.report import difference_markdown, interval_markdown, table1_columns
+from juice.io import StageFiles, UnitCheckpoint, settings_key, write_json_atomic
 from juice.scoring import (
     ALPHAS_NEGATIVE,
     ALPHAS_POSITIVE,
-    UnitCheckpoint,
     attribution_scores,
     hybrid_scores,
     make_artifact,
     score_heads,
     scoring_prompts,
     select_heads,
-    write_json_atomic,
 )
 from juice.steering import HeadSelection, Steering, steering_coefficients
 from juice.tables import IntervalTable, interval_table
@@ -164,32 +161,6 @@ class ReproduceResult:
     methods: tuple[str, ...] = TABLE1_METHODS
     likelihood: IntervalTable | None = None     # contextual: MemoTrap by likelihood comparison
     head_domain: str = "world_capital"          # whose D the heads come from
-
-
-class StageFiles:
-    """Stage files under `<out>/state/`, each tagged with the key of the settings it depends on."""
-
-    def __init__(self, folder: Path):
-        self.folder = folder
-
-    def load(self, name: str, key: str) -> Any | None:
-        path = self.folder / f"{name}.json"
-        if not path.is_file():
-            return None
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            return None  # a torn file from an interrupted write of an older version: recompute
-        return data["value"] if data.get("key") == key else None
-
-    def save(self, name: str, key: str, value: Any) -> None:
-        write_json_atomic(self.folder / f"{name}.json", {"key": key, "value": value})
-
-
-def settings_key(values: dict) -> str:
-    """A stage's key: the first 16 hex digits of the SHA-256 of `values` as sorted JSON (anything
-    not JSON-serializable by its `str`)."""
-    return hashlib.sha256(json.dumps(values, default=str, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------- 1. data

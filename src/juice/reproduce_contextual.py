@@ -48,7 +48,7 @@ from juice.reproduce import (
     start_run,
     tuning_stage,
 )
-from juice.scoring import write_json_atomic
+from juice.io import write_json_atomic
 from juice.tables import interval_table
 from juice.tokens import token_ids
 

@@ -17,8 +17,6 @@ last position only.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,6 +30,7 @@ from juice.architectures import ModelHeads
 from juice.budget import resolve_max_rows
 from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample
 from juice.interventions import Head, check_heads, head_coefficients, projection_input_hooks, scaled_heads
+from juice.io import UnitCheckpoint, write_json_atomic
 from juice.models import LoadedModel
 from juice.steering import HeadSelection
 from juice.tokens import answer_first_token, encode
@@ -221,42 +220,6 @@ class HeadScores:
         return part.sum(-1)
 
 
-class UnitCheckpoint:
-    """Results of a long sweep, one entry per unit of work (a prompt), so an interrupted sweep
-    resumes where it stopped.
-
-    The file holds `{"scope": ..., "units": {unit id: value}}` and is rewritten atomically after
-    every unit (:func:`write_json_atomic`). Unit ids hash everything the value depends on (prompt,
-    target, interventions); `scope` (e.g. the model fingerprint) guards against another model:
-    a file with another scope is ignored and overwritten.
-    """
-
-    def __init__(self, path: str | Path, scope: Any):
-        self.path = Path(path)
-        self.scope = json.loads(json.dumps(scope, default=str))
-        self.units: dict[str, Any] = {}
-        if self.path.is_file():
-            try:
-                data = json.loads(self.path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError:
-                data = {}
-            if data.get("scope") == self.scope:
-                self.units = data.get("units", {})
-
-    @staticmethod
-    def unit_id(*parts: Any) -> str:
-        import hashlib
-
-        return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:24]
-
-    def get(self, unit: str) -> Any | None:
-        return self.units.get(unit)
-
-    def put(self, unit: str, value: Any) -> None:
-        self.units[unit] = value
-        write_json_atomic(self.path, {"scope": self.scope, "units": self.units})
-
-
 def score_heads(
     lm: LoadedModel,
     prompts: Sequence[ScoringPrompt],
@@ -395,20 +358,6 @@ def make_artifact(
             "clean_probs": {t: scores.clean_probs[j].tolist() for j, t in enumerate(scores.conflict_types)},
         },
     )
-
-
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write JSON to a temporary file beside `path`, then rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, ensure_ascii=False, default=str)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def save_heads(artifact: HeadsArtifact, path: str | Path) -> None:

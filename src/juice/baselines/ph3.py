@@ -86,7 +86,8 @@ from juice.budget import resolve_max_rows
 from juice.data.records import ConflictExample, ContextualExample
 from juice.interventions import Head, check_heads, projection_input_hooks
 from juice.models import LoadedModel
-from juice.scoring import UnitCheckpoint, _grow_batch, intervention_readout
+from juice.io import UnitCheckpoint
+from juice.scoring import _grow_batch, intervention_readout
 from juice.steering import Prune, Steering
 from juice.tokens import answer_first_token, encode
 
