@@ -143,7 +143,6 @@ def test_a_heads_file_for_another_model_and_a_prompt_too_long(tmp_path, capsys):
     assert cli.main(["generate", "x", "--heads", str(path)]) == 2
     assert "was made for model 'other'" in capsys.readouterr().err
     from juice.models import load_model
-    from juice.scoring import make_artifact, save_heads  # noqa: F401  (the real format)
 
     lm = load_model("gemma-3-270m")
     mine = dict(HEADS, model=lm.fingerprint())
