@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -27,12 +28,9 @@ PROMPTS = ["the capital of france is", "the name of the capital city of japan is
            "w1 w2 w3 the name of the capital city of spain is", "the capital of germany is"]
 
 
-@pytest.fixture(scope="module")
-def served():
-    lm = build_tiny("llama")
-    lm.tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}is"
-    artifact = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL)
-    app = create_app(lm, [artifact], model_name="tiny", batch_window_s=0.05)
+@contextmanager
+def _serving(app):
+    """Run `app` on 127.0.0.1 at a free port in a thread; yield an `openai` client for it."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -41,10 +39,36 @@ def served():
     thread.start()
     while not server.started:
         time.sleep(0.01)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
-    yield lm, client, app.state.engine
-    server.should_exit = True
-    thread.join(timeout=5)
+    try:
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def served():
+    lm = build_tiny("llama")
+    lm.tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}is"
+    artifact = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL)
+    app = create_app(lm, [artifact], model_name="tiny", batch_window_s=0.05)
+    with _serving(app) as client:
+        yield lm, client, app.state.engine
+
+
+def test_a_tuned_heads_file_gives_the_default_betas(served):
+    lm = served[0]
+    tuned = {"juice": {"beta_plus": 30.0, "beta_minus": -5.0}, "june": {"beta_plus": 4.0, "beta_minus": -2.0}}
+    artifact = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL, tuned=tuned)
+    with _serving(create_app(lm, [artifact], model_name="tiny")) as client:
+        for method in ("juice", "june"):
+            out = client.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=6, temperature=0,
+                                            extra_body={"juice": {"method": method}})
+            assert out.choices[0].text == Steerer(lm, artifact, method=method).generate(PROMPTS[2], 6)[0]
+        assert Steerer(lm, artifact).beta_plus == 30.0
+        given = client.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=6, temperature=0,
+                                          extra_body={"juice": {"beta_plus": 1}})
+        assert given.choices[0].text == Steerer(lm, SEL, beta_plus=1, beta_minus=-5).generate(PROMPTS[2], 6)[0]
 
 
 def test_models_and_a_plain_completion_equal_the_library(served):
@@ -108,5 +132,9 @@ def test_bad_requests_are_400s(served):
         client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body={"juice": {"method": "both"}})
     with pytest.raises(openai.BadRequestError, match="top_p"):
         client.completions.create(model="tiny", prompt="x", max_tokens=2, temperature=1.0, top_p=1.5)
+    with pytest.raises(openai.BadRequestError, match=r"\|beta\| <= 100"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body={"juice": {"beta_plus": 1e6}})
+    with pytest.raises(openai.BadRequestError, match="finite"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body={"juice": {"beta_minus": "nan"}})
     with pytest.raises(openai.BadRequestError, match="context holds"):
         client.completions.create(model="tiny", prompt="w1 " * 400, max_tokens=2, temperature=0)

@@ -143,7 +143,10 @@ def identify(
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
 ):
     """Stage 1 only: identify the heads on your examples (--data FILE) or on World Capital's D
-    (filtered for the model), and write a heads JSON file that records its data."""
+    (filtered for the model), and write a heads JSON file that records its data.
+
+    Example: juice identify --data my_conflicts.jsonl --direction contextual --out heads.json
+    """
     from juice.models import load_model
     from juice.reproduce import (
         ReproduceConfig,
@@ -152,25 +155,22 @@ def identify(
         identify_heads,
         prepare_domains,
         run_key_base,
-        score_prompts,
     )
-    from juice.scoring import ScoringPrompt, make_artifact, save_heads
-    from juice.tokens import answer_first_token
-    from juice.userdata import file_digest, load_rows
+    from juice.scoring import make_artifact, save_heads
+    from juice.userdata import load_rows
 
     cfg = ReproduceConfig(model=model, k=k, scoring=scoring, shortlist=shortlist, head_set_size=head_set_size,
                           seed=seed, data=data, domains=("world_capital",), validation_size=0, baselines=False,
                           limit=0, device=device)
     if data is not None and data.is_file():   # the user's own rows: all of them are D
-        rows = load_rows(data, direction)      # bad data fails before the model loads
+        from juice.workflow import identify as identify_rows, parse_direction
+
+        load_rows(data, parse_direction(direction))   # bad data fails before the model loads
         lm = load_model(model, device=device)
-        prompts = [ScoringPrompt(r.prompt, answer_first_token(lm.tokenizer, r.prompt, r.target), r.conflict_type)
-                   for r in rows]
         with _progress() as task:
-            scores, selection = score_prompts(lm, cfg, prompts, task)
-        artifact = make_artifact(lm, scores, selection, k, direction, rows)
-        artifact.data = {"file": str(data), "sha256_16": file_digest(data), "rows": len(rows),
-                         "conflict_types": sorted({r.conflict_type for r in rows})}
+            artifact = identify_rows(lm, data, direction=direction, k=k, scoring=scoring, shortlist=shortlist,
+                                     progress=task)
+        selection = artifact.selection
     else:
         domain_sources(cfg)   # bad data fails before the model loads
         lm = load_model(model, device=device)
@@ -186,6 +186,94 @@ def identify(
     console.print(f"positive: {', '.join(map(str, selection.positive))}")
     console.print(f"negative: {', '.join(map(str, selection.negative))}")
     console.print(f"wrote {out}")
+
+
+@app.command()
+def tune(
+    heads: Path = typer.Option(..., exists=True, dir_okay=False, help="the heads file to tune (rewritten in place)"),
+    data: Path = typer.Option(..., exists=True, dir_okay=False, help=(
+        "validation rows: JSONL/CSV (prompt, target, optional other, conflict_type, aliases, question), "
+        "ParaConflict JSON, NQ-Swap JSONL or MemoTrap CSV")),
+    methods: str = typer.Option("juice,june", help="comma-separated: juice, june, ph3 (PH3's k; needs rows with other)"),
+    model: str = typer.Option(DEFAULT_MODEL),
+    device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
+):
+    """Choose (beta+, beta-) for JuICE and JuNE (and PH3's k) on validation rows, and write them
+    into the heads file with the grid's accuracies: a tuned heads file alone is enough to steer
+    (`juice.Steerer`) and to serve (`juice serve`).
+
+    Example: juice tune --heads heads.json --data validation.jsonl --methods juice,june,ph3
+    """
+    from juice.models import load_model
+    from juice.scoring import load_heads, save_heads
+    from juice.userdata import load_rows
+    from juice.workflow import tune as tune_rows
+
+    artifact = load_heads(heads)          # a malformed file fails before the model loads
+    load_rows(data, artifact.direction)
+    names = [m.strip().lower() for m in methods.split(",") if m.strip()]
+    lm = load_model(model, device=device)
+    artifact = load_heads(heads, lm)
+    with _progress() as task:
+        chosen = tune_rows(lm, artifact, data, methods=names, progress=task)
+    save_heads(artifact, heads)
+    for name, setting in chosen.items():
+        what = (f"k = {setting.k} ({', '.join(setting.pruned) or 'none'})" if setting.k is not None
+                else f"beta+ {setting.beta_plus:g}, beta- {setting.beta_minus:g}")
+        console.print(f"{name}: {what}, accuracy {setting.accuracy:.1f}% on {artifact.tuned['data']['rows']} rows")
+    console.print(f"wrote {heads}")
+
+
+@app.command()
+def evaluate(
+    data: Path = typer.Option(..., exists=True, dir_okay=False, help="test rows (the formats of `juice tune --data`)"),
+    heads: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
+                                         help="a heads file (needed for juice, june, ph3)"),
+    methods: str = typer.Option("original,prompt,juice,june", help=(
+        "comma-separated: original, prompt, juice, june, cad, adacad (rows need question), ph3 (after `juice tune "
+        "--methods ph3`)")),
+    direction: Optional[str] = typer.Option(None, help="parametric | contextual (default: the heads file's)"),
+    beta_plus: Optional[float] = typer.Option(None, help="override the heads file's tuned beta+"),
+    beta_minus: Optional[float] = typer.Option(None, help="override the heads file's tuned beta-"),
+    out: Path = typer.Option(Path("juice-evaluation"), help="folder for evaluation.json and evaluation.md"),
+    model: str = typer.Option(DEFAULT_MODEL),
+    device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
+):
+    """Evaluate methods on your test rows: exact match per conflict-type label and their mean,
+    with n and 95% bootstrap intervals, and paired differences; printed and saved.
+
+    Example: juice evaluate --heads heads.json --data test.jsonl --methods original,prompt,juice,june,cad
+    """
+    from juice.io import write_json_atomic
+    from juice.models import load_model
+    from juice.report import difference_markdown, interval_markdown, interval_rich
+    from juice.scoring import load_heads
+    from juice.userdata import load_rows
+    from juice.workflow import evaluate_file, parse_direction
+
+    names = [m.strip().lower() for m in methods.split(",") if m.strip()]
+    artifact = load_heads(heads) if heads else None   # malformed input fails before the model loads
+    chosen = parse_direction(direction or (artifact.direction if artifact else "parametric"))
+    load_rows(data, chosen)
+    lm = load_model(model, device=device)
+    artifact = load_heads(heads, lm) if heads else None
+    with _progress() as task:
+        report = evaluate_file(lm, artifact, data, names, direction=chosen, beta_plus=beta_plus,
+                               beta_minus=beta_minus, progress=task)
+    columns = report.columns()
+    headers = [c for c, _ in columns]
+    console.print(interval_rich(report.table, report.methods, columns, headers,
+                                title=f"{data.name}: exact match, % (95% interval half-width)"))
+    for name, setting in report.settings.items():
+        console.print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in setting.items()))
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "evaluation.json", report.to_json())
+    (out / "evaluation.md").write_text(
+        f"# {data.name} ({chosen} direction)\n\nExact match, % (95% bootstrap interval half-width); "
+        f"bold: interval wholly above the runner-up's.\n\n" + interval_markdown(report.table, report.methods, columns, headers)
+        + "\nPaired differences, percentage points [95% interval]:\n\n" + difference_markdown(report.table, columns, headers),
+        encoding="utf-8")
+    console.print(f"wrote {out / 'evaluation.json'}, {out / 'evaluation.md'}")
 
 
 @app.command()

@@ -314,6 +314,7 @@ class HeadsArtifact:
     head_set: list[dict] = field(default_factory=list)
     scores: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)   # where D came from (file, digest, rows)
+    tuned: dict[str, Any] = field(default_factory=dict)  # `juice tune`: method -> chosen setting, and "data"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -328,6 +329,7 @@ class HeadsArtifact:
             "head_set": self.head_set,
             "scores": self.scores,
             "data": self.data,
+            **({"tuned": self.tuned} if self.tuned else {}),
         }
 
 
@@ -402,6 +404,7 @@ def load_heads(path: str | Path, lm: LoadedModel | None = None) -> HeadsArtifact
         artifact = HeadsArtifact(
             data["model"], data["direction"], data["k"], data["alphas_positive"], data["alphas_negative"],
             selection, data.get("head_set", []), data.get("scores", {}), data.get("data", {}),
+            data.get("tuned", {}),
         )
     except KeyError as missing:
         raise ValueError(f"{path}: a juice heads file without the field {missing}") from None

@@ -8,7 +8,9 @@ field (the official `openai` client passes it with `extra_body`):
 
 `direction` picks one of the heads files the server was started with (by the file's direction,
 "parametric" or "context"/"contextual"); absent: the only heads file, or Original when the
-server has none. `method` "juice" | "june" | "original"; betas default to 2 and 0.
+server has none. `method` "juice" | "june" | "original" (absent: "juice" if the server has
+heads); betas default to the heads file's tuned values for the method (`juice tune`), else 2
+and 0; a beta must be a finite number with |beta| <= 100 (`MAX_ABS_BETA`).
 
 One worker thread owns the model: requests that arrive together (within `batch_window_s`) are
 decoded in one batched :func:`juice.steering.generate` call, whatever their steering; each
@@ -112,6 +114,11 @@ class Engine:
         job.done.set()
 
 
+MAX_ABS_BETA = 100.0
+"""Largest |beta| a request may ask for (the paper's grids stay within 5); far beyond, head
+outputs swamp the residual stream and the output is noise."""
+
+
 def _heads_direction(artifact) -> str:
     return DIRECTIONS.get(str(artifact.direction), str(artifact.direction))
 
@@ -131,11 +138,13 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
     from fastapi.responses import StreamingResponse
 
     by_direction: dict[str, HeadSelection] = {}
+    tuned: dict[str, dict] = {}
     for artifact in heads:
         d = _heads_direction(artifact)
         if d in by_direction:
             raise ValueError(f"two heads files for the {d} direction")
         by_direction[d] = artifact.selection
+        tuned[d] = dict(getattr(artifact, "tuned", {}) or {})
     name = model_name or lm.name
     engine = Engine(lm, batch_window_s, max_rows)
     app = FastAPI(title="juice", description="OpenAI-compatible completions with per-request head steering")
@@ -159,16 +168,19 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
         if direction is None:
             if len(by_direction) != 1:
                 raise HTTPException(400, f"say juice.direction: this server has heads for {sorted(by_direction) or 'none'}")
-            selection = next(iter(by_direction.values()))
+            d = next(iter(by_direction))
         else:
             d = DIRECTIONS.get(str(direction))
             if d not in by_direction:
                 raise HTTPException(400, f"no heads for direction {direction!r}; this server has {sorted(by_direction)}")
-            selection = by_direction[d]
+        selection, defaults = by_direction[d], tuned[d].get(method, {})
         try:
-            bp, bm = float(options.get("beta_plus", 2.0)), float(options.get("beta_minus", 0.0))
+            bp = float(options.get("beta_plus", defaults.get("beta_plus", 2.0)))
+            bm = float(options.get("beta_minus", defaults.get("beta_minus", 0.0)))
         except (TypeError, ValueError):
             raise HTTPException(400, "juice.beta_plus and juice.beta_minus must be numbers") from None
+        if not (abs(bp) <= MAX_ABS_BETA and abs(bm) <= MAX_ABS_BETA):   # also refuses NaN and infinities
+            raise HTTPException(400, f"juice.beta_plus and juice.beta_minus must be finite with |beta| <= {MAX_ABS_BETA:g}")
         return (JuICE if method == "juice" else JuNE)(lm, selection, bp, bm)
 
     def sampling_of(body: dict, index: int) -> Sampling | None:

@@ -34,7 +34,8 @@ class Steerer:
         heads: a :class:`HeadSelection`, a heads artifact, or the path of a heads file (checked
             against `lm`); None only with method "original".
         method: "juice" (dual run), "june" (single run) or "original" (steering off).
-        beta_plus, beta_minus: the betas (default 2 and 0).
+        beta_plus, beta_minus: the betas; by default the heads file's tuned values for the method
+            (`juice tune`), else 2 and 0.
 
     Raises:
         ValueError: an unknown method, or steering without heads.
@@ -42,17 +43,20 @@ class Steerer:
     """
 
     def __init__(self, lm: LoadedModel, heads: HeadSelection | HeadsArtifact | str | Path | None = None, *,
-                 method: str = "juice", beta_plus: float = 2.0, beta_minus: float = 0.0):
+                 method: str = "juice", beta_plus: float | None = None, beta_minus: float | None = None):
         if method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
         if isinstance(heads, (str, Path)):
             heads = load_heads(heads, lm)
+        tuned: dict = {}
         if isinstance(heads, HeadsArtifact):
+            tuned = heads.tuned.get(method, {})
             heads = heads.selection
         if method != "original" and heads is None:
             raise ValueError(f"method {method!r} needs heads (a HeadSelection, a heads file or its artifact)")
         self.lm, self.heads, self.method = lm, heads, method
-        self.beta_plus, self.beta_minus = float(beta_plus), float(beta_minus)
+        self.beta_plus = float(tuned.get("beta_plus", 2.0) if beta_plus is None else beta_plus)
+        self.beta_minus = float(tuned.get("beta_minus", 0.0) if beta_minus is None else beta_minus)
         preset = {"juice": JuICE, "june": JuNE}.get(method)
         self.steering: Steering = ORIGINAL if preset is None else preset(lm, heads, self.beta_plus, self.beta_minus)
 

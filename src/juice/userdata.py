@@ -3,13 +3,17 @@
 Accepted files:
 
 - JSONL or CSV with the columns `prompt`, `target` (the answer to promote), optional `other` (the
-  answer to suppress; recorded) and optional `conflict_type` (any label, default "all"; Stage 1's
-  consistency filter, paper Alg. 3, keeps heads whose score is non-negative for every label present);
+  answer to suppress; PH3 and the tables' "follows context" use it), optional `conflict_type` (any
+  label, default "all"; Stage 1's consistency filter, paper Alg. 3, keeps heads whose score is
+  non-negative for every label present), optional `aliases` (other accepted forms of the target:
+  a JSON list, or in CSV a "|"-separated string) and optional `question` (the prompt without its
+  context, for CAD and AdaCAD);
 - the paper's ParaConflict JSON (a list of items): three rows per item, one per conflict type,
-  target the parametric answer (direction "parametric") or the context answer ("contextual");
+  target the parametric answer with its aliases (direction "parametric") or the context answer
+  ("contextual");
 - an NQ-Swap JSONL (rows with `sub_answer`) or a MemoTrap CSV (columns `classes`, `answer_index`):
   one row per item, label "context", target the contextual answer ("contextual") or the
-  memorised one ("parametric").
+  memorised one ("parametric"), with the question-only prompt.
 
 Each row becomes a :class:`juice.scoring.ScoringPrompt` whose target is the first token of
 `target` after the prompt.
@@ -36,9 +40,18 @@ class ConflictRow:
     target: str
     other: str | None = None
     conflict_type: str = "all"
+    aliases: tuple[str, ...] = ()
+    question: str | None = None
+
+    @property
+    def answers(self) -> tuple[str, ...]:
+        """The accepted answers: the target, then its aliases."""
+        return (self.target, *self.aliases)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out["aliases"] = list(self.aliases)
+        return out
 
 
 def _row(where: str, record: object) -> ConflictRow:
@@ -53,7 +66,15 @@ def _row(where: str, record: object) -> ConflictRow:
     label = record.get("conflict_type") or "all"
     if other is not None and not isinstance(other, str):
         raise ValueError(f"{where}: other must be text")
-    return ConflictRow(prompt, target, other, str(label))
+    aliases = record.get("aliases") or ()
+    if isinstance(aliases, str):
+        aliases = [a for a in aliases.split("|")]
+    if not isinstance(aliases, (list, tuple)) or not all(isinstance(a, str) and a.strip() for a in aliases):
+        raise ValueError(f"{where}: aliases must be a list of non-empty texts")
+    question = record.get("question") or None
+    if question is not None and (not isinstance(question, str) or not question.strip()):
+        raise ValueError(f"{where}: question must be text")
+    return ConflictRow(prompt, target, other, str(label), tuple(aliases), question)
 
 
 def load_rows(path: str | Path, direction: str = "parametric") -> list[ConflictRow]:
@@ -88,9 +109,11 @@ def load_rows(path: str | Path, direction: str = "parametric") -> list[ConflictR
 
         rows = []
         for ex in load_paraconflict_json(path):
-            target = ex.answer if direction == "parametric" else ex.context_answer
-            other = ex.context_answer if direction == "parametric" else ex.answer
-            rows += [ConflictRow(ex.prompts[t], target, other, t) for t in CONFLICT_TYPES]
+            if direction == "parametric":
+                target, other, aliases = ex.answer, ex.context_answer, ex.answers[1:]
+            else:
+                target, other, aliases = ex.context_answer, ex.answer, ()
+            rows += [ConflictRow(ex.prompts[t], target, other, t, tuple(aliases)) for t in CONFLICT_TYPES]
     else:   # JSONL
         records = []
         for n, line in enumerate(text.splitlines(), 1):
@@ -103,9 +126,7 @@ def load_rows(path: str | Path, direction: str = "parametric") -> list[ConflictR
             from juice.data.nqswap import parse_record
 
             exs = [parse_record(i, r) for i, r in enumerate(records)]
-            rows = [ConflictRow(ex.prompt, *((ex.context_answer, ex.parametric_answers[0]) if direction == "contextual"
-                                             else (ex.parametric_answers[0], ex.context_answer)), CONTEXT_TYPE)
-                    for ex in exs]
+            rows = [_contextual_row(ex, direction) for ex in exs]
         else:
             rows = [_row(f"{path} line {i + 1}", r) for i, r in enumerate(records)]
     if not rows:
@@ -125,10 +146,20 @@ def _memotrap_rows(path: Path, records: list[dict], direction: str) -> list[Conf
             ex = parse_row(subtask, i, r)
         except MemoTrapFormatError as err:
             raise ValueError(str(err)) from None
-        target, other = ((ex.context_answer, ex.parametric_answers[0]) if direction == "contextual"
-                         else (ex.parametric_answers[0], ex.context_answer))
-        out.append(ConflictRow(ex.prompt, target, other, CONTEXT_TYPE))
+        out.append(_contextual_row(ex, direction))
     return out
+
+
+def _contextual_row(ex, direction: str) -> ConflictRow:
+    """A contextual-dataset item as a row: target the contextual answer ("contextual") or the
+    memorised one, the other as `other`, the rest of the target's answers as aliases."""
+    if direction == "contextual":
+        target, *aliases = ex.context_answers
+        other = ex.parametric_answers[0]
+    else:
+        target, *aliases = ex.parametric_answers
+        other = ex.context_answer
+    return ConflictRow(ex.prompt, target, other, CONTEXT_TYPE, tuple(aliases), ex.question)
 
 
 def file_digest(path: str | Path) -> str:

@@ -1,0 +1,434 @@
+"""Your own data, end to end: identify heads, tune the betas, evaluate methods.
+
+    import juice
+    lm = juice.load_model("gemma-3-270m")
+    heads = juice.identify(lm, "my_conflicts.jsonl", direction="context")      # Stage 1 (paper Alg. 2-3)
+    juice.tune(lm, heads, "my_validation.jsonl")                                # (beta+, beta-) into `heads.tuned`
+    report = juice.evaluate_rows(lm, heads, "my_test.jsonl", ["original", "juice", "june"])
+
+Rows come from :func:`juice.userdata.load_rows` (JSONL/CSV with `prompt`, `target`, optional
+`other`, `conflict_type`, `question`, `aliases`; ParaConflict JSON; NQ-Swap JSONL; MemoTrap CSV).
+
+Choices where the paper has no rule for arbitrary data (also in the README):
+
+- Metric: the paper's exact match (an accepted answer, `target` or one of its `aliases`, among the
+  first five words of 10 greedy new tokens, :func:`juice.evaluation.is_correct`) for every file,
+  NQ-Swap and MemoTrap included (their own metrics are `juice reproduce --direction contextual`'s).
+- Groups: each `conflict_type` label is a column; "Average" is the mean over labels (the paper
+  averages over conflict types), its interval a bootstrap within labels.
+- Tuning (paper App. D.1): JuICE's and JuNE's (beta+, beta-) on the grid {0..5} x {0..-3}, and
+  PH3's k in {1, 3, 5, 7, 9, 15}; best mean accuracy over labels, ties broken by the mean
+  first-token probability of the target, then grid order.
+- PH3 on your data: the knock-out scorer (zero each head, effect on the logit difference of
+  target vs `other` at the last position) on the tuning rows that have `other`, since path
+  patching needs counterfactual pairs of one template; heads that oppose the direction are
+  pruned, k tuned with the betas.
+- Prompt baseline: the paper's instruction for the direction (App. D.1): for the parametric
+  direction the substitution instruction before the prompt ("coherent" labels: the coherent
+  instruction and "Context: "; "clean" labels: no instruction), for the contextual direction the
+  completion instruction and a line break.
+- CAD and AdaCAD need each row's `question` (the prompt without its context).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from juice.baselines.cad import cad_generate, jsd_alpha
+from juice.baselines.ph3 import PRUNE_K, ConflictPrompt, Ph3Scores, heads_to_prune, logit_difference_effects
+from juice.baselines.prompt import CONTEXTUAL_COMPLETION, PARAMETRIC_COHERENT, PARAMETRIC_SUBSTITUTION
+from juice.evaluation import ItemResult, Method, as_method, is_correct
+from juice.models import LoadedModel
+from juice.scoring import HeadsArtifact, ScoringPrompt, make_artifact
+from juice.steering import ORIGINAL, JuICE, JuNE, Prune, Stream, generate
+from juice.tables import AVERAGE, IntervalTable, interval_table
+from juice.tokens import answer_first_token
+from juice.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID
+from juice.userdata import ConflictRow, file_digest, load_rows
+
+Progress = Callable[[str, int], Callable[[int], None]]
+MAX_NEW_TOKENS = 10
+METHOD_NAMES = {"original": "Original", "prompt": "Prompt", "juice": "JuICE", "june": "JuNE", "cad": "CAD",
+                "adacad": "AdaCAD", "ph3": "PH3"}
+"""`--methods` values and the names they get in tables."""
+
+_DIRECTIONS = {"parametric": "parametric", "memory": "parametric", "contextual": "contextual", "context": "contextual"}
+
+
+def no_progress(description: str, total: int) -> Callable[[int], None]:
+    return lambda n=1: None
+
+
+def parse_direction(text: str) -> str:
+    """"parametric" (also "memory") or "contextual" (also "context").
+
+    Raises:
+        ValueError: anything else.
+    """
+    try:
+        return _DIRECTIONS[str(text).strip().lower()]
+    except KeyError:
+        raise ValueError(f"direction must be parametric (memory) or contextual (context), not {text!r}") from None
+
+
+def _rows(data: str | Path | Sequence[ConflictRow], direction: str) -> tuple[list[ConflictRow], dict[str, Any]]:
+    """Rows and a record of where they came from (file, SHA-256 prefix, count, labels)."""
+    if isinstance(data, (str, Path)):
+        rows = load_rows(data, direction)
+        where: dict[str, Any] = {"file": str(data), "sha256_16": file_digest(data)}
+    else:
+        rows = list(data)
+        if not rows or not all(isinstance(r, ConflictRow) for r in rows):
+            raise ValueError("data must be a file or a non-empty list of ConflictRow")
+        where = {"file": None}
+    return rows, {**where, "rows": len(rows), "conflict_types": sorted({r.conflict_type for r in rows})}
+
+
+# ---------------------------------------------------------------- Stage 1 on your rows
+
+
+def identify(
+    lm: LoadedModel, data: str | Path | Sequence[ConflictRow], *, direction: str = "parametric", k: int = 5,
+    scoring: str = "exact", shortlist: int = 12, max_rows: int | str = 128, progress: Progress = no_progress,
+) -> HeadsArtifact:
+    """Stage 1 (paper Sec. 3.2, Alg. 2-3) on every row of `data`: score each head by the change
+    of the target's first-token probability under `H <- H + a*H`, keep heads non-negative for every
+    `conflict_type` label present, top `k` per sign.
+
+    Args:
+        data: a data file (module docstring) or rows.
+        direction: which answer the ParaConflict / NQ-Swap / MemoTrap rows promote (your own rows
+            promote their `target` either way); recorded in the heads file.
+        scoring: "exact" (the paper), "attribution" or "hybrid" (approximations, README).
+
+    Returns:
+        The heads artifact (save with :func:`juice.save_heads`); its `data` records the file.
+
+    Raises:
+        FileNotFoundError, ValueError: a missing or malformed file, an unknown direction or scoring.
+        EmptyAnswerError: a target that tokenizes to nothing.
+    """
+    from juice.reproduce import ReproduceConfig, score_prompts
+
+    direction = parse_direction(direction)
+    rows, where = _rows(data, direction)
+    prompts = [ScoringPrompt(r.prompt, answer_first_token(lm.tokenizer, r.prompt, r.target), r.conflict_type)
+               for r in rows]
+    cfg = ReproduceConfig(model=lm.name, k=k, scoring=scoring, shortlist=shortlist, max_rows=max_rows)
+    scores, selection = score_prompts(lm, cfg, prompts, progress)
+    artifact = make_artifact(lm, scores, selection, k, direction, rows)
+    artifact.data = where
+    return artifact
+
+
+# ---------------------------------------------------------------- one runner for rows
+
+
+def instructed_prompt(row: ConflictRow, direction: str) -> str:
+    """The Prompt baseline's form of `row.prompt` (module docstring; paper App. D.1)."""
+    if direction == "contextual":
+        return f"{CONTEXTUAL_COMPLETION}\n{row.prompt}"
+    if row.conflict_type == "clean":
+        return row.prompt
+    if row.conflict_type == "coherent":
+        return f"{PARAMETRIC_COHERENT} Context: {row.prompt}"
+    return f"{PARAMETRIC_SUBSTITUTION} {row.prompt}"
+
+
+def evaluate_rows(
+    lm: LoadedModel, rows: Sequence[ConflictRow], methods: Mapping[str, Method | Any], *, direction: str = "parametric",
+    max_new_tokens: int = MAX_NEW_TOKENS, max_rows: int | str = 64, on_progress: Callable[[int], None] | None = None,
+) -> list[ItemResult]:
+    """Decode every row x method in shared batches (each distinct prompt's clean prefill once;
+    CAD/AdaCAD in their own batches) and score by exact match against `target` and its aliases.
+
+    Results: `domain` = the row's `conflict_type` label (a table column), `subject` = the row's
+    index, `conflict_type` = "all"; `p_parametric` / `p_context` = first-step probability of the
+    first token of the parametric / context answer (target and `other` by direction; NaN where a
+    row has no `other`); `follows_context` = the output gives the context answer.
+
+    Raises:
+        ValueError: CAD or AdaCAD on rows without `question`.
+        EmptyAnswerError: an answer that tokenizes to nothing.
+    """
+    direction = parse_direction(direction)
+    methods = {name: as_method(m) for name, m in methods.items()}
+    plain: dict[str, int] = {}
+    streams, probes, meta = [], [], []
+    cad: dict[Any, list] = {}
+    for i, row in enumerate(rows):
+        for name, method in methods.items():
+            prompt = instructed_prompt(row, direction) if method.instructed else row.prompt
+            target = answer_first_token(lm.tokenizer, prompt, row.target)
+            other = answer_first_token(lm.tokenizer, prompt, row.other) if row.other else target
+            probe = [target, other] if direction == "parametric" else [other, target]
+            if method.contrastive is not None:
+                if not row.question:
+                    raise ValueError(f"{name} needs each row's question (the prompt without its context); "
+                                     f"row {i + 1} has none")
+                cad.setdefault(method.contrastive, []).append(((i, name), prompt, row.question, probe))
+                continue
+            streams.append(Stream(plain.setdefault(prompt, len(plain)), method.steering))
+            probes.append(probe)
+            meta.append((i, name))
+    outputs: dict[tuple[int, str], tuple[str, Any]] = {}
+    if streams:
+        gen = generate(lm, list(plain), streams, max_new_tokens, probe_tokens=torch.tensor(probes),
+                       max_rows=max_rows, on_chunk=on_progress)
+        outputs.update(zip(meta, zip(gen.texts, gen.first_probs)))
+    for alpha, items in cad.items():
+        gen = cad_generate(lm, [it[1] for it in items], [it[2] for it in items], max_new_tokens, alpha,
+                           probe_tokens=torch.tensor([it[3] for it in items]), max_rows=max_rows, on_chunk=on_progress)
+        outputs.update(zip([it[0] for it in items], zip(gen.texts, gen.first_probs)))
+    results = []
+    for i, row in enumerate(rows):
+        for name in methods:
+            text, probs = outputs[(i, name)]
+            p_par, p_ctx = float(probs[0]), float(probs[1])
+            if not row.other:
+                p_par, p_ctx = (p_par, math.nan) if direction == "parametric" else (math.nan, p_ctx)
+            correct = is_correct(text, row.answers)
+            gives_other = bool(row.other) and is_correct(text, [row.other])
+            results.append(ItemResult(
+                domain=row.conflict_type, subject=str(i), conflict_type="all", method=name, output=text,
+                correct=correct, follows_context=correct if direction == "contextual" else gives_other,
+                p_parametric=p_par, p_context=p_ctx,
+                follows_parametric=gives_other if direction == "contextual" else correct))
+    return results
+
+
+def _accuracy(results: Sequence[ItemResult], direction: str) -> tuple[float, float, dict[str, float]]:
+    """(mean accuracy over labels in percent, mean target probability, label -> accuracy %)."""
+    labels = list(dict.fromkeys(r.domain for r in results))
+    per = {g: 100.0 * sum(r.correct for r in results if r.domain == g) / sum(r.domain == g for r in results)
+           for g in labels}
+    p = [r.p_parametric if direction == "parametric" else r.p_context for r in results]
+    return sum(per.values()) / len(per), sum(p) / len(p), per
+
+
+# ---------------------------------------------------------------- tuning
+
+
+@dataclass(frozen=True)
+class TunedSetting:
+    """One method's chosen setting and the grid behind it.
+
+    Attributes:
+        beta_plus, beta_minus: the chosen betas (JuICE, JuNE); None for PH3.
+        k, pruned: PH3's number of pruned heads and which (PH3 only).
+        accuracy: mean accuracy over labels on the tuning rows, percent.
+        grid: every setting tried: {"beta_plus", "beta_minus" | "k", "accuracy", "p_target"}.
+    """
+
+    accuracy: float
+    grid: list[dict[str, float]]
+    beta_plus: float | None = None
+    beta_minus: float | None = None
+    k: int | None = None
+    pruned: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"accuracy": round(self.accuracy, 4), "grid": self.grid}
+        if self.k is None:
+            out.update(beta_plus=self.beta_plus, beta_minus=self.beta_minus)
+        else:
+            out.update(k=self.k, pruned=self.pruned, scorer="knockout")
+        return out
+
+
+def tune(
+    lm: LoadedModel, artifact: HeadsArtifact, data: str | Path | Sequence[ConflictRow], *,
+    methods: Sequence[str] = ("juice", "june"), beta_plus_grid: Sequence[float] = BETA_PLUS_GRID,
+    beta_minus_grid: Sequence[float] = BETA_MINUS_GRID, ks: Sequence[int] = PRUNE_K,
+    max_rows: int | str = 64, progress: Progress = no_progress,
+) -> dict[str, TunedSetting]:
+    """Choose (beta+, beta-) for JuICE and JuNE (and PH3's k, with "ph3" in `methods`) on your
+    validation rows (paper App. D.1; module docstring), and record them in `artifact.tuned`
+    with the data's provenance, so a heads file alone is enough to steer and serve.
+
+    All settings decode in one batched run sharing each prompt's clean prefill.
+
+    Returns:
+        method -> :class:`TunedSetting`.
+
+    Raises:
+        ValueError: an unknown method, PH3 without any row that has `other`, malformed data.
+    """
+    unknown = [m for m in methods if m not in ("juice", "june", "ph3")]
+    if unknown or not methods:
+        raise ValueError(f"tune chooses settings for juice, june and ph3, not {unknown or 'nothing'}")
+    direction = artifact.direction
+    rows, where = _rows(data, direction)
+    presets = {"juice": JuICE, "june": JuNE}
+    steerings: dict[str, Any] = {}
+    for m in methods:
+        if m in presets:
+            for bp in beta_plus_grid:
+                for bm in beta_minus_grid:
+                    steerings[f"{m}:{bp:g}:{bm:g}"] = presets[m](lm, artifact.selection, bp, bm)
+    ph3_order: tuple = ()
+    if "ph3" in methods:
+        scores = ph3_knockout_scores(lm, rows, direction, max_rows=max_rows, progress=progress)
+        for k in ks:
+            steerings[f"ph3:{k}"] = Prune(lm, heads_to_prune(scores, direction, k))
+        ph3_order = heads_to_prune(scores, direction, max(ks))
+    advance = progress(f"tuning: {len(steerings)} settings x {len(rows)} rows", len(steerings) * len(rows))
+    results = evaluate_rows(lm, rows, steerings, direction=direction, max_rows=max_rows, on_progress=advance)
+    out: dict[str, TunedSetting] = {}
+    for m in methods:
+        points = []
+        for name in steerings:
+            if name.split(":")[0] != m:
+                continue
+            acc, p, _ = _accuracy([r for r in results if r.method == name], direction)
+            values = [float(v) for v in name.split(":")[1:]]
+            points.append((acc, p, values))
+        # best accuracy, then target probability, then the first in grid order (max keeps the first)
+        best_i = max(range(len(points)), key=lambda i: (points[i][0], _finite(points[i][1]), -i))
+        acc, _, values = points[best_i]
+        if m == "ph3":
+            grid = [{"k": int(v[0]), "accuracy": round(a, 4), "p_target": round(_finite(p), 6)} for a, p, v in points]
+            k = int(values[0])
+            out[m] = TunedSetting(acc, grid, k=k, pruned=[str(h) for h in ph3_order[:k]])
+        else:
+            grid = [{"beta_plus": v[0], "beta_minus": v[1], "accuracy": round(a, 4), "p_target": round(_finite(p), 6)}
+                    for a, p, v in points]
+            out[m] = TunedSetting(acc, grid, beta_plus=values[0], beta_minus=values[1])
+    artifact.tuned = {**artifact.tuned, **{m: s.to_json() for m, s in out.items()}, "data": where}
+    return out
+
+
+def _finite(x: float) -> float:
+    return -1.0 if math.isnan(x) else x
+
+
+def ph3_knockout_scores(lm: LoadedModel, rows: Sequence[ConflictRow], direction: str, *, max_rows: int | str = 128,
+                        progress: Progress = no_progress) -> Ph3Scores:
+    """PH3's head effects on your rows with `other` (knock-out scorer, :func:`juice.baselines.ph3.
+    logit_difference_effects`): LD = logit(parametric) - logit(context) at the last position.
+
+    Raises:
+        ValueError: no row has `other`.
+    """
+    prompts = []
+    for r in rows:
+        if r.other:
+            target = answer_first_token(lm.tokenizer, r.prompt, r.target)
+            other = answer_first_token(lm.tokenizer, r.prompt, r.other)
+            par, ctx = (target, other) if direction == "parametric" else (other, target)
+            prompts.append(ConflictPrompt(r.prompt, par, ctx))
+    if not prompts:
+        raise ValueError("PH3 needs rows with `other` (the answer to suppress) to score heads")
+    advance = progress(f"PH3: knock out each head on {len(prompts)} rows", len(prompts))
+    return logit_difference_effects(lm, prompts, max_rows=max_rows, on_prompt=lambda i: advance(1))
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+@dataclass
+class RowsEvaluation:
+    """`juice evaluate`'s result: every output and the table with intervals.
+
+    Attributes:
+        results: one per (row, method).
+        table: accuracy intervals; columns are the rows' labels and "Average", group "all".
+        methods: table names in order; settings: the betas / k each method used.
+    """
+
+    results: list[ItemResult]
+    table: IntervalTable
+    methods: list[str]
+    settings: dict[str, Any]
+    data: dict[str, Any]
+
+    def columns(self) -> list[tuple[str, str]]:
+        labels = list(dict.fromkeys(r.domain for r in self.results))
+        return [(c, "all") for c in [*labels, AVERAGE]]
+
+    def to_json(self) -> dict[str, Any]:
+        from juice.evaluation import results_to_json
+
+        return {"data": self.data, "methods": self.methods, "settings": self.settings,
+                "table": self.table.to_json(), "results": results_to_json(self.results)}
+
+
+def evaluation_methods(lm: LoadedModel, artifact: HeadsArtifact | None, names: Sequence[str], *,
+                       beta_plus: float | None = None, beta_minus: float | None = None) -> tuple[dict[str, Method], dict]:
+    """Table name -> :class:`Method` for `--methods` names, and the settings each uses (the heads
+    file's tuned betas / PH3 k unless betas are given; 2 and 0 for an untuned file).
+
+    Raises:
+        ValueError: an unknown name; steering or PH3 without a heads file; PH3 not tuned.
+    """
+    methods: dict[str, Method] = {}
+    settings: dict[str, Any] = {}
+    for raw in names:
+        name = raw.strip().lower()
+        if name not in METHOD_NAMES:
+            raise ValueError(f"unknown method {raw!r}; choose from {', '.join(METHOD_NAMES)}")
+        title = METHOD_NAMES[name]
+        if name == "original":
+            methods[title] = Method(ORIGINAL)
+        elif name == "prompt":
+            methods[title] = Method(ORIGINAL, instructed=True)
+        elif name == "cad":
+            methods[title] = Method(cad_alpha=1.0)
+            settings[title] = {"alpha": 1.0}
+        elif name == "adacad":
+            methods[title] = Method(adacad=True)
+            settings[title] = {"alpha": "JSD (bits)"}
+        else:
+            if artifact is None:
+                raise ValueError(f"{name} needs a heads file")
+            tuned = artifact.tuned.get(name, {})
+            if name == "ph3":
+                if "pruned" not in tuned:
+                    raise ValueError("PH3 needs its k: run `juice tune --methods ph3` on validation data first")
+                from juice.interventions import Head
+
+                methods[title] = Method(Prune(lm, [Head.parse(h) for h in tuned["pruned"]]))
+                settings[title] = {"k": tuned["k"], "pruned": tuned["pruned"]}
+                continue
+            bp = beta_plus if beta_plus is not None else tuned.get("beta_plus", 2.0)
+            bm = beta_minus if beta_minus is not None else tuned.get("beta_minus", 0.0)
+            methods[title] = Method((JuICE if name == "juice" else JuNE)(lm, artifact.selection, bp, bm))
+            settings[title] = {"beta_plus": bp, "beta_minus": bm,
+                               "source": "given" if beta_plus is not None or beta_minus is not None
+                               else ("tuned" if tuned else "default")}
+    if not methods:
+        raise ValueError("no methods to evaluate")
+    return methods, settings
+
+
+def evaluate_file(
+    lm: LoadedModel, artifact: HeadsArtifact | None, data: str | Path | Sequence[ConflictRow],
+    methods: Sequence[str] = ("original", "juice", "june"), *, direction: str | None = None,
+    beta_plus: float | None = None, beta_minus: float | None = None, max_rows: int | str = 64,
+    resamples: int = 2000, seed: int = 0, progress: Progress = no_progress,
+) -> RowsEvaluation:
+    """Evaluate `methods` (names of :data:`METHOD_NAMES`) on every row of `data`, with 95%
+    bootstrap intervals per label, the mean over labels, and paired differences (JuICE vs every
+    method, every method vs Original) (:func:`juice.tables.interval_table`).
+
+    Raises:
+        ValueError: see :func:`evaluation_methods` and :func:`evaluate_rows`.
+    """
+    direction = parse_direction(direction or (artifact.direction if artifact else "parametric"))
+    rows, where = _rows(data, direction)
+    table_methods, settings = evaluation_methods(lm, artifact, methods, beta_plus=beta_plus, beta_minus=beta_minus)
+    advance = progress(f"evaluation: {len(table_methods)} methods x {len(rows)} rows", len(table_methods) * len(rows))
+    results = evaluate_rows(lm, rows, table_methods, direction=direction, max_rows=max_rows, on_progress=advance)
+    names = list(table_methods)
+    table = interval_table(results, names, resamples=resamples, seed=seed)
+    return RowsEvaluation(results, table, names, settings, {**where, "direction": direction})
+
+
+__all__ = ["METHOD_NAMES", "RowsEvaluation", "TunedSetting", "evaluate_file", "evaluate_rows", "evaluation_methods",
+           "identify", "instructed_prompt", "parse_direction", "ph3_knockout_scores", "tune"]
