@@ -66,3 +66,36 @@ def test_draw_keeps_only_the_allowed_tokens():
     assert {Sampling(top_k=2).draw(logits, g) for _ in range(200)} == {0, 1}
     # probabilities ~ .64 .23 .09 .03 .01: top_p 0.8 keeps the first two (0.64 < 0.8 <= 0.87)
     assert {Sampling(top_p=0.8).draw(logits, g) for _ in range(200)} == {0, 1}
+
+
+def test_eos_stop_and_repetition_penalty_equal_hugging_face_generate(tiny):
+    """With `stop_at_eos`, tokens equal HF's exactly (HF pads a finished row; we repeat EOS, so
+    padding is compared as EOS); with a repetition penalty too, greedy and batched."""
+    batch = encode(tiny.tokenizer, PROMPTS)
+    eos, pad = tiny.tokenizer.eos_token_id, tiny.tokenizer.pad_token_id
+    for penalty in (1.0, 1.3, 0.8):
+        with torch.inference_mode():
+            hf = tiny.model.generate(input_ids=batch.input_ids, attention_mask=batch.attention_mask, max_new_tokens=8,
+                                     do_sample=False, pad_token_id=pad, eos_token_id=eos, repetition_penalty=penalty)
+        hf = hf[:, batch.input_ids.shape[1]:]
+        hf = torch.cat([hf, hf.new_full((hf.shape[0], 8 - hf.shape[1]), pad)], 1)   # HF stops when all rows end
+        ours = generate(tiny, PROMPTS, [Stream(i, repetition_penalty=penalty) for i in range(3)], 8,
+                        stop_at_eos=True).tokens
+        finished = (ours == eos).long().cumsum(1) - (ours == eos).long() > 0   # after a row's first EOS
+        assert torch.equal(ours.masked_fill(finished, pad), hf), penalty
+
+
+def test_repetition_penalty_changes_only_seen_tokens_and_one_is_a_no_op(tiny_llama):
+    from juice.steering import penalize_repetition
+
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
+    seen = torch.tensor([[True, True, False, False]])
+    assert penalize_repetition(logits, seen, torch.tensor([2.0])).tolist() == [[1.0, -4.0, 1.0, 0.5]]
+    plain = generate(tiny_llama, PROMPTS, [Stream(i) for i in range(3)], 6).tokens
+    one = generate(tiny_llama, PROMPTS, [Stream(i, repetition_penalty=1.0) for i in range(3)], 6).tokens
+    assert torch.equal(plain, one)
+    strong = generate(tiny_llama, PROMPTS, [Stream(i, repetition_penalty=50.0) for i in range(3)], 6).tokens
+    for row in strong.tolist():   # a very strong penalty: no new token repeats an earlier new token
+        assert len(set(row)) == len(row)
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        Stream(0, repetition_penalty=0.0)

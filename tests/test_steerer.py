@@ -81,3 +81,17 @@ def test_a_stream_closed_early_leaves_no_decoding_running(tiny_llama):
         next(it)
         it.close()   # the reader stops after one piece: the worker must be gone before we go on
         assert s.generate(PROMPTS, 12) == before
+
+
+def test_repetition_penalty_reaches_the_engine(tiny_llama):
+    from juice.steering import Stream, generate
+
+    s = Steerer(tiny_llama, SEL, method="june", beta_plus=2, beta_minus=-1)
+    texts = s.generate(PROMPTS, 6, repetition_penalty=1.5)
+    streams = [Stream(i, juice.JuNE(tiny_llama, SEL, 2, -1), repetition_penalty=1.5) for i in range(len(PROMPTS))]
+    tokens = generate(tiny_llama, PROMPTS, streams, 6).tokens.tolist()
+    eos = tiny_llama.tokenizer.eos_token_id
+    for text, row in zip(texts, tokens):
+        row = row[: row.index(eos)] if eos in row else row
+        assert text == tiny_llama.tokenizer.decode(row, skip_special_tokens=True)
+    assert "".join(s.stream(PROMPTS[1], 6, repetition_penalty=1.5)) == texts[1]

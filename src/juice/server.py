@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from juice.models import LoadedModel
@@ -90,9 +90,10 @@ class Engine:
         for job in batch:
             base = len(prompts)
             prompts += job.prompts
-            streams += [Stream(base + s.prompt, s.steering, s.sampling) for s in job.streams]
+            streams += [replace(s, prompt=base + s.prompt) for s in job.streams]
         try:
-            gen = generate(self.lm, prompts, streams, max(j.max_new_tokens for j in batch), max_rows=self.max_rows)
+            gen = generate(self.lm, prompts, streams, max(j.max_new_tokens for j in batch), max_rows=self.max_rows,
+                           stop_at_eos=True)
             rows = gen.tokens.tolist()
             at = 0
             for job in batch:
@@ -106,7 +107,7 @@ class Engine:
 
     def _run_stream(self, job: _Job) -> None:
         try:
-            generate(self.lm, job.prompts, job.streams, job.max_new_tokens,
+            generate(self.lm, job.prompts, job.streams, job.max_new_tokens, stop_at_eos=True,
                      on_token=lambda rows, tokens: job.tokens.put(int(tokens[0])))
         except BaseException as err:
             job.error = err
@@ -198,7 +199,11 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
     def job_of(body: dict, prompts: list[str]) -> _Job:
         steering = steering_of(body.get("juice"))
         n = int(body.get("n", 1) or 1)
-        streams = [Stream(i, steering, sampling_of(body, k)) for i in range(len(prompts)) for k in range(n)]
+        try:
+            penalty = float(body.get("repetition_penalty", 1.0) or 1.0)
+            streams = [Stream(i, steering, sampling_of(body, k), penalty) for i in range(len(prompts)) for k in range(n)]
+        except (TypeError, ValueError) as err:
+            raise HTTPException(400, f"repetition_penalty: {err}") from None
         stop = body.get("stop") or []
         stop = [stop] if isinstance(stop, str) else list(stop)
         max_new = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)

@@ -8,8 +8,9 @@ know from Hugging Face (greedy or sampled, stop strings, EOS, chat templates, st
         print(piece, end="")
 
 Decoding is :func:`juice.steering.generate` (batched, left-padded, KV-cached; JuICE is the
-paper's dual run, Alg. 1; JuNE the single run, Alg. 4). Generation runs `max_new_tokens` steps
-and the text is cut after: at the first EOS token, then before the first stop string.
+paper's dual run, Alg. 1; JuNE the single run, Alg. 4). Generation runs up to `max_new_tokens`
+steps, stopping once every prompt of the batch has produced EOS; the text is cut at the first
+EOS token, then before the first stop string.
 """
 
 from __future__ import annotations
@@ -63,12 +64,12 @@ class Steerer:
     # ------------------------------------------------------------------ generation
 
     def _streams(self, n: int, do_sample: bool | None, temperature: float | None, top_k: int, top_p: float,
-                 seed: int) -> list[Stream]:
+                 seed: int, repetition_penalty: float = 1.0) -> list[Stream]:
         sample = do_sample if do_sample is not None else (temperature is not None and temperature > 0)
         if not sample:
-            return [Stream(i, self.steering) for i in range(n)]
+            return [Stream(i, self.steering, None, repetition_penalty) for i in range(n)]
         t = 1.0 if temperature is None else temperature
-        return [Stream(i, self.steering, Sampling(t, top_k, top_p, seed + i)) for i in range(n)]
+        return [Stream(i, self.steering, Sampling(t, top_k, top_p, seed + i), repetition_penalty) for i in range(n)]
 
     def _finish(self, tokens: Sequence[int], stop: Sequence[str]) -> str:
         eos = self.lm.tokenizer.eos_token_id
@@ -79,7 +80,7 @@ class Steerer:
 
     def generate(self, prompts: str | Sequence[str], max_new_tokens: int = 64, *, do_sample: bool | None = None,
                  temperature: float | None = None, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                 stop: Sequence[str] = (), max_rows: int | str = 64) -> list[str]:
+                 stop: Sequence[str] = (), repetition_penalty: float = 1.0, max_rows: int | str = 64) -> list[str]:
         """Continue every prompt (batched, left-padded).
 
         Args:
@@ -88,6 +89,9 @@ class Steerer:
                 is given (Hugging Face's options; prompt i is seeded with `seed + i`).
             temperature, top_k, top_p: see :class:`juice.steering.Sampling`.
             stop: strings; each text is cut before the first one found.
+            repetition_penalty: Hugging Face's (:class:`juice.steering.Stream`); 1 is off.
+
+        Decoding of a batch stops once every prompt has produced EOS.
 
         Returns:
             One continuation per prompt, cut at EOS and at the first stop string.
@@ -97,8 +101,8 @@ class Steerer:
             ValueError: bad sampling settings, max_new_tokens < 1.
         """
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-        gen = generate(self.lm, prompts, self._streams(len(prompts), do_sample, temperature, top_k, top_p, seed),
-                       max_new_tokens, max_rows=max_rows)
+        streams = self._streams(len(prompts), do_sample, temperature, top_k, top_p, seed, repetition_penalty)
+        gen = generate(self.lm, prompts, streams, max_new_tokens, max_rows=max_rows, stop_at_eos=True)
         return [self._finish(row, stop) for row in gen.tokens.tolist()]
 
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
@@ -123,7 +127,7 @@ class Steerer:
 
     def stream(self, prompt: str, max_new_tokens: int = 64, *, do_sample: bool | None = None,
                temperature: float | None = None, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-               stop: Sequence[str] = ()) -> Iterator[str]:
+               stop: Sequence[str] = (), repetition_penalty: float = 1.0) -> Iterator[str]:
         """Yield the continuation of `prompt` piece by piece as it is decoded; the pieces join to
         what :meth:`generate` returns for the same arguments (EOS and stop strings end it).
 
@@ -140,8 +144,9 @@ class Steerer:
 
         def work() -> None:
             try:
-                generate(self.lm, [prompt], self._streams(1, do_sample, temperature, top_k, top_p, seed),
-                         max_new_tokens, on_token=on_token)
+                generate(self.lm, [prompt], self._streams(1, do_sample, temperature, top_k, top_p, seed,
+                                                          repetition_penalty),
+                         max_new_tokens, on_token=on_token, stop_at_eos=True)
                 pieces.put(done)
             except _Cancelled:
                 pieces.put(done)

@@ -179,11 +179,24 @@ class Sampling:
 @dataclass(frozen=True)
 class Stream:
     """One generation request: the prompt at index `prompt`, decoded under `steering`, greedily
-    or with `sampling`."""
+    or with `sampling`.
+
+    `repetition_penalty` is Hugging Face's (CTRL, Keskar et al. 2019): before choosing, the logit
+    of every token already in the sequence (prompt, BOS included, and new tokens) is divided by
+    it if positive and multiplied by it if negative; 1 leaves the logits alone.
+
+    Raises:
+        ValueError: repetition_penalty <= 0.
+    """
 
     prompt: int
     steering: Steering = ORIGINAL
     sampling: Sampling | None = None
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
 
 
 @dataclass
@@ -268,6 +281,7 @@ def generate(
     on_chunk: Callable[[int], None] | None = None,
     on_token: Callable[[list[int], Tensor], None] | None = None,
     forced_tokens: Tensor | None = None,
+    stop_at_eos: bool = False,
 ) -> Generation:
     """Greedy or sampled decoding of many (prompt, steering) streams, batched and cached.
 
@@ -280,7 +294,7 @@ def generate(
         prompts: prompt strings (BOS is added).
         streams: what to generate; `Stream(i, steering)` decodes `prompts[i]` under `steering`,
             greedily, or with `Stream(i, steering, Sampling(...))` by sampling.
-        max_new_tokens: tokens to generate per stream (no early stop at EOS).
+        max_new_tokens: tokens to generate per stream.
         probe_tokens: `[n_streams, k]` token ids whose first-step probabilities to return.
         max_rows: most decoding rows per batch (a JuICE stream takes two), or "auto" (sized for
             the longest prompt, :func:`juice.budget.auto_max_rows`).
@@ -292,6 +306,10 @@ def generate(
         forced_tokens: `[n_streams, max_new_tokens]` token ids to feed instead of the greedy
             choice (teacher forcing: scores given continuations under every steering, sharing
             each prompt's prefill like generation does); their log-probabilities are returned.
+        stop_at_eos: stop a batch once each of its streams has produced the tokenizer's EOS
+            (Hugging Face's default); a stream's tokens after its EOS are EOS. Off by default, so
+            evaluation decodes exactly `max_new_tokens` steps (the texts there keep what follows an
+            EOS, PROTOCOL.md); :class:`juice.Steerer` and the server turn it on.
 
     Returns:
         Generation with one entry per stream, in the order of `streams`.
@@ -326,7 +344,9 @@ def generate(
         step = None if on_token is None else (lambda t, chunk=chunk: on_token(list(chunk), t.cpu()))
         return _generate_chunk(lm, batch, [chunk_prompts.index(streams[i].prompt) for i in chunk],
                                [streams[i].steering for i in chunk], max_new_tokens, probes, forced,
-                               [streams[i].sampling for i in chunk], step)
+                               [streams[i].sampling for i in chunk], step,
+                               [streams[i].repetition_penalty for i in chunk],
+                               lm.tokenizer.eos_token_id if stop_at_eos and forced is None else None)
 
     for chunk in _chunks(streams, [len(i) for i in ids], max_rows):
         result = [run(chunk)]
@@ -350,13 +370,21 @@ def generate(
     return Generation(tokens, texts, first_probs, forced_lp)
 
 
+def penalize_repetition(logits: Tensor, seen: Tensor, penalty: Tensor) -> Tensor:
+    """Hugging Face's repetition penalty (:class:`Stream`) on `[rows, vocab]` logits, given the
+    `[rows, vocab]` bool mask of tokens already in each row's sequence and `[rows]` penalties."""
+    p = penalty.to(logits.device, logits.dtype)[:, None]
+    penalized = torch.where(logits < 0, logits * p, logits / p)
+    return torch.where(seen.to(logits.device), penalized, logits)
+
+
 def pick_token(logits: Tensor, forced: Tensor | None, step: int, lps: list[Tensor],
                samplers: Sequence[tuple[Sampling, torch.Generator] | None] | None = None) -> Tensor:
     """The next token of every row: the greedy one, a sampled one, or `forced[:, step]` whose
     log-probability (`[rows]`, float64, nats) is appended to `lps`.
 
     Args:
-        logits: `[rows, vocab]` last-position logits.
+        logits: `[rows, vocab]` last-position logits (after any repetition penalty).
         forced: `[rows, n_steps]` token ids to feed, or None.
         samplers: per row, its :class:`Sampling` and generator, or None for greedy decoding.
     """
@@ -375,7 +403,8 @@ def pick_token(logits: Tensor, forced: Tensor | None, step: int, lps: list[Tenso
 
 
 def _generate_chunk(lm, batch, prompt_of: list[int], steerings: list[Steering], max_new_tokens, probes,
-                    forced=None, samplings: Sequence[Sampling | None] | None = None, on_step=None):
+                    forced=None, samplings: Sequence[Sampling | None] | None = None, on_step=None,
+                    penalties: Sequence[float] | None = None, eos: int | None = None):
     geometry = lm.heads.geometry
     device = lm.device
     zero = _zero_plan_row(geometry)
@@ -402,6 +431,14 @@ def _generate_chunk(lm, batch, prompt_of: list[int], steerings: list[Steering], 
     with planned_rows(lm.heads, plan):
         hidden, cache = forward_last(lm, ids, mask, positions)
     logits = lm.logits(hidden[torch.tensor(out_row, device=device)]).float()
+    penalty = None if penalties is None or all(x == 1 for x in penalties) else torch.tensor(penalties)
+    seen = None
+    if penalty is not None:   # [streams, vocab]: the tokens of each stream's prompt (padding excluded)
+        seen = torch.zeros(len(prompt_of), logits.shape[-1], dtype=torch.bool, device=device)
+        real = batch.attention_mask[torch.tensor(prompt_of)].bool()
+        stream = torch.arange(len(prompt_of))[:, None].expand_as(real)
+        seen[stream[real].to(device), batch.input_ids[torch.tensor(prompt_of)][real].to(device)] = True
+        logits = penalize_repetition(logits, seen, penalty)
     first_probs = None
     if probes is not None:
         first_probs = logits.softmax(-1).gather(1, probes.to(device)).cpu()
@@ -410,10 +447,20 @@ def _generate_chunk(lm, batch, prompt_of: list[int], steerings: list[Steering], 
         None if sm is None else (sm, torch.Generator().manual_seed(sm.seed)) for sm in samplings]
     token = pick_token(logits, forced, 0, lps, samplers)
     new_tokens = [token]
+    done = None if eos is None else token == eos
     if on_step:
         on_step(token)
-    if max_new_tokens == 1:
-        return torch.stack(new_tokens, 1).cpu(), first_probs, torch.stack(lps, 1) if lps else None
+
+    def finish() -> tuple:
+        out = torch.stack(new_tokens, 1).cpu()
+        if eos is not None:   # EOS-padded: after a stream's first EOS, and for the steps not run
+            out = torch.cat([out, out.new_full((out.shape[0], max_new_tokens - out.shape[1]), eos)], 1)
+            after = (out == eos).long().cumsum(1) > 0
+            out = out.masked_fill(after, eos)
+        return out, first_probs, torch.stack(lps, 1) if lps else None
+
+    if max_new_tokens == 1 or (done is not None and bool(done.all())):
+        return finish()
 
     # Decoding layout: every stream owns its rows; a JuICE stream owns [clean copy, steered row].
     select, d_scale, d_add, d_source, d_out, feed_stream = [], [], [], [], [], []
@@ -442,11 +489,19 @@ def _generate_chunk(lm, batch, prompt_of: list[int], steerings: list[Steering], 
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
             positions = positions + 1
             hidden, cache = forward_last(lm, token[feed_t][:, None], mask, positions, past=cache)
-            token = pick_token(lm.logits(hidden[out_t]).float(), forced, len(new_tokens), lps, samplers)
+            logits = lm.logits(hidden[out_t]).float()
+            if seen is not None:
+                seen[torch.arange(len(prompt_of), device=device), token.to(device)] = True
+                logits = penalize_repetition(logits, seen, penalty)
+            token = pick_token(logits, forced, len(new_tokens), lps, samplers)
             new_tokens.append(token)
             if on_step:
                 on_step(token)
-    return torch.stack(new_tokens, 1).cpu(), first_probs, torch.stack(lps, 1) if lps else None
+            if done is not None:
+                done = done | (token == eos)
+                if bool(done.all()):
+                    break
+    return finish()
 
 
 def greedy_generate(
