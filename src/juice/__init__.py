@@ -4,8 +4,11 @@ The public names, in three lines::
 
     import juice
     lm = juice.load_model("gemma-3-270m")
-    steer = juice.JuICE(lm, juice.load_heads("heads.json", lm).selection, beta_plus=2, beta_minus=-1)
-    print(juice.greedy_generate(lm, ["... prompt ..."], 10, steer).texts)
+    print(juice.Steerer(lm, "heads.json", method="juice").generate(["... prompt ..."], max_new_tokens=10))
+
+Your own data: `juice.identify(lm, "rows.jsonl", direction="context")` (Stage 1),
+`juice.tune(lm, heads, "validation.jsonl")` (the betas, into the heads file),
+`juice.evaluate_file(lm, heads, "test.jsonl", ["original", "juice", "june"])` (a table with intervals).
 
 Names are imported from their modules on first use (PEP 562), so `import juice` and the
 command line stay fast.
@@ -32,6 +35,9 @@ _EXPORTS = {
     "Stream": "juice.steering", "Sampling": "juice.steering", "generate": "juice.steering", "greedy_generate": "juice.steering",
     "steering_coefficients": "juice.steering", "BatchingMismatchError": "juice.guard",
     "Steerer": "juice.steerer",
+    # your own data
+    "identify": "juice.workflow", "tune": "juice.workflow", "evaluate_file": "juice.workflow",
+    "ConflictRow": "juice.userdata", "load_rows": "juice.userdata",
     # the paper's pipelines
     "ReproduceConfig": "juice.reproduce", "reproduce": "juice.reproduce",
     "reproduce_contextual": "juice.reproduce_contextual",
