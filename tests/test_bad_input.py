@@ -83,6 +83,18 @@ CASES = [
     ("generate: an unknown model alias", lambda tmp, sd: ["generate", "x", "--model", "gemma-3-27m", "--heads",
                                                           str(_write(tmp / "h.json", json.dumps(HEADS)))],
      "not an embedded alias (gemma-3-270m, smollm2-135m)"),
+    ("tune: a row without target", lambda tmp, sd: ["tune", "--heads", str(_write(tmp / "h.json", json.dumps(HEADS))),
+                                                     "--data", str(_write(tmp / "v.jsonl", '{"prompt": "x is"}\n'))],
+     "line 1: no target"),
+    ("tune: an unknown method", lambda tmp, sd: ["tune", "--heads", str(_write(tmp / "h.json", json.dumps(HEADS))),
+                                                 "--data", str(_write(tmp / "v.jsonl", '{"prompt": "x is", "target": "y"}\n')),
+                                                 "--methods", "cad"], "tune chooses settings for juice, june and ph3"),
+    ("evaluate: juice without a heads file", lambda tmp, sd: [
+        "evaluate", "--data", str(_write(tmp / "t.jsonl", '{"prompt": "x is", "target": "y"}\n')), "--methods", "juice"],
+     "juice needs a heads file"),
+    ("evaluate: an unknown method", lambda tmp, sd: [
+        "evaluate", "--data", str(_write(tmp / "t.jsonl", '{"prompt": "x is", "target": "y"}\n')), "--methods", "cadd"],
+     "unknown method 'cadd'"),
     ("toy: an unknown part", lambda tmp, sd: ["toy", "everything", "--out", str(tmp / "toy")], "choose all or one of"),
 ]
 

@@ -207,11 +207,12 @@ def tune(
     from juice.models import load_model
     from juice.scoring import load_heads, save_heads
     from juice.userdata import load_rows
-    from juice.workflow import tune as tune_rows
+    from juice.workflow import check_tune_methods, tune as tune_rows
 
-    artifact = load_heads(heads)          # a malformed file fails before the model loads
+    artifact = load_heads(heads)          # malformed input fails before the model loads
     load_rows(data, artifact.direction)
     names = [m.strip().lower() for m in methods.split(",") if m.strip()]
+    check_tune_methods(names)
     lm = load_model(model, device=device)
     artifact = load_heads(heads, lm)
     with _progress() as task:
@@ -249,12 +250,13 @@ def evaluate(
     from juice.report import difference_markdown, interval_markdown, interval_rich
     from juice.scoring import load_heads
     from juice.userdata import load_rows
-    from juice.workflow import evaluate_file, parse_direction
+    from juice.workflow import check_methods, evaluate_file, parse_direction
 
     names = [m.strip().lower() for m in methods.split(",") if m.strip()]
     artifact = load_heads(heads) if heads else None   # malformed input fails before the model loads
     chosen = parse_direction(direction or (artifact.direction if artifact else "parametric"))
     load_rows(data, chosen)
+    check_methods(names, artifact)
     lm = load_model(model, device=device)
     artifact = load_heads(heads, lm) if heads else None
     with _progress() as task:

@@ -260,9 +260,7 @@ def tune(
     Raises:
         ValueError: an unknown method, PH3 without any row that has `other`, malformed data.
     """
-    unknown = [m for m in methods if m not in ("juice", "june", "ph3")]
-    if unknown or not methods:
-        raise ValueError(f"tune chooses settings for juice, june and ph3, not {unknown or 'nothing'}")
+    check_tune_methods(methods)
     direction = artifact.direction
     rows, where = _rows(data, direction)
     presets = {"juice": JuICE, "june": JuNE}
@@ -302,6 +300,32 @@ def tune(
             out[m] = TunedSetting(acc, grid, beta_plus=values[0], beta_minus=values[1])
     artifact.tuned = {**artifact.tuned, **{m: s.to_json() for m, s in out.items()}, "data": where}
     return out
+
+
+def check_tune_methods(methods: Sequence[str]) -> None:
+    """Raise ValueError unless `methods` is a non-empty choice of "juice", "june", "ph3"."""
+    unknown = [m for m in methods if m not in ("juice", "june", "ph3")]
+    if unknown or not methods:
+        raise ValueError(f"tune chooses settings for juice, june and ph3, not {', '.join(unknown) or 'nothing'}")
+
+
+def check_methods(names: Sequence[str], artifact: HeadsArtifact | None) -> None:
+    """What :func:`evaluation_methods` refuses, checked without a model (so the CLI refuses bad
+    input before loading one).
+
+    Raises:
+        ValueError: no names, an unknown name, steering or PH3 without a heads file, PH3 untuned.
+    """
+    if not names:
+        raise ValueError("no methods to evaluate")
+    for raw in names:
+        name = raw.strip().lower()
+        if name not in METHOD_NAMES:
+            raise ValueError(f"unknown method {raw!r}; choose from {', '.join(METHOD_NAMES)}")
+        if name in ("juice", "june", "ph3") and artifact is None:
+            raise ValueError(f"{name} needs a heads file")
+        if name == "ph3" and "pruned" not in artifact.tuned.get("ph3", {}):
+            raise ValueError("PH3 needs its k: run `juice tune --methods ph3` on validation data first")
 
 
 def _finite(x: float) -> float:
@@ -367,12 +391,11 @@ def evaluation_methods(lm: LoadedModel, artifact: HeadsArtifact | None, names: S
     Raises:
         ValueError: an unknown name; steering or PH3 without a heads file; PH3 not tuned.
     """
+    check_methods(names, artifact)
     methods: dict[str, Method] = {}
     settings: dict[str, Any] = {}
     for raw in names:
         name = raw.strip().lower()
-        if name not in METHOD_NAMES:
-            raise ValueError(f"unknown method {raw!r}; choose from {', '.join(METHOD_NAMES)}")
         title = METHOD_NAMES[name]
         if name == "original":
             methods[title] = Method(ORIGINAL)
@@ -385,12 +408,8 @@ def evaluation_methods(lm: LoadedModel, artifact: HeadsArtifact | None, names: S
             methods[title] = Method(adacad=True)
             settings[title] = {"alpha": "JSD (bits)"}
         else:
-            if artifact is None:
-                raise ValueError(f"{name} needs a heads file")
             tuned = artifact.tuned.get(name, {})
             if name == "ph3":
-                if "pruned" not in tuned:
-                    raise ValueError("PH3 needs its k: run `juice tune --methods ph3` on validation data first")
                 from juice.interventions import Head
 
                 methods[title] = Method(Prune(lm, [Head.parse(h) for h in tuned["pruned"]]))
@@ -402,8 +421,6 @@ def evaluation_methods(lm: LoadedModel, artifact: HeadsArtifact | None, names: S
             settings[title] = {"beta_plus": bp, "beta_minus": bm,
                                "source": "given" if beta_plus is not None or beta_minus is not None
                                else ("tuned" if tuned else "default")}
-    if not methods:
-        raise ValueError("no methods to evaluate")
     return methods, settings
 
 
@@ -430,5 +447,5 @@ def evaluate_file(
     return RowsEvaluation(results, table, names, settings, {**where, "direction": direction})
 
 
-__all__ = ["METHOD_NAMES", "RowsEvaluation", "TunedSetting", "evaluate_file", "evaluate_rows", "evaluation_methods",
+__all__ = ["METHOD_NAMES", "RowsEvaluation", "TunedSetting", "check_methods", "check_tune_methods", "evaluate_file", "evaluate_rows", "evaluation_methods",
            "identify", "instructed_prompt", "parse_direction", "ph3_knockout_scores", "tune"]
