@@ -288,7 +288,10 @@ def generate(
     model: str = typer.Option(DEFAULT_MODEL),
     max_new_tokens: int = typer.Option(10),
 ):
-    """Print the original, JuNE and JuICE continuations of a prompt."""
+    """Print the original, JuNE and JuICE continuations of a prompt.
+
+    Example: juice generate --heads heads.json --beta-plus 2 --beta-minus -1 "The capital of France is Rome. The capital of France is"
+    """
     from juice.models import load_model
     from juice.scoring import load_heads
     from juice.steering import Steering, Stream, generate as run, steering_coefficients
@@ -314,7 +317,10 @@ def serve(
     batch_window: float = typer.Option(0.01, help="seconds to wait for more requests to batch together"),
 ):
     """OpenAI-compatible server (/v1/models, /v1/completions, /v1/chat/completions) with
-    per-request steering in the body's "juice" field (needs the server extra: FastAPI, uvicorn)."""
+    per-request steering in the body's "juice" field (needs the server extra: FastAPI, uvicorn).
+
+    Example: juice serve --heads heads.json --heads heads_contextual.json --port 8000
+    """
     try:
         import uvicorn
     except ImportError as err:
@@ -338,7 +344,10 @@ def toy(
     out: Path = typer.Option(Path("juice-toy"), help="output directory (PNG figures, toy.json)"),
     seed: int = typer.Option(0),
 ):
-    """The paper's Sec. 5 theory on a two-layer attention-only transformer."""
+    """The paper's Sec. 5 theory on a two-layer attention-only transformer.
+
+    Example: juice toy juice --out juice-toy
+    """
 
     from juice.theory import experiments as ex
     from juice.theory import figures as fig
@@ -370,7 +379,10 @@ def toy(
 
 @app.command()
 def models():
-    """List the supported architectures and the embedded model aliases."""
+    """List the supported architectures and the embedded model aliases.
+
+    Example: juice models
+    """
     from juice.architectures import adapter_for, supported_model_types
     from juice.models import EMBEDDED_MODELS
 
