@@ -182,9 +182,10 @@ def test_tune_and_evaluate_from_the_command_line(lm, data, tmp_path, capsys):
     assert set(load_heads(heads).tuned) == {"juice", "june", "data"}
     out = tmp_path / "eval"
     assert cli.main(["evaluate", "--model", str(folder), "--heads", str(heads), "--data", str(data),
-                     "--methods", "original,juice,june", "--out", str(out)]) == 0
+                     "--methods", "original,juice,june", "--out", str(out), "--limit", "3"]) == 0
     saved = json.loads((out / "evaluation.json").read_text())
     assert saved["settings"]["JuICE"]["source"] == "tuned"
+    assert saved["data"]["rows"] == 3 and saved["data"]["first_rows_of"] == 4 and len(saved["results"]) == 9
     assert "| Original |" in (out / "evaluation.md").read_text()
     capsys.readouterr()
     assert cli.main(["evaluate", "--model", str(folder), "--data", str(data), "--methods", "juice"]) == 2

@@ -195,6 +195,7 @@ def tune(
         "validation rows: JSONL/CSV (prompt, target, optional other, conflict_type, aliases, question), "
         "ParaConflict JSON, NQ-Swap JSONL or MemoTrap CSV")),
     methods: str = typer.Option("juice,june", help="comma-separated: juice, june, ph3 (PH3's k; needs rows with other)"),
+    limit: Optional[int] = typer.Option(None, min=1, help="use the first N rows only"),
     model: str = typer.Option(DEFAULT_MODEL),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
 ):
@@ -216,7 +217,7 @@ def tune(
     lm = load_model(model, device=device)
     artifact = load_heads(heads, lm)
     with _progress() as task:
-        chosen = tune_rows(lm, artifact, data, methods=names, progress=task)
+        chosen = tune_rows(lm, artifact, data, methods=names, limit=limit, progress=task)
     save_heads(artifact, heads)
     for name, setting in chosen.items():
         what = (f"k = {setting.k} ({', '.join(setting.pruned) or 'none'})" if setting.k is not None
@@ -236,6 +237,7 @@ def evaluate(
     direction: Optional[str] = typer.Option(None, help="parametric | contextual (default: the heads file's)"),
     beta_plus: Optional[float] = typer.Option(None, help="override the heads file's tuned beta+"),
     beta_minus: Optional[float] = typer.Option(None, help="override the heads file's tuned beta-"),
+    limit: Optional[int] = typer.Option(None, min=1, help="evaluate the first N rows only"),
     out: Path = typer.Option(Path("juice-evaluation"), help="folder for evaluation.json and evaluation.md"),
     model: str = typer.Option(DEFAULT_MODEL),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
@@ -261,7 +263,7 @@ def evaluate(
     artifact = load_heads(heads, lm) if heads else None
     with _progress() as task:
         report = evaluate_file(lm, artifact, data, names, direction=chosen, beta_plus=beta_plus,
-                               beta_minus=beta_minus, progress=task)
+                               beta_minus=beta_minus, limit=limit, progress=task)
     columns = report.columns()
     headers = [c for c, _ in columns]
     console.print(interval_rich(report.table, report.methods, columns, headers,

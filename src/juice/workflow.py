@@ -77,8 +77,12 @@ def parse_direction(text: str) -> str:
         raise ValueError(f"direction must be parametric (memory) or contextual (context), not {text!r}") from None
 
 
-def _rows(data: str | Path | Sequence[ConflictRow], direction: str) -> tuple[list[ConflictRow], dict[str, Any]]:
-    """Rows and a record of where they came from (file, SHA-256 prefix, count, labels)."""
+def _rows(data: str | Path | Sequence[ConflictRow], direction: str,
+          limit: int | None = None) -> tuple[list[ConflictRow], dict[str, Any]]:
+    """Rows (the first `limit`, if given) and a record of where they came from (file, SHA-256
+    prefix, count, labels)."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be a positive number of rows, got {limit}")
     if isinstance(data, (str, Path)):
         rows = load_rows(data, direction)
         where: dict[str, Any] = {"file": str(data), "sha256_16": file_digest(data)}
@@ -87,6 +91,9 @@ def _rows(data: str | Path | Sequence[ConflictRow], direction: str) -> tuple[lis
         if not rows or not all(isinstance(r, ConflictRow) for r in rows):
             raise ValueError("data must be a file or a non-empty list of ConflictRow")
         where = {"file": None}
+    if limit is not None:
+        where["first_rows_of"] = len(rows)
+        rows = rows[:limit]
     return rows, {**where, "rows": len(rows), "conflict_types": sorted({r.conflict_type for r in rows})}
 
 
@@ -245,14 +252,15 @@ class TunedSetting:
 def tune(
     lm: LoadedModel, artifact: HeadsArtifact, data: str | Path | Sequence[ConflictRow], *,
     methods: Sequence[str] = ("juice", "june"), beta_plus_grid: Sequence[float] = BETA_PLUS_GRID,
-    beta_minus_grid: Sequence[float] = BETA_MINUS_GRID, ks: Sequence[int] = PRUNE_K,
+    beta_minus_grid: Sequence[float] = BETA_MINUS_GRID, ks: Sequence[int] = PRUNE_K, limit: int | None = None,
     max_rows: int | str = 64, progress: Progress = no_progress,
 ) -> dict[str, TunedSetting]:
     """Choose (beta+, beta-) for JuICE and JuNE (and PH3's k, with "ph3" in `methods`) on your
     validation rows (paper App. D.1; module docstring), and record them in `artifact.tuned`
     with the data's provenance, so a heads file alone is enough to steer and serve.
 
-    All settings decode in one batched run sharing each prompt's clean prefill.
+    All settings decode in one batched run sharing each prompt's clean prefill. `limit`: use the
+    first rows only.
 
     Returns:
         method -> :class:`TunedSetting`.
@@ -262,7 +270,7 @@ def tune(
     """
     check_tune_methods(methods)
     direction = artifact.direction
-    rows, where = _rows(data, direction)
+    rows, where = _rows(data, direction, limit)
     presets = {"juice": JuICE, "june": JuNE}
     steerings: dict[str, Any] = {}
     for m in methods:
@@ -427,18 +435,19 @@ def evaluation_methods(lm: LoadedModel, artifact: HeadsArtifact | None, names: S
 def evaluate_file(
     lm: LoadedModel, artifact: HeadsArtifact | None, data: str | Path | Sequence[ConflictRow],
     methods: Sequence[str] = ("original", "juice", "june"), *, direction: str | None = None,
-    beta_plus: float | None = None, beta_minus: float | None = None, max_rows: int | str = 64,
-    resamples: int = 2000, seed: int = 0, progress: Progress = no_progress,
+    beta_plus: float | None = None, beta_minus: float | None = None, limit: int | None = None,
+    max_rows: int | str = 64, resamples: int = 2000, seed: int = 0, progress: Progress = no_progress,
 ) -> RowsEvaluation:
     """Evaluate `methods` (names of :data:`METHOD_NAMES`) on every row of `data`, with 95%
     bootstrap intervals per label, the mean over labels, and paired differences (JuICE vs every
-    method, every method vs Original) (:func:`juice.tables.interval_table`).
+    method, every method vs Original) (:func:`juice.tables.interval_table`). `limit`: the first
+    rows only.
 
     Raises:
         ValueError: see :func:`evaluation_methods` and :func:`evaluate_rows`.
     """
     direction = parse_direction(direction or (artifact.direction if artifact else "parametric"))
-    rows, where = _rows(data, direction)
+    rows, where = _rows(data, direction, limit)
     table_methods, settings = evaluation_methods(lm, artifact, methods, beta_plus=beta_plus, beta_minus=beta_minus)
     advance = progress(f"evaluation: {len(table_methods)} methods x {len(rows)} rows", len(table_methods) * len(rows))
     results = evaluate_rows(lm, rows, table_methods, direction=direction, max_rows=max_rows, on_progress=advance)
