@@ -148,3 +148,15 @@ def test_paper_layout_refuses_a_test_subject_that_is_also_in_the_pool(shared_dat
     (folder / "unfiltered_test.json").write_text(json.dumps([*test, head[0]]))
     with pytest.raises(ValueError, match="must be disjoint"):
         load_paper_domains(folder)
+
+
+def test_direction_names_and_their_aliases():
+    from juice.data.records import Direction
+
+    assert Direction.parse("context") is Direction.CONTEXTUAL and Direction.parse(" Memory ") is Direction.PARAMETRIC
+    assert Direction.CONTEXTUAL == "contextual" and f"{Direction.PARAMETRIC}" == str(Direction.PARAMETRIC) == "parametric"
+    import json
+
+    assert json.dumps({"d": Direction.CONTEXTUAL}) == '{"d": "contextual"}'
+    with pytest.raises(ValueError, match="direction must be parametric"):
+        Direction.parse("sideways")

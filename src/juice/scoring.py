@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from juice.architectures import ModelHeads
 from juice.budget import resolve_max_rows
-from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample
+from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample, Direction
 from juice.interventions import Head, check_heads, head_coefficients, projection_input_hooks, scaled_heads
 from juice.io import UnitCheckpoint, write_json_atomic
 from juice.models import LoadedModel
@@ -62,8 +62,7 @@ def scoring_prompts(
         EmptyAnswerError: an answer tokenizes to nothing.
         ValueError: unknown direction.
     """
-    if direction not in ("parametric", "contextual"):
-        raise ValueError(f"direction must be 'parametric' or 'contextual', not {direction!r}")
+    direction = Direction.parse(direction)
     out = []
     for ex in examples:
         if isinstance(ex, ContextualExample):
@@ -398,11 +397,15 @@ def load_heads(path: str | Path, lm: LoadedModel | None = None) -> HeadsArtifact
                 f"this model is {mine['name']!r} ({', '.join(f'{k}={mine.get(k)}' for k in diff)})"
             )
     try:
+        direction = Direction.parse(data.get("direction", ""))
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    try:
         selection = HeadSelection(
             tuple(Head.parse(h) for h in data["positive_heads"]), tuple(Head.parse(h) for h in data["negative_heads"])
         )
         artifact = HeadsArtifact(
-            data["model"], data["direction"], data["k"], data["alphas_positive"], data["alphas_negative"],
+            data["model"], direction, data["k"], data["alphas_positive"], data["alphas_negative"],
             selection, data.get("head_set", []), data.get("scores", {}), data.get("data", {}),
             data.get("tuned", {}),
         )
@@ -410,6 +413,8 @@ def load_heads(path: str | Path, lm: LoadedModel | None = None) -> HeadsArtifact
         raise ValueError(f"{path}: a juice heads file without the field {missing}") from None
     except (TypeError, AttributeError, ValueError):
         raise ValueError(f"{path}: heads must be lists of names like 'L6H3'") from None
+    if not isinstance(artifact.tuned, dict):
+        raise ValueError(f"{path}: 'tuned' must be an object (method -> setting)")
     if lm is not None:
         try:
             check_heads(list(selection.positive) + list(selection.negative), lm.heads.geometry)

@@ -32,11 +32,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from juice.data.records import Direction
 from juice.models import LoadedModel
 from juice.steerer import cut_at_stop
 from juice.steering import ORIGINAL, HeadSelection, JuICE, JuNE, Sampling, Steering, Stream, generate
 
-DIRECTIONS = {"parametric": "parametric", "memory": "parametric", "context": "contextual", "contextual": "contextual"}
+DIRECTIONS = {"parametric": Direction.PARAMETRIC, "memory": Direction.PARAMETRIC, "context": Direction.CONTEXTUAL,
+              "contextual": Direction.CONTEXTUAL}
+"""The names a request's `juice.direction` may use (:meth:`juice.data.records.Direction.parse`)."""
 
 
 @dataclass

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from juice.baselines.ph3 import PRUNE_K, Ph3Scores, heads_to_prune, pruning
-from juice.data.records import CONFLICT_TYPES, ConflictExample, ContextualExample
+from juice.data.records import CONFLICT_TYPES, ConflictExample, ContextualExample, Direction
 from juice.evaluation import ItemResult, evaluate, evaluate_contextual
 from juice.models import LoadedModel
 from juice.steering import HeadSelection, Steering, steering_coefficients
@@ -46,11 +46,9 @@ def grid_name(method: str, beta_plus: float, beta_minus: float) -> str:
 
 
 def _run(lm, validation, steerings, direction, conflict_types, max_rows, on_progress) -> list[ItemResult]:
-    if direction == "contextual":
+    if Direction.parse(direction) == Direction.CONTEXTUAL:
         return evaluate_contextual(lm, validation, steerings, likelihood=False, max_rows=max_rows,
                                    on_progress=on_progress)
-    if direction != "parametric":
-        raise ValueError(f"direction must be 'parametric' or 'contextual', not {direction!r}")
     return evaluate(lm, validation, steerings, conflict_types, max_rows=max_rows, on_progress=on_progress)
 
 

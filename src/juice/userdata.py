@@ -27,9 +27,9 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE
+from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, Direction
 
-DIRECTIONS = ("parametric", "contextual")
+DIRECTIONS = tuple(d.value for d in Direction)
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,7 @@ def load_rows(path: str | Path, direction: str = "parametric") -> list[ConflictR
         ValueError: an unknown direction, an unknown format, a malformed or empty file, a row
             without prompt or target (the message names the file and the row).
     """
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be parametric or contextual, not {direction!r}")
+    direction = Direction.parse(direction)
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no data file at {path}")

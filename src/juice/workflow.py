@@ -43,6 +43,7 @@ import torch
 from juice.baselines.cad import cad_generate, jsd_alpha
 from juice.baselines.ph3 import PRUNE_K, ConflictPrompt, Ph3Scores, heads_to_prune, logit_difference_effects
 from juice.baselines.prompt import CONTEXTUAL_COMPLETION, PARAMETRIC_COHERENT, PARAMETRIC_SUBSTITUTION
+from juice.data.records import Direction
 from juice.evaluation import ItemResult, Method, as_method, is_correct
 from juice.models import LoadedModel
 from juice.scoring import HeadsArtifact, ScoringPrompt, make_artifact
@@ -58,23 +59,20 @@ METHOD_NAMES = {"original": "Original", "prompt": "Prompt", "juice": "JuICE", "j
                 "adacad": "AdaCAD", "ph3": "PH3"}
 """`--methods` values and the names they get in tables."""
 
-_DIRECTIONS = {"parametric": "parametric", "memory": "parametric", "contextual": "contextual", "context": "contextual"}
 
 
 def no_progress(description: str, total: int) -> Callable[[int], None]:
     return lambda n=1: None
 
 
-def parse_direction(text: str) -> str:
-    """"parametric" (also "memory") or "contextual" (also "context").
+def parse_direction(text: "str | Direction") -> Direction:
+    """:meth:`juice.data.records.Direction.parse`: "parametric" (also "memory") or "contextual"
+    (also "context").
 
     Raises:
         ValueError: anything else.
     """
-    try:
-        return _DIRECTIONS[str(text).strip().lower()]
-    except KeyError:
-        raise ValueError(f"direction must be parametric (memory) or contextual (context), not {text!r}") from None
+    return Direction.parse(text)
 
 
 def _rows(data: str | Path | Sequence[ConflictRow], direction: str,

@@ -83,7 +83,7 @@ from torch import Tensor
 
 from juice.architectures import HeadGeometry
 from juice.budget import resolve_max_rows
-from juice.data.records import ConflictExample, ContextualExample
+from juice.data.records import ConflictExample, ContextualExample, Direction
 from juice.interventions import Head, check_heads, projection_input_hooks
 from juice.models import LoadedModel
 from juice.io import UnitCheckpoint
@@ -378,8 +378,7 @@ def heads_to_prune(scores: Ph3Scores, direction: str, k: int) -> tuple[Head, ...
     Raises:
         ValueError: unknown direction or k < 0.
     """
-    if direction not in ("parametric", "contextual"):
-        raise ValueError(f"direction must be 'parametric' or 'contextual', not {direction!r}")
+    direction = Direction.parse(direction)
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
     return scores.ranked("context" if direction == "parametric" else "memory")[:k]

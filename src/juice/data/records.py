@@ -3,6 +3,36 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Direction(str, Enum):
+    """Which answer steering promotes when context and memory conflict (paper Sec. 2): the
+    parametric (memorised) answer, or the contextual one. A `str`, so it compares equal to, and
+    serializes as, "parametric" / "contextual"."""
+
+    PARAMETRIC = "parametric"
+    CONTEXTUAL = "contextual"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @classmethod
+    def parse(cls, value: "str | Direction") -> "Direction":
+        """A direction from its name: "parametric" (also "memory") or "contextual" (also "context").
+
+        Raises:
+            ValueError: any other value.
+        """
+        key = str(value).strip().lower()
+        found = {"parametric": cls.PARAMETRIC, "memory": cls.PARAMETRIC,
+                 "contextual": cls.CONTEXTUAL, "context": cls.CONTEXTUAL}.get(key)
+        if found is None:
+            raise ValueError(f"direction must be parametric (memory) or contextual (context), not {value!r}")
+        return found
 
 CONFLICT_TYPES: tuple[str, ...] = ("clean", "substitution", "coherent")
 """The paper's three conflict types (Sec. 2.1), in the order of its tables (1, 2, 3)."""
