@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -402,9 +402,38 @@ def pick_token(logits: Tensor, forced: Tensor | None, step: int, lps: list[Tenso
     return token
 
 
-def _generate_chunk(lm, batch, prompt_of: list[int], steerings: list[Steering], max_new_tokens, probes,
-                    forced=None, samplings: Sequence[Sampling | None] | None = None, on_step=None,
-                    penalties: Sequence[float] | None = None, eos: int | None = None):
+def _generate_chunk(
+    lm: LoadedModel, batch: Any, prompt_of: list[int], steerings: list[Steering], max_new_tokens: int,
+    probes: Tensor | None, forced: Tensor | None = None, samplings: Sequence[Sampling | None] | None = None,
+    on_step: Callable[[Tensor], None] | None = None, penalties: Sequence[float] | None = None,
+    eos: int | None = None,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Decode one chunk of streams: the dual run of JuICE (paper Alg. 1), JuNE (Alg. 4) and the
+    unmodified model side by side in one batch, with one KV cache.
+
+    Prefill: one clean row per prompt that an Original or JuICE stream needs, then one row per
+    JuNE or JuICE stream; a :class:`juice.interventions.RowPlan` scales a JuNE row's heads and adds
+    beta times the clean row's head outputs to a JuICE row (the clean row *is* run 1, the JuICE
+    row run 2). Decoding: every stream owns its rows (a JuICE stream two: its own copy of the
+    clean row, fed the stream's tokens, and the steered row), the cache rows are reordered once,
+    and each step is one forward of one token per row.
+
+    Args:
+        batch: the chunk's distinct prompts, left-padded (`input_ids`, `attention_mask`,
+            `position_ids`, each `[n_prompts, seq]`).
+        prompt_of: per stream, its prompt's row in `batch`.
+        steerings: per stream, its steering (coefficients `[n_layers, n_heads]`).
+        probes: `[n_streams, k]` token ids whose first-step probabilities to return, or None.
+        forced: `[n_streams, max_new_tokens]` tokens to feed (teacher forcing), or None.
+        samplings: per stream, its :class:`Sampling` or None (greedy).
+        on_step: called with each step's `[n_streams]` new tokens.
+        penalties: per stream, its repetition penalty (1: none).
+        eos: stop once every stream has produced this token; later tokens read as `eos`.
+
+    Returns:
+        (`[n_streams, max_new_tokens]` tokens on the CPU, `[n_streams, k]` first-step probe
+        probabilities or None, `[n_streams, max_new_tokens]` forced log-probabilities (nats) or None).
+    """
     geometry = lm.heads.geometry
     device = lm.device
     zero = _zero_plan_row(geometry)
