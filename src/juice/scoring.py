@@ -77,8 +77,13 @@ def scoring_prompts(
 
 
 @contextmanager
-def _grow_batch(heads: ModelHeads, rows_at: dict[int, int]) -> Iterator[None]:
-    """At the input of each layer l in `rows_at`, append `rows_at[l]` copies of row 0."""
+def grow_batch(heads: ModelHeads, rows_at: dict[int, int]) -> Iterator[None]:
+    """At the input of each layer l in `rows_at`, append `rows_at[l]` copies of row 0 (the growing
+    batch: an intervention first acting at layer l shares the clean forward below l).
+
+    Args:
+        rows_at: layer -> rows to append there; hidden states go `[b, seq, d]` -> `[b + n, seq, d]`.
+    """
     handles = []
 
     def make(n: int):
@@ -150,7 +155,7 @@ def intervention_readout(
         for i in chunk:
             (layer, head), alpha = interventions[i]
             plan.setdefault(layer, []).append((head, alpha))
-        with _grow_batch(lm.heads, {l: len(v) for l, v in plan.items()}), _scale_new_rows(lm.heads, plan):
+        with grow_batch(lm.heads, {l: len(v) for l, v in plan.items()}), _scale_new_rows(lm.heads, plan):
             hidden = lm.model.base_model(input_ids=ids, use_cache=False).last_hidden_state[:, -1]
         out = readout(lm.logits(hidden).float()).cpu()
         if values is None:

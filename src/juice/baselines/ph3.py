@@ -87,7 +87,7 @@ from juice.data.records import ConflictExample, ContextualExample, Direction
 from juice.interventions import Head, check_heads, projection_input_hooks
 from juice.models import LoadedModel
 from juice.io import UnitCheckpoint
-from juice.scoring import _grow_batch, intervention_readout
+from juice.scoring import grow_batch, intervention_readout
 from juice.steering import Prune, Steering
 from juice.tokens import answer_first_token, encode
 
@@ -318,7 +318,7 @@ def path_patching_ld(
                 h[r, s] = counterfactual[layer].to(x.device, x.dtype)[s]
             return h.reshape(x.shape)
 
-        with _grow_batch(lm.heads, {l: len(v) for l, v in senders.items()}), \
+        with grow_batch(lm.heads, {l: len(v) for l, v in senders.items()}), \
                 projection_input_hooks(lm.heads, {l: freeze_and_patch for l in range(g.n_layers)}):
             out = lm.model.base_model(input_ids=last, position_ids=position, use_cache=False)
         hidden = out.last_hidden_state[:, -1]
