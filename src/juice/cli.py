@@ -18,6 +18,16 @@ app = typer.Typer(add_completion=False, help="Steer a language model toward its 
 console = Console(width=200)
 
 
+def _add_analyze() -> None:
+    from juice.analysis.cli import analyze_app
+
+    app.add_typer(analyze_app, name="analyze", help="The paper's analyses: knockout (Fig. 3), superposition, "
+                  "interventions (Table 3, Fig. 6), robustness (Fig. 5), paraphrase (App. D), norm; all.")
+
+
+_add_analyze()
+
+
 @contextmanager
 def _progress():
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -8,6 +8,9 @@ decoding, the baselines, evaluation and the pipelines as Python functions. The r
 - `plots`: PNG figures (matplotlib); without it, commands write JSON and Markdown only;
 - `server`: `juice serve` (FastAPI, uvicorn);
 - `all`: every one of them (the README's commands install it).
+
+`juice.analysis` (the paper's analyses, `juice analyze`) is a command-line package: it needs
+`cli` and `plots`.
 """
 
 from __future__ import annotations
