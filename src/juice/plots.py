@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from juice.stats import Interval
 
@@ -16,6 +17,42 @@ def have_matplotlib() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("matplotlib") is not None
+
+
+def interval_bars(
+    ax: Any, cells: Mapping[str, Mapping[str, Interval]], groups: Sequence[str], *, scale: float = 100.0,
+    hatch: Callable[[str], str | None] | None = None,
+) -> tuple[set[int], list[float]]:
+    """Draw grouped bars on a matplotlib axis: one colour per method (outer key of `cells`),
+    `groups` along the x axis (labelled), asymmetric error bars from each interval; missing
+    groups and NaN means are left out.
+
+    Args:
+        scale: multiplies means and bounds (100: fractions drawn as percent).
+        hatch: method -> hatch pattern for its bars, or None.
+
+    Returns:
+        (the distinct n of the intervals drawn, every drawn mean and bound, scaled).
+    """
+    methods = list(cells)
+    width = 0.8 / max(1, len(methods))
+    ns: set[int] = set()
+    values: list[float] = []
+    for i, m in enumerate(methods):
+        xs, ys, err = [], [], [[], []]
+        for j, g in enumerate(groups):
+            iv = cells[m].get(g)
+            if iv is None or iv.n == 0 or math.isnan(iv.mean):
+                continue
+            ns.add(iv.n)
+            xs.append(j - 0.4 + width * (i + 0.5))
+            ys.append(iv.mean * scale)
+            err[0].append(max(0.0, (iv.mean - iv.low) * scale))
+            err[1].append(max(0.0, (iv.high - iv.mean) * scale))
+            values += [v * scale for v in (iv.low, iv.mean, iv.high) if not math.isnan(v)]
+        ax.bar(xs, ys, width, yerr=err, capsize=2, label=m, hatch=hatch(m) if hatch else None)
+    ax.set_xticks(range(len(groups)), list(groups))
+    return ns, values
 
 
 def interval_bar_chart(
@@ -44,23 +81,9 @@ def interval_bar_chart(
     groups = list(dict.fromkeys(g for m in methods for g in cells[m]))
     fig = Figure(figsize=(max(6.0, 1.2 * len(groups) * max(1, len(methods)) / 3), 4.2), dpi=120)
     ax = fig.add_subplot()
-    width = 0.8 / max(1, len(methods))
-    ns, bounds = set(), [0.0, scale]
-    for i, m in enumerate(methods):
-        xs, ys, err = [], [], [[], []]
-        for j, g in enumerate(groups):
-            iv = cells[m].get(g)
-            if iv is None or iv.n == 0 or math.isnan(iv.mean):
-                continue
-            ns.add(iv.n)
-            xs.append(j - 0.4 + width * (i + 0.5))
-            ys.append(iv.mean * scale)
-            err[0].append(max(0.0, (iv.mean - iv.low) * scale))
-            err[1].append(max(0.0, (iv.high - iv.mean) * scale))
-            bounds += [v * scale for v in (iv.low, iv.mean, iv.high) if not math.isnan(v)]
-        ax.bar(xs, ys, width, yerr=err, capsize=2, label=m)
-    ax.set_xticks(range(len(groups)), groups)
+    ns, values = interval_bars(ax, cells, groups, scale=scale)
     ax.set_ylabel(ylabel)
+    bounds = [0.0, scale, *values]
     low, high = min(bounds), max(bounds)   # 0 to `scale` (accuracy: 0-100 %) unless a bound lies outside
     pad = 0.03 * (high - low)
     ax.set_ylim(low - pad if low < 0 else 0.0, high + pad if high > scale else scale)

@@ -631,25 +631,16 @@ def _norm_figure(result: NormResult, model_name: str):
     """Average accuracy per method and conflict type (both views) with 95% intervals."""
     from matplotlib.figure import Figure
 
+    from juice.plots import interval_bars
+
     fig = Figure(figsize=(12, 4.4))
     axes = fig.subplots(1, 2)
     for ax, table, view in ((axes[0], result.table, "unfiltered test split"),
                             (axes[1], result.table_known, "test items the model knows")):
-        width = 0.8 / len(METHOD_ORDER)
-        for i, m in enumerate(METHOD_ORDER):
-            xs, ys, err = [], [], [[], []]
-            for j, t in enumerate(CONFLICT_TYPES):
-                iv = table.cells[m]["Average"].get(t)
-                if iv is None or not iv.n or math.isnan(iv.mean):
-                    continue
-                xs.append(j - 0.4 + width * (i + 0.5))
-                ys.append(100 * iv.mean)
-                err[0].append(100 * max(0.0, iv.mean - iv.low))
-                err[1].append(100 * max(0.0, iv.high - iv.mean))
-            ax.bar(xs, ys, width, yerr=err, capsize=2, label=m, hatch="//" if "post" in m else None)
+        interval_bars(ax, {m: table.cells[m]["Average"] for m in METHOD_ORDER}, CONFLICT_TYPES,
+                      hatch=lambda m: "//" if "post" in m else None)   # post-norm variants hatched
         clean = table.cells.get("Original", {}).get("Average", {}).get("clean")
         n = clean.n if clean is not None else 0
-        ax.set_xticks(range(3), list(CONFLICT_TYPES))
         ax.set_ylim(0, 100)
         ax.set_ylabel("accuracy (%), mean over domains")
         ax.set_title(f"{view} (n = {n} per type)", fontsize=9)
