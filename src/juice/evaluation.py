@@ -107,6 +107,60 @@ def is_correct(output: str, answers: Sequence[str], n_words: int = N_WORDS) -> b
     return contains_answer(first_words(output, n_words), answers)
 
 
+@dataclass(frozen=True)
+class DecodeRequest:
+    """One (prompt, method) to decode: `probe` holds the token ids whose first-step probabilities
+    are returned; `question` is the prompt without its context (CAD and AdaCAD only)."""
+
+    prompt: str
+    method: Method
+    probe: Sequence[int]
+    question: str | None = None
+
+
+def decode_requests(
+    lm: LoadedModel, requests: Sequence[DecodeRequest], max_new_tokens: int, *, max_rows: int | str = 64,
+    on_progress: Callable[[int], None] | None = None,
+) -> list[tuple[str, Tensor]]:
+    """Greedy decoding of every request, batched: steered and unsteered requests in one
+    :func:`juice.steering.generate` call in which each distinct prompt is prefilled once (its
+    streams share that clean prefill), CAD / AdaCAD requests in batches of
+    :func:`juice.baselines.cad.cad_generate`, one per alpha or rule.
+
+    Returns:
+        Per request, in order: (decoded text, `[len(probe)]` first-step probe probabilities).
+
+    Raises:
+        ValueError: a CAD / AdaCAD request without its question.
+    """
+    out: list[tuple[str, Tensor] | None] = [None] * len(requests)
+    prompts: dict[str, int] = {}
+    plain: list[int] = []
+    cad: dict = {}
+    for i, r in enumerate(requests):
+        if r.method.contrastive is not None:
+            if not r.question:
+                raise ValueError(f"request {i + 1}: CAD and AdaCAD need the prompt without its context (question)")
+            cad.setdefault(r.method.contrastive, []).append(i)
+        else:
+            prompts.setdefault(r.prompt, len(prompts))
+            plain.append(i)
+    if plain:
+        streams = [Stream(prompts[requests[i].prompt], requests[i].method.steering) for i in plain]
+        gen = generate(lm, list(prompts), streams, max_new_tokens,
+                       probe_tokens=torch.tensor([list(requests[i].probe) for i in plain]),
+                       max_rows=max_rows, on_chunk=on_progress)
+        for i, text, probs in zip(plain, gen.texts, gen.first_probs):
+            out[i] = (text, probs)
+    for alpha, idx in cad.items():
+        gen = cad_generate(lm, [requests[i].prompt for i in idx], [requests[i].question for i in idx], max_new_tokens,
+                           alpha, probe_tokens=torch.tensor([list(requests[i].probe) for i in idx]),
+                           max_rows=max_rows, on_chunk=on_progress)
+        for i, text, probs in zip(idx, gen.texts, gen.first_probs):
+            out[i] = (text, probs)
+    return out  # type: ignore[return-value]
+
+
 def evaluate(
     lm: LoadedModel,
     examples: Sequence[ConflictExample],
@@ -130,26 +184,23 @@ def evaluate(
         EmptyAnswerError: an answer tokenizes to nothing.
         ValueError: a CAD method (CAD applies to the contextual direction).
     """
-    prompts: dict[str, int] = {}
-    meta, streams, probes = [], [], []
     methods = {name: as_method(m) for name, m in methods.items()}
     if any(m.contrastive is not None for m in methods.values()):
         raise ValueError("CAD and AdaCAD apply to the contextual direction; use evaluate_contextual")
+    meta, requests = [], []
     for ex in examples:
         for t in conflict_types:
             for name, method in methods.items():
                 prompt = parametric_prompt(ex, t) if method.instructed else ex.prompts[t]
-                # each distinct prompt once, so its streams share one clean prefill
-                streams.append(Stream(prompts.setdefault(prompt, len(prompts)), method.steering))
+                probe = [answer_first_token(lm.tokenizer, prompt, ex.answer),
+                         answer_first_token(lm.tokenizer, prompt, ex.context_answer)]
                 meta.append((ex, t, name))
-                probes.append([answer_first_token(lm.tokenizer, prompt, ex.answer),
-                               answer_first_token(lm.tokenizer, prompt, ex.context_answer)])
-    if not streams:
+                requests.append(DecodeRequest(prompt, method, probe))
+    if not requests:
         return []
-    gen = generate(lm, list(prompts), streams, max_new_tokens, probe_tokens=torch.tensor(probes),
-                   max_rows=max_rows, on_chunk=on_progress)
+    decoded = decode_requests(lm, requests, max_new_tokens, max_rows=max_rows, on_progress=on_progress)
     results = []
-    for (ex, t, name), text, probs in zip(meta, gen.texts, gen.first_probs):
+    for (ex, t, name), (text, probs) in zip(meta, decoded):
         results.append(ItemResult(
             domain=ex.domain, subject=ex.subject, conflict_type=t, method=name, output=text,
             correct=is_correct(text, ex.answers),
@@ -217,32 +268,16 @@ def evaluate_contextual(
         group = [(i, ex) for i, ex in enumerate(examples) if ex.metric == metric]
         if not group:
             continue
-        prompts: dict[str, int] = {}
-        streams, probes, meta = [], [], []
-        cad: dict[float, list] = {}
+        meta, requests = [], []
         for i, ex in group:
             for name, method in methods.items():
                 prompt = contextual_prompt(ex) if method.instructed else ex.prompt
                 probe = [answer_first_token(lm.tokenizer, prompt, ex.parametric_answer),
                          answer_first_token(lm.tokenizer, prompt, ex.context_answer)]
-                if method.contrastive is not None:
-                    cad.setdefault(method.contrastive, []).append((i, ex, name, prompt, probe))
-                    continue
-                # each distinct prompt once, so its streams share one clean prefill
-                streams.append(Stream(prompts.setdefault(prompt, len(prompts)), method.steering))
-                probes.append(probe)
                 meta.append((i, ex, name))
-        outputs = []
-        if streams:
-            gen = generate(lm, list(prompts), streams, new_tokens, probe_tokens=torch.tensor(probes),
-                           max_rows=max_rows, on_chunk=on_progress)
-            outputs += list(zip(meta, gen.texts, gen.first_probs))
-        for alpha, items in cad.items():
-            gen = cad_generate(lm, [it[3] for it in items], [it[1].question for it in items], new_tokens, alpha,
-                               probe_tokens=torch.tensor([it[4] for it in items]), max_rows=max_rows,
-                               on_chunk=on_progress)
-            outputs += list(zip([it[:3] for it in items], gen.texts, gen.first_probs))
-        for (i, ex, name), text, probs in outputs:
+                requests.append(DecodeRequest(prompt, method, probe, ex.question))
+        decoded = decode_requests(lm, requests, new_tokens, max_rows=max_rows, on_progress=on_progress)
+        for (i, ex, name), (text, probs) in zip(meta, decoded):
             correct = contextual_correct(ex, text, ex.context_answers)
             results[(i, name)] = ItemResult(
                 domain=ex.dataset, subject=ex.uid, conflict_type=CONTEXT_TYPE, method=name, output=text,

@@ -38,16 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from juice.baselines.cad import cad_generate, jsd_alpha
 from juice.baselines.ph3 import PRUNE_K, ConflictPrompt, Ph3Scores, heads_to_prune, logit_difference_effects
 from juice.baselines.prompt import CONTEXTUAL_COMPLETION, PARAMETRIC_COHERENT, PARAMETRIC_SUBSTITUTION
 from juice.data.records import Direction
-from juice.evaluation import ItemResult, Method, as_method, is_correct
+from juice.evaluation import DecodeRequest, ItemResult, Method, as_method, decode_requests, is_correct
 from juice.models import LoadedModel
 from juice.scoring import HeadsArtifact, ScoringPrompt, make_artifact
-from juice.steering import ORIGINAL, JuICE, JuNE, Prune, Stream, generate
+from juice.steering import ORIGINAL, JuICE, JuNE, Prune
 from juice.tables import AVERAGE, IntervalTable, interval_table
 from juice.tokens import answer_first_token
 from juice.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID
@@ -164,37 +161,22 @@ def evaluate_rows(
     """
     direction = parse_direction(direction)
     methods = {name: as_method(m) for name, m in methods.items()}
-    plain: dict[str, int] = {}
-    streams, probes, meta = [], [], []
-    cad: dict[Any, list] = {}
+    requests = []
     for i, row in enumerate(rows):
         for name, method in methods.items():
             prompt = instructed_prompt(row, direction) if method.instructed else row.prompt
             target = answer_first_token(lm.tokenizer, prompt, row.target)
             other = answer_first_token(lm.tokenizer, prompt, row.other) if row.other else target
+            if method.contrastive is not None and not row.question:
+                raise ValueError(f"{name} needs each row's question (the prompt without its context); "
+                                 f"row {i + 1} has none")
             probe = [target, other] if direction == "parametric" else [other, target]
-            if method.contrastive is not None:
-                if not row.question:
-                    raise ValueError(f"{name} needs each row's question (the prompt without its context); "
-                                     f"row {i + 1} has none")
-                cad.setdefault(method.contrastive, []).append(((i, name), prompt, row.question, probe))
-                continue
-            streams.append(Stream(plain.setdefault(prompt, len(plain)), method.steering))
-            probes.append(probe)
-            meta.append((i, name))
-    outputs: dict[tuple[int, str], tuple[str, Any]] = {}
-    if streams:
-        gen = generate(lm, list(plain), streams, max_new_tokens, probe_tokens=torch.tensor(probes),
-                       max_rows=max_rows, on_chunk=on_progress)
-        outputs.update(zip(meta, zip(gen.texts, gen.first_probs)))
-    for alpha, items in cad.items():
-        gen = cad_generate(lm, [it[1] for it in items], [it[2] for it in items], max_new_tokens, alpha,
-                           probe_tokens=torch.tensor([it[3] for it in items]), max_rows=max_rows, on_chunk=on_progress)
-        outputs.update(zip([it[0] for it in items], zip(gen.texts, gen.first_probs)))
+            requests.append(DecodeRequest(prompt, method, probe, row.question))
+    decoded = iter(decode_requests(lm, requests, max_new_tokens, max_rows=max_rows, on_progress=on_progress))
     results = []
     for i, row in enumerate(rows):
         for name in methods:
-            text, probs = outputs[(i, name)]
+            text, probs = next(decoded)
             p_par, p_ctx = float(probs[0]), float(probs[1])
             if not row.other:
                 p_par, p_ctx = (p_par, math.nan) if direction == "parametric" else (math.nan, p_ctx)
