@@ -4,12 +4,15 @@ JuICE's time per token vs plain cached greedy decoding. Run: python benchmarks/b
 from __future__ import annotations
 
 import torch
-
 from _common import measure, report
+
 from juice.data.paraconflict import build_domain
+from juice.decoding import greedy_generate
+from juice.heads import HeadSelection
 from juice.interventions import Head
 from juice.models import load_model
-from juice.steering import HeadSelection, Steering, greedy_generate, greedy_generate_naive, steering_coefficients
+from juice.reference import greedy_generate_naive
+from juice.steering import Steering, steering_coefficients
 
 N_NEW = 10
 

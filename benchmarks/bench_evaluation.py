@@ -5,11 +5,13 @@ Run: python benchmarks/bench_evaluation.py"""
 from __future__ import annotations
 
 from _common import measure, report
+
 from juice.data.paraconflict import build_domain
-from juice.evaluation import evaluate
+from juice.eval.runner import evaluate
+from juice.heads import HeadSelection
 from juice.interventions import Head
 from juice.models import load_model
-from juice.steering import HeadSelection, Steering, steering_coefficients
+from juice.steering import Steering, steering_coefficients
 
 
 def main() -> None:

@@ -23,9 +23,11 @@ import time
 import torch
 
 from juice.data.paraconflict import build_domain
+from juice.decoding import Stream, generate
+from juice.heads import HeadSelection
 from juice.interventions import Head
 from juice.models import LoadedModel, load_model, wrap_model
-from juice.steering import HeadSelection, Steering, Stream, generate, steering_coefficients
+from juice.steering import Steering, steering_coefficients
 from juice.tokens import encode
 
 BEFORE_MS = 15.7   # batch-1 fp32 step on one H100 before this work (issue 14)

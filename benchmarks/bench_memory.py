@@ -11,14 +11,16 @@ Run: python benchmarks/bench_memory.py
 
 from __future__ import annotations
 
-
 from _common import measure
+
 from juice.budget import auto_max_rows
 from juice.data.paraconflict import build_domain
+from juice.decoding import Stream, generate
+from juice.heads import ALPHAS_NEGATIVE, ALPHAS_POSITIVE, HeadSelection
 from juice.interventions import Head
 from juice.models import load_model
-from juice.scoring import ALPHAS_NEGATIVE, ALPHAS_POSITIVE, intervention_probs
-from juice.steering import HeadSelection, Steering, Stream, generate, steering_coefficients
+from juice.steering import Steering, steering_coefficients
+from juice.sweeps import intervention_probs
 from juice.tokens import token_ids
 
 

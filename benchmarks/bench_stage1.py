@@ -16,24 +16,24 @@ from __future__ import annotations
 import sys
 
 import torch
-
 from _common import measure, report
+
 from juice.data.paraconflict import build_domain
 from juice.data.splits import split_test
-from juice.interventions import Head, head_coefficients, scaled_heads
-from juice.tokens import encode
-from juice.models import load_model
-from juice.scoring import (
+from juice.heads import (
     ALPHAS_NEGATIVE,
     ALPHAS_POSITIVE,
     attribution_scores,
-    intervention_probs,
-    intervention_probs_naive,
+    hybrid_scores,
     score_heads,
     scoring_prompts,
-    hybrid_scores,
     select_heads,
 )
+from juice.interventions import Head, head_coefficients, scaled_heads
+from juice.models import load_model
+from juice.reference import intervention_probs_naive
+from juice.sweeps import intervention_probs
+from juice.tokens import encode
 
 K = 5
 

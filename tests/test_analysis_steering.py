@@ -22,9 +22,10 @@ from juice.analysis.robustness import RobustnessGrid, evaluate_settings, heads_b
 from juice.data.paraconflict import DOMAINS, build_domain
 from juice.data.paraphrases import PARAPHRASES, paraphrase_example, paraphrase_templates, template_choice
 from juice.data.records import CONFLICT_TYPES
+from juice.decoding import Stream, generate
+from juice.heads import HeadSelection, score_heads, scoring_prompts, select_heads
 from juice.interventions import Head, RowPlan, projection_input_hooks
-from juice.scoring import score_heads, scoring_prompts, select_heads
-from juice.steering import HeadSelection, JuICE, JuNE, Steering, Stream, generate
+from juice.steering import JuICE, JuNE, Steering
 
 SEL = HeadSelection(positive=(Head(1, 2), Head(2, 0)), negative=(Head(0, 1),))
 PROMPTS = ["the capital city of france is", "the author of the book w3 was written by",
@@ -221,7 +222,7 @@ def test_cached_post_norm_generation_equals_naive_rerun(tiny_gemma3, method):
 
 
 def test_post_norm_evaluation_scores_like_the_standard_one_at_zero_betas(tiny_gemma3):
-    from juice.evaluation import evaluate
+    from juice.eval.runner import evaluate
 
     items = build_domain("world_capital")[:2]
     g = tiny_gemma3.heads.geometry

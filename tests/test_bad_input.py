@@ -117,12 +117,12 @@ def test_bad_input_ends_in_one_line(name, argv, expected, tmp_path, monkeypatch,
             raise AssertionError("the model was loaded before the bad input was found")
         return real_load(*args, **kwargs)
 
+    import juice.experiments.table1
     import juice.models
-    import juice.reproduce
 
     real_load = juice.models.load_model
     monkeypatch.setattr(juice.models, "load_model", no_model)
-    monkeypatch.setattr(juice.reproduce, "load_model", no_model)   # bound at import by the pipelines
+    monkeypatch.setattr(juice.experiments.table1, "load_model", no_model)   # bound at import by the pipelines
     status = cli.main(argv(tmp_path, SHARED / "data"))
     err = capsys.readouterr().err
     assert status == 2, err
@@ -136,9 +136,9 @@ def test_ctrl_c_says_how_to_resume(monkeypatch, capsys):
     def interrupted(**kwargs):
         raise KeyboardInterrupt
 
-    import juice.reproduce
+    import juice.experiments.table1
 
-    monkeypatch.setattr(juice.reproduce, "reproduce", lambda *a, **k: interrupted())
+    monkeypatch.setattr(juice.experiments.table1, "reproduce", lambda *a, **k: interrupted())
     assert cli.main(["reproduce", "--out", "/tmp/juice-ctrl-c"]) == 130
     assert "run the same command again to resume" in capsys.readouterr().err
 

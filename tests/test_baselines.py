@@ -9,18 +9,13 @@ import torch
 
 from juice.architectures import ModelHeads
 from juice.baselines.cad import cad_continuation_logprobs, cad_generate, contrast
-from juice.baselines.ph3 import (
-    ConflictPrompt,
-    Ph3Scores,
-    heads_to_prune,
-    logit_difference_effects,
-    pruning,
-)
+from juice.baselines.ph3 import ConflictPrompt, Ph3Scores, heads_to_prune, logit_difference_effects, pruning
 from juice.baselines.prompt import contextual_prompt, parametric_prompt
 from juice.data.paraconflict import build_domain
 from juice.data.records import ContextualExample
+from juice.decoding import greedy_generate
 from juice.interventions import Head
-from juice.steering import continuation_logprobs, greedy_generate
+from juice.reference import continuation_logprobs
 from juice.tokens import encode, token_ids
 
 PROMPTS = ["the capital of france is paris . the capital of france is", "tennis golf w40 w41 w42 is"]
@@ -344,7 +339,7 @@ def _naive_adacad_logprob(lm, prompt: str, question: str, continuation: str) -> 
 
 
 def test_adacad_in_the_contextual_evaluation_equals_a_naive_one_item_reference(tiny_llama):
-    from juice.evaluation import Method, evaluate, evaluate_contextual
+    from juice.eval.runner import Method, evaluate, evaluate_contextual
     from juice.tokens import answer_first_token
 
     lm = tiny_llama
@@ -373,7 +368,7 @@ def test_adacad_in_the_contextual_evaluation_equals_a_naive_one_item_reference(t
 
 
 def test_a_method_is_cad_or_adacad_and_unsteered():
-    from juice.evaluation import Method
+    from juice.eval.runner import Method
     from juice.steering import Steering
 
     assert Method(adacad=True).contrastive is not None and Method(cad_alpha=1.0).contrastive == 1.0

@@ -7,14 +7,11 @@ import torch
 from juice.baselines.prompt import contextual_prompt
 from juice.data.paraconflict import build_domain
 from juice.data.records import ContextualExample
-from juice.evaluation import Method, evaluate, evaluate_contextual, likelihood_table
+from juice.eval.runner import Method, evaluate, evaluate_contextual, likelihood_table
+from juice.heads import HeadSelection
 from juice.interventions import Head, added_to_heads, captured_heads
-from juice.steering import (
-    HeadSelection,
-    Steering,
-    continuation_logprobs,
-    steering_coefficients,
-)
+from juice.reference import continuation_logprobs
+from juice.steering import Steering, steering_coefficients
 from juice.tokens import token_ids
 
 SELECTION = HeadSelection(positive=(Head(0, 1), Head(2, 3)), negative=(Head(1, 0),))
@@ -102,7 +99,7 @@ def test_parametric_prompt_baseline_leaves_clean_prompts_alone(tiny_llama):
 
 def test_forced_decoding_likelihoods_equal_the_teacher_forced_reference(tiny_llama):
     from juice.baselines.cad import cad_continuation_logprobs
-    from juice.evaluation import likelihood_wins
+    from juice.eval.runner import likelihood_wins
 
     lm = tiny_llama
     exs = [ex for ex in _examples() if ex.metric == "memotrap"]
@@ -123,7 +120,7 @@ def test_forced_decoding_likelihoods_equal_the_teacher_forced_reference(tiny_lla
 
 
 def test_forced_logprobs_match_the_reference_values(tiny):
-    from juice.steering import Stream, generate
+    from juice.decoding import Stream, generate
 
     prompts = ["the capital of france is", "tennis golf w40 w41 w42 is"]
     conts = [" paris .", " golf"]
@@ -140,6 +137,6 @@ def test_forced_logprobs_match_the_reference_values(tiny):
 
 
 def continuation_ids_(lm, prompt, cont):
-    from juice.steering import continuation_ids
+    from juice.decoding import continuation_ids
 
     return continuation_ids(lm.tokenizer, prompt, cont)[1]

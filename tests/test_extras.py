@@ -24,9 +24,9 @@ import juice
 from conftest import build_tiny
 from juice.extras import MissingExtraError
 from juice.userdata import ConflictRow
-from juice.report import interval_markdown
+from juice.eval.report import interval_markdown
 from juice.plots import have_matplotlib
-import juice.reproduce, juice.reproduce_contextual, juice.server
+import juice.experiments.table1, juice.experiments.table2, juice.server
 lm = build_tiny("llama")
 rows = [ConflictRow("the capital of france is", "paris", "berlin", "clean"),
         ConflictRow("the capital of france is berlin . the capital of france is", "paris", "berlin", "substitution")]

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import juice.steering as st
-from juice import guard
-from juice.steering import Stream, generate
-from juice.tokens import token_ids
-
 from conftest import build_tiny
+
+import juice.decoding as st
+from juice import guard
+from juice.decoding import Stream, generate
+from juice.tokens import token_ids
 
 PROMPTS = ["the capital of france is",                        # 6 tokens with BOS: the most padded
            "the name of the capital city of japan is",       # 10

@@ -20,6 +20,21 @@ def test_every_public_name_resolves():
         juice.nope  # noqa: B018
 
 
+def test_no_public_function_is_shadowed_by_a_submodule():
+    """A submodule named like a public function would replace it once imported
+    (`juice.reproduce` was the Table 1 module): after importing every submodule, each public
+    name is still what `_EXPORTS` says."""
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.walk_packages(juice.__path__, "juice."):
+        if info.name.split(".")[1] not in ("analysis", "server", "cli"):   # extras-only modules
+            importlib.import_module(info.name)
+    for name, module in juice._EXPORTS.items():
+        assert getattr(juice, name) is getattr(importlib.import_module(module), name), name
+    assert callable(juice.reproduce) and callable(juice.reproduce_contextual)
+
+
 def test_import_is_light():
     """`import juice` must not pull torch or transformers (the CLI's start-up time)."""
     code = "import sys, juice; print('torch' in sys.modules, 'transformers' in sys.modules)"
@@ -43,7 +58,7 @@ def test_presets_are_the_records_they_name(tiny_llama):
 def test_the_readme_example_runs(tiny_llama, tmp_path):
     sel = juice.HeadSelection((juice.Head(1, 2),), (juice.Head(0, 1),))
     path = tmp_path / "heads.json"
-    from juice.scoring import HeadsArtifact
+    from juice.heads import HeadsArtifact
 
     juice.save_heads(HeadsArtifact(tiny_llama.fingerprint(), "parametric", 1, [1.0], [-1.0], sel), path)
     lm = tiny_llama
@@ -66,7 +81,7 @@ def _readme_blocks(heading: str) -> list[str]:
 def test_the_readme_usage_examples_run(tiny_llama, tmp_path, monkeypatch, capsys):
     """The README's three-line example and its RAG loop, verbatim, on a tiny model standing in
     for Gemma (the server examples are covered by tests/test_server.py)."""
-    from juice.scoring import HeadsArtifact
+    from juice.heads import HeadsArtifact
 
     sel = juice.HeadSelection((juice.Head(1, 2),), (juice.Head(0, 1),))
     tuned = {"juice": {"beta_plus": 3.0, "beta_minus": -1.0}}

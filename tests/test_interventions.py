@@ -7,13 +7,7 @@ import copy
 import pytest
 import torch
 
-from juice.interventions import (
-    Head,
-    added_to_heads,
-    captured_heads,
-    head_coefficients,
-    scaled_heads,
-)
+from juice.interventions import Head, added_to_heads, captured_heads, head_coefficients, scaled_heads
 from juice.tokens import encode
 
 PROMPTS = ["the capital of france is paris . the capital of france is", "tennis golf w40 w41 w42 is"]

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import build_tiny
+
+from juice.decoding import greedy_generate
+from juice.heads import HeadSelection
 from juice.interventions import Head
 from juice.models import load_model
-from juice.scoring import intervention_probs, intervention_probs_naive
-from juice.steering import HeadSelection, Steering, greedy_generate, greedy_generate_naive, steering_coefficients
+from juice.reference import greedy_generate_naive, intervention_probs_naive
+from juice.steering import Steering, steering_coefficients
+from juice.sweeps import intervention_probs
 
 PROMPTS = ["the capital of france is paris . the capital of france is", "w3 w4 w5 golf is"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
+from juice.eval.stats import Interval
 from juice.plots import interval_bar_chart
-from juice.stats import Interval
 
 PNG = b"\x89PNG\r\n\x1a\n"
 EMPTY = Interval(math.nan, math.nan, math.nan, 0)

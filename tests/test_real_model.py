@@ -6,9 +6,12 @@ import pytest
 import torch
 
 from juice.data.paraconflict import build_domain
+from juice.decoding import greedy_generate
+from juice.heads import HeadSelection, scoring_prompts
 from juice.interventions import Head
-from juice.scoring import intervention_probs, intervention_probs_naive, scoring_prompts
-from juice.steering import HeadSelection, Steering, greedy_generate, greedy_generate_naive, steering_coefficients
+from juice.reference import greedy_generate_naive, intervention_probs_naive
+from juice.steering import Steering, steering_coefficients
+from juice.sweeps import intervention_probs
 from juice.tokens import answer_first_token, encode
 
 pytestmark = pytest.mark.slow

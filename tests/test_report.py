@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from juice.report import difference_markdown, interval_markdown, separated_best, table1_columns
-from juice.stats import Interval
-from juice.tables import IntervalTable
+from juice.eval.report import difference_markdown, interval_markdown, separated_best, table1_columns
+from juice.eval.stats import Interval
+from juice.eval.tables import IntervalTable
 
 
 def test_bold_only_when_the_best_interval_lies_above_the_runner_up():

@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from juice.steering import JuICE, HeadSelection, Sampling, Steering, Stream, generate, greedy_generate
+from juice.decoding import Sampling, Stream, generate, greedy_generate
+from juice.heads import HeadSelection
 from juice.interventions import Head
+from juice.steering import JuICE, Steering
 from juice.tokens import encode
 
 PROMPTS = ["the capital of france is", "the name of the capital city of japan is",
@@ -86,7 +88,7 @@ def test_eos_stop_and_repetition_penalty_equal_hugging_face_generate(tiny):
 
 
 def test_repetition_penalty_changes_only_seen_tokens_and_one_is_a_no_op(tiny_llama):
-    from juice.steering import penalize_repetition
+    from juice.decoding import penalize_repetition
 
     logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
     seen = torch.tensor([[True, True, False, False]])

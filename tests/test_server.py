@@ -6,8 +6,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import pytest
 
@@ -15,13 +15,12 @@ pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 import openai  # noqa: E402
 import uvicorn  # noqa: E402
-
 from conftest import build_tiny  # noqa: E402
+
+from juice.heads import HeadsArtifact, HeadSelection
 from juice.interventions import Head  # noqa: E402
-from juice.scoring import HeadsArtifact  # noqa: E402
 from juice.server import create_app  # noqa: E402
 from juice.steerer import Steerer  # noqa: E402
-from juice.steering import HeadSelection  # noqa: E402
 
 SEL = HeadSelection((Head(1, 2),), (Head(0, 1),))
 PROMPTS = ["the capital of france is", "the name of the capital city of japan is",

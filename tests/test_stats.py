@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from juice.stats import Interval, bootstrap_interval, paired_difference_interval, stratified_interval
+from juice.eval.stats import Interval, bootstrap_interval, paired_difference_interval, stratified_interval
 
 
 def test_bootstrap_intervals_cover_a_known_bernoulli_mean_at_about_the_stated_rate():

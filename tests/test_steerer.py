@@ -4,11 +4,10 @@ sampled and seeded), EOS and stop strings, chat templates, streaming."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 import juice
+from juice.decoding import Sampling, Stream, generate, greedy_generate
 from juice.steerer import Steerer, cut_at_stop
-from juice.steering import Sampling, Stream, generate, greedy_generate
 
 PROMPTS = ["the capital of france is", "the name of the capital city of japan is"]
 SEL = juice.HeadSelection((juice.Head(1, 2),), (juice.Head(0, 1),))
@@ -84,7 +83,7 @@ def test_a_stream_closed_early_leaves_no_decoding_running(tiny_llama):
 
 
 def test_repetition_penalty_reaches_the_engine(tiny_llama):
-    from juice.steering import Stream, generate
+    from juice.decoding import Stream, generate
 
     s = Steerer(tiny_llama, SEL, method="june", beta_plus=2, beta_minus=-1)
     texts = s.generate(PROMPTS, 6, repetition_penalty=1.5)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from juice.evaluation import ItemResult
-from juice.stats import bootstrap_interval, paired_difference_interval
-from juice.tables import AVERAGE, comparisons, interval_table
+from juice.eval.runner import ItemResult
+from juice.eval.stats import bootstrap_interval, paired_difference_interval
+from juice.eval.tables import AVERAGE, comparisons, interval_table
 
 
 def result(domain: str, subject: str, method: str, correct: bool, conflict_type: str = "clean") -> ItemResult:

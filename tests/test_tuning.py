@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from juice.evaluation import ItemResult
-from juice.tuning import grid_name, grid_points
+from juice.eval.runner import ItemResult
+from juice.eval.tuning import GridSetting, grid_name, grid_points
 
 
 def _r(method, t, correct, p):
@@ -16,7 +16,7 @@ def test_grid_points_average_over_conflict_types_and_keep_the_tie_break():
         _r(a, "clean", True, 0.5), _r(a, "clean", True, 0.5), _r(a, "coherent", False, 0.1), _r(a, "coherent", True, 0.1),
         _r(b, "clean", True, 0.9), _r(b, "clean", False, 0.9), _r(b, "coherent", True, 0.9), _r(b, "coherent", True, 0.9),
     ]
-    pa, pb = grid_points(results, ("clean", "coherent"))
+    pa, pb = grid_points(results, ("clean", "coherent"), settings=[GridSetting("juice", 1, -1), GridSetting("juice", 2, 0)])
     assert (pa.beta_plus, pa.beta_minus) == (1.0, -1.0)
     assert pa.accuracy == 75.0 and pb.accuracy == 75.0 and pa.per_type == (100.0, 50.0)
     assert max((pa, pb), key=lambda g: g.key) is pb   # same accuracy: higher answer probability wins
@@ -25,10 +25,10 @@ def test_grid_points_average_over_conflict_types_and_keep_the_tie_break():
 def test_per_domain_tuning_picks_each_domains_betas_from_its_own_validation_only(tiny_llama, monkeypatch):
     """A synthetic case: in domain A only JuICE (1, 0) is ever right, in domain B only (3, -2);
     each domain must get its own best point, never the other's or the pooled one."""
-    import juice.tuning as tuning
+    import juice.eval.tuning as tuning
     from juice.data.records import CONFLICT_TYPES
+    from juice.heads import HeadSelection
     from juice.interventions import Head
-    from juice.steering import HeadSelection
 
     best_of = {"A": grid_name("juice", 1, 0), "B": grid_name("juice", 3, -2)}
 

@@ -8,8 +8,8 @@ import csv
 import json
 
 import pytest
-
 from conftest import build_tiny
+
 from juice.userdata import ConflictRow, load_rows
 
 ROWS = [{"prompt": "the capital of france is", "target": "paris", "other": "berlin", "conflict_type": "clean"},
@@ -64,7 +64,7 @@ def test_the_papers_files_by_direction(shared_data, tmp_path):
 
 def test_identify_on_a_file_records_its_data(tmp_path, capsys):
     import juice.cli as cli
-    from juice.scoring import load_heads
+    from juice.heads import load_heads
 
     lm = build_tiny("llama")
     folder = tmp_path / "model"

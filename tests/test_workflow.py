@@ -8,14 +8,16 @@ import json
 import math
 
 import pytest
-
 from conftest import build_tiny
+
 from juice.baselines.ph3 import heads_to_prune
-from juice.evaluation import Method, is_correct
-from juice.reproduce import ReproduceConfig, score_prompts
-from juice.scoring import ScoringPrompt, load_heads, save_heads
+from juice.decoding import greedy_generate
+from juice.eval.metrics import is_correct
+from juice.eval.runner import Method
+from juice.experiments.table1 import ReproduceConfig, score_prompts
+from juice.heads import ScoringPrompt, load_heads, save_heads
 from juice.steerer import Steerer
-from juice.steering import ORIGINAL, JuICE, JuNE, greedy_generate
+from juice.steering import ORIGINAL, JuICE, JuNE
 from juice.tokens import answer_first_token
 from juice.userdata import ConflictRow, load_rows
 from juice.workflow import (

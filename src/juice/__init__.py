@@ -27,20 +27,20 @@ _EXPORTS = {
     "load_model": "juice.models", "LoadedModel": "juice.models", "EMBEDDED_MODELS": "juice.models",
     "ModelLoadError": "juice.selfcheck",
     # heads and interventions
-    "Head": "juice.interventions", "HeadSelection": "juice.steering",
-    "score_heads": "juice.scoring", "select_heads": "juice.scoring",
-    "load_heads": "juice.scoring", "save_heads": "juice.scoring", "make_artifact": "juice.scoring",
+    "Head": "juice.interventions", "HeadSelection": "juice.heads",
+    "score_heads": "juice.heads", "select_heads": "juice.heads",
+    "load_heads": "juice.heads", "save_heads": "juice.heads", "make_artifact": "juice.heads",
     # steering and decoding
     "Steering": "juice.steering", "JuICE": "juice.steering", "JuNE": "juice.steering", "Prune": "juice.steering",
-    "Stream": "juice.steering", "Sampling": "juice.steering", "generate": "juice.steering", "greedy_generate": "juice.steering",
+    "Stream": "juice.decoding", "Sampling": "juice.decoding", "generate": "juice.decoding", "greedy_generate": "juice.decoding",
     "steering_coefficients": "juice.steering", "BatchingMismatchError": "juice.guard",
     "Steerer": "juice.steerer",
     # your own data
     "identify": "juice.workflow", "tune": "juice.workflow", "evaluate_file": "juice.workflow",
     "ConflictRow": "juice.userdata", "load_rows": "juice.userdata",
     # the paper's pipelines
-    "ReproduceConfig": "juice.reproduce", "reproduce": "juice.reproduce",
-    "reproduce_contextual": "juice.reproduce_contextual",
+    "ReproduceConfig": "juice.experiments.table1", "reproduce": "juice.experiments.table1",
+    "reproduce_contextual": "juice.experiments.table2",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -13,7 +13,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from juice.models import DEFAULT_MODEL
 
-
 app = typer.Typer(add_completion=False, help="Steer a language model toward its parametric memory or its context (JuICE).")
 console = Console(width=200)
 
@@ -76,10 +75,10 @@ def reproduce(
 
     Example: juice reproduce; juice reproduce --direction contextual; juice reproduce --full
     """
-    from juice.report import interval_rich, table1_columns, table2_columns
-    from juice.reproduce import ReproduceConfig, scoring_title
-    from juice.reproduce import reproduce as run_parametric
-    from juice.reproduce_contextual import reproduce_contextual
+    from juice.eval.report import interval_rich, table1_columns, table2_columns
+    from juice.experiments.table1 import ReproduceConfig, scoring_title
+    from juice.experiments.table1 import reproduce as run_parametric
+    from juice.experiments.table2 import reproduce_contextual
 
     if direction not in ("parametric", "contextual"):
         raise typer.BadParameter("direction must be parametric or contextual")
@@ -157,8 +156,7 @@ def identify(
 
     Example: juice identify --data my_conflicts.jsonl --direction contextual --out heads.json
     """
-    from juice.models import load_model
-    from juice.reproduce import (
+    from juice.experiments.table1 import (
         ReproduceConfig,
         StageFiles,
         domain_sources,
@@ -166,14 +164,16 @@ def identify(
         prepare_domains,
         run_key_base,
     )
-    from juice.scoring import make_artifact, save_heads
+    from juice.heads import make_artifact, save_heads
+    from juice.models import load_model
     from juice.userdata import load_rows
 
     cfg = ReproduceConfig(model=model, k=k, scoring=scoring, shortlist=shortlist, head_set_size=head_set_size,
                           seed=seed, data=data, domains=("world_capital",), validation_size=0, baselines=False,
                           limit=0, device=device)
     if data is not None and data.is_file():   # the user's own rows: all of them are D
-        from juice.workflow import identify as identify_rows, parse_direction
+        from juice.workflow import identify as identify_rows
+        from juice.workflow import parse_direction
 
         load_rows(data, parse_direction(direction))   # bad data fails before the model loads
         lm = load_model(model, device=device)
@@ -215,10 +215,11 @@ def tune(
 
     Example: juice tune --heads heads.json --data validation.jsonl --methods juice,june,ph3
     """
+    from juice.heads import load_heads, save_heads
     from juice.models import load_model
-    from juice.scoring import load_heads, save_heads
     from juice.userdata import load_rows
-    from juice.workflow import check_tune_methods, tune as tune_rows
+    from juice.workflow import check_tune_methods
+    from juice.workflow import tune as tune_rows
 
     artifact = load_heads(heads)          # malformed input fails before the model loads
     load_rows(data, artifact.direction)
@@ -257,10 +258,10 @@ def evaluate(
 
     Example: juice evaluate --heads heads.json --data test.jsonl --methods original,prompt,juice,june,cad
     """
+    from juice.eval.report import difference_markdown, interval_markdown, interval_rich
+    from juice.heads import load_heads
     from juice.io import write_json_atomic
     from juice.models import load_model
-    from juice.report import difference_markdown, interval_markdown, interval_rich
-    from juice.scoring import load_heads
     from juice.userdata import load_rows
     from juice.workflow import check_methods, evaluate_file, parse_direction
 
@@ -304,9 +305,11 @@ def generate(
 
     Example: juice generate --heads heads.json --beta-plus 2 --beta-minus -1 "The capital of France is Rome. The capital of France is"
     """
+    from juice.decoding import Stream
+    from juice.decoding import generate as run
+    from juice.heads import load_heads
     from juice.models import load_model
-    from juice.scoring import load_heads
-    from juice.steering import Steering, Stream, generate as run, steering_coefficients
+    from juice.steering import Steering, steering_coefficients
 
     load_heads(heads)   # a malformed file fails before the model loads
     lm = load_model(model)
@@ -337,8 +340,9 @@ def serve(
 
     require("server", "juice serve")
     import uvicorn
+
+    from juice.heads import load_heads
     from juice.models import load_model
-    from juice.scoring import load_heads
     from juice.server import create_app
 
     for path in heads:

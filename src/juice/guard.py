@@ -27,7 +27,6 @@ import warnings
 from collections.abc import Callable, Sequence
 
 import torch
-from torch import Tensor
 
 from juice.models import LoadedModel
 

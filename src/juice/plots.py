@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from juice.stats import Interval
+from juice.eval.stats import Interval
 
 
 def have_matplotlib() -> bool:

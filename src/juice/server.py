@@ -13,7 +13,7 @@ heads); betas default to the heads file's tuned values for the method (`juice tu
 and 0; a beta must be a finite number with |beta| <= 100 (`MAX_ABS_BETA`).
 
 One worker thread owns the model: requests that arrive together (within `batch_window_s`) are
-decoded in one batched :func:`juice.steering.generate` call, whatever their steering; each
+decoded in one batched :func:`juice.decoding.generate` call, whatever their steering; each
 stream has its own sampler, so a request's output does not depend on the rest of its batch
 (tested: alone and among 15 others, the same greedy tokens). Streaming requests are decoded one
 at a time by the same worker. Texts are cut at EOS and before the first stop string.
@@ -33,9 +33,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from juice.data.records import Direction
+from juice.decoding import Sampling, Stream, generate
+from juice.heads import HeadSelection
 from juice.models import LoadedModel
 from juice.steerer import cut_at_stop
-from juice.steering import ORIGINAL, HeadSelection, JuICE, JuNE, Sampling, Steering, Stream, generate
+from juice.steering import ORIGINAL, JuICE, JuNE, Steering
 
 DIRECTIONS = {"parametric": Direction.PARAMETRIC, "memory": Direction.PARAMETRIC, "context": Direction.CONTEXTUAL,
               "contextual": Direction.CONTEXTUAL}

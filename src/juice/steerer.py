@@ -7,7 +7,7 @@ know from Hugging Face (greedy or sampled, stop strings, EOS, chat templates, st
     for piece in steerer.stream("..."):
         print(piece, end="")
 
-Decoding is :func:`juice.steering.generate` (batched, left-padded, KV-cached; JuICE is the
+Decoding is :func:`juice.decoding.generate` (batched, left-padded, KV-cached; JuICE is the
 paper's dual run, Alg. 1; JuNE the single run, Alg. 4). Generation runs up to `max_new_tokens`
 steps, stopping once every prompt of the batch has produced EOS; the text is cut at the first
 EOS token, then before the first stop string.
@@ -20,9 +20,10 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from juice.decoding import Sampling, Stream, generate
+from juice.heads import HeadsArtifact, HeadSelection, load_heads
 from juice.models import LoadedModel
-from juice.scoring import HeadsArtifact, load_heads
-from juice.steering import ORIGINAL, HeadSelection, JuICE, JuNE, Sampling, Steering, Stream, generate
+from juice.steering import ORIGINAL, JuICE, JuNE, Steering
 
 METHODS = ("juice", "june", "original")
 
@@ -40,7 +41,7 @@ class Steerer:
 
     Raises:
         ValueError: an unknown method, or steering without heads.
-        juice.scoring.HeadsFileMismatchError: the heads file was made for another model.
+        juice.heads.HeadsFileMismatchError: the heads file was made for another model.
     """
 
     def __init__(self, lm: LoadedModel, heads: HeadSelection | HeadsArtifact | str | Path | None = None, *,
@@ -87,9 +88,9 @@ class Steerer:
             prompts: one prompt or several (BOS is added).
             do_sample: sample instead of greedy decoding; by default, sample iff a temperature > 0
                 is given (Hugging Face's options; prompt i is seeded with `seed + i`).
-            temperature, top_k, top_p: see :class:`juice.steering.Sampling`.
+            temperature, top_k, top_p: see :class:`juice.decoding.Sampling`.
             stop: strings; each text is cut before the first one found.
-            repetition_penalty: Hugging Face's (:class:`juice.steering.Stream`); 1 is off.
+            repetition_penalty: Hugging Face's (:class:`juice.decoding.Stream`); 1 is off.
 
         Decoding of a batch stops once every prompt has produced EOS.
 

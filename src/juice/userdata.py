@@ -15,7 +15,7 @@ Accepted files:
   one row per item, label "context", target the contextual answer ("contextual") or the
   memorised one ("parametric"), with the question-only prompt.
 
-Each row becomes a :class:`juice.scoring.ScoringPrompt` whose target is the first token of
+Each row becomes a :class:`juice.heads.ScoringPrompt` whose target is the first token of
 `target` after the prompt.
 """
 
@@ -134,7 +134,7 @@ def load_rows(path: str | Path, direction: str = "parametric") -> list[ConflictR
 
 
 def _memotrap_rows(path: Path, records: list[dict], direction: str) -> list[ConflictRow]:
-    from juice.data.memotrap import MemoTrapFormatError, SUBTASKS, parse_row
+    from juice.data.memotrap import SUBTASKS, MemoTrapFormatError, parse_row
 
     subtask = next((name for name, file in SUBTASKS.items() if file == path.name), None)
     if subtask is None:

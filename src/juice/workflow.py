@@ -12,7 +12,7 @@ Rows come from :func:`juice.userdata.load_rows` (JSONL/CSV with `prompt`, `targe
 Choices where the paper has no rule for arbitrary data (also in the README):
 
 - Metric: the paper's exact match (an accepted answer, `target` or one of its `aliases`, among the
-  first five words of 10 greedy new tokens, :func:`juice.evaluation.is_correct`) for every file,
+  first five words of 10 greedy new tokens, :func:`juice.eval.metrics.is_correct`) for every file,
   NQ-Swap and MemoTrap included (their own metrics are `juice reproduce --direction contextual`'s).
 - Groups: each `conflict_type` label is a column; "Average" is the mean over labels (the paper
   averages over conflict types), its interval a bootstrap within labels.
@@ -41,13 +41,14 @@ from typing import Any
 from juice.baselines.ph3 import PRUNE_K, ConflictPrompt, Ph3Scores, heads_to_prune, logit_difference_effects
 from juice.baselines.prompt import CONTEXTUAL_COMPLETION, PARAMETRIC_COHERENT, PARAMETRIC_SUBSTITUTION
 from juice.data.records import Direction
-from juice.evaluation import DecodeRequest, ItemResult, Method, as_method, decode_requests, is_correct
+from juice.eval.metrics import is_correct
+from juice.eval.runner import DecodeRequest, ItemResult, Method, as_method, decode_requests
+from juice.eval.tables import AVERAGE, IntervalTable, interval_table
+from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, GridSetting
+from juice.heads import HeadsArtifact, ScoringPrompt, make_artifact
 from juice.models import LoadedModel
-from juice.scoring import HeadsArtifact, ScoringPrompt, make_artifact
 from juice.steering import ORIGINAL, JuICE, JuNE, Prune
-from juice.tables import AVERAGE, IntervalTable, interval_table
 from juice.tokens import answer_first_token
-from juice.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID
 from juice.userdata import ConflictRow, file_digest, load_rows
 
 Progress = Callable[[str, int], Callable[[int], None]]
@@ -116,7 +117,7 @@ def identify(
         FileNotFoundError, ValueError: a missing or malformed file, an unknown direction or scoring.
         EmptyAnswerError: a target that tokenizes to nothing.
     """
-    from juice.reproduce import ReproduceConfig, score_prompts
+    from juice.experiments.table1 import ReproduceConfig, score_prompts
 
     direction = parse_direction(direction)
     rows, where = _rows(data, direction)
@@ -252,40 +253,36 @@ def tune(
     direction = artifact.direction
     rows, where = _rows(data, direction, limit)
     presets = {"juice": JuICE, "june": JuNE}
-    steerings: dict[str, Any] = {}
-    for m in methods:
-        if m in presets:
-            for bp in beta_plus_grid:
-                for bm in beta_minus_grid:
-                    steerings[f"{m}:{bp:g}:{bm:g}"] = presets[m](lm, artifact.selection, bp, bm)
+    settings = [GridSetting(m, float(bp), float(bm)) for m in methods if m in presets
+                for bp in beta_plus_grid for bm in beta_minus_grid]
+    steerings: dict[str, Any] = {s.label: presets[s.method](lm, artifact.selection, s.beta_plus, s.beta_minus)
+                                 for s in settings}
     ph3_order: tuple = ()
     if "ph3" in methods:
         scores = ph3_knockout_scores(lm, rows, direction, max_rows=max_rows, progress=progress)
         for k in ks:
-            steerings[f"ph3:{k}"] = Prune(lm, heads_to_prune(scores, direction, k))
+            settings.append(GridSetting("ph3", k=k))
+            steerings[settings[-1].label] = Prune(lm, heads_to_prune(scores, direction, k))
         ph3_order = heads_to_prune(scores, direction, max(ks))
     advance = progress(f"tuning: {len(steerings)} settings x {len(rows)} rows", len(steerings) * len(rows))
     results = evaluate_rows(lm, rows, steerings, direction=direction, max_rows=max_rows, on_progress=advance)
     out: dict[str, TunedSetting] = {}
     for m in methods:
         points = []
-        for name in steerings:
-            if name.split(":")[0] != m:
-                continue
-            acc, p, _ = _accuracy([r for r in results if r.method == name], direction)
-            values = [float(v) for v in name.split(":")[1:]]
-            points.append((acc, p, values))
+        for setting in settings:
+            if setting.method == m:
+                acc, p, _ = _accuracy([r for r in results if r.method == setting.label], direction)
+                points.append((acc, p, setting))
         # best accuracy, then target probability, then the first in grid order (max keeps the first)
         best_i = max(range(len(points)), key=lambda i: (points[i][0], _finite(points[i][1]), -i))
-        acc, _, values = points[best_i]
+        acc, _, best = points[best_i]
         if m == "ph3":
-            grid = [{"k": int(v[0]), "accuracy": round(a, 4), "p_target": round(_finite(p), 6)} for a, p, v in points]
-            k = int(values[0])
-            out[m] = TunedSetting(acc, grid, k=k, pruned=[str(h) for h in ph3_order[:k]])
+            grid = [{"k": s.k, "accuracy": round(a, 4), "p_target": round(_finite(p), 6)} for a, p, s in points]
+            out[m] = TunedSetting(acc, grid, k=best.k, pruned=[str(h) for h in ph3_order[:best.k]])
         else:
-            grid = [{"beta_plus": v[0], "beta_minus": v[1], "accuracy": round(a, 4), "p_target": round(_finite(p), 6)}
-                    for a, p, v in points]
-            out[m] = TunedSetting(acc, grid, beta_plus=values[0], beta_minus=values[1])
+            grid = [{"beta_plus": s.beta_plus, "beta_minus": s.beta_minus, "accuracy": round(a, 4),
+                     "p_target": round(_finite(p), 6)} for a, p, s in points]
+            out[m] = TunedSetting(acc, grid, beta_plus=best.beta_plus, beta_minus=best.beta_minus)
     artifact.tuned = {**artifact.tuned, **{m: s.to_json() for m, s in out.items()}, "data": where}
     return out
 
@@ -365,7 +362,7 @@ class RowsEvaluation:
         return [(c, "all") for c in [*labels, AVERAGE]]
 
     def to_json(self) -> dict[str, Any]:
-        from juice.evaluation import results_to_json
+        from juice.eval.runner import results_to_json
 
         return {"data": self.data, "methods": self.methods, "settings": self.settings,
                 "table": self.table.to_json(), "results": results_to_json(self.results)}
@@ -420,7 +417,7 @@ def evaluate_file(
 ) -> RowsEvaluation:
     """Evaluate `methods` (names of :data:`METHOD_NAMES`) on every row of `data`, with 95%
     bootstrap intervals per label, the mean over labels, and paired differences (JuICE vs every
-    method, every method vs Original) (:func:`juice.tables.interval_table`). `limit`: the first
+    method, every method vs Original) (:func:`juice.eval.tables.interval_table`). `limit`: the first
     rows only.
 
     Raises:

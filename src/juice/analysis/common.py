@@ -51,10 +51,18 @@ from typing import Annotated, Any, Protocol
 import typer
 
 from juice.data.records import ConflictExample
-from juice.evaluation import is_correct
+from juice.eval.metrics import is_correct
+from juice.experiments.table1 import (
+    HEAD_DOMAIN,
+    Progress,
+    ReproduceConfig,
+    domain_sources,
+    filter_domain,
+    no_progress,
+    run_key_base,
+)
 from juice.io import StageFiles, UnitCheckpoint, settings_key, write_json_atomic
 from juice.models import DEFAULT_MODEL, LoadedModel
-from juice.reproduce import HEAD_DOMAIN, Progress, ReproduceConfig, domain_sources, filter_domain, no_progress, run_key_base
 
 DEFAULT_OUT = Path("juice-analysis")
 QUICK_KNOWN = 4
@@ -172,7 +180,7 @@ def reproduce_config(options: AnalysisOptions) -> ReproduceConfig:
 
 def world_capital_items(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_progress) -> WorldCapitalItems:
     """The built-in World Capital items, split as `juice reproduce` splits them (half of them,
-    seeded, are the test split) and filtered for `lm` (:func:`juice.reproduce.filter_domain`).
+    seeded, are the test split) and filtered for `lm` (:func:`juice.experiments.table1.filter_domain`).
 
     The clean-prompt outputs are cached under `<out>/state/` with a key of the model fingerprint,
     the juice version, the seed and the items, so a second analysis reads them. With `quick`, the

@@ -18,7 +18,7 @@ items shaded; the table adds 95% bootstrap intervals of the mean. The paper coun
 (26 layers), the components whose knock-out raises that probability in all three conflict types:
 0 whole layers, 1 MLP, 6 attention blocks.
 
-Batched like Stage 1 (:func:`juice.scoring.intervention_readout`): one forward per prompt holds
+Batched like Stage 1 (:func:`juice.sweeps.intervention_readout`): one forward per prompt holds
 the clean row and every knock-out row; a row knocking out layer l's component joins the batch at
 layer l's input as a copy of the clean residual stream.
 """
@@ -49,11 +49,11 @@ from juice.analysis.common import (
 from juice.architectures import ModelHeads, UnsupportedArchitectureError
 from juice.budget import resolve_max_rows
 from juice.data.records import CONFLICT_TYPES, ConflictExample
+from juice.eval.stats import Interval, bootstrap_interval
 from juice.interventions import Head
 from juice.io import UnitCheckpoint
 from juice.models import LoadedModel
-from juice.scoring import grow_batch, intervention_readout
-from juice.stats import Interval, bootstrap_interval
+from juice.sweeps import grow_batch, intervention_readout
 from juice.tokens import answer_first_token, encode
 
 KINDS: tuple[str, ...] = ("layer", "attention", "mlp")
@@ -228,7 +228,7 @@ def head_knockout_deltas(
     on_prompt: Callable[[int], None] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Change of the context and the parametric answer's first-token probability when each head is
-    knocked out alone (`H <- 0`, :func:`juice.scoring.intervention_readout`), per item and type.
+    knocked out alone (`H <- 0`, :func:`juice.sweeps.intervention_readout`), per item and type.
 
     The superposition table and Table 3's ranking read it (paper Sec. 3.1; App. D).
 

@@ -27,7 +27,7 @@ head outputs).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,10 +49,18 @@ from juice.analysis.knockout import head_knockout_deltas
 from juice.analysis.superposition import rank_heads
 from juice.budget import resolve_max_rows
 from juice.data.records import ConflictExample
-from juice.interventions import Head, RowPlan, added_to_heads, captured_heads, head_coefficients, planned_rows, scaled_heads
+from juice.eval.stats import Interval, bootstrap_interval, paired_difference_interval
+from juice.interventions import (
+    Head,
+    RowPlan,
+    added_to_heads,
+    captured_heads,
+    head_coefficients,
+    planned_rows,
+    scaled_heads,
+)
 from juice.io import UnitCheckpoint
 from juice.models import LoadedModel
-from juice.stats import Interval, bootstrap_interval, paired_difference_interval
 from juice.tokens import answer_first_token, encode
 
 NS: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20)

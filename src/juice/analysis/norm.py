@@ -66,10 +66,12 @@ from juice.analysis.common import (
 from juice.architectures import ModelHeads
 from juice.budget import resolve_max_rows
 from juice.data.records import CONFLICT_TYPES, ConflictExample
-from juice.evaluation import ItemResult, evaluate, is_correct, results_from_json, results_to_json
+from juice.decoding import Generation, Stream, forward_last, length_buckets
+from juice.eval.metrics import is_correct
+from juice.eval.runner import ItemResult, evaluate, results_from_json, results_to_json
 from juice.interventions import RowPlan, projection_input_hooks
 from juice.models import DEFAULT_MODEL, LoadedModel
-from juice.steering import Generation, Steering, Stream, forward_last, length_buckets, steering_coefficients
+from juice.steering import Steering, steering_coefficients
 from juice.tokens import answer_first_token, context_length, encode, pad_left, token_ids
 
 POST_NORMS: dict[str, str] = {
@@ -276,14 +278,14 @@ def generate_post_norm(lm: LoadedModel, prompts: Sequence[str], streams: Sequenc
                        on_chunk: Callable[[int], None] | None = None) -> Generation:
     """Greedy decoding of many (prompt, steering) streams with JuICE and JuNE applied after the
     attention output norm (module docstring), batched and KV-cached like
-    :func:`juice.steering.generate` (greedy only: a stream's `sampling` must be None).
+    :func:`juice.decoding.generate` (greedy only: a stream's `sampling` must be None).
 
     Args:
         probe_tokens: `[n_streams, k]` token ids whose first-step probabilities to return.
         max_rows: most decoding rows per batch (a JuICE stream takes two), or "auto".
 
     Returns:
-        :class:`juice.steering.Generation` (tokens `[n_streams, max_new_tokens]`, texts,
+        :class:`juice.decoding.Generation` (tokens `[n_streams, max_new_tokens]`, texts,
         first-step probabilities).
 
     Raises:
@@ -390,7 +392,7 @@ def _added_contributions(lm: LoadedModel, captured: dict[int, Tensor], coefficie
 def evaluate_post_norm(lm: LoadedModel, examples: Sequence[ConflictExample], methods: dict[str, Steering],
                        conflict_types: Sequence[str] = CONFLICT_TYPES, *, max_new_tokens: int = 10,
                        max_rows: int | str = 64, on_progress: Callable[[int], None] | None = None) -> list[ItemResult]:
-    """:func:`juice.evaluation.evaluate` with the steerings applied after the attention output norm
+    """:func:`juice.eval.runner.evaluate` with the steerings applied after the attention output norm
     (exact match on the first 5 words of 10 greedy tokens; first-step answer probabilities)."""
     prompts: dict[str, int] = {}
     meta, streams, probes = [], [], []
@@ -461,24 +463,25 @@ def tune_post_norm(lm: LoadedModel, validation: dict[str, list[ConflictExample]]
                    grid: tuple[Sequence[float], Sequence[float]], max_rows: int | str = 64,
                    progress: Progress = no_progress) -> dict[str, dict[str, tuple[float, float]]]:
     """(beta+, beta-) of the post-norm JuICE and JuNE per domain on its own validation split, by
-    the criterion of :func:`juice.tuning.tune_per_domain` (mean accuracy over conflict types, ties:
+    the criterion of :func:`juice.eval.tuning.tune_per_domain` (mean accuracy over conflict types, ties:
     mean first-token probability of the answer, then grid order).
 
     Returns:
         domain -> method ("juice", "june") -> (beta+, beta-); domains without items left out.
     """
-    from juice.tuning import grid_name, grid_points
+    from juice.eval.tuning import GridSetting, grid_points
 
     g = lm.heads.geometry
-    steerings = {grid_name(m, bp, bm): Steering(m, steering_coefficients(g, selection, bp, bm))
-                 for m in ("juice", "june") for bp in grid[0] for bm in grid[1]}
+    settings = [GridSetting(m, bp, bm) for m in ("juice", "june") for bp in grid[0] for bm in grid[1]]
+    steerings = {s.label: Steering(s.method, steering_coefficients(g, selection, s.beta_plus, s.beta_minus))
+                 for s in settings}
     items = [ex for exs in validation.values() for ex in exs]
     advance = progress("tune post-norm JuICE and JuNE betas per domain", len(items) * 3 * len(steerings))
     results = evaluate_post_norm(lm, items, steerings, max_rows=max_rows, on_progress=advance) if items else []
     out = {}
     for domain, exs in validation.items():
         if exs:
-            points = grid_points([r for r in results if r.domain == domain], CONFLICT_TYPES)
+            points = grid_points([r for r in results if r.domain == domain], CONFLICT_TYPES, settings=settings)
             out[domain] = {m: max((p for p in points if p.method == m), key=lambda p: p.key) for m in ("juice", "june")}
             out[domain] = {m: (p.beta_plus, p.beta_minus) for m, p in out[domain].items()}
     return out
@@ -532,9 +535,9 @@ def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_
             is not an RMS norm.
     """
     from juice.analysis.paraphrase import benchmark_setup
+    from juice.eval.report import difference_markdown, interval_markdown, table1_columns
+    from juice.eval.tables import interval_table
     from juice.io import settings_key
-    from juice.report import difference_markdown, interval_markdown, table1_columns
-    from juice.tables import interval_table
 
     start = time.perf_counter()
     setup = benchmark_setup(lm, options, progress, test_items=test_items)

@@ -8,7 +8,7 @@ intervention procedure". Here:
 - templates: :mod:`juice.data.paraphrases` (five clean stems, five substitution forms and five
   coherent passages per domain, written for this project), one drawn per item and conflict type
   with the seed (:func:`juice.data.paraphrases.template_choice`);
-- heads and betas: Table 1's, from Table 1's protocol (:mod:`juice.reproduce`) on the *default*
+- heads and betas: Table 1's, from Table 1's protocol (:mod:`juice.experiments.table1`) on the *default*
   templates: filtered development pools, exact Stage 1 on World Capital's D (|D| = 4, K = 5),
   (beta+, beta-) tuned per domain on its own validation split over {0..5} x {0, -1, -2, -3}. The
   stages are cached under `<out>/state/` (Stage 1's per-prompt scores in `units.json`, shared
@@ -17,7 +17,7 @@ intervention procedure". Here:
   the same table restricted to the items the model knows (Original correct on the *default*
   clean prompt);
 - statistics: every cell's n and 95% bootstrap interval, paired differences over the same items
-  (:func:`juice.tables.interval_table`).
+  (:func:`juice.eval.tables.interval_table`).
 
 Sizes: default 10 test items per domain and 4 validation items (minutes on 2 CPU cores);
 `--full` every test item; `--quick` World Capital alone, |D| = 1, a 2 x 2 beta grid, 3 items.
@@ -52,13 +52,14 @@ from juice.data.paraconflict import DOMAINS
 from juice.data.paraphrases import paraphrase_example
 from juice.data.records import CONFLICT_TYPES
 from juice.data.splits import Splits
-from juice.evaluation import ItemResult, evaluate, results_from_json, results_to_json
+from juice.eval.runner import ItemResult, evaluate, results_from_json, results_to_json
+from juice.eval.tables import IntervalTable, interval_table
+from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
+from juice.experiments.table1 import ReproduceConfig, heads_stage, prepare_domains, run_key_base
+from juice.heads import HeadSelection
 from juice.io import StageFiles, settings_key
 from juice.models import DEFAULT_MODEL, LoadedModel
-from juice.reproduce import ReproduceConfig, heads_stage, prepare_domains, run_key_base
-from juice.steering import HeadSelection, Steering, steering_coefficients
-from juice.tables import IntervalTable, interval_table
-from juice.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
+from juice.steering import Steering, steering_coefficients
 
 QUICK_BETAS = ((0.0, 2.0), (0.0, -1.0))
 """`--quick`'s tuning grid (beta+ values, beta- values)."""
@@ -69,7 +70,7 @@ class BenchmarkSetup:
     """Table 1's stages on one model: splits, heads and per-domain betas (the pre-norm variant).
 
     Attributes:
-        config: the :class:`juice.reproduce.ReproduceConfig` behind the stages.
+        config: the :class:`juice.experiments.table1.ReproduceConfig` behind the stages.
         splits: domain -> D (World Capital), validation, test.
         titles: domain -> its title.
         selection: the heads (exact Stage 1 on World Capital's D).
@@ -94,7 +95,7 @@ class BenchmarkSetup:
 
 def benchmark_setup(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_progress, *,
                     test_items: int | None = 10) -> BenchmarkSetup:
-    """Table 1's data, Stage 1 and per-domain tuning (:mod:`juice.reproduce`'s stages, cached in
+    """Table 1's data, Stage 1 and per-domain tuning (:mod:`juice.experiments.table1`'s stages, cached in
     `<out>/state/`), sized by the options' mode (module docstring).
 
     Raises:
@@ -189,7 +190,7 @@ def run_paraphrase(lm: LoadedModel, options: AnalysisOptions, progress: Progress
     Raises:
         ValueError: too few known World Capital items for D and validation.
     """
-    from juice.report import difference_markdown, interval_markdown, table1_columns
+    from juice.eval.report import difference_markdown, interval_markdown, table1_columns
 
     start = time.perf_counter()
     setup = benchmark_setup(lm, options, progress, test_items=test_items)

@@ -64,12 +64,20 @@ from juice.analysis.common import (
     write_outputs,
 )
 from juice.data.records import CONFLICT_TYPES, ConflictExample
-from juice.evaluation import ItemResult, evaluate, results_from_json, results_to_json
+from juice.eval.runner import ItemResult, evaluate, results_from_json, results_to_json
+from juice.eval.stats import Interval, bootstrap_interval, paired_difference_interval
+from juice.heads import (
+    ALPHAS_NEGATIVE,
+    ALPHAS_POSITIVE,
+    HeadScores,
+    HeadSelection,
+    score_heads,
+    scoring_prompts,
+    select_heads,
+)
 from juice.io import UnitCheckpoint, settings_key
 from juice.models import DEFAULT_MODEL, LoadedModel
-from juice.scoring import ALPHAS_NEGATIVE, ALPHAS_POSITIVE, HeadScores, score_heads, scoring_prompts, select_heads
-from juice.stats import Interval, bootstrap_interval, paired_difference_interval
-from juice.steering import HeadSelection, Steering, steering_coefficients
+from juice.steering import Steering, steering_coefficients
 
 METHODS = {"juice": "JuICE", "june": "JuNE"}
 GROUP_SIZE = 12
@@ -277,7 +285,7 @@ def evaluate_settings(lm: LoadedModel, items: Sequence[ConflictExample], steerin
                       checkpoint: UnitCheckpoint | None, max_rows: int | str = "auto",
                       progress: Progress = no_progress) -> dict[str, list[ItemResult]]:
     """Decode every item x conflict type under every steering, GROUP_SIZE steerings per batched
-    pass (:func:`juice.evaluation.evaluate`: each prompt's clean prefill is shared), each group's
+    pass (:func:`juice.eval.runner.evaluate`: each prompt's clean prefill is shared), each group's
     results saved to `checkpoint` as soon as it is done.
 
     Returns:

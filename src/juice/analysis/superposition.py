@@ -31,9 +31,9 @@ from juice.analysis.common import (
     write_outputs,
 )
 from juice.analysis.knockout import head_knockout_deltas
+from juice.eval.stats import Interval, bootstrap_interval
 from juice.interventions import Head
 from juice.models import LoadedModel
-from juice.stats import Interval, bootstrap_interval
 
 TYPES: tuple[str, ...] = ("substitution", "coherent")
 ANSWERS: tuple[str, ...] = ("context", "parametric")

@@ -50,16 +50,9 @@ import torch
 from torch import Tensor
 
 from juice.budget import resolve_max_rows
-from juice.models import LoadedModel
-from juice.steering import (
-    Generation,
-    continuation_ids,
-    forward_last,
-    length_buckets,
-    pick_token,
-    sequence_logits,
-)
+from juice.decoding import Generation, continuation_ids, forward_last, length_buckets, pick_token, sequence_logits
 from juice.guard import check_batch, needs_check
+from juice.models import LoadedModel
 from juice.tokens import context_length, pad_left, token_ids
 
 ALPHA = 1.0
@@ -134,13 +127,13 @@ def cad_generate(
             log-probabilities under the contrasted distribution are returned (teacher forcing).
 
     Returns:
-        :class:`~juice.steering.Generation`, one entry per prompt.
+        :class:`~juice.decoding.Generation`, one entry per prompt.
 
     Raises:
         PromptTooLongError: a prompt does not fit the context window with the new tokens.
         ValueError: lengths differ or max_new_tokens < 1.
         juice.guard.BatchingMismatchError: batched decoding is not exact on this backend (the first
-            padded chunk is checked against one-at-a-time decoding, as in :func:`juice.steering.generate`).
+            padded chunk is checked against one-at-a-time decoding, as in :func:`juice.decoding.generate`).
     """
     if len(prompts) != len(questions):
         raise ValueError("one question per prompt")

@@ -54,7 +54,7 @@ Points decided here:
 - *Cost*: for the same reason the patched forward needs the last token alone: one batched
   forward of one token (its position id the prompt's last), every head's output supplied by
   hooks at the output projection's input, one row per sender, appended at the sender's layer (the
-  growing batch of :mod:`juice.scoring`), plus one capturing forward on each of the two prompts.
+  growing batch of :mod:`juice.heads`), plus one capturing forward on each of the two prompts.
   The test compares it with a full-sequence hooked forward per head.
 - *Paths*: to the logits directly and through the MLPs (Wang et al.'s path "h -> logits"); all
   norms are recomputed, the final one included, none is frozen at its x_org scale. Gemma 2/3 and
@@ -85,10 +85,10 @@ from juice.architectures import HeadGeometry
 from juice.budget import resolve_max_rows
 from juice.data.records import ConflictExample, ContextualExample, Direction
 from juice.interventions import Head, check_heads, projection_input_hooks
-from juice.models import LoadedModel
 from juice.io import UnitCheckpoint
-from juice.scoring import grow_batch, intervention_readout
+from juice.models import LoadedModel
 from juice.steering import Prune, Steering
+from juice.sweeps import grow_batch, intervention_readout
 from juice.tokens import answer_first_token, encode
 
 PRUNE_K: tuple[int, ...] = (1, 3, 5, 7, 9, 15)
@@ -139,7 +139,7 @@ def logit_difference_effects(
     """Zero-ablate every head alone on every prompt and record the change of LD (module docstring).
 
     Cost: one batched forward per prompt holding `n_layers * n_heads` ablation rows (the
-    growing batch of :func:`juice.scoring.intervention_readout`). With `checkpoint`, each
+    growing batch of :func:`juice.sweeps.intervention_readout`). With `checkpoint`, each
     prompt's result is saved as soon as it is computed (an interrupted sweep resumes).
 
     Raises:

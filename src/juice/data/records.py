@@ -99,7 +99,7 @@ class ContextualExample:
         kind: "completion" (sentence completion) or "qa" (question answering); picks the
             instruction of the Prompt baseline (paper App. D.1).
         metric: "memotrap" (exact match of the continuation's words) or "nqswap" (normalized
-            substring match), see :mod:`juice.evaluation`.
+            substring match), see :mod:`juice.eval.runner`.
     """
 
     dataset: str

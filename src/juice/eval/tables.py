@@ -1,12 +1,12 @@
 """Result tables with their statistics: every cell's n and 95% bootstrap interval, and paired
 bootstrap intervals of accuracy differences over the same items.
 
-A table maps method -> column -> row group -> :class:`juice.stats.Interval` of the accuracy
+A table maps method -> column -> row group -> :class:`juice.eval.stats.Interval` of the accuracy
 (a fraction; reports print percent). Columns are domains (datasets in the contextual
 direction) plus "Average"; row groups are conflict types (or "context"). The "Average" cell is
 the mean of that group's column accuracies (the paper's average over domains; columns with no
 item are left out), its interval a bootstrap that resamples within each column
-(:func:`juice.stats.stratified_interval`); its n counts every item.
+(:func:`juice.eval.stats.stratified_interval`); its n counts every item.
 
 Differences compare methods item by item (same domain, subject and conflict type): the focus
 method (JuICE) against every other method, and every method against the baseline (Original).
@@ -18,8 +18,8 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from juice.evaluation import ItemResult
-from juice.stats import Interval, bootstrap_interval, paired_difference_interval, stratified_interval
+from juice.eval.runner import ItemResult
+from juice.eval.stats import Interval, bootstrap_interval, stratified_interval
 
 AVERAGE = "Average"
 Cells = dict[str, dict[str, dict[str, Interval]]]

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-import juice.reproduce as rp
-from juice.reproduce import ReproduceConfig, reproduce
+import juice.experiments.table1 as rp
+from juice.experiments.table1 import ReproduceConfig, reproduce
 
 
 def _two_domain_folder(shared_data, root):
@@ -90,7 +90,7 @@ def test_filtering_gives_known_disjoint_splits_and_stops_decoding_early(tiny_lla
 
 
 def test_tiny_prompt_too_long_and_empty_answer_errors(tiny_llama):
-    from juice.steering import greedy_generate
+    from juice.decoding import greedy_generate
     from juice.tokens import EmptyAnswerError, PromptTooLongError, answer_first_token
 
     with pytest.raises(PromptTooLongError, match="context holds"):
@@ -127,7 +127,7 @@ def _write_contextual_data(root):
 
 
 def test_contextual_pipeline_runs_writes_table2_and_resumes(tiny_llama, tmp_path):
-    import juice.reproduce_contextual as rc
+    import juice.experiments.table2 as rc
 
     _write_contextual_data(tmp_path / "data")
     cfg = ReproduceConfig(out_dir=tmp_path / "out", data_root=tmp_path / "data", limit=2, validation_per_dataset=1,
@@ -162,7 +162,7 @@ def test_contextual_pipeline_runs_writes_table2_and_resumes(tiny_llama, tmp_path
 
 
 def test_contextual_pipeline_explains_missing_data(tiny_llama, tmp_path):
-    import juice.reproduce_contextual as rc
+    import juice.experiments.table2 as rc
 
     with pytest.raises(FileNotFoundError, match="--data-root"):
         rc.reproduce_contextual(ReproduceConfig(out_dir=tmp_path, data_root=tmp_path / "nowhere"), lm=tiny_llama)

@@ -5,16 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from juice.decoding import Stream, generate, greedy_generate
+from juice.heads import HeadSelection
 from juice.interventions import Head
-from juice.steering import (
-    HeadSelection,
-    Steering,
-    Stream,
-    generate,
-    greedy_generate,
-    greedy_generate_naive,
-    steering_coefficients,
-)
+from juice.reference import greedy_generate_naive
+from juice.steering import Steering, steering_coefficients
 from juice.tokens import encode
 
 PROMPTS = [

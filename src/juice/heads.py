@@ -1,4 +1,4 @@
-"""Stage 1: head identification (paper Sec. 3.2; App. E, Alg. 2 "Record Head Score", Alg. 3
+"""Stage 1: head identification, and the heads file that carries its selection (paper Sec. 3.2; App. E, Alg. 2 "Record Head Score", Alg. 3
 "Filter Inconsistent Head").
 
 Each head is scaled alone, `H <- H + alpha * H`, for every alpha in alpha+ and alpha-; its score
@@ -7,7 +7,7 @@ target answer's first token, summed over the head identification set D. Heads wh
 negative for any conflict type are dropped; the top K by summed score are kept, one set for
 positive and one for negative scaling.
 
-Exact scoring is batched: one forward per prompt (or per chunk of `max_rows` rows) holds every
+Exact scoring is batched (:mod:`juice.sweeps`): one forward per prompt (or per chunk of `max_rows` rows) holds every
 (head, alpha) intervention as a batch row. Row 0 is the clean model. The batch *grows* layer by
 layer: the rows that intervene at layer l are appended at layer l's input as copies of the clean
 residual stream, since every layer below l is identical for them. Logits are computed at the
@@ -17,25 +17,33 @@ last position only.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from juice.architectures import ModelHeads
-from juice.budget import resolve_max_rows
 from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample, Direction
-from juice.interventions import Head, check_heads, head_coefficients, projection_input_hooks, scaled_heads
+from juice.interventions import Head, check_heads, projection_input_hooks
 from juice.io import UnitCheckpoint, write_json_atomic
 from juice.models import LoadedModel
-from juice.steering import HeadSelection
+from juice.sweeps import intervention_probs
 from juice.tokens import answer_first_token, encode
 
+
+@dataclass(frozen=True)
+class HeadSelection:
+    """Heads to steer: `positive` get beta+, `negative` get beta- (paper Alg. 1 output)."""
+
+    positive: tuple[Head, ...]
+    negative: tuple[Head, ...]
+
+
 ALPHAS_POSITIVE: tuple[float, ...] = (1.0, 3.0, 5.0, 10.0, 30.0)
+
+
 ALPHAS_NEGATIVE: tuple[float, ...] = (-1.0, -2.0, -5.0)
 
 
@@ -74,126 +82,6 @@ def scoring_prompts(
         for t in conflict_types:
             out.append(ScoringPrompt(ex.prompts[t], answer_first_token(lm.tokenizer, ex.prompts[t], answer), t))
     return out
-
-
-@contextmanager
-def grow_batch(heads: ModelHeads, rows_at: dict[int, int]) -> Iterator[None]:
-    """At the input of each layer l in `rows_at`, append `rows_at[l]` copies of row 0 (the growing
-    batch: an intervention first acting at layer l shares the clean forward below l).
-
-    Args:
-        rows_at: layer -> rows to append there; hidden states go `[b, seq, d]` -> `[b + n, seq, d]`.
-    """
-    handles = []
-
-    def make(n: int):
-        def pre_hook(module: nn.Module, args: tuple, kwargs: dict):
-            hidden = args[0] if args else kwargs["hidden_states"]
-            grown = torch.cat([hidden, hidden[:1].expand(n, *hidden.shape[1:])])
-            if args:
-                return (grown, *args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": grown}
-
-        return pre_hook
-
-    try:
-        for layer, n in rows_at.items():
-            handles.append(heads.layers[layer].register_forward_pre_hook(make(n), with_kwargs=True))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def _scale_new_rows(heads: ModelHeads, plan: dict[int, list[tuple[int, float]]]):
-    """o_proj hooks: at layer l, the last len(plan[l]) rows scale (head, alpha) each."""
-    n_heads = heads.geometry.n_heads
-
-    def fn(layer: int, x: Tensor) -> Tensor:
-        items = plan[layer]
-        factors = torch.ones(len(items), n_heads, dtype=x.dtype, device=x.device)
-        for r, (head, alpha) in enumerate(items):
-            factors[r, head] = 1 + alpha
-        h = x.view(*x.shape[:-1], n_heads, -1)
-        tail = h[-len(items):] * factors[:, None, :, None]
-        return torch.cat([h[: -len(items)], tail]).reshape(x.shape)
-
-    return projection_input_hooks(heads, {layer: fn for layer in plan})
-
-
-@torch.inference_mode()
-def intervention_readout(
-    lm: LoadedModel,
-    prompt: str,
-    interventions: Sequence[tuple[Head, float]],
-    readout: Callable[[Tensor], Tensor],
-    max_rows: int | str = 256,
-) -> tuple[Tensor, Tensor]:
-    """Last-position readouts of the clean model and of each single-head intervention, batched.
-
-    Each intervention scales one head at every position, `H <- H + alpha * H` (alpha = -1 zeroes
-    it). One forward per chunk of `max_rows` rows; the batch grows layer by layer (module
-    docstring); the LM head runs at the last position only.
-
-    Args:
-        interventions: (head, alpha) pairs.
-        readout: maps last-position logits `[rows, vocab]` (float32) to `[rows, ...]`.
-        max_rows: most intervention rows per forward (memory bound), or "auto" to fit a share of
-            the free memory (:func:`juice.budget.auto_max_rows`).
-
-    Returns:
-        (clean readout `[...]`, `[len(interventions), ...]` readouts under each intervention).
-    """
-    ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
-    max_rows = resolve_max_rows(max_rows, lm, ids.shape[1])
-    order = sorted(range(len(interventions)), key=lambda i: interventions[i][0])
-    values = None
-    clean = None
-    for start in range(0, max(len(order), 1), max_rows):
-        chunk = order[start:start + max_rows]
-        plan: dict[int, list[tuple[int, float]]] = {}
-        for i in chunk:
-            (layer, head), alpha = interventions[i]
-            plan.setdefault(layer, []).append((head, alpha))
-        with grow_batch(lm.heads, {l: len(v) for l, v in plan.items()}), _scale_new_rows(lm.heads, plan):
-            hidden = lm.model.base_model(input_ids=ids, use_cache=False).last_hidden_state[:, -1]
-        out = readout(lm.logits(hidden).float()).cpu()
-        if values is None:
-            values = torch.zeros(len(interventions), *out.shape[1:], dtype=out.dtype)
-        clean = out[0]
-        # rows were appended layer by layer in plan order, which is the chunk's (sorted) order
-        values[chunk] = out[1:]
-    return clean, values
-
-
-def intervention_probs(
-    lm: LoadedModel, prompt: str, target_token: int, interventions: Sequence[tuple[Head, float]],
-    max_rows: int | str = 256,
-) -> tuple[float, Tensor]:
-    """Probability of `target_token` at the last position, clean and under each intervention
-    (:func:`intervention_readout` with a softmax readout).
-
-    Returns:
-        (clean probability, `[len(interventions)]` probabilities under each intervention).
-    """
-    clean, probs = intervention_readout(
-        lm, prompt, interventions, lambda logits: logits.softmax(-1)[:, target_token], max_rows)
-    return float(clean), probs
-
-
-@torch.inference_mode()
-def intervention_probs_naive(
-    lm: LoadedModel, prompt: str, target_token: int, interventions: Sequence[tuple[Head, float]]
-) -> tuple[float, Tensor]:
-    """Reference for :func:`intervention_probs`: one full forward per intervention, logits at
-    every position. For tests and benchmarks."""
-    ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
-    clean = float(lm.model(input_ids=ids).logits[0, -1].float().softmax(-1)[target_token])
-    probs = []
-    for head, alpha in interventions:
-        with scaled_heads(lm.heads, head_coefficients(lm.heads.geometry, {head: alpha})):
-            probs.append(float(lm.model(input_ids=ids).logits[0, -1].float().softmax(-1)[target_token]))
-    return clean, torch.tensor(probs)
 
 
 @dataclass
@@ -265,6 +153,9 @@ def score_heads(
         if done is not None:
             p0, p = done["clean"], torch.tensor(done["probs"], dtype=torch.float64)
         elif naive:
+            from juice.reference import (
+                intervention_probs_naive,  # the reference (benchmarks); it imports this module's neighbours
+            )
             p0, p = intervention_probs_naive(lm, sp.prompt, sp.target_token, interventions)
         else:
             p0, p = intervention_probs(lm, sp.prompt, sp.target_token, interventions, max_rows=max_rows)
@@ -298,7 +189,7 @@ def select_heads(scores: HeadScores, k: int = 5) -> HeadSelection:
     return HeadSelection(top(scores.per_type("+"), 0), top(scores.per_type("-"), 1))
 
 
-# ---------------------------------------------------------------- artifact
+# ---------------------------------------------------------------- the heads file
 
 
 class HeadsFileMismatchError(ValueError):

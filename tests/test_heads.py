@@ -8,19 +8,19 @@ import pytest
 import torch
 
 from juice.data.paraconflict import build_domain
-from juice.interventions import Head
-from juice.scoring import (
+from juice.heads import (
     HeadScores,
     HeadsFileMismatchError,
-    intervention_probs,
-    intervention_probs_naive,
     load_heads,
     make_artifact,
+    save_heads,
     score_heads,
     scoring_prompts,
     select_heads,
-    save_heads,
 )
+from juice.interventions import Head
+from juice.reference import intervention_probs_naive
+from juice.sweeps import intervention_probs
 
 PROMPT = "the capital of france is paris . the capital of france is"
 
@@ -88,7 +88,7 @@ def test_heads_file_round_trip_and_mismatch(tiny_llama, tiny_gemma3, tmp_path):
 
 
 def test_attribution_is_the_derivative_of_the_exact_score(tiny):
-    from juice.scoring import head_attributions
+    from juice.heads import head_attributions
 
     g = tiny.heads.geometry
     eps = 1e-2
@@ -102,7 +102,7 @@ def test_attribution_is_the_derivative_of_the_exact_score(tiny):
 
 
 def test_hybrid_scores_the_shortlists_exactly(tiny_llama):
-    from juice.scoring import attribution_scores, hybrid_scores, shortlist
+    from juice.heads import attribution_scores, hybrid_scores, shortlist
 
     prompts = scoring_prompts(tiny_llama, build_domain("world_capital")[:2])
     approx = attribution_scores(tiny_llama, prompts, (1.0, 3.0), (-1.0,))
@@ -123,7 +123,7 @@ class _Interrupt(Exception):
 
 
 def test_interrupted_stage1_resumes_at_the_next_prompt(tiny_llama, tmp_path, monkeypatch):
-    import juice.scoring as sc
+    import juice.heads as sc
 
     lm = tiny_llama
     prompts = scoring_prompts(lm, build_domain("world_capital")[:2])

@@ -1,6 +1,6 @@
 """The contextual direction end to end: the paper's Table 2 on one model (Sec. 4.2).
 
-Stages (written atomically to `<out>/state/` and resumed like :mod:`juice.reproduce`):
+Stages (written atomically to `<out>/state/` and resumed like :mod:`juice.experiments.table1`):
 
 1. data: MemoTrap's four subtasks and NQ-Swap from `data_root`; prompts longer than
    `max_prompt_tokens` are dropped first (the default keeps a 2-core run within minutes: some
@@ -30,10 +30,10 @@ from juice.data.contextual import (
     contextual_splits,
     load_contextual,
 )
-from juice.evaluation import Method, evaluate_contextual, results_from_json, results_to_json, summary
-from juice.models import LoadedModel
-from juice.report import difference_markdown, interval_markdown, table2_columns
-from juice.reproduce import (
+from juice.eval.report import difference_markdown, interval_markdown, table2_columns
+from juice.eval.runner import Method, evaluate_contextual, results_from_json, results_to_json, summary
+from juice.eval.tables import interval_table
+from juice.experiments.table1 import (
     Progress,
     ReproduceConfig,
     ReproduceResult,
@@ -49,7 +49,7 @@ from juice.reproduce import (
     tuning_stage,
 )
 from juice.io import write_json_atomic
-from juice.tables import interval_table
+from juice.models import LoadedModel
 from juice.tokens import token_ids
 
 TABLE2_METHODS = ("Original", "Prompt", "CAD", "AdaCAD", "PH3-l", "PH3-s", "JuNE", "JuICE")

@@ -13,27 +13,50 @@ clean prefill.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from juice.baselines.ph3 import PRUNE_K, Ph3Scores, heads_to_prune, pruning
 from juice.data.records import CONFLICT_TYPES, ConflictExample, ContextualExample, Direction
-from juice.evaluation import ItemResult, evaluate, evaluate_contextual
+from juice.eval.runner import ItemResult, evaluate, evaluate_contextual
+from juice.heads import HeadSelection
 from juice.models import LoadedModel
-from juice.steering import HeadSelection, Steering, steering_coefficients
+from juice.steering import Steering, steering_coefficients
 
 BETA_PLUS_GRID: tuple[float, ...] = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0)
 BETA_MINUS_GRID: tuple[float, ...] = (0.0, -1.0, -2.0, -3.0)
 
 
 @dataclass(frozen=True)
+class GridSetting:
+    """One setting of a tuning grid (paper App. D.1): a steering method ("juice", "june") with its
+    (beta+, beta-), or a PH3 variant (e.g. "PH3-l") with its number of pruned heads `k`."""
+
+    method: str
+    beta_plus: float = 0.0
+    beta_minus: float = 0.0
+    k: int | None = None
+
+    @property
+    def label(self) -> str:
+        """The name of its results in a batched run (`ItemResult.method`), e.g. "juice:2:-1" or
+        "PH3-l:k=5". A label only: settings are looked up by it, never parsed back from it."""
+        if self.k is not None:
+            return f"{self.method}:k={self.k}"
+        return f"{self.method}:{self.beta_plus:g}:{self.beta_minus:g}"
+
+
+@dataclass(frozen=True)
 class GridPoint:
+    """A grid setting's validation result. PH3's points carry their `k` (betas 0)."""
+
     method: str
     beta_plus: float
     beta_minus: float
     accuracy: float          # mean over groups (conflict types or datasets), percent
     p_answer: float          # mean first-token probability of the target answer
     per_type: tuple[float, ...] = ()  # accuracy per group, percent
+    k: int | None = None     # PH3's number of pruned heads; None for JuICE and JuNE
 
     @property
     def key(self) -> tuple[float, float]:
@@ -41,8 +64,9 @@ class GridPoint:
 
 
 def grid_name(method: str, beta_plus: float, beta_minus: float) -> str:
-    """The name of one grid point's steering in a batched run, e.g. "juice:2:-1"."""
-    return f"{method}:{beta_plus:g}:{beta_minus:g}"
+    """The label of one (beta+, beta-) setting's results in a batched run, e.g. "juice:2:-1"
+    (:attr:`GridSetting.label`)."""
+    return GridSetting(method, beta_plus, beta_minus).label
 
 
 def _run(lm, validation, steerings, direction, conflict_types, max_rows, on_progress) -> list[ItemResult]:
@@ -53,22 +77,28 @@ def _run(lm, validation, steerings, direction, conflict_types, max_rows, on_prog
 
 
 def grid_points(
-    results: Sequence[ItemResult], groups: Sequence[str], direction: str = "parametric"
+    results: Sequence[ItemResult], groups: Sequence[str], direction: str = "parametric", *,
+    settings: Iterable[GridSetting],
 ) -> list[GridPoint]:
-    """Aggregate validation results named by :func:`grid_name` into grid points; accuracy is the
-    mean over `groups` (conflict types, or datasets for the contextual direction)."""
+    """Aggregate validation results into one point per setting of `settings` that has results
+    (matched by :attr:`GridSetting.label`); accuracy is the mean over `groups` (conflict types,
+    or datasets for the contextual direction)."""
+    by_label = {s.label: s for s in settings}
     points = []
     field = "domain" if direction == "contextual" else "conflict_type"
     for name in dict.fromkeys(r.method for r in results):
+        setting = by_label.get(name)
+        if setting is None:
+            continue
         rs = [r for r in results if r.method == name]
         per_group = [
             sum(r.correct for r in rs if getattr(r, field) == g) / max(1, sum(getattr(r, field) == g for r in rs))
             for g in groups
         ]
-        method, bp, bm = name.split(":")
         p = [r.p_context if direction == "contextual" else r.p_parametric for r in rs]
-        points.append(GridPoint(method, float(bp), float(bm), 100.0 * sum(per_group) / len(per_group),
-                                sum(p) / len(p), tuple(100.0 * a for a in per_group)))
+        points.append(GridPoint(setting.method, float(setting.beta_plus), float(setting.beta_minus),
+                                100.0 * sum(per_group) / len(per_group), sum(p) / len(p),
+                                tuple(100.0 * a for a in per_group), setting.k))
     return points
 
 
@@ -132,13 +162,14 @@ def tune_per_domain(
         domain -> :class:`DomainChoice`.
     """
     ph3 = dict(ph3 or {})
-    steerings = {
-        grid_name(m, bp, bm): Steering(m, steering_coefficients(lm.heads.geometry, selection, bp, bm))
-        for m in methods for bp in beta_plus_grid for bm in beta_minus_grid
-    }
+    settings = [GridSetting(m, bp, bm) for m in methods for bp in beta_plus_grid for bm in beta_minus_grid]
+    steerings = {s.label: Steering(s.method, steering_coefficients(lm.heads.geometry, selection, s.beta_plus,
+                                                                   s.beta_minus)) for s in settings}
     for name, scores in ph3.items():
         for k in ks:
-            steerings[grid_name(name, k, 0)] = pruning(lm.heads.geometry, heads_to_prune(scores, direction, k))
+            setting = GridSetting(name, k=k)
+            settings.append(setting)
+            steerings[setting.label] = pruning(lm.heads.geometry, heads_to_prune(scores, direction, k))
     items = [ex for exs in validation.values() for ex in exs]
     results = _run(lm, items, steerings, direction, conflict_types, max_rows, on_progress) if items else []
     out = {}
@@ -147,12 +178,12 @@ def tune_per_domain(
             continue
         mine = [r for r in results if r.domain == domain]
         groups = [domain] if direction == "contextual" else list(conflict_types)
-        points = grid_points(mine, groups, direction)
+        points = grid_points(mine, groups, direction, settings=settings)
         betas = {m: max((g for g in points if g.method == m), key=lambda g: g.key) for m in methods}
         prune = {}
         for name in ph3:
             pts = [g for g in points if g.method == name]
-            best = max(pts, key=lambda g: (g.accuracy, g.p_answer, -g.beta_plus))
-            prune[name] = PruneChoice(int(best.beta_plus), best.accuracy, {int(g.beta_plus): g.accuracy for g in pts})
+            best = max(pts, key=lambda g: (g.accuracy, g.p_answer, -g.k))
+            prune[name] = PruneChoice(best.k, best.accuracy, {g.k: g.accuracy for g in pts})
         out[domain] = DomainChoice(betas, prune, tuple(g for g in points if g.method in methods), len(exs))
     return out

@@ -1,4 +1,5 @@
-"""Evaluation: the paper's exact match, answer probabilities, and Tables 1 and 2.
+"""The evaluation runner: decode every (item, conflict type, method) in shared batches and score it
+with the paper's metrics (:mod:`juice.eval.metrics`) for Tables 1 and 2.
 
 Parametric direction (paper Sec. 4, Table 1): greedy decoding of 10 new tokens; the first 5 words
 are correct if any accepted answer occurs in them after normalization (lower case, accents
@@ -22,7 +23,6 @@ Prompt baseline's instruction (:mod:`juice.baselines.prompt`), or CAD and AdaCAD
 
 from __future__ import annotations
 
-import string
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -32,19 +32,14 @@ from torch import Tensor
 
 from juice.baselines.cad import AlphaRule, cad_generate, jsd_alpha
 from juice.baselines.prompt import contextual_prompt, parametric_prompt
-from juice.data.records import (
-    CONFLICT_TYPES,
-    CONTEXT_TYPE,
-    ConflictExample,
-    ContextualExample,
-)
+from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample
+from juice.decoding import Stream, continuation_ids, generate
+from juice.eval.metrics import contextual_correct, is_correct, memotrap_match, nqswap_match
 from juice.models import LoadedModel
-from juice.steering import ORIGINAL, Steering, Stream, continuation_ids, generate
-from juice.text import contains_answer, first_words, normalize_answer
+from juice.steering import ORIGINAL, Steering
 from juice.tokens import answer_first_token
 
 MAX_NEW_TOKENS = 10
-N_WORDS = 5
 NEW_TOKENS_BY_METRIC = {"memotrap": 10, "nqswap": 20}
 
 
@@ -87,7 +82,21 @@ def as_method(value: "Method | Steering") -> Method:
 
 @dataclass(frozen=True)
 class ItemResult:
-    """One (example, conflict type, method) evaluation."""
+    """One (example, conflict type, method) evaluation.
+
+    Attributes:
+        domain: the ParaConflict domain (e.g. "world_capital"); for MemoTrap / NQ-Swap items the
+            dataset's name ("memotrap", "nqswap"); for your own rows the row's dataset label.
+        subject: the item's subject; for MemoTrap / NQ-Swap items and your own rows, the item's id.
+        conflict_type: "clean", "substitution" or "coherent"; "context" for MemoTrap / NQ-Swap
+            items; for your own rows the row's label.
+        method: the method's name in the run (a table row, or a tuning label such as "juice:2:-1").
+        output: the decoded continuation.
+        correct: exact match with the target answer (the metric of :mod:`juice.eval.metrics`).
+        follows_context: the output gives the context answer (parametric direction) instead.
+        p_parametric, p_context: first-step probabilities of the parametric and the context
+            answer's first token.
+    """
 
     domain: str
     subject: str
@@ -100,11 +109,6 @@ class ItemResult:
     p_context: float
     follows_parametric: bool | None = None   # contextual direction: output gives the memorised answer
     likelihood_correct: bool | None = None   # MemoTrap: the target class is the more likely one
-
-
-def is_correct(output: str, answers: Sequence[str], n_words: int = N_WORDS) -> bool:
-    """The paper's exact match: an accepted answer occurs in the first `n_words` words."""
-    return contains_answer(first_words(output, n_words), answers)
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,7 @@ def decode_requests(
     on_progress: Callable[[int], None] | None = None,
 ) -> list[tuple[str, Tensor]]:
     """Greedy decoding of every request, batched: steered and unsteered requests in one
-    :func:`juice.steering.generate` call in which each distinct prompt is prefilled once (its
+    :func:`juice.decoding.generate` call in which each distinct prompt is prefilled once (its
     streams share that clean prefill), CAD / AdaCAD requests in batches of
     :func:`juice.baselines.cad.cad_generate`, one per alpha or rule.
 
@@ -210,38 +214,6 @@ def evaluate(
     return results
 
 
-def _words(text: str) -> list[str]:
-    strip = string.punctuation + "‘’“”–—"
-    return [w for w in (word.strip(strip).lower() for word in text.split()) if w]
-
-
-def memotrap_match(output: str, continuation: str) -> bool:
-    """MemoTrap exact match: the output's first words equal the continuation's words (lower case,
-    punctuation stripped from both ends of each word).
-
-    >>> memotrap_match(" heavy. Absence makes", " heavy.")
-    True
-    >>> memotrap_match(" fonder.", " heavy.")
-    False
-    """
-    target = _words(continuation)
-    return bool(target) and _words(output)[: len(target)] == target
-
-
-def nqswap_match(output: str, answers: Sequence[str]) -> bool:
-    """NQ-Swap: some normalized answer is a substring of the normalized output (an answer that
-    normalizes to nothing never matches)."""
-    norm = normalize_answer(output)
-    return any((a := normalize_answer(answer)) and a in norm for answer in answers)
-
-
-def contextual_correct(example: ContextualExample, output: str, answers: Sequence[str]) -> bool:
-    """Whether `output` gives one of `answers` under the example's metric."""
-    if example.metric == "memotrap":
-        return any(memotrap_match(output, a) for a in answers)
-    return nqswap_match(output, answers)
-
-
 def evaluate_contextual(
     lm: LoadedModel,
     examples: Sequence[ContextualExample],
@@ -303,7 +275,7 @@ def likelihood_wins(
     continuation has a higher summed log-probability than the memorised one (teacher forcing).
 
     Both continuations of every method are scored by forced decoding in shared batches
-    (:func:`juice.steering.generate` with `forced_tokens`; CAD and AdaCAD by
+    (:func:`juice.decoding.generate` with `forced_tokens`; CAD and AdaCAD by
     :func:`juice.baselines.cad.cad_generate` with `forced_tokens`, under the contrasted
     distribution), so a prompt's clean prefill is computed once.
 

@@ -1,6 +1,6 @@
 """Tables in the paper's layouts, with intervals: rich for the terminal, Markdown for files.
 
-Tables come from :func:`juice.tables.interval_table`; a cell prints as "47.6 ±4.1" (accuracy in
+Tables come from :func:`juice.eval.tables.interval_table`; a cell prints as "47.6 ±4.1" (accuracy in
 percent and the half-width of its 95% bootstrap interval), and a value is bold only where its
 interval lies wholly above the runner-up's.
 """

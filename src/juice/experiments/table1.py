@@ -13,7 +13,7 @@ depends on, and reused when re-run, so an interrupted run resumes where it stopp
 2. heads: Stage 1 on World Capital's D only (the transfer setting), exact by default.
 3. PH3 (Jin et al. 2024): path-patching head scores on PH3-l's development set and on D (PH3-s).
 4. tuning, per domain on that domain's own validation split: JuICE's and JuNE's (beta+, beta-)
-   and PH3's k (:func:`juice.tuning.tune_per_domain`). A domain with no known validation item
+   and PH3's k (:func:`juice.eval.tuning.tune_per_domain`). A domain with no known validation item
    takes World Capital's choice (noted in the results).
 5. evaluation: Original, Prompt, PH3-l, PH3-s, JuNE and JuICE on every domain's test split x 3
    conflict types; tables with n and 95% bootstrap intervals, paired differences, on the
@@ -23,7 +23,7 @@ Deviations from the paper, all stated in the README: one generation length (10 n
 every method (the authors' code gives JuICE 15); default sizes (test items, validation items,
 PH3-l development items) are small to fit a 2-core CPU; `--full` uses every item.
 
-The contextual direction (Table 2) is :mod:`juice.reproduce_contextual`.
+The contextual direction (Table 2) is :mod:`juice.experiments.table2`.
 """
 
 from __future__ import annotations
@@ -50,14 +50,15 @@ from juice.baselines.ph3 import (
 from juice.data.paraconflict import DOMAINS, build_domain
 from juice.data.records import CONFLICT_TYPES, ConflictExample
 from juice.data.splits import DomainPool, Splits, load_paper_domains, split_test
-from juice.evaluation import Method, evaluate, is_correct, results_from_json, results_to_json, summary
-from juice.interventions import Head
-from juice.models import DEFAULT_MODEL, LoadedModel, load_model
-from juice.report import difference_markdown, interval_markdown, table1_columns
-from juice.io import StageFiles, UnitCheckpoint, settings_key, write_json_atomic
-from juice.scoring import (
+from juice.eval.metrics import is_correct
+from juice.eval.report import difference_markdown, interval_markdown, table1_columns
+from juice.eval.runner import Method, evaluate, results_from_json, results_to_json, summary
+from juice.eval.tables import IntervalTable, interval_table
+from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
+from juice.heads import (
     ALPHAS_NEGATIVE,
     ALPHAS_POSITIVE,
+    HeadSelection,
     attribution_scores,
     hybrid_scores,
     make_artifact,
@@ -65,10 +66,11 @@ from juice.scoring import (
     scoring_prompts,
     select_heads,
 )
-from juice.steering import HeadSelection, Steering, steering_coefficients
-from juice.tables import IntervalTable, interval_table
+from juice.interventions import Head
+from juice.io import StageFiles, UnitCheckpoint, settings_key, write_json_atomic
+from juice.models import DEFAULT_MODEL, LoadedModel, load_model
+from juice.steering import Steering, steering_coefficients
 from juice.tokens import answer_first_token
-from juice.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
 
 HEAD_DOMAIN = "world_capital"
 METHOD_NAMES = {"original": "Original", "june": "JuNE", "juice": "JuICE"}
@@ -143,7 +145,7 @@ class ReproduceConfig:
 
 @dataclass
 class ReproduceResult:
-    """What :func:`reproduce` (and :func:`juice.reproduce_contextual.reproduce_contextual`)
+    """What :func:`reproduce` (and :func:`juice.experiments.table2.reproduce_contextual`)
     return; `results.json` holds the same, plus every item's outputs."""
 
     config: ReproduceConfig
@@ -443,7 +445,7 @@ def tuning_stage(
     selection: HeadSelection, ph3: dict[str, Ph3Scores], direction: str, head_domain: str, progress: Progress,
     notes: list[str],
 ) -> dict[str, dict[str, Any]]:
-    """Betas and PH3's k per domain on its own validation split (:func:`juice.tuning.tune_per_domain`),
+    """Betas and PH3's k per domain on its own validation split (:func:`juice.eval.tuning.tune_per_domain`),
     cached in the state. A domain without validation items takes `head_domain`'s choice.
 
     Returns:
@@ -465,7 +467,7 @@ def tuning_stage(
                               "p_answer": g.p_answer, "per_type": list(g.per_type)} for m, g in c.betas.items()},
                 "prune": {n: {"k": p.k, "accuracy": p.accuracy, "per_k": {str(k): v for k, v in p.per_k.items()}}
                           for n, p in c.prune.items()},
-                "chosen_on": domain, "n_validation": c.n_validation, "grid": [asdict(g) for g in c.grid],
+                "chosen_on": domain, "n_validation": c.n_validation, "grid": [{f: v for f, v in asdict(g).items() if f != "k"} for g in c.grid],   # beta points: no k
             }
         state.save(f"tuning_{direction}", key, saved)
     if head_domain not in saved:

@@ -1,0 +1,504 @@
+"""The batched, cached decoding engine: JuICE's dual run and JuNE's single run (paper Stage 2) for
+greedy or sampled generation and teacher forcing; CAD and AdaCAD decode with the same chunking
+(:mod:`juice.baselines.cad`). What a steering *is* lives in :mod:`juice.steering`.
+
+JuICE (paper Alg. 1, Stage 2): run 1 is the unmodified model; run 2 adds beta+ (resp. beta-)
+times run 1's outputs of the positive (negative) heads to the same heads. JuNE (Alg. 4) scales
+the heads' live outputs in one run: `H <- H + beta * H`.
+
+Generation is cached and batched. Each request is a *stream*: a prompt and a steering method.
+All streams of a chunk share one batch and one KV cache:
+
+- prefill: one clean (unmodified) row per prompt, plus one row per JuNE or JuICE stream; a JuICE
+  row adds beta times its prompt's clean row (:class:`~juice.interventions.RowPlan`), so the clean
+  prefill is computed once however many methods and betas a prompt is steered with;
+- decoding: the cache is re-indexed so that every stream owns its rows; a JuICE stream owns a
+  copy of the clean row plus its steered row, and both are fed the steered row's new token, so
+  the clean run sees exactly the sequence the steered run produced (as a naive re-run would).
+
+Logits are computed only at the last position and only for the rows whose tokens are read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from juice.architectures import HeadGeometry
+from juice.budget import resolve_max_rows
+from juice.guard import check_batch, needs_check
+from juice.interventions import RowPlan, planned_rows
+from juice.models import LoadedModel
+from juice.steering import ORIGINAL, Steering
+from juice.tokens import EmptyAnswerError, context_length, pad_left, token_ids
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling instead of greedy decoding, as Hugging Face means these settings: the logits are
+    divided by `temperature`, then only the `top_k` most probable tokens (0: all) and the smallest
+    set whose probability reaches `top_p` (1: all) are kept, and one token is drawn.
+
+    Each stream draws from its own `torch.Generator` seeded with `seed`, one draw per step, so
+    a stream's tokens do not depend on the other streams of its batch.
+
+    Raises:
+        ValueError: temperature <= 0, top_k < 0, or top_p outside (0, 1].
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 (greedy decoding: no Sampling), got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+
+    def draw(self, logits: Tensor, generator: torch.Generator) -> int:
+        """One token id from `[vocab]` logits (float32, on the CPU)."""
+        logits = logits / self.temperature
+        if self.top_k:
+            kth = logits.topk(min(self.top_k, logits.numel())).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.top_p < 1:
+            order = logits.argsort(descending=True)
+            probs = logits[order].softmax(-1)
+            drop = probs.cumsum(-1) - probs >= self.top_p   # keep the token that crosses top_p
+            logits = logits.clone()
+            logits[order[drop]] = float("-inf")
+        return int(torch.multinomial(logits.softmax(-1), 1, generator=generator))
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One generation request: the prompt at index `prompt`, decoded under `steering`, greedily
+    or with `sampling`.
+
+    `repetition_penalty` is Hugging Face's (CTRL, Keskar et al. 2019): before choosing, the logit
+    of every token already in the sequence (prompt, BOS included, and new tokens) is divided by
+    it if positive and multiplied by it if negative; 1 leaves the logits alone.
+
+    Raises:
+        ValueError: repetition_penalty <= 0.
+    """
+
+    prompt: int
+    steering: Steering = ORIGINAL
+    sampling: Sampling | None = None
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+
+@dataclass
+class Generation:
+    """Greedy continuations, one per stream.
+
+    Attributes:
+        tokens: `[n_streams, max_new_tokens]` new token ids.
+        texts: the decoded continuations.
+        first_probs: `[n_streams, k]` probabilities, at the first step, of the `k` probe tokens
+            given per stream (e.g. the parametric and the context answer's first token), or None.
+        forced_logprobs: `[n_streams, max_new_tokens]` log-probabilities (nats) of the forced
+            tokens (teacher forcing), or None.
+    """
+
+    tokens: Tensor
+    texts: list[str]
+    first_probs: Tensor | None
+    forced_logprobs: Tensor | None = None
+
+
+def forward_last(lm: LoadedModel, input_ids: Tensor, mask: Tensor, positions: Tensor, past=None):
+    """One cached forward of the base model (no LM head).
+
+    Args:
+        input_ids, mask, positions: `[batch, seq]` (left padded; see :class:`juice.tokens.Batch`).
+        past: the KV cache of the previous steps, or None.
+
+    Returns:
+        (`[batch, hidden]` last-position hidden state, the updated KV cache).
+    """
+    out = lm.model.base_model(
+        input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=past, use_cache=True
+    )
+    return out.last_hidden_state[:, -1], out.past_key_values
+
+
+def _zero_plan_row(geometry: HeadGeometry) -> Tensor:
+    return torch.zeros(geometry.n_layers, geometry.n_heads)
+
+
+PAD_SLACK = 1.3
+"""A chunk's longest prompt is at most this factor (+8 tokens) longer than its shortest one:
+left padding is computed like real tokens, so mixing 10- and 90-token prompts wastes prefill."""
+
+
+def length_buckets(
+    order: Sequence[int], lengths: Sequence[int], rows: Sequence[int], max_rows: int
+) -> Iterator[list[int]]:
+    """Consecutive groups of `order` (items sorted by length): a group is cut before it would
+    hold more than `max_rows` rows (item i takes `rows[i]`) or before an item longer than
+    PAD_SLACK x its first item (+8 tokens), since left padding costs like real tokens."""
+    chunk: list[int] = []
+    used = 0
+    for i in order:
+        if chunk and (used + rows[i] > max_rows or lengths[i] > PAD_SLACK * lengths[chunk[0]] + 8):
+            yield chunk
+            chunk, used = [], 0
+        chunk.append(i)
+        used += rows[i]
+    if chunk:
+        yield chunk
+
+
+def _chunks(streams: Sequence[Stream], lengths: Sequence[int], max_rows: int) -> Iterator[list[int]]:
+    """Stream indices grouped by prompt, prompts ordered by token length (little padding), cut so
+    no chunk decodes more than `max_rows` rows (a JuICE stream takes two)."""
+    order = sorted(range(len(streams)), key=lambda i: (lengths[streams[i].prompt], streams[i].prompt))
+    return length_buckets(order, [lengths[s.prompt] for s in streams],
+                          [2 if s.steering.method == "juice" else 1 for s in streams], max_rows)
+
+
+@torch.inference_mode()
+def generate(
+    lm: LoadedModel,
+    prompts: Sequence[str],
+    streams: Sequence[Stream],
+    max_new_tokens: int = 10,
+    *,
+    probe_tokens: Tensor | None = None,
+    max_rows: int | str = 64,
+    on_chunk: Callable[[int], None] | None = None,
+    on_token: Callable[[list[int], Tensor], None] | None = None,
+    forced_tokens: Tensor | None = None,
+    stop_at_eos: bool = False,
+) -> Generation:
+    """Greedy or sampled decoding of many (prompt, steering) streams, batched and cached.
+
+    Paper Alg. 1 (JuICE) and Alg. 4 (JuNE); "original" is the unmodified model. Per new token a
+    chunk costs one forward of one token per row; the clean prefill of a prompt is shared by all
+    its streams. See the module docstring for the layout.
+
+    Args:
+        lm: the model.
+        prompts: prompt strings (BOS is added).
+        streams: what to generate; `Stream(i, steering)` decodes `prompts[i]` under `steering`,
+            greedily, or with `Stream(i, steering, Sampling(...))` by sampling.
+        max_new_tokens: tokens to generate per stream.
+        probe_tokens: `[n_streams, k]` token ids whose first-step probabilities to return.
+        max_rows: most decoding rows per batch (a JuICE stream takes two), or "auto" (sized for
+            the longest prompt, :func:`juice.budget.auto_max_rows`).
+        on_chunk: called with the number of streams finished after each batch (progress bars).
+        on_token: called after every decoding step with the indices (into `streams`) of the
+            batch's streams and their new tokens `[len(indices)]` (streaming); with it, no
+            batch is re-decoded by the guard after tokens were handed out, so it needs an
+            exact backend (the CPU, or one the guard verified earlier in the process).
+        forced_tokens: `[n_streams, max_new_tokens]` token ids to feed instead of the greedy
+            choice (teacher forcing: scores given continuations under every steering, sharing
+            each prompt's prefill like generation does); their log-probabilities are returned.
+        stop_at_eos: stop a batch once each of its streams has produced the tokenizer's EOS
+            (Hugging Face's default); a stream's tokens after its EOS are EOS. Off by default, so
+            evaluation decodes exactly `max_new_tokens` steps (the texts there keep what follows an
+            EOS, PROTOCOL.md); :class:`juice.Steerer` and the server turn it on.
+
+    Returns:
+        Generation with one entry per stream, in the order of `streams`.
+
+    The first padded chunk on a device / attention backend not yet verified in this process is
+    checked against one-at-a-time decoding of its most padded rows (:mod:`juice.guard`).
+
+    Raises:
+        PromptTooLongError: a prompt does not fit the context window with the new tokens.
+        ValueError: max_new_tokens < 1.
+        juice.guard.BatchingMismatchError: batched decoding is not exact here, even with eager
+            attention.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    limit = context_length(lm.model)
+    n = len(streams)
+    tokens = torch.zeros(n, max_new_tokens, dtype=torch.long)
+    first_probs = None if probe_tokens is None else torch.zeros(probe_tokens.shape, dtype=torch.float32)
+    forced_lp = None if forced_tokens is None else torch.zeros(n, max_new_tokens, dtype=torch.float64)
+    if forced_tokens is not None and forced_tokens.shape != (n, max_new_tokens):
+        raise ValueError(f"forced_tokens must be [n_streams, max_new_tokens] = {(n, max_new_tokens)}")
+    ids = [token_ids(lm.tokenizer, p) for p in prompts]
+    max_rows = resolve_max_rows(max_rows, lm, max(map(len, ids), default=1) + max_new_tokens)
+
+    def run(chunk: list[int]):
+        chunk_prompts = sorted({streams[i].prompt for i in chunk})
+        batch = pad_left([ids[p] for p in chunk_prompts], lm.tokenizer.pad_token_id,
+                         None if limit is None else limit - max_new_tokens)
+        probes = None if probe_tokens is None else probe_tokens[chunk]
+        forced = None if forced_tokens is None else forced_tokens[chunk]
+        step = None if on_token is None else (lambda t, chunk=chunk: on_token(list(chunk), t.cpu()))
+        return _generate_chunk(lm, batch, [chunk_prompts.index(streams[i].prompt) for i in chunk],
+                               [streams[i].steering for i in chunk], max_new_tokens, probes, forced,
+                               [streams[i].sampling for i in chunk], step,
+                               [streams[i].repetition_penalty for i in chunk],
+                               lm.tokenizer.eos_token_id if stop_at_eos and forced is None else None)
+
+    for chunk in _chunks(streams, [len(i) for i in ids], max_rows):
+        result = [run(chunk)]
+        if needs_check(lm) and on_token is None:   # the runtime guard (juice.guard): batched = one at a time
+
+            def redo(chunk=chunk, result=result) -> tuple:
+                result[0] = run(chunk)
+                return result[0]
+
+            check_batch(lm, [len(ids[streams[i].prompt]) for i in chunk], result[0],
+                        lambda r, chunk=chunk: run([chunk[r]]), redo)
+        out_tokens, out_probs, out_lp = result[0]
+        tokens[chunk] = out_tokens
+        if first_probs is not None:
+            first_probs[chunk] = out_probs
+        if forced_lp is not None:
+            forced_lp[chunk] = out_lp
+        if on_chunk:
+            on_chunk(len(chunk))
+    texts = lm.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+    return Generation(tokens, texts, first_probs, forced_lp)
+
+
+def penalize_repetition(logits: Tensor, seen: Tensor, penalty: Tensor) -> Tensor:
+    """Hugging Face's repetition penalty (:class:`Stream`) on `[rows, vocab]` logits, given the
+    `[rows, vocab]` bool mask of tokens already in each row's sequence and `[rows]` penalties."""
+    p = penalty.to(logits.device, logits.dtype)[:, None]
+    penalized = torch.where(logits < 0, logits * p, logits / p)
+    return torch.where(seen.to(logits.device), penalized, logits)
+
+
+def pick_token(logits: Tensor, forced: Tensor | None, step: int, lps: list[Tensor],
+               samplers: Sequence[tuple[Sampling, torch.Generator] | None] | None = None) -> Tensor:
+    """The next token of every row: the greedy one, a sampled one, or `forced[:, step]` whose
+    log-probability (`[rows]`, float64, nats) is appended to `lps`.
+
+    Args:
+        logits: `[rows, vocab]` last-position logits (after any repetition penalty).
+        forced: `[rows, n_steps]` token ids to feed, or None.
+        samplers: per row, its :class:`Sampling` and generator, or None for greedy decoding.
+    """
+    if forced is None:
+        token = logits.argmax(-1)
+        if samplers is not None and any(samplers):
+            rows = logits.float().cpu()
+            token = token.clone()
+            for r, sampler in enumerate(samplers):
+                if sampler is not None:
+                    token[r] = sampler[0].draw(rows[r], sampler[1])
+        return token
+    token = forced[:, step].to(logits.device)
+    lps.append(logits.log_softmax(-1).gather(1, token[:, None])[:, 0].double().cpu())
+    return token
+
+
+def _generate_chunk(
+    lm: LoadedModel, batch: Any, prompt_of: list[int], steerings: list[Steering], max_new_tokens: int,
+    probes: Tensor | None, forced: Tensor | None = None, samplings: Sequence[Sampling | None] | None = None,
+    on_step: Callable[[Tensor], None] | None = None, penalties: Sequence[float] | None = None,
+    eos: int | None = None,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Decode one chunk of streams: the dual run of JuICE (paper Alg. 1), JuNE (Alg. 4) and the
+    unmodified model side by side in one batch, with one KV cache.
+
+    Prefill: one clean row per prompt that an Original or JuICE stream needs, then one row per
+    JuNE or JuICE stream; a :class:`juice.interventions.RowPlan` scales a JuNE row's heads and adds
+    beta times the clean row's head outputs to a JuICE row (the clean row *is* run 1, the JuICE
+    row run 2). Decoding: every stream owns its rows (a JuICE stream two: its own copy of the
+    clean row, fed the stream's tokens, and the steered row), the cache rows are reordered once,
+    and each step is one forward of one token per row.
+
+    Args:
+        batch: the chunk's distinct prompts, left-padded (`input_ids`, `attention_mask`,
+            `position_ids`, each `[n_prompts, seq]`).
+        prompt_of: per stream, its prompt's row in `batch`.
+        steerings: per stream, its steering (coefficients `[n_layers, n_heads]`).
+        probes: `[n_streams, k]` token ids whose first-step probabilities to return, or None.
+        forced: `[n_streams, max_new_tokens]` tokens to feed (teacher forcing), or None.
+        samplings: per stream, its :class:`Sampling` or None (greedy).
+        on_step: called with each step's `[n_streams]` new tokens.
+        penalties: per stream, its repetition penalty (1: none).
+        eos: stop once every stream has produced this token; later tokens read as `eos`.
+
+    Returns:
+        (`[n_streams, max_new_tokens]` tokens on the CPU, `[n_streams, k]` first-step probe
+        probabilities or None, `[n_streams, max_new_tokens]` forced log-probabilities (nats) or None).
+    """
+    geometry = lm.heads.geometry
+    device = lm.device
+    zero = _zero_plan_row(geometry)
+
+    # Prefill layout: a clean row for each prompt that an original or JuICE stream needs, then one
+    # row per JuNE or JuICE stream (a JuICE row adds its prompt's clean row, see RowPlan).
+    clean_prompts = sorted({p for p, s in zip(prompt_of, steerings) if s.method in ("original", "juice")})
+    clean_row = {p: r for r, p in enumerate(clean_prompts)}
+    rows_src = list(clean_prompts)
+    scale, add, source = [zero] * len(rows_src), [zero] * len(rows_src), [-1] * len(rows_src)
+    out_row = []
+    for p, s in zip(prompt_of, steerings):
+        if s.method == "original":
+            out_row.append(clean_row[p])
+            continue
+        out_row.append(len(rows_src))
+        rows_src.append(p)
+        scale.append(s.coefficients if s.method == "june" else zero)
+        add.append(s.coefficients if s.method == "juice" else zero)
+        source.append(clean_row[p] if s.method == "juice" else -1)
+    plan = RowPlan(torch.stack(scale), torch.stack(add), torch.tensor(source))
+    index = torch.tensor(rows_src)
+    ids, mask, positions = (t[index].to(device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))
+    with planned_rows(lm.heads, plan):
+        hidden, cache = forward_last(lm, ids, mask, positions)
+    logits = lm.logits(hidden[torch.tensor(out_row, device=device)]).float()
+    penalty = None if penalties is None or all(x == 1 for x in penalties) else torch.tensor(penalties)
+    seen = None
+    if penalty is not None:   # [streams, vocab]: the tokens of each stream's prompt (padding excluded)
+        seen = torch.zeros(len(prompt_of), logits.shape[-1], dtype=torch.bool, device=device)
+        real = batch.attention_mask[torch.tensor(prompt_of)].bool()
+        stream = torch.arange(len(prompt_of))[:, None].expand_as(real)
+        seen[stream[real].to(device), batch.input_ids[torch.tensor(prompt_of)][real].to(device)] = True
+        logits = penalize_repetition(logits, seen, penalty)
+    first_probs = None
+    if probes is not None:
+        first_probs = logits.softmax(-1).gather(1, probes.to(device)).cpu()
+    lps: list[Tensor] = []
+    samplers = None if samplings is None else [
+        None if sm is None else (sm, torch.Generator().manual_seed(sm.seed)) for sm in samplings]
+    token = pick_token(logits, forced, 0, lps, samplers)
+    new_tokens = [token]
+    done = None if eos is None else token == eos
+    if on_step:
+        on_step(token)
+
+    def finish() -> tuple:
+        out = torch.stack(new_tokens, 1).cpu()
+        if eos is not None:   # EOS-padded: after a stream's first EOS, and for the steps not run
+            out = torch.cat([out, out.new_full((out.shape[0], max_new_tokens - out.shape[1]), eos)], 1)
+            after = (out == eos).long().cumsum(1) > 0
+            out = out.masked_fill(after, eos)
+        return out, first_probs, torch.stack(lps, 1) if lps else None
+
+    if max_new_tokens == 1 or (done is not None and bool(done.all())):
+        return finish()
+
+    # Decoding layout: every stream owns its rows; a JuICE stream owns [clean copy, steered row].
+    select, d_scale, d_add, d_source, d_out, feed_stream = [], [], [], [], [], []
+
+    def own(row: int, k: int, scale_row: Tensor, add_row: Tensor, src: int) -> None:
+        select.append(row)
+        d_scale.append(scale_row)
+        d_add.append(add_row)
+        d_source.append(src)
+        feed_stream.append(k)
+
+    for k, (p, s) in enumerate(zip(prompt_of, steerings)):
+        if s.method == "juice":
+            own(clean_row[p], k, zero, zero, -1)
+            own(out_row[k], k, zero, s.coefficients, len(select) - 1)
+        else:
+            own(out_row[k], k, s.coefficients if s.method == "june" else zero, zero, -1)
+        d_out.append(len(select) - 1)
+    select_t = torch.tensor(select, device=device)
+    cache.reorder_cache(select_t)
+    mask, positions = mask[select_t], positions[select_t][:, -1:]
+    d_plan = RowPlan(torch.stack(d_scale), torch.stack(d_add), torch.tensor(d_source))
+    out_t, feed_t = torch.tensor(d_out, device=device), torch.tensor(feed_stream, device=device)
+    with planned_rows(lm.heads, d_plan):
+        for _ in range(max_new_tokens - 1):
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+            positions = positions + 1
+            hidden, cache = forward_last(lm, token[feed_t][:, None], mask, positions, past=cache)
+            logits = lm.logits(hidden[out_t]).float()
+            if seen is not None:
+                seen[torch.arange(len(prompt_of), device=device), token.to(device)] = True
+                logits = penalize_repetition(logits, seen, penalty)
+            token = pick_token(logits, forced, len(new_tokens), lps, samplers)
+            new_tokens.append(token)
+            if on_step:
+                on_step(token)
+            if done is not None:
+                done = done | (token == eos)
+                if bool(done.all()):
+                    break
+    return finish()
+
+
+def greedy_generate(
+    lm: LoadedModel,
+    prompts: Sequence[str],
+    max_new_tokens: int = 10,
+    steering: Steering = ORIGINAL,
+    **kwargs,
+) -> Generation:
+    """Greedy continuations of `prompts`, all under one `steering` (see :func:`generate`)."""
+    return generate(lm, prompts, [Stream(i, steering) for i in range(len(prompts))], max_new_tokens, **kwargs)
+
+
+def continuation_ids(tokenizer, prompt: str, continuation: str) -> tuple[list[int], list[int]]:
+    """(prompt ids with BOS, continuation ids as they follow the prompt).
+
+    The continuation is taken from the tokenization of `prompt + continuation` where the prompt's
+    tokens are a prefix of it, else tokenized alone.
+
+    Raises:
+        EmptyAnswerError: the continuation yields no token.
+    """
+    base = token_ids(tokenizer, prompt)
+    full = token_ids(tokenizer, prompt + continuation)
+    cont = full[len(base):] if full[: len(base)] == base else list(
+        tokenizer(continuation, add_special_tokens=False)["input_ids"])
+    if not cont:
+        raise EmptyAnswerError(f"continuation {continuation!r} tokenizes to nothing")
+    return base, cont
+
+
+@torch.inference_mode()
+def sequence_logits(
+    lm: LoadedModel, sequences: Sequence[Sequence[int]], n_read: Sequence[int], steering: Steering = ORIGINAL,
+) -> list[Tensor]:
+    """Teacher-forced logits of the last `n_read[i]` next-token predictions of each sequence.
+
+    For sequence i of length T, returns the logits at positions T - n_read[i] - 1 ... T - 2, i.e.
+    the predictions of its last `n_read[i]` tokens. JuICE runs the clean row and the steered row
+    of each sequence in one batch (the steered row adds beta times the clean row's head outputs,
+    at every position); JuNE scales the heads.
+
+    Returns:
+        one `[n_read[i], vocab]` float32 tensor per sequence.
+    """
+    geometry = lm.heads.geometry
+    zero = _zero_plan_row(geometry)
+    batch = pad_left(sequences, lm.tokenizer.pad_token_id)
+    n = len(sequences)
+    if steering.method == "juice":
+        index = torch.cat([torch.arange(n), torch.arange(n)])
+        plan = RowPlan(torch.stack([zero] * (2 * n)), torch.stack([zero] * n + [steering.coefficients] * n),
+                       torch.tensor([-1] * n + list(range(n))))
+        out_rows = torch.arange(n, 2 * n)
+    else:
+        index = torch.arange(n)
+        scale = steering.coefficients if steering.method == "june" else zero
+        plan = RowPlan(torch.stack([scale] * n), torch.stack([zero] * n), torch.tensor([-1] * n))
+        out_rows = torch.arange(n)
+    ids, mask, positions = (t[index].to(lm.device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))
+    with planned_rows(lm.heads, plan):
+        hidden = lm.model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                     use_cache=False).last_hidden_state
+    width = ids.shape[1]
+    out = []
+    for i, row in enumerate(out_rows.tolist()):
+        k = n_read[i]
+        out.append(lm.logits(hidden[row, width - k - 1: width - 1]).float())
+    return out

@@ -1,0 +1,60 @@
+"""The paper's metrics: exact match in the first words (Table 1), MemoTrap's continuation match and
+NQ-Swap's substring match (Table 2).
+
+Parametric direction (paper Sec. 4, Table 1): the first 5 words of the output are correct if any
+accepted answer occurs in them after normalization (lower case, accents folded, punctuation and
+articles removed), matched on word boundaries.
+
+Contextual direction (paper Sec. 4.2, Table 2; the target is the contextual answer):
+
+- MemoTrap: correct if the first words of the output equal the words of the
+  instruction-following continuation (lower case, punctuation stripped from the ends of each word).
+- NQ-Swap: correct if a normalized substituted answer is a substring of the normalized output.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+
+from juice.data.records import ContextualExample
+from juice.text import contains_answer, first_words, normalize_answer
+
+N_WORDS = 5
+
+
+def is_correct(output: str, answers: Sequence[str], n_words: int = N_WORDS) -> bool:
+    """The paper's exact match: an accepted answer occurs in the first `n_words` words."""
+    return contains_answer(first_words(output, n_words), answers)
+
+
+def _words(text: str) -> list[str]:
+    strip = string.punctuation + "‘’“”–—"
+    return [w for w in (word.strip(strip).lower() for word in text.split()) if w]
+
+
+def memotrap_match(output: str, continuation: str) -> bool:
+    """MemoTrap exact match: the output's first words equal the continuation's words (lower case,
+    punctuation stripped from both ends of each word).
+
+    >>> memotrap_match(" heavy. Absence makes", " heavy.")
+    True
+    >>> memotrap_match(" fonder.", " heavy.")
+    False
+    """
+    target = _words(continuation)
+    return bool(target) and _words(output)[: len(target)] == target
+
+
+def nqswap_match(output: str, answers: Sequence[str]) -> bool:
+    """NQ-Swap: some normalized answer is a substring of the normalized output (an answer that
+    normalizes to nothing never matches)."""
+    norm = normalize_answer(output)
+    return any((a := normalize_answer(answer)) and a in norm for answer in answers)
+
+
+def contextual_correct(example: ContextualExample, output: str, answers: Sequence[str]) -> bool:
+    """Whether `output` gives one of `answers` under the example's metric."""
+    if example.metric == "memotrap":
+        return any(memotrap_match(output, a) for a in answers)
+    return nqswap_match(output, answers)

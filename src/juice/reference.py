@@ -1,0 +1,100 @@
+"""The naive implementations that tests and benchmarks compare the fast paths against.
+
+Each re-runs whole sequences with no cache and one intervention per forward, exactly as the
+paper's algorithms read: greedy decoding (:func:`greedy_generate_naive`, Alg. 1 and Alg. 4),
+teacher-forced continuation log-probabilities (:func:`continuation_logprobs`) and Stage 1's
+intervention probabilities (:func:`intervention_probs_naive`, Alg. 2). Not for production runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+
+import torch
+from torch import Tensor
+
+from juice.budget import resolve_max_rows
+from juice.decoding import continuation_ids, sequence_logits
+from juice.interventions import Head, added_to_heads, captured_heads, head_coefficients, scaled_heads
+from juice.models import LoadedModel
+from juice.steering import ORIGINAL, Steering
+from juice.tokens import encode
+
+
+@torch.inference_mode()
+def greedy_generate_naive(
+    lm: LoadedModel, prompt: str, max_new_tokens: int = 10, steering: Steering = ORIGINAL
+) -> Tensor:
+    """Reference decoding: every step re-runs the whole sequence, twice for JuICE, with no cache.
+
+    JuICE here is the paper's Alg. 1 literally: run 1 saves the steered heads' outputs
+    (`captured_heads`), run 2 adds beta times them (`added_to_heads`). For tests and benchmarks.
+
+    Returns:
+        `[max_new_tokens]` new token ids.
+    """
+    ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
+    coefficients = steering.coefficients
+    active = [] if coefficients is None else [int(i) for i in coefficients.ne(0).any(-1).nonzero().flatten()]
+    for _ in range(max_new_tokens):
+        if steering.method == "juice":
+            with captured_heads(lm.heads, active) as saved:
+                lm.model(input_ids=ids, use_cache=False)
+            additions = {
+                layer: coefficients[layer].to(saved[layer].device)[None, None, :, None] * saved[layer]
+                for layer in active
+            }
+            context = added_to_heads(lm.heads, additions)
+        elif steering.method == "june":
+            context = scaled_heads(lm.heads, coefficients)
+        else:
+            context = nullcontext()
+        with context:
+            logits = lm.model(input_ids=ids, use_cache=False).logits[:, -1]
+        ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+    return ids[0, -max_new_tokens:].cpu()
+
+
+def continuation_logprobs(
+    lm: LoadedModel, prompts: Sequence[str], continuations: Sequence[str], steering: Steering = ORIGINAL,
+    *, max_rows: int | str = 32,
+) -> Tensor:
+    """Sum of log-probabilities of each continuation after its prompt, under `steering`
+    (teacher forcing, one full forward per sequence). The reference for the forced decoding of
+    :func:`generate` (`forced_tokens`), which the evaluation uses because it shares prefills.
+
+    Returns:
+        `[len(prompts)]` float64 log-probabilities (nats).
+
+    Raises:
+        EmptyAnswerError: a continuation tokenizes to nothing.
+    """
+    pairs = [continuation_ids(lm.tokenizer, p, c) for p, c in zip(prompts, continuations, strict=True)]
+    out = torch.zeros(len(pairs), dtype=torch.float64)
+    max_rows = resolve_max_rows(max_rows, lm, max((len(a) + len(b) for a, b in pairs), default=1))
+    step = max(1, max_rows // (2 if steering.method == "juice" else 1))
+    order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
+    for start in range(0, len(order), step):
+        chunk = order[start:start + step]
+        seqs = [pairs[i][0] + pairs[i][1] for i in chunk]
+        logits = sequence_logits(lm, seqs, [len(pairs[i][1]) for i in chunk], steering)
+        for i, lg in zip(chunk, logits):
+            target = torch.tensor(pairs[i][1], device=lg.device)
+            out[i] = float(lg.log_softmax(-1).gather(1, target[:, None]).sum())
+    return out
+
+
+@torch.inference_mode()
+def intervention_probs_naive(
+    lm: LoadedModel, prompt: str, target_token: int, interventions: Sequence[tuple[Head, float]]
+) -> tuple[float, Tensor]:
+    """Reference for :func:`intervention_probs`: one full forward per intervention, logits at
+    every position. For tests and benchmarks."""
+    ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
+    clean = float(lm.model(input_ids=ids).logits[0, -1].float().softmax(-1)[target_token])
+    probs = []
+    for head, alpha in interventions:
+        with scaled_heads(lm.heads, head_coefficients(lm.heads.geometry, {head: alpha})):
+            probs.append(float(lm.model(input_ids=ids).logits[0, -1].float().softmax(-1)[target_token]))
+    return clean, torch.tensor(probs)

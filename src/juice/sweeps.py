@@ -1,0 +1,128 @@
+"""The batched intervention readout: one forward per prompt holds many (head, scale) interventions
+as batch rows, growing layer by layer (paper Alg. 2's inner loop, batched). Stage 1
+(:mod:`juice.heads`), PH3's knock-out scores (:mod:`juice.baselines.ph3`) and the knock-out
+analysis read heads through it.
+
+Row 0 is the clean model. The rows that intervene at layer l are appended at layer l's input as
+copies of the clean residual stream, since every layer below l is identical for them. Logits
+are computed at the last position only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+
+from juice.architectures import ModelHeads
+from juice.budget import resolve_max_rows
+from juice.interventions import Head, projection_input_hooks
+from juice.models import LoadedModel
+from juice.tokens import encode
+
+
+@contextmanager
+def grow_batch(heads: ModelHeads, rows_at: dict[int, int]) -> Iterator[None]:
+    """At the input of each layer l in `rows_at`, append `rows_at[l]` copies of row 0 (the growing
+    batch: an intervention first acting at layer l shares the clean forward below l).
+
+    Args:
+        rows_at: layer -> rows to append there; hidden states go `[b, seq, d]` -> `[b + n, seq, d]`.
+    """
+    handles = []
+
+    def make(n: int):
+        def pre_hook(module: nn.Module, args: tuple, kwargs: dict):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            grown = torch.cat([hidden, hidden[:1].expand(n, *hidden.shape[1:])])
+            if args:
+                return (grown, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": grown}
+
+        return pre_hook
+
+    try:
+        for layer, n in rows_at.items():
+            handles.append(heads.layers[layer].register_forward_pre_hook(make(n), with_kwargs=True))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _scale_new_rows(heads: ModelHeads, plan: dict[int, list[tuple[int, float]]]):
+    """o_proj hooks: at layer l, the last len(plan[l]) rows scale (head, alpha) each."""
+    n_heads = heads.geometry.n_heads
+
+    def fn(layer: int, x: Tensor) -> Tensor:
+        items = plan[layer]
+        factors = torch.ones(len(items), n_heads, dtype=x.dtype, device=x.device)
+        for r, (head, alpha) in enumerate(items):
+            factors[r, head] = 1 + alpha
+        h = x.view(*x.shape[:-1], n_heads, -1)
+        tail = h[-len(items):] * factors[:, None, :, None]
+        return torch.cat([h[: -len(items)], tail]).reshape(x.shape)
+
+    return projection_input_hooks(heads, {layer: fn for layer in plan})
+
+
+@torch.inference_mode()
+def intervention_readout(
+    lm: LoadedModel,
+    prompt: str,
+    interventions: Sequence[tuple[Head, float]],
+    readout: Callable[[Tensor], Tensor],
+    max_rows: int | str = 256,
+) -> tuple[Tensor, Tensor]:
+    """Last-position readouts of the clean model and of each single-head intervention, batched.
+
+    Each intervention scales one head at every position, `H <- H + alpha * H` (alpha = -1 zeroes
+    it). One forward per chunk of `max_rows` rows; the batch grows layer by layer (module
+    docstring); the LM head runs at the last position only.
+
+    Args:
+        interventions: (head, alpha) pairs.
+        readout: maps last-position logits `[rows, vocab]` (float32) to `[rows, ...]`.
+        max_rows: most intervention rows per forward (memory bound), or "auto" to fit a share of
+            the free memory (:func:`juice.budget.auto_max_rows`).
+
+    Returns:
+        (clean readout `[...]`, `[len(interventions), ...]` readouts under each intervention).
+    """
+    ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
+    max_rows = resolve_max_rows(max_rows, lm, ids.shape[1])
+    order = sorted(range(len(interventions)), key=lambda i: interventions[i][0])
+    values = None
+    clean = None
+    for start in range(0, max(len(order), 1), max_rows):
+        chunk = order[start:start + max_rows]
+        plan: dict[int, list[tuple[int, float]]] = {}
+        for i in chunk:
+            (layer, head), alpha = interventions[i]
+            plan.setdefault(layer, []).append((head, alpha))
+        with grow_batch(lm.heads, {l: len(v) for l, v in plan.items()}), _scale_new_rows(lm.heads, plan):
+            hidden = lm.model.base_model(input_ids=ids, use_cache=False).last_hidden_state[:, -1]
+        out = readout(lm.logits(hidden).float()).cpu()
+        if values is None:
+            values = torch.zeros(len(interventions), *out.shape[1:], dtype=out.dtype)
+        clean = out[0]
+        # rows were appended layer by layer in plan order, which is the chunk's (sorted) order
+        values[chunk] = out[1:]
+    return clean, values
+
+
+def intervention_probs(
+    lm: LoadedModel, prompt: str, target_token: int, interventions: Sequence[tuple[Head, float]],
+    max_rows: int | str = 256,
+) -> tuple[float, Tensor]:
+    """Probability of `target_token` at the last position, clean and under each intervention
+    (:func:`intervention_readout` with a softmax readout).
+
+    Returns:
+        (clean probability, `[len(interventions)]` probabilities under each intervention).
+    """
+    clean, probs = intervention_readout(
+        lm, prompt, interventions, lambda logits: logits.softmax(-1)[:, target_token], max_rows)
+    return float(clean), probs
