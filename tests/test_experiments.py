@@ -76,7 +76,7 @@ def test_filtering_gives_known_disjoint_splits_and_stops_decoding_early(tiny_lla
     cfg = ReproduceConfig(out_dir=tmp_path, domains=("world_capital", "athlete_sport"), limit=4,
                           validation_size=3, ph3_dev_size=5)
     state = rp.StageFiles(tmp_path / "state")
-    splits, _, head, counts = rp.prepare_domains(tiny_llama, cfg, state, {"seed": 0}, rp.no_progress)
+    splits, _, head, counts = rp.prepare_domains(rp.StageRun(tiny_llama, cfg, state), {"seed": 0})
     assert head == "world_capital"
     wc = splits["world_capital"]
     assert (len(wc.head_set), len(wc.validation), len(wc.ph3_dev)) == (4, 3, 5)
@@ -184,7 +184,7 @@ def test_filter_state_is_keyed_on_the_model_and_the_seed(tiny_llama, tiny_gemma3
     for lm, seed in ((tiny_llama, 0), (tiny_gemma3, 0), (tiny_llama, 1), (tiny_llama, 0)):
         cfg = ReproduceConfig(domains=("world_capital",), limit=0, validation_size=0, baselines=False, seed=seed)
         before = len(calls)
-        splits, *_ = rp.prepare_domains(lm, cfg, state, rp.run_key_base(lm, cfg, command="identify"), rp.no_progress)
+        splits, *_ = rp.prepare_domains(rp.StageRun(lm, cfg, state), rp.run_key_base(lm, cfg, command="identify"))
         subjects[(lm.name, seed)] = [ex.subject for ex in splits["world_capital"].head_set]
         recomputed.append(len(calls) > before)
     # another model and another seed recompute; the first setting, run again, reads its own state
@@ -199,7 +199,7 @@ def test_full_splits_the_head_domains_known_items_between_validation_and_ph3(tin
     monkeypatch.setattr(rp, "prefer_aliases", lambda lm, exs, outs, **kw: list(exs))
     cfg = ReproduceConfig(out_dir=tmp_path, domains=("world_capital",), limit=2, validation_size=None,
                           ph3_dev_size=200)
-    splits, *_ = rp.prepare_domains(tiny_llama, cfg, rp.StageFiles(tmp_path / "s"), {"seed": 0}, rp.no_progress)
+    splits, *_ = rp.prepare_domains(rp.StageRun(tiny_llama, cfg, rp.StageFiles(tmp_path / "s")), {"seed": 0})
     wc = splits["world_capital"]
     assert len(wc.ph3_dev) > 0 and abs(len(wc.validation) - len(wc.ph3_dev)) <= 1
 
@@ -208,7 +208,7 @@ def test_too_few_known_items_in_the_head_domain_is_a_clear_error(tiny_llama, tmp
     monkeypatch.setattr(rp, "clean_outputs", lambda lm, exs, max_rows, on_progress=None: [" no idea"] * len(exs))
     cfg = ReproduceConfig(out_dir=tmp_path, domains=("world_capital",), limit=2, validation_size=2)
     with pytest.raises(ValueError, match="answered correctly on the clean prompt"):
-        rp.prepare_domains(tiny_llama, cfg, rp.StageFiles(tmp_path / "s"), {"seed": 0}, rp.no_progress)
+        rp.prepare_domains(rp.StageRun(tiny_llama, cfg, rp.StageFiles(tmp_path / "s")), {"seed": 0})
 
 
 def test_without_the_filter_the_items_used_still_get_the_preferred_alias(tiny_llama, tmp_path, monkeypatch):
@@ -225,8 +225,7 @@ def test_without_the_filter_the_items_used_still_get_the_preferred_alias(tiny_ll
     monkeypatch.setattr(rp, "prefer_aliases", marked)
     cfg = ReproduceConfig(out_dir=tmp_path, domains=("world_capital",), limit=2, validation_size=3, filter=False,
                           baselines=False)
-    splits, _, _, counts = rp.prepare_domains(tiny_llama, cfg, rp.StageFiles(tmp_path / "s"), {"seed": 0},
-                                              rp.no_progress)
+    splits, _, _, counts = rp.prepare_domains(rp.StageRun(tiny_llama, cfg, rp.StageFiles(tmp_path / "s")), {"seed": 0})
     wc = splits["world_capital"]
     assert counts["world_capital"]["decoded"] == 4 + 3 == len(decoded) - 2   # D + validation, and the 2 test items
     assert all(ex.answers[-1] == "ALIAS" for ex in (*wc.head_set, *wc.validation, *wc.test))
@@ -245,13 +244,13 @@ def test_the_filter_stage_is_keyed_on_the_items_content(tiny_llama, tmp_path, mo
     cfg = ReproduceConfig(out_dir=tmp_path, domains=("world_capital",), limit=2, validation_size=1, baselines=False)
     state = rp.StageFiles(tmp_path / "s")
     sources, _ = rp.domain_sources(cfg)
-    rp.prepare_domains(tiny_llama, cfg, state, {"seed": 0}, rp.no_progress)
+    rp.prepare_domains(rp.StageRun(tiny_llama, cfg, state), {"seed": 0})
     n = len(calls)
-    rp.prepare_domains(tiny_llama, cfg, state, {"seed": 0}, rp.no_progress)
+    rp.prepare_domains(rp.StageRun(tiny_llama, cfg, state), {"seed": 0})
     assert len(calls) == n   # same items: read from the state
     first = sources["world_capital"].test[0]
     changed = {"world_capital": rp.replace(sources["world_capital"], test=(
         rp.replace(first, answers=(*first.answers, "another alias")), *sources["world_capital"].test[1:]))}
     monkeypatch.setattr(rp, "domain_sources", lambda cfg: (changed, {"world_capital": "World Capital"}))
-    splits, *_ = rp.prepare_domains(tiny_llama, cfg, state, {"seed": 0}, rp.no_progress)
+    splits, *_ = rp.prepare_domains(rp.StageRun(tiny_llama, cfg, state), {"seed": 0})
     assert len(calls) > n and "another alias" in splits["world_capital"].test[0].answers

@@ -159,6 +159,7 @@ def identify(
     from juice.experiments.table1 import (
         ReproduceConfig,
         StageFiles,
+        StageRun,
         domain_sources,
         identify_heads,
         prepare_domains,
@@ -187,7 +188,8 @@ def identify(
         with _progress() as task:
             # the filter's stage files are keyed on the model, the data and the seed (run_key_base)
             base = run_key_base(lm, cfg, data=str(data), command="identify", head_set_size=head_set_size)
-            splits, _, head_domain, _ = prepare_domains(lm, cfg, StageFiles(out.parent / ".juice-state"), base, task)
+            splits, _, head_domain, _ = prepare_domains(StageRun(lm, cfg, StageFiles(out.parent / ".juice-state"), task),
+                                                        base)
             head_set = splits[head_domain].head_set
             scores, selection = identify_heads(lm, cfg, head_set, task)
         artifact = make_artifact(lm, scores, selection, k, "parametric", head_set)

@@ -21,14 +21,16 @@ Logits are computed only at the last position and only for the rows whose tokens
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from juice.architectures import HeadGeometry
+from juice.architectures import HeadGeometry, ModelHeads
 from juice.budget import resolve_max_rows
 from juice.guard import check_batch, needs_check
 from juice.interventions import RowPlan, planned_rows
@@ -136,9 +138,29 @@ def forward_last(lm: LoadedModel, input_ids: Tensor, mask: Tensor, positions: Te
     return out.last_hidden_state[:, -1], out.past_key_values
 
 
+_COMPILED: "weakref.WeakKeyDictionary[torch.nn.Module, Callable]" = weakref.WeakKeyDictionary()
+
+
+def compiled_forward(lm: LoadedModel) -> Callable:
+    """:func:`forward_last` through `torch.compile`, one compiled function per model (kept while
+    the model lives): mode "reduce-overhead" (CUDA graphs) on CUDA, the default mode elsewhere.
+    The head hooks of :func:`juice.interventions.planned_rows` are traced with it. For the
+    fixed-shape steps of the static KV cache (:func:`generate`, `compile_step`). Shapes are left
+    to torch's automatic dynamic: Gemma 3's static sliding-window cache layers keep their length
+    as a Python int, which would otherwise recompile every step; with it the second step
+    recompiles once with that length symbolic (measured on tiny Gemma 3: 1 recompile in 12 steps)."""
+    fn = _COMPILED.get(lm.model)
+    if fn is None:
+        mode = "reduce-overhead" if lm.device.type == "cuda" else "default"
+        fn = _COMPILED[lm.model] = torch.compile(forward_last, mode=mode, dynamic=None)
+    return fn
+
+
 def _zero_plan_row(geometry: HeadGeometry) -> Tensor:
     return torch.zeros(geometry.n_layers, geometry.n_heads)
 
+
+KV_CACHES: tuple[str, ...] = ("dynamic", "static")
 
 PAD_SLACK = 1.3
 """A chunk's longest prompt is at most this factor (+8 tokens) longer than its shortest one:
@@ -184,6 +206,9 @@ def generate(
     on_token: Callable[[list[int], Tensor], None] | None = None,
     forced_tokens: Tensor | None = None,
     stop_at_eos: bool = False,
+    kv_cache: str | None = None,
+    compile_step: bool | None = None,
+    apply_plan: Callable[[ModelHeads, RowPlan], AbstractContextManager] = planned_rows,
 ) -> Generation:
     """Greedy or sampled decoding of many (prompt, steering) streams, batched and cached.
 
@@ -212,6 +237,22 @@ def generate(
             (Hugging Face's default); a stream's tokens after its EOS are EOS. Off by default, so
             evaluation decodes exactly `max_new_tokens` steps (the texts there keep what follows an
             EOS, PROTOCOL.md); :class:`juice.Steerer` and the server turn it on.
+        kv_cache: "dynamic" (Hugging Face's DynamicCache, growing by one position per step; the
+            default), "static" (a StaticCache sized prompt + `max_new_tokens`, written in
+            place, with a full-length attention mask: every decoding step has the same shapes,
+            which CUDA graphs and `torch.compile(mode="reduce-overhead")` need). Both give the
+            same tokens (tested on every tiny architecture); the static cache's speed on a GPU
+            is unmeasured (README, issue 14); None: the model's default (`lm.kv_cache`, set by
+            `$JUICE_KV_CACHE`).
+        compile_step: run the decoding step through `torch.compile` (mode "reduce-overhead", i.e.
+            CUDA graphs, on CUDA; the default mode elsewhere); needs `kv_cache="static"`. The first
+            call per model compiles (about 30 s for a tiny model on 2 CPU cores); the tokens equal
+            the uncompiled ones (tested on the CPU). Its GPU speed is unmeasured. None: the
+            model's default (`lm.compile_step`, `$JUICE_COMPILE_STEP=1`).
+        apply_plan: how the per-row steering (a :class:`~juice.interventions.RowPlan`) is applied:
+            :func:`juice.interventions.planned_rows` (the paper: at the head outputs, the input of
+            the output projection) or a variant with the same contract, e.g. the norm analysis'
+            :func:`juice.analysis.norm.post_norm_rows` (after the attention output norm).
 
     Returns:
         Generation with one entry per stream, in the order of `streams`.
@@ -227,11 +268,14 @@ def generate(
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    kv_cache = lm.kv_cache if kv_cache is None else kv_cache
+    compile_step = lm.compile_step if compile_step is None else compile_step
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)}, not {kv_cache!r}")
+    if compile_step and kv_cache != "static":
+        raise ValueError('compile_step needs kv_cache="static" (fixed shapes per step)')
     limit = context_length(lm.model)
     n = len(streams)
-    tokens = torch.zeros(n, max_new_tokens, dtype=torch.long)
-    first_probs = None if probe_tokens is None else torch.zeros(probe_tokens.shape, dtype=torch.float32)
-    forced_lp = None if forced_tokens is None else torch.zeros(n, max_new_tokens, dtype=torch.float64)
     if forced_tokens is not None and forced_tokens.shape != (n, max_new_tokens):
         raise ValueError(f"forced_tokens must be [n_streams, max_new_tokens] = {(n, max_new_tokens)}")
     ids = [token_ids(lm.tokenizer, p) for p in prompts]
@@ -248,18 +292,50 @@ def generate(
                                [streams[i].steering for i in chunk], max_new_tokens, probes, forced,
                                [streams[i].sampling for i in chunk], step,
                                [streams[i].repetition_penalty for i in chunk],
-                               lm.tokenizer.eos_token_id if stop_at_eos and forced is None else None)
+                               lm.tokenizer.eos_token_id if stop_at_eos and forced is None else None,
+                               static=kv_cache == "static", compiled=compile_step, apply_plan=apply_plan)
 
-    for chunk in _chunks(streams, [len(i) for i in ids], max_rows):
+    return decode_chunks(lm, n, max_new_tokens, _chunks(streams, [len(i) for i in ids], max_rows), run,
+                         lambda i: len(ids[streams[i].prompt]), probe_tokens, forced_tokens is not None,
+                         check=on_token is None, on_chunk=on_chunk)
+
+
+def decode_chunks(
+    lm: LoadedModel, n: int, max_new_tokens: int, chunks: Iterable[list[int]],
+    run: Callable[[list[int]], tuple[Tensor, Tensor | None, Tensor | None]], length_of: Callable[[int], Any],
+    probe_tokens: Tensor | None = None, forced: bool = False, *, check: bool = True,
+    on_chunk: Callable[[int], None] | None = None,
+) -> Generation:
+    """The scaffolding every batched decoder shares (:func:`generate`,
+    :func:`juice.baselines.cad.cad_generate`): decode each chunk of the `n` streams with `run`, let
+    the runtime guard check it against one-at-a-time decoding where needed (:mod:`juice.guard`;
+    `check=False` when tokens were already handed out), and scatter the chunks' results back into
+    the streams' order.
+
+    Args:
+        chunks: lists of stream indices.
+        run: a chunk's stream indices -> (`[len(chunk), max_new_tokens]` tokens, `[len(chunk), k]`
+            first-step probe probabilities or None, `[len(chunk), max_new_tokens]` forced
+            log-probabilities or None).
+        length_of: a stream's prompt length(s), which the guard uses to pick the most padded rows.
+        probe_tokens: `[n, k]` (only its shape is used here), or None.
+        forced: whether `run` returns forced log-probabilities.
+
+    Returns:
+        :class:`Generation` with one entry per stream.
+    """
+    tokens = torch.zeros(n, max_new_tokens, dtype=torch.long)
+    first_probs = None if probe_tokens is None else torch.zeros(probe_tokens.shape, dtype=torch.float32)
+    forced_lp = torch.zeros(n, max_new_tokens, dtype=torch.float64) if forced else None
+    for chunk in chunks:
         result = [run(chunk)]
-        if needs_check(lm) and on_token is None:   # the runtime guard (juice.guard): batched = one at a time
+        if check and needs_check(lm):   # the runtime guard (juice.guard): batched = one at a time
 
             def redo(chunk=chunk, result=result) -> tuple:
                 result[0] = run(chunk)
                 return result[0]
 
-            check_batch(lm, [len(ids[streams[i].prompt]) for i in chunk], result[0],
-                        lambda r, chunk=chunk: run([chunk[r]]), redo)
+            check_batch(lm, [length_of(i) for i in chunk], result[0], lambda r, chunk=chunk: run([chunk[r]]), redo)
         out_tokens, out_probs, out_lp = result[0]
         tokens[chunk] = out_tokens
         if first_probs is not None:
@@ -308,7 +384,8 @@ def _generate_chunk(
     lm: LoadedModel, batch: Any, prompt_of: list[int], steerings: list[Steering], max_new_tokens: int,
     probes: Tensor | None, forced: Tensor | None = None, samplings: Sequence[Sampling | None] | None = None,
     on_step: Callable[[Tensor], None] | None = None, penalties: Sequence[float] | None = None,
-    eos: int | None = None,
+    eos: int | None = None, static: bool = False, compiled: bool = False,
+    apply_plan: Callable[[ModelHeads, RowPlan], AbstractContextManager] = planned_rows,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Decode one chunk of streams: the dual run of JuICE (paper Alg. 1), JuNE (Alg. 4) and the
     unmodified model side by side in one batch, with one KV cache.
@@ -331,6 +408,11 @@ def _generate_chunk(
         on_step: called with each step's `[n_streams]` new tokens.
         penalties: per stream, its repetition penalty (1: none).
         eos: stop once every stream has produced this token; later tokens read as `eos`.
+        static: keep the KV cache in a :class:`transformers.StaticCache` of `seq + max_new_tokens`
+            positions and feed a full-length mask, so every decoding step has the same shapes
+            (see :func:`generate`'s `kv_cache`).
+        compiled: decode through :func:`compiled_forward` (needs `static`).
+        apply_plan: applies a row plan to the heads (see :func:`generate`).
 
     Returns:
         (`[n_streams, max_new_tokens]` tokens on the CPU, `[n_streams, k]` first-step probe
@@ -359,8 +441,13 @@ def _generate_chunk(
     plan = RowPlan(torch.stack(scale), torch.stack(add), torch.tensor(source))
     index = torch.tensor(rows_src)
     ids, mask, positions = (t[index].to(device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))
-    with planned_rows(lm.heads, plan):
-        hidden, cache = forward_last(lm, ids, mask, positions)
+    cache = None
+    if static:   # written in place; the slots not yet written are hidden by the causal mask
+        from transformers import StaticCache
+
+        cache = StaticCache(config=lm.model.config, max_cache_len=ids.shape[1] + max_new_tokens)
+    with apply_plan(lm.heads, plan):
+        hidden, cache = forward_last(lm, ids, mask, positions, past=cache)
     logits = lm.logits(hidden[torch.tensor(out_row, device=device)]).float()
     penalty = None if penalties is None or all(x == 1 for x in penalties) else torch.tensor(penalties)
     seen = None
@@ -413,13 +500,17 @@ def _generate_chunk(
     select_t = torch.tensor(select, device=device)
     cache.reorder_cache(select_t)
     mask, positions = mask[select_t], positions[select_t][:, -1:]
+    if static:   # one full-length mask for every step: fixed shapes
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], max_new_tokens)], dim=1)
     d_plan = RowPlan(torch.stack(d_scale), torch.stack(d_add), torch.tensor(d_source))
     out_t, feed_t = torch.tensor(d_out, device=device), torch.tensor(feed_stream, device=device)
-    with planned_rows(lm.heads, d_plan):
+    step = compiled_forward(lm) if compiled else forward_last
+    with apply_plan(lm.heads, d_plan):
         for _ in range(max_new_tokens - 1):
-            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+            if not static:
+                mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
             positions = positions + 1
-            hidden, cache = forward_last(lm, token[feed_t][:, None], mask, positions, past=cache)
+            hidden, cache = step(lm, token[feed_t][:, None], mask, positions, past=cache)
             logits = lm.logits(hidden[out_t]).float()
             if seen is not None:
                 seen[torch.arange(len(prompt_of), device=device), token.to(device)] = True

@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +29,19 @@ DEFAULT_MODEL = "gemma-3-270m"
 
 @dataclass
 class LoadedModel:
-    """A model, its tokenizer and its head geometry, with the name it was loaded by."""
+    """A model, its tokenizer and its head geometry, with the name it was loaded by.
+
+    `kv_cache` and `compile_step` are :func:`juice.decoding.generate`'s defaults for this model
+    ("dynamic" / False unless `$JUICE_KV_CACHE` / `$JUICE_COMPILE_STEP=1` say otherwise, so the
+    command line reaches them too); a call's own arguments win.
+    """
 
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     heads: ModelHeads
     name: str
+    kv_cache: str = field(default_factory=lambda: os.environ.get("JUICE_KV_CACHE", "dynamic"))
+    compile_step: bool = field(default_factory=lambda: os.environ.get("JUICE_COMPILE_STEP", "0") == "1")
 
     @property
     def device(self) -> torch.device:

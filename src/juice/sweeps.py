@@ -11,7 +11,7 @@ are computed at the last position only.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -69,6 +69,52 @@ def _scale_new_rows(heads: ModelHeads, plan: dict[int, list[tuple[int, float]]])
 
 
 @torch.inference_mode()
+def growing_readout(
+    lm: LoadedModel,
+    prompt: str,
+    order: Sequence[int],
+    layer_of: Callable[[int], int],
+    intervene: Callable[[dict[int, list[int]]], AbstractContextManager],
+    readout: Callable[[Tensor], Tensor],
+    max_rows: int | str = 256,
+) -> tuple[Tensor, Tensor]:
+    """The growing-batch sweep every single-intervention readout shares: one forward per chunk of
+    `max_rows` interventions, each joining the batch at its layer (:func:`grow_batch`), the LM head
+    at the last position only.
+
+    Args:
+        prompt: one prompt (no padding).
+        order: the intervention indices, sorted by layer (ties in any fixed order).
+        layer_of: an intervention's layer (where its row joins the batch).
+        intervene: given layer -> the chunk's interventions joining there (in row order: they
+            are the last rows of the batch at that layer), a context manager applying them.
+        readout: maps last-position logits `[rows, vocab]` (float32) to `[rows, ...]`.
+        max_rows: most intervention rows per forward (memory bound), or "auto" to fit a share of
+            the free memory (:func:`juice.budget.auto_max_rows`).
+
+    Returns:
+        (clean readout `[...]`, `[len(order), ...]` readouts, indexed like the interventions).
+    """
+    ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
+    max_rows = resolve_max_rows(max_rows, lm, ids.shape[1])
+    values = None
+    clean = None
+    for start in range(0, max(len(order), 1), max_rows):
+        chunk = list(order[start:start + max_rows])
+        plan: dict[int, list[int]] = {}
+        for i in chunk:
+            plan.setdefault(layer_of(i), []).append(i)
+        with grow_batch(lm.heads, {l: len(v) for l, v in plan.items()}), intervene(plan):
+            hidden = lm.model.base_model(input_ids=ids, use_cache=False).last_hidden_state[:, -1]
+        out = readout(lm.logits(hidden).float()).cpu()
+        if values is None:
+            values = torch.zeros(len(order), *out.shape[1:], dtype=out.dtype)
+        clean = out[0]
+        # rows were appended layer by layer in plan order, which is the chunk's (layer-sorted) order
+        values[chunk] = out[1:]
+    return clean, values
+
+
 def intervention_readout(
     lm: LoadedModel,
     prompt: str,
@@ -79,8 +125,8 @@ def intervention_readout(
     """Last-position readouts of the clean model and of each single-head intervention, batched.
 
     Each intervention scales one head at every position, `H <- H + alpha * H` (alpha = -1 zeroes
-    it). One forward per chunk of `max_rows` rows; the batch grows layer by layer (module
-    docstring); the LM head runs at the last position only.
+    it). One forward per chunk of `max_rows` rows; the batch grows layer by layer
+    (:func:`growing_readout`); the LM head runs at the last position only.
 
     Args:
         interventions: (head, alpha) pairs.
@@ -91,26 +137,13 @@ def intervention_readout(
     Returns:
         (clean readout `[...]`, `[len(interventions), ...]` readouts under each intervention).
     """
-    ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
-    max_rows = resolve_max_rows(max_rows, lm, ids.shape[1])
     order = sorted(range(len(interventions)), key=lambda i: interventions[i][0])
-    values = None
-    clean = None
-    for start in range(0, max(len(order), 1), max_rows):
-        chunk = order[start:start + max_rows]
-        plan: dict[int, list[tuple[int, float]]] = {}
-        for i in chunk:
-            (layer, head), alpha = interventions[i]
-            plan.setdefault(layer, []).append((head, alpha))
-        with grow_batch(lm.heads, {l: len(v) for l, v in plan.items()}), _scale_new_rows(lm.heads, plan):
-            hidden = lm.model.base_model(input_ids=ids, use_cache=False).last_hidden_state[:, -1]
-        out = readout(lm.logits(hidden).float()).cpu()
-        if values is None:
-            values = torch.zeros(len(interventions), *out.shape[1:], dtype=out.dtype)
-        clean = out[0]
-        # rows were appended layer by layer in plan order, which is the chunk's (sorted) order
-        values[chunk] = out[1:]
-    return clean, values
+
+    def intervene(plan: dict[int, list[int]]) -> AbstractContextManager:
+        return _scale_new_rows(lm.heads, {layer: [(interventions[i][0].head, interventions[i][1]) for i in idx]
+                                          for layer, idx in plan.items()})
+
+    return growing_readout(lm, prompt, order, lambda i: interventions[i][0].layer, intervene, readout, max_rows)
 
 
 def intervention_probs(

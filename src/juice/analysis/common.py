@@ -56,6 +56,7 @@ from juice.experiments.table1 import (
     HEAD_DOMAIN,
     Progress,
     ReproduceConfig,
+    StageRun,
     domain_sources,
     filter_domain,
     no_progress,
@@ -197,7 +198,7 @@ def world_capital_items(lm: LoadedModel, options: AnalysisOptions, progress: Pro
     key = settings_key({**base, "stage": "filter", "domain": HEAD_DOMAIN, "filter": cfg.filter, "need": need,
                         "pool": [ex.to_json() for ex in source.pool], "test": [ex.to_json() for ex in source.test]})
     state = options.state
-    known, test, counts = filter_domain(lm, cfg, state, key, HEAD_DOMAIN, source, need, progress)
+    known, test, counts = filter_domain(StageRun(lm, cfg, state, progress), key, HEAD_DOMAIN, source, need)
     if options.filter:
         saved = state.load(f"filter_{HEAD_DOMAIN}_{key}", key) or {}
         outputs = saved.get("test_outputs", [])
@@ -301,7 +302,12 @@ def cli_options(model: str, out: Path, quick: bool, full: bool, seed: int, devic
 @contextmanager
 def progress_bars() -> Iterator[Progress]:
     """Rich progress bars as a `progress(description, total) -> advance(n)` callable."""
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
     from rich.progress import Progress as Bars
 
     with Bars(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -47,13 +47,12 @@ from juice.analysis.common import (
     write_outputs,
 )
 from juice.architectures import ModelHeads, UnsupportedArchitectureError
-from juice.budget import resolve_max_rows
 from juice.data.records import CONFLICT_TYPES, ConflictExample
 from juice.eval.stats import Interval, bootstrap_interval
 from juice.interventions import Head
 from juice.io import UnitCheckpoint
 from juice.models import LoadedModel
-from juice.sweeps import grow_batch, intervention_readout
+from juice.sweeps import growing_readout, intervention_readout
 from juice.tokens import answer_first_token, encode
 
 KINDS: tuple[str, ...] = ("layer", "attention", "mlp")
@@ -176,28 +175,17 @@ def knockout_readout(
         IndexError: a layer out of range.
     """
     _check_components(lm.heads, components)
-    ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
-    max_rows = resolve_max_rows(max_rows, lm, ids.shape[1])
     order = sorted(range(len(components)), key=lambda i: (components[i].layer, KINDS.index(components[i].kind)))
-    values, clean = None, None
-    for start in range(0, max(len(order), 1), max_rows):
-        chunk = order[start:start + max_rows]
-        plan: dict[int, list[str]] = {}
-        for i in chunk:
-            plan.setdefault(components[i].layer, []).append(components[i].kind)
+
+    def intervene(plan: dict[int, list[int]]) -> AbstractContextManager:
         rows_of: dict[Component, Callable[[int], Any]] = {}
-        for layer, kinds in plan.items():
-            # rows joining at layer l are the last len(kinds) rows of the batch at that layer
-            for j, kind in enumerate(kinds):
-                rows_of[Component(kind, layer)] = lambda b, _k=len(kinds) - j: b - _k
-        with grow_batch(lm.heads, {l: len(v) for l, v in plan.items()}), knocked_out(lm.heads, rows_of):
-            hidden = lm.model.base_model(input_ids=ids, use_cache=False).last_hidden_state[:, -1]
-        out = readout(lm.logits(hidden).float()).cpu()
-        if values is None:
-            values = torch.zeros(len(components), *out.shape[1:], dtype=out.dtype)
-        clean = out[0]
-        values[chunk] = out[1:]
-    return clean, values
+        for idx in plan.values():
+            # the rows joining at layer l are the last len(idx) rows of the batch at that layer
+            for j, i in enumerate(idx):
+                rows_of[components[i]] = lambda b, _k=len(idx) - j: b - _k
+        return knocked_out(lm.heads, rows_of)
+
+    return growing_readout(lm, prompt, order, lambda i: components[i].layer, intervene, readout, max_rows)
 
 
 @torch.inference_mode()

@@ -64,15 +64,14 @@ from juice.analysis.common import (
     write_outputs,
 )
 from juice.architectures import ModelHeads
-from juice.budget import resolve_max_rows
 from juice.data.records import CONFLICT_TYPES, ConflictExample
-from juice.decoding import Generation, Stream, forward_last, length_buckets
+from juice.decoding import Generation, Stream, generate
 from juice.eval.metrics import is_correct
 from juice.eval.runner import ItemResult, evaluate, results_from_json, results_to_json
 from juice.interventions import RowPlan, projection_input_hooks
 from juice.models import DEFAULT_MODEL, LoadedModel
 from juice.steering import Steering, steering_coefficients
-from juice.tokens import answer_first_token, context_length, encode, pad_left, token_ids
+from juice.tokens import answer_first_token, encode
 
 POST_NORMS: dict[str, str] = {
     "gemma2": "post_attention_layernorm",
@@ -219,66 +218,13 @@ def _zero(heads: ModelHeads) -> Tensor:
     return torch.zeros(g.n_layers, g.n_heads)
 
 
-@torch.inference_mode()
-def _decode_chunk(lm: LoadedModel, batch, prompt_of: list[int], steerings: list[Steering], max_new_tokens: int,
-                  probes: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """One batch of streams under post-norm steering; the layout of :mod:`juice.steering`'s
-    decoder (a clean prefill row per prompt, one row per steered stream; while decoding, a JuICE
-    stream owns a clean copy fed its steered row's tokens)."""
-    zero, device = _zero(lm.heads), lm.device
-    clean_prompts = sorted({p for p, s in zip(prompt_of, steerings) if s.method in ("original", "juice")})
-    clean_row = {p: r for r, p in enumerate(clean_prompts)}
-    rows_src = list(clean_prompts)
-    scale, add, source, out_row = [zero] * len(rows_src), [zero] * len(rows_src), [-1] * len(rows_src), []
-    for p, s in zip(prompt_of, steerings):
-        if s.method == "original":
-            out_row.append(clean_row[p])
-            continue
-        out_row.append(len(rows_src))
-        rows_src.append(p)
-        scale.append(s.coefficients if s.method == "june" else zero)
-        add.append(s.coefficients if s.method == "juice" else zero)
-        source.append(clean_row[p] if s.method == "juice" else -1)
-    index = torch.tensor(rows_src)
-    ids, mask, positions = (t[index].to(device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))
-    with post_norm_rows(lm.heads, RowPlan(torch.stack(scale), torch.stack(add), torch.tensor(source))):
-        hidden, cache = forward_last(lm, ids, mask, positions)
-    logits = lm.logits(hidden[torch.tensor(out_row, device=device)]).float()
-    first = None if probes is None else logits.softmax(-1).gather(1, probes.to(device)).cpu()
-    token = logits.argmax(-1)
-    tokens = [token]
-    if max_new_tokens == 1:
-        return torch.stack(tokens, 1).cpu(), first
-    select, d_scale, d_add, d_source, d_out, feed = [], [], [], [], [], []
-    for k, (p, s) in enumerate(zip(prompt_of, steerings)):
-        if s.method == "juice":
-            select.append(clean_row[p]); d_scale.append(zero); d_add.append(zero); d_source.append(-1); feed.append(k)
-            select.append(out_row[k]); d_scale.append(zero); d_add.append(s.coefficients)
-            d_source.append(len(select) - 2); feed.append(k)
-        else:
-            select.append(out_row[k]); d_scale.append(s.coefficients if s.method == "june" else zero)
-            d_add.append(zero); d_source.append(-1); feed.append(k)
-        d_out.append(len(select) - 1)
-    select_t = torch.tensor(select, device=device)
-    cache.reorder_cache(select_t)
-    mask, positions = mask[select_t], positions[select_t][:, -1:]
-    out_t, feed_t = torch.tensor(d_out, device=device), torch.tensor(feed, device=device)
-    with post_norm_rows(lm.heads, RowPlan(torch.stack(d_scale), torch.stack(d_add), torch.tensor(d_source))):
-        for _ in range(max_new_tokens - 1):
-            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-            positions = positions + 1
-            hidden, cache = forward_last(lm, token[feed_t][:, None], mask, positions, past=cache)
-            token = lm.logits(hidden[out_t]).float().argmax(-1)
-            tokens.append(token)
-    return torch.stack(tokens, 1).cpu(), first
-
-
 def generate_post_norm(lm: LoadedModel, prompts: Sequence[str], streams: Sequence[Stream], max_new_tokens: int = 10,
                        *, probe_tokens: Tensor | None = None, max_rows: int | str = 64,
                        on_chunk: Callable[[int], None] | None = None) -> Generation:
     """Greedy decoding of many (prompt, steering) streams with JuICE and JuNE applied after the
-    attention output norm (module docstring), batched and KV-cached like
-    :func:`juice.decoding.generate` (greedy only: a stream's `sampling` must be None).
+    attention output norm (module docstring): :func:`juice.decoding.generate` (batched,
+    KV-cached, the same row layout) with :func:`post_norm_rows` in place of the head-output
+    hooks; greedy only (a stream's `sampling` must be None).
 
     Args:
         probe_tokens: `[n_streams, k]` token ids whose first-step probabilities to return.
@@ -292,32 +238,10 @@ def generate_post_norm(lm: LoadedModel, prompts: Sequence[str], streams: Sequenc
         ValueError: max_new_tokens < 1, or a stream asks for sampling.
         PromptTooLongError: a prompt does not fit the context window with the new tokens.
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if any(s.sampling is not None for s in streams):
         raise ValueError("post-norm steering decodes greedily; sampling is not offered")
-    limit = context_length(lm.model)
-    ids = [token_ids(lm.tokenizer, p) for p in prompts]
-    max_rows = resolve_max_rows(max_rows, lm, max(map(len, ids), default=1) + max_new_tokens)
-    n = len(streams)
-    tokens = torch.zeros(n, max_new_tokens, dtype=torch.long)
-    first = None if probe_tokens is None else torch.zeros(probe_tokens.shape, dtype=torch.float32)
-    lengths = [len(ids[s.prompt]) for s in streams]
-    order = sorted(range(n), key=lambda i: (lengths[i], streams[i].prompt))
-    rows = [2 if s.steering.method == "juice" else 1 for s in streams]
-    for chunk in length_buckets(order, lengths, rows, max_rows):
-        chunk_prompts = sorted({streams[i].prompt for i in chunk})
-        batch = pad_left([ids[p] for p in chunk_prompts], lm.tokenizer.pad_token_id,
-                         None if limit is None else limit - max_new_tokens)
-        out, probs = _decode_chunk(lm, batch, [chunk_prompts.index(streams[i].prompt) for i in chunk],
-                                   [streams[i].steering for i in chunk], max_new_tokens,
-                                   None if probe_tokens is None else probe_tokens[chunk])
-        tokens[chunk] = out
-        if first is not None:
-            first[chunk] = probs
-        if on_chunk:
-            on_chunk(len(chunk))
-    return Generation(tokens, lm.tokenizer.batch_decode(tokens, skip_special_tokens=True), first)
+    return generate(lm, prompts, streams, max_new_tokens, probe_tokens=probe_tokens, max_rows=max_rows,
+                    on_chunk=on_chunk, apply_plan=post_norm_rows)
 
 
 @torch.inference_mode()

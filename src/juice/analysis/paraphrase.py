@@ -55,7 +55,7 @@ from juice.data.splits import Splits
 from juice.eval.runner import ItemResult, evaluate, results_from_json, results_to_json
 from juice.eval.tables import IntervalTable, interval_table
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
-from juice.experiments.table1 import ReproduceConfig, heads_stage, prepare_domains, run_key_base
+from juice.experiments.table1 import ReproduceConfig, StageRun, heads_stage, prepare_domains, run_key_base
 from juice.heads import HeadSelection
 from juice.io import StageFiles, settings_key
 from juice.models import DEFAULT_MODEL, LoadedModel
@@ -109,12 +109,13 @@ def benchmark_setup(lm: LoadedModel, options: AnalysisOptions, progress: Progres
                           domains=("world_capital",) if quick else tuple(DOMAINS))
     state = StageFiles(options.out / "state")
     base = run_key_base(lm, cfg)
-    notes: list[str] = []
-    splits, titles, head_domain, _ = prepare_domains(lm, cfg, state, base, progress)
+    run = StageRun(lm, cfg, state, progress)
+    notes = run.notes
+    splits, titles, head_domain, _ = prepare_domains(run, base)
     dev = splits[head_domain]
     key_heads = settings_key({**base, "head_set": [ex.to_json() for ex in dev.head_set], **{f: getattr(cfg, f) for f in (
         "k", "scoring", "shortlist", "alphas_positive", "alphas_negative")}})
-    selection, _ = heads_stage(lm, cfg, state, "heads", key_heads, dev.head_set, "parametric", progress, notes)
+    selection, _ = heads_stage(run, "heads", key_heads, dev.head_set, "parametric")
     grid = QUICK_BETAS if quick else (BETA_PLUS_GRID, BETA_MINUS_GRID)
     validation = {d: list(s.validation) for d, s in splits.items()}
     key = settings_key({"heads": key_heads, "grid": grid, "validation": {d: [ex.to_json() for ex in v]

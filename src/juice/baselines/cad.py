@@ -50,8 +50,15 @@ import torch
 from torch import Tensor
 
 from juice.budget import resolve_max_rows
-from juice.decoding import Generation, continuation_ids, forward_last, length_buckets, pick_token, sequence_logits
-from juice.guard import check_batch, needs_check
+from juice.decoding import (
+    Generation,
+    continuation_ids,
+    decode_chunks,
+    forward_last,
+    length_buckets,
+    pick_token,
+    sequence_logits,
+)
 from juice.models import LoadedModel
 from juice.tokens import context_length, pad_left, token_ids
 
@@ -145,9 +152,6 @@ def cad_generate(
     ids_q = [token_ids(lm.tokenizer, q) for q in questions]
     max_rows = resolve_max_rows(max_rows, lm, max(map(len, ids_c), default=1) + max_new_tokens)
     n = len(prompts)
-    tokens = torch.zeros(n, max_new_tokens, dtype=torch.long)
-    first_probs = None if probe_tokens is None else torch.zeros(probe_tokens.shape, dtype=torch.float32)
-    forced_lp = None if forced_tokens is None else torch.zeros(n, max_new_tokens, dtype=torch.float64)
     lengths = [len(i) for i in ids_c]
     # each item takes two rows, one per branch
 
@@ -156,25 +160,9 @@ def cad_generate(
                           None if probe_tokens is None else probe_tokens[chunk], room,
                           None if forced_tokens is None else forced_tokens[chunk])
 
-    for chunk in length_buckets(sorted(range(n), key=lengths.__getitem__), lengths, [2] * n, max_rows):
-        result = [run(chunk)]
-        if needs_check(lm):   # the runtime guard (juice.guard): batched must equal one at a time
-
-            def redo(chunk=chunk, result=result) -> tuple:
-                result[0] = run(chunk)
-                return result[0]
-
-            check_batch(lm, [(len(ids_c[i]), len(ids_q[i])) for i in chunk], result[0],
-                        lambda r, chunk=chunk: run([chunk[r]]), redo)
-        out, probs, lp = result[0]
-        tokens[chunk] = out
-        if first_probs is not None:
-            first_probs[chunk] = probs
-        if forced_lp is not None:
-            forced_lp[chunk] = lp
-        if on_chunk:
-            on_chunk(len(chunk))
-    return Generation(tokens, lm.tokenizer.batch_decode(tokens, skip_special_tokens=True), first_probs, forced_lp)
+    chunks = length_buckets(sorted(range(n), key=lengths.__getitem__), lengths, [2] * n, max_rows)
+    return decode_chunks(lm, n, max_new_tokens, chunks, run, lambda i: (len(ids_c[i]), len(ids_q[i])), probe_tokens,
+                         forced_tokens is not None, on_chunk=on_chunk)
 
 
 def _cad_chunk(lm, ids_c, ids_q, max_new_tokens, alpha, probes, room, forced=None):

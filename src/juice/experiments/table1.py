@@ -52,7 +52,7 @@ from juice.data.records import CONFLICT_TYPES, ConflictExample
 from juice.data.splits import DomainPool, Splits, load_paper_domains, split_test
 from juice.eval.metrics import is_correct
 from juice.eval.report import difference_markdown, interval_markdown, table1_columns
-from juice.eval.runner import Method, evaluate, results_from_json, results_to_json, summary
+from juice.eval.runner import ItemResult, Method, evaluate, results_from_json, results_to_json, summary
 from juice.eval.tables import IntervalTable, interval_table
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
 from juice.heads import (
@@ -92,6 +92,19 @@ def no_progress(description: str, total: int) -> Callable[[int], None]:
     """The `progress` callback that shows nothing: given a task's description and its number of
     steps, returns the function called with each step count done."""
     return lambda n: None
+
+
+@dataclass
+class StageRun:
+    """What every stage of a run shares: the model, the configuration, the stage files under
+    `<out>/state/`, the progress callback, and the notes the report will carry (stages append).
+    """
+
+    lm: LoadedModel
+    cfg: "ReproduceConfig"
+    state: StageFiles
+    progress: Progress = no_progress
+    notes: list[str] = field(default_factory=list)
 
 
 DEFAULT_TEST_ITEMS = {"parametric": 30, "contextual": 20}
@@ -195,8 +208,7 @@ def clean_outputs(lm: LoadedModel, examples: Sequence[ConflictExample], max_rows
 
 
 def filter_domain(
-    lm: LoadedModel, cfg: ReproduceConfig, state: StageFiles, key: str, domain: str, source: DomainPool,
-    need: int | None, progress: Progress,
+    run: StageRun, key: str, domain: str, source: DomainPool, need: int | None,
 ) -> tuple[list[ConflictExample], list[ConflictExample], dict[str, int]]:
     """The pool's items the model knows, in pool order, until `need` are found (None: all), and
     the test split; both with each item's preferred alias first.
@@ -210,6 +222,7 @@ def filter_domain(
     Returns:
         (known pool items, test items, counts: pool, decoded, known).
     """
+    lm, cfg, state, progress = run.lm, run.cfg, run.state, run.progress
     stage = f"filter_{domain}_{key}"   # one file per model, data and seed: several can share a folder
     saved = state.load(stage, key)
     if saved is None:
@@ -249,7 +262,7 @@ def filter_domain(
 
 
 def prepare_domains(
-    lm: LoadedModel, cfg: ReproduceConfig, state: StageFiles, base: dict, progress: Progress,
+    run: StageRun, base: dict,
 ) -> tuple[dict[str, Splits], dict[str, str], str, dict[str, dict[str, int]]]:
     """Stage 1 of the module docstring for every domain.
 
@@ -260,6 +273,7 @@ def prepare_domains(
     Raises:
         ValueError: the head domain has fewer known items than |D| + 1.
     """
+    cfg = run.cfg
     sources, titles = domain_sources(cfg)
     head_domain = HEAD_DOMAIN if HEAD_DOMAIN in sources else next(iter(sources))
     splits, counts = {}, {}
@@ -271,7 +285,7 @@ def prepare_domains(
         need = None if any(p is None for p in parts) else sum(parts)
         key = settings_key({**base, "stage": "filter", "domain": domain, "filter": cfg.filter, "need": need,
                             "pool": [ex.to_json() for ex in source.pool], "test": [ex.to_json() for ex in source.test]})
-        known, test, counts[domain] = filter_domain(lm, cfg, state, key, domain, source, need, progress)
+        known, test, counts[domain] = filter_domain(run, key, domain, source, need)
         head_set: list[ConflictExample] = []
         if is_head:
             if len(known) < cfg.head_set_size + 1:
@@ -343,8 +357,7 @@ def selection_to_json(sel: HeadSelection) -> dict:
 
 
 def heads_stage(
-    lm: LoadedModel, cfg: ReproduceConfig, state: StageFiles, stage: str, key: str, head_set: Sequence,
-    direction: str, progress: Progress, notes: list[str],
+    run: StageRun, stage: str, key: str, head_set: Sequence, direction: str,
 ) -> tuple[HeadSelection, dict[str, Any]]:
     """Stage 1 on `head_set`, read from the stage file `stage` when its settings `key` match
     (per-prompt results resume from `units.json`). Notes a selection smaller than K.
@@ -352,9 +365,10 @@ def heads_stage(
     Returns:
         (selection, the heads artifact as JSON, with the scoring method and its label).
     """
+    lm, cfg, state = run.lm, run.cfg, run.state
     saved = state.load(stage, key)
     if saved is None:
-        scores, selection = identify_heads(lm, cfg, head_set, progress, direction=direction,
+        scores, selection = identify_heads(lm, cfg, head_set, run.progress, direction=direction,
                                            checkpoint=UnitCheckpoint(state.folder / "units.json", lm.fingerprint()))
         saved = make_artifact(lm, scores, selection, cfg.k, direction, head_set).to_json()
         saved["scoring"] = cfg.scoring
@@ -363,7 +377,7 @@ def heads_stage(
     selection = HeadSelection(tuple(map(Head.parse, saved["positive_heads"])),
                               tuple(map(Head.parse, saved["negative_heads"])))
     if len(selection.positive) < cfg.k or len(selection.negative) < cfg.k:
-        notes.append(f"only {len(selection.positive)} positive / {len(selection.negative)} negative heads "
+        run.notes.append(f"only {len(selection.positive)} positive / {len(selection.negative)} negative heads "
                      f"passed the consistency filter (K = {cfg.k})")
     return selection, saved
 
@@ -389,13 +403,13 @@ def ph3_prompts(lm: LoadedModel, examples: Sequence) -> list[ConflictPrompt]:
 
 
 def ph3_scores_stage(
-    lm: LoadedModel, cfg: ReproduceConfig, state: StageFiles, name: str, dev_set: Sequence, key: str,
-    progress: Progress, knockout: bool = False, direction: str = "parametric",
+    run: StageRun, name: str, dev_set: Sequence, key: str, knockout: bool = False, direction: str = "parametric",
 ) -> Ph3Scores:
     """PH3's head scores on one development set: path patching (Jin et al. 2024; the default) or
     the knock-out scorer (`knockout`); cached in the state, per-prompt results resumable."""
     stem = name.lower().replace("-", "_").replace(" ", "_").replace("(", "").replace(")", "")
     stage = f"ph3_{direction}_{stem}"   # both directions may share an output folder
+    lm, cfg, state, progress = run.lm, run.cfg, run.state, run.progress
     saved = state.load(stage, key)
     if saved is None:
         checkpoint = UnitCheckpoint(state.folder / "units.json", lm.fingerprint())
@@ -416,8 +430,8 @@ def ph3_scores_stage(
 
 
 def ph3_stage(
-    lm: LoadedModel, cfg: ReproduceConfig, state: StageFiles, large_dev: Sequence, small_dev: Sequence,
-    key_of: Callable[[Sequence], str], progress: Progress, notes: list[str], direction: str = "parametric",
+    run: StageRun, large_dev: Sequence, small_dev: Sequence, key_of: Callable[[Sequence], str],
+    direction: str = "parametric",
 ) -> dict[str, Ph3Scores]:
     """PH3-l (on `large_dev`), PH3-s (on `small_dev`, the set D) and, with `cfg.ph3_knockout`,
     PH3-l with the knock-out scorer; an empty development set skips its row with a note.
@@ -426,14 +440,14 @@ def ph3_stage(
         row name -> head scores.
     """
     variants = [("PH3-l", large_dev, False), ("PH3-s", small_dev, False)]
-    if cfg.ph3_knockout:
+    if run.cfg.ph3_knockout:
         variants.append((PH3_KNOCKOUT, large_dev, True))
     out = {}
     for name, dev_set, knockout in variants:
         if not dev_set:
-            notes.append(f"{name} skipped: no development items outside D and validation")
+            run.notes.append(f"{name} skipped: no development items outside D and validation")
             continue
-        out[name] = ph3_scores_stage(lm, cfg, state, name, dev_set, key_of(dev_set), progress, knockout, direction)
+        out[name] = ph3_scores_stage(run, name, dev_set, key_of(dev_set), knockout, direction)
     return out
 
 
@@ -441,9 +455,8 @@ def ph3_stage(
 
 
 def tuning_stage(
-    lm: LoadedModel, cfg: ReproduceConfig, state: StageFiles, key: str, validation: dict[str, Sequence],
-    selection: HeadSelection, ph3: dict[str, Ph3Scores], direction: str, head_domain: str, progress: Progress,
-    notes: list[str],
+    run: StageRun, key: str, validation: dict[str, Sequence], selection: HeadSelection, ph3: dict[str, Ph3Scores],
+    direction: str, head_domain: str,
 ) -> dict[str, dict[str, Any]]:
     """Betas and PH3's k per domain on its own validation split (:func:`juice.eval.tuning.tune_per_domain`),
     cached in the state. A domain without validation items takes `head_domain`'s choice.
@@ -452,14 +465,15 @@ def tuning_stage(
         domain -> {"betas": method -> {beta_plus, beta_minus, accuracy, p_answer, per_type},
         "prune": PH3 row -> {k, accuracy, per_k, pruned}, "chosen_on": domain, "n_validation", "grid"}.
     """
+    state = run.state
     saved = state.load(f"tuning_{direction}", key)
     if saved is None:
         per_item = len(CONFLICT_TYPES) if direction == "parametric" else 1
         n_settings = 2 * len(BETA_PLUS_GRID) * len(BETA_MINUS_GRID) + len(ph3) * len(PRUNE_K)
-        advance = progress("tuning on each domain's validation split",
+        advance = run.progress("tuning on each domain's validation split",
                            sum(map(len, validation.values())) * per_item * n_settings)
-        choices = tune_per_domain(lm, validation, selection, ph3, direction=direction, max_rows=cfg.max_rows,
-                                  on_progress=advance)
+        choices = tune_per_domain(run.lm, validation, selection, ph3, direction=direction,
+                                  max_rows=run.cfg.max_rows, on_progress=advance)
         saved = {}
         for domain, c in choices.items():
             saved[domain] = {
@@ -467,7 +481,8 @@ def tuning_stage(
                               "p_answer": g.p_answer, "per_type": list(g.per_type)} for m, g in c.betas.items()},
                 "prune": {n: {"k": p.k, "accuracy": p.accuracy, "per_k": {str(k): v for k, v in p.per_k.items()}}
                           for n, p in c.prune.items()},
-                "chosen_on": domain, "n_validation": c.n_validation, "grid": [{f: v for f, v in asdict(g).items() if f != "k"} for g in c.grid],   # beta points: no k
+                "chosen_on": domain, "n_validation": c.n_validation,
+                "grid": [{f: v for f, v in asdict(g).items() if f != "k"} for g in c.grid],   # beta points: no k
             }
         state.save(f"tuning_{direction}", key, saved)
     if head_domain not in saved:
@@ -477,7 +492,7 @@ def tuning_stage(
         if domain in saved:
             out[domain] = saved[domain]
         else:
-            notes.append(f"{domain}: no validation item the model knows; betas and k from {head_domain}")
+            run.notes.append(f"{domain}: no validation item the model knows; betas and k from {head_domain}")
             out[domain] = {**saved[head_domain], "chosen_on": head_domain, "grid": []}
     for domain, choice in out.items():
         for name, p in choice["prune"].items():
@@ -506,12 +521,26 @@ def domain_methods(lm: LoadedModel, selection: HeadSelection, choice: dict[str, 
 # ---------------------------------------------------------------- the pipeline
 
 
-def start_run(cfg: ReproduceConfig, lm: LoadedModel | None) -> tuple[LoadedModel, StageFiles, dict[str, float]]:
-    """The model (loaded unless given), the stage files under `<out>/state/` and the timings
-    with the load time."""
+def evaluation_stage(
+    run: StageRun, stage: str, key: str, description: str, total: int,
+    evaluate_items: Callable[[Callable[[int], None]], list[ItemResult]],
+) -> list[ItemResult]:
+    """One domain's (dataset's) evaluation, read from the stage file `stage` when its settings
+    `key` match, else `evaluate_items(advance)` (a progress bar of `total` steps) and saved."""
+    rows = run.state.load(stage, key)
+    if rows is None:
+        rows = results_to_json(evaluate_items(run.progress(description, total)))
+        run.state.save(stage, key, rows)
+    return results_from_json(rows)
+
+
+def start_run(cfg: ReproduceConfig, lm: LoadedModel | None, progress: Progress = no_progress,
+              ) -> tuple[StageRun, dict[str, float]]:
+    """The run's shared context (the model, loaded unless given; the stage files under
+    `<out>/state/`) and the timings with the load time."""
     t = time.perf_counter()
     lm = lm or load_model(cfg.model, dtype=getattr(torch, cfg.dtype), device_map=cfg.device_map, device=cfg.device)
-    return lm, StageFiles(Path(cfg.out_dir) / "state"), {"load_model": time.perf_counter() - t}
+    return StageRun(lm, cfg, StageFiles(Path(cfg.out_dir) / "state"), progress), {"load_model": time.perf_counter() - t}
 
 
 def run_key_base(lm: LoadedModel, cfg: ReproduceConfig, **extra: Any) -> dict[str, Any]:
@@ -532,16 +561,16 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
     """
     if cfg.scoring not in SCORING_LABELS:
         raise ValueError(f"scoring must be exact, attribution or hybrid, not {cfg.scoring!r}")
-    notes: list[str] = []
     out = Path(cfg.out_dir)
     domain_sources(cfg)   # bad data fails here, in one line, before the model loads
-    lm, state, timings = start_run(cfg, lm)
+    run, timings = start_run(cfg, lm, progress)
+    lm, notes = run.lm, run.notes
     # each stage's key adds the content of the items it reads, so sizes and folders need not be in it:
     # a larger --limit re-runs only the filter and the evaluation, not Stage 1, PH3 or the tuning
     base = run_key_base(lm, cfg)
 
     t = time.perf_counter()
-    splits, titles, head_domain, counts = prepare_domains(lm, cfg, state, base, progress)
+    splits, titles, head_domain, counts = prepare_domains(run, base)
     dev = splits[head_domain]
     if head_domain != HEAD_DOMAIN:
         notes.append(f"no {titles.get(HEAD_DOMAIN, HEAD_DOMAIN)} domain: D and PH3-l's items come from "
@@ -551,24 +580,21 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
     t = time.perf_counter()
     key_heads = settings_key({**base, "head_set": [ex.to_json() for ex in dev.head_set], **{f: getattr(cfg, f) for f in (
         "k", "scoring", "shortlist", "alphas_positive", "alphas_negative")}})
-    selection, artifact_json = heads_stage(lm, cfg, state, "heads", key_heads, dev.head_set, "parametric",
-                                           progress, notes)
+    selection, artifact_json = heads_stage(run, "heads", key_heads, dev.head_set, "parametric")
     write_json_atomic(out / "heads.json", artifact_json)
     timings["stage1_heads"] = time.perf_counter() - t
 
     t = time.perf_counter()
     ph3: dict[str, Ph3Scores] = {}
     if cfg.baselines:
-        ph3 = ph3_stage(lm, cfg, state, dev.ph3_dev, dev.head_set,
-                        lambda d: settings_key({**base, "dev": [ex.to_json() for ex in d]}), progress, notes)
+        ph3 = ph3_stage(run, dev.ph3_dev, dev.head_set, lambda d: settings_key({**base, "dev": [ex.to_json() for ex in d]}))
     timings["ph3_heads"] = time.perf_counter() - t
 
     t = time.perf_counter()
     validation = {d: list(s.validation) for d, s in splits.items()}
     key_tuning = settings_key({"heads": key_heads, "ph3": {n: s.effects.tolist() for n, s in ph3.items()},
                                "validation": {d: [ex.to_json() for ex in v] for d, v in validation.items()}})
-    choices = tuning_stage(lm, cfg, state, key_tuning, validation, selection, ph3, "parametric", head_domain,
-                           progress, notes)
+    choices = tuning_stage(run, key_tuning, validation, selection, ph3, "parametric", head_domain)
     timings["tuning"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -579,12 +605,11 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
         methods_order += [m for m in methods if m not in methods_order]
         key_eval = settings_key({"tuning": key_tuning, "choice": choices[domain], "methods": list(methods),
                                  "test": [ex.to_json() for ex in sp.test]})
-        rows = state.load(f"eval_{domain}", key_eval)
-        if rows is None:
-            advance = progress(f"evaluate {titles.get(domain, domain)}", len(sp.test) * len(CONFLICT_TYPES) * len(methods))
-            rows = results_to_json(evaluate(lm, sp.test, methods, max_rows=cfg.max_rows, on_progress=advance))
-            state.save(f"eval_{domain}", key_eval, rows)
-        all_results += results_from_json(rows)
+        all_results += evaluation_stage(
+            run, f"eval_{domain}", key_eval, f"evaluate {titles.get(domain, domain)}",
+            len(sp.test) * len(CONFLICT_TYPES) * len(methods),
+            lambda advance, sp=sp, methods=methods: evaluate(lm, sp.test, methods, max_rows=cfg.max_rows,
+                                                             on_progress=advance))
     timings["evaluation"] = time.perf_counter() - t
 
     known = {(r.domain, r.subject) for r in all_results

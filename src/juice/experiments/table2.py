@@ -31,13 +31,14 @@ from juice.data.contextual import (
     load_contextual,
 )
 from juice.eval.report import difference_markdown, interval_markdown, table2_columns
-from juice.eval.runner import Method, evaluate_contextual, results_from_json, results_to_json, summary
+from juice.eval.runner import Method, evaluate_contextual, results_to_json, summary
 from juice.eval.tables import interval_table
 from juice.experiments.table1 import (
     Progress,
     ReproduceConfig,
     ReproduceResult,
     domain_methods,
+    evaluation_stage,
     heads_stage,
     no_progress,
     ph3_stage,
@@ -105,12 +106,12 @@ def reproduce_contextual(
         ValueError: a data file does not parse (MemoTrapFormatError, or a malformed NQ-Swap row);
             raised before the model loads.
     """
-    notes: list[str] = []
     out = Path(cfg.out_dir)
     root = resolve_data_root(cfg)
     for name in CONTEXTUAL_DATASETS:   # bad data fails here, in one line, before the model loads
         load_contextual(name, root)
-    lm, state, timings = start_run(cfg, lm)
+    run, timings = start_run(cfg, lm, progress)
+    lm, notes = run.lm, run.notes
 
     t = time.perf_counter()
     splits, dropped = prepare_contextual(lm, cfg, max_prompt_tokens)
@@ -125,25 +126,22 @@ def reproduce_contextual(
     t = time.perf_counter()
     key_heads = settings_key({**base, **{f: getattr(cfg, f) for f in (
         "k", "scoring", "shortlist", "alphas_positive", "alphas_negative")}})
-    selection, saved = heads_stage(lm, cfg, state, "heads_contextual", key_heads, head.head_set, "contextual",
-                                   progress, notes)
+    selection, saved = heads_stage(run, "heads_contextual", key_heads, head.head_set, "contextual")
     write_json_atomic(out / "heads_contextual.json", saved)
     timings["stage1_heads"] = time.perf_counter() - t
 
     t = time.perf_counter()
     ph3 = {}
     if cfg.baselines:
-        ph3 = ph3_stage(lm, cfg, state, head.ph3_dev, head.head_set,
-                        lambda d: settings_key({**base, "dev": [ex.to_json() for ex in d]}), progress, notes,
-                        direction="contextual")
+        ph3 = ph3_stage(run, head.ph3_dev, head.head_set,
+                        lambda d: settings_key({**base, "dev": [ex.to_json() for ex in d]}), direction="contextual")
     timings["ph3_heads"] = time.perf_counter() - t
 
     t = time.perf_counter()
     validation = {d: list(s.validation) for d, s in splits.items()}
     key_tuning = settings_key({"heads": key_heads, "ph3": {n: s.effects.tolist() for n, s in ph3.items()},
                                "validation": {d: [ex.to_json() for ex in v] for d, v in validation.items()}})
-    choices = tuning_stage(lm, cfg, state, key_tuning, validation, selection, ph3, "contextual", HEAD_DATASET,
-                           progress, notes)
+    choices = tuning_stage(run, key_tuning, validation, selection, ph3, "contextual", HEAD_DATASET)
     timings["tuning"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -158,13 +156,10 @@ def reproduce_contextual(
         order += [m for m in methods if m not in order]
         key_eval = settings_key({"tuning": key_tuning, "choice": choices[name], "methods": list(methods),
                                  "test": [ex.to_json() for ex in sp.test]})
-        rows = state.load(f"eval_contextual_{name}", key_eval)
-        if rows is None:
-            advance = progress(f"evaluate {CONTEXTUAL_TITLES[name]}", len(sp.test) * len(methods))
-            rows = results_to_json(evaluate_contextual(lm, sp.test, methods, max_rows=cfg.max_rows,
-                                                       on_progress=advance))
-            state.save(f"eval_contextual_{name}", key_eval, rows)
-        all_results += results_from_json(rows)
+        all_results += evaluation_stage(
+            run, f"eval_contextual_{name}", key_eval, f"evaluate {CONTEXTUAL_TITLES[name]}", len(sp.test) * len(methods),
+            lambda advance, sp=sp, methods=methods: evaluate_contextual(lm, sp.test, methods, max_rows=cfg.max_rows,
+                                                                        on_progress=advance))
     timings["evaluation"] = time.perf_counter() - t
 
     boot = dict(resamples=cfg.bootstrap_resamples, seed=cfg.seed)

@@ -1,0 +1,81 @@
+"""The static KV cache (issue 14): fixed-shape decoding steps give the same tokens as the dynamic
+cache on every tiny architecture, for every method, with sampling, repetition penalties, probes,
+teacher forcing and EOS stopping."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from juice.decoding import Sampling, Stream, generate
+from juice.heads import HeadSelection
+from juice.interventions import Head
+from juice.steering import ORIGINAL, JuICE, JuNE
+
+PROMPTS = ["the capital of france is", "a b c d e f g h i j k l m n the capital of", "x y"]
+
+
+def _streams(lm) -> list[Stream]:
+    sel = HeadSelection((Head(0, 0), Head(1, 1)), (Head(1, 0),))
+    juice, june = JuICE(lm, sel, 2.0, -1.0), JuNE(lm, sel, 1.5, -0.5)
+    out = [Stream(i, s) for i in range(len(PROMPTS)) for s in (ORIGINAL, juice, june)]
+    out += [Stream(1, juice, Sampling(temperature=0.8, top_k=20, seed=3)), Stream(2, june, repetition_penalty=1.3)]
+    return out
+
+
+def test_static_cache_equals_dynamic_cache(tiny):
+    streams = _streams(tiny)
+    probes = torch.tensor([[5, 7]] * len(streams))
+    dynamic = generate(tiny, PROMPTS, streams, 6, probe_tokens=probes, max_rows=64)
+    static = generate(tiny, PROMPTS, streams, 6, probe_tokens=probes, max_rows=64, kv_cache="static")
+    assert torch.equal(static.tokens, dynamic.tokens)
+    assert static.texts == dynamic.texts
+    torch.testing.assert_close(static.first_probs, dynamic.first_probs, rtol=1e-5, atol=1e-6)
+
+
+def test_static_cache_teacher_forcing_and_eos_stop_equal_dynamic(tiny_llama):
+    streams = _streams(tiny_llama)
+    forced = torch.randint(3, 50, (len(streams), 5), generator=torch.Generator().manual_seed(0))
+    a = generate(tiny_llama, PROMPTS, streams, 5, forced_tokens=forced)
+    b = generate(tiny_llama, PROMPTS, streams, 5, forced_tokens=forced, kv_cache="static")
+    torch.testing.assert_close(b.forced_logprobs, a.forced_logprobs, rtol=1e-5, atol=1e-5)
+    a = generate(tiny_llama, PROMPTS, streams, 8, stop_at_eos=True, max_rows=4)
+    b = generate(tiny_llama, PROMPTS, streams, 8, stop_at_eos=True, max_rows=4, kv_cache="static")
+    assert torch.equal(a.tokens, b.tokens)
+
+
+def test_unknown_cache_is_refused(tiny_llama):
+    with pytest.raises(ValueError, match="kv_cache must be one of dynamic, static, not 'paged'"):
+        generate(tiny_llama, PROMPTS, [Stream(0)], 2, kv_cache="paged")
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_gemma3"])
+def test_compiled_step_equals_the_uncompiled_one(fixture, request):
+    """torch.compile traces the head hooks; the compiled fixed-shape step gives the same tokens
+    (the first call compiles: about 30 s on 2 CPU cores). Gemma 3, with its sliding-window cache
+    layers, is the default model's architecture."""
+    lm = request.getfixturevalue(fixture)
+    streams = _streams(lm)[:6]
+    plain = generate(lm, PROMPTS, streams, 8, kv_cache="static")
+    compiled = generate(lm, PROMPTS, streams, 8, kv_cache="static", compile_step=True)
+    assert torch.equal(compiled.tokens, plain.tokens)
+    with pytest.raises(ValueError, match='compile_step needs kv_cache="static"'):
+        generate(lm, PROMPTS, streams, 2, compile_step=True)
+
+
+def test_the_models_default_cache_comes_from_the_environment(monkeypatch, tiny_llama):
+    from conftest import build_tiny
+
+    monkeypatch.setenv("JUICE_KV_CACHE", "static")
+    lm = build_tiny("llama")
+    assert (lm.kv_cache, lm.compile_step, tiny_llama.kv_cache) == ("static", False, "dynamic")
+    seen = []
+    import juice.decoding as decoding
+
+    real = decoding.forward_last
+    monkeypatch.setattr(decoding, "forward_last", lambda *a, **k: seen.append(type(k.get("past")).__name__) or real(*a, **k))
+    generate(lm, PROMPTS[:1], [Stream(0)], 3)
+    assert seen[0] == "StaticCache"
+    monkeypatch.setenv("JUICE_KV_CACHE", "paged")
+    with pytest.raises(ValueError, match="kv_cache must be one of dynamic, static, not 'paged'"):
+        generate(build_tiny("llama"), PROMPTS[:1], [Stream(0)], 3)
