@@ -2,6 +2,13 @@
 
 No download: each model is built with `AutoModelForCausalLM.from_config` and a word-level
 tokenizer made here. float32, as the real models run; equality tests allow float32 rounding (1e-5).
+
+`JUICE_TEST_DEVICE` (default `cpu`) names the device the tiny models run on: `cpu`, `cuda`,
+`cuda:N`, `mps` or `auto` (checked by :func:`juice.models.resolve_device`). `build_tiny` and the
+fixtures `tiny_models`, `tiny`, `tiny_llama` and `tiny_gemma3` put their models there, and the
+tests build their own inputs on `lm.device` and compare results on the CPU. A device this machine
+does not have (`cuda` without a GPU) skips every test that needs a tiny model, with the reason;
+the tests that need none still run. The embedded real model (`real_model`) is not affected.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from juice.models import LoadedModel, wrap_model
+from juice.models import LoadedModel, resolve_device, wrap_model
 
 VOCAB = 160
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -66,16 +73,45 @@ TINY_CONFIGS: dict[str, dict] = {
 }
 
 
+def _resolve_test_device() -> tuple[torch.device | None, str]:
+    """(the device `JUICE_TEST_DEVICE` names, "") or (None, why it cannot be used here)."""
+    name = os.environ.get("JUICE_TEST_DEVICE", "").strip() or "cpu"
+    try:
+        return resolve_device(name), ""
+    except ValueError as err:
+        return None, f"JUICE_TEST_DEVICE={name!r} is not available here: {err}"
+
+
+TEST_DEVICE, TEST_DEVICE_UNAVAILABLE = _resolve_test_device()
+
+
+def tiny_device() -> torch.device:
+    """The device the tiny models run on; skips the calling test (or module, when called at import
+    time) if `JUICE_TEST_DEVICE` names a device this machine does not have."""
+    if TEST_DEVICE is None:
+        pytest.skip(TEST_DEVICE_UNAVAILABLE, allow_module_level=True)
+    return TEST_DEVICE
+
+
+def pytest_report_header(config) -> str:
+    return f"juice tiny models on: {TEST_DEVICE or TEST_DEVICE_UNAVAILABLE}"
+
+
 def build_tiny(model_type: str, seed: int = 0) -> LoadedModel:
+    """A tiny random model of `model_type` on the test device (`JUICE_TEST_DEVICE`); skips if that
+    device is not available. Weights are drawn on the CPU, so every device gets the same model."""
+    device = tiny_device()
     config = AutoConfig.for_model(model_type, **TINY_CONFIGS[model_type])
     torch.manual_seed(seed)
     attn = "eager" if model_type == "gemma2" else None
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
-    return wrap_model(model, make_tokenizer(), name=f"tiny-{model_type}")
+    return wrap_model(model.to(device), make_tokenizer(), name=f"tiny-{model_type}")
 
 
 @pytest.fixture(scope="session")
 def tiny_models() -> dict[str, LoadedModel]:
+    """The session's cache of tiny models by architecture (each on the test device)."""
+    tiny_device()
     return {}
 
 

@@ -31,8 +31,9 @@ def _readout(logits):
 
 @torch.inference_mode()
 def _probs(lm, prompt=PROMPT):
-    ids = encode(lm.tokenizer, [prompt]).input_ids
-    return lm.model(input_ids=ids).logits[0, -1].float().softmax(-1)[TOKENS]
+    """The readout of one plain forward, on the CPU (where `knockout_readout` returns its own)."""
+    ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
+    return lm.model(input_ids=ids).logits[0, -1].float().softmax(-1)[TOKENS].cpu()
 
 
 def _tiny(tiny_models, arch):
@@ -101,8 +102,8 @@ def test_batched_knockouts_equal_one_forward_each(arch, tiny_models):
     comps = all_components(lm.heads.geometry.n_layers)
     clean, batched = knockout_readout(lm, PROMPT, comps, _readout, max_rows=4)   # 3 chunks
     clean_ref, naive = knockout_readout_naive(lm, PROMPT, comps, _readout)
-    torch.testing.assert_close(clean, clean_ref, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(batched, naive, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(clean.cpu(), clean_ref.cpu(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(batched.cpu(), naive.cpu(), atol=1e-6, rtol=1e-5)
     assert (batched - clean).abs().max() > 1e-4   # the knock-outs change something
 
 
@@ -137,7 +138,7 @@ def test_superposition_ranks_equal_a_hand_loop(tiny_llama):
     for ex in items:
         prompt = ex.prompts["substitution"]
         token = answer_first_token(lm.tokenizer, prompt, ex.context_answer)
-        ids = encode(lm.tokenizer, [prompt]).input_ids
+        ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
         with torch.inference_mode():
             p0 = float(lm.model(input_ids=ids).logits[0, -1].softmax(-1)[token])
             for head in hand:

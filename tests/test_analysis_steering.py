@@ -144,7 +144,7 @@ def _capture_layer(lm, layer: int, prompt: str):
     handle = norm.register_forward_hook(lambda m, a, o: store.update(y=a[0], out=o))
     try:
         with projection_input_hooks(lm.heads, {layer: lambda l, x: store.update(h=x) or x}):
-            lm.model(input_ids=encode(lm.tokenizer, [prompt]).input_ids)
+            lm.model(input_ids=encode(lm.tokenizer, [prompt]).input_ids.to(lm.device))
     finally:
         handle.remove()
     return store["h"], store["y"], store["out"]
@@ -176,7 +176,7 @@ def test_post_norm_june_adds_beta_times_the_heads_contribution(tiny_gemma3):
         # registered after post_norm_rows's hook, so it sees the steered output
         handle = norm.register_forward_hook(lambda m, a, o: store.update(out=o))
         try:
-            tiny_gemma3.model(input_ids=encode(tiny_gemma3.tokenizer, [PROMPTS[0]]).input_ids)
+            tiny_gemma3.model(input_ids=encode(tiny_gemma3.tokenizer, [PROMPTS[0]]).input_ids.to(tiny_gemma3.device))
         finally:
             handle.remove()
     torch.testing.assert_close(store["out"] - out, 3.0 * c, rtol=1e-4, atol=1e-5)

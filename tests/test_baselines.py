@@ -23,7 +23,7 @@ QUESTIONS = ["the capital of france is", "w42 is"]
 
 
 def _logits(lm, prompts=PROMPTS):
-    b = encode(lm.tokenizer, prompts)
+    b = encode(lm.tokenizer, prompts).to(lm.device)
     with torch.no_grad():
         return lm.model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids).logits
 
@@ -135,16 +135,16 @@ def test_ph3_pruning_of_k_heads_equals_zeroing_their_slices(tiny):
     with scaled_heads(tiny.heads, steering.coefficients):
         pruned = _logits(tiny)
     edited = _zeroed_copy(tiny, heads)
-    b = encode(tiny.tokenizer, PROMPTS)
+    b = encode(tiny.tokenizer, PROMPTS).to(tiny.device)
     with torch.no_grad():
         reference = edited(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids).logits
     torch.testing.assert_close(pruned, reference, rtol=0, atol=1e-5)
     # and in generation (the cached decoder applies it at every position)
     gen = greedy_generate(tiny, PROMPTS[:1], 5, steering)
-    ids = encode(tiny.tokenizer, PROMPTS[:1]).input_ids
+    ids = encode(tiny.tokenizer, PROMPTS[:1]).input_ids.to(tiny.device)
     with torch.no_grad():
         out = edited.generate(ids, max_new_tokens=5, do_sample=False, attention_mask=torch.ones_like(ids))
-    assert torch.equal(gen.tokens[0], out[0, ids.shape[1]:])
+    assert torch.equal(gen.tokens[0].cpu(), out[0, ids.shape[1]:].cpu())
 
 
 def test_ph3_effects_equal_one_ablation_per_forward(tiny):
@@ -156,7 +156,7 @@ def test_ph3_effects_equal_one_ablation_per_forward(tiny):
             edited = _zeroed_copy(tiny, [(layer, head)])
             total = 0.0
             for cp in prompts:
-                ids = encode(tiny.tokenizer, [cp.prompt]).input_ids
+                ids = encode(tiny.tokenizer, [cp.prompt]).input_ids.to(tiny.device)
                 with torch.no_grad():
                     base = tiny.model(input_ids=ids).logits[0, -1]
                     cut = edited(input_ids=ids).logits[0, -1]
@@ -188,16 +188,16 @@ def test_cad_equals_a_naive_two_branch_rerun(tiny_llama):
     lm = tiny_llama
     cad = cad_generate(lm, PROMPTS, QUESTIONS, 5, alpha=1.0)
     for i, (p, q) in enumerate(zip(PROMPTS, QUESTIONS)):
-        ids_c = encode(lm.tokenizer, [p]).input_ids
-        ids_q = encode(lm.tokenizer, [q]).input_ids
+        ids_c = encode(lm.tokenizer, [p]).input_ids.to(lm.device)
+        ids_q = encode(lm.tokenizer, [q]).input_ids.to(lm.device)
         for step in range(5):
             with torch.no_grad():
                 lc = lm.model(input_ids=ids_c).logits[0, -1]
                 lq = lm.model(input_ids=ids_q).logits[0, -1]
             token = int(contrast(lc, lq, 1.0).argmax())
             assert token == int(cad.tokens[i, step]), (i, step)
-            ids_c = torch.cat([ids_c, torch.tensor([[token]])], 1)
-            ids_q = torch.cat([ids_q, torch.tensor([[token]])], 1)
+            ids_c = torch.cat([ids_c, torch.tensor([[token]], device=lm.device)], 1)
+            ids_q = torch.cat([ids_q, torch.tensor([[token]], device=lm.device)], 1)
 
 
 def test_the_no_context_branch_holds_no_context_token(tiny_llama):
@@ -290,8 +290,8 @@ def test_adacad_equals_a_naive_two_branch_rerun_with_the_jsd_weight(tiny_llama):
     lm = tiny_llama
     ada = cad_generate(lm, PROMPTS, QUESTIONS, 5, alpha=jsd_alpha)
     for i, (p, q) in enumerate(zip(PROMPTS, QUESTIONS)):
-        ids_c = encode(lm.tokenizer, [p]).input_ids
-        ids_q = encode(lm.tokenizer, [q]).input_ids
+        ids_c = encode(lm.tokenizer, [p]).input_ids.to(lm.device)
+        ids_q = encode(lm.tokenizer, [q]).input_ids.to(lm.device)
         for step in range(5):
             with torch.no_grad():
                 lc = lm.model(input_ids=ids_c).logits[0, -1]
@@ -300,14 +300,14 @@ def test_adacad_equals_a_naive_two_branch_rerun_with_the_jsd_weight(tiny_llama):
             assert 0 < a <= 1
             token = int(((1 + a) * lc - a * lq).argmax())
             assert token == int(ada.tokens[i, step]), (i, step)
-            ids_c = torch.cat([ids_c, torch.tensor([[token]])], 1)
-            ids_q = torch.cat([ids_q, torch.tensor([[token]])], 1)
+            ids_c = torch.cat([ids_c, torch.tensor([[token]], device=lm.device)], 1)
+            ids_q = torch.cat([ids_q, torch.tensor([[token]], device=lm.device)], 1)
 
 
 def _naive_adacad(lm, prompt: str, question: str, n: int, probes: list[int]) -> tuple[str, list[float]]:
     """AdaCAD one item at a time, re-running both branches from scratch at every step."""
-    ids_c = encode(lm.tokenizer, [prompt]).input_ids
-    ids_q = encode(lm.tokenizer, [question]).input_ids
+    ids_c = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
+    ids_q = encode(lm.tokenizer, [question]).input_ids.to(lm.device)
     new, first = [], None
     for _ in range(n):
         with torch.no_grad():
@@ -318,8 +318,8 @@ def _naive_adacad(lm, prompt: str, question: str, n: int, probes: list[int]) -> 
             first = [float(adjusted.softmax(-1)[t]) for t in probes]
         token = int(adjusted.argmax())
         new.append(token)
-        ids_c = torch.cat([ids_c, torch.tensor([[token]])], 1)
-        ids_q = torch.cat([ids_q, torch.tensor([[token]])], 1)
+        ids_c = torch.cat([ids_c, torch.tensor([[token]], device=lm.device)], 1)
+        ids_q = torch.cat([ids_q, torch.tensor([[token]], device=lm.device)], 1)
     return lm.tokenizer.decode(new, skip_special_tokens=True), first
 
 
@@ -331,8 +331,8 @@ def _naive_adacad_logprob(lm, prompt: str, question: str, continuation: str) -> 
     total = 0.0
     for j, t in enumerate(cont):
         with torch.no_grad():
-            lc = lm.model(input_ids=torch.tensor([base + cont[:j]])).logits[0, -1]
-            lq = lm.model(input_ids=torch.tensor([q + cont[:j]])).logits[0, -1]
+            lc = lm.model(input_ids=torch.tensor([base + cont[:j]], device=lm.device)).logits[0, -1]
+            lq = lm.model(input_ids=torch.tensor([q + cont[:j]], device=lm.device)).logits[0, -1]
         a = _jsd_bits(lc, lq)
         total += float(((1 + a) * lc - a * lq).log_softmax(-1)[t])
     return total

@@ -25,7 +25,7 @@ def coefficients(lm, beta_plus=2.0, beta_minus=-1.0):
 
 
 def test_logits_helper_equals_the_models_own_head(tiny):
-    b = encode(tiny.tokenizer, PROMPTS)
+    b = encode(tiny.tokenizer, PROMPTS).to(tiny.device)
     with torch.no_grad():
         full = tiny.model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids)
         hidden = tiny.model.base_model(

@@ -32,13 +32,13 @@ def _naive_logprob(lm, prompt, continuation, steering=None):
     base = token_ids(lm.tokenizer, prompt)
     full = token_ids(lm.tokenizer, prompt + continuation)
     cont = full[len(base):]
-    ids = torch.tensor([full])
+    ids = torch.tensor([full], device=lm.device)
     with torch.no_grad():
         if steering is not None and steering.method == "juice":
             layers = [int(i) for i in steering.coefficients.ne(0).any(-1).nonzero().flatten()]
             with captured_heads(lm.heads, layers) as saved:
                 lm.model(input_ids=ids)
-            add = {l: steering.coefficients[l][None, None, :, None] * saved[l] for l in layers}
+            add = {l: steering.coefficients[l].to(saved[l].device)[None, None, :, None] * saved[l] for l in layers}
             with added_to_heads(lm.heads, add):
                 logits = lm.model(input_ids=ids).logits[0]
         else:

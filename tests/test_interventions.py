@@ -14,7 +14,7 @@ PROMPTS = ["the capital of france is paris . the capital of france is", "tennis 
 
 
 def logits(lm, prompts=PROMPTS):
-    b = encode(lm.tokenizer, prompts)
+    b = encode(lm.tokenizer, prompts).to(lm.device)
     with torch.no_grad():
         return lm.model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids).logits
 
@@ -50,14 +50,17 @@ def test_minus_one_equals_zeroing_the_slice_and_editing_the_weights(tiny, layer,
     with scaled_heads(tiny.heads, alphas):
         hooked = logits(tiny)
 
-    zero_slice = lambda _l, x: x.view(*x.shape[:-1], g.n_heads, -1).index_fill(-2, torch.tensor([head]), 0).view(x.shape)
+    def zero_slice(_l, x):
+        index = torch.tensor([head], device=x.device)
+        return x.view(*x.shape[:-1], g.n_heads, -1).index_fill(-2, index, 0).view(x.shape)
+
     from juice.interventions import projection_input_hooks
 
     with projection_input_hooks(tiny.heads, {layer: zero_slice}):
         zeroed = logits(tiny)
 
     edited = _zeroed_slice_copy(tiny, layer, head)
-    b = encode(tiny.tokenizer, PROMPTS)
+    b = encode(tiny.tokenizer, PROMPTS).to(tiny.device)
     with torch.no_grad():
         by_weights = edited(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids).logits
     mask = b.attention_mask.bool()
@@ -83,7 +86,7 @@ def test_scaling_by_alpha_equals_scaling_weight_columns(tiny):
             proj.weight[:, head * d:(head + 1) * d] *= 1 + alpha
         if getattr(proj, "bias", None) is not None:
             bias_before = proj.bias.clone()
-    b = encode(tiny.tokenizer, PROMPTS)
+    b = encode(tiny.tokenizer, PROMPTS).to(tiny.device)
     with torch.no_grad():
         by_weights = edited(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids).logits
     mask = b.attention_mask.bool()
@@ -112,12 +115,12 @@ def test_capture_then_add_equals_scaling(tiny):
     coeff = head_coefficients(g, heads)
     with captured_heads(tiny.heads, [0, 2]) as saved:
         logits(tiny)
-    additions = {l: coeff[l][None, None, :, None] * saved[l] for l in (0, 2)}
+    additions = {l: coeff[l].to(saved[l].device)[None, None, :, None] * saved[l] for l in (0, 2)}
     with added_to_heads(tiny.heads, {0: additions[0]}):
         only_first = logits(tiny)
     with scaled_heads(tiny.heads, head_coefficients(g, {Head(0, 1): 2.0})):
         scaled = logits(tiny)
-    mask = encode(tiny.tokenizer, PROMPTS).attention_mask.bool()
+    mask = encode(tiny.tokenizer, PROMPTS).attention_mask.bool().to(tiny.device)
     torch.testing.assert_close(only_first[mask], scaled[mask], rtol=0, atol=1e-5)
 
 

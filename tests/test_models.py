@@ -28,7 +28,7 @@ def saved_tiny(tmp_path_factory):
 
 def test_loading_a_local_directory_matches_the_model(saved_tiny):
     lm, folder = saved_tiny
-    loaded = load_model(str(folder))
+    loaded = load_model(str(folder), device=lm.device)
     assert loaded.fingerprint()["weights_sha256_16"] == lm.fingerprint()["weights_sha256_16"]
     assert torch.equal(greedy_generate(loaded, PROMPTS, 4).tokens, greedy_generate(lm, PROMPTS, 4).tokens)
 
@@ -40,6 +40,8 @@ def test_hooks_and_caches_work_with_layers_offloaded_by_accelerate(saved_tiny, t
                   "model.layers.2": "cpu", "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
     offloaded = load_model(str(folder), device_map=device_map, offload_folder=tmp_path / "offload")
     assert offloaded.heads.projections[1].weight.device.type == "meta"
+    if lm.device.type != "cpu":   # the references run on the CPU too, like the offloaded model
+        lm = load_model(str(folder), device="cpu")
     sel = HeadSelection((Head(1, 2), Head(0, 0)), (Head(2, 1),))
     steering = Steering("juice", steering_coefficients(lm.heads.geometry, sel, 3.0, -1.0))
     cached = greedy_generate(offloaded, PROMPTS, 5, steering)
@@ -62,7 +64,7 @@ def test_soft_capping_models_load_with_eager_attention(tmp_path):
     lm = build_tiny("gemma2")
     lm.model.save_pretrained(tmp_path)
     lm.tokenizer.save_pretrained(tmp_path)
-    loaded = load_model(str(tmp_path))
+    loaded = load_model(str(tmp_path), device=lm.device)
     assert loaded.model.config._attn_implementation == "eager"
     assert torch.equal(greedy_generate(loaded, PROMPTS, 3).tokens, greedy_generate(lm, PROMPTS, 3).tokens)
 

@@ -49,7 +49,7 @@ def _all_heads(lm) -> list[Head]:
 
 def _outputs(lm, prompt):
     """Token ids, every layer's head outputs `[seq, n_heads, head_dim]`, last-position logits."""
-    ids = encode(lm.tokenizer, [prompt]).input_ids
+    ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
     with torch.no_grad(), captured_heads(lm.heads, range(lm.heads.geometry.n_layers)) as store:
         logits = lm.model(input_ids=ids).logits[0, -1]
     return ids, {l: h[0].clone() for l, h in store.items()}, logits

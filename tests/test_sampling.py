@@ -19,7 +19,7 @@ PROMPTS = ["the capital of france is", "the name of the capital city of japan is
 
 def test_greedy_decoding_equals_hugging_face_generate(tiny):
     """HF stops a row at EOS (and pads it after); ours decodes on: equal up to the first EOS."""
-    batch = encode(tiny.tokenizer, PROMPTS)
+    batch = encode(tiny.tokenizer, PROMPTS).to(tiny.device)
     with torch.inference_mode():
         hf = tiny.model.generate(input_ids=batch.input_ids, attention_mask=batch.attention_mask, max_new_tokens=6,
                                  do_sample=False, pad_token_id=tiny.tokenizer.pad_token_id)
@@ -73,7 +73,7 @@ def test_draw_keeps_only_the_allowed_tokens():
 def test_eos_stop_and_repetition_penalty_equal_hugging_face_generate(tiny):
     """With `stop_at_eos`, tokens equal HF's exactly (HF pads a finished row; we repeat EOS, so
     padding is compared as EOS); with a repetition penalty too, greedy and batched."""
-    batch = encode(tiny.tokenizer, PROMPTS)
+    batch = encode(tiny.tokenizer, PROMPTS).to(tiny.device)
     eos, pad = tiny.tokenizer.eos_token_id, tiny.tokenizer.pad_token_id
     for penalty in (1.0, 1.3, 0.8):
         with torch.inference_mode():
@@ -84,7 +84,7 @@ def test_eos_stop_and_repetition_penalty_equal_hugging_face_generate(tiny):
         ours = generate(tiny, PROMPTS, [Stream(i, repetition_penalty=penalty) for i in range(3)], 8,
                         stop_at_eos=True).tokens
         finished = (ours == eos).long().cumsum(1) - (ours == eos).long() > 0   # after a row's first EOS
-        assert torch.equal(ours.masked_fill(finished, pad), hf), penalty
+        assert torch.equal(ours.masked_fill(finished, pad).cpu(), hf.cpu()), penalty
 
 
 def test_repetition_penalty_changes_only_seen_tokens_and_one_is_a_no_op(tiny_llama):

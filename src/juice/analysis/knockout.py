@@ -199,7 +199,7 @@ def knockout_readout_naive(
     for c in components:
         with knocked_out(lm.heads, {c: _all_rows}):
             out.append(readout(lm.model(input_ids=ids).logits[:, -1].float())[0])
-    return clean, torch.stack(out)
+    return clean.cpu(), torch.stack(out).cpu()   # on the CPU, as knockout_readout's
 
 
 def all_components(n_layers: int) -> list[Component]:

@@ -152,7 +152,8 @@ def cumulative_probs_naive(
         coefficients = head_coefficients(g, {h: alpha for h in ranked[:n]})
         with scaled_heads(lm.heads, coefficients):
             once.append(prob())
-        additions = {l: coefficients[l][None, None, :, None] * saved[l] for l in layers if coefficients[l].any()}
+        additions = {l: coefficients[l].to(saved[l].device)[None, None, :, None] * saved[l]
+                     for l in layers if coefficients[l].any()}
         with added_to_heads(lm.heads, additions):
             twice.append(prob())
     return clean, torch.tensor(once), torch.tensor(twice)
