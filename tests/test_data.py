@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from juice.data.paraconflict import DOMAINS, build_domain, load_facts, load_paraconflict_json
@@ -160,3 +162,64 @@ def test_direction_names_and_their_aliases():
     assert json.dumps({"d": Direction.CONTEXTUAL}) == '{"d": "contextual"}'
     with pytest.raises(ValueError, match="direction must be parametric"):
         Direction.parse("sideways")
+
+
+def _authors_layout(shared_data, root, repeat_test_subject: bool = True):
+    """The authors' repository as it is (`dataset/factual/<domain>_gemma/head_size_4/`), with
+    World Capital and an Official-Language-like copy whose test split repeats its first subject
+    with another distractor (the paper's Official Language test split holds Australia twice)."""
+    import shutil
+
+    factual = root / "dataset" / "factual"
+    for name in ("world_capital", "capital_copy"):
+        shutil.copytree(shared_data / "paraconflict" / "world_capital", factual / f"{name}_gemma" / "head_size_4")
+    if repeat_test_subject:
+        path = factual / "capital_copy_gemma" / "head_size_4" / "unfiltered_test.json"
+        test = json.loads(path.read_text())
+        again = dict(test[0], **{"Distracted Token": "Kazak"})
+        for key in ("Substitution Conflict", "Coherent Conflict"):
+            again[key] = test[0][key].replace(test[0]["Distracted Token"], "Kazak")
+        path.write_text(json.dumps([test[0], again, *test[1:]]))
+    (factual / "world_capital.json").write_text("[]")       # the authors' other files are not domains
+    (factual / "world_capital_gemma" / "head_size_1").mkdir()
+    return factual
+
+
+def test_authors_layout_is_read_as_it_is_and_a_repeated_subject_is_two_items(shared_data, tmp_path):
+    from juice.data.splits import find_paper_domains, load_paper_domains
+
+    factual = _authors_layout(shared_data, tmp_path)
+    assert {d: p.name for d, p in find_paper_domains(factual).items()} == {
+        "capital_copy": "head_size_4", "world_capital": "head_size_4"}
+    domains = load_paper_domains(factual)
+    test = domains["capital_copy"].test
+    assert test[0].subject == test[1].subject and test[0].context_answer != test[1].context_answer
+    assert [ex.uid for ex in test[:3]] == ["unfiltered_test#0", "unfiltered_test#1", "unfiltered_test#2"]
+    assert len({ex.uid for ex in test}) == len(test)
+    assert {ex.domain for ex in test} == {"capital_copy"}
+    # one domain folder of that layout, and its head_size folder, name the domain too
+    assert list(load_paper_domains(factual / "world_capital_gemma")) == ["world_capital"]
+    assert list(load_paper_domains(factual / "world_capital_gemma" / "head_size_4")) == ["world_capital"]
+
+
+def test_item_ids_come_from_where_the_item_is(shared_data):
+    from juice.data.paraconflict import build_domain
+
+    built = build_domain("world_capital")
+    assert [ex.uid for ex in built[:2]] == ["facts#0", "facts#1"]
+    made = ConflictExample("d", "s", ("a",), "c", {"clean": "x", "substitution": "y", "coherent": "z"})
+    other = ConflictExample("d", "s", ("a",), "k", {"clean": "x", "substitution": "y", "coherent": "z"})
+    assert made.uid.startswith("sha256:") and made.uid != other.uid      # content hash by default
+    assert "uid" not in made.to_json()                                    # stage keys hold content only
+
+
+def test_a_malformed_item_in_the_authors_layout_names_file_and_item(shared_data, tmp_path):
+    from juice.data.splits import load_paper_domains
+
+    factual = _authors_layout(shared_data, tmp_path, repeat_test_subject=False)
+    path = factual / "capital_copy_gemma" / "head_size_4" / "filtered_validation.json"
+    rows = json.loads(path.read_text())
+    del rows[2]["Answer"]
+    path.write_text(json.dumps(rows))
+    with pytest.raises(ValueError, match=r"filtered_validation.json: item 2 has no field 'Answer'"):
+        load_paper_domains(factual)

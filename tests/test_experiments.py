@@ -254,3 +254,43 @@ def test_the_filter_stage_is_keyed_on_the_items_content(tiny_llama, tmp_path, mo
     monkeypatch.setattr(rp, "domain_sources", lambda cfg: (changed, {"world_capital": "World Capital"}))
     splits, *_ = rp.prepare_domains(rp.StageRun(tiny_llama, cfg, state), {"seed": 0})
     assert len(calls) > n and "another alias" in splits["world_capital"].test[0].answers
+
+
+def test_a_repeated_test_subject_in_the_authors_layout_is_two_items_in_every_table(shared_data, tiny_llama, tmp_path):
+    """Issue 25: the paper's Official Language test split holds Australia twice (two distractors);
+    the run used to crash after every stage with "two results for ...". Now the authors' folder
+    is read as it is and both items are evaluated, tabulated and reported."""
+    from test_data import _authors_layout
+
+    factual = _authors_layout(shared_data, tmp_path / "data")
+    cfg = ReproduceConfig(out_dir=tmp_path / "out", data=factual, limit=3, validation_size=2, filter=False,
+                          alphas_positive=(1.0,), alphas_negative=(-1.0,), k=2, baselines=False,
+                          bootstrap_resamples=1000)
+    result = reproduce(cfg, lm=tiny_llama)
+    items = json.loads((tmp_path / "out" / "results.json").read_text())["items"]
+    copy = [r for r in items if r["domain"] == "capital_copy" and r["method"] == "Original" and r["conflict_type"] == "clean"]
+    assert [r["item"] for r in copy] == ["unfiltered_test#0", "unfiltered_test#1", "unfiltered_test#2"]
+    assert copy[0]["subject"] == copy[1]["subject"]
+    assert result.table.cells["Original"]["capital_copy"]["clean"].n == 3
+    assert result.splits["capital_copy"]["test"] == 3
+
+
+def test_every_data_check_runs_before_the_model_loads(shared_data, tmp_path, monkeypatch):
+    from test_data import _authors_layout
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the data was checked")
+
+    monkeypatch.setattr(rp, "load_model", no_model)
+    factual = _authors_layout(shared_data, tmp_path / "data")
+    bad = factual / "capital_copy_gemma" / "head_size_4" / "unfiltered_test.json"
+    rows = json.loads(bad.read_text())
+    rows[5]["Coherent Conflict"] = ""
+    bad.write_text(json.dumps(rows))
+    with pytest.raises(ValueError, match=r"unfiltered_test.json: item 5"):
+        reproduce(ReproduceConfig(out_dir=tmp_path / "out", data=factual))
+    bad.write_text("[]")
+    with pytest.raises(ValueError, match=r"unfiltered_test.json: no items"):
+        reproduce(ReproduceConfig(out_dir=tmp_path / "out", data=factual))
+    with pytest.raises(FileNotFoundError, match="no ParaConflict domain"):
+        reproduce(ReproduceConfig(out_dir=tmp_path / "out", data=tmp_path))

@@ -61,8 +61,9 @@ def reproduce(
     full: bool = typer.Option(False, "--full", help="everything: all test items; every known item for validation "
                                                    "(World Capital: half of them, the other half, up to 200, PH3-l's) "
                                                    "or 50 per dataset (contextual); no prompt-length cap"),
-    data: Optional[Path] = typer.Option(None, exists=True, help="parametric: the paper's ParaConflict layout (a folder with one "
-                                                   "sub-folder of split files per domain, or one domain folder)"),
+    data: Optional[Path] = typer.Option(None, exists=True, help="parametric: the paper's ParaConflict files (the authors' "
+                                                   "dataset/factual as it is, a folder with one sub-folder of split files "
+                                                   "per domain, or one domain folder)"),
     data_root: Optional[Path] = typer.Option(None, exists=True, file_okay=False, help="contextual: folder with memotrap/ and nqswap/ "
                                                         "(default $JUICE_DATA or ../shared/data)"),
     seed: int = typer.Option(0),

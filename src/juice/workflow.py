@@ -187,7 +187,7 @@ def evaluate_rows(
                 domain=row.conflict_type, subject=str(i), conflict_type="all", method=name, output=text,
                 correct=correct, follows_context=correct if direction == "contextual" else gives_other,
                 p_parametric=p_par, p_context=p_ctx,
-                follows_parametric=gives_other if direction == "contextual" else correct))
+                follows_parametric=gives_other if direction == "contextual" else correct, item=str(i)))
     return results
 
 

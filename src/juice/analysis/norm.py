@@ -334,7 +334,7 @@ def evaluate_post_norm(lm: LoadedModel, examples: Sequence[ConflictExample], met
                              max_rows=max_rows, on_chunk=on_progress)
     return [ItemResult(domain=ex.domain, subject=ex.subject, conflict_type=t, method=name, output=text,
                        correct=is_correct(text, ex.answers), follows_context=is_correct(text, [ex.context_answer]),
-                       p_parametric=float(p[0]), p_context=float(p[1]))
+                       p_parametric=float(p[0]), p_context=float(p[1]), item=ex.uid)
             for (ex, t, name), text, p in zip(meta, gen.texts, gen.first_probs)]
 
 
@@ -483,7 +483,8 @@ def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_
                          "JuNE (post-norm)": tuple(chosen["june"]), "JuICE (post-norm)": tuple(chosen["juice"])}
         steer = {name: Steering(VARIANTS[name], steering_coefficients(g, setup.selection, *betas[domain][name]))
                  for name in VARIANTS}
-        key_eval = settings_key({"heads": setup.key_heads, "betas": betas[domain], "test": [ex.to_json() for ex in sp.test]})
+        key_eval = settings_key({"heads": setup.key_heads, "betas": betas[domain], "test": [ex.to_json() for ex in sp.test],
+                                 "items": [ex.uid for ex in sp.test]})
         rows = setup.state.load(f"norm_{domain}", key_eval)
         if rows is None:
             test = list(sp.test)
@@ -496,7 +497,7 @@ def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_
             setup.state.save(f"norm_{domain}", key_eval, rows)
         res = results_from_json(rows)
         results += res
-        known |= {(r.domain, r.subject) for r in res if r.method == "Original" and r.conflict_type == "clean" and r.correct}
+        known |= {r.item_key for r in res if r.method == "Original" and r.conflict_type == "clean" and r.correct}
     boot = dict(resamples=options.bootstrap_resamples, seed=options.seed)
 
     def table(keep=None):
@@ -509,7 +510,7 @@ def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_
         main.differences["JuNE (post-norm) - Original"] = june.differences["JuNE (post-norm) - Original"]
         return main
 
-    t_all, t_known = table(), table(lambda r: (r.domain, r.subject) in known)
+    t_all, t_known = table(), table(lambda r: r.item_key in known)
     prompts = [ex.prompts[t] for ex in setup.splits[head_domain].head_set for t in CONFLICT_TYPES]
     heads = [*setup.selection.positive, *setup.selection.negative]
     att = {f"{b:g}": attenuation(lm, prompts, heads, b) for b in ATTENUATION_BETAS}

@@ -204,7 +204,7 @@ def run_paraphrase(lm: LoadedModel, options: AnalysisOptions, progress: Progress
         templates[domain] = {t: [sum(c[t] == i for _, c in drawn) for i in range(5)] for t in CONFLICT_TYPES}
         methods = method_steerings(lm, setup, domain)
         key = settings_key({"heads": setup.key_heads, "betas": setup.betas[domain], "items": [ex.to_json() for ex in items],
-                            "default": [ex.to_json() for ex in sp.test]})
+                            "default": [ex.to_json() for ex in sp.test], "ids": [ex.uid for ex in sp.test]})
         rows = setup.state.load(f"paraphrase_{domain}", key)
         if rows is None:
             advance = progress(f"{setup.titles[domain]}: paraphrased prompts", len(items) * 3 * len(methods) + len(items))
@@ -212,13 +212,13 @@ def run_paraphrase(lm: LoadedModel, options: AnalysisOptions, progress: Progress
             # which items the model knows: Original on the default clean prompt (Table 1's known view)
             clean = evaluate(lm, list(sp.test), {"Original": Steering()}, ("clean",), max_rows=options.max_rows,
                              on_progress=advance)
-            rows = {"results": results_to_json(res), "known": [r.subject for r in clean if r.correct]}
+            rows = {"results": results_to_json(res), "known": [r.item for r in clean if r.correct]}
             setup.state.save(f"paraphrase_{domain}", key, rows)
         results += results_from_json(rows["results"])
         known |= {(domain, s) for s in rows["known"]}
     boot = dict(resamples=options.bootstrap_resamples, seed=options.seed)
     table = interval_table(results, METHODS, **boot)
-    table_known = interval_table(results, METHODS, keep=lambda r: (r.domain, r.subject) in known, **boot)
+    table_known = interval_table(results, METHODS, keep=lambda r: r.item_key in known, **boot)
     mode = {"quick": "quick: World Capital only, |D| = 1, 2 x 2 beta grid, 3 items", "full": "every test item",
             "default": f"reduced: {test_items} test items per domain"}[options.mode]
     result = ParaphraseResult(

@@ -315,10 +315,11 @@ def evaluate_settings(lm: LoadedModel, items: Sequence[ConflictExample], steerin
     return {name: out[name] for name in names}
 
 
-def _item_means(results: Sequence[ItemResult], subjects: Sequence[str]) -> list[float]:
-    by_item: dict[str, list[bool]] = {s: [] for s in subjects}
+def _item_means(results: Sequence[ItemResult], items: Sequence[str]) -> list[float]:
+    """Each item's accuracy over its conflict types, in the order of `items` (item ids)."""
+    by_item: dict[str, list[bool]] = {s: [] for s in items}
     for r in results:
-        by_item[r.subject].append(r.correct)
+        by_item[r.item_key[1]].append(r.correct)
     return [sum(v) / len(v) for v in by_item.values()]
 
 
@@ -390,9 +391,10 @@ def run_robustness(lm: LoadedModel, options: AnalysisOptions, progress: Progress
     results = evaluate_settings(lm, test, steerings, units, options.max_rows, progress)
 
     subjects = [ex.subject for ex in test]
+    items = [ex.uid for ex in test]
     boot = dict(resamples=options.bootstrap_resamples, seed=options.seed)
-    original = cell_of("original", None, results["Original"], subjects, None, **boot)
-    cells = [cell_of(sweep, s, results[name_of[s]], subjects, results["Original"], **boot) for sweep, s in plan]
+    original = cell_of("original", None, results["Original"], items, None, **boot)
+    cells = [cell_of(sweep, s, results[name_of[s]], items, results["Original"], **boot) for sweep, s in plan]
     result = RobustnessResult(
         title=f"Fig. 5: robustness of JuICE and JuNE to |D|, K and (beta+, beta-) on World Capital "
               f"({grid.label} grid{'' if grid.label == 'paper' else ', not the paper size'})",

@@ -194,7 +194,7 @@ def build_domain(domain: str, seed: int = 0) -> list[ConflictExample]:
         rng = random.Random(f"{seed}/{domain}/{fact.subject}")
         context = draw_context_answer(fact, pool, rng)
         prompts = make_prompts(spec, fact.subject, context, rng.randrange(len(spec.coherent)))
-        examples.append(ConflictExample(domain, fact.subject, fact.answers, context, prompts))
+        examples.append(ConflictExample(domain, fact.subject, fact.answers, context, prompts, uid=f"facts#{i}"))
     return examples
 
 
@@ -205,7 +205,8 @@ def load_paraconflict_json(path: str | Path, domain: str | None = None) -> list[
     """Read the paper's ParaConflict JSON schema (`../shared/data/README.md`).
 
     Each item has `Subject`, `Answer`, optional `Answer_ns` (accepted answers), `Distracted Token`
-    (the context answer), `Clean Prompt`, `Substitution Conflict`, `Coherent Conflict`.
+    (the context answer), `Clean Prompt`, `Substitution Conflict`, `Coherent Conflict`. Its id is
+    `<file stem>#<position>` (from 0); a repeated subject is another item.
 
     Raises:
         FileNotFoundError: no such file.
@@ -234,7 +235,8 @@ def load_paraconflict_json(path: str | Path, domain: str | None = None) -> list[
                 raise TypeError("every field must be text")
             answers = tuple(dict.fromkeys([item["Answer"], *others]))
             prompts = {t: item[key].rstrip() for t, key in _JSON_KEYS.items()}
-            examples.append(ConflictExample(domain, item["Subject"], answers, item["Distracted Token"], prompts))
+            examples.append(ConflictExample(domain, item["Subject"], answers, item["Distracted Token"], prompts,
+                                            uid=f"{path.stem}#{i}"))
         except KeyError as missing:
             raise ValueError(f"{path}: item {i} has no field {missing}") from None
         except (TypeError, ValueError) as err:

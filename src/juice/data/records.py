@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -48,6 +50,11 @@ class ConflictExample:
         answers: accepted parametric answers, the canonical one first, then aliases.
         context_answer: the conflicting answer the context asserts; never an accepted answer.
         prompts: conflict type -> prompt text ending right before the answer (no trailing space).
+        uid: the item's id, unique within its domain, that results, tables and stage keys use:
+            where it comes from, `<file stem>#<position>` for a ParaConflict file (e.g.
+            "unfiltered_test#8") and `facts#<row>` for a built-in table; if not given, a hash of
+            the item's content. A subject may repeat (the paper's Official Language test split
+            holds Australia twice, with two distractors): two items, two ids.
     """
 
     domain: str
@@ -55,8 +62,12 @@ class ConflictExample:
     answers: tuple[str, ...]
     context_answer: str
     prompts: dict[str, str] = field(hash=False)
+    uid: str = ""
 
     def __post_init__(self) -> None:
+        if not self.uid:
+            digest = hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode("utf-8")).hexdigest()
+            object.__setattr__(self, "uid", f"sha256:{digest[:12]}")
         if not self.answers or not all(a.strip() for a in self.answers):
             raise ValueError(f"{self.domain}/{self.subject}: every accepted answer must be non-empty")
         if not self.context_answer.strip():
@@ -71,6 +82,7 @@ class ConflictExample:
         return self.answers[0]
 
     def to_json(self) -> dict:
+        """The item's content (the id is not in it: stage keys list the items in order)."""
         return {
             "domain": self.domain,
             "subject": self.subject,

@@ -7,6 +7,7 @@ model answers correctly on the clean prompt, and D and the validation split come
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,19 +45,38 @@ PAPER_SPLIT_FILES = {
     "validation": "filtered_validation.json",
     "test": "unfiltered_test.json",
 }
+"""The split files of one domain folder with |D| = 4 (the paper's setting); other sizes:
+:func:`paper_split_files`."""
+
+MODEL_SUFFIX = "_gemma"
+"""The authors' domain folders are named for the model the splits were made for
+(`world_capital_gemma`); the domain's name is the folder's without it."""
 
 
-def load_paper_splits(folder: str | Path) -> Splits:
+def paper_split_files(head_set_size: int = 4) -> dict[str, str]:
+    """split -> file name in a ParaConflict domain folder for a head set D of `head_set_size` items."""
+    return {**PAPER_SPLIT_FILES, "head_set": f"head_finding_set_size_{head_set_size}.json"}
+
+
+def load_paper_splits(folder: str | Path, head_set_size: int = 4, domain: str | None = None) -> Splits:
     """The paper's own splits of one ParaConflict domain folder (made for Gemma-2b).
+
+    Args:
+        folder: holds `head_finding_set_size_<n>.json`, `filtered_validation.json`,
+            `unfiltered_test.json`.
+        head_set_size: n, the size of D the folder was made for.
+        domain: the items' domain; default the folder's name.
 
     Raises:
         FileNotFoundError: a split file is missing (the message lists the expected names).
+        ValueError: a file is malformed (the message names the file, the item and the field).
     """
     folder = Path(folder)
-    missing = [name for name in PAPER_SPLIT_FILES.values() if not (folder / name).is_file()]
+    names = paper_split_files(head_set_size)
+    missing = [name for name in names.values() if not (folder / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{folder} lacks {', '.join(missing)} (expected the ParaConflict split files)")
-    parts = {key: tuple(load_paraconflict_json(folder / name)) for key, name in PAPER_SPLIT_FILES.items()}
+    parts = {key: tuple(load_paraconflict_json(folder / name, domain)) for key, name in names.items()}
     return Splits(**parts)
 
 
@@ -69,44 +89,89 @@ class DomainPool:
     test: tuple[ConflictExample, ...]
 
 
-def _has_split_files(folder: Path) -> bool:
-    return any((folder / name).is_file() for name in PAPER_SPLIT_FILES.values())
+def _has_split_files(folder: Path, head_set_size: int) -> bool:
+    return any((folder / name).is_file() for name in paper_split_files(head_set_size).values())
 
 
-def load_paper_domains(folder: str | Path) -> dict[str, DomainPool]:
-    """The paper's ParaConflict layout: a folder with one sub-folder per domain (or one domain
-    folder), each holding `head_finding_set_size_4.json`, `filtered_validation.json` and
-    `unfiltered_test.json` (PROTOCOL.md, "Splits per domain").
+def find_paper_domains(folder: str | Path, head_set_size: int = 4) -> dict[str, Path]:
+    """The domain folders under `folder`, by domain name, in name order.
 
-    The development pool is the head-finding set followed by the validation file (made for
-    Gemma-2b; re-filtered for the loaded model by the pipeline), so a model that knows the
-    paper's D gets the same D. The test split is `unfiltered_test.json`.
+    Accepted layouts (the split files of :func:`paper_split_files`):
 
-    Returns:
-        domain (the sub-folder's name) -> pool and test, sub-folders in name order.
+    - one domain folder holding the split files (the domain is its name; a folder named
+      `head_size_<n>` takes its parent's name);
+    - a folder of domain folders (`world_capital/`, ...), each holding the split files;
+    - the authors' repository as it is, `dataset/factual/`: `<domain>_gemma/head_size_<n>/`.
+
+    A domain folder's trailing `_gemma` (:data:`MODEL_SUFFIX`) is dropped from its name.
 
     Raises:
-        FileNotFoundError: no domain folder, or a domain folder lacks a split file (the message
-            lists the expected names).
-        ValueError: a subject is in the test file and in the head-finding or validation file.
+        FileNotFoundError: `folder` does not exist or holds no domain folder.
+        ValueError: two folders give the same domain name.
     """
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"no ParaConflict folder at {folder}")
-    folders = [folder] if _has_split_files(folder) else sorted(
-        f for f in folder.iterdir() if f.is_dir() and _has_split_files(f))
-    if not folders:
-        raise FileNotFoundError(f"{folder} holds no ParaConflict domain (expected sub-folders with "
-                                f"{', '.join(PAPER_SPLIT_FILES.values())})")
+    sized = f"head_size_{head_set_size}"
+
+    def name_of(f: Path) -> str:
+        name = f.parent.name if f.name == sized else f.name
+        return name[: -len(MODEL_SUFFIX)] if name.endswith(MODEL_SUFFIX) else name
+
+    if _has_split_files(folder, head_set_size):
+        found = [folder]
+    else:
+        found = []
+        for sub in sorted(f for f in folder.iterdir() if f.is_dir()):
+            if _has_split_files(sub, head_set_size):
+                found.append(sub)
+            elif _has_split_files(sub / sized, head_set_size):
+                found.append(sub / sized)
+    if not found:
+        raise FileNotFoundError(
+            f"{folder} holds no ParaConflict domain (expected sub-folders with "
+            f"{', '.join(paper_split_files(head_set_size).values())}, or the authors' <domain>_gemma/{sized}/)")
+    out: dict[str, Path] = {}
+    for f in found:
+        name = name_of(f)
+        if name in out:
+            raise ValueError(f"{out[name]} and {f} are both domain {name!r}")
+        out[name] = f
+    return out
+
+
+def load_paper_domains(folder: str | Path, head_set_size: int = 4) -> dict[str, DomainPool]:
+    """The paper's ParaConflict layout (:func:`find_paper_domains`; PROTOCOL.md, "Splits per
+    domain"), every file read and checked before any model work.
+
+    The development pool is the head-finding set followed by the validation file (made for
+    Gemma-2b; re-filtered for the loaded model by the pipeline), so a model that knows the
+    paper's D gets the same D; an item in both files is taken once. The test split is
+    `unfiltered_test.json`. Items are told apart by their id (file and position): a subject that
+    repeats within a split (the paper's Official Language test split holds Australia twice) is
+    two items.
+
+    Returns:
+        domain -> pool and test, domains in name order.
+
+    Raises:
+        FileNotFoundError: no domain folder, or a domain folder lacks a split file (the message
+            lists the expected names).
+        ValueError: a malformed file (the file, the item and the field named), a domain with
+            an empty test file, or a subject both in the test file and in the head-finding or
+            validation file.
+    """
     out = {}
-    for f in folders:
-        splits = load_paper_splits(f)
+    for domain, f in find_paper_domains(folder, head_set_size).items():
+        splits = load_paper_splits(f, head_set_size, domain)
         pool: dict[str, ConflictExample] = {}
-        for ex in (*splits.head_set, *splits.validation):
-            pool.setdefault(ex.subject, ex)  # first occurrence of each subject, in file order
-        shared = sorted(set(pool) & {ex.subject for ex in splits.test})
+        for ex in (*splits.head_set, *splits.validation):   # an item in both files is one item
+            pool.setdefault(json.dumps(ex.to_json(), sort_keys=True), ex)
+        if not splits.test:
+            raise ValueError(f"{f / PAPER_SPLIT_FILES['test']}: no items")
+        shared = sorted({ex.subject for ex in pool.values()} & {ex.subject for ex in splits.test})
         if shared:
             raise ValueError(f"{f}: {len(shared)} subjects are both in the test file and in the head-finding or "
                              f"validation file (e.g. {shared[0]!r}); the splits must be disjoint")
-        out[f.name] = DomainPool(tuple(pool.values()), splits.test)
+        out[domain] = DomainPool(tuple(pool.values()), splits.test)
     return out

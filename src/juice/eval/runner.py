@@ -96,6 +96,9 @@ class ItemResult:
         follows_context: the output gives the context answer (parametric direction) instead.
         p_parametric, p_context: first-step probabilities of the parametric and the context
             answer's first token.
+        item: the item's id within its domain (:attr:`juice.data.records.ConflictExample.uid`;
+            for MemoTrap / NQ-Swap items and your own rows, the same as `subject`). Results of
+            runs saved before it existed read as "" and are keyed by their subject.
     """
 
     domain: str
@@ -109,6 +112,13 @@ class ItemResult:
     p_context: float
     follows_parametric: bool | None = None   # contextual direction: output gives the memorised answer
     likelihood_correct: bool | None = None   # MemoTrap: the target class is the more likely one
+    item: str = ""
+
+    @property
+    def item_key(self) -> tuple[str, str]:
+        """(domain, item id) that tells this result's item from every other in a run (the
+        subject for results saved without an item id)."""
+        return self.domain, self.item or self.subject
 
 
 @dataclass(frozen=True)
@@ -209,7 +219,7 @@ def evaluate(
             domain=ex.domain, subject=ex.subject, conflict_type=t, method=name, output=text,
             correct=is_correct(text, ex.answers),
             follows_context=is_correct(text, [ex.context_answer]),
-            p_parametric=float(probs[0]), p_context=float(probs[1]),
+            p_parametric=float(probs[0]), p_context=float(probs[1]), item=ex.uid,
         ))
     return results
 
@@ -255,7 +265,7 @@ def evaluate_contextual(
                 domain=ex.dataset, subject=ex.uid, conflict_type=CONTEXT_TYPE, method=name, output=text,
                 correct=correct, follows_context=correct,
                 p_parametric=float(probs[0]), p_context=float(probs[1]),
-                follows_parametric=contextual_correct(ex, text, ex.parametric_answers),
+                follows_parametric=contextual_correct(ex, text, ex.parametric_answers), item=ex.uid,
             )
     if likelihood:
         memo = [(i, ex) for i, ex in enumerate(examples) if ex.metric == "memotrap"]

@@ -8,7 +8,7 @@ the mean of that group's column accuracies (the paper's average over domains; co
 item are left out), its interval a bootstrap that resamples within each column
 (:func:`juice.eval.stats.stratified_interval`); its n counts every item.
 
-Differences compare methods item by item (same domain, subject and conflict type): the focus
+Differences compare methods item by item (same domain, item id and conflict type): the focus
 method (JuICE) against every other method, and every method against the baseline (Original).
 """
 
@@ -87,9 +87,10 @@ def interval_table(
     outcome: dict[str, dict[tuple[str, str, str], bool]] = defaultdict(dict)
     for r in results:
         if r.method in methods and (keep is None or keep(r)):
-            key = (r.domain, r.subject, r.conflict_type)
+            key = (*r.item_key, r.conflict_type)
             if key in outcome[r.method]:
-                raise ValueError(f"{r.method}: two results for {key} (duplicate subjects in a domain?)")
+                raise ValueError(f"{r.method}: two results for item {key[1]!r} ({r.subject}) of {key[0]}, "
+                                 f"{key[2]}: an item was evaluated twice")
             outcome[r.method][key] = r.correct
     columns = list(dict.fromkeys(key[0] for o in outcome.values() for key in o))
     groups = list(dict.fromkeys(key[2] for o in outcome.values() for key in o))

@@ -188,7 +188,7 @@ def domain_sources(cfg: ReproduceConfig) -> tuple[dict[str, DomainPool], dict[st
     order. With `cfg.data`: the paper's layout (:func:`juice.data.splits.load_paper_domains`).
     """
     if cfg.data is not None:
-        sources = load_paper_domains(cfg.data)
+        sources = load_paper_domains(cfg.data, cfg.head_set_size)
         titles = {d: DOMAINS[d].title if d in DOMAINS else d.replace("_", " ").title() for d in sources}
     else:
         sources = {}
@@ -604,7 +604,7 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
         methods = domain_methods(lm, selection, choices[domain], cfg.baselines, list(ph3))
         methods_order += [m for m in methods if m not in methods_order]
         key_eval = settings_key({"tuning": key_tuning, "choice": choices[domain], "methods": list(methods),
-                                 "test": [ex.to_json() for ex in sp.test]})
+                                 "test": [ex.to_json() for ex in sp.test], "items": [ex.uid for ex in sp.test]})
         all_results += evaluation_stage(
             run, f"eval_{domain}", key_eval, f"evaluate {titles.get(domain, domain)}",
             len(sp.test) * len(CONFLICT_TYPES) * len(methods),
@@ -612,16 +612,16 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
                                                              on_progress=advance))
     timings["evaluation"] = time.perf_counter() - t
 
-    known = {(r.domain, r.subject) for r in all_results
+    known = {r.item_key for r in all_results
              if r.method == "Original" and r.conflict_type == "clean" and r.correct}
     boot = dict(resamples=cfg.bootstrap_resamples, seed=cfg.seed)
     result = ReproduceResult(
         config=cfg, model=lm.fingerprint(), selection=selection, choices=choices,
         table=interval_table(all_results, methods_order, **boot),
-        table_known=interval_table(all_results, methods_order, keep=lambda r: (r.domain, r.subject) in known, **boot),
+        table_known=interval_table(all_results, methods_order, keep=lambda r: r.item_key in known, **boot),
         summary=summary(all_results), timings=timings,
         splits={d: {"head_set": len(s.head_set), "validation": len(s.validation), "ph3_dev": len(s.ph3_dev),
-                    "test": len(s.test), "test_known": sum((d, ex.subject) in known for ex in s.test),
+                    "test": len(s.test), "test_known": sum((d, ex.uid) in known for ex in s.test),
                     **{f"pool_{k}": v for k, v in counts[d].items()}} for d, s in splits.items()},
         domains=list(splits), titles=titles, notes=notes, methods=tuple(methods_order), head_domain=head_domain,
     )
