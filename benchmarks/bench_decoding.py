@@ -8,7 +8,7 @@ from _common import measure, report
 
 from juice.data.paraconflict import build_domain
 from juice.decoding import greedy_generate
-from juice.heads import HeadSelection
+from juice.interventions import HeadSelection
 from juice.interventions import Head
 from juice.models import load_model
 from juice.reference import greedy_generate_naive

@@ -8,7 +8,7 @@ from _common import measure, report
 
 from juice.data.paraconflict import build_domain
 from juice.eval.runner import evaluate
-from juice.heads import HeadSelection
+from juice.interventions import HeadSelection
 from juice.interventions import Head
 from juice.models import load_model
 from juice.steering import Steering, steering_coefficients

@@ -26,7 +26,7 @@ import torch
 
 from juice.data.paraconflict import build_domain
 from juice.decoding import Stream, generate
-from juice.heads import HeadSelection
+from juice.interventions import HeadSelection
 from juice.interventions import Head
 from juice.models import LoadedModel, load_model, wrap_model
 from juice.steering import Steering, steering_coefficients

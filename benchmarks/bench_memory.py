@@ -16,7 +16,8 @@ from _common import measure
 from juice.budget import auto_max_rows
 from juice.data.paraconflict import build_domain
 from juice.decoding import Stream, generate
-from juice.heads import ALPHAS_NEGATIVE, ALPHAS_POSITIVE, HeadSelection
+from juice.interventions import HeadSelection
+from juice.stage1 import ALPHAS_NEGATIVE, ALPHAS_POSITIVE
 from juice.interventions import Head
 from juice.models import load_model
 from juice.steering import Steering, steering_coefficients

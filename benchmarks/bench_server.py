@@ -31,10 +31,11 @@ import uvicorn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from juice.heads import HeadsArtifact, HeadSelection, load_heads
+from juice.interventions import HeadSelection
+from juice.stage1 import HeadsArtifact, load_heads
 from juice.interventions import Head  # noqa: E402
 from juice.models import load_model  # noqa: E402
-from juice.server import create_app  # noqa: E402
+from juice.apps.server import create_app  # noqa: E402
 
 README_HEADS = HeadSelection(tuple(map(Head.parse, "L6H3 L10H0 L8H2 L8H3 L9H3".split())),
                              tuple(map(Head.parse, "L8H0 L3H3 L13H2 L16H3 L10H1".split())))

@@ -20,15 +20,7 @@ from _common import measure, report
 
 from juice.data.paraconflict import build_domain
 from juice.data.splits import split_test
-from juice.heads import (
-    ALPHAS_NEGATIVE,
-    ALPHAS_POSITIVE,
-    attribution_scores,
-    hybrid_scores,
-    score_heads,
-    scoring_prompts,
-    select_heads,
-)
+from juice.stage1 import ALPHAS_NEGATIVE, ALPHAS_POSITIVE, attribution_scores, hybrid_scores, score_heads, scoring_prompts, select_heads
 from juice.interventions import Head, head_coefficients, scaled_heads
 from juice.models import load_model
 from juice.reference import intervention_probs_naive

@@ -230,14 +230,14 @@ def test_interventions_quick_writes_its_files(tiny_llama, quick_out):
 
 
 def test_analyze_all_quick_writes_a_report_linking_every_file(tiny_llama, quick_out, monkeypatch):
-    import juice.analysis.cli as acli
+    import juice.apps.analyze as acli
 
     monkeypatch.setattr(acli, "load_for", lambda options: tiny_llama)
     real = acli.cli_options
     monkeypatch.setattr(acli, "cli_options", lambda *a: AnalysisOptions(
         **{**real(*a).__dict__, "filter": False, "bootstrap_resamples": 1000}))
-    mine = [(n, m) for n, m in acli._MODULES if n in ("knockout", "superposition", "multiple")]
-    monkeypatch.setattr(acli, "_MODULES", mine)
+    mine = tuple(c for c in acli.COMMANDS if c.module in ("knockout", "superposition", "multiple"))
+    monkeypatch.setattr(acli, "COMMANDS", mine)
     out = quick_out / "all"
     (out / "state").mkdir(parents=True)
     for f in (quick_out / "state").iterdir():                 # the runs above: every prompt is checkpointed
@@ -258,6 +258,6 @@ def test_bad_options_are_one_line_errors(tmp_path):
         AnalysisOptions(max_rows="many")
     with pytest.raises(ValueError, match="plain file stem"):
         write_outputs(tmp_path, "a/b", {}, "")
-    res = CliRunner().invoke(__import__("juice.analysis.cli", fromlist=["x"]).analyze_app,
+    res = CliRunner().invoke(__import__("juice.apps.analyze", fromlist=["x"]).analyze_app,
                              ["knockout", "--quick", "--full"])
     assert res.exit_code != 0 and "--quick or --full" in res.output

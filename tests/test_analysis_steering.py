@@ -23,7 +23,8 @@ from juice.data.paraconflict import DOMAINS, build_domain
 from juice.data.paraphrases import PARAPHRASES, paraphrase_example, paraphrase_templates, template_choice
 from juice.data.records import CONFLICT_TYPES
 from juice.decoding import Stream, generate
-from juice.heads import HeadSelection, score_heads, scoring_prompts, select_heads
+from juice.interventions import HeadSelection
+from juice.stage1 import score_heads, scoring_prompts, select_heads
 from juice.interventions import Head, RowPlan, projection_input_hooks
 from juice.steering import JuICE, JuNE, Steering
 

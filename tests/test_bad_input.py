@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-import juice.cli as cli
+import juice.apps.cli as cli
 
 HEADS = {"format": "juice-heads/1", "model": {"name": "other", "model_type": "llama", "n_layers": 3, "n_heads": 4,
                                                "head_dim": 8, "vocab_size": 160, "weights_sha256_16": "0" * 16},

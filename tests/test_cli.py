@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from juice.cli import app
+from juice.apps.cli import app
 
 
 def test_reproduce_offers_both_directions_and_the_baseline_options():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from juice.decoding import Stream, generate, greedy_generate
-from juice.heads import HeadSelection
+from juice.interventions import HeadSelection
 from juice.interventions import Head
 from juice.reference import greedy_generate_naive
 from juice.steering import Steering, steering_coefficients

@@ -8,7 +8,7 @@ from juice.baselines.prompt import contextual_prompt
 from juice.data.paraconflict import build_domain
 from juice.data.records import ContextualExample
 from juice.eval.runner import Method, evaluate, evaluate_contextual, likelihood_table
-from juice.heads import HeadSelection
+from juice.interventions import HeadSelection
 from juice.interventions import Head, added_to_heads, captured_heads
 from juice.reference import continuation_logprobs
 from juice.steering import Steering, steering_coefficients
@@ -137,6 +137,6 @@ def test_forced_logprobs_match_the_reference_values(tiny):
 
 
 def continuation_ids_(lm, prompt, cont):
-    from juice.decoding import continuation_ids
+    from juice.likelihood import continuation_ids
 
     return continuation_ids(lm.tokenizer, prompt, cont)[1]

@@ -26,7 +26,7 @@ from juice.extras import MissingExtraError
 from juice.userdata import ConflictRow
 from juice.eval.report import interval_markdown
 from juice.plots import have_matplotlib
-import juice.experiments.table1, juice.experiments.table2, juice.server
+import juice.experiments.table1, juice.experiments.table2, juice.apps.server
 lm = build_tiny("llama")
 rows = [ConflictRow("the capital of france is", "paris", "berlin", "clean"),
         ConflictRow("the capital of france is berlin . the capital of france is", "paris", "berlin", "substitution")]
@@ -57,7 +57,7 @@ def test_the_core_runs_without_any_extra():
 
 
 def test_the_command_line_without_its_extra_says_how_to_install_it():
-    code = "import sys; sys.modules['typer'] = None; from juice.extras import run_cli; run_cli()"
+    code = "import sys; sys.modules['typer'] = None; from juice.apps.console import main; main()"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert out.stderr.strip() == ("error: the juice command needs the cli extra: pip install 'juice[cli]' "

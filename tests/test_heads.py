@@ -8,16 +8,7 @@ import pytest
 import torch
 
 from juice.data.paraconflict import build_domain
-from juice.heads import (
-    HeadScores,
-    HeadsFileMismatchError,
-    load_heads,
-    make_artifact,
-    save_heads,
-    score_heads,
-    scoring_prompts,
-    select_heads,
-)
+from juice.stage1 import HeadScores, HeadsFileMismatchError, load_heads, make_artifact, save_heads, score_heads, scoring_prompts, select_heads
 from juice.interventions import Head
 from juice.reference import intervention_probs_naive
 from juice.sweeps import intervention_probs
@@ -70,7 +61,7 @@ def test_score_heads_shapes_and_sign_split(tiny_llama):
     g = tiny_llama.heads.geometry
     assert scores.scores.shape == (3, g.n_layers, g.n_heads, 3)
     torch.testing.assert_close(scores.per_type("+"), scores.scores[..., :2].sum(-1))
-    naive = score_heads(tiny_llama, prompts, (1.0, 3.0), (-1.0,), naive=True)
+    naive = score_heads(tiny_llama, prompts, (1.0, 3.0), (-1.0,), probs=intervention_probs_naive)
     torch.testing.assert_close(scores.scores, naive.scores, rtol=0, atol=1e-5)
 
 
@@ -88,7 +79,7 @@ def test_heads_file_round_trip_and_mismatch(tiny_llama, tiny_gemma3, tmp_path):
 
 
 def test_attribution_is_the_derivative_of_the_exact_score(tiny):
-    from juice.heads import head_attributions
+    from juice.stage1 import head_attributions
 
     g = tiny.heads.geometry
     eps = 1e-2
@@ -102,7 +93,7 @@ def test_attribution_is_the_derivative_of_the_exact_score(tiny):
 
 
 def test_hybrid_scores_the_shortlists_exactly(tiny_llama):
-    from juice.heads import attribution_scores, hybrid_scores, shortlist
+    from juice.stage1 import attribution_scores, hybrid_scores, shortlist
 
     prompts = scoring_prompts(tiny_llama, build_domain("world_capital")[:2])
     approx = attribution_scores(tiny_llama, prompts, (1.0, 3.0), (-1.0,))
@@ -123,7 +114,7 @@ class _Interrupt(Exception):
 
 
 def test_interrupted_stage1_resumes_at_the_next_prompt(tiny_llama, tmp_path, monkeypatch):
-    import juice.heads as sc
+    import juice.stage1.scoring as sc
 
     lm = tiny_llama
     prompts = scoring_prompts(lm, build_domain("world_capital")[:2])

@@ -58,7 +58,7 @@ def test_presets_are_the_records_they_name(tiny_llama):
 def test_the_readme_example_runs(tiny_llama, tmp_path):
     sel = juice.HeadSelection((juice.Head(1, 2),), (juice.Head(0, 1),))
     path = tmp_path / "heads.json"
-    from juice.heads import HeadsArtifact
+    from juice.stage1 import HeadsArtifact
 
     juice.save_heads(HeadsArtifact(tiny_llama.fingerprint(), "parametric", 1, [1.0], [-1.0], sel), path)
     lm = tiny_llama
@@ -81,7 +81,7 @@ def _readme_blocks(heading: str) -> list[str]:
 def test_the_readme_usage_examples_run(tiny_llama, tmp_path, monkeypatch, capsys):
     """The README's three-line example and its RAG loop, verbatim, on a tiny model standing in
     for Gemma (the server examples are covered by tests/test_server.py)."""
-    from juice.heads import HeadsArtifact
+    from juice.stage1 import HeadsArtifact
 
     sel = juice.HeadSelection((juice.Head(1, 2),), (juice.Head(0, 1),))
     tuned = {"juice": {"beta_plus": 3.0, "beta_minus": -1.0}}

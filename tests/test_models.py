@@ -7,7 +7,7 @@ import torch
 from conftest import build_tiny
 
 from juice.decoding import greedy_generate
-from juice.heads import HeadSelection
+from juice.interventions import HeadSelection
 from juice.interventions import Head
 from juice.models import load_model
 from juice.reference import greedy_generate_naive, intervention_probs_naive

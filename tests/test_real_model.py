@@ -7,7 +7,8 @@ import torch
 
 from juice.data.paraconflict import build_domain
 from juice.decoding import greedy_generate
-from juice.heads import HeadSelection, scoring_prompts
+from juice.interventions import HeadSelection
+from juice.stage1 import scoring_prompts
 from juice.interventions import Head
 from juice.reference import greedy_generate_naive, intervention_probs_naive
 from juice.steering import Steering, steering_coefficients

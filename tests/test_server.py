@@ -17,9 +17,10 @@ import openai  # noqa: E402
 import uvicorn  # noqa: E402
 from conftest import build_tiny  # noqa: E402
 
-from juice.heads import HeadsArtifact, HeadSelection
+from juice.interventions import HeadSelection
+from juice.stage1 import HeadsArtifact
 from juice.interventions import Head  # noqa: E402
-from juice.server import create_app  # noqa: E402
+from juice.apps.server import create_app  # noqa: E402
 from juice.steerer import Steerer  # noqa: E402
 
 SEL = HeadSelection((Head(1, 2),), (Head(0, 1),))

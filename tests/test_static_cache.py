@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from juice.decoding import Sampling, Stream, generate
-from juice.heads import HeadSelection
+from juice.decoding import Stream, generate
+from juice.sampling import Sampling
+from juice.interventions import HeadSelection
 from juice.interventions import Head
 from juice.steering import ORIGINAL, JuICE, JuNE
 

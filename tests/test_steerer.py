@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 import juice
-from juice.decoding import Sampling, Stream, generate, greedy_generate
+from juice.decoding import Stream, generate, greedy_generate
+from juice.sampling import Sampling
 from juice.steerer import Steerer, cut_at_stop
 
 PROMPTS = ["the capital of france is", "the name of the capital city of japan is"]

@@ -27,7 +27,7 @@ def test_per_domain_tuning_picks_each_domains_betas_from_its_own_validation_only
     each domain must get its own best point, never the other's or the pooled one."""
     import juice.eval.tuning as tuning
     from juice.data.records import CONFLICT_TYPES
-    from juice.heads import HeadSelection
+    from juice.interventions import HeadSelection
     from juice.interventions import Head
 
     best_of = {"A": grid_name("juice", 1, 0), "B": grid_name("juice", 3, -2)}

@@ -63,8 +63,8 @@ def test_the_papers_files_by_direction(shared_data, tmp_path):
 
 
 def test_identify_on_a_file_records_its_data(tmp_path, capsys):
-    import juice.cli as cli
-    from juice.heads import load_heads
+    import juice.apps.cli as cli
+    from juice.stage1 import load_heads
 
     lm = build_tiny("llama")
     folder = tmp_path / "model"

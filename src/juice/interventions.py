@@ -45,6 +45,15 @@ class Head(NamedTuple):
         return cls(int(layer), int(head))
 
 
+@dataclass(frozen=True)
+class HeadSelection:
+    """Heads to steer: `positive` get beta+, `negative` get beta- (paper Alg. 1 output)."""
+
+    positive: tuple[Head, ...]
+    negative: tuple[Head, ...]
+
+
+
 def check_heads(heads: Sequence[Head], geometry: HeadGeometry) -> None:
     """Raise IndexError if a head or layer index is out of range for `geometry`."""
     for layer, head in heads:

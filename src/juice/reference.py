@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from juice.budget import resolve_max_rows
-from juice.decoding import continuation_ids, sequence_logits
+from juice.likelihood import continuation_ids, sequence_logits
 from juice.interventions import Head, added_to_heads, captured_heads, head_coefficients, scaled_heads
 from juice.models import LoadedModel
 from juice.steering import ORIGINAL, Steering
@@ -87,10 +87,12 @@ def continuation_logprobs(
 
 @torch.inference_mode()
 def intervention_probs_naive(
-    lm: LoadedModel, prompt: str, target_token: int, interventions: Sequence[tuple[Head, float]]
+    lm: LoadedModel, prompt: str, target_token: int, interventions: Sequence[tuple[Head, float]],
+    max_rows: int | str | None = None,
 ) -> tuple[float, Tensor]:
     """Reference for :func:`intervention_probs`: one full forward per intervention, logits at
-    every position. For tests and benchmarks."""
+    every position (`max_rows` is ignored). For tests and benchmarks, as
+    `score_heads(..., probs=intervention_probs_naive)`."""
     ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
     clean = float(lm.model(input_ids=ids).logits[0, -1].float().softmax(-1)[target_token])
     probs = []

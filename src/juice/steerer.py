@@ -20,8 +20,10 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from juice.decoding import Sampling, Stream, generate
-from juice.heads import HeadsArtifact, HeadSelection, load_heads
+from juice.decoding import Stream, generate
+from juice.sampling import Sampling
+from juice.interventions import HeadSelection
+from juice.stage1 import HeadsArtifact, load_heads
 from juice.models import LoadedModel
 from juice.steering import ORIGINAL, JuICE, JuNE, Steering
 
@@ -41,7 +43,7 @@ class Steerer:
 
     Raises:
         ValueError: an unknown method, or steering without heads.
-        juice.heads.HeadsFileMismatchError: the heads file was made for another model.
+        juice.stage1.HeadsFileMismatchError: the heads file was made for another model.
     """
 
     def __init__(self, lm: LoadedModel, heads: HeadSelection | HeadsArtifact | str | Path | None = None, *,
@@ -88,7 +90,7 @@ class Steerer:
             prompts: one prompt or several (BOS is added).
             do_sample: sample instead of greedy decoding; by default, sample iff a temperature > 0
                 is given (Hugging Face's options; prompt i is seeded with `seed + i`).
-            temperature, top_k, top_p: see :class:`juice.decoding.Sampling`.
+            temperature, top_k, top_p: see :class:`juice.sampling.Sampling`.
             stop: strings; each text is cut before the first one found.
             repetition_penalty: Hugging Face's (:class:`juice.decoding.Stream`); 1 is off.
 

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from juice.architectures import HeadGeometry
-from juice.heads import HeadSelection
+from juice.interventions import HeadSelection
 from juice.interventions import Head, check_heads, head_coefficients
 from juice.models import LoadedModel
 

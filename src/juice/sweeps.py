@@ -1,6 +1,6 @@
 """The batched intervention readout: one forward per prompt holds many (head, scale) interventions
 as batch rows, growing layer by layer (paper Alg. 2's inner loop, batched). Stage 1
-(:mod:`juice.heads`), PH3's knock-out scores (:mod:`juice.baselines.ph3`) and the knock-out
+(:mod:`juice.stage1.scoring`), PH3's knock-out scores (:mod:`juice.baselines.ph3`) and the knock-out
 analysis read heads through it.
 
 Row 0 is the clean model. The rows that intervene at layer l are appended at layer l's input as

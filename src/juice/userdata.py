@@ -15,7 +15,7 @@ Accepted files:
   one row per item, label "context", target the contextual answer ("contextual") or the
   memorised one ("parametric"), with the question-only prompt.
 
-Each row becomes a :class:`juice.heads.ScoringPrompt` whose target is the first token of
+Each row becomes a :class:`juice.stage1.ScoringPrompt` whose target is the first token of
 `target` after the prompt.
 """
 

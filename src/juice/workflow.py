@@ -45,7 +45,7 @@ from juice.eval.metrics import is_correct
 from juice.eval.runner import DecodeRequest, ItemResult, Method, as_method, decode_requests
 from juice.eval.tables import AVERAGE, IntervalTable, interval_table
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, GridSetting
-from juice.heads import HeadsArtifact, ScoringPrompt, make_artifact
+from juice.stage1 import HeadsArtifact, ScoringPrompt, make_artifact
 from juice.models import LoadedModel
 from juice.steering import ORIGINAL, JuICE, JuNE, Prune
 from juice.tokens import answer_first_token

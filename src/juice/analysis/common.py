@@ -1,5 +1,5 @@
 """What every `juice analyze` study shares: options, the filtered World Capital items, output
-files, checkpoints, and the typer plumbing.
+files and checkpoints (the commands are :mod:`juice.apps.analyze`).
 
 How to write an analysis module (`juice/analysis/<name>.py`)::
 
@@ -17,21 +17,10 @@ How to write an analysis module (`juice/analysis/<name>.py`)::
         ...
         files = write_outputs(options.out, "name", result.to_json(), markdown, figure)
 
-    def register(app: typer.Typer) -> None:
-        register_command(app, "name", run_name, help="...")  # --model --out --quick --full
-                                                             # --seed --device --max-rows
-A module with options of its own writes its command by hand with the shared annotated types::
+Its command is one entry of `COMMANDS` in :mod:`juice.apps.analyze` (the shared options
+--model --out --quick --full --seed --device --max-rows, and any option of its own); the
+library never imports typer.
 
-    def register(app):
-        @app.command("name")
-        def command(model: ModelOption = DEFAULT_MODEL, out: OutOption = DEFAULT_OUT,
-                    quick: QuickOption = False, full: FullOption = False, seed: SeedOption = 0,
-                    device: DeviceOption = "auto", max_rows: MaxRowsOption = "auto",
-                    my_flag: int = typer.Option(3, help="...")):
-            options = cli_options(model, out, quick, full, seed, device, max_rows)
-            run_cli("name", lambda lm, o, p: run_name(lm, o, p, my_flag=my_flag), options)
-
-`run_cli` loads the model, draws rich progress bars, times the run and prints the files written.
 Sizes: `options.size(default=..., quick=..., full=None)` picks the number of items for the mode
 (`--quick`: a smoke test in <= 3 minutes on 2 CPU cores; default: minutes; `--full`: the paper's
 size, every item).
@@ -41,14 +30,11 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, Protocol
+from typing import Any, Protocol
 
-import typer
 
 from juice.data.records import ConflictExample
 from juice.eval.metrics import is_correct
@@ -278,91 +264,8 @@ def fmt_signed(value: float, digits: int = 3) -> str:
     return f"{value:+.{digits}f}"
 
 
-# ---------------------------------------------------------------- command line
-
-ModelOption = Annotated[str, typer.Option(help="embedded alias, .gguf file, model directory or hub id")]
-OutOption = Annotated[Path, typer.Option(help="output folder (JSON, Markdown, PNG; stage files in state/)")]
-QuickOption = Annotated[bool, typer.Option("--quick", help="a small version for smoke tests (<= 3 min on 2 cores)")]
-FullOption = Annotated[bool, typer.Option("--full", help="the paper's size: every item (slow on a CPU)")]
-SeedOption = Annotated[int, typer.Option(help="data seed (World Capital split and order)")]
-DeviceOption = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N | mps")]
-MaxRowsOption = Annotated[str, typer.Option(help='most rows per batched forward, or "auto"')]
-
-
-def cli_options(model: str, out: Path, quick: bool, full: bool, seed: int, device: str, max_rows: str) -> AnalysisOptions:
-    """:class:`AnalysisOptions` from the shared command-line options; bad values raise
-    `typer.BadParameter` (one line)."""
-    try:
-        return AnalysisOptions(model=model, out=out, quick=quick, full=full, seed=seed, device=device,
-                               max_rows=max_rows)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
-
-
-@contextmanager
-def progress_bars() -> Iterator[Progress]:
-    """Rich progress bars as a `progress(description, total) -> advance(n)` callable."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-    from rich.progress import Progress as Bars
-
-    with Bars(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-              transient=False) as bars:
-        def task(description: str, total: int) -> Callable[[int], None]:
-            tid = bars.add_task(description, total=total)
-            return lambda n: bars.advance(tid, n)
-
-        yield task
-
-
-Runner = Callable[[LoadedModel, AnalysisOptions, Progress], Any]
-
-
-def load_for(options: AnalysisOptions) -> LoadedModel:
-    """Load `options.model` on `options.device`."""
-    from juice.models import load_model
-
-    return load_model(options.model, device=options.device)
-
-
-def run_cli(name: str, run: Runner, options: AnalysisOptions, lm: LoadedModel | None = None) -> Any:
-    """Load the model (unless given), run one analysis with progress bars, print its title, wall
-    time and files. Returns the analysis result."""
-    from rich.console import Console
-
-    console = Console(width=200)
-    lm = lm or load_for(options)
-    start = time.perf_counter()
-    with progress_bars() as task:
-        result = run(lm, options, task)
-    console.print(f"[bold]{result.title}[/bold] ({name}, {time.perf_counter() - start:.0f} s)")
-    for path in result.files:
-        if path.suffix == ".md":
-            console.print(path.read_text(encoding="utf-8"))
-    console.print("wrote " + ", ".join(map(str, result.files)))
-    return result
-
-
-def register_command(app: typer.Typer, name: str, run: Runner, help: str) -> None:
-    """Add `juice analyze <name>` with the shared options (--model --out --quick --full --seed
-    --device --max-rows) that calls `run(lm, options, progress)` through :func:`run_cli`."""
-
-    def command(model: ModelOption = DEFAULT_MODEL, out: OutOption = DEFAULT_OUT, quick: QuickOption = False,
-                full: FullOption = False, seed: SeedOption = 0, device: DeviceOption = "auto",
-                max_rows: MaxRowsOption = "auto") -> None:
-        run_cli(name, run, cli_options(model, out, quick, full, seed, device, max_rows))
-
-    command.__doc__ = help
-    app.command(name, help=help)(command)
-
-
 __all__ = [
-    "AnalysisOptions", "AnalysisResult", "DEFAULT_OUT", "DeviceOption", "FullOption", "MaxRowsOption", "ModelOption",
-    "OutOption", "Progress", "QuickOption", "SeedOption", "WorldCapitalItems", "cli_options", "cut", "fmt_signed",
-    "load_for", "no_progress", "progress_bars", "register_command", "reproduce_config", "run_cli", "save_figure",
-    "unit_checkpoint", "with_answer", "world_capital_items", "write_outputs",
+    "AnalysisOptions", "AnalysisResult", "DEFAULT_OUT", "Progress", "WorldCapitalItems", "cut", "fmt_signed",
+    "no_progress", "reproduce_config", "save_figure", "unit_checkpoint", "with_answer", "world_capital_items",
+    "write_outputs",
 ]

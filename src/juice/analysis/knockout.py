@@ -41,7 +41,6 @@ from juice.analysis.common import (
     Progress,
     cut,
     no_progress,
-    register_command,
     unit_checkpoint,
     world_capital_items,
     write_outputs,
@@ -473,13 +472,6 @@ def run_knockout(lm: LoadedModel, options: AnalysisOptions, progress: Progress =
     return result
 
 
-def register(app) -> None:
-    """Add `juice analyze knockout`."""
-    register_command(app, "knockout", run_knockout,
-                     help="Fig. 3: knock out each layer, its attention and its MLP on filtered World Capital; "
-                          "mean change of the parametric answer's first-token probability per conflict type.")
-
-
 __all__ = ["Component", "KINDS", "KnockoutResult", "all_components", "component_deltas", "count_interval",
            "head_knockout_deltas", "knocked_out", "knockout_readout", "knockout_readout_naive", "mlp_module",
-           "register", "run_knockout"]
+           "run_knockout"]

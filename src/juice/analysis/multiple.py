@@ -40,7 +40,6 @@ from juice.analysis.common import (
     AnalysisOptions,
     Progress,
     no_progress,
-    register_command,
     unit_checkpoint,
     world_capital_items,
     write_outputs,
@@ -336,12 +335,5 @@ def run_multiple(lm: LoadedModel, options: AnalysisOptions, progress: Progress =
     return result
 
 
-def register(app) -> None:
-    """Add `juice analyze interventions` (Table 3 and Fig. 6)."""
-    register_command(app, "interventions", run_multiple,
-                     help="Table 3 and Fig. 6: the top-n individually helpful heads knocked out together, run once "
-                          "(JuNE-style) and run twice (JuICE-style), on held-out coherent conflicts.")
-
-
-__all__ = ["MultipleResult", "NS", "cumulative_plan", "cumulative_probs", "cumulative_probs_naive", "register",
+__all__ = ["MultipleResult", "NS", "cumulative_plan", "cumulative_probs", "cumulative_probs_naive",
            "run_multiple", "split_items"]

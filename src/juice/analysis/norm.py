@@ -44,23 +44,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import typer
 from torch import Tensor, nn
 
 from juice.analysis.common import (
-    DEFAULT_OUT,
     AnalysisOptions,
-    DeviceOption,
-    FullOption,
-    MaxRowsOption,
-    ModelOption,
-    OutOption,
     Progress,
-    QuickOption,
-    SeedOption,
-    cli_options,
     no_progress,
-    run_cli,
     write_outputs,
 )
 from juice.architectures import ModelHeads
@@ -69,7 +58,7 @@ from juice.decoding import Generation, Stream, generate
 from juice.eval.metrics import is_correct
 from juice.eval.runner import ItemResult, evaluate, results_from_json, results_to_json
 from juice.interventions import RowPlan, projection_input_hooks
-from juice.models import DEFAULT_MODEL, LoadedModel
+from juice.models import LoadedModel
 from juice.steering import Steering, steering_coefficients
 from juice.tokens import answer_first_token, encode
 
@@ -579,19 +568,6 @@ def _norm_figure(result: NormResult, model_name: str):
     return fig
 
 
-def register(app: typer.Typer) -> None:
-    """Add `juice analyze norm`."""
-
-    @app.command("norm")
-    def norm(model: ModelOption = DEFAULT_MODEL, out: OutOption = DEFAULT_OUT, quick: QuickOption = False,
-             full: FullOption = False, seed: SeedOption = 0, device: DeviceOption = "auto",
-             max_rows: MaxRowsOption = "auto",
-             test_items: int = typer.Option(10, min=1, help="test items per domain (default mode)")) -> None:
-        """Beyond the paper: JuICE and JuNE before vs after the attention output norm (Gemma 2/3), side by side."""
-        options = cli_options(model, out, quick, full, seed, device, max_rows)
-        run_cli("norm", lambda lm, o, p: run_norm(lm, o, p, test_items=test_items), options)
-
-
 __all__ = ["NormResult", "POST_NORMS", "attenuation", "evaluate_post_norm", "generate_post_norm",
            "greedy_generate_post_norm_naive", "head_contributions", "norm_gain", "post_norm_modules",
-           "post_norm_rows", "register", "run_norm", "tune_post_norm"]
+           "post_norm_rows", "run_norm", "tune_post_norm"]

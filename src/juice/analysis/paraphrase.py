@@ -30,22 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import typer
 
 from juice.analysis.common import (
-    DEFAULT_OUT,
     AnalysisOptions,
-    DeviceOption,
-    FullOption,
-    MaxRowsOption,
-    ModelOption,
-    OutOption,
     Progress,
-    QuickOption,
-    SeedOption,
-    cli_options,
     no_progress,
-    run_cli,
     write_outputs,
 )
 from juice.data.paraconflict import DOMAINS
@@ -56,9 +45,9 @@ from juice.eval.runner import ItemResult, evaluate, results_from_json, results_t
 from juice.eval.tables import IntervalTable, interval_table
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
 from juice.experiments.table1 import ReproduceConfig, StageRun, heads_stage, prepare_domains, run_key_base
-from juice.heads import HeadSelection
+from juice.interventions import HeadSelection
 from juice.io import StageFiles, settings_key
-from juice.models import DEFAULT_MODEL, LoadedModel
+from juice.models import LoadedModel
 from juice.steering import Steering, steering_coefficients
 
 QUICK_BETAS = ((0.0, 2.0), (0.0, -1.0))
@@ -277,17 +266,4 @@ def _figure(result: ParaphraseResult, model_name: str):
     return fig
 
 
-def register(app: typer.Typer) -> None:
-    """Add `juice analyze paraphrase`."""
-
-    @app.command("paraphrase")
-    def paraphrase(model: ModelOption = DEFAULT_MODEL, out: OutOption = DEFAULT_OUT, quick: QuickOption = False,
-                   full: FullOption = False, seed: SeedOption = 0, device: DeviceOption = "auto",
-                   max_rows: MaxRowsOption = "auto",
-                   test_items: int = typer.Option(10, min=1, help="test items per domain (default mode)")) -> None:
-        """App. D paraphrase table: Original, JuNE and JuICE on paraphrased prompts, per domain and conflict type."""
-        options = cli_options(model, out, quick, full, seed, device, max_rows)
-        run_cli("paraphrase", lambda lm, o, p: run_paraphrase(lm, o, p, test_items=test_items), options)
-
-
-__all__ = ["BenchmarkSetup", "ParaphraseResult", "benchmark_setup", "method_steerings", "register", "run_paraphrase"]
+__all__ = ["BenchmarkSetup", "ParaphraseResult", "benchmark_setup", "method_steerings", "run_paraphrase"]

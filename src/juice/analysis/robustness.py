@@ -43,40 +43,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import typer
 
 from juice.analysis.common import (
-    DEFAULT_OUT,
     AnalysisOptions,
-    DeviceOption,
-    FullOption,
-    MaxRowsOption,
-    ModelOption,
-    OutOption,
     Progress,
-    QuickOption,
-    SeedOption,
-    cli_options,
     cut,
     no_progress,
-    run_cli,
     world_capital_items,
     write_outputs,
 )
 from juice.data.records import CONFLICT_TYPES, ConflictExample
 from juice.eval.runner import ItemResult, evaluate, results_from_json, results_to_json
 from juice.eval.stats import Interval, bootstrap_interval, paired_difference_interval
-from juice.heads import (
-    ALPHAS_NEGATIVE,
-    ALPHAS_POSITIVE,
-    HeadScores,
-    HeadSelection,
-    score_heads,
-    scoring_prompts,
-    select_heads,
-)
+from juice.interventions import HeadSelection
+from juice.stage1 import ALPHAS_NEGATIVE, ALPHAS_POSITIVE, HeadScores, score_heads, scoring_prompts, select_heads
 from juice.io import UnitCheckpoint, settings_key
-from juice.models import DEFAULT_MODEL, LoadedModel
+from juice.models import LoadedModel
 from juice.steering import Steering, steering_coefficients
 
 METHODS = {"juice": "JuICE", "june": "JuNE"}
@@ -534,24 +516,5 @@ def robustness_figure(result: RobustnessResult, model_name: str):
     return fig
 
 
-# ---------------------------------------------------------------- command line
-
-
-def register(app: typer.Typer) -> None:
-    """Add `juice analyze robustness`."""
-
-    @app.command("robustness")
-    def robustness(model: ModelOption = DEFAULT_MODEL, out: OutOption = DEFAULT_OUT, quick: QuickOption = False,
-                   full: FullOption = False, seed: SeedOption = 0, device: DeviceOption = "auto",
-                   max_rows: MaxRowsOption = "auto",
-                   split: str = typer.Option("known", help="known (test items the model knows) | unfiltered")) -> None:
-        """Fig. 5: JuICE and JuNE against |D|, K and (beta+, beta-) on World Capital (default: a reduced grid;
-        --full: the paper's)."""
-        if split not in ("known", "unfiltered"):
-            raise typer.BadParameter("split must be known or unfiltered")
-        options = cli_options(model, out, quick, full, seed, device, max_rows)
-        run_cli("robustness", lambda lm, o, p: run_robustness(lm, o, p, split=split), options)
-
-
 __all__ = ["PAPER_GRID", "QUICK_GRID", "REDUCED_GRID", "RobustnessGrid", "RobustnessResult", "Setting", "SweepCell",
-           "heads_by_size", "register", "robustness_grid", "run_robustness"]
+           "heads_by_size", "robustness_grid", "run_robustness"]

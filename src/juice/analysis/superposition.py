@@ -25,7 +25,6 @@ from juice.analysis.common import (
     Progress,
     cut,
     no_progress,
-    register_command,
     unit_checkpoint,
     world_capital_items,
     write_outputs,
@@ -199,11 +198,4 @@ def run_superposition(lm: LoadedModel, options: AnalysisOptions, progress: Progr
     return result
 
 
-def register(app) -> None:
-    """Add `juice analyze superposition`."""
-    register_command(app, "superposition", run_superposition,
-                     help="The superposition table: top-4 heads by context gain under knock-out on substitution "
-                          "conflicts, and their effect on coherent conflicts.")
-
-
-__all__ = ["PAPER_TABLE", "SuperpositionResult", "rank_heads", "register", "run_superposition"]
+__all__ = ["PAPER_TABLE", "SuperpositionResult", "rank_heads", "run_superposition"]

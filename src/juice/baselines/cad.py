@@ -50,15 +50,9 @@ import torch
 from torch import Tensor
 
 from juice.budget import resolve_max_rows
-from juice.decoding import (
-    Generation,
-    continuation_ids,
-    decode_chunks,
-    forward_last,
-    length_buckets,
-    pick_token,
-    sequence_logits,
-)
+from juice.decoding import Generation, decode_chunks, forward_last, length_buckets
+from juice.likelihood import continuation_ids, sequence_logits
+from juice.sampling import pick_token
 from juice.models import LoadedModel
 from juice.tokens import context_length, pad_left, token_ids
 

@@ -54,7 +54,7 @@ Points decided here:
 - *Cost*: for the same reason the patched forward needs the last token alone: one batched
   forward of one token (its position id the prompt's last), every head's output supplied by
   hooks at the output projection's input, one row per sender, appended at the sender's layer (the
-  growing batch of :mod:`juice.heads`), plus one capturing forward on each of the two prompts.
+  growing batch of :mod:`juice.stage1.scoring`), plus one capturing forward on each of the two prompts.
   The test compares it with a full-sequence hooked forward per head.
 - *Paths*: to the logits directly and through the MLPs (Wang et al.'s path "h -> logits"); all
   norms are recomputed, the final one included, none is frozen at its x_org scale. Gemma 2/3 and

@@ -33,7 +33,8 @@ from torch import Tensor
 from juice.baselines.cad import AlphaRule, cad_generate, jsd_alpha
 from juice.baselines.prompt import contextual_prompt, parametric_prompt
 from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample
-from juice.decoding import Stream, continuation_ids, generate
+from juice.decoding import Stream, generate
+from juice.likelihood import continuation_ids
 from juice.eval.metrics import contextual_correct, is_correct, memotrap_match, nqswap_match
 from juice.models import LoadedModel
 from juice.steering import ORIGINAL, Steering

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from juice.baselines.ph3 import PRUNE_K, Ph3Scores, heads_to_prune, pruning
 from juice.data.records import CONFLICT_TYPES, ConflictExample, ContextualExample, Direction
 from juice.eval.runner import ItemResult, evaluate, evaluate_contextual
-from juice.heads import HeadSelection
+from juice.interventions import HeadSelection
 from juice.models import LoadedModel
 from juice.steering import Steering, steering_coefficients
 

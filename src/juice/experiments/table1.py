@@ -55,17 +55,8 @@ from juice.eval.report import difference_markdown, interval_markdown, table1_col
 from juice.eval.runner import ItemResult, Method, evaluate, results_from_json, results_to_json, summary
 from juice.eval.tables import IntervalTable, interval_table
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
-from juice.heads import (
-    ALPHAS_NEGATIVE,
-    ALPHAS_POSITIVE,
-    HeadSelection,
-    attribution_scores,
-    hybrid_scores,
-    make_artifact,
-    score_heads,
-    scoring_prompts,
-    select_heads,
-)
+from juice.interventions import HeadSelection
+from juice.stage1 import ALPHAS_NEGATIVE, ALPHAS_POSITIVE, attribution_scores, hybrid_scores, make_artifact, score_heads, scoring_prompts, select_heads
 from juice.interventions import Head
 from juice.io import StageFiles, UnitCheckpoint, settings_key, write_json_atomic
 from juice.models import DEFAULT_MODEL, LoadedModel, load_model

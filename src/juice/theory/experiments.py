@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from juice.heads import ALPHAS_NEGATIVE, ALPHAS_POSITIVE, HeadScores, select_heads
+from juice.stage1 import ALPHAS_NEGATIVE, ALPHAS_POSITIVE, HeadScores, select_heads
 from juice.interventions import Head
 from juice.theory.construction import Constants, construct, predicted_factual
 from juice.theory.model import TwoLayerTransformer, Vocabulary
@@ -244,7 +244,7 @@ def toy_juice(model, tokens, coefficients: torch.Tensor) -> torch.Tensor:
 def run_juice_vs_june(cfg: ToyConfig, constants: Constants = Constants(C1=8.0, C2=4.0, C3=10.0, C4=10.0),
                       betas=(-0.5, -1.0, -2.0, -3.0)) -> dict[str, Any]:
     """Prop. 5.4: induction dominates (exp(C1) C3 >> exp(C2) C4). Heads are identified with this
-    project's Alg. 3 (`juice.heads.select_heads`) on toy scores (Alg. 2), once on conflict
+    project's Alg. 3 (`juice.stage1.select_heads`) on toy scores (Alg. 2), once on conflict
     sequences only (as PH3 and the proposition identify "context heads") and once with the
     consistency filter over factual-recall and conflict sequences."""
     vocab = Vocabulary(cfg.n_subjects, cfg.n_noise)

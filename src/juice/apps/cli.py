@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from juice.apps.progress import progress_bars
 from juice.models import DEFAULT_MODEL
 
 app = typer.Typer(add_completion=False, help="Steer a language model toward its parametric memory or its context (JuICE).")
@@ -18,7 +17,7 @@ console = Console(width=200)
 
 
 def _add_analyze() -> None:
-    from juice.analysis.cli import analyze_app
+    from juice.apps.analyze import analyze_app
 
     app.add_typer(analyze_app, name="analyze", help="The paper's analyses: knockout (Fig. 3), superposition, "
                   "interventions (Table 3, Fig. 6), robustness (Fig. 5), paraphrase (App. D), norm; all.")
@@ -27,15 +26,8 @@ def _add_analyze() -> None:
 _add_analyze()
 
 
-@contextmanager
 def _progress():
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as bars:
-        def task(description: str, total: int):
-            tid = bars.add_task(description, total=total)
-            return lambda n: bars.advance(tid, n)
-
-        yield task
+    return progress_bars(console)
 
 
 @app.command()
@@ -166,7 +158,7 @@ def identify(
         prepare_domains,
         run_key_base,
     )
-    from juice.heads import make_artifact, save_heads
+    from juice.stage1 import make_artifact, save_heads
     from juice.models import load_model
     from juice.userdata import load_rows
 
@@ -218,7 +210,7 @@ def tune(
 
     Example: juice tune --heads heads.json --data validation.jsonl --methods juice,june,ph3
     """
-    from juice.heads import load_heads, save_heads
+    from juice.stage1 import load_heads, save_heads
     from juice.models import load_model
     from juice.userdata import load_rows
     from juice.workflow import check_tune_methods
@@ -262,7 +254,7 @@ def evaluate(
     Example: juice evaluate --heads heads.json --data test.jsonl --methods original,prompt,juice,june,cad
     """
     from juice.eval.report import difference_markdown, interval_markdown, interval_rich
-    from juice.heads import load_heads
+    from juice.stage1 import load_heads
     from juice.io import write_json_atomic
     from juice.models import load_model
     from juice.userdata import load_rows
@@ -310,7 +302,7 @@ def generate(
     """
     from juice.decoding import Stream
     from juice.decoding import generate as run
-    from juice.heads import load_heads
+    from juice.stage1 import load_heads
     from juice.models import load_model
     from juice.steering import Steering, steering_coefficients
 
@@ -344,9 +336,9 @@ def serve(
     require("server", "juice serve")
     import uvicorn
 
-    from juice.heads import load_heads
+    from juice.stage1 import load_heads
     from juice.models import load_model
-    from juice.server import create_app
+    from juice.apps.server import create_app
 
     for path in heads:
         load_heads(path)   # malformed files fail before the model loads

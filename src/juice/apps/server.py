@@ -33,8 +33,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from juice.data.records import Direction
-from juice.decoding import Sampling, Stream, generate
-from juice.heads import HeadSelection
+from juice.decoding import Stream, generate
+from juice.sampling import Sampling
+from juice.interventions import HeadSelection
 from juice.models import LoadedModel
 from juice.steerer import cut_at_stop
 from juice.steering import ORIGINAL, JuICE, JuNE, Steering

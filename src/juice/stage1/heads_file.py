@@ -1,0 +1,147 @@
+"""The heads file: Stage 1's selection with the model fingerprint, D, the alphas and the
+per-type scores (format `juice-heads/1`), and `juice tune`'s chosen settings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from juice.data.records import ConflictExample, ContextualExample, Direction
+from juice.interventions import Head, HeadSelection, check_heads
+from juice.io import write_json_atomic
+from juice.models import LoadedModel
+from juice.stage1.scoring import HeadScores
+
+
+
+class HeadsFileMismatchError(ValueError):
+    """A heads file made for another model."""
+
+
+@dataclass
+class HeadsArtifact:
+    """What Stage 1 saves: the selection and everything needed to judge and reproduce it."""
+
+    model: dict[str, Any]
+    direction: str
+    k: int
+    alphas_positive: list[float]
+    alphas_negative: list[float]
+    selection: HeadSelection
+    head_set: list[dict] = field(default_factory=list)
+    scores: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)   # where D came from (file, digest, rows)
+    tuned: dict[str, Any] = field(default_factory=dict)  # `juice tune`: method -> chosen setting, and "data"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": "juice-heads/1",
+            "model": self.model,
+            "direction": self.direction,
+            "k": self.k,
+            "alphas_positive": self.alphas_positive,
+            "alphas_negative": self.alphas_negative,
+            "positive_heads": [str(h) for h in self.selection.positive],
+            "negative_heads": [str(h) for h in self.selection.negative],
+            "head_set": self.head_set,
+            "scores": self.scores,
+            "data": self.data,
+            **({"tuned": self.tuned} if self.tuned else {}),
+        }
+
+
+def make_artifact(
+    lm: LoadedModel, scores: HeadScores, selection: HeadSelection, k: int, direction: str,
+    head_set: Sequence[ConflictExample] | Sequence[ContextualExample],
+) -> HeadsArtifact:
+    """Bundle a selection with the model fingerprint, D, the alphas and the per-type scores."""
+    per_head = {}
+    g = lm.heads.geometry
+    for sign in "+-":
+        pt = scores.per_type(sign)
+        per_head[sign] = {
+            str(Head(l, h)): {t: round(float(pt[j, l, h]), 6) for j, t in enumerate(scores.conflict_types)}
+            for l in range(g.n_layers) for h in range(g.n_heads)
+        }
+    return HeadsArtifact(
+        model=lm.fingerprint(),
+        direction=direction,
+        k=k,
+        alphas_positive=list(scores.alphas[: scores.n_positive]),
+        alphas_negative=list(scores.alphas[scores.n_positive:]),
+        selection=selection,
+        head_set=[ex.to_json() for ex in head_set],
+        scores={
+            "positive": per_head["+"],
+            "negative": per_head["-"],
+            "clean_probs": {t: scores.clean_probs[j].tolist() for j, t in enumerate(scores.conflict_types)},
+        },
+    )
+
+
+def save_heads(artifact: HeadsArtifact, path: str | Path) -> None:
+    """Save a heads artifact as JSON (atomically)."""
+    write_json_atomic(path, artifact.to_json())
+
+
+_FINGERPRINT_KEYS = ("model_type", "n_layers", "n_heads", "head_dim", "vocab_size", "weights_sha256_16")
+
+
+def load_heads(path: str | Path, lm: LoadedModel | None = None) -> HeadsArtifact:
+    """Read a heads file; with `lm`, check that it was made for this model.
+
+    Raises:
+        HeadsFileMismatchError: the file's model fingerprint differs from `lm`'s.
+        ValueError: not a juice heads file (not JSON, another format, a missing field, a head
+            name that does not parse); with `lm`, a head outside the model.
+    """
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise ValueError(f"{path} is not a juice heads file: not JSON ({type(err).__name__})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a juice heads file: not UTF-8 text") from None
+    if not isinstance(data, dict) or data.get("format") != "juice-heads/1":
+        raise ValueError(f"{path} is not a juice heads file (no 'format': 'juice-heads/1')")
+    if not isinstance(data.get("model"), dict):
+        raise ValueError(f"{path}: a juice heads file without its model fingerprint")
+    if lm is not None:
+        mine = lm.fingerprint()
+        theirs = data["model"]
+        diff = [k for k in _FINGERPRINT_KEYS if mine.get(k) != theirs.get(k)]
+        if diff:
+            raise HeadsFileMismatchError(
+                f"{path} was made for model {theirs.get('name')!r} ({', '.join(f'{k}={theirs.get(k)}' for k in diff)}); "
+                f"this model is {mine['name']!r} ({', '.join(f'{k}={mine.get(k)}' for k in diff)})"
+            )
+    try:
+        direction = Direction.parse(data.get("direction", ""))
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    try:
+        selection = HeadSelection(
+            tuple(Head.parse(h) for h in data["positive_heads"]), tuple(Head.parse(h) for h in data["negative_heads"])
+        )
+        artifact = HeadsArtifact(
+            data["model"], direction, data["k"], data["alphas_positive"], data["alphas_negative"],
+            selection, data.get("head_set", []), data.get("scores", {}), data.get("data", {}),
+            data.get("tuned", {}),
+        )
+    except KeyError as missing:
+        raise ValueError(f"{path}: a juice heads file without the field {missing}") from None
+    except (TypeError, AttributeError, ValueError):
+        raise ValueError(f"{path}: heads must be lists of names like 'L6H3'") from None
+    if not isinstance(artifact.tuned, dict):
+        raise ValueError(f"{path}: 'tuned' must be an object (method -> setting)")
+    if lm is not None:
+        try:
+            check_heads(list(selection.positive) + list(selection.negative), lm.heads.geometry)
+        except IndexError as err:
+            raise ValueError(f"{path}: {err}") from None
+    return artifact
+
+
