@@ -117,12 +117,12 @@ def test_bad_input_ends_in_one_line(name, argv, expected, tmp_path, monkeypatch,
             raise AssertionError("the model was loaded before the bad input was found")
         return real_load(*args, **kwargs)
 
-    import juice.experiments.table1
+    import juice.pipeline.run
     import juice.models
 
     real_load = juice.models.load_model
     monkeypatch.setattr(juice.models, "load_model", no_model)
-    monkeypatch.setattr(juice.experiments.table1, "load_model", no_model)   # bound at import by the pipelines
+    monkeypatch.setattr(juice.pipeline.run, "load_model", no_model)   # bound at import by the pipelines
     status = cli.main(argv(tmp_path, SHARED / "data"))
     err = capsys.readouterr().err
     assert status == 2, err

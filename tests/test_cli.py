@@ -31,3 +31,10 @@ def test_stage1_is_exact_by_default_and_the_approximations_say_so():
 def test_an_unknown_scoring_is_refused():
     out = CliRunner().invoke(app, ["reproduce", "--scoring", "guess"])
     assert out.exit_code != 0 and "exact, hybrid or attribution" in out.output
+
+
+def test_a_beta_grid_that_is_not_numbers_is_refused_before_anything_loads():
+    for command in (["reproduce"], ["tune", "--heads", __file__, "--data", __file__]):
+        out = CliRunner().invoke(app, [*command, "--beta-minus-grid", "0,-1,x"])
+        assert out.exit_code != 0
+        assert "--beta-minus-grid must be comma-separated finite numbers" in " ".join(out.output.split())

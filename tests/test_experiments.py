@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
-import juice.experiments.table1 as rp
+import juice.pipeline.domains as domains
+import juice.pipeline.run as run_mod
+import juice.pipeline.stages as stages
 from juice.experiments.table1 import ReproduceConfig, reproduce
 
 
@@ -36,6 +39,9 @@ def test_pipeline_evaluates_every_domain_of_the_paper_layout_writes_outputs_and_
     assert results["choices"]["capital_copy"]["chosen_on"] == "capital_copy"   # tuned on its own validation
     assert results["choices"]["world_capital"]["prune"]["PH3-l"]["k"] in (1, 3, 5, 7, 9, 15)
     assert results["protocol"]["scoring"] == "exact"
+    assert results["protocol"]["ph3_scoring"] == {"PH3-l": "path patching", "PH3-s": "path patching"}
+    assert results["protocol"]["beta_grid"] == {"beta_plus": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0],
+                                                "beta_minus": [0.0, -1.0, -2.0, -3.0]}
     cell = results["table"]["cells"]["Original"]["world_capital"]["clean"]
     assert cell["n"] == 3 and cell["low"] <= cell["mean"] <= cell["high"]
     assert "JuICE - Original" in results["table"]["differences"]
@@ -52,8 +58,9 @@ def test_pipeline_evaluates_every_domain_of_the_paper_layout_writes_outputs_and_
         raise AssertionError("stage recomputed")
 
     mp = pytest.MonkeyPatch()
-    for name in ("identify_heads", "tune_per_domain", "path_patching_effects", "clean_outputs"):
-        mp.setattr(rp, name, boom)
+    for module, name in ((stages, "identify_heads"), (stages, "tune_per_domain"), (stages, "path_patching_effects"),
+                         (domains, "clean_outputs")):
+        mp.setattr(module, name, boom)
     try:
         second = reproduce(cfg, lm=tiny_llama)
     finally:
@@ -71,12 +78,12 @@ def test_filtering_gives_known_disjoint_splits_and_stops_decoding_early(tiny_lla
         decoded.extend(ex.subject for ex in examples)
         return [f" {ex.answers[0]} is it" if sum(map(ord, ex.subject)) % 3 == 0 else " no idea" for ex in examples]
 
-    monkeypatch.setattr(rp, "clean_outputs", fake_clean_outputs)
-    monkeypatch.setattr(rp, "prefer_aliases", lambda lm, exs, outs, **kw: list(exs))
+    monkeypatch.setattr(domains, "clean_outputs", fake_clean_outputs)
+    monkeypatch.setattr(domains, "prefer_aliases", lambda lm, exs, outs, **kw: list(exs))
     cfg = ReproduceConfig(out_dir=tmp_path, domains=("world_capital", "athlete_sport"), limit=4,
                           validation_size=3, ph3_dev_size=5)
-    state = rp.StageFiles(tmp_path / "state")
-    splits, _, head, counts = rp.prepare_domains(rp.StageRun(tiny_llama, cfg, state), {"seed": 0})
+    state = run_mod.StageFiles(tmp_path / "state")
+    splits, _, head, counts = domains.prepare_domains(run_mod.StageRun(tiny_llama, cfg, state), {"seed": 0})
     assert head == "world_capital"
     wc = splits["world_capital"]
     assert (len(wc.head_set), len(wc.validation), len(wc.ph3_dev)) == (4, 3, 5)
@@ -151,9 +158,9 @@ def test_contextual_pipeline_runs_writes_table2_and_resumes(tiny_llama, tmp_path
         raise AssertionError("stage recomputed")
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(rp, "tune_per_domain", boom)
-    mp.setattr(rp, "identify_heads", boom)
-    mp.setattr(rp, "path_patching_effects", boom)
+    mp.setattr(stages, "tune_per_domain", boom)
+    mp.setattr(stages, "identify_heads", boom)
+    mp.setattr(stages, "path_patching_effects", boom)
     try:
         second = rc.reproduce_contextual(cfg, lm=tiny_llama)
     finally:
@@ -177,14 +184,14 @@ def test_filter_state_is_keyed_on_the_model_and_the_seed(tiny_llama, tiny_gemma3
         calls.append(lm.name)
         return [f" {ex.answers[0]}" for ex in examples]   # this fake model knows everything
 
-    monkeypatch.setattr(rp, "clean_outputs", fake_clean_outputs)
-    monkeypatch.setattr(rp, "prefer_aliases", lambda lm, exs, outs, **kw: list(exs))
-    state = rp.StageFiles(tmp_path / ".juice-state")
+    monkeypatch.setattr(domains, "clean_outputs", fake_clean_outputs)
+    monkeypatch.setattr(domains, "prefer_aliases", lambda lm, exs, outs, **kw: list(exs))
+    state = run_mod.StageFiles(tmp_path / ".juice-state")
     subjects, recomputed = {}, []
     for lm, seed in ((tiny_llama, 0), (tiny_gemma3, 0), (tiny_llama, 1), (tiny_llama, 0)):
         cfg = ReproduceConfig(domains=("world_capital",), limit=0, validation_size=0, baselines=False, seed=seed)
         before = len(calls)
-        splits, *_ = rp.prepare_domains(rp.StageRun(lm, cfg, state), rp.run_key_base(lm, cfg, command="identify"))
+        splits, *_ = domains.prepare_domains(run_mod.StageRun(lm, cfg, state), run_mod.run_key_base(lm, cfg, command="identify"))
         subjects[(lm.name, seed)] = [ex.subject for ex in splits["world_capital"].head_set]
         recomputed.append(len(calls) > before)
     # another model and another seed recompute; the first setting, run again, reads its own state
@@ -194,21 +201,21 @@ def test_filter_state_is_keyed_on_the_model_and_the_seed(tiny_llama, tiny_gemma3
 
 def test_full_splits_the_head_domains_known_items_between_validation_and_ph3(tiny_llama, tmp_path, monkeypatch):
     """Under --full (validation_size None) PH3-l still gets known development items."""
-    monkeypatch.setattr(rp, "clean_outputs", lambda lm, exs, max_rows, on_progress=None:
+    monkeypatch.setattr(domains, "clean_outputs", lambda lm, exs, max_rows, on_progress=None:
                         [f" {ex.answers[0]}" if sum(map(ord, ex.subject)) % 2 else " no" for ex in exs])
-    monkeypatch.setattr(rp, "prefer_aliases", lambda lm, exs, outs, **kw: list(exs))
+    monkeypatch.setattr(domains, "prefer_aliases", lambda lm, exs, outs, **kw: list(exs))
     cfg = ReproduceConfig(out_dir=tmp_path, domains=("world_capital",), limit=2, validation_size=None,
                           ph3_dev_size=200)
-    splits, *_ = rp.prepare_domains(rp.StageRun(tiny_llama, cfg, rp.StageFiles(tmp_path / "s")), {"seed": 0})
+    splits, *_ = domains.prepare_domains(run_mod.StageRun(tiny_llama, cfg, run_mod.StageFiles(tmp_path / "s")), {"seed": 0})
     wc = splits["world_capital"]
     assert len(wc.ph3_dev) > 0 and abs(len(wc.validation) - len(wc.ph3_dev)) <= 1
 
 
 def test_too_few_known_items_in_the_head_domain_is_a_clear_error(tiny_llama, tmp_path, monkeypatch):
-    monkeypatch.setattr(rp, "clean_outputs", lambda lm, exs, max_rows, on_progress=None: [" no idea"] * len(exs))
+    monkeypatch.setattr(domains, "clean_outputs", lambda lm, exs, max_rows, on_progress=None: [" no idea"] * len(exs))
     cfg = ReproduceConfig(out_dir=tmp_path, domains=("world_capital",), limit=2, validation_size=2)
     with pytest.raises(ValueError, match="answered correctly on the clean prompt"):
-        rp.prepare_domains(rp.StageRun(tiny_llama, cfg, rp.StageFiles(tmp_path / "s")), {"seed": 0})
+        domains.prepare_domains(run_mod.StageRun(tiny_llama, cfg, run_mod.StageFiles(tmp_path / "s")), {"seed": 0})
 
 
 def test_without_the_filter_the_items_used_still_get_the_preferred_alias(tiny_llama, tmp_path, monkeypatch):
@@ -220,12 +227,12 @@ def test_without_the_filter_the_items_used_still_get_the_preferred_alias(tiny_ll
         decoded.extend(examples)
         return [" no idea"] * len(examples)
 
-    monkeypatch.setattr(rp, "clean_outputs", fake_clean_outputs)
-    marked = lambda lm, exs, outs, **kw: [rp.replace(ex, answers=(*ex.answers, "ALIAS")) for ex in exs]
-    monkeypatch.setattr(rp, "prefer_aliases", marked)
+    monkeypatch.setattr(domains, "clean_outputs", fake_clean_outputs)
+    marked = lambda lm, exs, outs, **kw: [replace(ex, answers=(*ex.answers, "ALIAS")) for ex in exs]
+    monkeypatch.setattr(domains, "prefer_aliases", marked)
     cfg = ReproduceConfig(out_dir=tmp_path, domains=("world_capital",), limit=2, validation_size=3, filter=False,
                           baselines=False)
-    splits, _, _, counts = rp.prepare_domains(rp.StageRun(tiny_llama, cfg, rp.StageFiles(tmp_path / "s")), {"seed": 0})
+    splits, _, _, counts = domains.prepare_domains(run_mod.StageRun(tiny_llama, cfg, run_mod.StageFiles(tmp_path / "s")), {"seed": 0})
     wc = splits["world_capital"]
     assert counts["world_capital"]["decoded"] == 4 + 3 == len(decoded) - 2   # D + validation, and the 2 test items
     assert all(ex.answers[-1] == "ALIAS" for ex in (*wc.head_set, *wc.validation, *wc.test))
@@ -239,20 +246,20 @@ def test_the_filter_stage_is_keyed_on_the_items_content(tiny_llama, tmp_path, mo
         calls.append(len(examples))
         return [f" {ex.answers[0]}" for ex in examples]
 
-    monkeypatch.setattr(rp, "clean_outputs", fake_clean_outputs)
-    monkeypatch.setattr(rp, "prefer_aliases", lambda lm, exs, outs, **kw: list(exs))
+    monkeypatch.setattr(domains, "clean_outputs", fake_clean_outputs)
+    monkeypatch.setattr(domains, "prefer_aliases", lambda lm, exs, outs, **kw: list(exs))
     cfg = ReproduceConfig(out_dir=tmp_path, domains=("world_capital",), limit=2, validation_size=1, baselines=False)
-    state = rp.StageFiles(tmp_path / "s")
-    sources, _ = rp.domain_sources(cfg)
-    rp.prepare_domains(rp.StageRun(tiny_llama, cfg, state), {"seed": 0})
+    state = run_mod.StageFiles(tmp_path / "s")
+    sources, _ = domains.domain_sources(cfg)
+    domains.prepare_domains(run_mod.StageRun(tiny_llama, cfg, state), {"seed": 0})
     n = len(calls)
-    rp.prepare_domains(rp.StageRun(tiny_llama, cfg, state), {"seed": 0})
+    domains.prepare_domains(run_mod.StageRun(tiny_llama, cfg, state), {"seed": 0})
     assert len(calls) == n   # same items: read from the state
     first = sources["world_capital"].test[0]
-    changed = {"world_capital": rp.replace(sources["world_capital"], test=(
-        rp.replace(first, answers=(*first.answers, "another alias")), *sources["world_capital"].test[1:]))}
-    monkeypatch.setattr(rp, "domain_sources", lambda cfg: (changed, {"world_capital": "World Capital"}))
-    splits, *_ = rp.prepare_domains(rp.StageRun(tiny_llama, cfg, state), {"seed": 0})
+    changed = {"world_capital": replace(sources["world_capital"], test=(
+        replace(first, answers=(*first.answers, "another alias")), *sources["world_capital"].test[1:]))}
+    monkeypatch.setattr(domains, "domain_sources", lambda cfg: (changed, {"world_capital": "World Capital"}))
+    splits, *_ = domains.prepare_domains(run_mod.StageRun(tiny_llama, cfg, state), {"seed": 0})
     assert len(calls) > n and "another alias" in splits["world_capital"].test[0].answers
 
 
@@ -281,7 +288,7 @@ def test_every_data_check_runs_before_the_model_loads(shared_data, tmp_path, mon
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the data was checked")
 
-    monkeypatch.setattr(rp, "load_model", no_model)
+    monkeypatch.setattr(run_mod, "load_model", no_model)
     factual = _authors_layout(shared_data, tmp_path / "data")
     bad = factual / "capital_copy_gemma" / "head_size_4" / "unfiltered_test.json"
     rows = json.loads(bad.read_text())
@@ -294,3 +301,18 @@ def test_every_data_check_runs_before_the_model_loads(shared_data, tmp_path, mon
         reproduce(ReproduceConfig(out_dir=tmp_path / "out", data=factual))
     with pytest.raises(FileNotFoundError, match="no ParaConflict domain"):
         reproduce(ReproduceConfig(out_dir=tmp_path / "out", data=tmp_path))
+
+
+def test_the_beta_minus_grid_is_a_setting_and_reaches_the_tuning(shared_data, tiny_llama, tmp_path):
+    """The authors' contextual script tunes beta- down to -5 (PROTOCOL.md): `beta_minus_grid`
+    (`--beta-minus-grid`) is the grid the tuning searches, recorded in results.json."""
+    data = _two_domain_folder(shared_data, tmp_path / "data")
+    cfg = ReproduceConfig(out_dir=tmp_path / "out", data=data, limit=2, validation_size=2, filter=False,
+                          alphas_positive=(1.0,), alphas_negative=(-1.0,), k=2, baselines=False,
+                          bootstrap_resamples=1000, beta_plus_grid=(0.0, 1.0), beta_minus_grid=(0.0, -5.0))
+    result = reproduce(cfg, lm=tiny_llama)
+    grid = result.choices["world_capital"]["grid"]
+    assert sorted({(g["beta_plus"], g["beta_minus"]) for g in grid}) == [(0.0, -5.0), (0.0, 0.0), (1.0, -5.0),
+                                                                          (1.0, 0.0)]
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert saved["protocol"]["beta_grid"] == {"beta_plus": [0.0, 1.0], "beta_minus": [0.0, -5.0]}

@@ -14,7 +14,8 @@ from juice.baselines.ph3 import heads_to_prune
 from juice.decoding import greedy_generate
 from juice.eval.metrics import is_correct
 from juice.eval.runner import Method
-from juice.experiments.table1 import ReproduceConfig, score_prompts
+from juice.pipeline.run import ReproduceConfig
+from juice.pipeline.stages import score_prompts
 from juice.stage1 import ScoringPrompt, load_heads, save_heads
 from juice.steerer import Steerer
 from juice.steering import ORIGINAL, JuICE, JuNE

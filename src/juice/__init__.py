@@ -39,7 +39,7 @@ _EXPORTS = {
     "identify": "juice.workflow", "tune": "juice.workflow", "evaluate_file": "juice.workflow",
     "ConflictRow": "juice.userdata", "load_rows": "juice.userdata",
     # the paper's pipelines
-    "ReproduceConfig": "juice.experiments.table1", "reproduce": "juice.experiments.table1",
+    "ReproduceConfig": "juice.pipeline.run", "reproduce": "juice.experiments.table1",
     "reproduce_contextual": "juice.experiments.table2",
 }
 

@@ -117,7 +117,8 @@ def identify(
         FileNotFoundError, ValueError: a missing or malformed file, an unknown direction or scoring.
         EmptyAnswerError: a target that tokenizes to nothing.
     """
-    from juice.experiments.table1 import ReproduceConfig, score_prompts
+    from juice.pipeline.run import ReproduceConfig
+    from juice.pipeline.stages import score_prompts
 
     direction = parse_direction(direction)
     rows, where = _rows(data, direction)

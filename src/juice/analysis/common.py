@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,16 +38,8 @@ from typing import Any, Protocol
 
 from juice.data.records import ConflictExample
 from juice.eval.metrics import is_correct
-from juice.experiments.table1 import (
-    HEAD_DOMAIN,
-    Progress,
-    ReproduceConfig,
-    StageRun,
-    domain_sources,
-    filter_domain,
-    no_progress,
-    run_key_base,
-)
+from juice.pipeline.domains import HEAD_DOMAIN, domain_sources, filter_domain
+from juice.pipeline.run import Progress, ReproduceConfig, StageRun, no_progress, run_key_base
 from juice.io import StageFiles, UnitCheckpoint, settings_key, write_json_atomic
 from juice.models import DEFAULT_MODEL, LoadedModel
 
@@ -167,7 +159,7 @@ def reproduce_config(options: AnalysisOptions) -> ReproduceConfig:
 
 def world_capital_items(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_progress) -> WorldCapitalItems:
     """The built-in World Capital items, split as `juice reproduce` splits them (half of them,
-    seeded, are the test split) and filtered for `lm` (:func:`juice.experiments.table1.filter_domain`).
+    seeded, are the test split) and filtered for `lm` (:func:`juice.pipeline.domains.filter_domain`).
 
     The clean-prompt outputs are cached under `<out>/state/` with a key of the model fingerprint,
     the juice version, the seed and the items, so a second analysis reads them. With `quick`, the

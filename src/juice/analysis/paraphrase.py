@@ -44,7 +44,9 @@ from juice.data.splits import Splits
 from juice.eval.runner import ItemResult, evaluate, results_from_json, results_to_json
 from juice.eval.tables import IntervalTable, interval_table
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
-from juice.experiments.table1 import ReproduceConfig, StageRun, heads_stage, prepare_domains, run_key_base
+from juice.pipeline.domains import prepare_domains
+from juice.pipeline.run import ReproduceConfig, StageRun, run_key_base
+from juice.pipeline.stages import heads_stage
 from juice.interventions import HeadSelection
 from juice.io import StageFiles, settings_key
 from juice.models import LoadedModel
@@ -59,7 +61,7 @@ class BenchmarkSetup:
     """Table 1's stages on one model: splits, heads and per-domain betas (the pre-norm variant).
 
     Attributes:
-        config: the :class:`juice.experiments.table1.ReproduceConfig` behind the stages.
+        config: the :class:`juice.pipeline.run.ReproduceConfig` behind the stages.
         splits: domain -> D (World Capital), validation, test.
         titles: domain -> its title.
         selection: the heads (exact Stage 1 on World Capital's D).
@@ -84,7 +86,7 @@ class BenchmarkSetup:
 
 def benchmark_setup(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_progress, *,
                     test_items: int | None = 10) -> BenchmarkSetup:
-    """Table 1's data, Stage 1 and per-domain tuning (:mod:`juice.experiments.table1`'s stages, cached in
+    """Table 1's data, Stage 1 and per-domain tuning (:mod:`juice.pipeline`'s stages, cached in
     `<out>/state/`), sized by the options' mode (module docstring).
 
     Raises:

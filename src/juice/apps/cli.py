@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Optional
@@ -28,6 +29,23 @@ _add_analyze()
 
 def _progress():
     return progress_bars(console)
+
+
+BETA_MINUS_GRID_HELP = ("tuning grid of beta-, comma-separated (default the paper's 0,-1,-2,-3; the authors' "
+                        "contextual script: 0,-1,-2,-3,-4,-5)")
+
+
+def _grid(text: Optional[str], option: str) -> Optional[tuple[float, ...]]:
+    """A comma-separated grid of finite numbers, or None for the default; a usage error otherwise."""
+    if text is None:
+        return None
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or not all(math.isfinite(v) for v in values):
+        raise typer.BadParameter(f"{option} must be comma-separated finite numbers, e.g. 0,-1,-2, not {text!r}")
+    return values
 
 
 @app.command()
@@ -63,13 +81,14 @@ def reproduce(
     device: str = typer.Option("auto", help="auto (a GPU when there is one) | cpu | cuda | cuda:N | mps"),
     device_map: Optional[str] = typer.Option(None, help='e.g. "auto" to shard the model over GPUs (accelerate)'),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
+    beta_minus_grid: Optional[str] = typer.Option(None, help=BETA_MINUS_GRID_HELP),
 ):
     """Run the paper's Table 1 (parametric) or Table 2 (contextual) protocol and print the tables.
 
     Example: juice reproduce; juice reproduce --direction contextual; juice reproduce --full
     """
     from juice.eval.report import interval_rich, table1_columns, table2_columns
-    from juice.experiments.table1 import ReproduceConfig, scoring_title
+    from juice.pipeline.run import ReproduceConfig, scoring_title
     from juice.experiments.table1 import reproduce as run_parametric
     from juice.experiments.table2 import reproduce_contextual
 
@@ -77,6 +96,7 @@ def reproduce(
         raise typer.BadParameter("direction must be parametric or contextual")
     if scoring not in ("exact", "hybrid", "attribution"):
         raise typer.BadParameter("scoring must be exact, hybrid or attribution")
+    grid = _grid(beta_minus_grid, "--beta-minus-grid")
     cfg = ReproduceConfig(
         model=model, out_dir=out, validation_size=None if full else validation_size,
         limit=None if full else limit if limit is not None else "default",
@@ -85,6 +105,7 @@ def reproduce(
         device_map=device_map, dtype=dtype, baselines=baselines, ph3_dev_size=200 if full else ph3_dev_size,
         ph3_knockout=ph3_knockout, data_root=data_root,
         validation_per_dataset=max(50, validation_per_dataset) if full else validation_per_dataset,
+        **({"beta_minus_grid": grid} if grid else {}),
     )
     start = time.perf_counter()
     with _progress() as task:
@@ -149,15 +170,10 @@ def identify(
 
     Example: juice identify --data my_conflicts.jsonl --direction contextual --out heads.json
     """
-    from juice.experiments.table1 import (
-        ReproduceConfig,
-        StageFiles,
-        StageRun,
-        domain_sources,
-        identify_heads,
-        prepare_domains,
-        run_key_base,
-    )
+    from juice.io import StageFiles
+    from juice.pipeline.domains import domain_sources, prepare_domains
+    from juice.pipeline.run import ReproduceConfig, StageRun, run_key_base
+    from juice.pipeline.stages import identify_heads
     from juice.stage1 import make_artifact, save_heads
     from juice.models import load_model
     from juice.userdata import load_rows
@@ -203,6 +219,7 @@ def tune(
     limit: Optional[int] = typer.Option(None, min=1, help="use the first N rows only"),
     model: str = typer.Option(DEFAULT_MODEL),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
+    beta_minus_grid: Optional[str] = typer.Option(None, help=BETA_MINUS_GRID_HELP),
 ):
     """Choose (beta+, beta-) for JuICE and JuNE (and PH3's k) on validation rows, and write them
     into the heads file with the grid's accuracies: a tuned heads file alone is enough to steer
@@ -216,6 +233,7 @@ def tune(
     from juice.workflow import check_tune_methods
     from juice.workflow import tune as tune_rows
 
+    grid = _grid(beta_minus_grid, "--beta-minus-grid")
     artifact = load_heads(heads)          # malformed input fails before the model loads
     load_rows(data, artifact.direction)
     names = [m.strip().lower() for m in methods.split(",") if m.strip()]
@@ -223,7 +241,8 @@ def tune(
     lm = load_model(model, device=device)
     artifact = load_heads(heads, lm)
     with _progress() as task:
-        chosen = tune_rows(lm, artifact, data, methods=names, limit=limit, progress=task)
+        chosen = tune_rows(lm, artifact, data, methods=names, limit=limit, progress=task,
+                           **({"beta_minus_grid": grid} if grid else {}))
     save_heads(artifact, heads)
     for name, setting in chosen.items():
         what = (f"k = {setting.k} ({', '.join(setting.pruned) or 'none'})" if setting.k is not None

@@ -1,6 +1,6 @@
 """The contextual direction end to end: the paper's Table 2 on one model (Sec. 4.2).
 
-Stages (written atomically to `<out>/state/` and resumed like :mod:`juice.experiments.table1`):
+Stages (the shared stages of :mod:`juice.pipeline`, written atomically to `<out>/state/` and resumed):
 
 1. data: MemoTrap's four subtasks and NQ-Swap from `data_root`; prompts longer than
    `max_prompt_tokens` are dropped first (the default keeps a 2-core run within minutes: some
@@ -33,21 +33,24 @@ from juice.data.contextual import (
 from juice.eval.report import difference_markdown, interval_markdown, table2_columns
 from juice.eval.runner import Method, evaluate_contextual, results_to_json, summary
 from juice.eval.tables import interval_table
-from juice.experiments.table1 import (
+from juice.io import settings_key
+from juice.pipeline.run import (
     Progress,
     ReproduceConfig,
     ReproduceResult,
-    domain_methods,
-    evaluation_stage,
-    heads_stage,
     no_progress,
-    ph3_stage,
     run_key_base,
     scoring_title,
     selection_to_json,
-    settings_key,
     start_run,
-    tuning_stage,
+)
+from juice.pipeline.stages import (
+    domain_methods,
+    evaluation_stage,
+    heads_stage,
+    ph3_and_tuning,
+    ph3_scoring,
+    stage1_key,
 )
 from juice.io import write_json_atomic
 from juice.models import LoadedModel
@@ -124,25 +127,14 @@ def reproduce_contextual(
     timings["data"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    key_heads = settings_key({**base, **{f: getattr(cfg, f) for f in (
-        "k", "scoring", "shortlist", "alphas_positive", "alphas_negative")}})
+    key_heads = stage1_key(base, cfg)
     selection, saved = heads_stage(run, "heads_contextual", key_heads, head.head_set, "contextual")
     write_json_atomic(out / "heads_contextual.json", saved)
     timings["stage1_heads"] = time.perf_counter() - t
 
-    t = time.perf_counter()
-    ph3 = {}
-    if cfg.baselines:
-        ph3 = ph3_stage(run, head.ph3_dev, head.head_set,
-                        lambda d: settings_key({**base, "dev": [ex.to_json() for ex in d]}), direction="contextual")
-    timings["ph3_heads"] = time.perf_counter() - t
-
-    t = time.perf_counter()
     validation = {d: list(s.validation) for d, s in splits.items()}
-    key_tuning = settings_key({"heads": key_heads, "ph3": {n: s.effects.tolist() for n, s in ph3.items()},
-                               "validation": {d: [ex.to_json() for ex in v] for d, v in validation.items()}})
-    choices = tuning_stage(run, key_tuning, validation, selection, ph3, "contextual", HEAD_DATASET)
-    timings["tuning"] = time.perf_counter() - t
+    ph3, choices, key_tuning = ph3_and_tuning(run, base, key_heads, selection, head.ph3_dev, head.head_set, validation,
+                                              "contextual", HEAD_DATASET, timings)
 
     t = time.perf_counter()
     all_results = []
@@ -183,7 +175,11 @@ def _write(result: ReproduceResult, results, out: Path) -> None:
     write_json_atomic(out / "results_contextual.json", {
         "config": asdict(result.config), "model": result.model, "heads": selection_to_json(result.selection),
         "protocol": {"scoring": result.config.scoring, "scoring_label": scoring_title(result.config),
-                     "tuning": "per dataset, on its own validation split", "heads_from": "proverb_ending D"},
+                     "tuning": "per dataset, on its own validation split",
+                     "ph3_scoring": ph3_scoring(result.choices),
+                     "beta_grid": {"beta_plus": list(result.config.beta_plus_grid),
+                                   "beta_minus": list(result.config.beta_minus_grid)},
+                     "heads_from": "proverb_ending D"},
         "choices": result.choices, "table": result.table.to_json(), "accuracy": result.table.means(),
         "likelihood": result.likelihood.to_json() if result.likelihood else None,
         "summary": result.summary, "timings_s": result.timings,

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from juice.interventions import Head, projection_input_hooks
+from juice.io import UnitCheckpoint
 from juice.models import LoadedModel
 from juice.stage1.scoring import ALPHAS_NEGATIVE, ALPHAS_POSITIVE, HeadScores, ScoringPrompt, score_heads
 from juice.tokens import encode

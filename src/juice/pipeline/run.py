@@ -1,0 +1,160 @@
+"""What a run of the paper's pipelines is: its settings (:class:`ReproduceConfig`), the context
+every stage shares (:class:`StageRun`: the model, the settings, the stage files, the progress
+callback, the notes), the stage keys' common part, and what a run returns.
+
+Stages are written atomically to `<out>/state/` under a key derived from everything they depend
+on (:mod:`juice.io`), so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from juice.data.paraconflict import DOMAINS
+from juice.eval.tables import IntervalTable
+from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID
+from juice.interventions import HeadSelection
+from juice.io import StageFiles
+from juice.models import DEFAULT_MODEL, LoadedModel, load_model
+from juice.stage1 import ALPHAS_NEGATIVE, ALPHAS_POSITIVE
+
+
+METHOD_NAMES = {"original": "Original", "june": "JuNE", "juice": "JuICE"}
+
+
+TABLE1_METHODS = ("Original", "Prompt", "PH3-l", "PH3-s", "JuNE", "JuICE")
+
+
+SCORING_LABELS = {
+    "exact": "exact Stage 1 (paper Alg. 2)",
+    "hybrid": "APPROXIMATE Stage 1: attribution shortlist + exact re-score (not the paper's)",
+    "attribution": "APPROXIMATE Stage 1: attribution patching only (not the paper's)",
+}
+
+
+Progress = Callable[[str, int], Callable[[int], None]]
+"""(description, total) -> advance(n): how the pipeline reports progress (e.g. rich bars)."""
+
+
+def no_progress(description: str, total: int) -> Callable[[int], None]:
+    """The `progress` callback that shows nothing: given a task's description and its number of
+    steps, returns the function called with each step count done."""
+    return lambda n: None
+
+
+@dataclass
+class StageRun:
+    """What every stage of a run shares: the model, the configuration, the stage files under
+    `<out>/state/`, the progress callback, and the notes the report will carry (stages append).
+    """
+
+    lm: LoadedModel
+    cfg: "ReproduceConfig"
+    state: StageFiles
+    progress: Progress = no_progress
+    notes: list[str] = field(default_factory=list)
+
+
+DEFAULT_TEST_ITEMS = {"parametric": 30, "contextual": 20}
+"""Test items per domain / dataset by default: as many as fit 20 minutes on 2 CPU cores (README)."""
+
+
+@dataclass
+class ReproduceConfig:
+    """Settings of `juice reproduce` (both directions). The defaults run the paper's protocol
+    (exact Stage 1, per-domain tuning) sized to fit 20 minutes per direction on 2 CPU cores with
+    Gemma 3 270M (README, "Wall time"); `juice reproduce --full` uses every item."""
+
+    model: str = DEFAULT_MODEL
+    out_dir: Path = Path("juice-output")
+    limit: int | None | str = "default"  # test items per domain (dataset); None = all; "default" =
+                                         # DEFAULT_TEST_ITEMS of the direction
+    validation_size: int | None = 4     # known validation items per domain; None = all
+    head_set_size: int = 4
+    k: int = 5
+    scoring: str = "exact"              # exact (the paper) | attribution | hybrid (approximations)
+    shortlist: int = 12                 # heads per sign re-scored exactly (hybrid)
+    alphas_positive: tuple[float, ...] = ALPHAS_POSITIVE
+    alphas_negative: tuple[float, ...] = ALPHAS_NEGATIVE
+    seed: int = 0
+    data: Path | None = None            # the paper's ParaConflict layout (one folder per domain)
+    domains: tuple[str, ...] = tuple(DOMAINS)
+    filter: bool = True                 # filter D / validation / PH3-l items for the model
+    max_rows: int | str = 128           # rows per batched forward, or "auto" (a share of free memory)
+    device: str = "auto"                # auto | cpu | cuda | mps (ignored with device_map)
+    device_map: str | None = None       # e.g. "auto": shard over GPUs with accelerate
+    dtype: str = "float32"              # float32 | bfloat16 | float16
+    baselines: bool = True              # Prompt and PH3 rows (and CAD, AdaCAD in the contextual direction)
+    ph3_knockout: bool = False          # also PH3-l with the knock-out scorer, a row of its own
+    ph3_dev_size: int | None = 12       # PH3-l development items (the paper: 200); None = all
+    data_root: Path | None = None       # contextual: folder with memotrap/ and nqswap/
+    validation_per_dataset: int | None = 5  # contextual: validation items per dataset
+    bootstrap_resamples: int = 2000
+    beta_plus_grid: tuple[float, ...] = BETA_PLUS_GRID    # tuning grid of beta+ (paper App. D.1)
+    beta_minus_grid: tuple[float, ...] = BETA_MINUS_GRID  # of beta-; the authors' contextual script goes to -5
+
+    def test_limit(self, direction: str) -> int | None:
+        """Test items per domain (parametric) or dataset (contextual); None = all.
+
+        Raises:
+            ValueError: `limit` is negative or a string other than "default".
+        """
+        if self.limit == "default":
+            return DEFAULT_TEST_ITEMS[direction]
+        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 0):
+            raise ValueError(f"limit must be a non-negative number of items, None or 'default', not {self.limit!r}")
+        return self.limit
+
+
+@dataclass
+class ReproduceResult:
+    """What :func:`reproduce` (and :func:`juice.experiments.table2.reproduce_contextual`)
+    return; `results.json` holds the same, plus every item's outputs."""
+
+    config: ReproduceConfig
+    model: dict[str, Any]
+    selection: HeadSelection
+    choices: dict[str, dict[str, Any]]          # domain -> betas, PH3 k and pruned heads, provenance
+    table: IntervalTable                        # unfiltered test split
+    table_known: IntervalTable | None           # test items the model knows (parametric)
+    summary: dict[str, dict[str, float]]
+    timings: dict[str, float]
+    splits: dict[str, dict[str, int]]
+    domains: list[str]
+    titles: dict[str, str]
+    notes: list[str] = field(default_factory=list)
+    methods: tuple[str, ...] = TABLE1_METHODS
+    likelihood: IntervalTable | None = None     # contextual: MemoTrap by likelihood comparison
+    head_domain: str = "world_capital"          # whose D the heads come from
+
+
+def start_run(cfg: ReproduceConfig, lm: LoadedModel | None, progress: Progress = no_progress,
+              ) -> tuple[StageRun, dict[str, float]]:
+    """The run's shared context (the model, loaded unless given; the stage files under
+    `<out>/state/`) and the timings with the load time."""
+    t = time.perf_counter()
+    lm = lm or load_model(cfg.model, dtype=getattr(torch, cfg.dtype), device_map=cfg.device_map, device=cfg.device)
+    return StageRun(lm, cfg, StageFiles(Path(cfg.out_dir) / "state"), progress), {"load_model": time.perf_counter() - t}
+
+
+def run_key_base(lm: LoadedModel, cfg: ReproduceConfig, **extra: Any) -> dict[str, Any]:
+    """What every stage key holds: the model (weights, tokenizer), the juice version, the seed."""
+    from juice import __version__
+
+    return {"model": lm.fingerprint(), "juice": __version__, "seed": cfg.seed, **extra}
+
+
+def scoring_title(cfg: ReproduceConfig) -> str:
+    """The table title's note on how the heads were scored (approximations say so)."""
+    return SCORING_LABELS[cfg.scoring]
+
+
+def selection_to_json(sel: HeadSelection) -> dict:
+    """{"positive": ["L6H3", ...], "negative": [...]}: the heads, named from 0."""
+    return {"positive": [str(h) for h in sel.positive], "negative": [str(h) for h in sel.negative]}

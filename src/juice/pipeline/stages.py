@@ -1,0 +1,308 @@
+"""The stages both tables share, each cached in the run's state: Stage 1 (heads), PH3's head
+scores, the per-domain (per-dataset) tuning of the betas and of PH3's k, and the evaluation of
+one domain; :func:`ph3_and_tuning` runs PH3 then the tuning with their timings for either
+direction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from juice.baselines.ph3 import (
+    PRUNE_K,
+    ConflictPrompt,
+    Ph3Scores,
+    heads_to_prune,
+    logit_difference_effects,
+    path_patching_effects,
+    ph3_patching_prompts,
+    pruning,
+)
+from juice.data.records import CONFLICT_TYPES, ConflictExample
+from juice.eval.runner import ItemResult, Method, results_from_json, results_to_json
+from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
+from juice.interventions import Head, HeadSelection
+from juice.io import UnitCheckpoint, settings_key
+from juice.models import LoadedModel
+from juice.pipeline.run import METHOD_NAMES, SCORING_LABELS, Progress, ReproduceConfig, StageRun, no_progress
+from juice.stage1 import (
+    attribution_scores,
+    hybrid_scores,
+    make_artifact,
+    score_heads,
+    scoring_prompts,
+    select_heads,
+)
+from juice.steering import Steering, steering_coefficients
+from juice.tokens import answer_first_token
+
+
+PH3_KNOCKOUT = "PH3-l (knock-out)"
+
+
+PH3_CONFLICT_TYPES = ("substitution", "coherent")
+
+
+def identify_heads(
+    lm: LoadedModel, cfg: ReproduceConfig, head_set: Sequence, progress: Progress,
+    direction: str = "parametric", checkpoint: UnitCheckpoint | None = None,
+):
+    """Stage 1 with the configured scoring method. Returns (scores, selection).
+
+    With `checkpoint`, each prompt's scores are saved as soon as they are computed, so an
+    interrupted Stage 1 resumes at the next prompt.
+    """
+    return score_prompts(lm, cfg, scoring_prompts(lm, head_set, direction), progress, checkpoint)
+
+
+def score_prompts(lm: LoadedModel, cfg: ReproduceConfig, prompts: Sequence, progress: Progress = no_progress,
+                  checkpoint: UnitCheckpoint | None = None):
+    """Stage 1 (cfg.scoring: exact, attribution or hybrid) on ready scoring prompts, then Alg. 3's
+    selection of cfg.k heads per sign. Returns (scores, selection).
+
+    Raises:
+        ValueError: an unknown scoring method.
+    """
+    if cfg.scoring == "attribution":
+        advance = progress("stage 1: attribution (approximate)", len(prompts))
+        scores = attribution_scores(lm, prompts, cfg.alphas_positive, cfg.alphas_negative,
+                                    on_prompt=lambda i: advance(1), checkpoint=checkpoint)
+    elif cfg.scoring == "hybrid":
+        advance = progress("stage 1: attribution, then exact scores of the shortlist (approximate)", 3 * len(prompts))
+        scores = hybrid_scores(lm, prompts, cfg.shortlist, cfg.alphas_positive, cfg.alphas_negative,
+                               max_rows=_scoring_rows(cfg), on_prompt=lambda i: advance(1), checkpoint=checkpoint)
+    elif cfg.scoring == "exact":
+        advance = progress("stage 1: exact head scores", len(prompts))
+        scores = score_heads(lm, prompts, cfg.alphas_positive, cfg.alphas_negative, max_rows=_scoring_rows(cfg),
+                             on_prompt=lambda i: advance(1), checkpoint=checkpoint)
+    else:
+        raise ValueError(f"scoring must be exact, attribution or hybrid, not {cfg.scoring!r}")
+    return scores, select_heads(scores, cfg.k)
+
+
+def _scoring_rows(cfg: ReproduceConfig) -> int | str:
+    """Scoring rows carry no KV cache and read one position: twice the decoding rows."""
+    return cfg.max_rows if cfg.max_rows == "auto" else 2 * int(cfg.max_rows)
+
+
+def heads_stage(
+    run: StageRun, stage: str, key: str, head_set: Sequence, direction: str,
+) -> tuple[HeadSelection, dict[str, Any]]:
+    """Stage 1 on `head_set`, read from the stage file `stage` when its settings `key` match
+    (per-prompt results resume from `units.json`). Notes a selection smaller than K.
+
+    Returns:
+        (selection, the heads artifact as JSON, with the scoring method and its label).
+    """
+    lm, cfg, state = run.lm, run.cfg, run.state
+    saved = state.load(stage, key)
+    if saved is None:
+        scores, selection = identify_heads(lm, cfg, head_set, run.progress, direction=direction,
+                                           checkpoint=UnitCheckpoint(state.folder / "units.json", lm.fingerprint()))
+        saved = make_artifact(lm, scores, selection, cfg.k, direction, head_set).to_json()
+        saved["scoring"] = cfg.scoring
+        saved["scoring_label"] = SCORING_LABELS[cfg.scoring]
+        state.save(stage, key, saved)
+    selection = HeadSelection(tuple(map(Head.parse, saved["positive_heads"])),
+                              tuple(map(Head.parse, saved["negative_heads"])))
+    if len(selection.positive) < cfg.k or len(selection.negative) < cfg.k:
+        run.notes.append(f"only {len(selection.positive)} positive / {len(selection.negative)} negative heads "
+                     f"passed the consistency filter (K = {cfg.k})")
+    return selection, saved
+
+
+def ph3_prompts(lm: LoadedModel, examples: Sequence) -> list[ConflictPrompt]:
+    """The knock-out scorer's development prompts: ParaConflict items give their substitution and
+    coherent prompts, contextual items their prompt; each with the parametric and the context
+    answer's first token."""
+    out = []
+    for ex in examples:
+        if isinstance(ex, ConflictExample):
+            for t in PH3_CONFLICT_TYPES:
+                p = ex.prompts[t]
+                out.append(ConflictPrompt(p, answer_first_token(lm.tokenizer, p, ex.answer),
+                                          answer_first_token(lm.tokenizer, p, ex.context_answer)))
+        else:
+            out.append(ConflictPrompt(ex.prompt, answer_first_token(lm.tokenizer, ex.prompt, ex.parametric_answer),
+                                      answer_first_token(lm.tokenizer, ex.prompt, ex.context_answer)))
+    return out
+
+
+def ph3_scores_stage(
+    run: StageRun, name: str, dev_set: Sequence, key: str, knockout: bool = False, direction: str = "parametric",
+) -> Ph3Scores:
+    """PH3's head scores on one development set: path patching (Jin et al. 2024; the default) or
+    the knock-out scorer (`knockout`); cached in the state, per-prompt results resumable."""
+    stem = name.lower().replace("-", "_").replace(" ", "_").replace("(", "").replace(")", "")
+    stage = f"ph3_{direction}_{stem}"   # both directions may share an output folder
+    lm, cfg, state, progress = run.lm, run.cfg, run.state, run.progress
+    saved = state.load(stage, key)
+    if saved is None:
+        checkpoint = UnitCheckpoint(state.folder / "units.json", lm.fingerprint())
+        if knockout:
+            prompts = ph3_prompts(lm, dev_set)
+            advance = progress(f"{name}: knock out each head on {len(prompts)} development prompts", len(prompts))
+            scores = logit_difference_effects(lm, prompts, max_rows=_scoring_rows(cfg),
+                                              on_prompt=lambda i: advance(1), checkpoint=checkpoint)
+        else:
+            prompts = ph3_patching_prompts(lm, dev_set)
+            advance = progress(f"{name}: path patching on {len(prompts)} development prompts", len(prompts))
+            scores = path_patching_effects(lm, prompts, max_rows=_scoring_rows(cfg),
+                                           on_prompt=lambda i: advance(1), checkpoint=checkpoint)
+        saved = {"effects": scores.effects.tolist(), "clean_ld": scores.clean_ld.tolist(),
+                 "n_dev_items": len(dev_set), "n_dev_prompts": len(prompts)}
+        state.save(stage, key, saved)
+    return Ph3Scores(torch.tensor(saved["effects"]), torch.tensor(saved["clean_ld"]))
+
+
+def ph3_stage(
+    run: StageRun, large_dev: Sequence, small_dev: Sequence, key_of: Callable[[Sequence], str],
+    direction: str = "parametric",
+) -> dict[str, Ph3Scores]:
+    """PH3-l (on `large_dev`), PH3-s (on `small_dev`, the set D) and, with `cfg.ph3_knockout`,
+    PH3-l with the knock-out scorer; an empty development set skips its row with a note.
+
+    Returns:
+        row name -> head scores.
+    """
+    variants = [("PH3-l", large_dev, False), ("PH3-s", small_dev, False)]
+    if run.cfg.ph3_knockout:
+        variants.append((PH3_KNOCKOUT, large_dev, True))
+    out = {}
+    for name, dev_set, knockout in variants:
+        if not dev_set:
+            run.notes.append(f"{name} skipped: no development items outside D and validation")
+            continue
+        out[name] = ph3_scores_stage(run, name, dev_set, key_of(dev_set), knockout, direction)
+    return out
+
+
+def tuning_stage(
+    run: StageRun, key: str, validation: dict[str, Sequence], selection: HeadSelection, ph3: dict[str, Ph3Scores],
+    direction: str, head_domain: str,
+) -> dict[str, dict[str, Any]]:
+    """Betas and PH3's k per domain on its own validation split (:func:`juice.eval.tuning.tune_per_domain`),
+    cached in the state. A domain without validation items takes `head_domain`'s choice.
+
+    Returns:
+        domain -> {"betas": method -> {beta_plus, beta_minus, accuracy, p_answer, per_type},
+        "prune": PH3 row -> {k, accuracy, per_k, pruned}, "chosen_on": domain, "n_validation", "grid"}.
+    """
+    state = run.state
+    saved = state.load(f"tuning_{direction}", key)
+    if saved is None:
+        per_item = len(CONFLICT_TYPES) if direction == "parametric" else 1
+        cfg = run.cfg
+        n_settings = 2 * len(cfg.beta_plus_grid) * len(cfg.beta_minus_grid) + len(ph3) * len(PRUNE_K)
+        advance = run.progress("tuning on each domain's validation split",
+                           sum(map(len, validation.values())) * per_item * n_settings)
+        choices = tune_per_domain(run.lm, validation, selection, ph3, direction=direction,
+                                  beta_plus_grid=cfg.beta_plus_grid, beta_minus_grid=cfg.beta_minus_grid,
+                                  max_rows=run.cfg.max_rows, on_progress=advance)
+        saved = {}
+        for domain, c in choices.items():
+            saved[domain] = {
+                "betas": {m: {"beta_plus": g.beta_plus, "beta_minus": g.beta_minus, "accuracy": g.accuracy,
+                              "p_answer": g.p_answer, "per_type": list(g.per_type)} for m, g in c.betas.items()},
+                "prune": {n: {"k": p.k, "accuracy": p.accuracy, "per_k": {str(k): v for k, v in p.per_k.items()}}
+                          for n, p in c.prune.items()},
+                "chosen_on": domain, "n_validation": c.n_validation,
+                "grid": [{f: v for f, v in asdict(g).items() if f != "k"} for g in c.grid],   # beta points: no k
+            }
+        state.save(f"tuning_{direction}", key, saved)
+    if head_domain not in saved:
+        raise ValueError(f"no validation items in {head_domain}: nothing to tune the betas on")
+    out = {}
+    for domain in validation:
+        if domain in saved:
+            out[domain] = saved[domain]
+        else:
+            run.notes.append(f"{domain}: no validation item the model knows; betas and k from {head_domain}")
+            out[domain] = {**saved[head_domain], "chosen_on": head_domain, "grid": []}
+    for domain, choice in out.items():
+        for name, p in choice["prune"].items():
+            p["pruned"] = [str(h) for h in heads_to_prune(ph3[name], direction, p["k"])]
+    return out
+
+
+def domain_methods(lm: LoadedModel, selection: HeadSelection, choice: dict[str, Any], baselines: bool,
+                   ph3_rows: Sequence[str], instructed: bool = True) -> dict[str, Method]:
+    """The table's rows for one domain: Original, Prompt, the PH3 rows with the domain's k, and
+    JuNE and JuICE with the domain's betas."""
+    g = lm.heads.geometry
+    methods: dict[str, Method] = {"Original": Method()}
+    if baselines and instructed:
+        methods["Prompt"] = Method(instructed=True)
+    for name in ph3_rows:
+        if name in choice["prune"]:
+            methods[name] = Method(pruning(g, [Head.parse(h) for h in choice["prune"][name]["pruned"]]))
+    for m in ("june", "juice"):
+        b = choice["betas"][m]
+        methods[METHOD_NAMES[m]] = Method(Steering(m, steering_coefficients(g, selection, b["beta_plus"],
+                                                                            b["beta_minus"])))
+    return methods
+
+
+def evaluation_stage(
+    run: StageRun, stage: str, key: str, description: str, total: int,
+    evaluate_items: Callable[[Callable[[int], None]], list[ItemResult]],
+) -> list[ItemResult]:
+    """One domain's (dataset's) evaluation, read from the stage file `stage` when its settings
+    `key` match, else `evaluate_items(advance)` (a progress bar of `total` steps) and saved."""
+    rows = run.state.load(stage, key)
+    if rows is None:
+        rows = results_to_json(evaluate_items(run.progress(description, total)))
+        run.state.save(stage, key, rows)
+    return results_from_json(rows)
+
+
+def ph3_scoring(choices: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """PH3 row -> how its heads were scored ("path patching", Jin et al. 2024, the default; or
+    "knock-out"), for the rows in `choices` (results.json's "protocol")."""
+    rows = dict.fromkeys(n for c in choices.values() for n in c.get("prune", {}))
+    return {n: "knock-out" if n == PH3_KNOCKOUT else "path patching" for n in rows}
+
+
+STAGE1_SETTINGS = ("k", "scoring", "shortlist", "alphas_positive", "alphas_negative")
+"""The settings Stage 1's result depends on besides the model and D (in its stage key)."""
+
+
+def stage1_key(base: dict[str, Any], cfg: ReproduceConfig, **data: Any) -> str:
+    """Stage 1's key: the run's common part (:func:`juice.pipeline.run.run_key_base`), what
+    identifies D (`data`), and :data:`STAGE1_SETTINGS`."""
+    return settings_key({**base, **data, **{f: getattr(cfg, f) for f in STAGE1_SETTINGS}})
+
+
+def ph3_and_tuning(
+    run: StageRun, base: dict[str, Any], key_heads: str, selection: HeadSelection, large_dev: Sequence,
+    small_dev: Sequence, validation: dict[str, Sequence], direction: str, head_domain: str,
+    timings: dict[str, float],
+) -> tuple[dict[str, Ph3Scores], dict[str, dict[str, Any]], str]:
+    """Stages 3 and 4 of either table: PH3's head scores (with `cfg.baselines`; PH3-l on
+    `large_dev`, PH3-s on `small_dev`, the set D) then the tuning of every domain (dataset) on
+    its own validation split; their wall times go into `timings` ("ph3_heads", "tuning").
+
+    Returns:
+        (PH3 row -> head scores, domain -> choice (:func:`tuning_stage`), the tuning's key).
+    """
+    t = time.perf_counter()
+    ph3: dict[str, Ph3Scores] = {}
+    if run.cfg.baselines:
+        ph3 = ph3_stage(run, large_dev, small_dev, lambda d: settings_key({**base, "dev": [ex.to_json() for ex in d]}),
+                        direction=direction)
+    timings["ph3_heads"] = time.perf_counter() - t
+    t = time.perf_counter()
+    grids = (tuple(run.cfg.beta_plus_grid), tuple(run.cfg.beta_minus_grid))
+    # the paper's grid is not in the key, so runs saved before the grid was a setting stay valid
+    other_grid = {} if grids == (BETA_PLUS_GRID, BETA_MINUS_GRID) else {"grid": grids}
+    key_tuning = settings_key({"heads": key_heads, "ph3": {n: s.effects.tolist() for n, s in ph3.items()},
+                               "validation": {d: [ex.to_json() for ex in v] for d, v in validation.items()},
+                               **other_grid})
+    choices = tuning_stage(run, key_tuning, validation, selection, ph3, direction, head_domain)
+    timings["tuning"] = time.perf_counter() - t
+    return ph3, choices, key_tuning
