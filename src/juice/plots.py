@@ -92,12 +92,30 @@ def interval_bar_chart(
     ax.legend(fontsize=7, ncol=min(4, max(1, len(methods))))
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
+    return save_png(fig, path)
+
+
+def save_png(figure: Any, path: str | Path, dpi: float | None = None) -> Path:
+    """Write a matplotlib figure to `path` as PNG atomically (a temporary file in the same
+    folder, then a rename; nothing half-written is left), then close it if pyplot owns it.
+
+    Args:
+        dpi: dots per inch; None: matplotlib's default (100).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".png", dir=path.parent)
     os.close(fd)
     try:
-        fig.savefig(tmp, format="png")
+        figure.savefig(tmp, format="png", **({"dpi": dpi} if dpi is not None else {}))
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        try:
+            import matplotlib.pyplot as plt
+
+            plt.close(figure)
+        except Exception:   # a bare matplotlib.figure.Figure is not registered with pyplot
+            pass
     return path

@@ -42,25 +42,19 @@ from juice.baselines.ph3 import PRUNE_K, ConflictPrompt, Ph3Scores, heads_to_pru
 from juice.baselines.prompt import CONTEXTUAL_COMPLETION, PARAMETRIC_COHERENT, PARAMETRIC_SUBSTITUTION
 from juice.data.records import Direction
 from juice.eval.metrics import is_correct
-from juice.eval.runner import DecodeRequest, ItemResult, Method, as_method, decode_requests
+from juice.eval.runner import MAX_NEW_TOKENS, DecodeRequest, ItemResult, Method, as_method, decode_requests
 from juice.eval.tables import AVERAGE, IntervalTable, interval_table
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, GridSetting
 from juice.stage1 import HeadsArtifact, ScoringPrompt, make_artifact
 from juice.models import LoadedModel
+from juice.pipeline.run import METHOD_NAMES as STEERING_NAMES
+from juice.pipeline.run import Progress, no_progress
 from juice.steering import ORIGINAL, JuICE, JuNE, Prune
 from juice.tokens import answer_first_token
 from juice.userdata import ConflictRow, file_digest, load_rows
 
-Progress = Callable[[str, int], Callable[[int], None]]
-MAX_NEW_TOKENS = 10
-METHOD_NAMES = {"original": "Original", "prompt": "Prompt", "juice": "JuICE", "june": "JuNE", "cad": "CAD",
-                "adacad": "AdaCAD", "ph3": "PH3"}
+METHOD_NAMES = {**STEERING_NAMES, "prompt": "Prompt", "cad": "CAD", "adacad": "AdaCAD", "ph3": "PH3"}
 """`--methods` values and the names they get in tables."""
-
-
-
-def no_progress(description: str, total: int) -> Callable[[int], None]:
-    return lambda n=1: None
 
 
 def parse_direction(text: "str | Direction") -> Direction:

@@ -207,23 +207,11 @@ def with_answer(example: ConflictExample, answer: str) -> ConflictExample:
 
 
 def save_figure(figure: Any, path: Path) -> Path:
-    """Write a matplotlib figure to `path` (PNG) atomically, then close it if pyplot owns it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        figure.savefig(tmp, format="png", dpi=120)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        try:
-            import matplotlib.pyplot as plt
+    """Write a matplotlib figure to `path` (PNG, 120 dpi) atomically, then close it
+    (:func:`juice.plots.save_png`)."""
+    from juice.plots import save_png
 
-            plt.close(figure)
-        except Exception:   # a bare matplotlib.figure.Figure is not registered with pyplot
-            pass
-    return path
+    return save_png(figure, path, dpi=120)
 
 
 def write_outputs(out: str | Path, name: str, data: dict, markdown: str, figure: Any = None) -> list[Path]:
