@@ -87,7 +87,8 @@ def reproduce(
 
     Example: juice reproduce; juice reproduce --direction contextual; juice reproduce --full
     """
-    from juice.eval.report import interval_rich, table1_columns, table2_columns
+    from juice.apps.terminal import interval_rich
+    from juice.eval.report import table1_columns, table2_columns
     from juice.pipeline.run import ReproduceConfig, scoring_title
     from juice.experiments.table1 import reproduce as run_parametric
     from juice.experiments.table2 import reproduce_contextual
@@ -272,7 +273,8 @@ def evaluate(
 
     Example: juice evaluate --heads heads.json --data test.jsonl --methods original,prompt,juice,june,cad
     """
-    from juice.eval.report import difference_markdown, interval_markdown, interval_rich
+    from juice.apps.terminal import interval_rich
+    from juice.eval.report import difference_markdown, interval_markdown
     from juice.stage1 import load_heads
     from juice.io import write_json_atomic
     from juice.models import load_model

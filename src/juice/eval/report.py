@@ -1,4 +1,5 @@
-"""Tables in the paper's layouts, with intervals: rich for the terminal, Markdown for files.
+"""Tables in the paper's layouts, with intervals, as Markdown (the terminal's rich tables are
+:mod:`juice.apps.terminal`).
 
 Tables come from :func:`juice.eval.tables.interval_table`; a cell prints as "47.6 ±4.1" (accuracy in
 percent and the half-width of its 95% bootstrap interval), and a value is bold only where its
@@ -8,10 +9,7 @@ interval lies wholly above the runner-up's.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:   # rich is the `cli` extra: imported where a terminal table is made
-    from rich.table import Table
+from typing import Any
 
 from juice.data.records import CONFLICT_TYPES
 
@@ -50,14 +48,17 @@ def separated_best(intervals: Sequence[Any]) -> int | None:
     return ranked[0] if best.low > second.high + 1e-9 else None   # beyond float rounding
 
 
-def _interval_rows(table: Any, methods: Sequence[str], columns: Sequence[tuple[str, str]]):
+def interval_rows(table: Any, methods: Sequence[str], columns: Sequence[tuple[str, str]]):
+    """Per method, its cells in `columns`: (text "47.6 ±4.1" or "-", bold) where bold marks the
+    cell whose interval lies wholly above every other method's in that column."""
     values = [[table.cells.get(m, {}).get(c, {}).get(g) for c, g in columns] for m in methods]
     best = [separated_best([row[j] for row in values]) for j in range(len(columns))]
     for i, m in enumerate(methods):
         yield m, [(iv.format() if iv is not None else "-", best[j] == i) for j, iv in enumerate(values[i])]
 
 
-def _n_row(table: Any, methods: Sequence[str], columns: Sequence[tuple[str, str]]) -> list[str]:
+def n_row(table: Any, methods: Sequence[str], columns: Sequence[tuple[str, str]]) -> list[str]:
+    """Each column's item count n ("30", or "28/30" where the methods differ)."""
     ns = []
     for c, g in columns:
         counts = {table.cells[m][c][g].n for m in methods if g in table.cells.get(m, {}).get(c, {})}
@@ -70,25 +71,10 @@ def interval_markdown(table: Any, methods: Sequence[str], columns: Sequence[tupl
     """Methods as rows, `columns` as columns; cells "47.6 ±4.1" (accuracy % and the half-width
     of the 95% bootstrap interval); bold where :func:`separated_best`; a last row with n."""
     lines = ["| Method | " + " | ".join(headers) + " |", "|" + "---|" * (len(headers) + 1)]
-    for m, cells in _interval_rows(table, methods, columns):
+    for m, cells in interval_rows(table, methods, columns):
         lines.append("| " + " | ".join([m, *(f"**{s}**" if bold else s for s, bold in cells)]) + " |")
-    lines.append("| n | " + " | ".join(_n_row(table, methods, columns)) + " |")
+    lines.append("| n | " + " | ".join(n_row(table, methods, columns)) + " |")
     return "\n".join(lines) + "\n"
-
-
-def interval_rich(table: Any, methods: Sequence[str], columns: Sequence[tuple[str, str]], headers: Sequence[str],
-                  title: str = "", caption: str = "") -> "Table":
-    """The same table for the terminal (needs rich, the `cli` extra)."""
-    from rich.table import Table
-
-    out = Table(title=title, caption=caption, pad_edge=False)
-    out.add_column("Method", no_wrap=True)
-    for h in headers:
-        out.add_column(h, justify="right", no_wrap=True)
-    for m, cells in _interval_rows(table, methods, columns):
-        out.add_row(m, *(f"[bold]{s}[/bold]" if bold else s for s, bold in cells))
-    out.add_row("n", *_n_row(table, methods, columns))
-    return out
 
 
 def difference_markdown(table: Any, columns: Sequence[tuple[str, str]], headers: Sequence[str]) -> str:

@@ -1,0 +1,87 @@
+"""The house: the import graph of src/juice (lazy imports inside functions included) has no
+cycle, the applications sit on top, the naive references serve tests and benchmarks only, and the
+library never imports the command-line packages."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "juice"
+
+
+def module_of(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the juice modules it imports anywhere in its file (lazy imports included)."""
+    modules = {module_of(p): p for p in SRC.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for mod, path in modules.items():
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    pkg = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
+                names = [base] + [f"{base}.{a.name}" for a in node.names]
+            for name in names:
+                while name and name not in modules:
+                    name = name.rpartition(".")[0]
+                if name and name != mod and name != "juice":
+                    graph[mod].add(name)
+    return graph
+
+
+def external_imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(n):] + [n]))
+            if n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_applications_are_on_top_and_references_serve_tests_only():
+    graph = import_graph()
+    for mod, deps in graph.items():
+        if not mod.startswith("juice.apps"):
+            assert not {d for d in deps if d.startswith("juice.apps")}, f"{mod} imports the applications"
+            assert not {d for d in deps if d.startswith("juice.experiments")} or mod.startswith("juice.experiments"), (
+                f"{mod} imports the paper's tables; use juice.pipeline")
+        assert "juice.reference" not in deps, f"{mod} imports the naive references (tests and benchmarks only)"
+
+
+def test_the_library_does_not_import_the_command_line_packages():
+    for path in SRC.rglob("*.py"):
+        if "apps" in path.relative_to(SRC).parts:
+            continue
+        assert not external_imports(path) & {"typer", "rich"}, f"{path.relative_to(SRC)} imports typer or rich"
