@@ -28,7 +28,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -254,6 +254,22 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    async def respond(job: Any, prefix: str, kind: str, chunk_kind: str,
+                      chunk_choice: Callable[[str, str | None], dict], choice: Callable[[str, str], dict]) -> Any:
+        """The OpenAI response to `job`: a stream of `chunk_kind` chunks (one prompt, n = 1), or
+        one `kind` object with a choice per stream; `chunk_choice` / `choice` shape a choice from
+        its text and finish reason."""
+        rid, created = f"{prefix}-{uuid.uuid4().hex[:24]}", int(time.time())
+        if job.stream:
+            if len(job.streams) != 1:
+                raise HTTPException(400, "stream: one prompt and n = 1")
+            engine.submit(job)
+            return sse(job, lambda text, reason: {"id": rid, "object": chunk_kind, "created": created, "model": name,
+                                                  "choices": [{"index": 0, **chunk_choice(text, reason)}]})
+        job = await finished(engine.submit(job))
+        choices = [{"index": i, **choice(*text_of(tokens, job.stop))} for i, tokens in enumerate(job.result)]
+        return {"id": rid, "object": kind, "created": created, "model": name, "choices": choices}
+
     @app.get("/v1/models")
     def models() -> dict:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "juice"}]}
@@ -264,21 +280,9 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
         prompts = [prompt] if isinstance(prompt, str) else list(prompt or [])
         if not prompts or not all(isinstance(p, str) for p in prompts):
             raise HTTPException(400, "prompt must be a string or a list of strings")
-        job = job_of(body, prompts)
-        rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-        if job.stream:
-            if len(job.streams) != 1:
-                raise HTTPException(400, "stream: one prompt and n = 1")
-            engine.submit(job)
-            return sse(job, lambda text, reason: {"id": rid, "object": "text_completion", "created": created,
-                                                  "model": name, "choices": [{"index": 0, "text": text,
-                                                                              "finish_reason": reason}]})
-        job = await finished(engine.submit(job))
-        choices = []
-        for i, tokens in enumerate(job.result):
-            text, reason = text_of(tokens, job.stop)
-            choices.append({"index": i, "text": text, "finish_reason": reason, "logprobs": None})
-        return {"id": rid, "object": "text_completion", "created": created, "model": name, "choices": choices}
+        return await respond(job_of(body, prompts), "cmpl", "text_completion", "text_completion",
+                             lambda text, reason: {"text": text, "finish_reason": reason},
+                             lambda text, reason: {"text": text, "finish_reason": reason, "logprobs": None})
 
     @app.post("/v1/chat/completions")
     async def chat(body: dict) -> Any:
@@ -291,21 +295,10 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
         prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         if tok.bos_token and prompt.startswith(tok.bos_token):
             prompt = prompt[len(tok.bos_token):]   # the tokenizer adds its own
-        job = job_of(body, [prompt])
-        rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-        if job.stream:
-            if len(job.streams) != 1:
-                raise HTTPException(400, "stream: n = 1")
-            engine.submit(job)
-            return sse(job, lambda text, reason: {"id": rid, "object": "chat.completion.chunk", "created": created,
-                                                  "model": name, "choices": [{"index": 0, "delta": {"content": text}
-                                                                              if text else {}, "finish_reason": reason}]})
-        job = await finished(engine.submit(job))
-        choices = []
-        for i, tokens in enumerate(job.result):
-            text, reason = text_of(tokens, job.stop)
-            choices.append({"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": reason})
-        return {"id": rid, "object": "chat.completion", "created": created, "model": name, "choices": choices}
+        return await respond(job_of(body, [prompt]), "chatcmpl", "chat.completion", "chat.completion.chunk",
+                             lambda text, reason: {"delta": {"content": text} if text else {}, "finish_reason": reason},
+                             lambda text, reason: {"message": {"role": "assistant", "content": text},
+                                                   "finish_reason": reason})
 
     return app
 
