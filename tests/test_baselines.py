@@ -204,12 +204,15 @@ def test_the_no_context_branch_holds_no_context_token(tiny_llama):
     lm = tiny_llama
     seen = []
     handle = lm.model.base_model.register_forward_pre_hook(
-        lambda m, args, kwargs: seen.append(kwargs["input_ids"].clone()), with_kwargs=True)
+        lambda m, args, kwargs: seen.append((kwargs["input_ids"].clone(), kwargs["attention_mask"].bool())),
+        with_kwargs=True)
     try:
         cad_generate(lm, PROMPTS[:1], QUESTIONS[:1], 1)
     finally:
         handle.remove()
-    context_branch, question_branch = seen[0][0].tolist(), seen[1][0].tolist()
+    # one prefill of the engine: the with-context row and the question row (left-padded), unpadded here
+    (ids, mask), = seen
+    context_branch, question_branch = (row[real].tolist() for row, real in zip(ids, mask))
     assert question_branch == token_ids(lm.tokenizer, QUESTIONS[0])
     context_only = token_ids(lm.tokenizer, PROMPTS[0])[: -len(token_ids(lm.tokenizer, QUESTIONS[0])) + 1]
     assert context_branch == token_ids(lm.tokenizer, PROMPTS[0])
