@@ -150,11 +150,20 @@ def compiled_forward(lm: LoadedModel) -> Callable:
     fixed-shape steps of the static KV cache (:func:`generate`, `compile_step`). Shapes are left
     to torch's automatic dynamic: Gemma 3's static sliding-window cache layers keep their length
     as a Python int, which would otherwise recompile every step; with it the second step
-    recompiles once with that length symbolic (measured on tiny Gemma 3: 1 recompile in 12 steps)."""
+    recompiles once with that length symbolic (measured on tiny Gemma 3: 1 recompile in 12 steps).
+    Its calls run with dynamo's guards on module hooks (`skip_nnmodule_hook_guards=False`; torch
+    skips them by default), else a step traced without head hooks (a chunk of Original or CAD
+    streams) would be reused, silently, for later chunks of steered rows."""
     fn = _COMPILED.get(lm.model)
     if fn is None:
         mode = "reduce-overhead" if lm.device.type == "cuda" else "default"
-        fn = _COMPILED[lm.model] = torch.compile(forward_last, mode=mode, dynamic=None)
+        compiled = torch.compile(forward_last, mode=mode, dynamic=None)
+
+        def fn(*args, **kwargs):
+            with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False):
+                return compiled(*args, **kwargs)
+
+        _COMPILED[lm.model] = fn
     return fn
 
 
