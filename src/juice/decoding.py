@@ -24,6 +24,7 @@ a prompt and a contrast policy. All streams of a chunk share one batch and one K
 
 Logits are computed only at the last position and only for the rows whose tokens are read.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -62,7 +63,7 @@ class Contrast:
 
     Attributes:
         question: index of the second prompt (CAD: the question without its context).
-        rule: a :data:`ContrastRule`.
+        rule: a :data:`ContrastRule` (hashable: the streams are grouped by it).
     """
 
     question: int
