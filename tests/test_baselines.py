@@ -204,12 +204,15 @@ def test_the_no_context_branch_holds_no_context_token(tiny_llama):
     lm = tiny_llama
     seen = []
     handle = lm.model.base_model.register_forward_pre_hook(
-        lambda m, args, kwargs: seen.append(kwargs["input_ids"].clone()), with_kwargs=True)
+        lambda m, args, kwargs: seen.append((kwargs["input_ids"].clone(), kwargs["attention_mask"].bool())),
+        with_kwargs=True)
     try:
         cad_generate(lm, PROMPTS[:1], QUESTIONS[:1], 1)
     finally:
         handle.remove()
-    context_branch, question_branch = seen[0][0].tolist(), seen[1][0].tolist()
+    # one prefill of the engine: the with-context row and the question row (left-padded), unpadded here
+    (ids, mask), = seen
+    context_branch, question_branch = (row[real].tolist() for row, real in zip(ids, mask))
     assert question_branch == token_ids(lm.tokenizer, QUESTIONS[0])
     context_only = token_ids(lm.tokenizer, PROMPTS[0])[: -len(token_ids(lm.tokenizer, QUESTIONS[0])) + 1]
     assert context_branch == token_ids(lm.tokenizer, PROMPTS[0])
@@ -365,6 +368,108 @@ def test_adacad_in_the_contextual_evaluation_equals_a_naive_one_item_reference(t
             assert r.likelihood_correct is None
     with pytest.raises(ValueError, match="contextual direction"):
         evaluate(lm, build_domain("world_capital")[:1], {"AdaCAD": Method(adacad=True)})
+
+
+# ------------------------------------------------------------------ CAD in the shared decoding loop
+
+MIXED_TEXTS = PROMPTS + QUESTIONS + ["w7 w8 w9 w10 w11 w12 w13 w14 w15 w16 w17 w18 the"]
+
+
+def _mixed_streams(lm):
+    """CAD, AdaCAD, Original, JuICE and JuNE streams over shared prompts: P0's clean prefill serves
+    CAD, AdaCAD and Original; Q0 is the question of two streams; Q1 is a question and a prompt."""
+    from juice.baselines.cad import CadPolicy, jsd_alpha
+    from juice.decoding import Contrast, Stream
+    from juice.interventions import HeadSelection
+    from juice.steering import JuICE, JuNE
+
+    sel = HeadSelection((Head(0, 0), Head(1, 1)), (Head(1, 0),))
+    return [Stream(0, contrast=Contrast(2, CadPolicy(1.0))), Stream(0),
+            Stream(1, contrast=Contrast(3, CadPolicy(jsd_alpha))), Stream(1, JuICE(lm, sel, 2.0, -1.0)),
+            Stream(0, contrast=Contrast(2, CadPolicy(jsd_alpha))), Stream(4, JuNE(lm, sel, 1.5, -0.5)),
+            Stream(3), Stream(1, contrast=Contrast(3, CadPolicy(0.5)))]
+
+
+def test_cad_adacad_and_steered_streams_in_one_generate_call_equal_each_alone(tiny):
+    from juice.decoding import generate
+    from juice.reference import cad_generate_naive, greedy_generate_naive
+
+    streams = _mixed_streams(tiny)
+    probes = torch.tensor([[5, 7], [9, 11], [3, 4], [20, 30], [5, 9], [6, 8], [12, 13], [7, 40]])
+    together = generate(tiny, MIXED_TEXTS, streams, 6, probe_tokens=probes)
+    for k, s in enumerate(streams):
+        alone = generate(tiny, MIXED_TEXTS, [s], 6, probe_tokens=probes[k:k + 1])
+        assert torch.equal(together.tokens[k], alone.tokens[0]), k
+        torch.testing.assert_close(together.first_probs[k], alone.first_probs[0], rtol=0, atol=1e-5)
+        if s.contrast is None:   # the paper's algorithms, re-run from scratch
+            assert torch.equal(together.tokens[k], greedy_generate_naive(tiny, MIXED_TEXTS[s.prompt], 6, s.steering))
+        else:                    # CAD / AdaCAD re-run from scratch, both branches
+            tokens, first = cad_generate_naive(tiny, MIXED_TEXTS[s.prompt], MIXED_TEXTS[s.contrast.question], 6,
+                                               s.contrast.rule.alpha)
+            assert torch.equal(together.tokens[k], tokens), k
+            torch.testing.assert_close(together.first_probs[k], first[probes[k]], rtol=0, atol=1e-5)
+    # the public wrapper builds the same stream
+    cad = cad_generate(tiny, PROMPTS, QUESTIONS, 6, alpha=1.0)
+    assert torch.equal(together.tokens[0], cad.tokens[0])
+
+
+def test_mixed_teacher_forcing_equals_each_stream_alone_and_the_uncached_reference(tiny_llama):
+    from juice.decoding import generate
+    from juice.likelihood import continuation_ids
+    from juice.reference import cad_continuation_logprobs_naive, continuation_logprobs
+
+    lm = tiny_llama
+    streams = _mixed_streams(lm)
+    conts = [" paris .", " golf", " w3 w4", " tennis", " rome", " the", " is", " golf tennis"]
+    ids = [continuation_ids(lm.tokenizer, MIXED_TEXTS[s.prompt], c)[1] for s, c in zip(streams, conts)]
+    forced = torch.zeros(len(streams), max(map(len, ids)), dtype=torch.long)
+    for k, c in enumerate(ids):
+        forced[k, : len(c)] = torch.tensor(c)
+    together = generate(lm, MIXED_TEXTS, streams, forced.shape[1], forced_tokens=forced, max_rows=3)
+    for k, s in enumerate(streams):
+        alone = generate(lm, MIXED_TEXTS, [s], forced.shape[1], forced_tokens=forced[k:k + 1])
+        torch.testing.assert_close(together.forced_logprobs[k], alone.forced_logprobs[0], rtol=0, atol=1e-5)
+        prompt, got = MIXED_TEXTS[s.prompt], float(together.forced_logprobs[k, : len(ids[k])].sum())
+        if s.contrast is None:
+            ref = continuation_logprobs(lm, [prompt], [conts[k]], s.steering)
+        else:
+            ref = cad_continuation_logprobs_naive(lm, [prompt], [MIXED_TEXTS[s.contrast.question]], [conts[k]],
+                                                  s.contrast.rule.alpha)
+        assert abs(got - float(ref[0])) < 1e-4, k
+    # the public wrapper, now on the shared loop, equals the uncached reference too
+    from juice.baselines.cad import jsd_alpha
+
+    ref = cad_continuation_logprobs_naive(lm, PROMPTS, QUESTIONS, conts[:2], jsd_alpha)
+    torch.testing.assert_close(cad_continuation_logprobs(lm, PROMPTS, QUESTIONS, conts[:2], jsd_alpha), ref,
+                               rtol=0, atol=1e-4)
+
+
+def test_a_cad_stream_takes_two_rows_of_max_rows(tiny_llama, monkeypatch):
+    import juice.decoding as st
+    from juice.decoding import generate
+
+    rows, real = [], st._generate_chunk
+
+    def counting(lm, batch, prompt_of, steerings, *args, contrasts=None, **kwargs):
+        rows.append(sum(2 if s.method == "juice" or c is not None else 1 for s, c in zip(steerings, contrasts)))
+        return real(lm, batch, prompt_of, steerings, *args, contrasts=contrasts, **kwargs)
+
+    monkeypatch.setattr(st, "_generate_chunk", counting)
+    streams = _mixed_streams(tiny_llama)
+    split = generate(tiny_llama, MIXED_TEXTS, streams, 4, max_rows=3)
+    assert sum(rows) == 2 * 5 + 3 and max(rows) <= 3   # 4 CAD/AdaCAD and 1 JuICE stream: two rows each
+    monkeypatch.setattr(st, "_generate_chunk", real)
+    assert torch.equal(split.tokens, generate(tiny_llama, MIXED_TEXTS, streams, 4, max_rows=64).tokens)
+
+
+def test_a_cad_stream_decodes_the_unmodified_model():
+    from juice.baselines.cad import CadPolicy
+    from juice.decoding import Contrast, Stream
+    from juice.steering import Steering
+
+    with pytest.raises(ValueError, match="contrastive stream .* takes no june steering"):
+        Stream(0, Steering("june", torch.ones(2, 2)), contrast=Contrast(1, CadPolicy()))
+    assert Stream(0, contrast=Contrast(1, CadPolicy())).rows == 2 and Stream(0).rows == 1
 
 
 def test_a_method_is_cad_or_adacad_and_unsteered():

@@ -107,15 +107,15 @@ def test_cad_batches_are_checked_too(monkeypatch):
     lm = build_tiny("llama")
     questions = ["the capital of france is", "the capital of japan is", "the capital of spain is"]
     alone = [cad.cad_generate(lm, [p], [q], 5).tokens[0] for p, q in zip(PROMPTS, questions)]
-    real = cad._cad_chunk
+    real = st._generate_chunk   # CAD streams decode in the engine's chunks
 
-    def corrupted(lm, ids_c, *args, **kwargs):
-        tokens, probs, lps = real(lm, ids_c, *args, **kwargs)
-        if len(ids_c) > 1 and guard.attention_implementation(lm) != "eager":
+    def corrupted(lm, batch, prompt_of, *args, **kwargs):   # chunks of several CAD streams
+        tokens, probs, lps = real(lm, batch, prompt_of, *args, **kwargs)
+        if len(prompt_of) > 1 and guard.attention_implementation(lm) != "eager":
             tokens = (tokens + 1) % lm.model.config.vocab_size
         return tokens, probs, lps
 
-    monkeypatch.setattr(cad, "_cad_chunk", corrupted)
+    monkeypatch.setattr(st, "_generate_chunk", corrupted)
     with pytest.warns(RuntimeWarning, match="eager attention"):
         out = cad.cad_generate(lm, PROMPTS, questions, 5)
     assert all(torch.equal(out.tokens[i], alone[i]) for i in range(3))

@@ -1,6 +1,6 @@
 """The static KV cache (issue 14): fixed-shape decoding steps give the same tokens as the dynamic
-cache on every tiny architecture, for every method, with sampling, repetition penalties, probes,
-teacher forcing and EOS stopping."""
+cache on every tiny architecture, for every method (CAD and AdaCAD streams included), with sampling,
+repetition penalties, probes, teacher forcing and EOS stopping."""
 
 from __future__ import annotations
 
@@ -43,6 +43,40 @@ def test_static_cache_teacher_forcing_and_eos_stop_equal_dynamic(tiny_llama):
     a = generate(tiny_llama, PROMPTS, streams, 8, stop_at_eos=True, max_rows=4)
     b = generate(tiny_llama, PROMPTS, streams, 8, stop_at_eos=True, max_rows=4, kv_cache="static")
     assert torch.equal(a.tokens, b.tokens)
+
+
+def _contrastive_streams() -> list[Stream]:
+    """CAD and AdaCAD streams (prompt 1 against prompt 0 as its question), greedy, sampled and
+    penalized, beside an Original stream of their question."""
+    from juice.baselines.cad import CadPolicy, jsd_alpha
+    from juice.decoding import Contrast
+
+    cad, ada = Contrast(0, CadPolicy(1.0)), Contrast(0, CadPolicy(jsd_alpha))
+    return [Stream(1, contrast=cad), Stream(1, contrast=ada), Stream(0),
+            Stream(1, sampling=Sampling(temperature=0.8, top_k=20, seed=3), contrast=ada),
+            Stream(1, repetition_penalty=1.3, contrast=cad)]
+
+
+def test_static_cache_with_cad_streams_equals_dynamic(tiny):
+    streams = _contrastive_streams()
+    probes = torch.tensor([[5, 7]] * len(streams))
+    dynamic = generate(tiny, PROMPTS, streams, 6, probe_tokens=probes)
+    static = generate(tiny, PROMPTS, streams, 6, probe_tokens=probes, kv_cache="static")
+    assert torch.equal(static.tokens, dynamic.tokens)
+    torch.testing.assert_close(static.first_probs, dynamic.first_probs, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_step_with_cad_streams_equals_the_uncompiled_one(tiny_llama):
+    """CAD steers no head: its step is traced without head hooks; the steered chunks compiled after
+    it must not reuse that trace (dynamo guards on the hooks, see `compiled_forward`)."""
+    streams = _contrastive_streams()
+    plain = generate(tiny_llama, PROMPTS, streams, 6, kv_cache="static")
+    compiled = generate(tiny_llama, PROMPTS, streams, 6, kv_cache="static", compile_step=True)
+    assert torch.equal(compiled.tokens, plain.tokens)
+    steered = _streams(tiny_llama)[:6]
+    plain = generate(tiny_llama, PROMPTS, steered, 7, kv_cache="static")
+    compiled = generate(tiny_llama, PROMPTS, steered, 7, kv_cache="static", compile_step=True)
+    assert torch.equal(compiled.tokens, plain.tokens)
 
 
 def test_unknown_cache_is_refused(tiny_llama):

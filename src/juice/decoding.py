@@ -1,20 +1,26 @@
-"""The batched, cached decoding engine: JuICE's dual run and JuNE's single run (paper Stage 2) for
-greedy or sampled generation and teacher forcing; CAD and AdaCAD decode with the same chunking
-(:mod:`juice.baselines.cad`). What a steering *is* lives in :mod:`juice.steering`.
+"""The batched, cached decoding engine: JuICE's dual run and JuNE's single run (paper Stage 2),
+and contrastive decoding (CAD, AdaCAD: a stream's :class:`Contrast` policy, whose CAD math lives
+in :mod:`juice.baselines.cad`), greedy or sampled generation and teacher forcing, all in one loop.
+What a steering *is* lives in :mod:`juice.steering`.
 
 JuICE (paper Alg. 1, Stage 2): run 1 is the unmodified model; run 2 adds beta+ (resp. beta-)
 times run 1's outputs of the positive (negative) heads to the same heads. JuNE (Alg. 4) scales
-the heads' live outputs in one run: `H <- H + beta * H`.
+the heads' live outputs in one run: `H <- H + beta * H`. CAD (Shi et al. 2023, Eq. 2) chooses
+from a combination of the logits of two unmodified runs, one on the prompt with its context and
+one on the question alone.
 
-Generation is cached and batched. Each request is a *stream*: a prompt and a steering method.
-All streams of a chunk share one batch and one KV cache:
+Generation is cached and batched. Each request is a *stream*: a prompt and a steering method, or
+a prompt and a contrast policy. All streams of a chunk share one batch and one KV cache:
 
 - prefill: one clean (unmodified) row per prompt, plus one row per JuNE or JuICE stream; a JuICE
   row adds beta times its prompt's clean row (:class:`~juice.interventions.RowPlan`), so the clean
-  prefill is computed once however many methods and betas a prompt is steered with;
+  prefill is computed once however many methods and betas a prompt is steered with; a CAD
+  stream's question is one more prompt with its clean row (its context row is its prompt's);
 - decoding: the cache is re-indexed so that every stream owns its rows; a JuICE stream owns a
   copy of the clean row plus its steered row, and both are fed the steered row's new token, so
-  the clean run sees exactly the sequence the steered run produced (as a naive re-run would).
+  the clean run sees exactly the sequence the steered run produced (as a naive re-run would); a
+  CAD stream owns a copy of its prompt's clean row and of its question's, both fed the token
+  chosen from their contrasted logits.
 
 Logits are computed only at the last position and only for the rows whose tokens are read.
 """
@@ -40,27 +46,64 @@ from juice.steering import ORIGINAL, Steering
 from juice.tokens import context_length, pad_left, token_ids
 
 
+ContrastRule = Callable[[Tensor, Tensor], Tensor]
+"""(`[rows, vocab]` logits of the prompt's rows, `[rows, vocab]` logits of the question's rows)
+-> `[rows, vocab]` logits to choose the next tokens from; row `r` of the result may depend on row
+`r` of the inputs only."""
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """A contrastive decoding policy of a :class:`Stream`: the stream decodes two unmodified rows
+    side by side, its prompt and `prompts[question]`, each with its KV cache rows, both fed the
+    chosen token, which is chosen from `rule(prompt logits, question logits)`.
+
+    CAD and AdaCAD (:class:`juice.baselines.cad.CadPolicy`, Shi et al. 2023, Eq. 2; Wang et al.
+    2025) are such rules. Streams with equal rules are combined in one call per step.
+
+    Attributes:
+        question: index of the second prompt (CAD: the question without its context).
+        rule: a :data:`ContrastRule` (hashable: the streams are grouped by it).
+    """
+
+    question: int
+    rule: ContrastRule
+
+
 @dataclass(frozen=True)
 class Stream:
-    """One generation request: the prompt at index `prompt`, decoded under `steering`, greedily
-    or with `sampling`.
+    """One generation request: the prompt at index `prompt`, decoded under `steering`, or with a
+    `contrast` policy (CAD, AdaCAD), greedily or with `sampling`.
 
     `repetition_penalty` is Hugging Face's (CTRL, Keskar et al. 2019): before choosing, the logit
     of every token already in the sequence (prompt, BOS included, and new tokens) is divided by
-    it if positive and multiplied by it if negative; 1 leaves the logits alone.
+    it if positive and multiplied by it if negative; 1 leaves the logits alone. Under a contrast,
+    sampling, the penalty and the probabilities returned apply to the contrasted logits (the
+    penalty's sequence is the stream's prompt and its new tokens).
 
     Raises:
-        ValueError: repetition_penalty <= 0.
+        ValueError: repetition_penalty <= 0, or a contrast with a steering (CAD decodes the
+            unmodified model).
     """
 
     prompt: int
     steering: Steering = ORIGINAL
     sampling: Sampling | None = None
     repetition_penalty: float = 1.0
+    contrast: Contrast | None = None
 
     def __post_init__(self) -> None:
         if not self.repetition_penalty > 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.contrast is not None and self.steering.method != "original":
+            raise ValueError("a contrastive stream (CAD, AdaCAD) decodes the unmodified model; "
+                             f"it takes no {self.steering.method} steering")
+
+    @property
+    def rows(self) -> int:
+        """Decoding rows the stream owns: two for JuICE (clean copy, steered row) and for a
+        contrast (prompt row, question row), else one."""
+        return 2 if self.steering.method == "juice" or self.contrast is not None else 1
 
 
 @dataclass
@@ -108,11 +151,20 @@ def compiled_forward(lm: LoadedModel) -> Callable:
     fixed-shape steps of the static KV cache (:func:`generate`, `compile_step`). Shapes are left
     to torch's automatic dynamic: Gemma 3's static sliding-window cache layers keep their length
     as a Python int, which would otherwise recompile every step; with it the second step
-    recompiles once with that length symbolic (measured on tiny Gemma 3: 1 recompile in 12 steps)."""
+    recompiles once with that length symbolic (measured on tiny Gemma 3: 1 recompile in 12 steps).
+    Its calls run with dynamo's guards on module hooks (`skip_nnmodule_hook_guards=False`; torch
+    skips them by default), else a step traced without head hooks (a chunk of Original or CAD
+    streams) would be reused, silently, for later chunks of steered rows."""
     fn = _COMPILED.get(lm.model)
     if fn is None:
         mode = "reduce-overhead" if lm.device.type == "cuda" else "default"
-        fn = _COMPILED[lm.model] = torch.compile(forward_last, mode=mode, dynamic=None)
+        compiled = torch.compile(forward_last, mode=mode, dynamic=None)
+
+        def fn(*args, **kwargs):
+            with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False):
+                return compiled(*args, **kwargs)
+
+        _COMPILED[lm.model] = fn
     return fn
 
 
@@ -147,10 +199,9 @@ def length_buckets(
 
 def _chunks(streams: Sequence[Stream], lengths: Sequence[int], max_rows: int) -> Iterator[list[int]]:
     """Stream indices grouped by prompt, prompts ordered by token length (little padding), cut so
-    no chunk decodes more than `max_rows` rows (a JuICE stream takes two)."""
+    no chunk decodes more than `max_rows` rows (a JuICE or contrastive stream takes two)."""
     order = sorted(range(len(streams)), key=lambda i: (lengths[streams[i].prompt], streams[i].prompt))
-    return length_buckets(order, [lengths[s.prompt] for s in streams],
-                          [2 if s.steering.method == "juice" else 1 for s in streams], max_rows)
+    return length_buckets(order, [lengths[s.prompt] for s in streams], [s.rows for s in streams], max_rows)
 
 
 @torch.inference_mode()
@@ -170,21 +221,24 @@ def generate(
     compile_step: bool | None = None,
     apply_plan: Callable[[ModelHeads, RowPlan], AbstractContextManager] = planned_rows,
 ) -> Generation:
-    """Greedy or sampled decoding of many (prompt, steering) streams, batched and cached.
+    """Greedy or sampled decoding of many (prompt, steering or contrast) streams, batched and cached.
 
-    Paper Alg. 1 (JuICE) and Alg. 4 (JuNE); "original" is the unmodified model. Per new token a
-    chunk costs one forward of one token per row; the clean prefill of a prompt is shared by all
-    its streams. See the module docstring for the layout.
+    Paper Alg. 1 (JuICE) and Alg. 4 (JuNE); "original" is the unmodified model; CAD and AdaCAD
+    are streams with a :class:`Contrast` (:mod:`juice.baselines.cad`). Per new token a chunk
+    costs one forward of one token per row; the clean prefill of a prompt is shared by all its
+    streams (and by the contrastive streams whose question it is). See the module docstring for
+    the layout.
 
     Args:
         lm: the model.
         prompts: prompt strings (BOS is added).
         streams: what to generate; `Stream(i, steering)` decodes `prompts[i]` under `steering`,
-            greedily, or with `Stream(i, steering, Sampling(...))` by sampling.
+            greedily, or with `Stream(i, steering, Sampling(...))` by sampling;
+            `Stream(i, contrast=Contrast(j, rule))` decodes `prompts[i]` against `prompts[j]`.
         max_new_tokens: tokens to generate per stream.
         probe_tokens: `[n_streams, k]` token ids whose first-step probabilities to return.
-        max_rows: most decoding rows per batch (a JuICE stream takes two), or "auto" (sized for
-            the longest prompt, :func:`juice.budget.auto_max_rows`).
+        max_rows: most decoding rows per batch (a JuICE or contrastive stream takes two), or
+            "auto" (sized for the longest prompt, :func:`juice.budget.auto_max_rows`).
         on_chunk: called with the number of streams finished after each batch (progress bars).
         on_token: called after every decoding step with the indices (into `streams`) of the
             batch's streams and their new tokens `[len(indices)]` (streaming); with it, no
@@ -241,23 +295,29 @@ def generate(
     ids = [token_ids(lm.tokenizer, p) for p in prompts]
     max_rows = resolve_max_rows(max_rows, lm, max(map(len, ids), default=1) + max_new_tokens)
 
+    def prompts_of(stream: Stream) -> tuple[int, ...]:   # its prompt, and its contrast's question
+        return (stream.prompt,) if stream.contrast is None else (stream.prompt, stream.contrast.question)
+
     def run(chunk: list[int]):
-        chunk_prompts = sorted({streams[i].prompt for i in chunk})
+        chunk_prompts = sorted({p for i in chunk for p in prompts_of(streams[i])})
         batch = pad_left([ids[p] for p in chunk_prompts], lm.tokenizer.pad_token_id,
                          None if limit is None else limit - max_new_tokens)
         probes = None if probe_tokens is None else probe_tokens[chunk]
         forced = None if forced_tokens is None else forced_tokens[chunk]
         step = None if on_token is None else (lambda t, chunk=chunk: on_token(list(chunk), t.cpu()))
+        contrasts = [None if (c := streams[i].contrast) is None else Contrast(chunk_prompts.index(c.question), c.rule)
+                     for i in chunk]
         return _generate_chunk(lm, batch, [chunk_prompts.index(streams[i].prompt) for i in chunk],
                                [streams[i].steering for i in chunk], max_new_tokens, probes, forced,
                                [streams[i].sampling for i in chunk], step,
                                [streams[i].repetition_penalty for i in chunk],
                                lm.tokenizer.eos_token_id if stop_at_eos and forced is None else None,
-                               static=kv_cache == "static", compiled=compile_step, apply_plan=apply_plan)
+                               static=kv_cache == "static", compiled=compile_step, apply_plan=apply_plan,
+                               contrasts=contrasts)
 
     return decode_chunks(lm, n, max_new_tokens, _chunks(streams, [len(i) for i in ids], max_rows), run,
-                         lambda i: len(ids[streams[i].prompt]), probe_tokens, forced_tokens is not None,
-                         check=on_token is None, on_chunk=on_chunk)
+                         lambda i: tuple(len(ids[p]) for p in prompts_of(streams[i])), probe_tokens,
+                         forced_tokens is not None, check=on_token is None, on_chunk=on_chunk)
 
 
 def decode_chunks(
@@ -266,8 +326,7 @@ def decode_chunks(
     probe_tokens: Tensor | None = None, forced: bool = False, *, check: bool = True,
     on_chunk: Callable[[int], None] | None = None,
 ) -> Generation:
-    """The scaffolding every batched decoder shares (:func:`generate`,
-    :func:`juice.baselines.cad.cad_generate`): decode each chunk of the `n` streams with `run`, let
+    """The scaffolding of :func:`generate`: decode each chunk of the `n` streams with `run`, let
     the runtime guard check it against one-at-a-time decoding where needed (:mod:`juice.guard`;
     `check=False` when tokens were already handed out), and scatter the chunks' results back into
     the streams' order.
@@ -277,7 +336,8 @@ def decode_chunks(
         run: a chunk's stream indices -> (`[len(chunk), max_new_tokens]` tokens, `[len(chunk), k]`
             first-step probe probabilities or None, `[len(chunk), max_new_tokens]` forced
             log-probabilities or None).
-        length_of: a stream's prompt length(s), which the guard uses to pick the most padded rows.
+        length_of: a stream's prompt length(s) (a tuple for a contrastive stream's prompt and
+            question), which the guard uses to pick the most padded rows.
         probe_tokens: `[n, k]` (only its shape is used here), or None.
         forced: whether `run` returns forced log-probabilities.
 
@@ -314,16 +374,22 @@ def _generate_chunk(
     on_step: Callable[[Tensor], None] | None = None, penalties: Sequence[float] | None = None,
     eos: int | None = None, static: bool = False, compiled: bool = False,
     apply_plan: Callable[[ModelHeads, RowPlan], AbstractContextManager] = planned_rows,
+    contrasts: Sequence[Contrast | None] | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Decode one chunk of streams: the dual run of JuICE (paper Alg. 1), JuNE (Alg. 4) and the
-    unmodified model side by side in one batch, with one KV cache.
+    """Decode one chunk of streams: the dual run of JuICE (paper Alg. 1), JuNE (Alg. 4), CAD's
+    two runs (Shi et al. 2023, Eq. 2) and the unmodified model side by side in one batch, with
+    one KV cache.
 
-    Prefill: one clean row per prompt that an Original or JuICE stream needs, then one row per
-    JuNE or JuICE stream; a :class:`juice.interventions.RowPlan` scales a JuNE row's heads and adds
-    beta times the clean row's head outputs to a JuICE row (the clean row *is* run 1, the JuICE
-    row run 2). Decoding: every stream owns its rows (a JuICE stream two: its own copy of the
-    clean row, fed the stream's tokens, and the steered row), the cache rows are reordered once,
-    and each step is one forward of one token per row.
+    Prefill: one clean row per prompt that an Original, JuICE or contrastive stream needs (a
+    contrastive stream's question included), then one row per JuNE or JuICE stream; a
+    :class:`juice.interventions.RowPlan` scales a JuNE row's heads and adds beta times the clean
+    row's head outputs to a JuICE row (the clean row *is* run 1, the JuICE row run 2). Decoding:
+    every stream owns its rows (a JuICE stream two: its own copy of the clean row, fed the
+    stream's tokens, and the steered row; a contrastive stream two unmodified rows: its copies
+    of its prompt's and its question's clean rows, both fed the stream's tokens), the cache rows
+    are reordered once, and each step is one forward of one token per row. A contrastive
+    stream's logits are its rule applied to its two rows' logits (:class:`Contrast`), before the
+    repetition penalty, the probes and the token choice.
 
     Args:
         batch: the chunk's distinct prompts, left-padded (`input_ids`, `attention_mask`,
@@ -341,6 +407,8 @@ def _generate_chunk(
             (see :func:`generate`'s `kv_cache`).
         compiled: decode through :func:`compiled_forward` (needs `static`).
         apply_plan: applies a row plan to the heads (see :func:`generate`).
+        contrasts: per stream, its :class:`Contrast` with `question` its question's row in
+            `batch`, or None; None: no contrastive stream.
 
     Returns:
         (`[n_streams, max_new_tokens]` tokens on the CPU, `[n_streams, k]` first-step probe
@@ -350,9 +418,12 @@ def _generate_chunk(
     device = lm.device
     zero = _zero_plan_row(geometry)
 
-    # Prefill layout: a clean row for each prompt that an original or JuICE stream needs, then one
-    # row per JuNE or JuICE stream (a JuICE row adds its prompt's clean row, see RowPlan).
-    clean_prompts = sorted({p for p, s in zip(prompt_of, steerings) if s.method in ("original", "juice")})
+    contrasts = [None] * len(prompt_of) if contrasts is None else list(contrasts)
+    # Prefill layout: a clean row for each prompt that an original, JuICE or contrastive stream
+    # needs (a question too), then one row per JuNE or JuICE stream (a JuICE row adds its prompt's
+    # clean row, see RowPlan).
+    clean_prompts = sorted({p for p, s in zip(prompt_of, steerings) if s.method in ("original", "juice")}
+                           | {c.question for c in contrasts if c is not None})
     clean_row = {p: r for r, p in enumerate(clean_prompts)}
     rows_src = list(clean_prompts)
     scale, add, source = [zero] * len(rows_src), [zero] * len(rows_src), [-1] * len(rows_src)
@@ -376,7 +447,24 @@ def _generate_chunk(
         cache = StaticCache(config=lm.model.config, max_cache_len=ids.shape[1] + max_new_tokens)
     with apply_plan(lm.heads, plan):
         hidden, cache = forward_last(lm, ids, mask, positions, past=cache)
+    # The contrastive streams, grouped by rule: (rule, their indices among the streams `[m]`).
+    by_rule: dict[ContrastRule, list[int]] = {}
+    for k, c in enumerate(contrasts):
+        if c is not None:
+            by_rule.setdefault(c.rule, []).append(k)
+    groups = [(rule, torch.tensor(ks, device=device)) for rule, ks in by_rule.items()]
+
+    def contrasted(logits: Tensor, hidden: Tensor, question_rows: Tensor) -> Tensor:
+        """The streams' `[n_streams, vocab]` logits, each contrastive stream's replaced by its rule
+        applied to them and to the logits of its question's row (`question_rows`: `[n_streams]`
+        rows of `hidden`, `[rows, hidden]`)."""
+        for rule, ks in groups:
+            logits[ks] = rule(logits[ks], lm.logits(hidden[question_rows[ks]]).float())
+        return logits
+
+    question_rows = torch.tensor([-1 if c is None else clean_row[c.question] for c in contrasts], device=device)
     logits = lm.logits(hidden[torch.tensor(out_row, device=device)]).float()
+    logits = contrasted(logits, hidden, question_rows)
     penalty = None if penalties is None or all(x == 1 for x in penalties) else torch.tensor(penalties)
     seen = None
     if penalty is not None:   # [streams, vocab]: the tokens of each stream's prompt (padding excluded)
@@ -408,8 +496,9 @@ def _generate_chunk(
     if max_new_tokens == 1 or (done is not None and bool(done.all())):
         return finish()
 
-    # Decoding layout: every stream owns its rows; a JuICE stream owns [clean copy, steered row].
-    select, d_scale, d_add, d_source, d_out, feed_stream = [], [], [], [], [], []
+    # Decoding layout: every stream owns its rows; a JuICE stream owns [clean copy, steered row], a
+    # contrastive stream [question row copy, prompt row copy].
+    select, d_scale, d_add, d_source, d_out, d_question, feed_stream = [], [], [], [], [], [], []
 
     def own(row: int, k: int, scale_row: Tensor, add_row: Tensor, src: int) -> None:
         select.append(row)
@@ -418,13 +507,17 @@ def _generate_chunk(
         d_source.append(src)
         feed_stream.append(k)
 
-    for k, (p, s) in enumerate(zip(prompt_of, steerings)):
+    for k, (p, s, c) in enumerate(zip(prompt_of, steerings, contrasts)):
         if s.method == "juice":
             own(clean_row[p], k, zero, zero, -1)
             own(out_row[k], k, zero, s.coefficients, len(select) - 1)
+        elif c is not None:
+            own(clean_row[c.question], k, zero, zero, -1)
+            own(out_row[k], k, zero, zero, -1)
         else:
             own(out_row[k], k, s.coefficients if s.method == "june" else zero, zero, -1)
         d_out.append(len(select) - 1)
+        d_question.append(-1 if c is None else len(select) - 2)
     select_t = torch.tensor(select, device=device)
     cache.reorder_cache(select_t)
     mask, positions = mask[select_t], positions[select_t][:, -1:]
@@ -432,6 +525,7 @@ def _generate_chunk(
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], max_new_tokens)], dim=1)
     d_plan = RowPlan(torch.stack(d_scale), torch.stack(d_add), torch.tensor(d_source))
     out_t, feed_t = torch.tensor(d_out, device=device), torch.tensor(feed_stream, device=device)
+    question_rows = torch.tensor(d_question, device=device)
     step = compiled_forward(lm) if compiled else forward_last
     with apply_plan(lm.heads, d_plan):
         for _ in range(max_new_tokens - 1):
@@ -440,6 +534,7 @@ def _generate_chunk(
             positions = positions + 1
             hidden, cache = step(lm, token[feed_t][:, None], mask, positions, past=cache)
             logits = lm.logits(hidden[out_t]).float()
+            logits = contrasted(logits, hidden, question_rows)
             if seen is not None:
                 seen[torch.arange(len(prompt_of), device=device), token.to(device)] = True
                 logits = penalize_repetition(logits, seen, penalty)

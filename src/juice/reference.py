@@ -2,8 +2,10 @@
 
 Each re-runs whole sequences with no cache and one intervention per forward, exactly as the
 paper's algorithms read: greedy decoding (:func:`greedy_generate_naive`, Alg. 1 and Alg. 4),
-teacher-forced continuation log-probabilities (:func:`continuation_logprobs`) and Stage 1's
-intervention probabilities (:func:`intervention_probs_naive`, Alg. 2). Not for production runs.
+teacher-forced continuation log-probabilities (:func:`continuation_logprobs`), CAD and AdaCAD's
+two-branch decoding and likelihoods (:func:`cad_generate_naive`,
+:func:`cad_continuation_logprobs_naive`, Shi et al. 2023, Eq. 2) and Stage 1's intervention
+probabilities (:func:`intervention_probs_naive`, Alg. 2). Not for production runs.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor
 
+from juice.baselines.cad import ALPHA, AlphaRule, CadPolicy
 from juice.budget import resolve_max_rows
 from juice.likelihood import continuation_ids, sequence_logits
 from juice.interventions import Head, added_to_heads, captured_heads, head_coefficients, scaled_heads
 from juice.models import LoadedModel
 from juice.steering import ORIGINAL, Steering
-from juice.tokens import encode
+from juice.tokens import encode, token_ids
 
 
 @torch.inference_mode()
@@ -82,6 +85,59 @@ def continuation_logprobs(
         for i, lg in zip(chunk, logits):
             target = torch.tensor(pairs[i][1], device=lg.device)
             out[i] = float(lg.log_softmax(-1).gather(1, target[:, None]).sum())
+    return out
+
+
+@torch.inference_mode()
+def cad_generate_naive(
+    lm: LoadedModel, prompt: str, question: str, max_new_tokens: int = 10, alpha: float | AlphaRule = ALPHA,
+) -> tuple[Tensor, Tensor]:
+    """Reference CAD / AdaCAD decoding (:class:`juice.baselines.cad.CadPolicy`): every step
+    re-runs both whole branches, `prompt` and `question` each followed by the tokens so far, with
+    no cache, and takes the argmax of the contrasted last-position logits.
+
+    Returns:
+        (`[max_new_tokens]` new token ids, `[vocab]` float32 first-step probabilities under the
+        contrasted logits), on the CPU.
+    """
+    policy = CadPolicy(alpha)
+    branches = [encode(lm.tokenizer, [text]).input_ids.to(lm.device) for text in (prompt, question)]
+    new, first = [], None
+    for _ in range(max_new_tokens):
+        lc, lq = (lm.model(input_ids=ids, use_cache=False).logits[:, -1].float() for ids in branches)
+        adjusted = policy(lc, lq)
+        if first is None:
+            first = adjusted[0].softmax(-1).cpu()
+        token = adjusted.argmax(-1, keepdim=True)
+        new.append(int(token))
+        branches = [torch.cat([ids, token], dim=1) for ids in branches]
+    return torch.tensor(new), first
+
+
+@torch.inference_mode()
+def cad_continuation_logprobs_naive(
+    lm: LoadedModel, prompts: Sequence[str], questions: Sequence[str], continuations: Sequence[str],
+    alpha: float | AlphaRule = ALPHA,
+) -> Tensor:
+    """Reference for :func:`juice.baselines.cad.cad_continuation_logprobs`: per item, one full
+    forward of each branch (prompt + continuation, question + continuation) with no cache, and the
+    continuation's log-probabilities under the softmax of the contrasted logits at every
+    continuation token (an alpha rule sees each position's two rows).
+
+    Returns:
+        `[len(prompts)]` float64 log-probabilities (nats).
+
+    Raises:
+        EmptyAnswerError: a continuation tokenizes to nothing.
+    """
+    policy = CadPolicy(alpha)
+    out = torch.zeros(len(prompts), dtype=torch.float64)
+    for i, (p, q, c) in enumerate(zip(prompts, questions, continuations, strict=True)):
+        base_c, cont = continuation_ids(lm.tokenizer, p, c)
+        base_q = token_ids(lm.tokenizer, q)
+        lc, lq = (sequence_logits(lm, [base + cont], [len(cont)])[0] for base in (base_c, base_q))
+        target = torch.tensor(cont, device=lc.device)
+        out[i] = float(policy(lc, lq).log_softmax(-1).gather(1, target[:, None]).sum())
     return out
 
 

@@ -1,7 +1,8 @@
 """CAD, context-aware decoding (Shi et al. 2023, "Trusting Your Evidence: Hallucinate Less with
 Context-aware Decoding", Eq. 2; paper Sec. 4.2 baseline, alpha = 1), and AdaCAD (Wang et al.,
 NAACL 2025, "AdaCAD: Adaptively Decoding to Balance Conflicts between Contextual and Parametric
-Knowledge", arXiv 2409.07394), one batched decoding engine for both.
+Knowledge", arXiv 2409.07394): their math and their decoding policy (:class:`CadPolicy`) for the
+engine's one decoding loop (:func:`juice.decoding.generate`).
 
 At every step the next token is the argmax of
 
@@ -11,9 +12,13 @@ At every step the next token is the argmax of
 
     alpha_t = JSD(p(. | context, question, y<t) || p(. | question, y<t))
 
-(:func:`jsd_alpha`). :func:`cad_generate` takes either a number or such a rule (any callable
-from the two branches' logits to one weight per row), so AdaCAD is a decoding policy of the same
-engine, not a second loop.
+(:func:`jsd_alpha`). :class:`CadPolicy` takes either a number or such a rule (any callable from
+the two branches' logits to one weight per row), so CAD and AdaCAD are one policy of the engine
+that also decodes Original, JuNE and JuICE: a stream
+`Stream(i, contrast=Contrast(j, CadPolicy(alpha)))` decodes `prompts[i]` (context and question)
+against `prompts[j]` (the question alone) and may share a batch, and its prompt's prefill, with
+streams of any other method. :func:`cad_generate` and :func:`cad_continuation_logprobs` are thin
+wrappers that build such streams.
 
 AdaCAD, points decided here and their sources (the paper's method section, Sec. 2, and the
 authors' `group_decode_fileio_adacad.py`, functions `get_jsd` and `decode`):
@@ -37,24 +42,23 @@ authors' `group_decode_fileio_adacad.py`, functions `get_jsd` and `decode`):
 
 The second branch really holds no context: it is the question part of the prompt, tokenized on
 its own (see :attr:`juice.data.records.ContextualExample.question`); the JuICE authors' CAD code
-strips only a BOS token and so leaves the context in (PROTOCOL.md, CAD). The two branches keep
-two KV caches (two batches of rows, one per branch) and both are fed the chosen token.
+strips only a BOS token and so leaves the context in (PROTOCOL.md, CAD). Each branch is a row of
+the engine's batch with its own KV cache rows (the question row left-padded to the batch's
+width, like any shorter prompt), and both are fed the chosen token.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from juice.budget import resolve_max_rows
-from juice.decoding import Generation, decode_chunks, forward_last, length_buckets
-from juice.likelihood import continuation_ids, sequence_logits
-from juice.sampling import pick_token
+from juice.decoding import Contrast, Generation, Stream, generate
+from juice.likelihood import continuation_ids
 from juice.models import LoadedModel
-from juice.tokens import context_length, pad_left, token_ids
 
 ALPHA = 1.0
 
@@ -101,7 +105,37 @@ def jsd_alpha(with_context: Tensor, without_context: Tensor, base: float = 2.0) 
     return jsd.clamp(0.0, math.log(2.0) / math.log(base))
 
 
-@torch.inference_mode()
+@dataclass(frozen=True)
+class CadPolicy:
+    """CAD's decoding rule, as a :data:`juice.decoding.ContrastRule` for a stream's
+    :class:`~juice.decoding.Contrast`: the with-context logits contrasted with the question-only
+    logits by :func:`contrast` at `alpha` (Eq. 2). AdaCAD of one prompt beside its Original run::
+
+        generate(lm, [prompt, question], [Stream(0), Stream(0, contrast=Contrast(1, CadPolicy(jsd_alpha)))])
+
+    Attributes:
+        alpha: CAD's weight (0 is plain greedy decoding of the prompt), or an :data:`AlphaRule`
+            giving one weight per row and step from the two branches' logits (:func:`jsd_alpha`:
+            AdaCAD). Policies with equal alphas are applied in one call.
+    """
+
+    alpha: float | AlphaRule = ALPHA
+
+    def __call__(self, with_context: Tensor, without_context: Tensor) -> Tensor:
+        """`[rows, vocab]` contrasted logits of `[rows, vocab]` with- and without-context logits.
+
+        Raises:
+            ValueError: an alpha rule gave other than one weight per row.
+        """
+        if not callable(self.alpha):
+            return contrast(with_context, without_context, self.alpha)
+        weight = torch.as_tensor(self.alpha(with_context, without_context), device=with_context.device)
+        if weight.shape != with_context.shape[:1]:
+            raise ValueError(f"an alpha rule must give one weight per row {tuple(with_context.shape[:1])}, "
+                             f"got shape {tuple(weight.shape)}")
+        return contrast(with_context, without_context, weight)
+
+
 def cad_generate(
     lm: LoadedModel,
     prompts: Sequence[str],
@@ -114,7 +148,9 @@ def cad_generate(
     on_chunk: Callable[[int], None] | None = None,
     forced_tokens: Tensor | None = None,
 ) -> Generation:
-    """Greedy context-aware decoding, batched, with one KV cache per branch.
+    """Greedy context-aware decoding of every (prompt, question) pair: one contrastive stream each
+    (:class:`CadPolicy`) of :func:`juice.decoding.generate`, batched, with its chunking, KV cache
+    options (the model's default) and runtime guard. Each distinct text is prefilled once.
 
     Args:
         prompts: full prompts (context and question).
@@ -138,60 +174,12 @@ def cad_generate(
     """
     if len(prompts) != len(questions):
         raise ValueError("one question per prompt")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    limit = context_length(lm.model)
-    room = None if limit is None else limit - max_new_tokens
-    ids_c = [token_ids(lm.tokenizer, p) for p in prompts]
-    ids_q = [token_ids(lm.tokenizer, q) for q in questions]
-    max_rows = resolve_max_rows(max_rows, lm, max(map(len, ids_c), default=1) + max_new_tokens)
-    n = len(prompts)
-    lengths = [len(i) for i in ids_c]
-    # each item takes two rows, one per branch
-
-    def run(chunk: list[int]):
-        return _cad_chunk(lm, [ids_c[i] for i in chunk], [ids_q[i] for i in chunk], max_new_tokens, alpha,
-                          None if probe_tokens is None else probe_tokens[chunk], room,
-                          None if forced_tokens is None else forced_tokens[chunk])
-
-    chunks = length_buckets(sorted(range(n), key=lengths.__getitem__), lengths, [2] * n, max_rows)
-    return decode_chunks(lm, n, max_new_tokens, chunks, run, lambda i: (len(ids_c[i]), len(ids_q[i])), probe_tokens,
-                         forced_tokens is not None, on_chunk=on_chunk)
-
-
-def _cad_chunk(lm, ids_c, ids_q, max_new_tokens, alpha, probes, room, forced=None):
-    device = lm.device
-    branches = []
-    for ids in (ids_c, ids_q):
-        b = pad_left(ids, lm.tokenizer.pad_token_id, room).to(device)
-        hidden, cache = forward_last(lm, b.input_ids, b.attention_mask, b.position_ids)
-        branches.append([b.attention_mask, b.position_ids[:, -1:], cache, hidden])
-    logits = _contrasted(lm.logits(branches[0][3]).float(), lm.logits(branches[1][3]).float(), alpha)
-    probs = None if probes is None else logits.softmax(-1).gather(1, probes.to(device)).cpu()
-    lps: list[Tensor] = []
-    token = pick_token(logits, forced, 0, lps)
-    new = [token]
-    for _ in range(max_new_tokens - 1):
-        outs = []
-        for br in branches:
-            mask, pos, cache, _ = br
-            br[0] = mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-            br[1] = pos = pos + 1
-            hidden, br[2] = forward_last(lm, token[:, None], mask, pos, past=cache)
-            outs.append(lm.logits(hidden).float())
-        token = pick_token(_contrasted(outs[0], outs[1], alpha), forced, len(new), lps)
-        new.append(token)
-    return torch.stack(new, 1).cpu(), probs, torch.stack(lps, 1) if lps else None
-
-
-def _contrasted(with_context: Tensor, without_context: Tensor, alpha: float | AlphaRule) -> Tensor:
-    if not callable(alpha):
-        return contrast(with_context, without_context, alpha)
-    weight = torch.as_tensor(alpha(with_context, without_context), device=with_context.device)
-    if weight.shape != with_context.shape[:1]:
-        raise ValueError(f"an alpha rule must give one weight per row {tuple(with_context.shape[:1])}, "
-                         f"got shape {tuple(weight.shape)}")
-    return contrast(with_context, without_context, weight)
+    texts = list(dict.fromkeys([*prompts, *questions]))   # each distinct text once: shared prefills
+    index = {t: i for i, t in enumerate(texts)}
+    policy = CadPolicy(alpha)
+    streams = [Stream(index[p], contrast=Contrast(index[q], policy)) for p, q in zip(prompts, questions)]
+    return generate(lm, texts, streams, max_new_tokens, probe_tokens=probe_tokens, max_rows=max_rows,
+                    on_chunk=on_chunk, forced_tokens=forced_tokens)
 
 
 def cad_continuation_logprobs(
@@ -199,18 +187,25 @@ def cad_continuation_logprobs(
     alpha: float | AlphaRule = ALPHA,
 ) -> Tensor:
     """Sum of log-probabilities of each continuation under CAD's (or AdaCAD's) adjusted distribution
-    (teacher forcing; softmax of the contrasted logits at every continuation token). A reference,
-    one item at a time; :func:`cad_generate` with `forced_tokens` does the same in batches.
+    (teacher forcing; softmax of the contrasted logits at every continuation token, alpha of a
+    rule recomputed at each): :func:`cad_generate` with the continuations as `forced_tokens`.
+    The uncached reference is :func:`juice.reference.cad_continuation_logprobs_naive`.
 
     Returns:
         `[len(prompts)]` float64 log-probabilities (nats).
-    """
-    out = torch.zeros(len(prompts), dtype=torch.float64)
-    for i, (p, q, c) in enumerate(zip(prompts, questions, continuations, strict=True)):
-        base_c, cont = continuation_ids(lm.tokenizer, p, c)
-        base_q = token_ids(lm.tokenizer, q)
-        lc, lq = (sequence_logits(lm, [base + cont], [len(cont)])[0] for base in (base_c, base_q))
-        target = torch.tensor(cont, device=lc.device)
-        out[i] = float(_contrasted(lc, lq, alpha).log_softmax(-1).gather(1, target[:, None]).sum())
-    return out
 
+    Raises:
+        EmptyAnswerError: a continuation tokenizes to nothing.
+        ValueError: lengths differ.
+    """
+    conts = [continuation_ids(lm.tokenizer, p, c)[1] for p, c in zip(prompts, continuations, strict=True)]
+    if len(questions) != len(prompts):
+        raise ValueError("one question per prompt")
+    if not conts:
+        return torch.zeros(0, dtype=torch.float64)
+    width = max(map(len, conts))
+    forced = torch.full((len(conts), width), lm.tokenizer.pad_token_id or 0, dtype=torch.long)
+    for i, c in enumerate(conts):
+        forced[i, : len(c)] = torch.tensor(c)
+    lps = cad_generate(lm, prompts, questions, width, alpha, forced_tokens=forced).forced_logprobs
+    return torch.stack([lp[: len(c)].sum() for lp, c in zip(lps, conts)])
