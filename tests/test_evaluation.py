@@ -8,8 +8,7 @@ from juice.baselines.prompt import contextual_prompt
 from juice.data.paraconflict import build_domain
 from juice.data.records import ContextualExample
 from juice.eval.runner import Method, evaluate, evaluate_contextual, likelihood_table
-from juice.interventions import HeadSelection
-from juice.interventions import Head, added_to_heads, captured_heads
+from juice.interventions import Head, HeadSelection, added_to_heads, captured_heads
 from juice.reference import continuation_logprobs
 from juice.steering import Steering, steering_coefficients
 from juice.tokens import token_ids
@@ -140,3 +139,25 @@ def continuation_ids_(lm, prompt, cont):
     from juice.likelihood import continuation_ids
 
     return continuation_ids(lm.tokenizer, prompt, cont)[1]
+
+
+def test_an_evaluated_text_ends_at_eos_as_hugging_face_generate_ends_it(tiny_llama, monkeypatch):
+    """Evaluation stops a row at EOS and its text ends there (the authors' baselines decode with
+    Hugging Face's `generate`, which stops at EOS); for Original the text equals `generate`'s, for
+    a steered row the tokens before EOS equal the unstopped decoding's. The tiny model's 4th
+    greedy token is made the EOS so that the case occurs."""
+    from juice.decoding import greedy_generate
+    from juice.eval.runner import DecodeRequest, decode_requests
+
+    lm = tiny_llama
+    prompt = "the capital of france is"
+    free = greedy_generate(lm, [prompt], 6).tokens[0].tolist()
+    cut = next(k for k in range(1, 6) if free[k] not in free[:k])
+    monkeypatch.setattr(lm.tokenizer, "eos_token_id", free[cut])
+    (text, _), = decode_requests(lm, [DecodeRequest(prompt, Method(), [0])], 6)
+    ids = torch.tensor([token_ids(lm.tokenizer, prompt)], device=lm.device)
+    hf = lm.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+                           eos_token_id=free[cut], pad_token_id=lm.tokenizer.pad_token_id)[0, ids.shape[1]:]
+    assert hf.tolist() == free[: cut + 1]     # generate stops at EOS (its last token)
+    assert text == lm.tokenizer.decode(hf[:-1], skip_special_tokens=True)
+    assert text != lm.tokenizer.decode(free, skip_special_tokens=True)

@@ -248,9 +248,10 @@ def generate(
             choice (teacher forcing: scores given continuations under every steering, sharing
             each prompt's prefill like generation does); their log-probabilities are returned.
         stop_at_eos: stop a batch once each of its streams has produced the tokenizer's EOS
-            (Hugging Face's default); a stream's tokens after its EOS are EOS. Off by default, so
-            evaluation decodes exactly `max_new_tokens` steps (the texts there keep what follows an
-            EOS, PROTOCOL.md); :class:`juice.Steerer` and the server turn it on.
+            (Hugging Face's default); a stream's tokens after its EOS are EOS, so its text ends
+            at its EOS. Evaluation (:func:`juice.eval.runner.decode_requests`), :class:`juice.Steerer`
+            and the server turn it on; off, exactly `max_new_tokens` steps are decoded and the
+            text keeps what follows an EOS.
         kv_cache: "dynamic" (Hugging Face's DynamicCache, growing by one position per step; the
             default), "static" (a StaticCache sized prompt + `max_new_tokens`, written in
             place, with a full-length attention mask: every decoding step has the same shapes,
@@ -317,14 +318,15 @@ def generate(
 
     return decode_chunks(lm, n, max_new_tokens, _chunks(streams, [len(i) for i in ids], max_rows), run,
                          lambda i: tuple(len(ids[p]) for p in prompts_of(streams[i])), probe_tokens,
-                         forced_tokens is not None, check=on_token is None, on_chunk=on_chunk)
+                         forced_tokens is not None, check=on_token is None, on_chunk=on_chunk,
+                         eos=lm.tokenizer.eos_token_id if stop_at_eos and forced_tokens is None else None)
 
 
 def decode_chunks(
     lm: LoadedModel, n: int, max_new_tokens: int, chunks: Iterable[list[int]],
     run: Callable[[list[int]], tuple[Tensor, Tensor | None, Tensor | None]], length_of: Callable[[int], Any],
     probe_tokens: Tensor | None = None, forced: bool = False, *, check: bool = True,
-    on_chunk: Callable[[int], None] | None = None,
+    on_chunk: Callable[[int], None] | None = None, eos: int | None = None,
 ) -> Generation:
     """The scaffolding of :func:`generate`: decode each chunk of the `n` streams with `run`, let
     the runtime guard check it against one-at-a-time decoding where needed (:mod:`juice.guard`;
@@ -340,6 +342,8 @@ def decode_chunks(
             question), which the guard uses to pick the most padded rows.
         probe_tokens: `[n, k]` (only its shape is used here), or None.
         forced: whether `run` returns forced log-probabilities.
+        eos: each stream's text ends before its first `eos` token (None: every token is decoded,
+            special tokens skipped).
 
     Returns:
         :class:`Generation` with one entry per stream.
@@ -364,7 +368,8 @@ def decode_chunks(
             forced_lp[chunk] = out_lp
         if on_chunk:
             on_chunk(len(chunk))
-    texts = lm.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+    rows = [r[: r.index(eos)] if eos in r else r for r in tokens.tolist()] if eos is not None else tokens
+    texts = lm.tokenizer.batch_decode(rows, skip_special_tokens=True)
     return Generation(tokens, texts, first_probs, forced_lp)
 
 

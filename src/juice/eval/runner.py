@@ -30,10 +30,10 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from juice.baselines.cad import AlphaRule, cad_generate, jsd_alpha
+from juice.baselines.cad import AlphaRule, CadPolicy, cad_generate, jsd_alpha
 from juice.baselines.prompt import contextual_prompt, parametric_prompt
 from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample
-from juice.decoding import Stream, generate
+from juice.decoding import Contrast, Stream, generate
 from juice.likelihood import continuation_ids
 from juice.eval.metrics import contextual_correct, is_correct, memotrap_match, nqswap_match
 from juice.models import LoadedModel
@@ -137,10 +137,13 @@ def decode_requests(
     lm: LoadedModel, requests: Sequence[DecodeRequest], max_new_tokens: int, *, max_rows: int | str = 64,
     on_progress: Callable[[int], None] | None = None,
 ) -> list[tuple[str, Tensor]]:
-    """Greedy decoding of every request, batched: steered and unsteered requests in one
-    :func:`juice.decoding.generate` call in which each distinct prompt is prefilled once (its
-    streams share that clean prefill), CAD / AdaCAD requests in batches of
-    :func:`juice.baselines.cad.cad_generate`, one per alpha or rule.
+    """Greedy decoding of every request in one :func:`juice.decoding.generate` call: steered,
+    unsteered and CAD / AdaCAD requests (contrastive streams, :class:`juice.baselines.cad.CadPolicy`)
+    share its batches, and each distinct prompt (or question) is prefilled once.
+
+    A row stops at the tokenizer's EOS and its text ends there, as Hugging Face's `generate`
+    does for the authors' baselines (PROTOCOL.md is silent on EOS; this is juice's choice, the
+    same for every method); a batch stops once every row has produced EOS.
 
     Returns:
         Per request, in order: (decoded text, `[len(probe)]` first-step probe probabilities).
@@ -148,32 +151,22 @@ def decode_requests(
     Raises:
         ValueError: a CAD / AdaCAD request without its question.
     """
-    out: list[tuple[str, Tensor] | None] = [None] * len(requests)
-    prompts: dict[str, int] = {}
-    plain: list[int] = []
-    cad: dict = {}
+    texts: dict[str, int] = {}
+    streams = []
     for i, r in enumerate(requests):
-        if r.method.contrastive is not None:
-            if not r.question:
-                raise ValueError(f"request {i + 1}: CAD and AdaCAD need the prompt without its context (question)")
-            cad.setdefault(r.method.contrastive, []).append(i)
-        else:
-            prompts.setdefault(r.prompt, len(prompts))
-            plain.append(i)
-    if plain:
-        streams = [Stream(prompts[requests[i].prompt], requests[i].method.steering) for i in plain]
-        gen = generate(lm, list(prompts), streams, max_new_tokens,
-                       probe_tokens=torch.tensor([list(requests[i].probe) for i in plain]),
-                       max_rows=max_rows, on_chunk=on_progress)
-        for i, text, probs in zip(plain, gen.texts, gen.first_probs):
-            out[i] = (text, probs)
-    for alpha, idx in cad.items():
-        gen = cad_generate(lm, [requests[i].prompt for i in idx], [requests[i].question for i in idx], max_new_tokens,
-                           alpha, probe_tokens=torch.tensor([list(requests[i].probe) for i in idx]),
-                           max_rows=max_rows, on_chunk=on_progress)
-        for i, text, probs in zip(idx, gen.texts, gen.first_probs):
-            out[i] = (text, probs)
-    return out  # type: ignore[return-value]
+        prompt = texts.setdefault(r.prompt, len(texts))
+        if r.method.contrastive is None:
+            streams.append(Stream(prompt, r.method.steering))
+            continue
+        if not r.question:
+            raise ValueError(f"request {i + 1}: CAD and AdaCAD need the prompt without its context (question)")
+        question = texts.setdefault(r.question, len(texts))
+        streams.append(Stream(prompt, contrast=Contrast(question, CadPolicy(r.method.contrastive))))
+    if not streams:
+        return []
+    gen = generate(lm, list(texts), streams, max_new_tokens, probe_tokens=torch.tensor([list(r.probe) for r in requests]),
+                   max_rows=max_rows, on_chunk=on_progress, stop_at_eos=True)
+    return list(zip(gen.texts, gen.first_probs))
 
 
 def evaluate(
@@ -235,8 +228,8 @@ def evaluate_contextual(
     on_progress: Callable[[int], None] | None = None,
 ) -> list[ItemResult]:
     """Contextual-direction evaluation (module docstring): every example x method, generation
-    batched per metric (10 new tokens for MemoTrap, 20 for NQ-Swap); CAD and AdaCAD in their own
-    batches of :func:`juice.baselines.cad.cad_generate` (one group per alpha or rule), their
+    batched per metric (10 new tokens for MemoTrap, 20 for NQ-Swap); CAD and AdaCAD as contrastive
+    streams of the same batches (:func:`decode_requests`), their
     probabilities under the contrasted first-step distribution.
 
     Results use `domain` = dataset, `subject` = uid, `conflict_type` = "context"; `correct` means
