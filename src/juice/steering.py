@@ -25,21 +25,31 @@ METHODS: tuple[str, ...] = ("original", "june", "juice")
 
 
 def steering_coefficients(
-    geometry: HeadGeometry, selection: HeadSelection, beta_plus: float, beta_minus: float
+    geometry: HeadGeometry, selection: HeadSelection, beta_plus: float, beta_minus: float, method: str = "juice",
 ) -> Tensor:
     """`[n_layers, n_heads]`: beta+ on positive heads, beta- on negative heads, 0 elsewhere.
 
-    A head in both sets gets both (Alg. 1 applies the two updates one after the other).
+    A head in both sets gets both updates, one after the other, as the algorithms apply them:
+    JuICE (Alg. 1) adds beta+ then beta- times the clean run's output, H + (beta+ + beta-) H_clean,
+    so its coefficient is the sum; JuNE (Alg. 4) scales the live output twice,
+    (1 + beta+)(1 + beta-) H, so its coefficient is (1 + beta+)(1 + beta-) - 1.
+
+    Args:
+        method: "juice" or "june" (what the coefficients are for; only a head in both sets differs).
 
     Raises:
         IndexError: a head is out of range for `geometry`.
+        ValueError: an unknown method.
     """
+    if method not in ("juice", "june"):
+        raise ValueError(f"steering coefficients are for juice or june, not {method!r}")
     check_heads([*selection.positive, *selection.negative], geometry)
     coefficients = torch.zeros(geometry.n_layers, geometry.n_heads)
     for layer, head in selection.positive:
         coefficients[layer, head] += beta_plus
     for layer, head in selection.negative:
-        coefficients[layer, head] += beta_minus
+        c = coefficients[layer, head]
+        coefficients[layer, head] = (1 + c) * (1 + beta_minus) - 1 if method == "june" else c + beta_minus
     return coefficients
 
 
@@ -91,7 +101,7 @@ def JuNE(model: "LoadedModel | HeadGeometry", heads: HeadSelection, beta_plus: f
     Raises:
         IndexError: a head outside the model.
     """
-    return Steering("june", steering_coefficients(_geometry(model), heads, beta_plus, beta_minus))
+    return Steering("june", steering_coefficients(_geometry(model), heads, beta_plus, beta_minus, "june"))
 
 
 def Prune(model: "LoadedModel | HeadGeometry", heads: Sequence[Head]) -> Steering:

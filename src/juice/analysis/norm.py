@@ -386,7 +386,7 @@ def tune_post_norm(lm: LoadedModel, validation: dict[str, list[ConflictExample]]
 
     g = lm.heads.geometry
     settings = [GridSetting(m, bp, bm) for m in ("juice", "june") for bp in grid[0] for bm in grid[1]]
-    steerings = {s.label: Steering(s.method, steering_coefficients(g, selection, s.beta_plus, s.beta_minus))
+    steerings = {s.label: Steering(s.method, steering_coefficients(g, selection, s.beta_plus, s.beta_minus, s.method))
                  for s in settings}
     items = [ex for exs in validation.values() for ex in exs]
     advance = progress("tune post-norm JuICE and JuNE betas per domain", len(items) * 3 * len(steerings))
@@ -470,7 +470,8 @@ def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_
         chosen = post.get(domain, post[head_domain])
         betas[domain] = {"JuNE": setup.betas[domain]["june"], "JuICE": setup.betas[domain]["juice"],
                          "JuNE (post-norm)": tuple(chosen["june"]), "JuICE (post-norm)": tuple(chosen["juice"])}
-        steer = {name: Steering(VARIANTS[name], steering_coefficients(g, setup.selection, *betas[domain][name]))
+        steer = {name: Steering(VARIANTS[name], steering_coefficients(g, setup.selection, *betas[domain][name],
+                                                                      VARIANTS[name]))
                  for name in VARIANTS}
         key_eval = settings_key({"heads": setup.key_heads, "betas": betas[domain], "test": [ex.to_json() for ex in sp.test],
                                  "items": [ex.uid for ex in sp.test]})

@@ -133,7 +133,7 @@ def method_steerings(lm: LoadedModel, setup: BenchmarkSetup, domain: str) -> dic
     out = {"Original": Steering()}
     for m, title in (("june", "JuNE"), ("juice", "JuICE")):
         bp, bm = setup.betas[domain][m]
-        out[title] = Steering(m, steering_coefficients(g, setup.selection, bp, bm))
+        out[title] = Steering(m, steering_coefficients(g, setup.selection, bp, bm, m))
     return out
 
 

@@ -367,7 +367,8 @@ def run_robustness(lm: LoadedModel, options: AnalysisOptions, progress: Progress
     steerings: dict[str, Steering] = {"Original": Steering()}
     name_of: dict[Setting, str] = {}
     for _, s in plan:
-        steering = Steering(s.method, steering_coefficients(g, _top(heads[s.d], s.k), s.beta_plus, s.beta_minus))
+        steering = Steering(s.method, steering_coefficients(g, _top(heads[s.d], s.k), s.beta_plus, s.beta_minus,
+                                                         s.method))
         name_of[s] = _steering_key(steering)
         steerings.setdefault(name_of[s], steering)
     results = evaluate_settings(lm, test, steerings, units, options.max_rows, progress)

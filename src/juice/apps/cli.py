@@ -330,8 +330,9 @@ def generate(
     load_heads(heads)   # a malformed file fails before the model loads
     lm = load_model(model)
     artifact = load_heads(heads, lm)
-    coeff = steering_coefficients(lm.heads.geometry, artifact.selection, beta_plus, beta_minus)
-    streams = [Stream(0), Stream(0, Steering("june", coeff)), Stream(0, Steering("juice", coeff))]
+    coeff = {m: steering_coefficients(lm.heads.geometry, artifact.selection, beta_plus, beta_minus, m)
+             for m in ("june", "juice")}
+    streams = [Stream(0), Stream(0, Steering("june", coeff["june"])), Stream(0, Steering("juice", coeff["juice"]))]
     gen = run(lm, [prompt], streams, max_new_tokens)
     for name, text in zip(("original", "JuNE", "JuICE"), gen.texts):
         console.print(f"[bold]{name:>8}[/bold]: {prompt}[cyan]{text}[/cyan]")

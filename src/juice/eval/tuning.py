@@ -164,7 +164,7 @@ def tune_per_domain(
     ph3 = dict(ph3 or {})
     settings = [GridSetting(m, bp, bm) for m in methods for bp in beta_plus_grid for bm in beta_minus_grid]
     steerings = {s.label: Steering(s.method, steering_coefficients(lm.heads.geometry, selection, s.beta_plus,
-                                                                   s.beta_minus)) for s in settings}
+                                                                   s.beta_minus, s.method)) for s in settings}
     for name, scores in ph3.items():
         for k in ks:
             setting = GridSetting(name, k=k)

@@ -244,7 +244,7 @@ def domain_methods(lm: LoadedModel, selection: HeadSelection, choice: dict[str, 
     for m in ("june", "juice"):
         b = choice["betas"][m]
         methods[METHOD_NAMES[m]] = Method(Steering(m, steering_coefficients(g, selection, b["beta_plus"],
-                                                                            b["beta_minus"])))
+                                                                            b["beta_minus"], m)))
     return methods
 
 
