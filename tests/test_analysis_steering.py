@@ -4,33 +4,42 @@ Fig. 5, the paraphrase table and the post-norm variant, and each command's `--qu
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
 from juice.analysis.common import AnalysisOptions
-from juice.analysis.norm import (
-    evaluate_post_norm,
-    generate_post_norm,
-    greedy_generate_post_norm_naive,
-    head_contributions,
-    norm_gain,
-    post_norm_modules,
-    post_norm_rows,
-)
 from juice.analysis.robustness import RobustnessGrid, evaluate_settings, heads_by_size, run_robustness
 from juice.data.paraconflict import DOMAINS, build_domain
 from juice.data.paraphrases import PARAPHRASES, paraphrase_example, paraphrase_templates, template_choice
 from juice.data.records import CONFLICT_TYPES
 from juice.decoding import Stream, generate
-from juice.interventions import HeadSelection
+from juice.eval.runner import evaluate
+from juice.interventions import Head, HeadSelection, RowPlan, projection_input_hooks
+from juice.post_norm import head_contributions, norm_gain, post_norm_modules, post_norm_rows
+from juice.reference import greedy_generate_post_norm_naive
 from juice.stage1 import score_heads, scoring_prompts, select_heads
-from juice.interventions import Head, RowPlan, projection_input_hooks
 from juice.steering import JuICE, JuNE, Steering
 
 SEL = HeadSelection(positive=(Head(1, 2), Head(2, 0)), negative=(Head(0, 1),))
 PROMPTS = ["the capital city of france is", "the author of the book w3 was written by",
            "paris is the capital . the capital city of germany is"]
+
+
+def post_norm(steering: Steering) -> Steering:
+    """The same steering at the post-norm site (Original stays Original)."""
+    return replace(steering, site="post_norm")
+
+
+def generate_post_norm(lm, prompts, streams, max_new_tokens, **kw):
+    """The engine's decoding with every stream's steering at the post-norm site."""
+    return generate(lm, prompts, [replace(s, steering=post_norm(s.steering)) for s in streams], max_new_tokens, **kw)
+
+
+def evaluate_post_norm(lm, items, methods):
+    """The shared runner with every method's steering at the post-norm site."""
+    return evaluate(lm, items, {n: post_norm(m) for n, m in methods.items()})
 
 
 def _options(tmp_path, **kw) -> AnalysisOptions:
@@ -219,12 +228,10 @@ def test_cached_post_norm_generation_equals_naive_rerun(tiny_gemma3, method):
     steering = (JuICE if method == "juice" else JuNE)(g, SEL, 4.0, -3.0)
     batched = generate_post_norm(tiny_gemma3, PROMPTS, [Stream(i, steering) for i in range(len(PROMPTS))], 6)
     for i, prompt in enumerate(PROMPTS):
-        assert torch.equal(batched.tokens[i], greedy_generate_post_norm_naive(tiny_gemma3, prompt, 6, steering))
+        assert torch.equal(batched.tokens[i], greedy_generate_post_norm_naive(tiny_gemma3, prompt, 6, post_norm(steering)))
 
 
 def test_post_norm_evaluation_scores_like_the_standard_one_at_zero_betas(tiny_gemma3):
-    from juice.eval.runner import evaluate
-
     items = build_domain("world_capital")[:2]
     g = tiny_gemma3.heads.geometry
     post = evaluate_post_norm(tiny_gemma3, items, {"x": JuICE(g, SEL, 0, 0)})
@@ -262,3 +269,36 @@ def test_norm_quick_writes_its_files(tiny_gemma3, tmp_path):
     assert "JuNE (post-norm) - JuNE" in data["table"]["differences"]
     ratios = [v for per in data["attenuation"].values() for v in per.values()]
     assert ratios and all(0 < v < 10 for v in ratios)
+
+
+def test_the_site_is_part_of_a_steering_and_one_call_steers_at_one_site(tiny_gemma3):
+    g = tiny_gemma3.heads.geometry
+    with pytest.raises(ValueError, match="unknown steering site"):
+        Steering("juice", JuICE(g, SEL, 1, 0).coefficients, site="residual")
+    mixed = [Stream(0, JuNE(g, SEL, 2, 0)), Stream(0, post_norm(JuNE(g, SEL, 2, 0)))]
+    with pytest.raises(ValueError, match="share a site"):
+        generate(tiny_gemma3, PROMPTS[:1], mixed, 2)
+    # the runner splits mixed sites into one call each: every row equals its site decoded alone
+    items = build_domain("world_capital")[:2]
+    methods = {"pre": JuNE(g, SEL, 3, 0), "post": post_norm(JuNE(g, SEL, 3, 0)), "orig": Steering()}
+    both = evaluate(tiny_gemma3, items, methods)
+    alone = [r for name in methods for r in evaluate(tiny_gemma3, items, {name: methods[name]})]
+    key = lambda r: (r.item, r.conflict_type, r.method)   # noqa: E731
+    assert sorted((key(r), r.output) for r in both) == sorted((key(r), r.output) for r in alone)
+
+
+@pytest.mark.parametrize("method", ["juice", "june"])
+def test_teacher_forcing_at_the_post_norm_site_equals_the_engines_forced_log_probabilities(tiny_gemma3, method):
+    from juice.likelihood import sequence_logits
+    from juice.tokens import token_ids
+
+    g = tiny_gemma3.heads.geometry
+    steering = post_norm((JuICE if method == "juice" else JuNE)(g, SEL, 3.0, -1.0))
+    free = generate(tiny_gemma3, PROMPTS, [Stream(i, steering) for i in range(len(PROMPTS))], 4)
+    forced = generate(tiny_gemma3, PROMPTS, [Stream(i, steering) for i in range(len(PROMPTS))], 4,
+                      forced_tokens=free.tokens)
+    seqs = [token_ids(tiny_gemma3.tokenizer, p) + free.tokens[i].tolist() for i, p in enumerate(PROMPTS)]
+    logits = sequence_logits(tiny_gemma3, seqs, [4] * len(seqs), steering)
+    lp = torch.stack([l.log_softmax(-1).gather(1, free.tokens[i][:, None].to(l.device))[:, 0].double().cpu()
+                      for i, l in enumerate(logits)])
+    torch.testing.assert_close(lp, forced.forced_logprobs, rtol=1e-4, atol=1e-4)

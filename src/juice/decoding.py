@@ -41,6 +41,7 @@ from juice.budget import resolve_max_rows
 from juice.guard import check_batch, needs_check
 from juice.interventions import RowPlan, planned_rows
 from juice.models import LoadedModel
+from juice.post_norm import post_norm_rows
 from juice.sampling import Sampling, penalize_repetition, pick_token
 from juice.steering import ORIGINAL, Steering
 from juice.tokens import context_length, pad_left, token_ids
@@ -219,7 +220,7 @@ def generate(
     stop_at_eos: bool = False,
     kv_cache: str | None = None,
     compile_step: bool | None = None,
-    apply_plan: Callable[[ModelHeads, RowPlan], AbstractContextManager] = planned_rows,
+    apply_plan: Callable[[ModelHeads, RowPlan], AbstractContextManager] | None = None,
 ) -> Generation:
     """Greedy or sampled decoding of many (prompt, steering or contrast) streams, batched and cached.
 
@@ -264,10 +265,11 @@ def generate(
             call per model compiles (about 30 s for a tiny model on 2 CPU cores); the tokens equal
             the uncompiled ones (tested on the CPU). Its GPU speed is unmeasured. None: the
             model's default (`lm.compile_step`, `$JUICE_COMPILE_STEP=1`).
-        apply_plan: how the per-row steering (a :class:`~juice.interventions.RowPlan`) is applied:
-            :func:`juice.interventions.planned_rows` (the paper: at the head outputs, the input of
-            the output projection) or a variant with the same contract, e.g. the norm analysis'
-            :func:`juice.analysis.norm.post_norm_rows` (after the attention output norm).
+        apply_plan: how the per-row steering (a :class:`~juice.interventions.RowPlan`) is applied;
+            None: by the steerings' site (:attr:`juice.steering.Steering.site`),
+            :func:`juice.interventions.planned_rows` at the output projection's input (the
+            paper's) or :func:`juice.post_norm.post_norm_rows` after the attention output norm.
+            The steered streams of one call share one site.
 
     Returns:
         Generation with one entry per stream, in the order of `streams`.
@@ -316,10 +318,25 @@ def generate(
                                static=kv_cache == "static", compiled=compile_step, apply_plan=apply_plan,
                                contrasts=contrasts)
 
+    if apply_plan is None:
+        apply_plan = plan_applier(s.steering for s in streams)
     return decode_chunks(lm, n, max_new_tokens, _chunks(streams, [len(i) for i in ids], max_rows), run,
                          lambda i: tuple(len(ids[p]) for p in prompts_of(streams[i])), probe_tokens,
                          forced_tokens is not None, check=on_token is None, on_chunk=on_chunk,
                          eos=lm.tokenizer.eos_token_id if stop_at_eos and forced_tokens is None else None)
+
+
+def plan_applier(steerings: Iterable[Steering]) -> Callable[[ModelHeads, RowPlan], AbstractContextManager]:
+    """How the row plans of these steerings are applied: at their common site
+    (:data:`juice.steering.SITES`); Original steerings have none.
+
+    Raises:
+        ValueError: the steerings act at different sites (decode each site in its own call).
+    """
+    sites = {s.site for s in steerings if s.method != "original"}
+    if len(sites) > 1:
+        raise ValueError(f"the steered streams of one call must share a site, got {sorted(sites)}")
+    return post_norm_rows if sites == {"post_norm"} else planned_rows
 
 
 def decode_chunks(

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from juice.interventions import RowPlan, head_coefficients, planned_rows
 from juice.models import LoadedModel
+from juice.post_norm import post_norm_rows
 from juice.steering import ORIGINAL, Steering
 from juice.tokens import EmptyAnswerError, pad_left, token_ids
 
@@ -43,7 +44,7 @@ def sequence_logits(
     For sequence i of length T, returns the logits at positions T - n_read[i] - 1 ... T - 2, i.e.
     the predictions of its last `n_read[i]` tokens. JuICE runs the clean row and the steered row
     of each sequence in one batch (the steered row adds beta times the clean row's head outputs,
-    at every position); JuNE scales the heads.
+    at every position); JuNE scales the heads; both at the steering's site.
 
     Returns:
         one `[n_read[i], vocab]` float32 tensor per sequence.
@@ -63,7 +64,7 @@ def sequence_logits(
         plan = RowPlan(torch.stack([scale] * n), torch.stack([zero] * n), torch.tensor([-1] * n))
         out_rows = torch.arange(n)
     ids, mask, positions = (t[index].to(lm.device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))
-    with planned_rows(lm.heads, plan):
+    with (post_norm_rows if steering.site == "post_norm" else planned_rows)(lm.heads, plan):
         hidden = lm.model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                      use_cache=False).last_hidden_state
     width = ids.shape[1]

@@ -5,13 +5,14 @@ paper's algorithms read: greedy decoding (:func:`greedy_generate_naive`, Alg. 1 
 teacher-forced continuation log-probabilities (:func:`continuation_logprobs`), CAD and AdaCAD's
 two-branch decoding and likelihoods (:func:`cad_generate_naive`,
 :func:`cad_continuation_logprobs_naive`, Shi et al. 2023, Eq. 2) and Stage 1's intervention
-probabilities (:func:`intervention_probs_naive`, Alg. 2). Not for production runs.
+probabilities (:func:`intervention_probs_naive`, Alg. 2), and decoding at the post-norm site
+(:func:`greedy_generate_post_norm_naive`). Not for production runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import Tensor
@@ -19,8 +20,17 @@ from torch import Tensor
 from juice.baselines.cad import ALPHA, AlphaRule, CadPolicy
 from juice.budget import resolve_max_rows
 from juice.likelihood import continuation_ids, sequence_logits
-from juice.interventions import Head, added_to_heads, captured_heads, head_coefficients, scaled_heads
+from juice.interventions import (
+    Head,
+    RowPlan,
+    added_to_heads,
+    captured_heads,
+    head_coefficients,
+    projection_input_hooks,
+    scaled_heads,
+)
 from juice.models import LoadedModel
+from juice.post_norm import head_contributions, norm_gain, post_norm_modules, post_norm_rows
 from juice.steering import ORIGINAL, Steering
 from juice.tokens import encode, token_ids
 
@@ -156,3 +166,72 @@ def intervention_probs_naive(
         with scaled_heads(lm.heads, head_coefficients(lm.heads.geometry, {head: alpha})):
             probs.append(float(lm.model(input_ids=ids).logits[0, -1].float().softmax(-1)[target_token]))
     return clean, torch.tensor(probs)
+
+
+@torch.inference_mode()
+def greedy_generate_post_norm_naive(lm: LoadedModel, prompt: str, max_new_tokens: int, steering: Steering) -> Tensor:
+    """Reference decoding at the post-norm site (:mod:`juice.post_norm`) for tests: every step
+    re-runs the whole sequence with no cache; JuICE literally twice (run 1 unmodified, its contributions `c_h^clean` captured; run 2 adds them).
+
+    Returns:
+        `[max_new_tokens]` new token ids.
+    """
+    ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
+    zero = torch.zeros(1, lm.heads.geometry.n_layers, lm.heads.geometry.n_heads)
+    for _ in range(max_new_tokens):
+        if steering.method == "juice":
+            captured = _capture_contributions(lm, ids, steering.coefficients)
+            with _added_contributions(lm, captured, steering.coefficients):
+                logits = lm.model(input_ids=ids, use_cache=False).logits[:, -1]
+        else:
+            scale = zero if steering.method == "original" else steering.coefficients[None]
+            with post_norm_rows(lm.heads, RowPlan(scale, zero, torch.tensor([-1]))):
+                logits = lm.model(input_ids=ids, use_cache=False).logits[:, -1]
+        ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+    return ids[0, -max_new_tokens:].cpu()
+
+
+def _capture_contributions(lm: LoadedModel, ids: Tensor, coefficients: Tensor) -> dict[int, Tensor]:
+    """Run 1: layer -> `[1, seq, hidden]` sum of beta_h * c_h^clean over the steered heads."""
+    out: dict[int, Tensor] = {}
+    norms = post_norm_modules(lm.heads)
+    layers = [l for l in range(lm.heads.geometry.n_layers) if coefficients[l].ne(0).any()]
+    inputs: dict[int, Tensor] = {}
+    handles = []
+
+    def make(layer: int):
+        def hook(module, args, output):
+            heads = [int(i) for i in coefficients[layer].ne(0).nonzero().flatten()]
+            c = head_contributions(lm.heads, layer, inputs[layer], heads).float()
+            if norms is not None:
+                c = c * norm_gain(module, args[0])[..., None, :]
+            out[layer] = torch.einsum("bshk,h->bsk", c, coefficients[layer, heads].float().to(c.device))
+            return output
+        return hook
+
+    with projection_input_hooks(lm.heads, {l: (lambda layer, x: inputs.__setitem__(layer, x) or x) for l in layers}):
+        try:
+            for l in layers:
+                module = norms[l] if norms is not None else lm.heads.projections[l]
+                handles.append(module.register_forward_hook(make(l)))
+            lm.model(input_ids=ids, use_cache=False)
+        finally:
+            for h in handles:
+                h.remove()
+    return out
+
+
+@contextmanager
+def _added_contributions(lm: LoadedModel, captured: dict[int, Tensor], coefficients: Tensor) -> Iterator[None]:
+    """Run 2: add the captured sums to each layer's attention contribution."""
+    norms = post_norm_modules(lm.heads)
+    handles = []
+    try:
+        for l, delta in captured.items():
+            module = norms[l] if norms is not None else lm.heads.projections[l]
+            handles.append(module.register_forward_hook(
+                lambda m, a, o, d=delta: (o.float() + d.to(o.device)).to(o.dtype)))
+        yield
+    finally:
+        for h in handles:
+            h.remove()

@@ -22,6 +22,9 @@ from juice.models import LoadedModel
 
 Method = Literal["original", "june", "juice"]
 METHODS: tuple[str, ...] = ("original", "june", "juice")
+SITES: tuple[str, ...] = ("o_proj_input", "post_norm")
+"""Where a steering acts on a head's output: its slice of the attention output projection's input
+(the paper's), or its contribution after the attention block's output norm (:mod:`juice.post_norm`)."""
 
 
 def steering_coefficients(
@@ -61,14 +64,22 @@ class Steering:
         method: "original" (no change), "june" (single run) or "juice" (dual run).
         coefficients: `[n_layers, n_heads]`, beta at the steered heads, 0 elsewhere.
             Ignored for "original".
+        site: where the heads are steered (:data:`SITES`): "o_proj_input" (the paper's, the
+            default) or "post_norm" (after the attention output norm, :mod:`juice.post_norm`).
+
+    Raises:
+        ValueError: an unknown method or site, or coefficients of the wrong shape.
     """
 
     method: Method = "original"
     coefficients: Tensor | None = None
+    site: str = "o_proj_input"
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"unknown steering method {self.method!r}; choose from {METHODS}")
+        if self.site not in SITES:
+            raise ValueError(f"unknown steering site {self.site!r}; choose from {SITES}")
         if self.method != "original" and (self.coefficients is None or self.coefficients.dim() != 2):
             raise ValueError(f"{self.method} needs coefficients of shape [n_layers, n_heads]")
 

@@ -26,6 +26,11 @@ With every beta 0 both equal the unmodified model. On an architecture without an
 gain is 1, `c_h = W_h H_h`, and by linearity of the output projection the post-norm variant
 *equals* the paper's (pre-norm) one: there it is an exact reformulation (tested on Llama).
 
+The site is part of a steering (`Steering(..., site="post_norm")`, :mod:`juice.post_norm`), so
+the study decodes, evaluates and tunes both variants with the shared engine, runner and tuning
+(:func:`juice.eval.runner.evaluate`, :func:`juice.eval.tuning.tune_per_domain` with
+`site="post_norm"`).
+
 `juice analyze norm` reports both variants side by side on the parametric benchmark (the six
 domains, Table 1's protocol: filtered development pools, exact Stage 1 on World Capital's D,
 (beta+, beta-) tuned per domain on its own validation split, *separately for each variant* over
@@ -35,296 +40,24 @@ readout: how much of a pre-norm intervention survives the norm (`attenuation`).
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from juice.analysis.common import (
-    AnalysisOptions,
-    Progress,
-    no_progress,
-    write_outputs,
-)
-from juice.architectures import ModelHeads
-from juice.data.records import CONFLICT_TYPES, ConflictExample
-from juice.decoding import Generation, Stream, generate
-from juice.eval.metrics import is_correct
+from juice.analysis.common import AnalysisOptions, Progress, no_progress, write_outputs
+from juice.data.records import CONFLICT_TYPES
 from juice.eval.runner import ItemResult, evaluate, results_from_json, results_to_json
-from juice.interventions import RowPlan, projection_input_hooks
+from juice.eval.tuning import tune_per_domain
+from juice.interventions import projection_input_hooks
 from juice.models import LoadedModel
+from juice.post_norm import POST_NORMS, head_contributions, norm_gain, post_norm_modules
 from juice.steering import Steering, steering_coefficients
-from juice.tokens import answer_first_token, encode
-
-POST_NORMS: dict[str, str] = {
-    "gemma2": "post_attention_layernorm",
-    "gemma3_text": "post_attention_layernorm",
-    "olmo2": "post_attention_layernorm",
-}
-"""model_type -> the decoder layer's module that normalizes the attention output before the
-residual add. Elsewhere the attention block's contribution is the output projection's output."""
-
-
-def post_norm_modules(heads: ModelHeads) -> list[nn.Module] | None:
-    """Each layer's attention output norm, or None when the architecture has none."""
-    path = POST_NORMS.get(heads.model.config.model_type)
-    if path is None:
-        return None
-    return [getattr(layer, path) for layer in heads.layers]
-
-
-def _norm_eps(norm: nn.Module) -> float:
-    for name in ("eps", "variance_epsilon"):
-        if isinstance(getattr(norm, name, None), float):
-            return float(getattr(norm, name))
-    raise ValueError(f"{type(norm).__name__}: not an RMS norm with an eps (the post-norm variant needs one)")
-
-
-def norm_gain(norm: nn.Module, y: Tensor, weight_cache: dict[int, Tensor] | None = None) -> Tensor:
-    """The per-coordinate gain `g(y)` of an RMS norm: `norm(y) = g(y) * y`.
-
-    `w_eff` is read from the norm itself, `norm(ones) * sqrt(1 + eps)` (so both `weight` and
-    Gemma's `1 + weight` work).
-
-    Args:
-        y: `[..., hidden]`, the norm's input.
-
-    Returns:
-        `[..., hidden]` float32 gain.
-    """
-    key = id(norm)
-    if weight_cache is None or key not in weight_cache:
-        eps = _norm_eps(norm)
-        ones = torch.ones(1, y.shape[-1], device=y.device, dtype=y.dtype)
-        w_eff = norm.forward(ones).float()[0] * math.sqrt(1 + eps)   # forward(): no hooks
-        if weight_cache is not None:
-            weight_cache[key] = w_eff
-    else:
-        w_eff = weight_cache[key]
-    eps = _norm_eps(norm)
-    return w_eff * torch.rsqrt(y.float().pow(2).mean(-1, keepdim=True) + eps)
-
-
-def head_contributions(heads: ModelHeads, layer: int, h: Tensor, head_ids: Sequence[int]) -> Tensor:
-    """`W_h H_h` for the listed heads of one layer: the output projection applied to one head's
-    slice alone (no bias).
-
-    Args:
-        h: `[batch, seq, n_heads * head_dim]`, the output projection's input.
-
-    Returns:
-        `[batch, seq, len(head_ids), hidden]`.
-    """
-    d = heads.geometry.head_dim
-    weight = heads.projections[layer].weight
-    parts = []
-    for head in head_ids:
-        x = h[..., head * d:(head + 1) * d]
-        if heads.adapter.weight_layout == "conv1d":
-            parts.append(x @ weight[head * d:(head + 1) * d, :])
-        else:
-            parts.append(x @ weight[:, head * d:(head + 1) * d].T)
-    return torch.stack(parts, dim=-2)
-
-
-def _active(coefficients: Tensor, layer: int) -> list[int]:
-    return [int(i) for i in coefficients[:, layer].ne(0).any(0).nonzero().flatten()]
-
-
-@contextmanager
-def post_norm_rows(heads: ModelHeads, plan: RowPlan) -> Iterator[None]:
-    """Apply a :class:`juice.interventions.RowPlan` *after* the attention output norm (module
-    docstring): row r's attention contribution to the residual stream becomes
-
-        post_norm(y[r]) + sum_h scale[r, l, h] * c_h[r] + sum_h add[r, l, h] * c_h[source[r]].
-
-    On an architecture without an output norm, the contribution is the output projection's
-    output and the gain is 1. Registers a pre-hook on each active layer's output projection
-    (saves its input) and a forward hook on the module whose output is added to the residual
-    stream (the norm, or the projection); all removed on exit.
-
-    Raises:
-        ValueError: the norm's output is not `g(y) * y` (not an RMS norm; checked every forward).
-    """
-    scale, add = plan.scale.detach(), plan.add.detach()
-    added_rows = torch.nonzero(plan.source >= 0).flatten()
-    sources = plan.source[added_rows]
-    norms = post_norm_modules(heads)
-    layers = sorted({l for l in range(heads.geometry.n_layers) if _active(scale, l) or _active(add, l)})
-    saved: dict[int, Tensor] = {}
-    weights: dict[int, Tensor] = {}
-
-    def save_input(layer: int, x: Tensor) -> Tensor:
-        saved[layer] = x
-        return x
-
-    def make_hook(layer: int) -> Callable:
-        head_ids = sorted(set(_active(scale, layer)) | set(_active(add, layer)))
-
-        def hook(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-            contributions = head_contributions(heads, layer, saved.pop(layer), head_ids).float()
-            if norms is not None:
-                y = args[0]
-                gain = norm_gain(module, y, weights)
-                if not torch.allclose(output.float(), gain * y.float(), rtol=1e-3, atol=1e-4 * float(output.detach().abs().max()) + 1e-6):
-                    raise ValueError(f"{type(module).__name__} at layer {layer} is not an RMS norm of the form "
-                                     "g(y) * y; the post-norm variant is not defined for it")
-                contributions = contributions * gain[..., None, :]
-            idx = torch.tensor(head_ids)
-            s = scale[:, layer, idx].to(device=output.device, dtype=torch.float32)
-            delta = torch.einsum("bshk,bh->bsk", contributions, s)
-            if added_rows.numel():
-                a = add[added_rows, layer][:, idx].to(device=output.device, dtype=torch.float32)
-                rows = added_rows.to(output.device)
-                delta[rows] += torch.einsum("bshk,bh->bsk", contributions[sources.to(output.device)], a)
-            return (output.float() + delta).to(output.dtype)
-
-        return hook
-
-    handles = []
-    try:
-        with projection_input_hooks(heads, {layer: save_input for layer in layers}):
-            for layer in layers:
-                module = norms[layer] if norms is not None else heads.projections[layer]
-                handles.append(module.register_forward_hook(make_hook(layer)))
-            yield
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-# ---------------------------------------------------------------- generation
-
-
-def _zero(heads: ModelHeads) -> Tensor:
-    g = heads.geometry
-    return torch.zeros(g.n_layers, g.n_heads)
-
-
-def generate_post_norm(lm: LoadedModel, prompts: Sequence[str], streams: Sequence[Stream], max_new_tokens: int = 10,
-                       *, probe_tokens: Tensor | None = None, max_rows: int | str = 64,
-                       on_chunk: Callable[[int], None] | None = None) -> Generation:
-    """Greedy decoding of many (prompt, steering) streams with JuICE and JuNE applied after the
-    attention output norm (module docstring): :func:`juice.decoding.generate` (batched,
-    KV-cached, the same row layout) with :func:`post_norm_rows` in place of the head-output
-    hooks; greedy only (a stream's `sampling` must be None).
-
-    Args:
-        probe_tokens: `[n_streams, k]` token ids whose first-step probabilities to return.
-        max_rows: most decoding rows per batch (a JuICE stream takes two), or "auto".
-
-    Returns:
-        :class:`juice.decoding.Generation` (tokens `[n_streams, max_new_tokens]`, texts,
-        first-step probabilities).
-
-    Raises:
-        ValueError: max_new_tokens < 1, or a stream asks for sampling.
-        PromptTooLongError: a prompt does not fit the context window with the new tokens.
-    """
-    if any(s.sampling is not None for s in streams):
-        raise ValueError("post-norm steering decodes greedily; sampling is not offered")
-    return generate(lm, prompts, streams, max_new_tokens, probe_tokens=probe_tokens, max_rows=max_rows,
-                    on_chunk=on_chunk, apply_plan=post_norm_rows)
-
-
-@torch.inference_mode()
-def greedy_generate_post_norm_naive(lm: LoadedModel, prompt: str, max_new_tokens: int, steering: Steering) -> Tensor:
-    """Reference decoding for tests: every step re-runs the whole sequence with no cache; JuICE
-    literally twice (run 1 unmodified, its contributions `c_h^clean` captured; run 2 adds them).
-
-    Returns:
-        `[max_new_tokens]` new token ids.
-    """
-    ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
-    zero = _zero(lm.heads)[None]
-    for _ in range(max_new_tokens):
-        if steering.method == "juice":
-            captured = _capture_contributions(lm, ids, steering.coefficients)
-            with _added_contributions(lm, captured, steering.coefficients):
-                logits = lm.model(input_ids=ids, use_cache=False).logits[:, -1]
-        else:
-            scale = zero if steering.method == "original" else steering.coefficients[None]
-            with post_norm_rows(lm.heads, RowPlan(scale, zero, torch.tensor([-1]))):
-                logits = lm.model(input_ids=ids, use_cache=False).logits[:, -1]
-        ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
-    return ids[0, -max_new_tokens:].cpu()
-
-
-def _capture_contributions(lm: LoadedModel, ids: Tensor, coefficients: Tensor) -> dict[int, Tensor]:
-    """Run 1: layer -> `[1, seq, hidden]` sum of beta_h * c_h^clean over the steered heads."""
-    out: dict[int, Tensor] = {}
-    norms = post_norm_modules(lm.heads)
-    layers = [l for l in range(lm.heads.geometry.n_layers) if coefficients[l].ne(0).any()]
-    inputs: dict[int, Tensor] = {}
-    handles = []
-
-    def make(layer: int):
-        def hook(module, args, output):
-            heads = [int(i) for i in coefficients[layer].ne(0).nonzero().flatten()]
-            c = head_contributions(lm.heads, layer, inputs[layer], heads).float()
-            if norms is not None:
-                c = c * norm_gain(module, args[0])[..., None, :]
-            out[layer] = torch.einsum("bshk,h->bsk", c, coefficients[layer, heads].float().to(c.device))
-            return output
-        return hook
-
-    with projection_input_hooks(lm.heads, {l: (lambda layer, x: inputs.__setitem__(layer, x) or x) for l in layers}):
-        try:
-            for l in layers:
-                module = norms[l] if norms is not None else lm.heads.projections[l]
-                handles.append(module.register_forward_hook(make(l)))
-            lm.model(input_ids=ids, use_cache=False)
-        finally:
-            for h in handles:
-                h.remove()
-    return out
-
-
-@contextmanager
-def _added_contributions(lm: LoadedModel, captured: dict[int, Tensor], coefficients: Tensor) -> Iterator[None]:
-    """Run 2: add the captured sums to each layer's attention contribution."""
-    norms = post_norm_modules(lm.heads)
-    handles = []
-    try:
-        for l, delta in captured.items():
-            module = norms[l] if norms is not None else lm.heads.projections[l]
-            handles.append(module.register_forward_hook(
-                lambda m, a, o, d=delta: (o.float() + d.to(o.device)).to(o.dtype)))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def evaluate_post_norm(lm: LoadedModel, examples: Sequence[ConflictExample], methods: dict[str, Steering],
-                       conflict_types: Sequence[str] = CONFLICT_TYPES, *, max_new_tokens: int = 10,
-                       max_rows: int | str = 64, on_progress: Callable[[int], None] | None = None) -> list[ItemResult]:
-    """:func:`juice.eval.runner.evaluate` with the steerings applied after the attention output norm
-    (exact match on the first 5 words of 10 greedy tokens; first-step answer probabilities)."""
-    prompts: dict[str, int] = {}
-    meta, streams, probes = [], [], []
-    for ex in examples:
-        for t in conflict_types:
-            prompt = ex.prompts[t]
-            for name, steering in methods.items():
-                streams.append(Stream(prompts.setdefault(prompt, len(prompts)), steering))
-                meta.append((ex, t, name))
-                probes.append([answer_first_token(lm.tokenizer, prompt, ex.answer),
-                               answer_first_token(lm.tokenizer, prompt, ex.context_answer)])
-    if not streams:
-        return []
-    gen = generate_post_norm(lm, list(prompts), streams, max_new_tokens, probe_tokens=torch.tensor(probes),
-                             max_rows=max_rows, on_chunk=on_progress)
-    return [ItemResult(domain=ex.domain, subject=ex.subject, conflict_type=t, method=name, output=text,
-                       correct=is_correct(text, ex.answers), follows_context=is_correct(text, [ex.context_answer]),
-                       p_parametric=float(p[0]), p_context=float(p[1]), item=ex.uid)
-            for (ex, t, name), text, p in zip(meta, gen.texts, gen.first_probs)]
+from juice.tokens import encode
 
 
 # ---------------------------------------------------------------- mechanistic readout
@@ -367,37 +100,11 @@ def attenuation(lm: LoadedModel, prompts: Sequence[str], heads: Sequence, beta: 
 
 # ---------------------------------------------------------------- the study
 
-VARIANTS = {"JuNE": "june", "JuNE (post-norm)": "june", "JuICE": "juice", "JuICE (post-norm)": "juice"}
+VARIANTS = {"JuNE": ("june", "o_proj_input"), "JuNE (post-norm)": ("june", "post_norm"),
+            "JuICE": ("juice", "o_proj_input"), "JuICE (post-norm)": ("juice", "post_norm")}
+"""Table row -> (method, intervention site :data:`juice.steering.SITES`)."""
 METHOD_ORDER = ("Original", "JuNE", "JuNE (post-norm)", "JuICE", "JuICE (post-norm)")
 ATTENUATION_BETAS = (1.0, 2.0, 5.0)
-
-
-def tune_post_norm(lm: LoadedModel, validation: dict[str, list[ConflictExample]], selection,
-                   grid: tuple[Sequence[float], Sequence[float]], max_rows: int | str = 64,
-                   progress: Progress = no_progress) -> dict[str, dict[str, tuple[float, float]]]:
-    """(beta+, beta-) of the post-norm JuICE and JuNE per domain on its own validation split, by
-    the criterion of :func:`juice.eval.tuning.tune_per_domain` (mean accuracy over conflict types, ties:
-    mean first-token probability of the answer, then grid order).
-
-    Returns:
-        domain -> method ("juice", "june") -> (beta+, beta-); domains without items left out.
-    """
-    from juice.eval.tuning import GridSetting, grid_points
-
-    g = lm.heads.geometry
-    settings = [GridSetting(m, bp, bm) for m in ("juice", "june") for bp in grid[0] for bm in grid[1]]
-    steerings = {s.label: Steering(s.method, steering_coefficients(g, selection, s.beta_plus, s.beta_minus, s.method))
-                 for s in settings}
-    items = [ex for exs in validation.values() for ex in exs]
-    advance = progress("tune post-norm JuICE and JuNE betas per domain", len(items) * 3 * len(steerings))
-    results = evaluate_post_norm(lm, items, steerings, max_rows=max_rows, on_progress=advance) if items else []
-    out = {}
-    for domain, exs in validation.items():
-        if exs:
-            points = grid_points([r for r in results if r.domain == domain], CONFLICT_TYPES, settings=settings)
-            out[domain] = {m: max((p for p in points if p.method == m), key=lambda p: p.key) for m in ("juice", "june")}
-            out[domain] = {m: (p.beta_plus, p.beta_minus) for m, p in out[domain].items()}
-    return out
 
 
 @dataclass
@@ -459,7 +166,14 @@ def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_
                         "validation": {d: [ex.to_json() for ex in v] for d, v in validation.items()}})
     post = setup.state.load("analysis_tuning_postnorm", key)
     if post is None:
-        post = tune_post_norm(lm, validation, setup.selection, setup.grid, options.max_rows, progress)
+        n_items = sum(map(len, validation.values()))
+        advance = progress("tune post-norm JuICE and JuNE betas per domain",
+                           n_items * len(CONFLICT_TYPES) * 2 * len(setup.grid[0]) * len(setup.grid[1]))
+        choices = tune_per_domain(lm, validation, setup.selection, beta_plus_grid=setup.grid[0],
+                                  beta_minus_grid=setup.grid[1], max_rows=options.max_rows, on_progress=advance,
+                                  site="post_norm")
+        post = {d: {m: (c.betas[m].beta_plus, c.betas[m].beta_minus) for m in ("juice", "june")}
+                for d, c in choices.items()}
         setup.state.save("analysis_tuning_postnorm", key, {d: {m: list(v) for m, v in c.items()} for d, c in post.items()})
     head_domain = next(iter(setup.splits)) if "world_capital" not in setup.splits else "world_capital"
     g = lm.heads.geometry
@@ -470,9 +184,8 @@ def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_
         chosen = post.get(domain, post[head_domain])
         betas[domain] = {"JuNE": setup.betas[domain]["june"], "JuICE": setup.betas[domain]["juice"],
                          "JuNE (post-norm)": tuple(chosen["june"]), "JuICE (post-norm)": tuple(chosen["juice"])}
-        steer = {name: Steering(VARIANTS[name], steering_coefficients(g, setup.selection, *betas[domain][name],
-                                                                      VARIANTS[name]))
-                 for name in VARIANTS}
+        steer = {name: Steering(method, steering_coefficients(g, setup.selection, *betas[domain][name], method), site)
+                 for name, (method, site) in VARIANTS.items()}
         key_eval = settings_key({"heads": setup.key_heads, "betas": betas[domain], "test": [ex.to_json() for ex in sp.test],
                                  "items": [ex.uid for ex in sp.test]})
         rows = setup.state.load(f"norm_{domain}", key_eval)
@@ -481,8 +194,8 @@ def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_
             advance = progress(f"{setup.titles[domain]}: both variants", len(test) * 3 * len(METHOD_ORDER))
             pre = evaluate(lm, test, {"Original": Steering(), "JuNE": steer["JuNE"], "JuICE": steer["JuICE"]},
                            max_rows=options.max_rows, on_progress=advance)
-            postr = evaluate_post_norm(lm, test, {n: steer[n] for n in ("JuNE (post-norm)", "JuICE (post-norm)")},
-                                       max_rows=options.max_rows, on_progress=advance)
+            postr = evaluate(lm, test, {n: steer[n] for n in ("JuNE (post-norm)", "JuICE (post-norm)")},
+                             max_rows=options.max_rows, on_progress=advance)
             rows = results_to_json([*pre, *postr])
             setup.state.save(f"norm_{domain}", key_eval, rows)
         res = results_from_json(rows)
@@ -569,6 +282,4 @@ def _norm_figure(result: NormResult, model_name: str):
     return fig
 
 
-__all__ = ["NormResult", "POST_NORMS", "attenuation", "evaluate_post_norm", "generate_post_norm",
-           "greedy_generate_post_norm_naive", "head_contributions", "norm_gain", "post_norm_modules",
-           "post_norm_rows", "run_norm", "tune_post_norm"]
+__all__ = ["METHOD_ORDER", "NormResult", "VARIANTS", "attenuation", "run_norm"]

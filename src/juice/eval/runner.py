@@ -137,9 +137,11 @@ def decode_requests(
     lm: LoadedModel, requests: Sequence[DecodeRequest], max_new_tokens: int, *, max_rows: int | str = 64,
     on_progress: Callable[[int], None] | None = None,
 ) -> list[tuple[str, Tensor]]:
-    """Greedy decoding of every request in one :func:`juice.decoding.generate` call: steered,
-    unsteered and CAD / AdaCAD requests (contrastive streams, :class:`juice.baselines.cad.CadPolicy`)
-    share its batches, and each distinct prompt (or question) is prefilled once.
+    """Greedy decoding of every request in one :func:`juice.decoding.generate` call per
+    intervention site (:attr:`juice.steering.Steering.site`; Original and CAD requests go with
+    the rest): steered, unsteered and CAD / AdaCAD requests (contrastive streams,
+    :class:`juice.baselines.cad.CadPolicy`) share its batches, and each distinct prompt (or
+    question) is prefilled once.
 
     A row stops at the tokenizer's EOS and its text ends there, as Hugging Face's `generate`
     does for the authors' baselines (PROTOCOL.md is silent on EOS; this is juice's choice, the
@@ -151,22 +153,32 @@ def decode_requests(
     Raises:
         ValueError: a CAD / AdaCAD request without its question.
     """
-    texts: dict[str, int] = {}
-    streams = []
+    out: list[tuple[str, Tensor]] = [None] * len(requests)  # type: ignore[list-item]
+    steered = {r.method.steering.site for r in requests if r.method.steering.method != "original"}
+    unsteered = next(iter(steered)) if len(steered) == 1 else "o_proj_input"   # Original joins the steered
+    by_site: dict[str, list[int]] = {}
     for i, r in enumerate(requests):
-        prompt = texts.setdefault(r.prompt, len(texts))
-        if r.method.contrastive is None:
-            streams.append(Stream(prompt, r.method.steering))
-            continue
-        if not r.question:
+        if r.method.contrastive is not None and not r.question:
             raise ValueError(f"request {i + 1}: CAD and AdaCAD need the prompt without its context (question)")
-        question = texts.setdefault(r.question, len(texts))
-        streams.append(Stream(prompt, contrast=Contrast(question, CadPolicy(r.method.contrastive))))
-    if not streams:
-        return []
-    gen = generate(lm, list(texts), streams, max_new_tokens, probe_tokens=torch.tensor([list(r.probe) for r in requests]),
-                   max_rows=max_rows, on_chunk=on_progress, stop_at_eos=True)
-    return list(zip(gen.texts, gen.first_probs))
+        site = r.method.steering.site if r.method.steering.method != "original" else unsteered
+        by_site.setdefault(site, []).append(i)
+    for site, idx in by_site.items():   # one call per intervention site (the steerings' own)
+        texts: dict[str, int] = {}
+        streams = []
+        for i in idx:
+            r = requests[i]
+            prompt = texts.setdefault(r.prompt, len(texts))
+            if r.method.contrastive is None:
+                streams.append(Stream(prompt, r.method.steering))
+            else:
+                question = texts.setdefault(r.question, len(texts))
+                streams.append(Stream(prompt, contrast=Contrast(question, CadPolicy(r.method.contrastive))))
+        gen = generate(lm, list(texts), streams, max_new_tokens,
+                       probe_tokens=torch.tensor([list(requests[i].probe) for i in idx]),
+                       max_rows=max_rows, on_chunk=on_progress, stop_at_eos=True)
+        for i, text, probs in zip(idx, gen.texts, gen.first_probs):
+            out[i] = (text, probs)
+    return out
 
 
 def evaluate(

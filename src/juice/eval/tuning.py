@@ -143,6 +143,7 @@ def tune_per_domain(
     direction: str = "parametric",
     max_rows: int | str = 64,
     on_progress: Callable[[int], None] | None = None,
+    site: str = "o_proj_input",
 ) -> dict[str, DomainChoice]:
     """JuICE's and JuNE's (beta+, beta-) and PH3's k, chosen per domain on that domain's own
     validation split (PROTOCOL.md, "Hyperparameters per domain"; paper App. D.1).
@@ -157,6 +158,8 @@ def tune_per_domain(
         validation: domain (dataset) -> its validation items; domains with none are left out of
             the result.
         ph3: PH3 variant name -> its head scores; their k is tuned alongside the betas.
+        site: where JuICE and JuNE steer (:data:`juice.steering.SITES`; "post_norm": after the
+            attention output norm, `juice analyze norm`).
 
     Returns:
         domain -> :class:`DomainChoice`.
@@ -164,7 +167,7 @@ def tune_per_domain(
     ph3 = dict(ph3 or {})
     settings = [GridSetting(m, bp, bm) for m in methods for bp in beta_plus_grid for bm in beta_minus_grid]
     steerings = {s.label: Steering(s.method, steering_coefficients(lm.heads.geometry, selection, s.beta_plus,
-                                                                   s.beta_minus, s.method)) for s in settings}
+                                                                   s.beta_minus, s.method), site) for s in settings}
     for name, scores in ph3.items():
         for k in ks:
             setting = GridSetting(name, k=k)
