@@ -95,6 +95,37 @@ def interval_bar_chart(
     return save_png(fig, path)
 
 
+def average_views_figure(tables: Sequence[tuple[str, Any]], methods: Sequence[str], groups: Sequence[str], title: str,
+                         *, figsize: tuple[float, float] = (11, 4.2), legend_size: int = 8,
+                         hatch: Callable[[str], str | None] | None = None) -> Any:
+    """One panel per view (e.g. the unfiltered test split and the items the model knows): each
+    method's "Average" column per group (conflict type) as bars with their 95% intervals, the
+    view's n in its title; `title` above both. Needs matplotlib (the `plots` extra).
+
+    Args:
+        tables: (view name, :class:`juice.eval.tables.IntervalTable`) per panel.
+        methods: the methods drawn, in order; `groups`: the x axis.
+
+    Returns:
+        the matplotlib `Figure` (write it with :func:`save_png`).
+    """
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    axes = fig.subplots(1, len(tables))
+    for ax, (view, table) in zip(axes, tables):
+        interval_bars(ax, {m: table.cells[m]["Average"] for m in methods}, groups, hatch=hatch)
+        clean = table.cells.get(methods[0], {}).get("Average", {}).get(groups[0])
+        ax.set_ylim(0, 100)
+        ax.set_ylabel("accuracy (%), mean over domains")
+        ax.set_title(f"{view} (n = {clean.n if clean is not None else 0} per type)", fontsize=9)
+        ax.legend(fontsize=legend_size)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"{title}\nerror bars: 95% bootstrap intervals", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def save_png(figure: Any, path: str | Path, dpi: float | None = None) -> Path:
     """Write a matplotlib figure to `path` as PNG atomically (a temporary file in the same
     folder, then a rename; nothing half-written is left), then close it if pyplot owns it.

@@ -247,25 +247,10 @@ def run_paraphrase(lm: LoadedModel, options: AnalysisOptions, progress: Progress
 
 def _figure(result: ParaphraseResult, model_name: str):
     """Average accuracy per method and conflict type, both views, with 95% intervals."""
-    from matplotlib.figure import Figure
+    from juice.plots import average_views_figure
 
-    from juice.plots import interval_bars
-
-    fig = Figure(figsize=(11, 4.2))
-    axes = fig.subplots(1, 2)
-    for ax, table, view in ((axes[0], result.table, "unfiltered test split"),
-                            (axes[1], result.table_known, "test items the model knows")):
-        interval_bars(ax, {m: table.cells[m]["Average"] for m in METHODS}, CONFLICT_TYPES)
-        clean = table.cells.get("Original", {}).get("Average", {}).get("clean")
-        n = clean.n if clean is not None else 0
-        ax.set_ylim(0, 100)
-        ax.set_ylabel("accuracy (%), mean over domains")
-        ax.set_title(f"{view} (n = {n} per type)", fontsize=9)
-        ax.legend(fontsize=8)
-        ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(f"{model_name}: {result.title}\nerror bars: 95% bootstrap intervals", fontsize=9)
-    fig.tight_layout()
-    return fig
+    return average_views_figure((("unfiltered test split", result.table), ("test items the model knows", result.table_known)),
+                                METHODS, CONFLICT_TYPES, f"{model_name}: {result.title}")
 
 
 __all__ = ["BenchmarkSetup", "ParaphraseResult", "benchmark_setup", "method_steerings", "run_paraphrase"]
