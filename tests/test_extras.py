@@ -26,7 +26,7 @@ from juice.extras import MissingExtraError
 from juice.userdata import ConflictRow
 from juice.eval.report import interval_markdown
 from juice.plots import have_matplotlib
-import juice.experiments.table1, juice.experiments.table2, juice.apps.server
+import juice.experiments.table1, juice.experiments.table2, juice.apps.server, juice.analysis
 lm = build_tiny("llama")
 rows = [ConflictRow("the capital of france is", "paris", "berlin", "clean"),
         ConflictRow("the capital of france is berlin . the capital of france is", "paris", "berlin", "substitution")]
