@@ -20,12 +20,10 @@ from juice.io import settings_key
 from juice.models import LoadedModel
 from juice.pipeline.run import ReproduceConfig, StageRun
 from juice.steering import Steering
-
-
 HEAD_DOMAIN = "world_capital"
-
-
+"""The domain whose D gives the heads (the transfer setting) and whose pool gives PH3-l's items."""
 FILTER_CHUNK = 24
+"""Pool items decoded at a time while filtering (decoding stops once enough are known)."""
 
 
 def domain_sources(cfg: ReproduceConfig) -> tuple[dict[str, DomainPool], dict[str, str]]:

@@ -24,19 +24,16 @@ from juice.io import StageFiles
 from juice.models import DEFAULT_MODEL, LoadedModel, load_model
 from juice.stage1 import ALPHAS_NEGATIVE, ALPHAS_POSITIVE
 
-
 METHOD_NAMES = {"original": "Original", "june": "JuNE", "juice": "JuICE"}
-
-
+"""Steering method -> its name in the tables."""
 TABLE1_METHODS = ("Original", "Prompt", "PH3-l", "PH3-s", "JuNE", "JuICE")
-
-
+"""The rows of Table 1, in order."""
 SCORING_LABELS = {
     "exact": "exact Stage 1 (paper Alg. 2)",
     "hybrid": "APPROXIMATE Stage 1: attribution shortlist + exact re-score (not the paper's)",
     "attribution": "APPROXIMATE Stage 1: attribution patching only (not the paper's)",
 }
-
+"""Stage 1 scoring method -> how results name it (approximations say so)."""
 
 Progress = Callable[[str, int], Callable[[int], None]]
 """(description, total) -> advance(n): how the pipeline reports progress (e.g. rich bars)."""

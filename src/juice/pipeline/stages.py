@@ -43,9 +43,9 @@ from juice.tokens import answer_first_token
 
 
 PH3_KNOCKOUT = "PH3-l (knock-out)"
-
-
+"""The row of PH3-l scored by knock-out instead of path patching (`ph3_knockout`)."""
 PH3_CONFLICT_TYPES = ("substitution", "coherent")
+"""The conflict types whose prompts PH3's knock-out scorer reads."""
 
 
 def identify_heads(
