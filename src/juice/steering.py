@@ -51,8 +51,8 @@ def steering_coefficients(
     for layer, head in selection.positive:
         coefficients[layer, head] += beta_plus
     for layer, head in selection.negative:
-        c = coefficients[layer, head]
-        coefficients[layer, head] = (1 + c) * (1 + beta_minus) - 1 if method == "june" else c + beta_minus
+        c = coefficients[layer, head]   # (1 + c)(1 + b-) - 1, written so that c = 0 gives b- exactly
+        coefficients[layer, head] = c + beta_minus + (c * beta_minus if method == "june" else 0.0)
     return coefficients
 
 
