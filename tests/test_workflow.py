@@ -76,7 +76,7 @@ def test_identify_on_rows_is_stage1_on_their_prompts(lm, data):
 def test_original_rows_are_plain_greedy_decoding_and_scored_by_exact_match(lm, data):
     rows = load_rows(data)
     results = evaluate_rows(lm, rows, {"Original": ORIGINAL})
-    texts = greedy_generate(lm, [r.prompt for r in rows], 10).texts
+    texts = greedy_generate(lm, [r.prompt for r in rows], 10, stop_at_eos=True).texts   # texts end at EOS
     assert [r.output for r in results] == texts
     assert [r.correct for r in results] == [is_correct(t, row.answers) for t, row in zip(texts, rows)]
     assert [r.domain for r in results] == ["clean", "substitution", "substitution", "clean"]
