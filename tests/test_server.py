@@ -51,7 +51,7 @@ def served():
     lm = build_tiny("llama")
     lm.tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}is"
     artifact = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL)
-    app = create_app(lm, [artifact], model_name="tiny", batch_window_s=0.05)
+    app = create_app(lm, [artifact], model_name="tiny")
     with _serving(app) as client:
         yield lm, client, app.state.engine
 
@@ -102,10 +102,10 @@ def test_a_request_alone_and_among_fifteen_others_gives_the_same_tokens(served):
                                          extra_body={"juice": juice}).choices[0].text
 
     alone = ask(4)
-    before = len(engine.batch_sizes)
+    engine.reset_peak()
     with ThreadPoolExecutor(16) as pool:
         together = list(pool.map(ask, range(16)))
-    assert max(engine.batch_sizes[before:]) > 1   # requests really shared batches
+    assert engine.peak_streams > 1   # requests really shared steps
     assert together[4] == alone
     assert together == [ask(i) for i in range(16)]   # every request, alone, gives what it got in the crowd
 
@@ -136,5 +136,260 @@ def test_bad_requests_are_400s(served):
         client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body={"juice": {"beta_plus": 1e6}})
     with pytest.raises(openai.BadRequestError, match="finite"):
         client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body={"juice": {"beta_minus": "nan"}})
-    with pytest.raises(openai.BadRequestError, match="context holds"):
+    with pytest.raises(openai.BadRequestError, match="maximum context length is 256 tokens"):
         client.completions.create(model="tiny", prompt="w1 " * 400, max_tokens=2, temperature=0)
+
+
+# -- scheduling, cancellation, limits, errors, metrics (issue 24) ------------------------------
+
+import http.client  # noqa: E402
+import json  # noqa: E402
+import socket as _socket  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from juice.apps.openai_schema import ServerLimits  # noqa: E402
+from juice.decoding import Stream, generate  # noqa: E402
+
+LONG_PROMPT = "the name of the capital city of japan is"   # no EOS in 230 greedy tokens of the tiny llama
+
+
+def _port(client) -> int:
+    return int(str(client.base_url).rstrip("/").split(":")[-1].split("/")[0])
+
+
+def _post(port: int, path: str, body, raw: bool = False) -> tuple[int, dict, dict]:
+    """POST `body` (JSON, or bytes if `raw`); (status, parsed body or the SSE events, headers)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.request("POST", path, body if raw else json.dumps(body), {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    text = r.read().decode()
+    conn.close()
+    if r.getheader("content-type", "").startswith("text/event-stream"):
+        events = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data: {")]
+        return r.status, {"events": events}, dict(r.getheaders())
+    return r.status, json.loads(text) if text else {}, dict(r.getheaders())
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", path)
+    r = conn.getresponse()
+    text = r.read().decode()
+    conn.close()
+    return r.status, text
+
+
+def _metric(port: int, name: str) -> float:
+    _, text = _get(port, "/metrics")
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ") or
+              line.startswith(name + "{")]
+    return sum(values)
+
+
+def _until(condition, what: str, seconds: float = 60) -> None:
+    """Wait until `condition()` holds (not a timing assertion: a deadline for a hung server)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.005)
+
+
+def _alone_text(lm, prompt: str, n: int, steering=None) -> str:
+    stream = Stream(0) if steering is None else Stream(0, steering)
+    return generate(lm, [prompt], [stream], n, stop_at_eos=True).texts[0]
+
+
+def test_short_requests_join_a_long_one_and_finish_first_with_their_tokens_alone(served):
+    lm, client, engine = served
+    long_done = threading.Event()
+    long_text = {}
+
+    def long():
+        out = client.completions.create(model="tiny", prompt=LONG_PROMPT, max_tokens=220, temperature=0,
+                                        extra_body={"juice": {"method": "original"}})
+        long_text["t"] = out.choices[0].text
+        long_done.set()
+
+    threading.Thread(target=long).start()
+    _until(lambda: engine.running >= 1, "the long request to start")
+    juice = [{"method": "original"}, {"method": "juice", "beta_plus": 3, "beta_minus": -1},
+             {"method": "june", "beta_plus": 1, "beta_minus": 0}]
+
+    def short(i: int) -> str:
+        return client.completions.create(model="tiny", prompt=PROMPTS[i % 4], max_tokens=4 + i % 3, temperature=0,
+                                         extra_body={"juice": juice[i % 3]}).choices[0].text
+
+    with ThreadPoolExecutor(6) as pool:
+        together = list(pool.map(short, range(6)))
+    assert not long_done.is_set()   # answered while the long request still decodes
+    long_done.wait(120)
+    assert long_text["t"] == _alone_text(lm, LONG_PROMPT, 220)
+    engine.reset_peak()
+    assert together == [short(i) for i in range(6)]
+
+
+def test_an_abandoned_stream_and_a_closed_connection_leave_the_batch(served):
+    lm, client, engine = served
+    port = _port(client)
+    cancelled = _metric(port, 'juice_requests_total{outcome="cancelled"}')
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({"model": "tiny", "prompt": LONG_PROMPT, "max_tokens": 220,
+                                                        "temperature": 0, "stream": True,
+                                                        "juice": {"method": "original"}}),
+                 {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    while not response.readline().startswith(b"data: {"):
+        pass
+    _until(lambda: engine.session.rows == 1, "the stream's row")
+    conn.sock.shutdown(_socket.SHUT_RDWR)
+    conn.close()   # the client goes away after its first chunk
+    _until(lambda: engine.session.rows == 0 and engine.running == 0, "the abandoned stream's row to be freed")
+    assert _metric(port, 'juice_requests_total{outcome="cancelled"}') == cancelled + 1
+    # a plain request whose client closes the connection before the answer
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({"model": "tiny", "prompt": LONG_PROMPT, "max_tokens": 220,
+                                                        "temperature": 0, "juice": {"method": "original"}}),
+                 {"Content-Type": "application/json"})
+    _until(lambda: engine.session.rows == 1, "the request's row")
+    conn.sock.shutdown(_socket.SHUT_RDWR)
+    conn.close()
+    _until(lambda: engine.session.rows == 0, "the closed request's row to be freed")
+    assert _metric(port, 'juice_requests_total{outcome="cancelled"}') == cancelled + 2
+    assert client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=3, temperature=0).choices
+
+
+def test_errors_have_openai_shape_and_the_server_keeps_serving(served):
+    lm, client, engine = served
+    port = _port(client)
+    cases = [  # body -> (status, a piece of the message)
+        ({"model": "gpt-4", "prompt": "x"}, 404, "The model `gpt-4` does not exist."),
+        ({"model": "tiny", "prompt": "x", "temperature": -1}, 400, "temperature: Input should be greater than or equal to 0"),
+        ({"model": "tiny", "prompt": "x", "top_p": 0}, 400, "top_p"),
+        ({"model": "tiny", "prompt": "x", "n": 1000}, 400, "n must be at most 16"),
+        ({"model": "tiny", "prompt": "x", "logprobs": 2}, 400, "logprobs is not implemented"),
+        ({"model": "tiny", "prompt": "x", "echo": True}, 400, "echo is not implemented"),
+        ({"model": "tiny", "prompt": "x", "max_tokens": 100000000}, 400,
+         "maximum context length is 256 tokens. However, you requested 100000002 tokens"),
+        ({"model": "tiny", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+        ({"model": "tiny", "prompt": 5}, 400, "prompt"),
+        ({"model": "tiny", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "at most 4 stop strings"),
+        ({"model": "tiny", "prompt": "x", "juice": {"method": "both"}}, 400, "juice.method must be"),
+        ({"model": "tiny", "prompt": "x", "seed": -3}, 400, "seed"),
+        ({"model": "tiny", "messages": []}, 400, "messages"),
+        ([1, 2], 400, "JSON object"),
+    ]
+    for body, status, message in cases:
+        path = "/v1/chat/completions" if isinstance(body, dict) and "messages" in body else "/v1/completions"
+        got, data, _ = _post(port, path, body)
+        assert got == status and set(data["error"]) == {"message", "type", "param", "code"}, (body, data)
+        assert message in data["error"]["message"], (body, data)
+    got, data, _ = _post(port, "/v1/completions", b'{"model": "tiny", "prompt": ', raw=True)
+    assert got == 400 and data["error"]["message"].startswith("malformed JSON")
+    assert _post(port, "/v1/nothing", {})[0] == 404
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model="gpt-4", prompt="x", max_tokens=2)
+    assert _get(port, "/health") == (200, '{"status":"ok"}')
+    assert client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=3, temperature=0).choices
+
+
+def test_past_the_queue_a_request_gets_429_and_every_admitted_one_is_answered():
+    lm = build_tiny("llama")
+    app = create_app(lm, model_name="tiny", limits=ServerLimits(max_rows=1, max_queued=1))
+    engine = app.state.engine
+    with _serving(app) as client:
+        port = _port(client)
+        answers = {}
+
+        def ask(key: str, prompt: str) -> None:
+            answers[key] = _post(port, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 220,
+                                                           "temperature": 0})
+
+        first = threading.Thread(target=ask, args=("first", LONG_PROMPT))
+        first.start()
+        _until(lambda: engine.running == 1, "the first request to run")
+        second = threading.Thread(target=ask, args=("second", "x"))
+        second.start()
+        _until(lambda: engine.waiting == 1, "the second request to wait (the batch holds one row)")
+        status, data, headers = _post(port, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2})
+        assert status == 429 and data["error"]["code"] == "rate_limit_exceeded" and headers["retry-after"] == "1"
+        first.join(120)
+        second.join(120)
+        assert answers["first"][0] == answers["second"][0] == 200
+        assert answers["first"][1]["choices"][0]["text"] == _alone_text(lm, LONG_PROMPT, 220)
+        assert answers["second"][1]["choices"][0]["text"] == _alone_text(lm, "x", 220)
+        assert _metric(port, 'juice_requests_total{outcome="rejected_429"}') == 1
+
+
+def test_a_request_past_its_timeout_is_a_504_and_a_stream_gets_an_error_event():
+    lm = build_tiny("llama")
+    app = create_app(lm, model_name="tiny", limits=ServerLimits(request_timeout_s=0.05))
+    with _serving(app) as client:
+        port = _port(client)
+        body = {"model": "tiny", "prompt": LONG_PROMPT, "max_tokens": 220, "temperature": 0}
+        status, data, _ = _post(port, "/v1/completions", body)
+        assert status == 504 and "longer than 0.05 s" in data["error"]["message"]
+        status, data, _ = _post(port, "/v1/completions", {**body, "stream": True})
+        assert status == 200 and "longer than 0.05 s" in data["events"][-1]["error"]["message"]
+        assert app.state.engine.session.rows == 0
+
+
+def test_metrics_are_prometheus_text(served):
+    lm, client, engine = served
+    port = _port(client)
+    before = _metric(port, "juice_generation_tokens_total")
+    out = client.completions.create(model="tiny", prompt=LONG_PROMPT, max_tokens=7, temperature=0)
+    assert out.usage.completion_tokens == 7
+    _, text = _get(port, "/metrics")
+    for name in ("juice_requests_running", "juice_requests_waiting", "juice_generation_tokens_total",
+                 "juice_generation_tokens_per_second", "juice_request_latency_seconds_bucket",
+                 "juice_time_to_first_token_seconds_count", "juice_batch_rows"):
+        assert f"\n{name}" in text, name
+    assert _metric(port, "juice_generation_tokens_total") == before + 7
+
+
+def test_a_stream_with_n_choices_equals_the_plain_answer(served):
+    lm, client, engine = served
+    body = dict(model="tiny", prompt=PROMPTS[1], max_tokens=6, temperature=0.9, seed=11, n=3)
+    plain = client.completions.create(**body)
+    pieces = ["", "", ""]
+    reasons = [None] * 3
+    for c in client.completions.create(**body, stream=True):
+        pieces[c.choices[0].index] += c.choices[0].text
+        reasons[c.choices[0].index] = c.choices[0].finish_reason or reasons[c.choices[0].index]
+    assert pieces == [c.text for c in plain.choices] and reasons == [c.finish_reason for c in plain.choices]
+
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) |
+                           st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                       max_size=4), max_leaves=8)
+FIELDS = ["model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stop",
+          "seed", "repetition_penalty", "logprobs", "echo", "juice", "presence_penalty", "best_of", "user"]
+
+
+@pytest.fixture(scope="module")
+def fuzzed():
+    lm = build_tiny("llama")
+    lm.tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}is"
+    app = create_app(lm, [HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL)], model_name="tiny",
+                     limits=ServerLimits(max_prompts=3, max_total_tokens=24, max_n=3))
+    with _serving(app) as client:
+        yield _port(client)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.fixed_dictionaries({}, optional={f: JSON_VALUES for f in FIELDS}),
+       chat=st.booleans(), valid=st.sampled_from(["", "model", "prompt", "both"]))
+def test_fuzzed_request_bodies_never_get_a_500(fuzzed, body, chat, valid):
+    if valid in ("model", "both"):
+        body["model"] = "tiny"
+    if valid in ("prompt", "both"):
+        body["messages" if chat else "prompt"] = [{"role": "user", "content": "a b"}] if chat else "a b"
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    status, data, _ = _post(fuzzed, path, json.dumps(body, allow_nan=True).encode(), raw=True)
+    assert status in (200, 400, 404), (body, status, data)
+    if status != 200:
+        assert set(data["error"]) == {"message", "type", "param", "code"}
+    assert _get(fuzzed, "/health")[0] == 200

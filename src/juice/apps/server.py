@@ -1,8 +1,9 @@
 """`juice serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) with per-request steering.
 
 Endpoints: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` (both with
-`"stream": true`, server-sent events in OpenAI's format). Steering per request in an extra body
-field (the official `openai` client passes it with `extra_body`):
+`"stream": true`, server-sent events in OpenAI's format), `GET /health`, `GET /metrics`
+(Prometheus text format). Steering per request in an extra body field (the official `openai`
+client passes it with `extra_body`):
 
     "juice": {"direction": "context", "method": "juice", "beta_plus": 2, "beta_minus": 0}
 
@@ -12,118 +13,61 @@ server has none. `method` "juice" | "june" | "original" (absent: "juice" if the 
 heads); betas default to the heads file's tuned values for the method (`juice tune`), else 2
 and 0; a beta must be a finite number with |beta| <= 100 (`MAX_ABS_BETA`).
 
-One worker thread owns the model: requests that arrive together (within `batch_window_s`) are
-decoded in one batched :func:`juice.decoding.generate` call, whatever their steering; each
-stream has its own sampler, so a request's output does not depend on the rest of its batch
-(tested: alone and among 15 others, the same greedy tokens). Streaming requests are decoded one
-at a time by the same worker. Texts are cut at EOS and before the first stop string.
+Scheduling: one worker thread owns the model (:class:`juice.apps.engine.Engine`) and decodes
+every running request in one batch, one token per step; a request joins the batch at the next
+step and leaves it the step it ends (EOS, a stop string, `max_tokens`), and is answered then
+(iteration-level scheduling, :mod:`juice.continuous`). A request's tokens do not depend on the
+others in the batch (tested: joining mid-flight, greedy and seeded sampling, every steering). A
+closed connection or an abandoned stream leaves the batch at the next step.
+
+Admission (:class:`juice.apps.openai_schema.ServerLimits`, README "Limits"): every field is
+checked before a request is queued; errors come in OpenAI's shape
+(`{"error": {"message", "type", "param", "code"}}`): 400 for a bad value or what is not
+implemented (`logprobs`, `echo`, ...), 404 for a `model` the server does not serve, 429 with
+Retry-After past the queue, 504 past the request timeout.
 """
 
-from __future__ import annotations
-
+# no `from __future__ import annotations`: FastAPI reads the routes' annotations (Request, the
+# request models) at run time, and Request is imported inside create_app (the server extra).
 import asyncio
 import json
 import os
-import queue
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any
 
+from juice.apps.engine import Engine, Job, QueueFull
+from juice.apps.openai_schema import (ChatRequest, CompletionRequest, MAX_SEED, ServerLimits, error_body,
+                                      validation_message)
 from juice.data.records import Direction
-from juice.decoding import Stream, generate
-from juice.sampling import Sampling
+from juice.decoding import Stream
 from juice.interventions import HeadSelection
 from juice.models import LoadedModel
-from juice.steerer import cut_at_stop
+from juice.sampling import Sampling
+from juice.steerer import cut_at_stop, stop_prefix_length
 from juice.steering import ORIGINAL, JuICE, JuNE, Steering
+from juice.tokens import context_length, token_ids
 
 DIRECTIONS = {"parametric": Direction.PARAMETRIC, "memory": Direction.PARAMETRIC, "context": Direction.CONTEXTUAL,
               "contextual": Direction.CONTEXTUAL}
 """The names a request's `juice.direction` may use (:meth:`juice.data.records.Direction.parse`)."""
 
-
-@dataclass
-class _Job:
-    prompts: list[str]
-    streams: list[Stream]          # prompt indices local to the job
-    max_new_tokens: int
-    stop: list[str]
-    stream: bool = False
-    done: threading.Event = field(default_factory=threading.Event)
-    result: list[list[int]] | None = None
-    error: BaseException | None = None
-    tokens: queue.Queue = field(default_factory=queue.Queue)   # streaming: token ids, then None
-
-
-class Engine:
-    """The worker that owns the model and batches the jobs that arrive together."""
-
-    def __init__(self, lm: LoadedModel, batch_window_s: float = 0.01, max_rows: int | str = 64):
-        self.lm, self.window, self.max_rows = lm, batch_window_s, max_rows
-        self.jobs: queue.Queue[_Job] = queue.Queue()
-        self.batch_sizes: list[int] = []   # jobs per batched call, for the record (and tests)
-        threading.Thread(target=self._loop, daemon=True).start()
-
-    def submit(self, job: _Job) -> _Job:
-        self.jobs.put(job)
-        return job
-
-    def _loop(self) -> None:
-        while True:
-            first = self.jobs.get()
-            if first.stream:
-                self._run_stream(first)
-                continue
-            batch, deadline = [first], time.monotonic() + self.window
-            while True:
-                try:
-                    job = self.jobs.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if job.stream:
-                    self.jobs.put(job)   # after this batch
-                    break
-                batch.append(job)
-            self._run_batch(batch)
-
-    def _run_batch(self, batch: list[_Job]) -> None:
-        self.batch_sizes.append(len(batch))
-        prompts: list[str] = []
-        streams: list[Stream] = []
-        for job in batch:
-            base = len(prompts)
-            prompts += job.prompts
-            streams += [replace(s, prompt=base + s.prompt) for s in job.streams]
-        try:
-            gen = generate(self.lm, prompts, streams, max(j.max_new_tokens for j in batch), max_rows=self.max_rows,
-                           stop_at_eos=True)
-            rows = gen.tokens.tolist()
-            at = 0
-            for job in batch:
-                job.result = [r[: job.max_new_tokens] for r in rows[at: at + len(job.streams)]]
-                at += len(job.streams)
-        except BaseException as err:   # every job of the batch learns why
-            for job in batch:
-                job.error = err
-        for job in batch:
-            job.done.set()
-
-    def _run_stream(self, job: _Job) -> None:
-        try:
-            generate(self.lm, job.prompts, job.streams, job.max_new_tokens, stop_at_eos=True,
-                     on_token=lambda rows, tokens: job.tokens.put(int(tokens[0])))
-        except BaseException as err:
-            job.error = err
-        job.tokens.put(None)
-        job.done.set()
-
-
 MAX_ABS_BETA = 100.0
 """Largest |beta| a request may ask for (the paper's grids stay within 5); far beyond, head
 outputs swamp the residual stream and the output is noise."""
+
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
+
+
+class ApiError(Exception):
+    """An HTTP error in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | int | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+        self.headers = headers
 
 
 def _heads_direction(artifact) -> str:
@@ -131,19 +75,25 @@ def _heads_direction(artifact) -> str:
 
 
 def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | None = None,
-               batch_window_s: float = 0.01, max_rows: int | str = 64):
+               limits: ServerLimits | None = None):
     """The FastAPI app (module docstring).
 
     Args:
         lm: the model.
         heads: heads artifacts (:func:`juice.load_heads`), at most one per direction.
+        model_name: the name clients use in `model` (default: the model's name).
+        limits: what the server admits (default :class:`ServerLimits`).
 
     Raises:
         ValueError: two heads files for the same direction.
     """
-    from fastapi import FastAPI, HTTPException
-    from fastapi.responses import StreamingResponse
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
+    limits = limits or ServerLimits()
     by_direction: dict[str, HeadSelection] = {}
     tuned: dict[str, dict] = {}
     for artifact in heads:
@@ -153,16 +103,61 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
         by_direction[d] = artifact.selection
         tuned[d] = dict(getattr(artifact, "tuned", {}) or {})
     name = model_name or lm.name
-    engine = Engine(lm, batch_window_s, max_rows)
+    context = limits.max_total_tokens or context_length(lm.model)
+    eos = lm.tokenizer.eos_token_id
+
+    registry = CollectorRegistry()
+    m_tokens = Counter("juice_generation_tokens", "Tokens generated", registry=registry)
+    m_prompt = Counter("juice_prompt_tokens", "Prompt tokens admitted", registry=registry)
+    m_requests = Counter("juice_requests", "Requests ended, by outcome (ok, cancelled, timeout, error, "
+                         "rejected_400, rejected_404, rejected_429)", ["outcome"], registry=registry)
+    m_latency = Histogram("juice_request_latency_seconds", "Seconds from admission to the last token of "
+                          "requests that ended ok", buckets=LATENCY_BUCKETS, registry=registry)
+    m_ttft = Histogram("juice_time_to_first_token_seconds", "Seconds from admission to the first token",
+                       buckets=LATENCY_BUCKETS, registry=registry)
+
+    def finished(job: Job) -> None:
+        m_requests.labels(job.outcome).inc()
+        if job.outcome == "ok":
+            m_latency.observe(job.finished - job.submitted)
+        if job.first_token is not None:
+            m_ttft.observe(job.first_token - job.submitted)
+
+    engine = Engine(lm, limits.max_rows, limits.max_queued, on_step=m_tokens.inc, on_finish=finished)
+    Gauge("juice_requests_running", "Requests decoding", registry=registry).set_function(lambda: engine.running)
+    Gauge("juice_requests_waiting", "Requests admitted and not started", registry=registry).set_function(
+        lambda: engine.waiting)
+    Gauge("juice_batch_rows", "Rows of the running batch (a JuICE stream holds two)",
+          registry=registry).set_function(lambda: engine.session.rows)
+    Gauge("juice_generation_tokens_per_second", "Tokens generated per second over the last 10 s",
+          registry=registry).set_function(engine.tokens_per_second)
+
     app = FastAPI(title="juice", description="OpenAI-compatible completions with per-request head steering")
-    app.state.engine = engine
+    app.state.engine, app.state.limits, app.state.registry = engine, limits, registry
 
-    @app.exception_handler(HTTPException)
-    async def openai_error(request, exc: HTTPException):   # the shape OpenAI clients read
-        from fastapi.responses import JSONResponse
+    def error_response(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                       code: str | int | None = None, headers: dict | None = None) -> JSONResponse:
+        if status in (400, 404, 429):
+            m_requests.labels(f"rejected_{status}").inc()
+        return JSONResponse(status_code=status, content=error_body(message, kind, param, code), headers=headers)
 
-        return JSONResponse(status_code=exc.status_code, content={"error": {
-            "message": str(exc.detail), "type": "invalid_request_error", "param": None, "code": None}})
+    @app.exception_handler(ApiError)
+    async def api_error(request, exc: ApiError):
+        return error_response(exc.status, exc.message, exc.kind, exc.param, exc.code, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, exc: RequestValidationError):
+        message, param = validation_message(list(exc.errors()))
+        return error_response(400, message, param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc: StarletteHTTPException):
+        return error_response(exc.status_code, str(exc.detail), "not_found_error" if exc.status_code == 404
+                              else "invalid_request_error")
+
+    @app.exception_handler(Exception)
+    async def server_error(request, exc: Exception):
+        return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
 
     def steering_of(options: dict | None) -> Steering:
         options = dict(options or {})
@@ -170,137 +165,213 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
         if method == "original":
             return ORIGINAL
         if method not in ("juice", "june"):
-            raise HTTPException(400, f"juice.method must be juice, june or original, not {method!r}")
+            raise ApiError(400, f"juice.method must be juice, june or original, not {method!r}", param="juice")
         direction = options.get("direction")
         if direction is None:
             if len(by_direction) != 1:
-                raise HTTPException(400, f"say juice.direction: this server has heads for {sorted(by_direction) or 'none'}")
+                raise ApiError(400, f"say juice.direction: this server has heads for {sorted(by_direction) or 'none'}",
+                               param="juice")
             d = next(iter(by_direction))
         else:
             d = DIRECTIONS.get(str(direction))
             if d not in by_direction:
-                raise HTTPException(400, f"no heads for direction {direction!r}; this server has {sorted(by_direction)}")
+                raise ApiError(400, f"no heads for direction {direction!r}; this server has {sorted(by_direction)}",
+                               param="juice")
         selection, defaults = by_direction[d], tuned[d].get(method, {})
         try:
             bp = float(options.get("beta_plus", defaults.get("beta_plus", 2.0)))
             bm = float(options.get("beta_minus", defaults.get("beta_minus", 0.0)))
-        except (TypeError, ValueError):
-            raise HTTPException(400, "juice.beta_plus and juice.beta_minus must be numbers") from None
+        except (TypeError, ValueError, OverflowError):
+            raise ApiError(400, "juice.beta_plus and juice.beta_minus must be numbers", param="juice") from None
         if not (abs(bp) <= MAX_ABS_BETA and abs(bm) <= MAX_ABS_BETA):   # also refuses NaN and infinities
-            raise HTTPException(400, f"juice.beta_plus and juice.beta_minus must be finite with |beta| <= {MAX_ABS_BETA:g}")
+            raise ApiError(400, f"juice.beta_plus and juice.beta_minus must be finite with |beta| <= {MAX_ABS_BETA:g}",
+                           param="juice")
         return (JuICE if method == "juice" else JuNE)(lm, selection, bp, bm)
 
-    def sampling_of(body: dict, index: int) -> Sampling | None:
-        temperature = body.get("temperature", 1.0)
-        if temperature is None or float(temperature) <= 0:
-            return None
-        seed = body.get("seed")
-        seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
-        try:
-            return Sampling(float(temperature), int(body.get("top_k", 0) or 0), float(body.get("top_p", 1.0) or 1.0),
-                            seed + index)
-        except ValueError as err:
-            raise HTTPException(400, str(err)) from None
+    def check_model(req) -> None:
+        if req.model is not None and req.model != name:
+            raise ApiError(404, f"The model `{req.model}` does not exist.", "NotFoundError", "model", 404)
+        if message := req.unsupported():
+            raise ApiError(400, message)
 
-    def job_of(body: dict, prompts: list[str]) -> _Job:
-        steering = steering_of(body.get("juice"))
-        n = int(body.get("n", 1) or 1)
-        try:
-            penalty = float(body.get("repetition_penalty", 1.0) or 1.0)
-            streams = [Stream(i, steering, sampling_of(body, k), penalty) for i in range(len(prompts)) for k in range(n)]
-        except (TypeError, ValueError) as err:
-            raise HTTPException(400, f"repetition_penalty: {err}") from None
-        stop = body.get("stop") or []
-        stop = [stop] if isinstance(stop, str) else list(stop)
-        max_new = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
-        if max_new < 1:
-            raise HTTPException(400, "max_tokens must be at least 1")
-        return _Job(prompts, streams, max_new, stop, stream=bool(body.get("stream")))
+    def job_of(req, prompts: list[str], max_tokens: int | None) -> Job:
+        if req.n > limits.max_n:
+            raise ApiError(400, f"n must be at most {limits.max_n} (this server's --max-n)", param="n")
+        if len(req.stops()) > 4:
+            raise ApiError(400, "stop: at most 4 stop strings", param="stop")
+        steering = steering_of(req.juice)
+        max_new = max_tokens or limits.default_max_tokens
+        ids = [token_ids(lm.tokenizer, p) for p in prompts]
+        for row in ids:
+            if not row:
+                raise ApiError(400, "prompt is empty (no tokens)", param="prompt")
+            if context is not None and len(row) + max_new > context:
+                raise ApiError(400, f"This model's maximum context length is {context} tokens. However, you "
+                                    f"requested {len(row) + max_new} tokens ({len(row)} in the prompt, {max_new} "
+                                    "for the completion).", param="max_tokens")
+        temperature = 1.0 if req.temperature is None else req.temperature
+        seed = int.from_bytes(os.urandom(4), "little") if req.seed is None else req.seed
+        streams = []
+        for i in range(len(prompts)):
+            for k in range(req.n):
+                sampling = None if temperature == 0 else Sampling(
+                    temperature, max(0, req.top_k or 0), 1.0 if req.top_p is None else req.top_p, (seed + k) % MAX_SEED)
+                streams.append(Stream(i, steering, sampling, req.repetition_penalty or 1.0))
+        m_prompt.inc(sum(map(len, ids)))
+        return Job(ids, streams, max_new, req.stops(), limits.request_timeout_s)
 
-    def text_of(tokens: list[int], stop: list[str]) -> tuple[str, str]:
-        eos = lm.tokenizer.eos_token_id
-        reason = "length"
+    def text_of(job: Job, k: int) -> tuple[str, str]:
+        tokens, reason = job.tokens[k], job.reasons[k] or "length"
         if eos is not None and eos in tokens:
-            tokens, reason = tokens[: tokens.index(eos)], "stop"
+            tokens = tokens[: tokens.index(eos)]
         text = lm.tokenizer.decode(tokens, skip_special_tokens=True)
-        cut = cut_at_stop(text, stop)
-        return cut, ("stop" if cut != text else reason)
+        return cut_at_stop(text, job.stop), reason
 
-    async def finished(job: _Job) -> _Job:
-        await asyncio.to_thread(job.done.wait)
-        if job.error is not None:
-            raise HTTPException(400, f"{type(job.error).__name__}: {job.error}")
-        return job
+    def usage(job: Job) -> dict:
+        prompt = sum(map(len, job.prompt_ids))
+        completion = sum(map(len, job.tokens))
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-    def sse(job: _Job, make_chunk):
+    def submit(job: Job) -> None:
+        try:
+            engine.submit(job)
+        except QueueFull as err:
+            raise ApiError(429, f"the server is busy: {err}; retry later", "rate_limit_error", None,
+                           "rate_limit_exceeded", {"Retry-After": "1"}) from None
+
+    async def watch_disconnect(request: Request, job: Job) -> None:
+        """Cancel `job` when the client closes the connection."""
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                engine.cancel(job)
+                return
+
+    def outcome_error(job: Job) -> ApiError | None:
+        if job.outcome == "timeout":
+            return ApiError(504, job.error or "timeout", "timeout_error", code="timeout")
+        if job.outcome == "error":
+            return ApiError(500, job.error or "error", "server_error")
+        return None
+
+    async def respond(job: Job, request: Request, stream: bool, prefix: str, kind: str, chunk_kind: str,
+                      chunk_choice: Callable[[str, str | None, bool], dict],
+                      choice: Callable[[str, str], dict]) -> Any:
+        """The OpenAI response to `job`: a stream of `chunk_kind` chunks, or one `kind` object
+        with a choice per stream; `chunk_choice` (text, finish reason, first chunk?) and `choice`
+        (text, finish reason) shape a choice."""
+        rid, created = f"{prefix}-{uuid.uuid4().hex[:24]}", int(time.time())
+        loop = asyncio.get_running_loop()
+        if not stream:
+            done = asyncio.Event()
+            job.on_done = lambda: loop.call_soon_threadsafe(done.set)
+            submit(job)
+            watcher = asyncio.create_task(watch_disconnect(request, job))
+            try:
+                await done.wait()
+            finally:
+                watcher.cancel()
+            if job.outcome == "cancelled":
+                return Response(status_code=499)
+            if (err := outcome_error(job)) is not None:
+                raise err
+            choices = [{"index": k, **choice(*text_of(job, k))} for k in range(len(job.streams))]
+            return {"id": rid, "object": kind, "created": created, "model": name, "choices": choices,
+                    "usage": usage(job)}
+        tokens: asyncio.Queue = asyncio.Queue()
+        job.on_token = lambda k, t: loop.call_soon_threadsafe(tokens.put_nowait, (k, t))
+        job.on_done = lambda: loop.call_soon_threadsafe(tokens.put_nowait, None)
+        submit(job)
+
+        def chunk(k: int, text: str, reason: str | None, first: bool = False) -> str:
+            body = {"id": rid, "object": chunk_kind, "created": created, "model": name,
+                    "choices": [{"index": k, **chunk_choice(text, reason, first)}]}
+            return f"data: {json.dumps(body)}\n\n"
+
         async def events():
-            ids: list[int] = []
-            shown = ""
-            eos = lm.tokenizer.eos_token_id
-            while True:
-                token = await asyncio.to_thread(job.tokens.get)
-                if token is None or token == eos:
-                    break
-                ids.append(token)
-                text = cut_at_stop(lm.tokenizer.decode(ids, skip_special_tokens=True), job.stop)
-                if len(text) > len(shown) and not text.endswith("\ufffd"):
-                    yield f"data: {json.dumps(make_chunk(text[len(shown):], None))}\n\n"
-                    shown = text
-            await asyncio.to_thread(job.done.wait)
-            if job.error is not None:
-                yield f"data: {json.dumps({'error': {'message': str(job.error)}})}\n\n"
-            yield f"data: {json.dumps(make_chunk('', 'stop' if token is not None else 'length'))}\n\n"
-            yield "data: [DONE]\n\n"
+            watcher = asyncio.create_task(watch_disconnect(request, job))
+            ids: list[list[int]] = [[] for _ in job.streams]
+            shown = [""] * len(job.streams)
+            try:
+                for k in range(len(job.streams)):
+                    yield chunk(k, "", None, first=True)
+                while (item := await tokens.get()) is not None:
+                    k, token = item
+                    if token == eos:
+                        continue
+                    ids[k].append(token)
+                    text = lm.tokenizer.decode(ids[k], skip_special_tokens=True)
+                    cut = cut_at_stop(text, job.stop)
+                    visible = cut if cut != text else cut[: len(cut) - stop_prefix_length(cut, job.stop)]
+                    if len(visible) > len(shown[k]) and not visible.endswith("\ufffd"):
+                        yield chunk(k, visible[len(shown[k]):], None)
+                        shown[k] = visible
+                if job.outcome == "ok":
+                    for k in range(len(job.streams)):
+                        text, reason = text_of(job, k)
+                        yield chunk(k, text[len(shown[k]):], reason)
+                elif (err := outcome_error(job)) is not None:
+                    yield f"data: {json.dumps(error_body(err.message, err.kind, code=err.code))}\n\n"
+                yield "data: [DONE]\n\n"
+            finally:
+                watcher.cancel()
+                if job.outcome is None:
+                    engine.cancel(job)
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    async def respond(job: Any, prefix: str, kind: str, chunk_kind: str,
-                      chunk_choice: Callable[[str, str | None], dict], choice: Callable[[str, str], dict]) -> Any:
-        """The OpenAI response to `job`: a stream of `chunk_kind` chunks (one prompt, n = 1), or
-        one `kind` object with a choice per stream; `chunk_choice` / `choice` shape a choice from
-        its text and finish reason."""
-        rid, created = f"{prefix}-{uuid.uuid4().hex[:24]}", int(time.time())
-        if job.stream:
-            if len(job.streams) != 1:
-                raise HTTPException(400, "stream: one prompt and n = 1")
-            engine.submit(job)
-            return sse(job, lambda text, reason: {"id": rid, "object": chunk_kind, "created": created, "model": name,
-                                                  "choices": [{"index": 0, **chunk_choice(text, reason)}]})
-        job = await finished(engine.submit(job))
-        choices = [{"index": i, **choice(*text_of(tokens, job.stop))} for i, tokens in enumerate(job.result)]
-        return {"id": rid, "object": kind, "created": created, "model": name, "choices": choices}
+    @app.get("/health")
+    def health() -> Any:
+        if not engine.alive:
+            return JSONResponse(status_code=503, content={"status": "the engine thread has stopped"})
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     def models() -> dict:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "juice"}]}
 
     @app.post("/v1/completions")
-    async def completions(body: dict) -> Any:
-        prompt = body.get("prompt")
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt or [])
-        if not prompts or not all(isinstance(p, str) for p in prompts):
-            raise HTTPException(400, "prompt must be a string or a list of strings")
-        return await respond(job_of(body, prompts), "cmpl", "text_completion", "text_completion",
-                             lambda text, reason: {"text": text, "finish_reason": reason},
+    async def completions(req: CompletionRequest, request: Request) -> Any:
+        check_model(req)
+        prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
+        if not prompts:
+            raise ApiError(400, "prompt: give a string or a non-empty list of strings", param="prompt")
+        if len(prompts) > limits.max_prompts:
+            raise ApiError(400, f"prompt: at most {limits.max_prompts} prompts per request", param="prompt")
+        return await respond(job_of(req, prompts, req.max_tokens), request, req.stream, "cmpl", "text_completion",
+                             "text_completion",
+                             lambda text, reason, first: {"text": text, "logprobs": None, "finish_reason": reason},
                              lambda text, reason: {"text": text, "finish_reason": reason, "logprobs": None})
 
     @app.post("/v1/chat/completions")
-    async def chat(body: dict) -> Any:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise HTTPException(400, "messages must be a non-empty list")
+    async def chat(req: ChatRequest, request: Request) -> Any:
+        check_model(req)
         tok = lm.tokenizer
         if not getattr(tok, "chat_template", None):
-            raise HTTPException(400, f"{name}'s tokenizer has no chat template; use /v1/completions")
-        prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            raise ApiError(400, f"{name}'s tokenizer has no chat template; use /v1/completions")
+        try:
+            messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+            prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as err:   # the template's own refusals (roles out of order, ...)
+            raise ApiError(400, f"messages: {type(err).__name__}: {err}", param="messages") from None
+        if not isinstance(prompt, str):
+            raise ApiError(400, "messages: the chat template did not give a text prompt", param="messages")
         if tok.bos_token and prompt.startswith(tok.bos_token):
             prompt = prompt[len(tok.bos_token):]   # the tokenizer adds its own
-        return await respond(job_of(body, [prompt]), "chatcmpl", "chat.completion", "chat.completion.chunk",
-                             lambda text, reason: {"delta": {"content": text} if text else {}, "finish_reason": reason},
+        return await respond(job_of(req, [prompt], req.max_completion_tokens or req.max_tokens), request, req.stream,
+                             "chatcmpl",
+                             "chat.completion", "chat.completion.chunk",
+                             lambda text, reason, first: {"delta": ({"role": "assistant", "content": text} if first
+                                                                    else {"content": text} if text else {}),
+                                                          "finish_reason": reason},
                              lambda text, reason: {"message": {"role": "assistant", "content": text},
                                                    "finish_reason": reason})
 
     return app
 
 
-__all__ = ["DIRECTIONS", "Engine", "create_app"]
+__all__ = ["ApiError", "DIRECTIONS", "MAX_ABS_BETA", "ServerLimits", "create_app"]
