@@ -268,11 +268,16 @@ def test_errors_have_openai_shape_and_the_server_keeps_serving(served):
         ({"model": "tiny", "prompt": "x", "temperature": -1}, 400, "temperature: Input should be greater than or equal to 0"),
         ({"model": "tiny", "prompt": "x", "top_p": 0}, 400, "top_p"),
         ({"model": "tiny", "prompt": "x", "n": 1000}, 400, "n must be at most 16"),
-        ({"model": "tiny", "prompt": "x", "logprobs": 2}, 400, "logprobs is not implemented"),
-        ({"model": "tiny", "prompt": "x", "echo": True}, 400, "echo is not implemented"),
+        ({"model": "tiny", "prompt": "x", "logprobs": 21}, 400, "logprobs: Input should be less than or equal to 20"),
+        ({"model": "tiny", "prompt": "x", "logprobs": -1}, 400, "logprobs"),
+        ({"model": "tiny", "prompt": "x", "logprobs": 1, "stream": True}, 400, "not available with stream"),
+        ({"model": "tiny", "prompt": [1, 5, 100000]}, 400, "token id 100000 is out of range"),
+        ({"model": "tiny", "prompt": []}, 400, "prompt"),
+        ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400,
+         "not implemented for chat"),
         ({"model": "tiny", "prompt": "x", "max_tokens": 100000000}, 400,
          "maximum context length is 256 tokens. However, you requested 100000002 tokens"),
-        ({"model": "tiny", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+        ({"model": "tiny", "prompt": "x", "max_tokens": 0}, 400, "0 only with echo"),
         ({"model": "tiny", "prompt": 5}, 400, "prompt"),
         ({"model": "tiny", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "at most 4 stop strings"),
         ({"model": "tiny", "prompt": "x", "juice": {"method": "both"}}, 400, "juice.method must be"),
@@ -393,3 +398,97 @@ def test_fuzzed_request_bodies_never_get_a_500(fuzzed, body, chat, valid):
     if status != 200:
         assert set(data["error"]) == {"message", "type", "param", "code"}
     assert _get(fuzzed, "/health")[0] == 200
+
+
+# -- logprobs, echo, token-id prompts, aliases (issue 21) ----------------------------------------
+
+import torch  # noqa: E402
+
+from juice.steering import JuICE, JuNE  # noqa: E402
+from juice.tokens import token_ids  # noqa: E402
+
+
+def _forced(lm, ids: list[int], steering) -> list[float]:
+    """Log-probabilities of ids[1:] after ids[0] under `steering`, by the cached engine's teacher
+    forcing (`generate(forced_tokens=...)`, another code path than the server's echo)."""
+    assert ids[0] == lm.tokenizer.bos_token_id
+    gen = generate(lm, [""], [Stream(0, steering)], len(ids) - 1, forced_tokens=torch.tensor([ids[1:]]))
+    return gen.forced_logprobs[0].tolist()
+
+
+def test_echo_logprobs_equal_teacher_forcing_and_hugging_face(served):
+    lm, client, engine = served
+    prompt = PROMPTS[2]
+    ids = token_ids(lm.tokenizer, prompt)
+    hf = lm.model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+    want_hf = hf[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+    for juice, steering in [({"method": "original"}, None), ({"method": "juice", "beta_plus": 3, "beta_minus": -1},
+                                                              JuICE(lm, SEL, 3, -1)),
+                            ({"method": "june", "beta_plus": 1, "beta_minus": -0.5}, JuNE(lm, SEL, 1, -0.5))]:
+        out = client.completions.create(model="tiny", prompt=prompt, max_tokens=0, echo=True, logprobs=3,
+                                        temperature=0, extra_body={"juice": juice})
+        lp = out.choices[0].logprobs
+        assert out.choices[0].text == prompt and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        assert len(lp.tokens) == len(ids) and lp.text_offset[0] == 0
+        want = want_hf if steering is None else _forced(lm, ids, steering)
+        assert torch.allclose(torch.tensor(lp.token_logprobs[1:]), torch.tensor(want), atol=1e-4), juice
+        for chosen, top in zip(lp.token_logprobs[1:], lp.top_logprobs[1:]):
+            values = list(top.values())
+            assert len(top) <= 3 and values == sorted(values, reverse=True) and chosen <= values[0] + 1e-6
+
+
+def test_generated_logprobs_are_the_steered_models_and_greedy_tokens_are_its_top(served):
+    lm, client, engine = served
+    steering = JuICE(lm, SEL, 3, -1)
+    out = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=6, logprobs=2, temperature=0,
+                                    extra_body={"juice": {"method": "juice", "beta_plus": 3, "beta_minus": -1}})
+    lp = out.choices[0].logprobs
+    alone = generate(lm, [PROMPTS[1]], [Stream(0, steering)], 6, stop_at_eos=True).tokens[0].tolist()
+    eos = lm.tokenizer.eos_token_id
+    new = alone[: alone.index(eos) + 1] if eos in alone else alone
+    assert lp.tokens == [lm.tokenizer.decode([t]) for t in new]
+    want = _forced(lm, token_ids(lm.tokenizer, PROMPTS[1]) + new, steering)[-len(new):]
+    assert torch.allclose(torch.tensor(lp.token_logprobs), torch.tensor(want), atol=1e-4)
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert chosen == max(top.values())   # greedy: the chosen token is the most probable (lm-eval's is_greedy)
+    # lm-evaluation-harness's loglikelihood request: token ids, a batch of prompts, max_tokens 1, echo, logprobs 1
+    batch = [token_ids(lm.tokenizer, p) for p in PROMPTS[:3]]
+    both = client.completions.create(model="tiny", prompt=batch, max_tokens=1, echo=True, logprobs=1, temperature=0,
+                                     extra_body={"juice": {"method": "original"}})
+    assert [c.index for c in both.choices] == [0, 1, 2]
+    for ids, text, c in zip(batch, PROMPTS, both.choices):
+        single = client.completions.create(model="tiny", prompt=text, max_tokens=1, echo=True, logprobs=1,
+                                           temperature=0, extra_body={"juice": {"method": "original"}})
+        got, want = c.logprobs.token_logprobs, single.choices[0].logprobs.token_logprobs   # token ids = text
+        assert got[0] is want[0] is None and torch.allclose(torch.tensor(got[1:]), torch.tensor(want[1:]), atol=1e-5)
+        assert c.text == single.choices[0].text and len(c.logprobs.tokens) == len(ids) + 1
+
+
+def test_an_alias_steers_the_requests_that_name_it(served):
+    lm = served[0]
+    artifact = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL)
+    alias = {"tiny+juice": {"method": "juice", "beta_plus": 3.0, "beta_minus": -1.0}}
+    with _serving(create_app(lm, [artifact], model_name="tiny", aliases=alias)) as client:
+        assert [m.id for m in client.models.list().data] == ["tiny", "tiny+juice"]
+        by_alias = client.completions.create(model="tiny+juice", prompt=PROMPTS[2], max_tokens=6, temperature=0)
+        assert by_alias.model == "tiny+juice"
+        assert by_alias.choices[0].text == Steerer(lm, SEL, method="juice", beta_plus=3, beta_minus=-1).generate(
+            PROMPTS[2], 6)[0]
+        overridden = client.completions.create(model="tiny+juice", prompt=PROMPTS[2], max_tokens=6, temperature=0,
+                                               extra_body={"juice": {"beta_plus": 1}})
+        assert overridden.choices[0].text == Steerer(lm, SEL, method="juice", beta_plus=1, beta_minus=-1).generate(
+            PROMPTS[2], 6)[0]
+    with pytest.raises(ValueError, match="alias 'bad': no heads for direction 'memory'"):
+        create_app(lm, [artifact], model_name="tiny", aliases={"bad": {"direction": "memory"}})
+
+
+def test_alias_specs_parse_or_say_why():
+    from juice.apps.server import parse_alias
+
+    assert parse_alias("g+juice=direction:contextual,method:juice,beta_plus:2") == (
+        "g+juice", {"direction": "contextual", "method": "juice", "beta_plus": 2.0})
+    assert parse_alias("plain=") == ("plain", {})
+    for bad, message in [("noequals", "NAME=key:value"), ("a=method", "is not key:value"),
+                         ("a=beta_plus:big", "beta_plus must be a number")]:
+        with pytest.raises(ValueError, match=message):
+            parse_alias(bad)

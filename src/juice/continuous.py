@@ -59,6 +59,7 @@ class _Live:
     sampler: tuple | None = None
     seen: Tensor | None = None          # [vocab] bool: tokens in the sequence (repetition penalty)
     position: int = 0                   # position id of the last token fed
+    logprobs: int | None = None         # return the token's log-probability and this many top ones
 
     @property
     def rows(self) -> int:
@@ -75,11 +76,18 @@ class StepToken:
         finished: None while the stream runs; else why it left the batch: "eos" (the tokenizer's
             EOS, which is the token), "length" (`max_new_tokens` reached) or "stop" (the `stop`
             predicate held).
+        logprob: the token's log-probability (nats) under the stream's steered model, before
+            the repetition penalty and the sampling settings (vLLM's "raw" log-probabilities),
+            if the stream asked for log-probabilities; else None.
+        top: the `logprobs` most probable (token id, log-probability) pairs of that
+            distribution, most probable first (empty for `logprobs` = 0), or None.
     """
 
     key: Hashable
     token: int
     finished: str | None
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] | None = None
 
 
 def _layers(cache) -> list:
@@ -160,7 +168,7 @@ class DecodingSession:
     # -- the caller's side ------------------------------------------------------------------
 
     def add(self, key: Hashable, prompt_ids: Sequence[int], stream: Stream, max_new_tokens: int,
-            stop: Callable[[list[int]], bool] | None = None) -> None:
+            stop: Callable[[list[int]], bool] | None = None, logprobs: int | None = None) -> None:
         """Queue a stream; it is prefilled at the next :meth:`step`.
 
         Args:
@@ -169,6 +177,8 @@ class DecodingSession:
             stream: its steering, sampling and repetition penalty (`stream.prompt` is unused).
             max_new_tokens: tokens to generate at most.
             stop: called with the stream's new tokens after each step; True ends it ("stop").
+            logprobs: return each token's log-probability and the `logprobs` most probable
+                tokens' (:class:`StepToken`); None: none.
         """
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -184,7 +194,8 @@ class DecodingSession:
             raise ValueError(f"a stream named {key!r} is already in the session")
         sm = stream.sampling
         sampler = None if sm is None else (sm, torch.Generator().manual_seed(sm.seed))
-        self.pending.append(_Live(key, list(prompt_ids), stream, max_new_tokens, stop, sampler=sampler))
+        self.pending.append(_Live(key, list(prompt_ids), stream, max_new_tokens, stop, sampler=sampler,
+                                  logprobs=logprobs))
 
     def cancel(self, key: Hashable) -> None:
         """Drop the stream at the next step (its rows leave the batch before any forward)."""
@@ -259,6 +270,8 @@ class DecodingSession:
         """Pick each stream's token from `[rows, hidden]` last hidden states; record it."""
         device = self.lm.device
         logits = self.lm.logits(hidden[torch.tensor(self._out_rows(streams), device=device)]).float()
+        wanted = [r for r, s in enumerate(streams) if s.logprobs is not None]
+        raw = logits[wanted].log_softmax(-1) if wanted else None   # [len(wanted), vocab]
         if any(s.seen is not None for s in streams):
             vocab = logits.shape[-1]
             seen = torch.stack([s.seen if s.seen is not None else torch.zeros(vocab, dtype=torch.bool, device=device)
@@ -267,15 +280,24 @@ class DecodingSession:
             logits = penalize_repetition(logits, seen, penalty)
         samplers = [s.sampler for s in streams]
         token = pick_token(logits, None, 0, [], samplers if any(samplers) else None).tolist()
+        lps: dict[int, tuple[float, tuple]] = {}
+        if wanted:
+            chosen = raw.gather(1, torch.tensor([token[r] for r in wanted], device=device)[:, None])[:, 0].tolist()
+            most = max(streams[r].logprobs for r in wanted)
+            top_v, top_i = raw.topk(most, dim=-1) if most else (raw[:, :0], raw[:, :0].long())
+            for j, r in enumerate(wanted):
+                k = streams[r].logprobs
+                lps[r] = (chosen[j], tuple(zip(top_i[j, :k].tolist(), top_v[j, :k].tolist())))
         out = []
-        for s, t in zip(streams, token):
+        for r, (s, t) in enumerate(zip(streams, token)):
             s.tokens.append(t)
             if s.seen is not None:
                 s.seen[t] = True
             reason = ("eos" if self.eos is not None and t == self.eos else
                       "stop" if s.stop is not None and s.stop(s.tokens) else
                       "length" if len(s.tokens) >= s.max_new_tokens else None)
-            out.append(StepToken(s.key, t, reason))
+            lp, top = lps.get(r, (None, None))
+            out.append(StepToken(s.key, t, reason, lp, top))
         return out
 
     def _decode(self) -> list[StepToken]:

@@ -353,6 +353,9 @@ def serve(
     max_total_tokens: int = typer.Option(0, min=0, help="most prompt + max_tokens tokens (0: the model's context)"),
     request_timeout: float = typer.Option(600.0, min=0.0,
                                           help="seconds before a request ends with HTTP 504 (0: no limit)"),
+    alias: list[str] = typer.Option([], help="NAME=SPEC: another model name whose requests get these juice "
+                                             "options, e.g. gemma+juice=direction:contextual,method:juice,beta_plus:2 "
+                                             "(repeat; for lm-evaluation-harness, whose request bodies are fixed)"),
 ):
     """OpenAI-compatible server (/v1/models, /v1/completions, /v1/chat/completions, /health,
     /metrics) with per-request steering in the body's "juice" field (needs the server extra:
@@ -366,17 +369,24 @@ def serve(
     import uvicorn
 
     from juice.apps.openai_schema import ServerLimits
-    from juice.apps.server import create_app
+    from juice.apps.server import create_app, parse_alias
     from juice.models import load_model
     from juice.stage1 import load_heads
 
+    try:
+        aliases = dict(parse_alias(a) for a in alias)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--alias") from None
     limits = ServerLimits(max_n=max_n, max_prompts=max_prompts, max_rows=max_rows, max_queued=max_queued,
                           request_timeout_s=request_timeout or None, max_total_tokens=max_total_tokens or None)
     for path in heads:
         load_heads(path)   # malformed files fail before the model loads
     lm = load_model(model, device=device)
-    app_ = create_app(lm, [load_heads(path, lm) for path in heads], limits=limits)
-    console.print(f"serving {lm.name} on http://{host}:{port}/v1 with heads for "
+    try:
+        app_ = create_app(lm, [load_heads(path, lm) for path in heads], limits=limits, aliases=aliases)
+    except ValueError as err:   # an alias the heads cannot honour
+        raise typer.BadParameter(str(err), param_hint="--alias") from None
+    console.print(f"serving {lm.name}{''.join(f', {a}' for a in aliases)} on http://{host}:{port}/v1 with heads for "
                   f"{', '.join(sorted(str(load_heads(p).direction) for p in heads)) or 'no direction (Original only)'}")
     uvicorn.run(app_, host=host, port=port, log_level="info")
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from juice.continuous import DecodingSession
 from juice.decoding import Stream
+from juice.likelihood import prompt_logprobs
 from juice.models import LoadedModel
 from juice.steerer import cut_at_stop
 
@@ -37,6 +38,12 @@ class Job:
         outcome: None while running; "ok", "cancelled", "timeout" or "error" (then `error` says why).
         on_token: called from the worker with (stream index, token id) after every step.
         on_done: called from the worker once, when the job has an outcome.
+        logprobs: per new token, its log-probability and the `logprobs` most probable tokens'
+            (`token_logprobs[k]`: (log-probability, ((token id, log-probability), ...)) per
+            token of stream k; :class:`juice.continuous.StepToken`); None: none.
+        echo: compute `prompt_logprobs[i]`, prompt i's teacher-forced log-probabilities under
+            the job's steering (:func:`juice.likelihood.prompt_logprobs`), before decoding;
+            with `max_new_tokens` 0 the job ends there.
     """
 
     prompt_ids: list[list[int]]
@@ -46,8 +53,12 @@ class Job:
     timeout_s: float | None = None
     on_token: Callable[[int, int], None] | None = None
     on_done: Callable[[], None] | None = None
+    logprobs: int | None = None
+    echo: bool = False
     id: int = 0
     tokens: list[list[int]] = field(default_factory=list)
+    token_logprobs: list[list[tuple[float, tuple]]] = field(default_factory=list)
+    prompt_logprobs: list[list[tuple[float, tuple]]] = field(default_factory=list)
     reasons: list[str | None] = field(default_factory=list)
     outcome: str | None = None
     error: str | None = None
@@ -104,6 +115,7 @@ class Engine:
             self._next_id += 1
             job.id, job.submitted = self._next_id, time.monotonic()
             job.tokens = [[] for _ in job.streams]
+            job.token_logprobs = [[] for _ in job.streams]
             job.reasons = [None] * len(job.streams)
             self._inbox.append(job)
             self._cond.notify()
@@ -170,12 +182,22 @@ class Engine:
             self._jobs[job.id] = job
         rule = self._stop_rule(job)
         try:
+            if job.echo:   # one teacher-forced forward per prompt, under the job's steering
+                steering = job.streams[0].steering
+                job.prompt_logprobs = [prompt_logprobs(self.lm, ids, steering, job.logprobs or 0)
+                                       for ids in job.prompt_ids]
+            if job.max_new_tokens == 0:
+                job.reasons = ["length"] * len(job.streams)
+                job.first_token = time.monotonic()
+                self._finish(job, "ok")
+                return
             for k, stream in enumerate(job.streams):
-                self.session.add((job.id, k), job.prompt_ids[stream.prompt], stream, job.max_new_tokens, rule)
-        except ValueError as err:
+                self.session.add((job.id, k), job.prompt_ids[stream.prompt], stream, job.max_new_tokens, rule,
+                                 job.logprobs)
+        except Exception as err:   # the job learns why; the engine goes on
             for k in range(len(job.streams)):
                 self.session.cancel((job.id, k))
-            self._finish(job, "error", str(err))
+            self._finish(job, "error", f"{type(err).__name__}: {err}")
 
     def _loop(self) -> None:
         while True:
@@ -219,6 +241,8 @@ class Engine:
                 if job.first_token is None:
                     job.first_token = now
                 job.tokens[k].append(event.token)
+                if event.logprob is not None:
+                    job.token_logprobs[k].append((event.logprob, event.top))
                 if job.on_token:
                     job.on_token(k, event.token)
                 if event.finished:

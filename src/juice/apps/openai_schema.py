@@ -3,9 +3,9 @@ vLLM's `top_k` and `repetition_penalty` and juice's `juice` field), as pydantic 
 limits, and OpenAI's error shape.
 
 Every value is checked at admission: a wrong type or a value out of range is an HTTP 400 naming
-the field; what the server does not implement yet (`logprobs`, `echo`, `best_of` > 1, presence
-and frequency penalties, `logit_bias`, `suffix`, token-id prompts) is refused with a 400 rather
-than ignored. Unknown fields are ignored (OpenAI clients send fields of newer API versions).
+the field; what the server does not implement (`best_of` > 1, presence and frequency penalties,
+`logit_bias`, `suffix`, chat `logprobs`, `logprobs` or `echo` with `stream`) is refused with a
+400 rather than ignored. Unknown fields are ignored (OpenAI clients send fields of newer API versions).
 """
 
 from __future__ import annotations
@@ -85,19 +85,22 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    """POST /v1/completions (OpenAI's legacy completions)."""
+    """POST /v1/completions (OpenAI's legacy completions): a prompt is a string or a list of
+    token ids (used as given: no BOS is added), a request holds one or a list of them;
+    `max_tokens` 0 only with `echo`; `logprobs` up to 20 (vLLM's limit; OpenAI's is 5)."""
 
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=0)
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
     best_of: int | None = Field(None, ge=1)
     suffix: str | None = None
 
     def unsupported(self) -> str | None:
-        if self.logprobs is not None:
-            return "logprobs is not implemented yet"
-        if self.echo:
-            return "echo is not implemented yet"
+        if self.stream and (self.logprobs is not None or self.echo):
+            return "logprobs and echo are not available with stream"
+        if self.max_tokens == 0 and not self.echo:
+            return "max_tokens: 0 only with echo (the prompt's log-probabilities alone)"
         if self.best_of not in (None, 1):
             return "best_of > 1 is not implemented"
         if self.suffix:
@@ -137,7 +140,7 @@ class ChatRequest(_Sampling):
 
     def unsupported(self) -> str | None:
         if self.logprobs or self.top_logprobs:
-            return "logprobs is not implemented yet"
+            return "logprobs is not implemented for chat completions (use /v1/completions)"
         return super().unsupported()
 
 
@@ -156,7 +159,8 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     if first.get("type") == "json_invalid":
         return f"malformed JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", None
     # a union's alternatives are named in loc (e.g. prompt.str); keep the field path
-    field = ".".join(x for x in loc if x not in ("str", "list[str]", "int", "float", "bool", "dict[str,any]"))
+    field = ".".join(x for x in loc if not x[:1].isalpha() or x.split("[")[0] not in
+                     ("str", "list", "int", "float", "bool", "dict"))
     if not field:
         return f"the request body must be a JSON object: {first.get('msg')}", None
     return f"{field}: {first.get('msg')}", field.split(".")[0]

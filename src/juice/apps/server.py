@@ -34,7 +34,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from juice.apps.engine import Engine, Job, QueueFull
@@ -70,12 +70,39 @@ class ApiError(Exception):
         self.headers = headers
 
 
+def parse_alias(text: str) -> tuple[str, dict[str, Any]]:
+    """`NAME=SPEC` (`juice serve --alias`), SPEC being `key:value` pairs joined by commas, e.g.
+    `gemma+juice=direction:contextual,method:juice,beta_plus:2` -> ("gemma+juice",
+    {"direction": "contextual", "method": "juice", "beta_plus": 2.0}). Betas are read as numbers.
+
+    Raises:
+        ValueError: no `=`, an empty name, or a pair without `:` (the message quotes it).
+    """
+    name, sep, spec = text.partition("=")
+    if not sep or not name.strip():
+        raise ValueError(f"--alias {text!r}: write NAME=key:value,key:value")
+    options: dict[str, Any] = {}
+    for pair in filter(None, (p.strip() for p in spec.split(","))):
+        key, sep, value = pair.partition(":")
+        if not sep or not key.strip():
+            raise ValueError(f"--alias {text!r}: {pair!r} is not key:value")
+        key, value = key.strip(), value.strip()
+        if key in ("beta_plus", "beta_minus"):
+            try:
+                options[key] = float(value)
+            except ValueError:
+                raise ValueError(f"--alias {text!r}: {key} must be a number, not {value!r}") from None
+        else:
+            options[key] = value
+    return name.strip(), options
+
+
 def _heads_direction(artifact) -> str:
     return DIRECTIONS.get(str(artifact.direction), str(artifact.direction))
 
 
 def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | None = None,
-               limits: ServerLimits | None = None):
+               limits: ServerLimits | None = None, aliases: Mapping[str, Mapping[str, Any]] | None = None):
     """The FastAPI app (module docstring).
 
     Args:
@@ -83,9 +110,13 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
         heads: heads artifacts (:func:`juice.load_heads`), at most one per direction.
         model_name: the name clients use in `model` (default: the model's name).
         limits: what the server admits (default :class:`ServerLimits`).
+        aliases: more model names, each with the `juice` options its requests get (a request's
+            own `juice` field overrides them key by key); :func:`parse_alias` reads
+            `juice serve --alias NAME=SPEC`.
 
     Raises:
-        ValueError: two heads files for the same direction.
+        ValueError: two heads files for the same direction; an alias that is the model's name, or
+            whose options the server cannot honour (the message says why).
     """
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
@@ -103,7 +134,11 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
         by_direction[d] = artifact.selection
         tuned[d] = dict(getattr(artifact, "tuned", {}) or {})
     name = model_name or lm.name
+    aliases = {k: dict(v) for k, v in (aliases or {}).items()}
+    if name in aliases:
+        raise ValueError(f"alias {name!r} is the served model's own name")
     context = limits.max_total_tokens or context_length(lm.model)
+    vocab = lm.model.get_output_embeddings().weight.shape[0]
     eos = lm.tokenizer.eos_token_id
 
     registry = CollectorRegistry()
@@ -188,20 +223,28 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
                            param="juice")
         return (JuICE if method == "juice" else JuNE)(lm, selection, bp, bm)
 
-    def check_model(req) -> None:
-        if req.model is not None and req.model != name:
+    def check_model(req) -> dict:
+        """The request's `juice` options: its model's (an alias's) overridden by its own field."""
+        if req.model is not None and req.model != name and req.model not in aliases:
             raise ApiError(404, f"The model `{req.model}` does not exist.", "NotFoundError", "model", 404)
         if message := req.unsupported():
             raise ApiError(400, message)
+        return {**aliases.get(req.model, {}), **(req.juice or {})}
 
-    def job_of(req, prompts: list[str], max_tokens: int | None) -> Job:
+    for alias, options in aliases.items():   # refused at start, not per request
+        try:
+            steering_of(options)
+        except ApiError as err:
+            raise ValueError(f"alias {alias!r}: {err.message}") from None
+
+    def job_of(req, options: dict, ids: list[list[int]], max_tokens: int | None, logprobs: int | None = None,
+               echo: bool = False) -> Job:
         if req.n > limits.max_n:
             raise ApiError(400, f"n must be at most {limits.max_n} (this server's --max-n)", param="n")
         if len(req.stops()) > 4:
             raise ApiError(400, "stop: at most 4 stop strings", param="stop")
-        steering = steering_of(req.juice)
-        max_new = max_tokens or limits.default_max_tokens
-        ids = [token_ids(lm.tokenizer, p) for p in prompts]
+        steering = steering_of(options)
+        max_new = limits.default_max_tokens if max_tokens is None else max_tokens
         for row in ids:
             if not row:
                 raise ApiError(400, "prompt is empty (no tokens)", param="prompt")
@@ -212,13 +255,13 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
         temperature = 1.0 if req.temperature is None else req.temperature
         seed = int.from_bytes(os.urandom(4), "little") if req.seed is None else req.seed
         streams = []
-        for i in range(len(prompts)):
+        for i in range(len(ids)):
             for k in range(req.n):
                 sampling = None if temperature == 0 else Sampling(
                     temperature, max(0, req.top_k or 0), 1.0 if req.top_p is None else req.top_p, (seed + k) % MAX_SEED)
                 streams.append(Stream(i, steering, sampling, req.repetition_penalty or 1.0))
         m_prompt.inc(sum(map(len, ids)))
-        return Job(ids, streams, max_new, req.stops(), limits.request_timeout_s)
+        return Job(ids, streams, max_new, req.stops(), limits.request_timeout_s, logprobs=logprobs, echo=echo)
 
     def text_of(job: Job, k: int) -> tuple[str, str]:
         tokens, reason = job.tokens[k], job.reasons[k] or "length"
@@ -254,12 +297,12 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
             return ApiError(500, job.error or "error", "server_error")
         return None
 
-    async def respond(job: Job, request: Request, stream: bool, prefix: str, kind: str, chunk_kind: str,
-                      chunk_choice: Callable[[str, str | None, bool], dict],
-                      choice: Callable[[str, str], dict]) -> Any:
+    async def respond(job: Job, request: Request, stream: bool, model: str, prefix: str, kind: str,
+                      chunk_kind: str, chunk_choice: Callable[[str, str | None, bool], dict],
+                      choice: Callable[[int, str, str], dict]) -> Any:
         """The OpenAI response to `job`: a stream of `chunk_kind` chunks, or one `kind` object
         with a choice per stream; `chunk_choice` (text, finish reason, first chunk?) and `choice`
-        (text, finish reason) shape a choice."""
+        (stream index, text, finish reason) shape a choice."""
         rid, created = f"{prefix}-{uuid.uuid4().hex[:24]}", int(time.time())
         loop = asyncio.get_running_loop()
         if not stream:
@@ -275,8 +318,8 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
                 return Response(status_code=499)
             if (err := outcome_error(job)) is not None:
                 raise err
-            choices = [{"index": k, **choice(*text_of(job, k))} for k in range(len(job.streams))]
-            return {"id": rid, "object": kind, "created": created, "model": name, "choices": choices,
+            choices = [{"index": k, **choice(k, *text_of(job, k))} for k in range(len(job.streams))]
+            return {"id": rid, "object": kind, "created": created, "model": model, "choices": choices,
                     "usage": usage(job)}
         tokens: asyncio.Queue = asyncio.Queue()
         job.on_token = lambda k, t: loop.call_soon_threadsafe(tokens.put_nowait, (k, t))
@@ -284,7 +327,7 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
         submit(job)
 
         def chunk(k: int, text: str, reason: str | None, first: bool = False) -> str:
-            body = {"id": rid, "object": chunk_kind, "created": created, "model": name,
+            body = {"id": rid, "object": chunk_kind, "created": created, "model": model,
                     "choices": [{"index": k, **chunk_choice(text, reason, first)}]}
             return f"data: {json.dumps(body)}\n\n"
 
@@ -332,24 +375,74 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
 
     @app.get("/v1/models")
     def models() -> dict:
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "juice"}]}
+        return {"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "juice"}
+                                           for n in [name, *aliases]]}
+
+    def logprobs_of(job: Job, k: int, echo: bool) -> dict:
+        """OpenAI's legacy `logprobs` object of stream k: the prompt's tokens first if `echo` (the
+        first with null), then every new token (EOS included when it ended there, as the text
+        is not: a caller that drops the last token, as lm-evaluation-harness does, drops it)."""
+        piece = lambda t: lm.tokenizer.decode([t])   # noqa: E731
+        entries: list[tuple[int, float | None, tuple | None]] = []
+        if echo:
+            ids = job.prompt_ids[job.streams[k].prompt]
+            entries.append((ids[0], None, None))
+            entries += [(t, lp, top) for t, (lp, top) in zip(ids[1:], job.prompt_logprobs[job.streams[k].prompt])]
+        entries += [(t, lp, top) for t, (lp, top) in zip(job.tokens[k], job.token_logprobs[k])]
+        tokens, offsets, at = [], [], 0
+        for t, _, _ in entries:
+            tokens.append(piece(t))
+            offsets.append(at)
+            at += len(tokens[-1])
+        tops = []
+        for _, _, top in entries:
+            if top is None:
+                tops.append(None)
+                continue
+            best: dict[str, float] = {}
+            for t, lp in top:
+                best.setdefault(piece(t), lp)   # most probable first: a repeated piece keeps its best
+            tops.append(best)
+        return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in entries], "top_logprobs": tops,
+                "text_offset": offsets}
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Any:
-        check_model(req)
-        prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
+        options = check_model(req)
+        prompt = req.prompt
+        prompts = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else list(prompt)
         if not prompts:
-            raise ApiError(400, "prompt: give a string or a non-empty list of strings", param="prompt")
+            raise ApiError(400, "prompt: give a string, a list of token ids, or a non-empty list of either",
+                           param="prompt")
         if len(prompts) > limits.max_prompts:
             raise ApiError(400, f"prompt: at most {limits.max_prompts} prompts per request", param="prompt")
-        return await respond(job_of(req, prompts, req.max_tokens), request, req.stream, "cmpl", "text_completion",
+        ids, texts = [], []
+        for p in prompts:
+            if isinstance(p, str):
+                ids.append(token_ids(lm.tokenizer, p))
+                texts.append(p)
+                continue
+            bad = next((t for t in p if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise ApiError(400, f"prompt: token id {bad} is out of range (the vocabulary has {vocab})",
+                               param="prompt")
+            ids.append(list(p))
+            texts.append(lm.tokenizer.decode(p, skip_special_tokens=True))
+        job = job_of(req, options, ids, req.max_tokens, req.logprobs, req.echo)
+
+        def choice(k: int, text: str, reason: str) -> dict:
+            head = texts[job.streams[k].prompt] if req.echo else ""
+            lps = logprobs_of(job, k, req.echo) if req.logprobs is not None or req.echo else None
+            return {"text": head + text, "finish_reason": reason, "logprobs": lps}
+
+        return await respond(job, request, req.stream, req.model or name, "cmpl", "text_completion",
                              "text_completion",
                              lambda text, reason, first: {"text": text, "logprobs": None, "finish_reason": reason},
-                             lambda text, reason: {"text": text, "finish_reason": reason, "logprobs": None})
+                             choice)
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request) -> Any:
-        check_model(req)
+        options = check_model(req)
         tok = lm.tokenizer
         if not getattr(tok, "chat_template", None):
             raise ApiError(400, f"{name}'s tokenizer has no chat template; use /v1/completions")
@@ -362,16 +455,17 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
             raise ApiError(400, "messages: the chat template did not give a text prompt", param="messages")
         if tok.bos_token and prompt.startswith(tok.bos_token):
             prompt = prompt[len(tok.bos_token):]   # the tokenizer adds its own
-        return await respond(job_of(req, [prompt], req.max_completion_tokens or req.max_tokens), request, req.stream,
-                             "chatcmpl",
+        ids = [token_ids(tok, prompt)]
+        return await respond(job_of(req, options, ids, req.max_completion_tokens or req.max_tokens), request,
+                             req.stream, req.model or name, "chatcmpl",
                              "chat.completion", "chat.completion.chunk",
                              lambda text, reason, first: {"delta": ({"role": "assistant", "content": text} if first
                                                                     else {"content": text} if text else {}),
                                                           "finish_reason": reason},
-                             lambda text, reason: {"message": {"role": "assistant", "content": text},
-                                                   "finish_reason": reason})
+                             lambda k, text, reason: {"message": {"role": "assistant", "content": text},
+                                                      "finish_reason": reason})
 
     return app
 
 
-__all__ = ["ApiError", "DIRECTIONS", "MAX_ABS_BETA", "ServerLimits", "create_app"]
+__all__ = ["ApiError", "DIRECTIONS", "MAX_ABS_BETA", "ServerLimits", "create_app", "parse_alias"]
