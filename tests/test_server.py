@@ -429,7 +429,8 @@ def test_echo_logprobs_equal_teacher_forcing_and_hugging_face(served):
                                         temperature=0, extra_body={"juice": juice})
         lp = out.choices[0].logprobs
         assert out.choices[0].text == prompt and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
-        assert len(lp.tokens) == len(ids) and lp.text_offset[0] == 0
+        assert len(lp.tokens) == len(ids) and lp.text_offset[:2] == [0, 0]   # BOS is not in the text
+        assert all(prompt[at:at + len(t)] == t for t, at in zip(lp.tokens[1:], lp.text_offset[1:]))
         want = want_hf if steering is None else _forced(lm, ids, steering)
         assert torch.allclose(torch.tensor(lp.token_logprobs[1:]), torch.tensor(want), atol=1e-4), juice
         for chosen, top in zip(lp.token_logprobs[1:], lp.top_logprobs[1:]):

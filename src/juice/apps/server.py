@@ -101,6 +101,26 @@ def _heads_direction(artifact) -> str:
     return DIRECTIONS.get(str(artifact.direction), str(artifact.direction))
 
 
+def text_offsets(tokenizer, ids: list[int], window: int = 4) -> list[int]:
+    """Where each token starts in the text `ids` decode to (special tokens skipped, so BOS and
+    EOS have length 0): OpenAI's legacy `text_offset`, in characters.
+
+    Token i's text is what decoding ids[j:i+1] adds to decoding ids[j:i] (j = i - `window`, so
+    that separators and byte-fallback pieces come out as in the whole text); it starts where
+    that addition ends less the token's own decoded length. Two batched decodes of `window` + 1
+    tokens each, not one decode per prefix (1.4 s for a 2,100-token prompt)."""
+    starts = [max(0, i - window) for i in range(len(ids))]
+    with_token = tokenizer.batch_decode([ids[j:i + 1] for i, j in enumerate(starts)], skip_special_tokens=True)
+    without = tokenizer.batch_decode([ids[j:i] for i, j in enumerate(starts)], skip_special_tokens=True)
+    offsets, at = [], 0
+    for t, a, b in zip(ids, with_token, without):
+        added = max(0, len(a) - len(b))
+        own = len(tokenizer.decode([t], skip_special_tokens=True))
+        offsets.append(at + max(0, added - own))
+        at += added
+    return offsets
+
+
 def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | None = None,
                limits: ServerLimits | None = None, aliases: Mapping[str, Mapping[str, Any]] | None = None):
     """The FastAPI app (module docstring).
@@ -381,7 +401,8 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
     def logprobs_of(job: Job, k: int, echo: bool) -> dict:
         """OpenAI's legacy `logprobs` object of stream k: the prompt's tokens first if `echo` (the
         first with null), then every new token (EOS included when it ended there, as the text
-        is not: a caller that drops the last token, as lm-evaluation-harness does, drops it)."""
+        is not: a caller that drops the last token, as lm-evaluation-harness does, drops it).
+        `text_offset`: see `text_offsets`."""
         piece = lambda t: lm.tokenizer.decode([t])   # noqa: E731
         entries: list[tuple[int, float | None, tuple | None]] = []
         if echo:
@@ -389,11 +410,8 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
             entries.append((ids[0], None, None))
             entries += [(t, lp, top) for t, (lp, top) in zip(ids[1:], job.prompt_logprobs[job.streams[k].prompt])]
         entries += [(t, lp, top) for t, (lp, top) in zip(job.tokens[k], job.token_logprobs[k])]
-        tokens, offsets, at = [], [], 0
-        for t, _, _ in entries:
-            tokens.append(piece(t))
-            offsets.append(at)
-            at += len(tokens[-1])
+        tokens = [piece(t) for t, _, _ in entries]
+        offsets = text_offsets(lm.tokenizer, [t for t, _, _ in entries])
         tops = []
         for _, _, top in entries:
             if top is None:
