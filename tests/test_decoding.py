@@ -74,6 +74,66 @@ def test_mixed_streams_in_one_batch_equal_separate_runs(tiny):
         assert torch.equal(together.tokens[k], alone), k
 
 
+def test_rows_that_join_the_prefill_at_their_first_steered_layer_equal_the_naive_rerun(tiny):
+    """The growing prefill: a steered row enters the batch at the first layer it steers, as a
+    copy of its prompt's clean row (padded prompts, so the mask and positions are indexed too);
+    every stream's tokens equal the paper's literal algorithm and its first-step probabilities
+    equal those of the stream decoded alone."""
+    from juice.steering import JuICE, JuNE
+
+    g = tiny.heads.geometry
+    last = g.n_layers - 1
+    s1 = HeadSelection((Head(last, 0),), (Head(1, 1),))
+    s2 = HeadSelection((Head(last - 1, 1), Head(last, 0)), ())
+    prune = Steering("june", steering_coefficients(g, HeadSelection((), (Head(last, 1),)), 0, -1.0, "june"))
+    streams = [Stream(0, JuICE(tiny, s1, 3, -2)), Stream(1), Stream(0, JuNE(tiny, s2, 2, 0)),
+               Stream(2, JuICE(tiny, s2, 4, 0)), Stream(0), Stream(1, prune), Stream(2, JuNE(tiny, s1, 1, -0.5)),
+               Stream(2)]
+    probes = torch.tensor([[3, 4]] * len(streams))
+    gen = generate(tiny, PROMPTS, streams, 6, probe_tokens=probes)
+    for k, s in enumerate(streams):
+        assert torch.equal(gen.tokens[k], greedy_generate_naive(tiny, PROMPTS[s.prompt], 6, s.steering)), k
+        alone = generate(tiny, PROMPTS, [s], 6, probe_tokens=probes[:1])
+        torch.testing.assert_close(gen.first_probs[k], alone.first_probs[0], rtol=0, atol=1e-6)
+
+
+def test_a_stopped_stream_leaves_the_batch_and_the_others_decode_as_without_the_rule(tiny):
+    """`stop_text`: each stream's tokens up to its stop equal the unstopped decoding's (JuICE's
+    clean copy and every other row re-indexed as streams leave), its text is where the rule first
+    held, and the first-step probabilities are untouched."""
+    c1, c2 = coefficients(tiny, 2.0, -1.0), coefficients(tiny, 5.0, 0.0)
+    streams = [Stream(0, Steering("juice", c1)), Stream(1), Stream(0, Steering("june", c2)),
+               Stream(2, Steering("juice", c2)), Stream(0), Stream(1, Steering("juice", c1))]
+    probes = torch.tensor([[3, 4]] * len(streams))
+    full = generate(tiny, PROMPTS, streams, 9, probe_tokens=probes, stop_at_eos=True)
+    # streams stop at different steps: 2 to 7 words
+    rule = lambda text: len(text.split()) >= 2 + len(text) % 6   # noqa: E731
+    cut = generate(tiny, PROMPTS, streams, 9, probe_tokens=probes, stop_at_eos=True, stop_text=rule)
+    eos = tiny.tokenizer.eos_token_id
+    assert torch.equal(full.first_probs, cut.first_probs)
+    lengths = set()
+    for k in range(len(streams)):
+        decoded = [t for t in cut.tokens[k].tolist()]
+        n = next((i for i, t in enumerate(decoded) if t == eos), len(decoded))
+        lengths.add(n)
+        assert decoded[:n] == full.tokens[k, :n].tolist(), k
+        assert cut.texts[k] == tiny.tokenizer.decode(decoded[:n], skip_special_tokens=True)
+        prefixes = [tiny.tokenizer.decode(decoded[:i], skip_special_tokens=True) for i in range(1, n + 1)]
+        assert n == 9 or full.tokens[k, n] == eos or rule(prefixes[-1]), k   # stopped where the rule held
+        assert not any(rule(t) for t in prefixes[:-1]), k                     # and not before
+    assert len(lengths) > 1
+
+
+def test_stop_text_is_refused_where_rows_cannot_leave(tiny_llama):
+    from juice.sampling import Sampling
+
+    with pytest.raises(ValueError, match="not with sampling"):
+        generate(tiny_llama, PROMPTS[:1], [Stream(0, sampling=Sampling(temperature=1.0, seed=0))], 3,
+                 stop_text=lambda t: True)
+    with pytest.raises(ValueError, match="not with the static KV cache"):
+        generate(tiny_llama, PROMPTS[:1], [Stream(0)], 3, kv_cache="static", stop_text=lambda t: True)
+
+
 def test_unknown_method_is_refused():
     with pytest.raises(ValueError, match="unknown steering method"):
         Steering("juicy", torch.zeros(2, 2))

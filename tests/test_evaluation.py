@@ -161,3 +161,49 @@ def test_an_evaluated_text_ends_at_eos_as_hugging_face_generate_ends_it(tiny_lla
     assert hf.tolist() == free[: cut + 1]     # generate stops at EOS (its last token)
     assert text == lm.tokenizer.decode(hf[:-1], skip_special_tokens=True)
     assert text != lm.tokenizer.decode(free, skip_special_tokens=True)
+
+
+def test_rows_that_stop_at_the_sixth_word_keep_every_verdict_and_probability(tiny):
+    """Exact match reads five words: stopping a row once its text holds a sixth changes no
+    verdict and no probability, and the stored output is a prefix of the full one."""
+    from juice.data.records import ConflictExample
+
+    examples = [ConflictExample("d", f"s{i}", ("w1", "w7"), f"w{i + 3}",
+                                {t: f"w{i} w{i + 1} the capital of france is {t}"
+                                 for t in ("clean", "substitution", "coherent")}) for i in range(3)]
+    methods = {"Original": Method(), "JuICE": Method(Steering("juice", steering_coefficients(
+        tiny.heads.geometry, SELECTION, 2.0, -1.0))), "JuNE": Method(Steering("june", steering_coefficients(
+            tiny.heads.geometry, SELECTION, 1.0, -0.5, "june")))}
+    full = evaluate(tiny, examples, methods, full_outputs=True)
+    cut = evaluate(tiny, examples, methods)
+    assert [(r.correct, r.follows_context, r.p_parametric, r.p_context) for r in cut] == \
+           [(r.correct, r.follows_context, r.p_parametric, r.p_context) for r in full]
+    assert all(f.output.startswith(c.output) for f, c in zip(full, cut))
+    assert any(len(c.output) < len(f.output) for f, c in zip(full, cut))
+
+
+def test_requests_that_are_the_same_computation_are_decoded_once(tiny_llama, monkeypatch):
+    """decode_requests decodes a repeated request, and a steering of all-zero coefficients
+    (JuICE or JuNE at (0, 0)), once, as Original; every request still gets its result."""
+    import juice.eval.runner as runner
+    from juice.eval.runner import DecodeRequest, decode_requests
+
+    lm = tiny_llama
+    g = lm.heads.geometry
+    seen = []
+    real = runner.generate
+    monkeypatch.setattr(runner, "generate", lambda lm, prompts, streams, *a, **k: seen.append(len(streams))
+                        or real(lm, prompts, streams, *a, **k))
+    juice = Method(Steering("juice", steering_coefficients(g, SELECTION, 2.0, -1.0)))
+    requests = [DecodeRequest("the capital of", Method(), [1]),
+                DecodeRequest("the capital of", Method(Steering("juice", steering_coefficients(g, SELECTION, 0, 0))), [1]),
+                DecodeRequest("the capital of", Method(Steering("june", steering_coefficients(g, SELECTION, 0, 0, "june"))), [1]),
+                DecodeRequest("the capital of", juice, [1]), DecodeRequest("the capital of", juice, [1]),
+                DecodeRequest("the capital of", Method(), [2])]   # another probe: its own request
+    progress = []
+    out = decode_requests(lm, requests, 5, on_progress=progress.append)
+    assert seen == [3] and sum(progress) == len(requests)
+    alone = [decode_requests(lm, [r], 5)[0] for r in requests]
+    assert [t for t, _ in out] == [t for t, _ in alone]
+    assert all(torch.allclose(p, q, rtol=0, atol=1e-6) for (_, p), (_, q) in zip(out, alone))   # batch shapes differ
+    assert out[0][0] == out[1][0] == out[2][0] and out[3][0] == out[4][0]

@@ -13,7 +13,8 @@ from juice.data.memotrap import MemoTrapFormatError, load_memotrap
 from juice.data.nqswap import load_nqswap
 from juice.data.paraconflict import build_domain, load_paraconflict_json
 from juice.data.splits import split_test
-from juice.text import contains_answer, first_words, normalize_answer
+from juice.eval.metrics import is_correct
+from juice.text import contains_answer, first_words, first_words_final, normalize_answer
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 text = st.text(max_size=60)
@@ -113,3 +114,17 @@ def test_the_memotrap_loader_raises_only_its_documented_errors(tmp_path_factory,
         load_memotrap(path, "proverb_ending")
     except (MemoTrapFormatError, ValueError) as err:
         assert "proverb_ending" in str(err) or str(path) in str(err)
+
+
+@FAST
+@given(st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=9), st.lists(st.sampled_from([" ", "\n", "\t", "  ", "\u3000"]),
+       min_size=9, max_size=9), text, st.lists(words, min_size=1, max_size=2))
+def test_once_the_first_words_are_final_no_appended_text_changes_the_verdict(pieces, gaps, tail, answers):
+    """Evaluation stops a row when `first_words_final` holds (juice.eval.runner.evaluate): then
+    whatever the row would have decoded next cannot change its first five words or its verdict."""
+    decoded = "".join(p + g for p, g in zip(pieces, gaps))[:-1] + pieces[-1][:1]
+    if first_words_final(decoded):
+        assert first_words(decoded + tail) == first_words(decoded)
+        assert is_correct(decoded + tail, answers) == is_correct(decoded, answers)
+    if "\ufffd" not in decoded and len(decoded.split()) >= 6:
+        assert first_words_final(decoded)

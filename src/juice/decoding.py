@@ -14,8 +14,10 @@ a prompt and a contrast policy. All streams of a chunk share one batch and one K
 
 - prefill: one clean (unmodified) row per prompt, plus one row per JuNE or JuICE stream; a JuICE
   row adds beta times its prompt's clean row (:class:`~juice.interventions.RowPlan`), so the clean
-  prefill is computed once however many methods and betas a prompt is steered with; a CAD
-  stream's question is one more prompt with its clean row (its context row is its prompt's);
+  prefill is computed once however many methods and betas a prompt is steered with; a steered row
+  whose prompt has a clean row joins the batch at the first layer it steers, as a copy of that
+  row (below it the two are the same computation; Stage 1's growing batch, :mod:`juice.sweeps`);
+  a CAD stream's question is one more prompt with its clean row (its context row is its prompt's);
 - decoding: the cache is re-indexed so that every stream owns its rows; a JuICE stream owns a
   copy of the clean row plus its steered row, and both are fed the steered row's new token, so
   the clean run sees exactly the sequence the steered run produced (as a naive re-run would); a
@@ -29,12 +31,12 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from juice.architectures import HeadGeometry, ModelHeads
 from juice.budget import resolve_max_rows
@@ -173,6 +175,66 @@ def _zero_plan_row(geometry: HeadGeometry) -> Tensor:
     return torch.zeros(geometry.n_layers, geometry.n_heads)
 
 
+def _join_layer(coefficients: Tensor) -> int:
+    """The first layer a steering's `[n_layers, n_heads]` coefficients touch (the last layer
+    for all zeros: such a row equals its clean row throughout)."""
+    active = torch.nonzero(coefficients.ne(0).any(-1)).flatten()
+    return int(active[0]) if active.numel() else coefficients.shape[0] - 1
+
+
+@contextmanager
+def _growing(heads: ModelHeads, first: int, joining: Sequence[int], joins: Sequence[int]) -> Iterator[None]:
+    """The growing prefill: the batch enters the model with its `first` rows; at the input of
+    layer `joins[i]` (ascending) row `first + i` is appended as a copy of row `joining[i]` (a
+    clean row). Every per-row argument of a layer (a tensor of >= 2 dimensions whose first is
+    the entering batch: the attention mask, position ids and embeddings) is indexed alike, so
+    the appended rows see their clean row's mask and positions. Each layer's KV cache holds the
+    rows present there.
+
+    Args:
+        first: rows from the embeddings on, `[first, seq, hidden]`.
+        joining: per appended row, the row it copies (< `first`).
+        joins: per appended row, the layer where it joins (ascending, >= 1).
+    """
+    if not joining:
+        yield
+        return
+    rows = list(range(first)) + list(joining)
+    handles = []
+
+    def make(layer: int):
+        before = first + sum(j < layer for j in joins)
+        after = first + sum(j <= layer for j in joins)
+        index = torch.tensor(rows[:after])
+        new = torch.tensor(rows[before:after])
+
+        def per_row(value: Any) -> Any:
+            if isinstance(value, Tensor) and value.dim() >= 2 and value.shape[0] == first and first > 1:
+                return value.index_select(0, index.to(value.device))
+            if isinstance(value, tuple) and value and all(isinstance(v, Tensor) for v in value):
+                return tuple(per_row(v) for v in value)
+            return value
+
+        def pre_hook(module: nn.Module, args: tuple, kwargs: dict):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            if after > before:
+                hidden = torch.cat([hidden, hidden.index_select(0, new.to(hidden.device))])
+            kwargs = {k: per_row(v) for k, v in kwargs.items() if k != "hidden_states"}
+            if args:
+                return (hidden, *(per_row(a) for a in args[1:])), kwargs
+            return args, {**kwargs, "hidden_states": hidden}
+
+        return pre_hook
+
+    try:
+        for layer in range(joins[0], len(heads.layers)):
+            handles.append(heads.layers[layer].register_forward_pre_hook(make(layer), with_kwargs=True))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
 KV_CACHES: tuple[str, ...] = ("dynamic", "static")
 
 PAD_SLACK = 1.3
@@ -221,6 +283,7 @@ def generate(
     kv_cache: str | None = None,
     compile_step: bool | None = None,
     apply_plan: Callable[[ModelHeads, RowPlan], AbstractContextManager] | None = None,
+    stop_text: Callable[[str], bool] | None = None,
 ) -> Generation:
     """Greedy or sampled decoding of many (prompt, steering or contrast) streams, batched and cached.
 
@@ -270,6 +333,13 @@ def generate(
             :func:`juice.interventions.planned_rows` at the output projection's input (the
             paper's) or :func:`juice.post_norm.post_norm_rows` after the attention output norm.
             The steered streams of one call share one site.
+        stop_text: stop a stream once the text of its new tokens satisfies it (checked after
+            every step): its rows leave the batch, the others go on, and its text is what was
+            decoded up to there (its later tokens read as EOS with `stop_at_eos`, else as the
+            pad token). For a metric that reads only a prefix of the text, e.g. exact match's
+            first five words (:func:`juice.eval.metrics.first_words_final`). Greedy decoding
+            with the dynamic cache only: not with sampling, a repetition penalty, a contrast,
+            `forced_tokens`, `on_token` or the static cache.
 
     Returns:
         Generation with one entry per stream, in the order of `streams`.
@@ -279,7 +349,8 @@ def generate(
 
     Raises:
         PromptTooLongError: a prompt does not fit the context window with the new tokens.
-        ValueError: max_new_tokens < 1.
+        ValueError: max_new_tokens < 1; `stop_text` with what it does not support, or with a
+            tokenizer that has neither EOS (with `stop_at_eos`) nor a pad token.
         juice.guard.BatchingMismatchError: batched decoding is not exact here, even with eager
             attention.
     """
@@ -291,6 +362,17 @@ def generate(
         raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)}, not {kv_cache!r}")
     if compile_step and kv_cache != "static":
         raise ValueError('compile_step needs kv_cache="static" (fixed shapes per step)')
+    if stop_text is not None:
+        unsupported = [name for name, used in [
+            ("sampling", any(st.sampling is not None for st in streams)),
+            ("a repetition penalty", any(st.repetition_penalty != 1 for st in streams)),
+            ("a contrast", any(st.contrast is not None for st in streams)),
+            ("forced_tokens", forced_tokens is not None), ("on_token", on_token is not None),
+            ("the static KV cache", kv_cache == "static")] if used]
+        if unsupported:
+            raise ValueError(f"stop_text works with greedy dynamic-cache decoding only, not with {unsupported[0]}")
+        if (lm.tokenizer.eos_token_id if stop_at_eos else lm.tokenizer.pad_token_id) is None:
+            raise ValueError("stop_text needs the tokenizer's EOS (stop_at_eos) or pad token to fill stopped rows")
     limit = context_length(lm.model)
     n = len(streams)
     if forced_tokens is not None and forced_tokens.shape != (n, max_new_tokens):
@@ -316,7 +398,7 @@ def generate(
                                [streams[i].repetition_penalty for i in chunk],
                                lm.tokenizer.eos_token_id if stop_at_eos and forced is None else None,
                                static=kv_cache == "static", compiled=compile_step, apply_plan=apply_plan,
-                               contrasts=contrasts)
+                               contrasts=contrasts, stop_text=stop_text)
 
     if apply_plan is None:
         apply_plan = plan_applier(s.steering for s in streams)
@@ -397,6 +479,7 @@ def _generate_chunk(
     eos: int | None = None, static: bool = False, compiled: bool = False,
     apply_plan: Callable[[ModelHeads, RowPlan], AbstractContextManager] = planned_rows,
     contrasts: Sequence[Contrast | None] | None = None,
+    stop_text: Callable[[str], bool] | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Decode one chunk of streams: the dual run of JuICE (paper Alg. 1), JuNE (Alg. 4), CAD's
     two runs (Shi et al. 2023, Eq. 2) and the unmodified model side by side in one batch, with
@@ -431,6 +514,10 @@ def _generate_chunk(
         apply_plan: applies a row plan to the heads (see :func:`generate`).
         contrasts: per stream, its :class:`Contrast` with `question` its question's row in
             `batch`, or None; None: no contrastive stream.
+        stop_text: a stream leaves the batch (its cache rows dropped, the rest go on) after the
+            step at which the text of its new tokens satisfies it, or at its EOS; its later
+            tokens read as `eos` (the pad token without one). Greedy, untaught, dynamic-cache
+            decoding only (see :func:`generate`).
 
     Returns:
         (`[n_streams, max_new_tokens]` tokens on the CPU, `[n_streams, k]` first-step probe
@@ -449,26 +536,40 @@ def _generate_chunk(
     clean_row = {p: r for r, p in enumerate(clean_prompts)}
     rows_src = list(clean_prompts)
     scale, add, source = [zero] * len(rows_src), [zero] * len(rows_src), [-1] * len(rows_src)
-    out_row = []
-    for p, s in zip(prompt_of, steerings):
-        if s.method == "original":
-            out_row.append(clean_row[p])
-            continue
-        out_row.append(len(rows_src))
+    # A steered row whose prompt has a clean row joins the prefill at the first layer it steers
+    # (below it, it *is* the clean row): the growing prefill, as Stage 1's sweep grows its batch.
+    grow = not static and apply_plan is planned_rows
+    steered = [k for k, s in enumerate(steerings) if s.method != "original"]
+    joins = {k: _join_layer(steerings[k].coefficients) if grow and prompt_of[k] in clean_row else 0
+             for k in steered}
+    out_row = [clean_row[p] if s.method == "original" else -1 for p, s in zip(prompt_of, steerings)]
+    for k in sorted(steered, key=lambda k: joins[k]):   # stable: rows in the order they join
+        p, s = prompt_of[k], steerings[k]
+        out_row[k] = len(rows_src)
         rows_src.append(p)
         scale.append(s.coefficients if s.method == "june" else zero)
         add.append(s.coefficients if s.method == "juice" else zero)
         source.append(clean_row[p] if s.method == "juice" else -1)
+    row_join = [0] * len(clean_prompts) + sorted(joins.values())
     plan = RowPlan(torch.stack(scale), torch.stack(add), torch.tensor(source))
-    index = torch.tensor(rows_src)
+    first = sum(j == 0 for j in row_join)   # rows in the batch from the embeddings on
+    index = torch.tensor(rows_src[:first])
     ids, mask, positions = (t[index].to(device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))
     cache = None
     if static:   # written in place; the slots not yet written are hidden by the causal mask
         from transformers import StaticCache
 
         cache = StaticCache(config=lm.model.config, max_cache_len=ids.shape[1] + max_new_tokens)
-    with apply_plan(lm.heads, plan):
+    joining = [clean_row[rows_src[r]] for r in range(first, len(rows_src))]
+    with apply_plan(lm.heads, plan), _growing(lm.heads, first, joining, row_join[first:]):
         hidden, cache = forward_last(lm, ids, mask, positions, past=cache)
+    if first < len(rows_src):   # the rows that joined later hold their clean row's cache below that
+        full = [torch.tensor([r if row_join[r] <= j else clean_row[rows_src[r]] for r in range(len(rows_src))],
+                             device=device) for j in range(geometry.n_layers)]
+        for j, layer in enumerate(cache.layers):
+            layer.reorder_cache(full[j])
+    mask = torch.cat([mask, mask[torch.tensor(joining, device=device)]]) if joining else mask
+    positions = torch.cat([positions, positions[torch.tensor(joining, device=device)]]) if joining else positions
     # The contrastive streams, grouped by rule: (rule, their indices among the streams `[m]`).
     by_rule: dict[ContrastRule, list[int]] = {}
     for k, c in enumerate(contrasts):
@@ -502,20 +603,40 @@ def _generate_chunk(
     samplers = None if samplings is None else [
         None if sm is None else (sm, torch.Generator().manual_seed(sm.seed)) for sm in samplings]
     token = pick_token(logits, forced, 0, lps, samplers)
-    new_tokens = [token]
+    n = len(prompt_of)
+    fill = eos if eos is not None else lm.tokenizer.pad_token_id
+    out_tokens = torch.full((n, max_new_tokens), -1 if fill is None else fill, dtype=torch.long)
+    alive = list(range(n))   # the streams still in the batch (all, unless `stop_text` drops some)
+    steps = 0
+
+    def record(token: Tensor) -> None:
+        nonlocal steps
+        out_tokens[alive, steps] = token.cpu()
+        steps += 1
+
+    record(token)
     done = None if eos is None else token == eos
     if on_step:
         on_step(token)
 
     def finish() -> tuple:
-        out = torch.stack(new_tokens, 1).cpu()
+        out = out_tokens
         if eos is not None:   # EOS-padded: after a stream's first EOS, and for the steps not run
-            out = torch.cat([out, out.new_full((out.shape[0], max_new_tokens - out.shape[1]), eos)], 1)
+            out = out.masked_fill(out.eq(-1), eos)
             after = (out == eos).long().cumsum(1) > 0
             out = out.masked_fill(after, eos)
         return out, first_probs, torch.stack(lps, 1) if lps else None
 
+    def stopped() -> list[int]:
+        """Positions in `alive` of the streams that stop now (the stop rule or their EOS)."""
+        texts = lm.tokenizer.batch_decode(out_tokens[alive, :steps].tolist(), skip_special_tokens=True)
+        ended = [False] * len(alive) if done is None else done.tolist()
+        return [k for k, (t, e) in enumerate(zip(texts, ended)) if e or stop_text(t)]
+
     if max_new_tokens == 1 or (done is not None and bool(done.all())):
+        return finish()
+    leaving = stopped() if stop_text is not None else []
+    if len(leaving) == len(alive):
         return finish()
 
     # Decoding layout: every stream owns its rows; a JuICE stream owns [clean copy, steered row], a
@@ -545,30 +666,56 @@ def _generate_chunk(
     mask, positions = mask[select_t], positions[select_t][:, -1:]
     if static:   # one full-length mask for every step: fixed shapes
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], max_new_tokens)], dim=1)
-    d_plan = RowPlan(torch.stack(d_scale), torch.stack(d_add), torch.tensor(d_source))
+    d_scale_t, d_add_t, d_source_t = torch.stack(d_scale), torch.stack(d_add), torch.tensor(d_source)
     out_t, feed_t = torch.tensor(d_out, device=device), torch.tensor(feed_stream, device=device)
     question_rows = torch.tensor(d_question, device=device)
     step = compiled_forward(lm) if compiled else forward_last
-    with apply_plan(lm.heads, d_plan):
-        for _ in range(max_new_tokens - 1):
-            if not static:
-                mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-            positions = positions + 1
-            hidden, cache = step(lm, token[feed_t][:, None], mask, positions, past=cache)
-            logits = lm.logits(hidden[out_t]).float()
-            logits = contrasted(logits, hidden, question_rows)
-            if seen is not None:
-                seen[torch.arange(len(prompt_of), device=device), token.to(device)] = True
-                logits = penalize_repetition(logits, seen, penalty)
-            token = pick_token(logits, forced, len(new_tokens), lps, samplers)
-            new_tokens.append(token)
-            if on_step:
-                on_step(token)
-            if done is not None:
-                done = done | (token == eos)
-                if bool(done.all()):
-                    break
-    return finish()
+    while True:
+        if leaving:   # drop the leaving streams' rows from the cache, the plan and the indices
+            gone = set(leaving)
+            keep = [k for k in range(len(alive)) if k not in gone]
+            rows = [r for r, k in enumerate(feed_t.tolist()) if k not in gone]
+            new_row = {r: i for i, r in enumerate(rows)}
+            new_stream = {k: i for i, k in enumerate(keep)}
+            rows_t = torch.tensor(rows, device=device)
+            cache.reorder_cache(rows_t)
+            mask, positions = mask[rows_t], positions[rows_t]
+            d_scale_t, d_add_t = d_scale_t[rows_t.cpu()], d_add_t[rows_t.cpu()]
+            d_source_t = torch.tensor([-1 if s < 0 else new_row[s] for s in d_source_t[rows_t.cpu()].tolist()])
+            feed_t = torch.tensor([new_stream[k] for k in feed_t[rows_t].tolist()], device=device)
+            out_t = torch.tensor([new_row[r] for r in out_t[torch.tensor(keep, device=device)].tolist()], device=device)
+            keep_t = torch.tensor(keep, device=device)
+            token = token[keep_t]
+            done = None if done is None else done[keep_t]
+            alive = [alive[k] for k in keep]
+            leaving = []
+        with apply_plan(lm.heads, RowPlan(d_scale_t, d_add_t, d_source_t)):
+            while steps < max_new_tokens:
+                if not static:
+                    mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+                positions = positions + 1
+                hidden, cache = step(lm, token[feed_t][:, None], mask, positions, past=cache)
+                logits = lm.logits(hidden[out_t]).float()
+                logits = contrasted(logits, hidden, question_rows)
+                if seen is not None:
+                    seen[torch.arange(len(prompt_of), device=device), token.to(device)] = True
+                    logits = penalize_repetition(logits, seen, penalty)
+                token = pick_token(logits, forced, steps, lps, samplers)
+                record(token)
+                if on_step:
+                    on_step(token)
+                if done is not None:
+                    done = done | (token == eos)
+                    if bool(done.all()):
+                        return finish()
+                if stop_text is not None and steps < max_new_tokens:
+                    leaving = stopped()
+                    if len(leaving) == len(alive):
+                        return finish()
+                    if leaving:
+                        break
+        if not leaving:
+            return finish()
 
 
 def greedy_generate(

@@ -206,19 +206,28 @@ class RowPlan:
 
 @contextmanager
 def planned_rows(heads: ModelHeads, plan: RowPlan) -> Iterator[None]:
-    """Apply a :class:`RowPlan` on every forward inside the block."""
+    """Apply a :class:`RowPlan` on every forward inside the block.
+
+    A forward whose batch holds only the plan's first m rows at some layer (the growing prefill
+    of :func:`juice.decoding.generate`: a steered row joins the batch at the first layer it
+    steers) applies the plan's first m rows there; the rows not yet in the batch must have
+    coefficients 0 at that layer."""
     scale, add = plan.scale.detach(), plan.add.detach()
     added_rows = torch.nonzero(plan.source >= 0).flatten()
     sources = plan.source[added_rows]
     scaled_layers = set(_active_layers(scale))
     added_layers = set(_active_layers(add))
+    rows = plan.source.shape[0]
 
     def fn(layer: int, x: Tensor) -> Tensor:
         h = _split_heads(x, heads.geometry.n_heads)
-        out = h * (1 + _per_row(scale, layer, x)) if layer in scaled_layers else h.clone()
+        m = x.shape[0]
+        out = h * (1 + _per_row(scale if m == rows else scale[:m], layer, x)) if layer in scaled_layers else h.clone()
         if layer in added_layers:
-            beta = add[added_rows, layer].to(device=x.device, dtype=x.dtype)[:, None, :, None]
-            out[added_rows.to(x.device)] += beta * h[sources.to(x.device)]
+            present = added_rows if m == rows else added_rows[added_rows < m]
+            beta = add[present, layer].to(device=x.device, dtype=x.dtype)[:, None, :, None]
+            src = sources if m == rows else plan.source[present]
+            out[present.to(x.device)] += beta * h[src.to(x.device)]
         return out.reshape(x.shape)
 
     with projection_input_hooks(heads, {layer: fn for layer in sorted(scaled_layers | added_layers)}):

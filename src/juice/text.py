@@ -34,6 +34,24 @@ def first_words(text: str, n: int = 5) -> str:
     return " ".join(text.split()[:n])
 
 
+def first_words_final(text: str, n: int = 5, margin: int = 1) -> bool:
+    """Whether no text appended to `text` can change :func:`first_words` (text, n): it holds at
+    least `n` + `margin` white-space separated words (the first `n` then end in white space, and
+    appending changes only the last word) and no U+FFFD (a character whose bytes are split over
+    tokens decodes to it, and may come out as white space once whole).
+
+    Decoding must append: the text of a token sequence's prefix is a prefix of its text. A
+    tokenizer that cleans up spaces (`clean_up_tokenization_spaces`: " n't" -> "n't") can join
+    the last two words; use `margin` 2 there.
+
+    >>> first_words_final(" Paris, the capital of France")
+    True
+    >>> first_words_final(" Paris, the capital of")
+    False
+    """
+    return "\ufffd" not in text and len(text.split()) >= n + margin
+
+
 def contains_answer(prediction: str, answers: Iterable[str]) -> bool:
     """True if any normalized answer occurs in the normalized prediction, on word boundaries.
 

@@ -42,7 +42,15 @@ from juice.baselines.ph3 import PRUNE_K, ConflictPrompt, Ph3Scores, heads_to_pru
 from juice.baselines.prompt import CONTEXTUAL_COMPLETION, PARAMETRIC_COHERENT, PARAMETRIC_SUBSTITUTION
 from juice.data.records import Direction
 from juice.eval.metrics import is_correct
-from juice.eval.runner import MAX_NEW_TOKENS, DecodeRequest, ItemResult, Method, as_method, decode_requests
+from juice.eval.runner import (
+    MAX_NEW_TOKENS,
+    DecodeRequest,
+    ItemResult,
+    Method,
+    as_method,
+    decode_requests,
+    exact_match_decided,
+)
 from juice.eval.tables import AVERAGE, IntervalTable, interval_table
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, GridSetting
 from juice.stage1 import HeadsArtifact, ScoringPrompt, make_artifact
@@ -142,9 +150,12 @@ def instructed_prompt(row: ConflictRow, direction: str) -> str:
 def evaluate_rows(
     lm: LoadedModel, rows: Sequence[ConflictRow], methods: Mapping[str, Method | Any], *, direction: str = "parametric",
     max_new_tokens: int = MAX_NEW_TOKENS, max_rows: int | str = 64, on_progress: Callable[[int], None] | None = None,
+    full_outputs: bool = True,
 ) -> list[ItemResult]:
     """Decode every row x method in shared batches (each distinct prompt's clean prefill once;
     CAD/AdaCAD in their own batches) and score by exact match against `target` and its aliases.
+    With `full_outputs` False (the tuning's), a row stops once its first five words are final
+    (:func:`juice.eval.runner.evaluate`): the same verdicts, outputs cut there.
 
     Results: `domain` = the row's `conflict_type` label (a table column), `subject` = the row's
     index, `conflict_type` = "all"; `p_parametric` / `p_context` = first-step probability of the
@@ -168,7 +179,8 @@ def evaluate_rows(
                                  f"row {i + 1} has none")
             probe = [target, other] if direction == "parametric" else [other, target]
             requests.append(DecodeRequest(prompt, method, probe, row.question))
-    decoded = iter(decode_requests(lm, requests, max_new_tokens, max_rows=max_rows, on_progress=on_progress))
+    decoded = iter(decode_requests(lm, requests, max_new_tokens, max_rows=max_rows, on_progress=on_progress,
+                                   stop_text=None if full_outputs else exact_match_decided(lm.tokenizer)))
     results = []
     for i, row in enumerate(rows):
         for name in methods:
@@ -260,7 +272,8 @@ def tune(
             steerings[settings[-1].label] = Prune(lm, heads_to_prune(scores, direction, k))
         ph3_order = heads_to_prune(scores, direction, max(ks))
     advance = progress(f"tuning: {len(steerings)} settings x {len(rows)} rows", len(steerings) * len(rows))
-    results = evaluate_rows(lm, rows, steerings, direction=direction, max_rows=max_rows, on_progress=advance)
+    results = evaluate_rows(lm, rows, steerings, direction=direction, max_rows=max_rows, on_progress=advance,
+                            full_outputs=False)   # grid points keep verdicts and probabilities only
     out: dict[str, TunedSetting] = {}
     for m in methods:
         points = []

@@ -35,9 +35,10 @@ from juice.baselines.prompt import contextual_prompt, parametric_prompt
 from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample
 from juice.decoding import Contrast, Stream, generate
 from juice.likelihood import continuation_ids
-from juice.eval.metrics import contextual_correct, is_correct, memotrap_match, nqswap_match
+from juice.eval.metrics import N_WORDS, contextual_correct, is_correct, memotrap_match, nqswap_match
 from juice.models import LoadedModel
 from juice.steering import ORIGINAL, Steering
+from juice.text import first_words_final
 from juice.tokens import answer_first_token
 
 MAX_NEW_TOKENS = 10
@@ -133,9 +134,19 @@ class DecodeRequest:
     question: str | None = None
 
 
+def _request_key(r: DecodeRequest) -> tuple:
+    """What a request's decoding depends on: its prompt, question, probe and method, where a
+    steering whose coefficients are all 0 is the unmodified model (H + 0 * H = H, and adding 0
+    times the clean output adds nothing: the same numbers, not an approximation)."""
+    s = r.method.steering
+    steering = ("original",) if s.method == "original" or not bool(s.coefficients.ne(0).any()) else (
+        s.method, s.site, tuple(s.coefficients.shape), s.coefficients.detach().cpu().numpy().tobytes())
+    return r.prompt, r.question, tuple(int(t) for t in r.probe), r.method.contrastive, steering
+
+
 def decode_requests(
     lm: LoadedModel, requests: Sequence[DecodeRequest], max_new_tokens: int, *, max_rows: int | str = 64,
-    on_progress: Callable[[int], None] | None = None,
+    on_progress: Callable[[int], None] | None = None, stop_text: Callable[[str], bool] | None = None,
 ) -> list[tuple[str, Tensor]]:
     """Greedy decoding of every request in one :func:`juice.decoding.generate` call per
     intervention site (:attr:`juice.steering.Steering.site`; Original and CAD requests go with
@@ -147,12 +158,32 @@ def decode_requests(
     does for the authors' baselines (PROTOCOL.md is silent on EOS; this is juice's choice, the
     same for every method); a batch stops once every row has produced EOS.
 
+    Requests that are the same computation (:func:`_request_key`: same prompt and probe, same
+    steering, a steering of all-zero coefficients counting as Original; e.g. Prompt's clean
+    rows and Original's, or JuICE and JuNE at (beta+, beta-) = (0, 0)) are decoded once and
+    share the result. With `stop_text`, a row stops once its text satisfies it
+    (:func:`juice.decoding.generate`'s `stop_text`); its text is what was decoded.
+
+    Args:
+        on_progress: called with the number of requests finished after each batch (and once
+            with the number of duplicates at the end).
+
     Returns:
         Per request, in order: (decoded text, `[len(probe)]` first-step probe probabilities).
 
     Raises:
         ValueError: a CAD / AdaCAD request without its question.
     """
+    firsts: dict[tuple, int] = {}
+    copy_of = [firsts.setdefault(_request_key(r), i) for i, r in enumerate(requests)]
+    unique = sorted(firsts.values())
+    if len(unique) < len(requests):
+        position = {u: k for k, u in enumerate(unique)}
+        decoded = decode_requests(lm, [requests[i] for i in unique], max_new_tokens, max_rows=max_rows,
+                                  on_progress=on_progress, stop_text=stop_text)
+        if on_progress:
+            on_progress(len(requests) - len(unique))   # the duplicates, done with their originals
+        return [decoded[position[c]] for c in copy_of]
     out: list[tuple[str, Tensor]] = [None] * len(requests)  # type: ignore[list-item]
     steered = {r.method.steering.site for r in requests if r.method.steering.method != "original"}
     unsteered = next(iter(steered)) if len(steered) == 1 else "o_proj_input"   # Original joins the steered
@@ -175,10 +206,18 @@ def decode_requests(
                 streams.append(Stream(prompt, contrast=Contrast(question, CadPolicy(r.method.contrastive))))
         gen = generate(lm, list(texts), streams, max_new_tokens,
                        probe_tokens=torch.tensor([list(requests[i].probe) for i in idx]),
-                       max_rows=max_rows, on_chunk=on_progress, stop_at_eos=True)
+                       max_rows=max_rows, on_chunk=on_progress, stop_at_eos=True, stop_text=stop_text)
         for i, text, probs in zip(idx, gen.texts, gen.first_probs):
             out[i] = (text, probs)
     return out
+
+
+def exact_match_decided(tokenizer) -> Callable[[str], bool]:
+    """The stop rule of :func:`evaluate`: the first :data:`~juice.eval.metrics.N_WORDS` words of
+    a text are final (:func:`juice.text.first_words_final`, margin 2 for a tokenizer that cleans
+    up spaces when decoding)."""
+    margin = 2 if getattr(tokenizer, "clean_up_tokenization_spaces", False) else 1
+    return lambda text: first_words_final(text, N_WORDS, margin)
 
 
 def evaluate(
@@ -190,8 +229,14 @@ def evaluate(
     max_new_tokens: int = MAX_NEW_TOKENS,
     max_rows: int | str = 64,
     on_progress: Callable[[int], None] | None = None,
+    full_outputs: bool = False,
 ) -> list[ItemResult]:
     """Generate for every example x conflict type x method in shared batches and score them.
+
+    Exact match reads the first 5 words only, so a row stops decoding once its text holds a
+    sixth word (:func:`juice.text.first_words_final`; EOS still ends it earlier): the verdicts
+    are those of the full `max_new_tokens`, and the stored `output` is what was decoded up to
+    there, not the full continuation (`full_outputs=True` decodes every row to the end).
 
     All methods of one prompt share its clean prefill (see :mod:`juice.steering`).
 
@@ -218,7 +263,8 @@ def evaluate(
                 requests.append(DecodeRequest(prompt, method, probe))
     if not requests:
         return []
-    decoded = decode_requests(lm, requests, max_new_tokens, max_rows=max_rows, on_progress=on_progress)
+    decoded = decode_requests(lm, requests, max_new_tokens, max_rows=max_rows, on_progress=on_progress,
+                              stop_text=None if full_outputs else exact_match_decided(lm.tokenizer))
     results = []
     for (ex, t, name), (text, probs) in zip(meta, decoded):
         results.append(ItemResult(
