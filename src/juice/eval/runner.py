@@ -3,7 +3,8 @@ with the paper's metrics (:mod:`juice.eval.metrics`) for Tables 1 and 2.
 
 Parametric direction (paper Sec. 4, Table 1): greedy decoding of 10 new tokens; the first 5 words
 are correct if any accepted answer occurs in them after normalization (lower case, accents
-folded, punctuation and articles removed), matched on word boundaries. Also recorded per item:
+folded, punctuation and articles removed), matched on word boundaries. A row stops decoding once
+its first 5 words are final (:func:`evaluate`): the same verdicts, a shorter stored output. Also recorded per item:
 the first-step probability of the parametric and of the context answer's first token, and
 whether the output follows the context answer instead.
 
