@@ -16,7 +16,7 @@ a prompt and a contrast policy. All streams of a chunk share one batch and one K
   row adds beta times its prompt's clean row (:class:`~juice.interventions.RowPlan`), so the clean
   prefill is computed once however many methods and betas a prompt is steered with; a steered row
   whose prompt has a clean row joins the batch at the first layer it steers, as a copy of that
-  row (below it the two are the same computation; Stage 1's growing batch, :mod:`juice.sweeps`);
+  row (below it the two are the same computation; :func:`juice.sweeps.grow_rows`, Stage 1's growing batch);
   a CAD stream's question is one more prompt with its clean row (its context row is its prompt's);
 - decoding: the cache is re-indexed so that every stream owns its rows; a JuICE stream owns a
   copy of the clean row plus its steered row, and both are fed the steered row's new token, so
@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from juice.architectures import HeadGeometry, ModelHeads
 from juice.budget import resolve_max_rows
@@ -46,6 +46,7 @@ from juice.models import LoadedModel
 from juice.post_norm import post_norm_rows
 from juice.sampling import Sampling, penalize_repetition, pick_token
 from juice.steering import ORIGINAL, Steering
+from juice.sweeps import grow_rows
 from juice.tokens import context_length, pad_left, token_ids
 
 
@@ -180,59 +181,6 @@ def _join_layer(coefficients: Tensor) -> int:
     for all zeros: such a row equals its clean row throughout)."""
     active = torch.nonzero(coefficients.ne(0).any(-1)).flatten()
     return int(active[0]) if active.numel() else coefficients.shape[0] - 1
-
-
-@contextmanager
-def _growing(heads: ModelHeads, first: int, joining: Sequence[int], joins: Sequence[int]) -> Iterator[None]:
-    """The growing prefill: the batch enters the model with its `first` rows; at the input of
-    layer `joins[i]` (ascending) row `first + i` is appended as a copy of row `joining[i]` (a
-    clean row). Every per-row argument of a layer (a tensor of >= 2 dimensions whose first is
-    the entering batch: the attention mask, position ids and embeddings) is indexed alike, so
-    the appended rows see their clean row's mask and positions. Each layer's KV cache holds the
-    rows present there.
-
-    Args:
-        first: rows from the embeddings on, `[first, seq, hidden]`.
-        joining: per appended row, the row it copies (< `first`).
-        joins: per appended row, the layer where it joins (ascending, >= 1).
-    """
-    if not joining:
-        yield
-        return
-    rows = list(range(first)) + list(joining)
-    handles = []
-
-    def make(layer: int):
-        before = first + sum(j < layer for j in joins)
-        after = first + sum(j <= layer for j in joins)
-        index = torch.tensor(rows[:after])
-        new = torch.tensor(rows[before:after])
-
-        def per_row(value: Any) -> Any:
-            if isinstance(value, Tensor) and value.dim() >= 2 and value.shape[0] == first and first > 1:
-                return value.index_select(0, index.to(value.device))
-            if isinstance(value, tuple) and value and all(isinstance(v, Tensor) for v in value):
-                return tuple(per_row(v) for v in value)
-            return value
-
-        def pre_hook(module: nn.Module, args: tuple, kwargs: dict):
-            hidden = args[0] if args else kwargs["hidden_states"]
-            if after > before:
-                hidden = torch.cat([hidden, hidden.index_select(0, new.to(hidden.device))])
-            kwargs = {k: per_row(v) for k, v in kwargs.items() if k != "hidden_states"}
-            if args:
-                return (hidden, *(per_row(a) for a in args[1:])), kwargs
-            return args, {**kwargs, "hidden_states": hidden}
-
-        return pre_hook
-
-    try:
-        for layer in range(joins[0], len(heads.layers)):
-            handles.append(heads.layers[layer].register_forward_pre_hook(make(layer), with_kwargs=True))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 KV_CACHES: tuple[str, ...] = ("dynamic", "static")
@@ -561,13 +509,11 @@ def _generate_chunk(
 
         cache = StaticCache(config=lm.model.config, max_cache_len=ids.shape[1] + max_new_tokens)
     joining = [clean_row[rows_src[r]] for r in range(first, len(rows_src))]
-    with apply_plan(lm.heads, plan), _growing(lm.heads, first, joining, row_join[first:]):
+    with apply_plan(lm.heads, plan), grow_rows(lm.heads, first, joining, row_join[first:]):
         hidden, cache = forward_last(lm, ids, mask, positions, past=cache)
-    if first < len(rows_src):   # the rows that joined later hold their clean row's cache below that
-        full = [torch.tensor([r if row_join[r] <= j else clean_row[rows_src[r]] for r in range(len(rows_src))],
-                             device=device) for j in range(geometry.n_layers)]
-        for j, layer in enumerate(cache.layers):
-            layer.reorder_cache(full[j])
+    for j in range(row_join[-1]):   # below its join layer a row holds its clean row's cache
+        cache.layers[j].reorder_cache(torch.tensor(
+            [r if row_join[r] <= j else clean_row[rows_src[r]] for r in range(len(rows_src))], device=device))
     mask = torch.cat([mask, mask[torch.tensor(joining, device=device)]]) if joining else mask
     positions = torch.cat([positions, positions[torch.tensor(joining, device=device)]]) if joining else positions
     # The contrastive streams, grouped by rule: (rule, their indices among the streams `[m]`).

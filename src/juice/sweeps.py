@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -24,32 +25,69 @@ from juice.tokens import encode
 
 
 @contextmanager
-def grow_batch(heads: ModelHeads, rows_at: dict[int, int]) -> Iterator[None]:
-    """At the input of each layer l in `rows_at`, append `rows_at[l]` copies of row 0 (the growing
-    batch: an intervention first acting at layer l shares the clean forward below l).
+def grow_rows(heads: ModelHeads, first: int, joining: Sequence[int], joins: Sequence[int]) -> Iterator[None]:
+    """The growing batch: it enters the model with its `first` rows; at the input of layer
+    `joins[i]` (ascending) row `first + i` is appended as a copy of row `joining[i]` (< `first`),
+    since every layer below is the same computation for both. Every per-row argument of a layer
+    (a tensor of >= 2 dimensions whose first is the entering batch, `first` > 1: the attention
+    mask, position ids and embeddings) is indexed alike, so an appended row sees its source row's
+    mask and positions; with one entering row they broadcast. Each layer's KV cache, if any,
+    holds the rows present there.
 
     Args:
-        rows_at: layer -> rows to append there; hidden states go `[b, seq, d]` -> `[b + n, seq, d]`.
+        first: rows from the embeddings on, hidden states `[first, seq, d]`.
+        joining: per appended row, the row it copies.
+        joins: per appended row, the layer where it joins (ascending).
     """
+    if not joining:
+        yield
+        return
+    rows = list(range(first)) + list(joining)
     handles = []
 
-    def make(n: int):
+    def make(layer: int):
+        before = first + sum(j < layer for j in joins)
+        after = first + sum(j <= layer for j in joins)
+        index = torch.tensor(rows[:after])
+        new = torch.tensor(rows[before:after])
+
+        def per_row(value: Any) -> Any:
+            if isinstance(value, Tensor) and value.dim() >= 2 and value.shape[0] == first and first > 1:
+                return value.index_select(0, index.to(value.device))
+            if isinstance(value, tuple) and value and all(isinstance(v, Tensor) for v in value):
+                return tuple(per_row(v) for v in value)
+            return value
+
         def pre_hook(module: nn.Module, args: tuple, kwargs: dict):
             hidden = args[0] if args else kwargs["hidden_states"]
-            grown = torch.cat([hidden, hidden[:1].expand(n, *hidden.shape[1:])])
+            if after > before:
+                hidden = torch.cat([hidden, hidden.index_select(0, new.to(hidden.device))])
+            kwargs = {k: per_row(v) for k, v in kwargs.items() if k != "hidden_states"}
             if args:
-                return (grown, *args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": grown}
+                return (hidden, *(per_row(a) for a in args[1:])), kwargs
+            return args, {**kwargs, "hidden_states": hidden}
 
         return pre_hook
 
     try:
-        for layer, n in rows_at.items():
-            handles.append(heads.layers[layer].register_forward_pre_hook(make(n), with_kwargs=True))
+        for layer in range(joins[0], len(heads.layers)):
+            handles.append(heads.layers[layer].register_forward_pre_hook(make(layer), with_kwargs=True))
         yield
     finally:
         for h in handles:
             h.remove()
+
+
+def grow_batch(heads: ModelHeads, rows_at: dict[int, int]) -> AbstractContextManager:
+    """At the input of each layer l in `rows_at`, append `rows_at[l]` copies of row 0 (the growing
+    batch of one prompt: an intervention first acting at layer l shares the clean forward below
+    l; :func:`grow_rows` with one entering row).
+
+    Args:
+        rows_at: layer -> rows to append there; hidden states go `[b, seq, d]` -> `[b + n, seq, d]`.
+    """
+    joins = [layer for layer in sorted(rows_at) for _ in range(rows_at[layer])]
+    return grow_rows(heads, 1, [0] * len(joins), joins)
 
 
 def _scale_new_rows(heads: ModelHeads, plan: dict[int, list[tuple[int, float]]]):

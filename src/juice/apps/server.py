@@ -107,16 +107,17 @@ def text_offsets(tokenizer, ids: list[int], window: int = 4) -> list[int]:
 
     Token i's text is what decoding ids[j:i+1] adds to decoding ids[j:i] (j = i - `window`, so
     that separators and byte-fallback pieces come out as in the whole text); it starts where
-    that addition ends less the token's own decoded length. Two batched decodes of `window` + 1
-    tokens each, not one decode per prefix (1.4 s for a 2,100-token prompt)."""
+    that addition ends less the token's own decoded length. Three batched decodes (windows of
+    `window` + 1 tokens, and each token alone), not one decode per prefix (1.4 s for a
+    2,100-token prompt)."""
     starts = [max(0, i - window) for i in range(len(ids))]
     with_token = tokenizer.batch_decode([ids[j:i + 1] for i, j in enumerate(starts)], skip_special_tokens=True)
     without = tokenizer.batch_decode([ids[j:i] for i, j in enumerate(starts)], skip_special_tokens=True)
+    alone = tokenizer.batch_decode([[t] for t in ids], skip_special_tokens=True)
     offsets, at = [], 0
-    for t, a, b in zip(ids, with_token, without):
+    for own, a, b in zip(alone, with_token, without):
         added = max(0, len(a) - len(b))
-        own = len(tokenizer.decode([t], skip_special_tokens=True))
-        offsets.append(at + max(0, added - own))
+        offsets.append(at + max(0, added - len(own)))
         at += added
     return offsets
 

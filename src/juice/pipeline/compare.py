@@ -43,7 +43,7 @@ class Comparison:
 
 
 def _is_probability(path: tuple) -> bool:
-    return any(isinstance(k, str) and k.startswith("p_") for k in path[-1:])
+    return bool(path) and isinstance(path[-1], str) and path[-1].startswith("p_")
 
 
 def compare_results(before: dict[str, Any], after: dict[str, Any], p_tolerance: float = 1e-5) -> Comparison:
