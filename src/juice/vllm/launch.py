@@ -1,0 +1,107 @@
+"""`juice serve --engine vllm`: start vLLM's OpenAI-compatible server with juice's plugin.
+
+vLLM runs in its own Python environment (vLLM's CPU build pins transformers below juice's floor;
+README, "Serving at scale with vLLM"), found by :func:`find_vllm_python`. The launcher resolves
+the model to a folder vLLM reads (an embedded alias or a `.gguf` file: juice's converted,
+self-checked safetensors copy), checks the heads files before anything starts, and runs
+
+    <vllm python> -m vllm.entrypoints.openai.api_server --model FOLDER --served-model-name NAME
+        --enforce-eager --no-enable-prefix-caching --middleware juice.vllm.middleware.JuiceFieldMiddleware ...
+
+with `JUICE_VLLM_HEADS` (and `JUICE_VLLM_DUAL_RUN`) in its environment (:mod:`juice.vllm.options`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO_VENV = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
+"""Where `scripts/install-vllm.sh` puts vLLM's environment in a checkout of juice."""
+
+
+class VllmNotFoundError(RuntimeError):
+    """No Python environment with vLLM (the message says how to make one)."""
+
+
+def find_vllm_python(required: bool = True) -> str | None:
+    """The Python that runs vLLM: `$JUICE_VLLM_PYTHON`, else this Python if vLLM imports here,
+    else the checkout's `.venv-vllm/bin/python`.
+
+    Raises:
+        VllmNotFoundError: none of them (only when `required`), or `$JUICE_VLLM_PYTHON` names no file.
+    """
+    named = os.environ.get("JUICE_VLLM_PYTHON")
+    if named:
+        if Path(named).is_file():
+            return named
+        if required:
+            raise VllmNotFoundError(f"JUICE_VLLM_PYTHON={named} is not a file")
+        return None
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    if REPO_VENV.is_file():
+        return str(REPO_VENV)
+    if required:
+        raise VllmNotFoundError("no vLLM environment: run scripts/install-vllm.sh in juice's checkout, or set "
+                                "JUICE_VLLM_PYTHON to a Python with vllm and juice installed (README, "
+                                "\"Serving at scale with vLLM\")")
+    return None
+
+
+def served_folder(spec: str) -> str:
+    """What vLLM loads for a juice model spec: an embedded alias or a `.gguf` file becomes juice's
+    converted safetensors folder (converted and self-checked here first, once); a directory or a
+    hub id is passed on as it is.
+
+    Raises:
+        as :func:`juice.models.load_model` for an alias or a GGUF file.
+    """
+    from juice.models import EMBEDDED_MODELS, cache_dir, load_model
+
+    if spec in EMBEDDED_MODELS:
+        key = spec
+    elif spec.endswith(".gguf"):
+        gguf = Path(spec).expanduser()
+        key = f"{gguf.stem}-{gguf.stat().st_size}" if gguf.is_file() else ""
+    else:
+        return str(Path(spec).expanduser()) if spec.startswith((".", "/", "~")) else spec
+    folder = cache_dir() / "models" / key
+    if not (folder / "config.json").is_file():
+        load_model(spec, device="cpu")
+    return str(folder)
+
+
+def server_command(python: str, folder: str, name: str, *, host: str, port: int, max_model_len: int | None = None,
+                   extra: Sequence[str] = ()) -> list[str]:
+    """The command line of vLLM's OpenAI server with the plugin's requirements (module docstring)."""
+    command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--served-model-name", name,
+               "--host", host, "--port", str(port), "--enforce-eager", "--no-enable-prefix-caching",
+               "--middleware", "juice.vllm.middleware.JuiceFieldMiddleware"]
+    if max_model_len:
+        command += ["--max-model-len", str(max_model_len)]
+    return command + list(extra)
+
+
+def server_environment(heads: Sequence[str | Path], dual_run: bool = True, base: dict | None = None) -> dict[str, str]:
+    """The environment that turns the plugin on with these heads files (:mod:`juice.vllm.options`)."""
+    env = dict(os.environ if base is None else base)
+    env["JUICE_VLLM_HEADS"] = os.pathsep.join(str(Path(p).resolve()) for p in heads)
+    env["JUICE_VLLM"] = "1"
+    env["JUICE_VLLM_DUAL_RUN"] = "1" if dual_run else "0"
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")   # GiB of KV cache on the CPU build (vLLM's default: 4)
+    return env
+
+
+def describe(command: Sequence[str], env: dict[str, str]) -> str:
+    """The command as a shell line with the plugin's variables, to print or copy."""
+    keys = ("JUICE_VLLM_HEADS", "JUICE_VLLM", "JUICE_VLLM_DUAL_RUN")
+    return " ".join([*(f"{k}={shlex.quote(env[k])}" for k in keys if k in env), *map(shlex.quote, command)])
+
+
+__all__ = ["REPO_VENV", "VllmNotFoundError", "describe", "find_vllm_python", "server_command", "server_environment",
+           "served_folder"]

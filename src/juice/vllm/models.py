@@ -1,0 +1,275 @@
+"""vLLM model classes that steer attention heads per request: JuNE, JuICE's dual run, pruning.
+
+Each class is vLLM's own (Gemma 3, Gemma 2, Llama, Qwen 2) with :class:`SteerableMixin` in
+front; the plugin (:func:`juice.vllm.register`) puts them in vLLM's model registry under the
+architectures' names. What the mixin adds:
+
+- a forward pre-hook on every layer's attention output projection (`self_attn.o_proj`): per token
+  row, its input `[tokens, n_local_heads * head_dim]` becomes `H * (1 + scale) + add * H_clean`
+  (:mod:`juice.vllm.options`), the coefficients of the request the row belongs to (the rows of
+  request i are `query_start_loc[i]:query_start_loc[i+1]` of the forward's attention metadata,
+  batch index i as :mod:`juice.vllm.processor` tracks it). A layer no request steers is left
+  alone; a batch of Original requests runs vLLM's forward unchanged.
+- JuICE's dual run (paper Alg. 1) inside the same forward: a second attention module
+  (`self_attn.attn_clean`, built from the same arguments as `self_attn.attn`, so vLLM gives it its
+  own KV cache) on each layer from the first to the last layer the heads files steer. When a
+  batch holds a JuICE request, the forward runs twice: run 1 with the clean attention modules
+  (the unmodified model; its residual stream and KV cache are the clean run's), saving the head
+  outputs of the layers JuICE steers, and stopping after the last of them; run 2 is the steered
+  model, which adds beta times run 1's outputs. Below the first dual-run layer the two runs are
+  the same computation for a JuICE row, so those layers share the main KV cache. A batch
+  without JuICE requests runs once, and the clean KV of its requests is never read.
+
+Constraints, checked when the model is built (one-line errors): eager mode (`enforce_eager`: the
+hooks read per-batch Python state, which CUDA graphs and torch.compile would freeze), prefix
+caching off (a cached block's KV belongs to one steering, and the clean KV of a block is written
+only when a JuICE request computes it), no pipeline parallelism. Tensor parallelism works: each
+rank steers its own heads' slice of the row-parallel output projection.
+After the weights load, each heads file's model fingerprint (model type, geometry, vocabulary,
+a checksum of layer 0's output projection: :func:`juice.models.model_fingerprint`) is checked
+against the served model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor, nn
+from vllm.distributed import (get_pp_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size,
+                              tensor_model_parallel_all_gather)
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.attention import Attention
+
+from juice.vllm.options import ServerHeads, server_heads
+from juice.vllm.processor import BATCH, geometry_of
+
+_FINGERPRINT_KEYS = ("model_type", "n_layers", "n_heads", "head_dim", "vocab_size", "weights_sha256_16")
+
+
+class PluginConfigError(ValueError):
+    """vLLM was started in a way the steering cannot run in (the message says how to start it)."""
+
+
+class _CleanRunDone(Exception):
+    """Raised by the last dual-run layer's hook: run 1 has what run 2 needs."""
+
+
+class _Pass:
+    """The tables of one forward: `scale`, `add` `[tokens, n_layers, n_local_heads, 1]`, the layers
+    each one touches, and run 1's saved head outputs."""
+
+    def __init__(self, scale: Tensor, add: Tensor) -> None:
+        self.scale, self.add = scale, add
+        self.scaled = set(torch.nonzero(scale.ne(0).flatten(2).any(-1).any(0)).flatten().tolist())
+        self.added = set(torch.nonzero(add.ne(0).flatten(2).any(-1).any(0)).flatten().tolist())
+        self.clean = False
+        self.saved: dict[int, Tensor] = {}
+        self.last_added = max(self.added) if self.added else -1
+
+
+def _record_attention_arguments() -> tuple[dict[str, dict], callable]:
+    """Patch `Attention.__init__` to record each module's arguments by prefix; returns the
+    records and the function that undoes the patch."""
+    records: dict[str, dict] = {}
+    original = Attention.__init__
+    signature = inspect.signature(original)
+
+    def recording(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        arguments = dict(bound.arguments)
+        arguments.pop("self")
+        extra = arguments.pop("extra_impl_args", {})
+        records[arguments.get("prefix", "")] = {**arguments, **extra}
+        original(self, *args, **kwargs)
+
+    Attention.__init__ = recording
+
+    def undo() -> None:
+        Attention.__init__ = original
+
+    return records, undo
+
+
+class SteerableMixin:
+    """Per-request head steering for a vLLM `*ForCausalLM` class (module docstring)."""
+
+    def __init__(self, *, vllm_config, prefix: str = "") -> None:
+        records, undo = _record_attention_arguments()
+        try:
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
+        finally:
+            undo()
+        self.juice_server: ServerHeads = server_heads()
+        if not vllm_config.model_config.enforce_eager:
+            raise PluginConfigError("juice's vLLM plugin needs eager mode: start vLLM with --enforce-eager "
+                                    "(LLM(..., enforce_eager=True))")
+        if vllm_config.cache_config.enable_prefix_caching:
+            raise PluginConfigError("juice's vLLM plugin needs prefix caching off (one steering's KV must not "
+                                    "serve another): start vLLM with --no-enable-prefix-caching "
+                                    "(LLM(..., enable_prefix_caching=False))")
+        if get_pp_group().world_size > 1:
+            raise PluginConfigError("juice's vLLM plugin does not support pipeline parallelism; "
+                                    "use tensor parallelism")
+        self.juice_geometry = geometry_of(vllm_config.model_config.hf_config)
+        tp = get_tensor_model_parallel_world_size()
+        self.juice_local_heads = self.juice_geometry.n_heads // tp
+        first = get_tensor_model_parallel_rank() * self.juice_local_heads
+        self.juice_head_slice = slice(first, first + self.juice_local_heads)
+        self.juice_layers = list(self.model.layers)
+        self.juice_pass: _Pass | None = None
+        self.juice_tables: tuple[int, Tensor, Tensor] | None = None
+        for index, layer in enumerate(self.juice_layers):
+            layer.self_attn.o_proj.register_forward_pre_hook(self._juice_hook(index))
+        self.juice_dual = self.juice_server.dual_run_layers()
+        if self.juice_dual is not None:
+            lo, hi = self.juice_dual
+            for index in range(lo, hi + 1):
+                attention = self.juice_layers[index].self_attn
+                arguments = dict(records[attention.attn.layer_name])
+                arguments["prefix"] = attention.attn.layer_name + "_clean"
+                attention.attn_clean = type(attention.attn)(**arguments)
+
+    # --- the hook --------------------------------------------------------------------------------
+    def _juice_hook(self, layer: int):
+        def hook(module: nn.Module, args: tuple):
+            state = self.juice_pass
+            if state is None:
+                return None
+            x = args[0]
+            if state.clean:
+                if layer in state.added:
+                    state.saved[layer] = x.view(x.shape[0], self.juice_local_heads, -1).clone()
+                if layer == state.last_added:
+                    raise _CleanRunDone
+                return None
+            if layer not in state.scaled and layer not in state.added:
+                return None
+            h = x.view(x.shape[0], self.juice_local_heads, -1)
+            rows = x.shape[0]
+            out = h * (1 + state.scale[:rows, layer]) if layer in state.scaled else h.clone()
+            if layer in state.added:
+                out = out + state.add[:rows, layer] * state.saved[layer]
+            return (out.view(x.shape), *args[1:])
+
+        return hook
+
+    # --- per-forward tables ----------------------------------------------------------------------
+    def _juice_plan(self, n_tokens: int) -> _Pass | None:
+        if not BATCH.rows:
+            return None
+        metadata = get_forward_context().attn_metadata
+        if isinstance(metadata, list):
+            metadata = metadata[0] if metadata else None
+        if not metadata:
+            return None
+        first = next(iter(metadata.values()))
+        starts = first.query_start_loc.to("cpu")
+        counts = starts.diff()
+        n_requests = counts.shape[0]
+        g = self.juice_geometry
+        local = self.juice_head_slice
+        scale = torch.zeros(n_requests, g.n_layers, self.juice_local_heads)
+        add = torch.zeros_like(scale)
+        for index, steering in BATCH.rows.items():
+            if index < n_requests:
+                scale[index] = steering.scale[:, local]
+                add[index] = steering.add[:, local]
+        if not (scale.any() or add.any()):
+            return None
+        actual = int(starts[-1])
+        pad = max(n_tokens - actual, 0)
+        device, dtype = self.juice_device_dtype()
+
+        def per_token(table: Tensor) -> Tensor:
+            rows = table.repeat_interleave(counts, dim=0)
+            if pad:
+                rows = torch.cat([rows, rows.new_zeros(pad, *rows.shape[1:])])
+            return rows[:n_tokens, :, :, None].to(device=device, dtype=dtype)
+
+        return _Pass(per_token(scale), per_token(add))
+
+    def juice_device_dtype(self) -> tuple[torch.device, torch.dtype]:
+        weight = self.juice_layers[0].self_attn.o_proj.weight
+        return weight.device, weight.dtype
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
+        n_tokens = input_ids.shape[0] if input_ids is not None else inputs_embeds.shape[0]
+        state = self._juice_plan(n_tokens)
+        if state is None:
+            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+        try:
+            if state.added:
+                if self.juice_dual is None or not state.added <= set(range(self.juice_dual[0], self.juice_dual[1] + 1)):
+                    raise RuntimeError("juice: JuICE coefficients outside the dual-run layers")   # admission prevents
+                self.juice_pass = state
+                state.clean = True
+                swapped = [layer.self_attn for layer in self.juice_layers[self.juice_dual[0]: state.last_added + 1]]
+                for attention in swapped:
+                    attention._modules["attn"], attention._modules["attn_clean"] = (attention.attn_clean,
+                                                                                    attention.attn)
+                try:
+                    super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+                except _CleanRunDone:
+                    pass
+                finally:
+                    for attention in swapped:
+                        attention._modules["attn"], attention._modules["attn_clean"] = (attention.attn_clean,
+                                                                                        attention.attn)
+                state.clean = False
+            self.juice_pass = state
+            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+        finally:
+            self.juice_pass = None
+
+    # --- the heads files' fingerprints ----------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> set[str]:
+        loaded = super().load_weights(weights)
+        if self.juice_server.fingerprints:
+            mine = self.juice_fingerprint()
+            for direction, theirs in self.juice_server.fingerprints.items():
+                diff = [k for k in _FINGERPRINT_KEYS if mine.get(k) != theirs.get(k)]
+                if diff:
+                    raise PluginConfigError(
+                        f"{self.juice_server.files[direction]} was made for model {theirs.get('name')!r} "
+                        f"({', '.join(f'{k}={theirs.get(k)}' for k in diff)}); the served model has "
+                        f"{', '.join(f'{k}={mine.get(k)}' for k in diff)}")
+        return loaded
+
+    def juice_fingerprint(self) -> dict:
+        """:func:`juice.models.model_fingerprint` of the served model (the output projection's
+        first 8 rows gathered over tensor-parallel ranks)."""
+        weight = self.juice_layers[0].self_attn.o_proj.weight.detach()[:8]
+        if get_tensor_model_parallel_world_size() > 1:
+            weight = tensor_model_parallel_all_gather(weight.contiguous(), dim=-1)
+        digest = hashlib.sha256(weight.float().cpu().numpy().round(5).tobytes()).hexdigest()[:16]
+        g = self.juice_geometry
+        config = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
+        return {"model_type": self.config.model_type, "n_layers": g.n_layers, "n_heads": g.n_heads,
+                "head_dim": g.head_dim, "vocab_size": int(config.vocab_size), "weights_sha256_16": digest}
+
+
+def _steerable(base: type) -> type:
+    return type(f"Juice{base.__name__}", (SteerableMixin, base), {"__module__": __name__,
+                                                                   "__doc__": f"{base.__name__} with juice's steering."})
+
+
+def _load(module: str, name: str) -> type:
+    import importlib
+
+    return getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), name)
+
+
+JuiceGemma3ForCausalLM = _steerable(_load("gemma3", "Gemma3ForCausalLM"))
+JuiceGemma2ForCausalLM = _steerable(_load("gemma2", "Gemma2ForCausalLM"))
+JuiceLlamaForCausalLM = _steerable(_load("llama", "LlamaForCausalLM"))
+JuiceQwen2ForCausalLM = _steerable(_load("qwen2", "Qwen2ForCausalLM"))
+
+ARCHITECTURES = {"Gemma3ForCausalLM": "JuiceGemma3ForCausalLM", "Gemma2ForCausalLM": "JuiceGemma2ForCausalLM",
+                 "LlamaForCausalLM": "JuiceLlamaForCausalLM", "Qwen2ForCausalLM": "JuiceQwen2ForCausalLM"}
+"""vLLM architecture name -> the steered class of this module."""
+
+__all__ = ["ARCHITECTURES", "JuiceGemma2ForCausalLM", "JuiceGemma3ForCausalLM", "JuiceLlamaForCausalLM",
+           "JuiceQwen2ForCausalLM", "PluginConfigError", "SteerableMixin"]

@@ -1,0 +1,99 @@
+"""Per-request steering into vLLM's worker: a logits processor that reads each request's juice
+fields (vLLM V1's `LogitsProcessor` interface, the documented per-request extension point).
+
+vLLM calls `validate_params` when a request is admitted (a `ValueError` becomes HTTP 400 and the
+engine keeps serving), and `update_state` in every worker before each forward with the requests
+added to, removed from and moved within the persistent batch. The processor keeps batch index ->
+:class:`juice.vllm.options.RequestSteering` in :data:`BATCH`, which the steered models
+(:mod:`juice.vllm.models`) read in the same process. It never changes logits.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+
+from juice.architectures import HeadGeometry
+from juice.vllm.options import RequestSteering, SteeringRequestError, parse_request, request_fields, server_heads
+
+log = logging.getLogger(__name__)
+
+
+class BatchSteering:
+    """Batch index -> steering of the worker's persistent batch (absent: Original).
+
+    `version` changes whenever the batch's steering does, so the models rebuild their tables
+    only then."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, RequestSteering] = {}
+        self.version = 0
+
+
+BATCH = BatchSteering()
+"""This process's batch (one model runner per worker process)."""
+
+
+def geometry_of(hf_config) -> HeadGeometry:
+    """The served model's head geometry from its Hugging Face config (multimodal: the text part)."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    n_heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // n_heads
+    return HeadGeometry(text.num_hidden_layers, n_heads, head_dim)
+
+
+class JuiceSteeringProcessor(LogitsProcessor):
+    """Carries each request's juice fields (`SamplingParams.extra_args`) to the steered model."""
+
+    @classmethod
+    def validate_params(cls, sampling_params) -> None:
+        """Refuse a request whose juice fields are wrong (:func:`juice.vllm.options.parse_request`).
+
+        Raises:
+            ValueError: the one-line reason (vLLM answers HTTP 400 with it).
+        """
+        try:
+            parse_request(request_fields(sampling_params.extra_args), server_heads())
+        except SteeringRequestError as err:
+            raise ValueError(str(err)) from None
+
+    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
+        self.geometry = geometry_of(vllm_config.model_config.hf_config)
+        self.server = server_heads()
+        BATCH.rows.clear()
+        BATCH.version += 1
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None:
+            return
+        rows = BATCH.rows
+        for index in batch_update.removed:
+            rows.pop(index, None)
+        for index, params, _prompt, _output in batch_update.added:
+            try:
+                steering = parse_request(request_fields(params.extra_args), self.server, self.geometry)
+            except SteeringRequestError as err:   # validate_params admitted it, so this is not expected
+                log.error("juice: request at batch index %d decoded without steering: %s", index, err)
+                steering = None
+            if steering is None:
+                rows.pop(index, None)
+            else:
+                rows[index] = steering
+        for a, b, direction in batch_update.moved:
+            first, second = rows.pop(a, None), rows.pop(b, None)
+            if first is not None:
+                rows[b] = first
+            if direction == MoveDirectionality.SWAP and second is not None:
+                rows[a] = second
+        BATCH.version += 1
+
+
+__all__ = ["BATCH", "BatchSteering", "JuiceSteeringProcessor", "geometry_of"]

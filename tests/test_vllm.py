@@ -1,0 +1,222 @@
+"""juice inside vLLM (:mod:`juice.vllm`): greedy tokens through vLLM with the plugin equal juice's
+own `generate`, for Original, JuNE, JuICE and pruning, in a mixed batch and each request alone;
+bad steering is refused at admission and the engine keeps serving.
+
+vLLM runs in its own environment (`scripts/install-vllm.sh`; README, "Serving at scale with
+vLLM"): these tests start it as a subprocess (`tests/vllm_env/run_offline.py`) with the Python named by
+`$JUICE_VLLM_PYTHON` or the repository's `.venv-vllm/bin/python`, and skip with the reason when
+there is none. The request-side checks of :mod:`juice.vllm.options` need no vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from juice.architectures import HeadGeometry
+from juice.decoding import Stream, generate
+from juice.interventions import Head, HeadSelection
+from juice.stage1.heads_file import HeadsArtifact, save_heads
+from juice.steering import ORIGINAL, JuICE, JuNE, Prune
+from juice.tokens import token_ids
+from juice.vllm.options import (SteeringRequestError, parse_request, read_heads_file, request_fields,
+                                server_heads)
+from juice.vllm.launch import find_vllm_python
+
+HERE = Path(__file__).resolve().parent
+VLLM_PYTHON = find_vllm_python(required=False)
+needs_vllm = pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (run scripts/install-vllm.sh, "
+                                                           "or set JUICE_VLLM_PYTHON)")
+
+GEOMETRY = HeadGeometry(4, 4, 32)
+PARAMETRIC = HeadSelection((Head(1, 0), Head(2, 3)), (Head(1, 2),))
+CONTEXTUAL = HeadSelection((Head(2, 1),), (Head(1, 3), Head(2, 3)))
+
+
+def write_heads(path: Path, model: dict, direction: str, selection: HeadSelection, tuned: dict | None = None) -> str:
+    save_heads(HeadsArtifact(model, direction, len(selection.positive), [1.0], [-1.0], selection,
+                             tuned=tuned or {}), path)
+    return str(path)
+
+
+@pytest.fixture
+def two_files(tmp_path):
+    model = {"name": "m", "model_type": "llama", "n_layers": 4, "n_heads": 4, "head_dim": 32}
+    files = [write_heads(tmp_path / "p.json", model, "parametric", PARAMETRIC,
+                         {"june": {"beta_plus": 3.0, "beta_minus": -0.5}}),
+             write_heads(tmp_path / "c.json", model, "contextual", CONTEXTUAL)]
+    return server_heads({"JUICE_VLLM_HEADS": os.pathsep.join(files)})
+
+
+# --- the request side (no vLLM needed) ------------------------------------------------------------
+
+def test_request_fields_read_the_nested_object_and_the_flat_vllm_xargs_keys():
+    assert request_fields(None) is None and request_fields({"other": 1}) is None
+    assert request_fields({"juice": {"method": "june"}}) == {"method": "june"}
+    assert request_fields({"juice_method": "juice", "juice_beta_plus": 2}) == {"method": "juice", "beta_plus": 2}
+    with pytest.raises(SteeringRequestError, match="unknown juice field 'beta'"):
+        request_fields({"juice": {"beta": 1}})
+    with pytest.raises(SteeringRequestError, match="must be an object"):
+        request_fields({"juice": "juice"})
+
+
+def test_a_request_becomes_the_tables_juice_generate_applies(two_files):
+    june = parse_request({"method": "june", "direction": "memory"}, two_files, GEOMETRY)   # tuned 3, -0.5
+    assert june.scale[1, 0] == 3.0 and june.scale[1, 2] == -0.5 and june.scale[2, 3] == 3.0 and not june.add.any()
+    juice = parse_request({"method": "juice", "direction": "context", "beta_plus": 1, "beta_minus": -2},
+                          two_files, GEOMETRY)
+    assert juice.add[2, 1] == 1 and juice.add[1, 3] == -2 and juice.add[2, 3] == -2 and not juice.scale.any()
+    assert torch.equal(juice.add, JuICE(GEOMETRY, CONTEXTUAL, 1, -2).coefficients)
+    assert torch.equal(june.scale, JuNE(GEOMETRY, PARAMETRIC, 3.0, -0.5).coefficients)
+    prune = parse_request({"method": "prune", "heads": ["L3H1", "L0H0"]}, two_files, GEOMETRY)
+    assert torch.equal(prune.scale, Prune(GEOMETRY, [Head(3, 1), Head(0, 0)]).coefficients)
+    assert parse_request({"method": "original"}, two_files, GEOMETRY) is None
+    assert parse_request(None, two_files, GEOMETRY) is None
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"method": "jucie"}, "juice.method must be one of"),
+    ({"method": "june", "direction": "context", "beta_plus": float("nan")}, "finite"),
+    ({"method": "june", "direction": "context", "beta_plus": 101}, "|beta| <= 100"),
+    ({"method": "june", "direction": "context", "beta_minus": "x"}, "must be a number"),
+    ({"method": "june", "direction": "context", "beta_minus": True}, "must be a number"),
+    ({"method": "june"}, "say juice.direction"),
+    ({"method": "june", "direction": "sideways"}, "juice.direction"),
+    ({"method": "prune"}, "needs juice.heads"),
+    ({"method": "prune", "heads": ["L9H0"]}, "juice.heads"),
+    ({"method": "prune", "heads": ["head six"]}, "juice.heads"),
+    ({"method": "june", "direction": "context", "heads": ["L1H1"]}, "juice.heads is for method prune"),
+])
+def test_bad_steering_is_refused_in_one_line(two_files, fields, message):
+    with pytest.raises(SteeringRequestError, match=message.replace("|", r"\|")) as err:
+        parse_request(fields, two_files, GEOMETRY)
+    assert "\n" not in str(err.value)
+
+
+def test_server_side_refusals(tmp_path, two_files):
+    off = server_heads({})
+    with pytest.raises(SteeringRequestError, match="without juice steering"):
+        parse_request({"method": "june"}, off)
+    only = server_heads({"JUICE_VLLM_HEADS": two_files.files["parametric"]})
+    with pytest.raises(SteeringRequestError, match="no heads for direction 'contextual'"):
+        parse_request({"method": "june", "direction": "context"}, only)
+    assert parse_request({"method": "june"}, only).method == "june"   # the only file's direction
+    single = server_heads({"JUICE_VLLM_HEADS": two_files.files["parametric"], "JUICE_VLLM_DUAL_RUN": "0"})
+    with pytest.raises(SteeringRequestError, match="needs the dual run"):
+        parse_request({"method": "juice"}, single)
+    assert single.dual_run_layers() is None and two_files.dual_run_layers() == (1, 2)
+    with pytest.raises(ValueError, match="two heads files for the parametric direction"):
+        server_heads({"JUICE_VLLM_HEADS": os.pathsep.join([two_files.files["parametric"]] * 2)})
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a juice heads file"):
+        read_heads_file(str(tmp_path / "bad.json"))
+
+
+# --- through vLLM --------------------------------------------------------------------------------
+
+def _steering(lm, files: dict[str, HeadSelection], juice: dict | None):
+    if juice is None or juice["method"] == "original":
+        return ORIGINAL
+    if juice["method"] == "prune":
+        return Prune(lm, [Head.parse(h) for h in juice["heads"]])
+    make = JuICE if juice["method"] == "juice" else JuNE
+    return make(lm, files[juice["direction"]], juice.get("beta_plus", 2.0), juice.get("beta_minus", 0.0))
+
+
+def run_vllm(model_dir: str, requests: list[dict], heads_files: list[str], tmp_path: Path, bad=(), llm=None,
+             timeout: int = 900) -> dict:
+    spec = {"model": model_dir, "requests": requests, "bad": list(bad), "llm": llm or {}}
+    (tmp_path / "in.json").write_text(json.dumps(spec))
+    env = {**os.environ, "JUICE_VLLM_HEADS": os.pathsep.join(heads_files), "VLLM_CPU_KVCACHE_SPACE": "1",
+           "VLLM_LOGGING_LEVEL": "WARNING"}
+    done = subprocess.run([VLLM_PYTHON, str(HERE / "vllm_env" / "run_offline.py"), str(tmp_path / "in.json"),
+                           str(tmp_path / "out.json")], env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads((tmp_path / "out.json").read_text())
+
+
+def equality_case(lm, model_dir: str, tmp_path: Path, prompts: list[str], selections: dict[str, HeadSelection],
+                  steerings: list[dict | None], max_tokens: int, bad=()) -> dict:
+    files = [write_heads(tmp_path / f"{d}.json", lm.fingerprint(), d, s) for d, s in selections.items()]
+    requests, streams, texts = [], [], []
+    for i, prompt in enumerate(prompts):
+        ids = token_ids(lm.tokenizer, prompt)
+        for juice in steerings:
+            requests.append({"prompt_token_ids": ids, "juice": juice, "max_tokens": max_tokens})
+            streams.append(Stream(i, _steering(lm, selections, juice)))
+    expected = generate(lm, prompts, streams, max_new_tokens=max_tokens).tokens.tolist()
+    out = run_vllm(model_dir, requests, files, tmp_path, bad=bad)
+    return {"expected": expected, **out, "requests": requests}
+
+
+STEERINGS = [
+    None,
+    {"method": "june", "direction": "parametric", "beta_plus": 2.0, "beta_minus": -1.0},
+    {"method": "juice", "direction": "parametric", "beta_plus": 2.0, "beta_minus": -1.0},
+    {"method": "juice", "direction": "contextual", "beta_plus": 3.0, "beta_minus": 0.0},
+    {"method": "june", "direction": "contextual", "beta_plus": 1.5, "beta_minus": 0.0},
+    {"method": "prune", "heads": ["L1H1", "L2H0"]},
+]
+
+
+def tiny_llama_dir(tmp_path: Path):
+    """A tiny random Llama that vLLM's CPU attention takes (head_dim 32), saved with its tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from conftest import COMMON, make_tokenizer
+    from juice.models import load_model
+
+    config = AutoConfig.for_model("llama", hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                                  num_attention_heads=4, num_key_value_heads=2, **{**COMMON,
+                                                                                   "initializer_range": 0.3})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    folder = tmp_path / "tiny-llama"
+    model.save_pretrained(folder)
+    make_tokenizer().save_pretrained(folder)
+    return load_model(str(folder), device="cpu"), str(folder)
+
+
+@needs_vllm
+def test_vllm_tokens_equal_juice_generate_on_a_tiny_llama_mixed_and_alone(tmp_path):
+    lm, folder = tiny_llama_dir(tmp_path)
+    prompts = ["the capital of france is paris", "who wrote the book ? answer :", "japan tokyo spain"]
+    case = equality_case(lm, folder, tmp_path, prompts, {"parametric": PARAMETRIC, "contextual": CONTEXTUAL},
+                         STEERINGS, max_tokens=12,
+                         bad=[{"method": "jucie"}, {"method": "juice", "direction": "parametric", "beta_plus": 1e9}])
+    assert case["mixed"] == case["expected"]
+    assert case["alone"] == case["expected"]
+    assert len({tuple(t) for t in case["expected"]}) >= 4, "the steerings should change the tokens"
+    assert case["bad"][0] is not None and "juice.method must be one of" in case["bad"][0]
+    assert case["bad"][1] is not None and "|beta| <= 100" in case["bad"][1]
+    assert case["after_bad"] == case["expected"][0]
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_vllm_tokens_equal_juice_generate_on_the_embedded_gemma_mixed_and_alone(real_model, tmp_path):
+    from juice.models import cache_dir
+
+    folder = cache_dir() / "models" / "gemma-3-270m"
+    assert (folder / "config.json").is_file()
+    selections = {"parametric": HeadSelection((Head(6, 3), Head(9, 3), Head(8, 3), Head(10, 0), Head(3, 2)),
+                                              (Head(8, 1), Head(3, 3), Head(13, 0), Head(2, 3), Head(14, 3))),
+                  "contextual": HeadSelection((Head(8, 1), Head(13, 0)), (Head(6, 3), Head(9, 3)))}
+    steerings = [None,
+                 {"method": "june", "direction": "parametric", "beta_plus": 2.0, "beta_minus": 0.0},
+                 {"method": "juice", "direction": "parametric", "beta_plus": 2.0, "beta_minus": -1.0},
+                 {"method": "juice", "direction": "contextual", "beta_plus": 2.0, "beta_minus": 0.0},
+                 {"method": "prune", "heads": ["L11H2", "L12H1"]}]
+    prompts = ["The capital of France is", "Q: Who wrote Hamlet?\nA:",
+               "Paris is the capital of Italy. The capital of Italy is"]
+    case = equality_case(real_model, str(folder), tmp_path, prompts, selections, steerings, max_tokens=16)
+    assert case["mixed"] == case["expected"]
+    assert case["alone"] == case["expected"]
+    assert len({tuple(t) for t in case["expected"]}) >= 10
