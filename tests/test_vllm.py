@@ -136,6 +136,9 @@ def run_vllm(model_dir: str, requests: list[dict], heads_files: list[str], tmp_p
     (tmp_path / "in.json").write_text(json.dumps(spec))
     env = {**os.environ, "JUICE_VLLM_HEADS": os.pathsep.join(heads_files), "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_LOGGING_LEVEL": "WARNING"}
+    ranks = (llm or {}).get("tensor_parallel_size", 1)
+    if ranks > 1:   # vllm-cpu binds each rank's threads to its NUMA node; one node here: one core per rank
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i) for i in range(ranks)))
     done = subprocess.run([VLLM_PYTHON, str(HERE / "vllm_env" / "run_offline.py"), str(tmp_path / "in.json"),
                            str(tmp_path / "out.json")], env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -143,7 +146,7 @@ def run_vllm(model_dir: str, requests: list[dict], heads_files: list[str], tmp_p
 
 
 def equality_case(lm, model_dir: str, tmp_path: Path, prompts: list[str], selections: dict[str, HeadSelection],
-                  steerings: list[dict | None], max_tokens: int, bad=()) -> dict:
+                  steerings: list[dict | None], max_tokens: int, bad=(), llm: dict | None = None) -> dict:
     files = [write_heads(tmp_path / f"{d}.json", lm.fingerprint(), d, s) for d, s in selections.items()]
     requests, streams, texts = [], [], []
     for i, prompt in enumerate(prompts):
@@ -152,7 +155,7 @@ def equality_case(lm, model_dir: str, tmp_path: Path, prompts: list[str], select
             requests.append({"prompt_token_ids": ids, "juice": juice, "max_tokens": max_tokens})
             streams.append(Stream(i, _steering(lm, selections, juice)))
     expected = generate(lm, prompts, streams, max_new_tokens=max_tokens).tokens.tolist()
-    out = run_vllm(model_dir, requests, files, tmp_path, bad=bad)
+    out = run_vllm(model_dir, requests, files, tmp_path, bad=bad, llm=llm)
     return {"expected": expected, **out, "requests": requests}
 
 
@@ -200,6 +203,20 @@ def test_vllm_tokens_equal_juice_generate_on_a_tiny_llama_mixed_and_alone(tmp_pa
 
 
 @needs_vllm
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="tensor parallelism on the CPU needs a core per rank")
+def test_tensor_parallel_2_gives_the_same_tokens(tmp_path):
+    """Each rank steers its own heads' slice of the row-parallel output projection (2 of 4 heads);
+    a JuICE request whose heads on one rank all have beta 0 still runs the dual run on both (the
+    passes are decided on every head: a rank that skipped it would hang the other's all-reduce)."""
+    lm, folder = tiny_llama_dir(tmp_path)
+    case = equality_case(lm, folder, tmp_path, ["the capital of france is paris", "japan tokyo spain"],
+                         {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}, STEERINGS, max_tokens=10,
+                         llm={"tensor_parallel_size": 2})
+    assert case["mixed"] == case["expected"]
+    assert case["alone"] == case["expected"]
+
+
+@needs_vllm
 @pytest.mark.slow
 def test_vllm_tokens_equal_juice_generate_on_the_embedded_gemma_mixed_and_alone(real_model, tmp_path):
     from juice.models import cache_dir
@@ -220,3 +237,82 @@ def test_vllm_tokens_equal_juice_generate_on_the_embedded_gemma_mixed_and_alone(
     assert case["mixed"] == case["expected"]
     assert case["alone"] == case["expected"]
     assert len({tuple(t) for t in case["expected"]}) >= 10
+
+
+# --- juice serve --engine vllm, through the official openai client ---------------------------------
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@needs_vllm
+def test_juice_serve_engine_vllm_answers_the_openai_client_with_per_request_steering(tmp_path):
+    import time
+    import urllib.request
+
+    import openai
+
+    lm, folder = tiny_llama_dir(tmp_path)
+    selections = {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}
+    files = [write_heads(tmp_path / f"{d}.json", lm.fingerprint(), d, s) for d, s in selections.items()]
+    port = _free_port()
+    log = open(tmp_path / "server.log", "w")
+    server = subprocess.Popen([sys.executable, "-m", "juice.apps.console", "serve", "--engine", "vllm", "--model",
+                               folder, "--heads", files[0], "--heads", files[1], "--port", str(port),
+                               "--max-total-tokens", "256"],
+                              stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "vLLM did not come up in 600 s"
+            time.sleep(2)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        prompt = token_ids(lm.tokenizer, "the capital of france is paris")
+        asks = [None, {"method": "june", "direction": "parametric", "beta_plus": 2.0, "beta_minus": -1.0},
+                {"method": "juice", "direction": "contextual", "beta_plus": 3.0, "beta_minus": 0.0},
+                {"method": "prune", "heads": ["L1H1", "L2H0"]}]
+        expected = generate(lm, ["the capital of france is paris"], [Stream(0, _steering(lm, selections, a)) for a in asks],
+                            max_new_tokens=8).tokens.tolist()
+
+        def complete(extra: dict, stream: bool = False):
+            return client.completions.create(model=folder, prompt=prompt, max_tokens=8, temperature=0, stream=stream,
+                                             extra_body={"ignore_eos": True, "return_token_ids": True, **extra})
+
+        got = []
+        for i, ask in enumerate(asks):
+            if ask is None:
+                extra = {}
+            elif i % 2:   # the juice field, as `juice serve` takes it (the middleware maps it)
+                extra = {"juice": ask}
+            else:         # vLLM's own per-request extension field
+                extra = {"vllm_xargs": {f"juice_{k}": v for k, v in ask.items()}}
+            got.append(complete(extra).choices[0].token_ids)
+        assert len({tuple(t) for t in expected}) >= 3, "the steerings should change the tokens"
+        assert got == expected
+        streamed = "".join(c.choices[0].text for c in complete({"juice": asks[2]}, stream=True))
+        assert streamed == complete({"juice": asks[2]}).choices[0].text
+        for bad, message in [({"juice": {"method": "jucie"}}, "juice.method must be one of"),
+                             ({"juice": {"method": "june", "direction": "parametric", "beta_plus": 1e9}}, "<= 100"),
+                             ({"vllm_xargs": {"juice_method": "june", "juice_direction": "sideways"}}, "direction"),
+                             ({"juice": {"method": "prune"}}, "needs juice.heads")]:
+            with pytest.raises(openai.BadRequestError, match=message.replace("|", r"\|")):
+                complete(bad)
+        assert complete({"juice": asks[1]}).choices[0].token_ids == expected[1]   # still serving
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()

@@ -356,6 +356,13 @@ def serve(
     alias: list[str] = typer.Option([], help="NAME=SPEC: another model name whose requests get these juice "
                                              "options, e.g. gemma+juice=direction:contextual,method:juice,beta_plus:2 "
                                              "(repeat; for lm-evaluation-harness, whose request bodies are fixed)"),
+    engine: str = typer.Option("juice", help="juice (this process's engine) | vllm (vLLM's OpenAI server with "
+                                             "juice's plugin, run from vLLM's environment; README, \"Serving at "
+                                             "scale with vLLM\")"),
+    dual_run: bool = typer.Option(True, help="--engine vllm: hold JuICE's second KV cache (--no-dual-run: JuNE "
+                                             "and pruning only, twice the KV capacity on the dual-run layers)"),
+    vllm_arg: list[str] = typer.Option([], help="--engine vllm: one more argument for vLLM's server (repeat), "
+                                                "e.g. --vllm-arg=--tensor-parallel-size=2"),
 ):
     """OpenAI-compatible server (/v1/models, /v1/completions, /v1/chat/completions, /health,
     /metrics) with per-request steering in the body's "juice" field (needs the server extra:
@@ -363,6 +370,14 @@ def serve(
 
     Example: juice serve --heads heads.json --heads heads_contextual.json --port 8000
     """
+    if engine not in ("juice", "vllm"):
+        raise typer.BadParameter(f"--engine must be juice or vllm, not {engine!r}", param_hint="--engine")
+    if engine == "vllm":
+        if alias:
+            raise typer.BadParameter("--alias is for --engine juice (vLLM serves one model name; send the juice "
+                                     "field, or vllm_xargs, per request)", param_hint="--alias")
+        _serve_vllm(model, heads, host, port, max_total_tokens, dual_run, vllm_arg)
+        return
     from juice.extras import require
 
     require("server", "juice serve")
@@ -389,6 +404,29 @@ def serve(
     console.print(f"serving {lm.name}{''.join(f', {a}' for a in aliases)} on http://{host}:{port}/v1 with heads for "
                   f"{', '.join(sorted(str(load_heads(p).direction) for p in heads)) or 'no direction (Original only)'}")
     uvicorn.run(app_, host=host, port=port, log_level="info")
+
+
+def _serve_vllm(model: str, heads: list[Path], host: str, port: int, max_total_tokens: int, dual_run: bool,
+                extra: list[str]) -> None:
+    """`juice serve --engine vllm`: replace this process with vLLM's OpenAI server (:mod:`juice.vllm.launch`)."""
+    import os
+
+    import torch
+
+    from juice.vllm.launch import describe, find_vllm_python, server_command, server_environment, served_folder
+    from juice.vllm.options import server_heads
+
+    python = find_vllm_python()
+    env = server_environment(heads, dual_run)
+    server_heads(env)   # malformed heads files, or two for one direction, fail here in one line
+    folder = served_folder(model)
+    if not torch.cuda.is_available() and not any(a.startswith("--gpu-memory-utilization") for a in extra):
+        extra = ["--gpu-memory-utilization", "0.5", *extra]   # the CPU build reserves this share of memory
+    command = server_command(python, folder, model, host=host, port=port, max_model_len=max_total_tokens or None,
+                             extra=extra)
+    console.print(f"starting vLLM with juice's plugin ({', '.join(sorted(server_heads(env).selections)) or 'no heads'}"
+                  f"{', dual run' if dual_run and heads else ''}): {describe(command, env)}")
+    os.execve(python, command, env)
 
 
 @app.command()

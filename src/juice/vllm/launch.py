@@ -6,7 +6,8 @@ the model to a folder vLLM reads (an embedded alias or a `.gguf` file: juice's c
 self-checked safetensors copy), checks the heads files before anything starts, and runs
 
     <vllm python> -m vllm.entrypoints.openai.api_server --model FOLDER --served-model-name NAME
-        --enforce-eager --no-enable-prefix-caching --middleware juice.vllm.middleware.JuiceFieldMiddleware ...
+        --enforce-eager --no-enable-prefix-caching --middleware juice.vllm.middleware.JuiceFieldMiddleware
+        --dtype float32 ...
 
 with `JUICE_VLLM_HEADS` (and `JUICE_VLLM_DUAL_RUN`) in its environment (:mod:`juice.vllm.options`).
 """
@@ -24,7 +25,7 @@ REPO_VENV = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python
 """Where `scripts/install-vllm.sh` puts vLLM's environment in a checkout of juice."""
 
 
-class VllmNotFoundError(RuntimeError):
+class VllmNotFoundError(FileNotFoundError):
     """No Python environment with vLLM (the message says how to make one)."""
 
 
@@ -84,6 +85,8 @@ def server_command(python: str, folder: str, name: str, *, host: str, port: int,
                "--middleware", "juice.vllm.middleware.JuiceFieldMiddleware"]
     if max_model_len:
         command += ["--max-model-len", str(max_model_len)]
+    if not any(a.startswith("--dtype") for a in extra):
+        command += ["--dtype", "float32"]   # juice's default; a heads file's checksum is of the weights at its dtype
     return command + list(extra)
 
 

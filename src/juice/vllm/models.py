@@ -59,12 +59,12 @@ class _CleanRunDone(Exception):
 
 class _Pass:
     """The tables of one forward: `scale`, `add` `[tokens, n_layers, n_local_heads, 1]`, the layers
-    each one touches, and run 1's saved head outputs."""
+    each one touches on any head (the same on every tensor-parallel rank), and run 1's saved head
+    outputs."""
 
-    def __init__(self, scale: Tensor, add: Tensor) -> None:
+    def __init__(self, scale: Tensor, add: Tensor, scaled: set[int], added: set[int]) -> None:
         self.scale, self.add = scale, add
-        self.scaled = set(torch.nonzero(scale.ne(0).flatten(2).any(-1).any(0)).flatten().tolist())
-        self.added = set(torch.nonzero(add.ne(0).flatten(2).any(-1).any(0)).flatten().tolist())
+        self.scaled, self.added = scaled, added
         self.clean = False
         self.saved: dict[int, Tensor] = {}
         self.last_added = max(self.added) if self.added else -1
@@ -170,26 +170,30 @@ class SteerableMixin:
         counts = starts.diff()
         n_requests = counts.shape[0]
         g = self.juice_geometry
-        local = self.juice_head_slice
-        scale = torch.zeros(n_requests, g.n_layers, self.juice_local_heads)
+        scale = torch.zeros(n_requests, g.n_layers, g.n_heads)
         add = torch.zeros_like(scale)
         for index, steering in BATCH.rows.items():
             if index < n_requests:
-                scale[index] = steering.scale[:, local]
-                add[index] = steering.add[:, local]
-        if not (scale.any() or add.any()):
+                scale[index] = steering.scale
+                add[index] = steering.add
+        # Which layers run which step is decided on every head, so that under tensor parallelism
+        # all ranks run the same passes (and collectives) even where a rank steers none of its heads.
+        scaled = set(torch.nonzero(scale.ne(0).any(-1).any(0)).flatten().tolist())
+        added = set(torch.nonzero(add.ne(0).any(-1).any(0)).flatten().tolist())
+        if not (scaled or added):
             return None
         actual = int(starts[-1])
         pad = max(n_tokens - actual, 0)
         device, dtype = self.juice_device_dtype()
+        local = self.juice_head_slice
 
         def per_token(table: Tensor) -> Tensor:
-            rows = table.repeat_interleave(counts, dim=0)
+            rows = table[:, :, local].repeat_interleave(counts, dim=0)
             if pad:
                 rows = torch.cat([rows, rows.new_zeros(pad, *rows.shape[1:])])
             return rows[:n_tokens, :, :, None].to(device=device, dtype=dtype)
 
-        return _Pass(per_token(scale), per_token(add))
+        return _Pass(per_token(scale), per_token(add), scaled, added)
 
     def juice_device_dtype(self) -> tuple[torch.device, torch.dtype]:
         weight = self.juice_layers[0].self_attn.o_proj.weight
