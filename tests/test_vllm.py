@@ -29,6 +29,7 @@ from juice.tokens import token_ids
 from juice.vllm.options import (SteeringRequestError, parse_request, read_heads_file, request_fields,
                                 server_heads)
 from juice.vllm.launch import find_vllm_python
+from juice.vllm.middleware import juice_field_to_xargs
 
 HERE = Path(__file__).resolve().parent
 VLLM_PYTHON = find_vllm_python(required=False)
@@ -65,6 +66,16 @@ def test_request_fields_read_the_nested_object_and_the_flat_vllm_xargs_keys():
         request_fields({"juice": {"beta": 1}})
     with pytest.raises(SteeringRequestError, match="must be an object"):
         request_fields({"juice": "juice"})
+    with pytest.raises(SteeringRequestError, match="must be an object"):
+        request_fields(juice_field_to_xargs({"juice": "juice"})["vllm_xargs"])
+
+
+def test_the_middleware_moves_the_juice_field_into_vllm_xargs():
+    body = {"model": "m", "juice": {"method": "prune", "heads": ["L1H1"]}, "vllm_xargs": {"other": 1}}
+    assert juice_field_to_xargs(body) == {"model": "m", "vllm_xargs": {"other": 1, "juice_method": "prune",
+                                                                       "juice_heads": ["L1H1"]}}
+    assert juice_field_to_xargs({"model": "m"}) == {"model": "m"}
+    assert request_fields(juice_field_to_xargs(body)["vllm_xargs"]) == {"method": "prune", "heads": ["L1H1"]}
 
 
 def test_a_request_becomes_the_tables_juice_generate_applies(two_files):
@@ -131,7 +142,7 @@ def _steering(lm, files: dict[str, HeadSelection], juice: dict | None):
 
 
 def run_vllm(model_dir: str, requests: list[dict], heads_files: list[str], tmp_path: Path, bad=(), llm=None,
-             timeout: int = 900) -> dict:
+             timeout: int = 900, fails: bool = False) -> dict | str:
     spec = {"model": model_dir, "requests": requests, "bad": list(bad), "llm": llm or {}}
     (tmp_path / "in.json").write_text(json.dumps(spec))
     env = {**os.environ, "JUICE_VLLM_HEADS": os.pathsep.join(heads_files), "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -141,6 +152,9 @@ def run_vllm(model_dir: str, requests: list[dict], heads_files: list[str], tmp_p
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i) for i in range(ranks)))
     done = subprocess.run([VLLM_PYTHON, str(HERE / "vllm_env" / "run_offline.py"), str(tmp_path / "in.json"),
                            str(tmp_path / "out.json")], env=env, capture_output=True, text=True, timeout=timeout)
+    if fails:   # vLLM refused to start: its log
+        assert done.returncode != 0
+        return done.stdout + done.stderr
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads((tmp_path / "out.json").read_text())
 
@@ -169,22 +183,26 @@ STEERINGS = [
 ]
 
 
-def tiny_llama_dir(tmp_path: Path):
-    """A tiny random Llama that vLLM's CPU attention takes (head_dim 32), saved with its tokenizer."""
+def tiny_llama_dir(tmp_path: Path, model_type: str = "llama"):
+    """A tiny random model that vLLM's CPU attention takes (head_dim 32), saved with its tokenizer."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from conftest import COMMON, make_tokenizer
-    from juice.models import load_model
+    from juice.models import wrap_model
 
-    config = AutoConfig.for_model("llama", hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                                  num_attention_heads=4, num_key_value_heads=2, **{**COMMON,
-                                                                                   "initializer_range": 0.3})
+    extra = {"head_dim": 32, "sliding_window": 6, "attn_logit_softcapping": 5.0, "final_logit_softcapping": 30.0,
+             "query_pre_attn_scalar": 32} if model_type == "gemma2" else {}
+    config = AutoConfig.for_model(model_type, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                                  num_attention_heads=4, num_key_value_heads=2,
+                                  **{**COMMON, "initializer_range": 0.3}, **extra)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    folder = tmp_path / "tiny-llama"
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
+                                             **({"attn_implementation": "eager"} if model_type == "gemma2" else {}))
+    folder = tmp_path / f"tiny-{model_type}"
     model.save_pretrained(folder)
-    make_tokenizer().save_pretrained(folder)
-    return load_model(str(folder), device="cpu"), str(folder)
+    tokenizer = make_tokenizer()
+    tokenizer.save_pretrained(folder)   # vLLM detokenizes with it; the prompts go in as token ids
+    return wrap_model(model.eval(), tokenizer, name=str(folder)), str(folder)
 
 
 @needs_vllm
@@ -200,6 +218,27 @@ def test_vllm_tokens_equal_juice_generate_on_a_tiny_llama_mixed_and_alone(tmp_pa
     assert case["bad"][0] is not None and "juice.method must be one of" in case["bad"][0]
     assert case["bad"][1] is not None and "|beta| <= 100" in case["bad"][1]
     assert case["after_bad"] == case["expected"][0]
+
+
+@needs_vllm
+@pytest.mark.parametrize("model_type", ["qwen2", "gemma2"])
+def test_vllm_tokens_equal_juice_generate_on_the_other_registered_architectures(tmp_path, model_type):
+    lm, folder = tiny_llama_dir(tmp_path, model_type)
+    case = equality_case(lm, folder, tmp_path, ["the capital of france is paris", "who wrote the book ? answer :"],
+                         {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}, STEERINGS, max_tokens=10)
+    assert case["mixed"] == case["expected"]
+    assert case["alone"] == case["expected"]
+
+
+@needs_vllm
+def test_a_heads_file_for_another_model_stops_vllm_at_start_in_one_line(tmp_path):
+    lm, folder = tiny_llama_dir(tmp_path)
+    other = {**lm.fingerprint(), "weights_sha256_16": "0123456789abcdef", "name": "another"}
+    files = [write_heads(tmp_path / "p.json", other, "parametric", PARAMETRIC)]
+    log = run_vllm(folder, [{"prompt_token_ids": [1, 4, 5], "juice": None, "max_tokens": 2}], files, tmp_path,
+                   fails=True)
+    assert "p.json was made for model 'another' (weights_sha256_16=0123456789abcdef); the served model has " \
+           f"weights_sha256_16={lm.fingerprint()['weights_sha256_16']}" in log
 
 
 @needs_vllm
@@ -316,3 +355,28 @@ def test_juice_serve_engine_vllm_answers_the_openai_client_with_per_request_stee
         except subprocess.TimeoutExpired:
             server.kill()
         log.close()
+
+
+def test_the_launch_line_carries_the_plugins_requirements(tmp_path, monkeypatch):
+    from juice.vllm.launch import VllmNotFoundError, describe, server_command, server_environment
+
+    command = server_command("/venv/bin/python", "/models/g", "gemma-3-270m", host="127.0.0.1", port=8000,
+                             max_model_len=1024, extra=["--tensor-parallel-size=2"])
+    for flag in ("--enforce-eager", "--no-enable-prefix-caching", "--dtype",
+                 "juice.vllm.middleware.JuiceFieldMiddleware", "--tensor-parallel-size=2"):
+        assert flag in command
+    assert "--dtype" not in server_command("p", "f", "n", host="h", port=1, extra=["--dtype=bfloat16"])
+    env = server_environment([tmp_path / "a.json"], dual_run=False, base={})
+    assert env["JUICE_VLLM_HEADS"] == str((tmp_path / "a.json").resolve()) and env["JUICE_VLLM_DUAL_RUN"] == "0"
+    assert describe(command, env).startswith("JUICE_VLLM_HEADS=")
+    monkeypatch.setenv("JUICE_VLLM_PYTHON", str(tmp_path / "nothing"))
+    with pytest.raises(VllmNotFoundError, match="is not a file"):
+        find_vllm_python()
+    assert find_vllm_python(required=False) is None
+
+
+def test_juice_serve_engine_vllm_refuses_an_alias_in_one_line():
+    from juice.apps.cli import main
+
+    assert main(["serve", "--engine", "vllm", "--alias", "a=method:june"]) == 2
+    assert main(["serve", "--engine", "tgi"]) == 2

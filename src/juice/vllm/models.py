@@ -13,12 +13,13 @@ architectures' names. What the mixin adds:
 - JuICE's dual run (paper Alg. 1) inside the same forward: a second attention module
   (`self_attn.attn_clean`, built from the same arguments as `self_attn.attn`, so vLLM gives it its
   own KV cache) on each layer from the first to the last layer the heads files steer. When a
-  batch holds a JuICE request, the forward runs twice: run 1 with the clean attention modules
-  (the unmodified model; its residual stream and KV cache are the clean run's), saving the head
-  outputs of the layers JuICE steers, and stopping after the last of them; run 2 is the steered
-  model, which adds beta times run 1's outputs. Below the first dual-run layer the two runs are
-  the same computation for a JuICE row, so those layers share the main KV cache. A batch
-  without JuICE requests runs once, and the clean KV of its requests is never read.
+  batch holds a JuICE request, the layers below the first dual-run layer run once (there a
+  JuICE row is not steered, so its two runs are one computation and share the main KV cache),
+  then the forward forks: run 1 goes on through the clean attention modules (the unmodified
+  model; its residual stream and KV cache are the clean run's), saving the head outputs of the
+  layers JuICE steers and stopping after the last of them; run 2 is the steered model, which
+  adds beta times run 1's outputs. A batch without JuICE requests runs once, and the clean KV of
+  its requests is never read.
 
 Constraints, checked when the model is built (one-line errors): eager mode (`enforce_eager`: the
 hooks read per-batch Python state, which CUDA graphs and torch.compile would freeze), prefix
@@ -204,29 +205,45 @@ class SteerableMixin:
         state = self._juice_plan(n_tokens)
         if state is None:
             return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+        self.juice_pass = state
         try:
-            if state.added:
-                if self.juice_dual is None or not state.added <= set(range(self.juice_dual[0], self.juice_dual[1] + 1)):
-                    raise RuntimeError("juice: JuICE coefficients outside the dual-run layers")   # admission prevents
-                self.juice_pass = state
-                state.clean = True
-                swapped = [layer.self_attn for layer in self.juice_layers[self.juice_dual[0]: state.last_added + 1]]
-                for attention in swapped:
-                    attention._modules["attn"], attention._modules["attn_clean"] = (attention.attn_clean,
-                                                                                    attention.attn)
-                try:
-                    super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
-                except _CleanRunDone:
-                    pass
-                finally:
-                    for attention in swapped:
-                        attention._modules["attn"], attention._modules["attn_clean"] = (attention.attn_clean,
-                                                                                        attention.attn)
-                state.clean = False
-            self.juice_pass = state
-            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+            if not state.added:   # JuNE and pruning: one run
+                return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+            return self._dual_run(input_ids, positions, inputs_embeds, state)
         finally:
             self.juice_pass = None
+
+    def _dual_run(self, input_ids, positions, inputs_embeds, state: _Pass) -> Tensor:
+        """Layers below the first dual-run layer once (a JuICE row is not steered there, so its
+        clean and steered streams are one), then run 1 through the clean attention modules up to
+        the last layer this batch adds to, then run 2 to the top. The layer loop is vLLM's own
+        (`embed_input_ids`, `layer(positions, hidden, residual)`, the final fused norm)."""
+        first, last = self.juice_dual
+        if not state.added <= set(range(first, last + 1)):
+            raise RuntimeError("juice: JuICE coefficients outside the dual-run layers")   # admission prevents it
+        model = self.model
+        hidden = inputs_embeds if inputs_embeds is not None else model.embed_input_ids(input_ids)
+        residual = None
+        for layer in self.juice_layers[:first]:
+            hidden, residual = layer(positions, hidden, residual)
+        swapped = [layer.self_attn for layer in self.juice_layers[first: state.last_added + 1]]
+        for attention in swapped:
+            attention._modules["attn"], attention._modules["attn_clean"] = attention.attn_clean, attention.attn
+        state.clean = True
+        try:
+            clean, clean_residual = hidden.clone(), None if residual is None else residual.clone()
+            for layer in self.juice_layers[first:]:
+                clean, clean_residual = layer(positions, clean, clean_residual)
+        except _CleanRunDone:
+            pass
+        finally:
+            state.clean = False
+            for attention in swapped:
+                attention._modules["attn"], attention._modules["attn_clean"] = attention.attn_clean, attention.attn
+        for layer in self.juice_layers[first:]:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = model.norm(hidden, residual)
+        return hidden
 
     # --- the heads files' fingerprints ----------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> set[str]:

@@ -141,6 +141,8 @@ def request_fields(extra_args: Mapping[str, Any] | None) -> dict[str, Any] | Non
         if not isinstance(nested, Mapping):
             raise SteeringRequestError("juice must be an object with method, direction, beta_plus, beta_minus, heads")
         fields.update(nested)
+    if "juice_invalid" in extra_args:   # the middleware's mark for a `juice` body field that is not an object
+        raise SteeringRequestError("juice must be an object with method, direction, beta_plus, beta_minus, heads")
     for key, value in extra_args.items():
         if key.startswith("juice_"):
             fields[key[len("juice_"):]] = value
