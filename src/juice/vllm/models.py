@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor, nn
@@ -71,7 +71,7 @@ class _Pass:
         self.last_added = max(self.added) if self.added else -1
 
 
-def _record_attention_arguments() -> tuple[dict[str, dict], callable]:
+def _record_attention_arguments() -> tuple[dict[str, dict], Callable[[], None]]:
     """Patch `Attention.__init__` to record each module's arguments by prefix; returns the
     records and the function that undoes the patch."""
     records: dict[str, dict] = {}
@@ -121,7 +121,6 @@ class SteerableMixin:
         self.juice_head_slice = slice(first, first + self.juice_local_heads)
         self.juice_layers = list(self.model.layers)
         self.juice_pass: _Pass | None = None
-        self.juice_tables: tuple[int, Tensor, Tensor] | None = None
         for index, layer in enumerate(self.juice_layers):
             layer.self_attn.o_proj.register_forward_pre_hook(self._juice_hook(index))
         self.juice_dual = self.juice_server.dual_run_layers()
