@@ -174,19 +174,22 @@ def main() -> None:
         finally:
             stop(proc)
 
-    def tps(server: str, clients: int, mix: str) -> float:
-        return next(r["tok_per_s"] for r in report["runs"][server]["rows"] if r["clients"] == clients and r["mix"] == mix)
+    def tps(server: str, clients: int, mix: str) -> float | None:
+        rows = report["runs"].get(server, {}).get("rows", [])
+        return next((r["tok_per_s"] for r in rows if r["clients"] == clients and r["mix"] == mix), None)
 
     most = max(args.clients)
-    ratios = {"june/original in vLLM": tps("vllm", most, "june") / tps("vllm", most, "original"),
-              "juice/original in vLLM": tps("vllm", most, "juice") / tps("vllm", most, "original"),
-              "original, dual-run server / without": tps("vllm", most, "original") / tps("vllm-no-dual-run", most,
-                                                                                         "original")}
-    if not args.skip_juice:
-        ratios[f"vLLM+plugin / juice serve, {most} clients, mixed"] = (tps("vllm", most, "mixed")
-                                                                       / tps("juice", most, "mixed"))
-    kv = report["runs"]["vllm"]["kv_cache_tokens"], report["runs"]["vllm-no-dual-run"]["kv_cache_tokens"]
-    report["ratios"] = {k: round(v, 3) for k, v in ratios.items()}
+    pairs = {"june/original in vLLM": (("vllm", "june"), ("vllm", "original")),
+             "juice/original in vLLM": (("vllm", "juice"), ("vllm", "original")),
+             "original, dual-run server / without": (("vllm", "original"), ("vllm-no-dual-run", "original")),
+             f"vLLM+plugin / juice serve, {most} clients, mixed": (("vllm", "mixed"), ("juice", "mixed")),
+             f"vLLM+plugin / juice serve, {most} clients, original": (("vllm", "original"), ("juice", "original"))}
+    report["ratios"] = {}
+    for key, (top, bottom) in pairs.items():
+        a, b = tps(top[0], most, top[1]), tps(bottom[0], most, bottom[1])
+        if a is not None and b is not None:   # a server neither run nor reused has no ratio
+            report["ratios"][key] = round(a / b, 3)
+    kv = [report["runs"].get(name, {}).get("kv_cache_tokens") for name in ("vllm", "vllm-no-dual-run")]
     report["kv_cache_tokens"] = {"dual run": kv[0], "no dual run": kv[1]}
     print(f"\nratios at {most} clients (targets: JuNE/Original >= 0.95, JuICE/Original >= 0.7, vLLM / juice serve >= 2):")
     for key, value in report["ratios"].items():

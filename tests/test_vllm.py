@@ -357,8 +357,8 @@ def test_juice_serve_engine_vllm_answers_the_openai_client_with_per_request_stee
         log.close()
 
 
-def test_the_launch_line_carries_the_plugins_requirements(tmp_path, monkeypatch):
-    from juice.vllm.launch import VllmNotFoundError, describe, server_command, server_environment
+def test_the_launch_line_carries_the_plugins_requirements(tmp_path):
+    from juice.vllm.launch import describe, server_command, server_environment
 
     command = server_command("/venv/bin/python", "/models/g", "gemma-3-270m", host="127.0.0.1", port=8000,
                              max_model_len=1024, extra=["--tensor-parallel-size=2"])
@@ -369,6 +369,24 @@ def test_the_launch_line_carries_the_plugins_requirements(tmp_path, monkeypatch)
     env = server_environment([tmp_path / "a.json"], dual_run=False, base={})
     assert env["JUICE_VLLM_HEADS"] == str((tmp_path / "a.json").resolve()) and env["JUICE_VLLM_DUAL_RUN"] == "0"
     assert describe(command, env).startswith("JUICE_VLLM_HEADS=")
+
+
+@pytest.mark.parametrize("cpus, set_by_user, reserved", [
+    (2, {}, "0"), (7, {}, "0"), (8, {}, None), (64, {}, None),
+    (2, {"VLLM_CPU_OMP_THREADS_BIND": "0"}, None), (2, {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}, "1")])
+def test_few_cores_are_all_kept_for_the_model_unless_the_user_binds_them(tmp_path, monkeypatch, cpus, set_by_user,
+                                                                          reserved):
+    from juice.vllm import launch
+
+    monkeypatch.setattr(launch, "usable_cpus", lambda: set(range(cpus)))
+    env = launch.server_environment([tmp_path / "a.json"], base=dict(set_by_user))
+    assert env.get("VLLM_CPU_NUM_OF_RESERVED_CPU") == reserved
+    assert env.get("VLLM_CPU_OMP_THREADS_BIND") == set_by_user.get("VLLM_CPU_OMP_THREADS_BIND")
+
+
+def test_find_vllm_python_refuses_a_named_python_that_is_not_there(tmp_path, monkeypatch):
+    from juice.vllm.launch import VllmNotFoundError, find_vllm_python
+
     monkeypatch.setenv("JUICE_VLLM_PYTHON", str(tmp_path / "nothing"))
     with pytest.raises(VllmNotFoundError, match="is not a file"):
         find_vllm_python()
