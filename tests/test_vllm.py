@@ -111,6 +111,23 @@ def test_bad_steering_is_refused_in_one_line(two_files, fields, message):
     assert "\n" not in str(err.value)
 
 
+def test_admission_refuses_a_pruned_head_outside_the_model_before_any_model_is_built(two_files):
+    """At admission the API server has no model: the heads files' fingerprints, or
+    JUICE_VLLM_GEOMETRY, tell it the served model's layers and heads."""
+    assert (two_files.geometry.n_layers, two_files.geometry.n_heads) == (4, 4)
+    with pytest.raises(SteeringRequestError, match="head L9H0 is out of range for a model of 4 layers x 4 heads"):
+        parse_request({"method": "prune", "heads": ["L9H0"]}, two_files)
+    told = server_heads({"JUICE_VLLM": "1", "JUICE_VLLM_GEOMETRY": "18x4"})
+    assert told.geometry_from == "JUICE_VLLM_GEOMETRY" and told.geometry.n_layers == 18
+    assert parse_request({"method": "prune", "heads": ["L17H3"]}, told) is not None
+    with pytest.raises(SteeringRequestError, match="L18H0 is out of range"):
+        parse_request({"method": "prune", "heads": ["L18H0"]}, told)
+    assert server_heads({"JUICE_VLLM": "1"}).geometry is None   # the model refuses to start then
+    for bad in ("18", "18x", "x4", "18x0", "eighteen x four"):
+        with pytest.raises(ValueError, match="is not <n_layers>x<n_heads>"):
+            server_heads({"JUICE_VLLM": "1", "JUICE_VLLM_GEOMETRY": bad})
+
+
 def test_server_side_refusals(tmp_path, two_files):
     off = server_heads({})
     with pytest.raises(SteeringRequestError, match="without juice steering"):
@@ -142,11 +159,11 @@ def _steering(lm, files: dict[str, HeadSelection], juice: dict | None):
 
 
 def run_vllm(model_dir: str, requests: list[dict], heads_files: list[str], tmp_path: Path, bad=(), llm=None,
-             timeout: int = 900, fails: bool = False) -> dict | str:
+             timeout: int = 900, fails: bool = False, env: dict | None = None) -> dict | str:
     spec = {"model": model_dir, "requests": requests, "bad": list(bad), "llm": llm or {}}
     (tmp_path / "in.json").write_text(json.dumps(spec))
     env = {**os.environ, "JUICE_VLLM_HEADS": os.pathsep.join(heads_files), "VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_LOGGING_LEVEL": "WARNING"}
+           "VLLM_LOGGING_LEVEL": "WARNING", **(env or {})}
     ranks = (llm or {}).get("tensor_parallel_size", 1)
     if ranks > 1:   # vllm-cpu binds each rank's threads to its NUMA node; one node here: one core per rank
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i) for i in range(ranks)))
@@ -211,12 +228,14 @@ def test_vllm_tokens_equal_juice_generate_on_a_tiny_llama_mixed_and_alone(tmp_pa
     prompts = ["the capital of france is paris", "who wrote the book ? answer :", "japan tokyo spain"]
     case = equality_case(lm, folder, tmp_path, prompts, {"parametric": PARAMETRIC, "contextual": CONTEXTUAL},
                          STEERINGS, max_tokens=12,
-                         bad=[{"method": "jucie"}, {"method": "juice", "direction": "parametric", "beta_plus": 1e9}])
+                         bad=[{"method": "jucie"}, {"method": "juice", "direction": "parametric", "beta_plus": 1e9},
+                              {"method": "prune", "heads": ["L1H1", "L9H0"]}])
     assert case["mixed"] == case["expected"]
     assert case["alone"] == case["expected"]
     assert len({tuple(t) for t in case["expected"]}) >= 4, "the steerings should change the tokens"
     assert case["bad"][0] is not None and "juice.method must be one of" in case["bad"][0]
     assert case["bad"][1] is not None and "|beta| <= 100" in case["bad"][1]
+    assert case["bad"][2] is not None and "head L9H0 is out of range" in case["bad"][2]
     assert case["after_bad"] == case["expected"][0]
 
 
@@ -239,6 +258,23 @@ def test_a_heads_file_for_another_model_stops_vllm_at_start_in_one_line(tmp_path
                    fails=True)
     assert "p.json was made for model 'another' (weights_sha256_16=0123456789abcdef); the served model has " \
            f"weights_sha256_16={lm.fingerprint()['weights_sha256_16']}" in log
+
+
+@needs_vllm
+def test_the_plugin_without_heads_files_needs_the_geometry_and_says_its_value(tmp_path):
+    lm, folder = tiny_llama_dir(tmp_path)
+    prompt = "japan tokyo spain"
+    ask = {"prompt_token_ids": token_ids(lm.tokenizer, prompt), "juice": {"method": "prune", "heads": ["L1H1"]},
+           "max_tokens": 6}
+    log = run_vllm(folder, [ask], [], tmp_path, fails=True, env={"JUICE_VLLM": "1"})
+    assert "without heads files needs JUICE_VLLM_GEOMETRY=4x4 (this model's layers x heads)" in log
+    log = run_vllm(folder, [ask], [], tmp_path, fails=True, env={"JUICE_VLLM": "1", "JUICE_VLLM_GEOMETRY": "4x8"})
+    assert "JUICE_VLLM_GEOMETRY=4x8, but the served model has 4 layers x 4 heads" in log
+    out = run_vllm(folder, [ask], [], tmp_path, env={"JUICE_VLLM": "1", "JUICE_VLLM_GEOMETRY": "4x4"},
+                   bad=[{"method": "prune", "heads": ["L4H0"]}])
+    expected = generate(lm, [prompt], [Stream(0, Prune(lm, [Head(1, 1)]))], max_new_tokens=6).tokens.tolist()
+    assert out["mixed"] == out["alone"] == expected
+    assert out["bad"][0] is not None and "L4H0 is out of range" in out["bad"][0]
 
 
 @needs_vllm
@@ -344,7 +380,8 @@ def test_juice_serve_engine_vllm_answers_the_openai_client_with_per_request_stee
         for bad, message in [({"juice": {"method": "jucie"}}, "juice.method must be one of"),
                              ({"juice": {"method": "june", "direction": "parametric", "beta_plus": 1e9}}, "<= 100"),
                              ({"vllm_xargs": {"juice_method": "june", "juice_direction": "sideways"}}, "direction"),
-                             ({"juice": {"method": "prune"}}, "needs juice.heads")]:
+                             ({"juice": {"method": "prune"}}, "needs juice.heads"),
+                             ({"juice": {"method": "prune", "heads": ["L4H0"]}}, "L4H0 is out of range")]:
             with pytest.raises(openai.BadRequestError, match=message.replace("|", r"\|")):
                 complete(bad)
         assert complete({"juice": asks[1]}).choices[0].token_ids == expected[1]   # still serving
@@ -358,7 +395,7 @@ def test_juice_serve_engine_vllm_answers_the_openai_client_with_per_request_stee
 
 
 def test_the_launch_line_carries_the_plugins_requirements(tmp_path):
-    from juice.vllm.launch import describe, server_command, server_environment
+    from juice.vllm.launch import describe, folder_geometry, server_command, server_environment
 
     command = server_command("/venv/bin/python", "/models/g", "gemma-3-270m", host="127.0.0.1", port=8000,
                              max_model_len=1024, extra=["--tensor-parallel-size=2"])
@@ -369,6 +406,12 @@ def test_the_launch_line_carries_the_plugins_requirements(tmp_path):
     env = server_environment([tmp_path / "a.json"], dual_run=False, base={})
     assert env["JUICE_VLLM_HEADS"] == str((tmp_path / "a.json").resolve()) and env["JUICE_VLLM_DUAL_RUN"] == "0"
     assert describe(command, env).startswith("JUICE_VLLM_HEADS=")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"text_config": {"num_hidden_layers": 18,
+                                                                            "num_attention_heads": 4}}))
+    assert folder_geometry(str(tmp_path / "m")) == "18x4" and folder_geometry("google/gemma-3-270m") is None
+    env = server_environment([], base={}, geometry="18x4")
+    assert env["JUICE_VLLM_GEOMETRY"] == "18x4" and "JUICE_VLLM_GEOMETRY=18x4" in describe(command, env)
 
 
 @pytest.mark.parametrize("cpus, set_by_user, reserved", [

@@ -413,13 +413,14 @@ def _serve_vllm(model: str, heads: list[Path], host: str, port: int, max_total_t
 
     import torch
 
-    from juice.vllm.launch import describe, find_vllm_python, server_command, server_environment, served_folder
+    from juice.vllm.launch import (describe, find_vllm_python, folder_geometry, server_command, server_environment,
+                                   served_folder)
     from juice.vllm.options import server_heads
 
     python = find_vllm_python()
-    env = server_environment(heads, dual_run)
-    server_heads(env)   # malformed heads files, or two for one direction, fail here in one line
+    server_heads(server_environment(heads, dual_run))   # malformed heads files, or two for one direction: one line
     folder = served_folder(model)
+    env = server_environment(heads, dual_run, geometry=folder_geometry(folder))
     if not torch.cuda.is_available() and not any(a.startswith("--gpu-memory-utilization") for a in extra):
         extra = ["--gpu-memory-utilization", "0.5", *extra]   # the CPU build reserves this share of memory
     command = server_command(python, folder, model, host=host, port=port, max_model_len=max_total_tokens or None,

@@ -15,6 +15,7 @@ with `JUICE_VLLM_HEADS` (and `JUICE_VLLM_DUAL_RUN`) in its environment (:mod:`ju
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shlex
 import sys
@@ -77,6 +78,19 @@ def served_folder(spec: str) -> str:
     return str(folder)
 
 
+def folder_geometry(folder: str) -> str | None:
+    """`<n_layers>x<n_heads>` of the model in a local folder (its `config.json`; a multimodal
+    config's text part), or None for a hub id or a folder without a readable config."""
+    path = Path(folder) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    text = config.get("text_config") or config
+    layers, heads = text.get("num_hidden_layers"), text.get("num_attention_heads")
+    return f"{layers}x{heads}" if isinstance(layers, int) and isinstance(heads, int) else None
+
+
 def server_command(python: str, folder: str, name: str, *, host: str, port: int, max_model_len: int | None = None,
                    extra: Sequence[str] = ()) -> list[str]:
     """The command line of vLLM's OpenAI server with the plugin's requirements (module docstring)."""
@@ -90,8 +104,10 @@ def server_command(python: str, folder: str, name: str, *, host: str, port: int,
     return command + list(extra)
 
 
-def server_environment(heads: Sequence[str | Path], dual_run: bool = True, base: dict | None = None) -> dict[str, str]:
-    """The environment that turns the plugin on with these heads files (:mod:`juice.vllm.options`).
+def server_environment(heads: Sequence[str | Path], dual_run: bool = True, base: dict | None = None,
+                       geometry: str | None = None) -> dict[str, str]:
+    """The environment that turns the plugin on with these heads files (:mod:`juice.vllm.options`),
+    and `JUICE_VLLM_GEOMETRY` set to `geometry` (`<n_layers>x<n_heads>`, :func:`folder_geometry`) unless set.
 
     On vLLM's CPU build it also sets `VLLM_CPU_KVCACHE_SPACE=2` (GiB) unless set, and, on a machine
     with fewer than :data:`FEW_CPUS` usable cores where neither `VLLM_CPU_OMP_THREADS_BIND` nor
@@ -105,6 +121,8 @@ def server_environment(heads: Sequence[str | Path], dual_run: bool = True, base:
     env["JUICE_VLLM_HEADS"] = os.pathsep.join(str(Path(p).resolve()) for p in heads)
     env["JUICE_VLLM"] = "1"
     env["JUICE_VLLM_DUAL_RUN"] = "1" if dual_run else "0"
+    if geometry:
+        env.setdefault("JUICE_VLLM_GEOMETRY", geometry)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")   # GiB of KV cache on the CPU build (vLLM's default: 4)
     if "VLLM_CPU_OMP_THREADS_BIND" not in env and "VLLM_CPU_NUM_OF_RESERVED_CPU" not in env:
         if len(usable_cpus()) < FEW_CPUS:
@@ -126,9 +144,10 @@ def usable_cpus() -> set[int]:
 
 def describe(command: Sequence[str], env: dict[str, str]) -> str:
     """The command as a shell line with the plugin's variables, to print or copy."""
-    keys = ("JUICE_VLLM_HEADS", "JUICE_VLLM", "JUICE_VLLM_DUAL_RUN", "VLLM_CPU_NUM_OF_RESERVED_CPU")
+    keys = ("JUICE_VLLM_HEADS", "JUICE_VLLM", "JUICE_VLLM_DUAL_RUN", "JUICE_VLLM_GEOMETRY",
+            "VLLM_CPU_NUM_OF_RESERVED_CPU")
     return " ".join([*(f"{k}={shlex.quote(env[k])}" for k in keys if k in env), *map(shlex.quote, command)])
 
 
-__all__ = ["FEW_CPUS", "REPO_VENV", "VllmNotFoundError", "describe", "find_vllm_python", "server_command", "server_environment",
-           "served_folder", "usable_cpus"]
+__all__ = ["FEW_CPUS", "REPO_VENV", "VllmNotFoundError", "describe", "find_vllm_python", "folder_geometry",
+           "server_command", "server_environment", "served_folder", "usable_cpus"]

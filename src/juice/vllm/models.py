@@ -28,7 +28,9 @@ only when a JuICE request computes it), no pipeline parallelism. Tensor parallel
 rank steers its own heads' slice of the row-parallel output projection.
 After the weights load, each heads file's model fingerprint (model type, geometry, vocabulary,
 a checksum of layer 0's output projection: :func:`juice.models.model_fingerprint`) is checked
-against the served model.
+against the served model. The geometry the API server checks pruned heads against at admission
+(:attr:`juice.vllm.options.ServerHeads.geometry`) must be there and, where `JUICE_VLLM_GEOMETRY`
+gave it, equal the model's; else the model refuses to build, naming the value to set.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from vllm.distributed import (get_pp_group, get_tensor_model_parallel_rank, get_
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention import Attention
 
-from juice.vllm.options import ServerHeads, server_heads
+from juice.vllm.options import ENV_GEOMETRY, ServerHeads, server_heads
 from juice.vllm.processor import BATCH, geometry_of
 
 _FINGERPRINT_KEYS = ("model_type", "n_layers", "n_heads", "head_dim", "vocab_size", "weights_sha256_16")
@@ -115,6 +117,15 @@ class SteerableMixin:
             raise PluginConfigError("juice's vLLM plugin does not support pipeline parallelism; "
                                     "use tensor parallelism")
         self.juice_geometry = geometry_of(vllm_config.model_config.hf_config)
+        g, told = self.juice_geometry, self.juice_server.geometry
+        if told is None:   # admission could not check pruned heads against the model
+            raise PluginConfigError(f"juice's vLLM plugin without heads files needs {ENV_GEOMETRY}={g.n_layers}x"
+                                    f"{g.n_heads} (this model's layers x heads) in every vLLM process's environment, "
+                                    "so that a request pruning a head outside the model is refused at admission")
+        if self.juice_server.geometry_from == ENV_GEOMETRY and (told.n_layers, told.n_heads) != (g.n_layers,
+                                                                                                  g.n_heads):
+            raise PluginConfigError(f"{ENV_GEOMETRY}={told.n_layers}x{told.n_heads}, but the served model has "
+                                    f"{g.n_layers} layers x {g.n_heads} heads")   # a heads file: load_weights
         tp = get_tensor_model_parallel_world_size()
         self.juice_local_heads = self.juice_geometry.n_heads // tp
         first = get_tensor_model_parallel_rank() * self.juice_local_heads

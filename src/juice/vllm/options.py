@@ -8,6 +8,9 @@ the same variables on every node:
   `os.pathsep`, at most one per direction. Setting it turns the plugin on.
 - `JUICE_VLLM=1`: turns the plugin on without heads files (only `original` and `prune`).
 - `JUICE_VLLM_DUAL_RUN=0`: no dual run (JuICE refused at admission; no second KV cache).
+- `JUICE_VLLM_GEOMETRY=<n_layers>x<n_heads>` (e.g. `18x4`): the served model's heads, so that
+  admission can refuse a pruned head outside the model; needed only without heads files (a heads
+  file's fingerprint carries it). `juice serve --engine vllm` sets it; the model checks it at start.
 
 A request's side: `SamplingParams.extra_args`, either `{"juice": {"method": ..., "direction": ...,
 "beta_plus": ..., "beta_minus": ..., "heads": [...]}}` (offline) or the same keys flat with a
@@ -45,6 +48,7 @@ MAX_ABS_BETA = 100.0
 """Largest |beta| a request may ask for; the same bound as `juice serve` (:mod:`juice.apps.server`)."""
 FIELDS = ("method", "direction", "beta_plus", "beta_minus", "heads")
 ENV_HEADS, ENV_ON, ENV_DUAL = "JUICE_VLLM_HEADS", "JUICE_VLLM", "JUICE_VLLM_DUAL_RUN"
+ENV_GEOMETRY = "JUICE_VLLM_GEOMETRY"
 
 
 class SteeringRequestError(ValueError):
@@ -61,6 +65,10 @@ class ServerHeads:
         tuned: direction -> the file's `tuned` settings (method -> {"beta_plus", "beta_minus"}).
         fingerprints: direction -> the file's model fingerprint (checked against the served model).
         dual_run: JuICE's clean run is computed (a second KV cache on the dual-run layers).
+        geometry: the served model's layers and heads as the API server knows them before any
+            model is built (`JUICE_VLLM_GEOMETRY`, else the heads files' fingerprints; head_dim 0
+            where unknown), or None; the model refuses to start where it differs.
+        geometry_from: where `geometry` came from (the variable, or a heads file's path).
     """
 
     enabled: bool = False
@@ -69,6 +77,8 @@ class ServerHeads:
     fingerprints: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     files: Mapping[str, str] = field(default_factory=dict)
     dual_run: bool = True
+    geometry: HeadGeometry | None = None
+    geometry_from: str = ""
 
     def dual_run_layers(self) -> tuple[int, int] | None:
         """(first, last) layer that JuICE may steer (over every heads file), or None."""
@@ -109,11 +119,24 @@ def server_heads(environ: Mapping[str, str] | None = None) -> ServerHeads:
         ValueError: a heads file that does not read, or two for one direction.
     """
     env = os.environ if environ is None else environ
-    return _server_heads(env.get(ENV_HEADS, ""), env.get(ENV_ON, ""), env.get(ENV_DUAL, "1"))
+    return _server_heads(env.get(ENV_HEADS, ""), env.get(ENV_ON, ""), env.get(ENV_DUAL, "1"),
+                         env.get(ENV_GEOMETRY, ""))
+
+
+def parse_geometry(text: str) -> HeadGeometry:
+    """`JUICE_VLLM_GEOMETRY`'s value, `<n_layers>x<n_heads>` (e.g. `18x4`), as a geometry (head_dim 0).
+
+    Raises:
+        ValueError: not two positive integers joined by `x`.
+    """
+    parts = text.strip().lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"{ENV_GEOMETRY}={text!r} is not <n_layers>x<n_heads> (e.g. 18x4)")
+    return HeadGeometry(int(parts[0]), int(parts[1]), 0)
 
 
 @lru_cache(maxsize=8)
-def _server_heads(heads: str, on: str, dual: str) -> ServerHeads:
+def _server_heads(heads: str, on: str, dual: str, geometry_text: str = "") -> ServerHeads:
     paths = [p for p in heads.split(os.pathsep) if p.strip()]
     selections, tuned, fingerprints, files = {}, {}, {}, {}
     for path in paths:
@@ -122,8 +145,14 @@ def _server_heads(heads: str, on: str, dual: str) -> ServerHeads:
             raise ValueError(f"two heads files for the {direction} direction: {files[direction]} and {path}")
         selections[direction], tuned[direction], fingerprints[direction], files[direction] = (
             selection, tuned_settings, fingerprint, path)
+    geometry, source = (parse_geometry(geometry_text), ENV_GEOMETRY) if geometry_text.strip() else (None, "")
+    for direction, fingerprint in fingerprints.items():   # every file's is checked against the model at its start
+        layers, heads_ = fingerprint.get("n_layers"), fingerprint.get("n_heads")
+        if geometry is None and isinstance(layers, int) and isinstance(heads_, int):
+            geometry = HeadGeometry(layers, heads_, int(fingerprint.get("head_dim") or 0))
+            source = files[direction]
     return ServerHeads(bool(paths) or on.strip() not in ("", "0"), selections, tuned, fingerprints, files,
-                       dual.strip() not in ("0", "false", "no", "off"))
+                       dual.strip() not in ("0", "false", "no", "off"), geometry, source)
 
 
 def request_fields(extra_args: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -183,7 +212,8 @@ def _beta(fields: Mapping[str, Any], key: str, default: float) -> float:
 
 def parse_request(fields: Mapping[str, Any] | None, server: ServerHeads, geometry: HeadGeometry | None = None
                   ) -> RequestSteering | None:
-    """Check one request's juice fields against the server; with `geometry`, build its tables.
+    """Check one request's juice fields against the server; with `geometry`, build its tables
+    (without it, as at admission, pruned heads are checked against `server.geometry`).
 
     Defaults as `juice serve`: `method` "juice" when the server has heads files, else
     "original"; `direction` the only heads file's; betas the file's tuned values for the
@@ -217,12 +247,14 @@ def parse_request(fields: Mapping[str, Any] | None, server: ServerHeads, geometr
             heads = [Head.parse(str(n)) for n in names]
         except ValueError as err:
             raise SteeringRequestError(f"juice.heads: {err}") from None
+        known = geometry or server.geometry
+        if known is not None:
+            try:
+                check_heads(heads, known)
+            except IndexError as err:
+                raise SteeringRequestError(f"juice.heads: {err}") from None
         if geometry is None:
             return RequestSteering(method, torch.zeros(0), torch.zeros(0))
-        try:
-            check_heads(heads, geometry)
-        except IndexError as err:
-            raise SteeringRequestError(f"juice.heads: {err}") from None
         scale = torch.zeros(geometry.n_layers, geometry.n_heads)
         for h in heads:
             scale[h.layer, h.head] = -1.0
@@ -258,5 +290,6 @@ def parse_request(fields: Mapping[str, Any] | None, server: ServerHeads, geometr
                                                                                               coefficients)
 
 
-__all__ = ["ENV_DUAL", "ENV_HEADS", "ENV_ON", "FIELDS", "MAX_ABS_BETA", "METHODS", "RequestSteering", "ServerHeads",
-           "SteeringRequestError", "parse_request", "read_heads_file", "request_fields", "server_heads"]
+__all__ = ["ENV_DUAL", "ENV_GEOMETRY", "ENV_HEADS", "ENV_ON", "FIELDS", "MAX_ABS_BETA", "METHODS", "RequestSteering",
+           "ServerHeads", "SteeringRequestError", "parse_geometry", "parse_request", "read_heads_file",
+           "request_fields", "server_heads"]
