@@ -113,8 +113,8 @@ def server_environment(heads: Sequence[str | Path], dual_run: bool = True, base:
     with fewer than :data:`FEW_CPUS` usable cores where neither `VLLM_CPU_OMP_THREADS_BIND` nor
     `VLLM_CPU_NUM_OF_RESERVED_CPU` is set, `VLLM_CPU_NUM_OF_RESERVED_CPU=0`: vLLM's automatic
     binding keeps one core per tensor-parallel rank for its scheduler process, which on 2 cores
-    leaves the model one, and Original's throughput at 32 clients rose from 119 to about 200 tokens/s
-    when both ran the model (README, "Serving at scale with vLLM"). With 8 cores or more the
+    leaves the model one: on 2 cores, Original's throughput at 32 clients rose from 79 to 140
+    tokens/s when both ran the model (README, "Serving at scale with vLLM"). With 8 cores or more the
     reserved core is 1/8 of the machine or less, and vLLM's default stands. The GPU build ignores both.
     """
     env = dict(os.environ if base is None else base)
