@@ -10,6 +10,7 @@ from juice.architectures import (
     ModelHeads,
     UnsupportedArchitectureError,
     adapter_for,
+    config_geometry,
     register_architecture,
     supported_model_types,
 )
@@ -22,6 +23,10 @@ def test_geometry_uses_query_heads_and_config_head_dim(tiny):
     assert g.n_heads == n_heads  # query heads, never KV heads
     assert g.n_layers == 3
     assert g.n_heads * g.head_dim == tiny.heads.projection_in_features(tiny.heads.projections[0])
+
+
+def test_the_config_alone_gives_the_built_models_geometry(tiny):
+    assert config_geometry(tiny.model.config) == tiny.heads.geometry
 
 
 def test_gemma_head_dim_differs_from_hidden_size(tiny_models):

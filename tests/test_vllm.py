@@ -406,9 +406,10 @@ def test_the_launch_line_carries_the_plugins_requirements(tmp_path):
     env = server_environment([tmp_path / "a.json"], dual_run=False, base={})
     assert env["JUICE_VLLM_HEADS"] == str((tmp_path / "a.json").resolve()) and env["JUICE_VLLM_DUAL_RUN"] == "0"
     assert describe(command, env).startswith("JUICE_VLLM_HEADS=")
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "config.json").write_text(json.dumps({"text_config": {"num_hidden_layers": 18,
-                                                                            "num_attention_heads": 4}}))
+    from transformers import AutoConfig
+
+    AutoConfig.for_model("gemma3", text_config={"num_hidden_layers": 18, "num_attention_heads": 4}).save_pretrained(
+        tmp_path / "m")   # a multimodal config: its text part counts
     assert folder_geometry(str(tmp_path / "m")) == "18x4" and folder_geometry("google/gemma-3-270m") is None
     env = server_environment([], base={}, geometry="18x4")
     assert env["JUICE_VLLM_GEOMETRY"] == "18x4" and "JUICE_VLLM_GEOMETRY=18x4" in describe(command, env)

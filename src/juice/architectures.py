@@ -118,6 +118,16 @@ class HeadGeometry:
         return self.n_layers * self.n_heads
 
 
+def config_geometry(config) -> HeadGeometry:
+    """The head geometry a Hugging Face config declares (a multimodal config: its text part), read
+    without building the model; `head_dim` is `hidden_size // n_heads` where the config has none.
+    :class:`ModelHeads` checks it against the built model's output projection."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    n_heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // n_heads
+    return HeadGeometry(text.num_hidden_layers, n_heads, head_dim)
+
+
 class ModelHeads:
     """A model bound to its adapter: the layers, output projections and head geometry.
 

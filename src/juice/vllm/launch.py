@@ -15,7 +15,6 @@ with `JUICE_VLLM_HEADS` (and `JUICE_VLLM_DUAL_RUN`) in its environment (:mod:`ju
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shlex
 import sys
@@ -79,16 +78,19 @@ def served_folder(spec: str) -> str:
 
 
 def folder_geometry(folder: str) -> str | None:
-    """`<n_layers>x<n_heads>` of the model in a local folder (its `config.json`; a multimodal
-    config's text part), or None for a hub id or a folder without a readable config."""
-    path = Path(folder) / "config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    """`<n_layers>x<n_heads>` of the model in a local folder (:func:`juice.architectures.config_geometry`
+    of its `config.json`), or None for a hub id or a folder without a config transformers reads."""
+    from transformers import AutoConfig
+
+    from juice.architectures import config_geometry
+
+    if not (Path(folder) / "config.json").is_file():
         return None
-    text = config.get("text_config") or config
-    layers, heads = text.get("num_hidden_layers"), text.get("num_attention_heads")
-    return f"{layers}x{heads}" if isinstance(layers, int) and isinstance(heads, int) else None
+    try:
+        geometry = config_geometry(AutoConfig.from_pretrained(folder))
+    except (OSError, ValueError, AttributeError):
+        return None
+    return f"{geometry.n_layers}x{geometry.n_heads}"
 
 
 def server_command(python: str, folder: str, name: str, *, host: str, port: int, max_model_len: int | None = None,

@@ -46,8 +46,9 @@ from vllm.distributed import (get_pp_group, get_tensor_model_parallel_rank, get_
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention import Attention
 
+from juice.architectures import config_geometry
 from juice.vllm.options import ENV_GEOMETRY, ServerHeads, server_heads
-from juice.vllm.processor import BATCH, geometry_of
+from juice.vllm.processor import BATCH
 
 _FINGERPRINT_KEYS = ("model_type", "n_layers", "n_heads", "head_dim", "vocab_size", "weights_sha256_16")
 
@@ -116,7 +117,7 @@ class SteerableMixin:
         if get_pp_group().world_size > 1:
             raise PluginConfigError("juice's vLLM plugin does not support pipeline parallelism; "
                                     "use tensor parallelism")
-        self.juice_geometry = geometry_of(vllm_config.model_config.hf_config)
+        self.juice_geometry = config_geometry(vllm_config.model_config.hf_config)
         g, told = self.juice_geometry, self.juice_server.geometry
         if told is None:   # admission could not check pruned heads against the model
             raise PluginConfigError(f"juice's vLLM plugin without heads files needs {ENV_GEOMETRY}={g.n_layers}x"

@@ -15,7 +15,7 @@ import logging
 import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from juice.architectures import HeadGeometry
+from juice.architectures import config_geometry
 from juice.vllm.options import RequestSteering, SteeringRequestError, parse_request, request_fields, server_heads
 
 log = logging.getLogger(__name__)
@@ -36,14 +36,6 @@ BATCH = BatchSteering()
 """This process's batch (one model runner per worker process)."""
 
 
-def geometry_of(hf_config) -> HeadGeometry:
-    """The served model's head geometry from its Hugging Face config (multimodal: the text part)."""
-    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-    n_heads = text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // n_heads
-    return HeadGeometry(text.num_hidden_layers, n_heads, head_dim)
-
-
 class JuiceSteeringProcessor(LogitsProcessor):
     """Carries each request's juice fields (`SamplingParams.extra_args`) to the steered model."""
 
@@ -60,7 +52,7 @@ class JuiceSteeringProcessor(LogitsProcessor):
             raise ValueError(str(err)) from None
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
-        self.geometry = geometry_of(vllm_config.model_config.hf_config)
+        self.geometry = config_geometry(vllm_config.model_config.hf_config)
         self.server = server_heads()
         BATCH.rows.clear()
         BATCH.version += 1
@@ -96,4 +88,4 @@ class JuiceSteeringProcessor(LogitsProcessor):
         BATCH.version += 1
 
 
-__all__ = ["BATCH", "BatchSteering", "JuiceSteeringProcessor", "geometry_of"]
+__all__ = ["BATCH", "BatchSteering", "JuiceSteeringProcessor"]
