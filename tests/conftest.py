@@ -35,7 +35,8 @@ WORDS = (
 """The last three make the load-time self-check's sentence tokenize without unknown words."""
 
 
-def make_tokenizer() -> PreTrainedTokenizerFast:
+def make_tokenizer(eos_token: str = "<eos>") -> PreTrainedTokenizerFast:
+    """The tiny models' word-level tokenizer; `eos_token` names the word it stops at."""
     specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
     vocab = {w: i for i, w in enumerate(specials + WORDS + [f"w{i}" for i in range(VOCAB)])}
     vocab = {w: i for w, i in vocab.items() if i < VOCAB}
@@ -44,7 +45,7 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
     tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
     tok.decoder = decoders.WordPiece(prefix="##")
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+        tokenizer_object=tok, bos_token="<bos>", eos_token=eos_token, pad_token="<pad>", unk_token="<unk>"
     )
 
 

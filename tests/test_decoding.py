@@ -124,14 +124,31 @@ def test_a_stopped_stream_leaves_the_batch_and_the_others_decode_as_without_the_
     assert len(lengths) > 1
 
 
+def test_a_stop_rule_under_the_static_cache_gives_the_dynamic_caches_tokens(tiny):
+    """`stop_text` with `kv_cache="static"`: the stopped streams stay in the fixed-shape batch and
+    their later tokens are dropped, so tokens, texts and probabilities equal the dynamic cache's,
+    where they leave (JUICE_KV_CACHE=static runs evaluation and tuning, issue 33)."""
+    c1, c2 = coefficients(tiny, 2.0, -1.0), coefficients(tiny, 5.0, 0.0)
+    streams = [Stream(0, Steering("juice", c1)), Stream(1), Stream(0, Steering("june", c2)),
+               Stream(2, Steering("juice", c2)), Stream(0), Stream(1, Steering("juice", c1))]
+    probes = torch.tensor([[3, 4]] * len(streams))
+    rule = lambda text: len(text.split()) >= 2 + len(text) % 6   # noqa: E731
+    dynamic = generate(tiny, PROMPTS, streams, 9, probe_tokens=probes, stop_at_eos=True, stop_text=rule)
+    static = generate(tiny, PROMPTS, streams, 9, probe_tokens=probes, stop_at_eos=True, stop_text=rule,
+                      kv_cache="static")
+    assert torch.equal(static.tokens, dynamic.tokens)
+    assert static.texts == dynamic.texts
+    torch.testing.assert_close(static.first_probs, dynamic.first_probs, rtol=1e-5, atol=1e-6)
+    full = generate(tiny, PROMPTS, streams, 9, stop_at_eos=True, kv_cache="static")
+    assert not torch.equal(full.tokens, static.tokens)   # the rule did cut some stream
+
+
 def test_stop_text_is_refused_where_rows_cannot_leave(tiny_llama):
     from juice.sampling import Sampling
 
     with pytest.raises(ValueError, match="not with sampling"):
         generate(tiny_llama, PROMPTS[:1], [Stream(0, sampling=Sampling(temperature=1.0, seed=0))], 3,
                  stop_text=lambda t: True)
-    with pytest.raises(ValueError, match="not with the static KV cache"):
-        generate(tiny_llama, PROMPTS[:1], [Stream(0)], 3, kv_cache="static", stop_text=lambda t: True)
 
 
 def test_unknown_method_is_refused():

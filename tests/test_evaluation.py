@@ -141,19 +141,23 @@ def continuation_ids_(lm, prompt, cont):
     return continuation_ids(lm.tokenizer, prompt, cont)[1]
 
 
-def test_an_evaluated_text_ends_at_eos_as_hugging_face_generate_ends_it(tiny_llama, monkeypatch):
+def test_an_evaluated_text_ends_at_eos_as_hugging_face_generate_ends_it(tiny_llama):
     """Evaluation stops a row at EOS and its text ends there (the authors' baselines decode with
     Hugging Face's `generate`, which stops at EOS); for Original the text equals `generate`'s, for
-    a steered row the tokens before EOS equal the unstopped decoding's. The tiny model's 4th
-    greedy token is made the EOS so that the case occurs."""
+    a steered row the tokens before EOS equal the unstopped decoding's. A greedy token of the tiny
+    model is made the EOS (a tokenizer of its own, the shared one untouched) so that the case occurs."""
+    from dataclasses import replace
+
     from juice.decoding import greedy_generate
     from juice.eval.runner import DecodeRequest, decode_requests
 
-    lm = tiny_llama
+    from conftest import make_tokenizer
+
     prompt = "the capital of france is"
-    free = greedy_generate(lm, [prompt], 6).tokens[0].tolist()
+    free = greedy_generate(tiny_llama, [prompt], 6).tokens[0].tolist()
     cut = next(k for k in range(1, 6) if free[k] not in free[:k])
-    monkeypatch.setattr(lm.tokenizer, "eos_token_id", free[cut])
+    lm = replace(tiny_llama, tokenizer=make_tokenizer(eos_token=tiny_llama.tokenizer.convert_ids_to_tokens(free[cut])))
+    assert lm.tokenizer.eos_token_id == free[cut]
     (text, _), = decode_requests(lm, [DecodeRequest(prompt, Method(), [0])], 6)
     ids = torch.tensor([token_ids(lm.tokenizer, prompt)], device=lm.device)
     hf = lm.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,

@@ -114,3 +114,35 @@ def test_the_models_default_cache_comes_from_the_environment(monkeypatch, tiny_l
     monkeypatch.setenv("JUICE_KV_CACHE", "paged")
     with pytest.raises(ValueError, match="kv_cache must be one of dynamic, static, not 'paged'"):
         generate(build_tiny("llama"), PROMPTS[:1], [Stream(0)], 3)
+
+
+def test_evaluation_and_tuning_under_the_static_cache_give_the_dynamic_verdicts(tiny_llama):
+    """`JUICE_KV_CACHE=static` runs the commands that stop rows early (evaluation's exact-match
+    stop rule, tuning; issue 33): every output, verdict and probability, and every tuned choice,
+    equal the dynamic cache's."""
+    from dataclasses import replace
+
+    from juice.data.paraconflict import build_domain
+    from juice.eval.runner import Method, evaluate
+    from juice.eval.tuning import tune_per_domain
+
+    static = replace(tiny_llama, kv_cache="static")
+    sel = HeadSelection((Head(0, 1), Head(2, 3)), (Head(1, 0),))
+    examples = build_domain("world_capital")[:4]
+    methods = {"Original": Method(), "JuICE": Method(JuICE(tiny_llama, sel, 2.0, -1.0)),
+               "JuNE": Method(JuNE(tiny_llama, sel, 1.5, -0.5))}
+
+    def verdicts(lm, **kw):
+        return [(r.item_key, r.conflict_type, r.method, r.output, r.correct, r.follows_context,
+                 round(r.p_parametric, 5), round(r.p_context, 5)) for r in evaluate(lm, examples, methods, **kw)]
+
+    assert verdicts(static) == verdicts(tiny_llama)
+    assert verdicts(tiny_llama) != verdicts(tiny_llama, full_outputs=True)   # the stop rule cut some rows
+    grid = dict(beta_plus_grid=(0.0, 2.0), beta_minus_grid=(0.0, -1.0))
+
+    def chosen(lm):
+        choice = tune_per_domain(lm, {"world_capital": examples}, sel, **grid)["world_capital"]
+        return {m: (p.beta_plus, p.beta_minus, p.accuracy, p.per_type, round(p.p_answer, 5))
+                for m, p in choice.betas.items()}
+
+    assert chosen(static) == chosen(tiny_llama)

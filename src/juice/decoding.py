@@ -286,8 +286,9 @@ def generate(
             decoded up to there (its later tokens read as EOS with `stop_at_eos`, else as the
             pad token). For a metric that reads only a prefix of the text, e.g. exact match's
             first five words (:func:`juice.eval.metrics.first_words_final`). Greedy decoding
-            with the dynamic cache only: not with sampling, a repetition penalty, a contrast,
-            `forced_tokens`, `on_token` or the static cache.
+            only: not with sampling, a repetition penalty, a contrast, `forced_tokens` or
+            `on_token`. With the static cache a stopped stream keeps its rows (fixed shapes) and
+            its later tokens are dropped: the same tokens, without the saving.
 
     Returns:
         Generation with one entry per stream, in the order of `streams`.
@@ -315,10 +316,9 @@ def generate(
             ("sampling", any(st.sampling is not None for st in streams)),
             ("a repetition penalty", any(st.repetition_penalty != 1 for st in streams)),
             ("a contrast", any(st.contrast is not None for st in streams)),
-            ("forced_tokens", forced_tokens is not None), ("on_token", on_token is not None),
-            ("the static KV cache", kv_cache == "static")] if used]
+            ("forced_tokens", forced_tokens is not None), ("on_token", on_token is not None)] if used]
         if unsupported:
-            raise ValueError(f"stop_text works with greedy dynamic-cache decoding only, not with {unsupported[0]}")
+            raise ValueError(f"stop_text works with greedy decoding only, not with {unsupported[0]}")
         if (lm.tokenizer.eos_token_id if stop_at_eos else lm.tokenizer.pad_token_id) is None:
             raise ValueError("stop_text needs the tokenizer's EOS (stop_at_eos) or pad token to fill stopped rows")
     limit = context_length(lm.model)
@@ -464,8 +464,9 @@ def _generate_chunk(
             `batch`, or None; None: no contrastive stream.
         stop_text: a stream leaves the batch (its cache rows dropped, the rest go on) after the
             step at which the text of its new tokens satisfies it, or at its EOS; its later
-            tokens read as `eos` (the pad token without one). Greedy, untaught, dynamic-cache
-            decoding only (see :func:`generate`).
+            tokens read as `eos` (the pad token without one). With `static` its rows stay (the
+            shapes are fixed) and only its later tokens are dropped. Greedy, untaught decoding
+            only (see :func:`generate`).
 
     Returns:
         (`[n_streams, max_new_tokens]` tokens on the CPU, `[n_streams, k]` first-step probe
@@ -553,6 +554,7 @@ def _generate_chunk(
     fill = eos if eos is not None else lm.tokenizer.pad_token_id
     out_tokens = torch.full((n, max_new_tokens), -1 if fill is None else fill, dtype=torch.long)
     alive = list(range(n))   # the streams still in the batch (all, unless `stop_text` drops some)
+    held: dict[int, int] = {}   # static cache: stream -> the step its stop rule held at (it stays in the batch)
     steps = 0
 
     def record(token: Tensor) -> None:
@@ -567,6 +569,8 @@ def _generate_chunk(
 
     def finish() -> tuple:
         out = out_tokens
+        for k, at in held.items():   # a held stream's tokens after its stop are dropped, as a leaving one's
+            out[k, at:] = fill
         if eos is not None:   # EOS-padded: after a stream's first EOS, and for the steps not run
             out = out.masked_fill(out.eq(-1), eos)
             after = (out == eos).long().cumsum(1) > 0
@@ -574,10 +578,19 @@ def _generate_chunk(
         return out, first_probs, torch.stack(lps, 1) if lps else None
 
     def stopped() -> list[int]:
-        """Positions in `alive` of the streams that stop now (the stop rule or their EOS)."""
-        texts = lm.tokenizer.batch_decode(out_tokens[alive, :steps].tolist(), skip_special_tokens=True)
+        """Positions in `alive` of the streams that stop now (the stop rule or their EOS), held
+        ones included; with `static`, the new ones are held (they stay in the batch) and the
+        caller sees no stream leave unless all stop."""
         ended = [False] * len(alive) if done is None else done.tolist()
-        return [k for k, (t, e) in enumerate(zip(texts, ended)) if e or stop_text(t)]
+        open_ = [k for k in range(len(alive)) if alive[k] not in held and not ended[k]]
+        texts = lm.tokenizer.batch_decode(out_tokens[[alive[k] for k in open_], :steps].tolist(),
+                                          skip_special_tokens=True)
+        now = {k for k, t in zip(open_, texts) if stop_text(t)}
+        out = [k for k in range(len(alive)) if k in now or ended[k] or alive[k] in held]
+        if static and len(out) < len(alive):
+            held.update({alive[k]: steps for k in now})
+            return []
+        return out
 
     if max_new_tokens == 1 or (done is not None and bool(done.all())):
         return finish()
