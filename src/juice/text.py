@@ -44,9 +44,9 @@ def first_words_final(text: str, n: int = 5, margin: int = 1) -> bool:
     tokenizer that cleans up spaces (`clean_up_tokenization_spaces`: " n't" -> "n't") can join
     the last two words; use `margin` 2 there.
 
-    >>> first_words_final(" Paris, the capital of France")
+    >>> first_words_final(" Paris, the capital of France, is")   # a sixth word: the first five are final
     True
-    >>> first_words_final(" Paris, the capital of")
+    >>> first_words_final(" Paris, the capital of France")   # "France" may still grow ("Frances")
     False
     """
     return "\ufffd" not in text and len(text.split()) >= n + margin
