@@ -121,10 +121,11 @@ def test_paper_layout_reads_every_domain_folder_and_one_domain_folder(shared_dat
     one = load_paper_domains(shared_data / "paraconflict" / "world_capital")
     assert list(one) == ["world_capital"]
     wc = one["world_capital"]
-    subjects = [ex.subject for ex in wc.pool]
+    subjects = [ex.subject for ex in wc.development]
     assert len(subjects) == len(set(subjects))                  # no subject twice
-    head = [ex.subject for ex in load_paper_splits(shared_data / "paraconflict" / "world_capital").head_set]
-    assert subjects[:4] == head                                  # the paper's D comes first
+    paper = load_paper_splits(shared_data / "paraconflict" / "world_capital")
+    assert wc.head_pool == paper.head_set and wc.pool == paper.validation   # the authors' files, kept apart
+    assert subjects[:4] == [ex.subject for ex in paper.head_set]
     assert {ex.domain for ex in domains["capital_copy"].test} == {"capital_copy"}
 
 

@@ -50,6 +50,13 @@ def test_pipeline_evaluates_every_domain_of_the_paper_layout_writes_outputs_and_
     assert (out / "table.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     heads = json.loads((out / "heads.json").read_text())
     assert heads["model"]["model_type"] == "llama" and len(heads["head_set"]) == 4
+    # the authors' splits (issue 33), their item ids in results.json: D from the head domain's
+    # head-finding file, each domain's validation split from its own validation file
+    wc, copy = results["splits"]["world_capital"], results["splits"]["capital_copy"]
+    assert wc["head_set_ids"] == [f"head_finding_set_size_4#{i}" for i in range(4)]
+    assert wc["validation_ids"] == copy["validation_ids"] == ["filtered_validation#0", "filtered_validation#1"]
+    assert wc["ph3_dev_ids"] == [f"filtered_validation#{i}" for i in (2, 3, 4)] and copy["ph3_dev_ids"] == []
+    assert copy["head_set_ids"] == [] and copy["test_ids"] == [f"unfiltered_test#{i}" for i in range(3)]
 
     # An interrupted run: one domain's evaluation is lost; nothing else is recomputed.
     (out / "state" / "eval_capital_copy.json").unlink()
@@ -94,6 +101,35 @@ def test_filtering_gives_known_disjoint_splits_and_stops_decoding_early(tiny_lla
         assert not set(dev) & {ex.subject for ex in sp.test}
     assert len(splits["athlete_sport"].validation) == 3 and not splits["athlete_sport"].ph3_dev
     assert counts["athlete_sport"]["decoded"] < counts["athlete_sport"]["pool"]
+
+
+def test_the_authors_files_give_the_authors_splits_refiltered_for_the_model(shared_data, tiny_llama, tmp_path,
+                                                                           monkeypatch):
+    """`--data` with the authors' files (issue 33): D is the head domain's known head-finding
+    items (topped up from its validation file, with a note, where the model knows fewer than 4),
+    every domain's validation split its own known `filtered_validation.json` items (never the
+    head-finding file), PH3-l's set the head domain's next known validation items, the test split
+    `unfiltered_test.json`."""
+    data = _two_domain_folder(shared_data, tmp_path / "data")
+    head_file = json.loads((data / "world_capital" / "head_finding_set_size_4.json").read_text())
+    unknown = {head_file[0]["Subject"]} | {ex["Subject"] for ex in json.loads(
+        (data / "world_capital" / "filtered_validation.json").read_text())[1::3]}
+    monkeypatch.setattr(domains, "clean_outputs", lambda lm, exs, max_rows, on_progress=None:
+                        [" no idea" if ex.subject in unknown else f" {ex.answers[0]}" for ex in exs])
+    monkeypatch.setattr(domains, "prefer_aliases", lambda lm, exs, outs, **kw: list(exs))
+    cfg = ReproduceConfig(out_dir=tmp_path, data=data, limit=2, validation_size=3, ph3_dev_size=2)
+    run = run_mod.StageRun(tiny_llama, cfg, run_mod.StageFiles(tmp_path / "s"))
+    splits, _, head, _ = domains.prepare_domains(run, {"seed": 0})
+    wc, copy = splits["world_capital"], splits["capital_copy"]
+    # validation items 0, 2, 3, 5, 6, 8, ... are known (every third from 1 is not)
+    assert [ex.uid for ex in wc.head_set] == [f"head_finding_set_size_4#{i}" for i in (1, 2, 3)] + \
+        ["filtered_validation#0"]
+    assert [ex.uid for ex in wc.validation] == [f"filtered_validation#{i}" for i in (2, 3, 5)]
+    assert [ex.uid for ex in wc.ph3_dev] == [f"filtered_validation#{i}" for i in (6, 8)]
+    assert [ex.uid for ex in copy.validation] == [f"filtered_validation#{i}" for i in (0, 2, 3)]
+    assert not copy.head_set and not copy.ph3_dev
+    assert [ex.uid for ex in copy.test] == ["unfiltered_test#0", "unfiltered_test#1"]
+    assert any("knows 3 of the head-finding file's 4 items" in n for n in run.notes)
 
 
 def test_tiny_prompt_too_long_and_empty_answer_errors(tiny_llama):

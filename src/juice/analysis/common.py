@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 
 from juice.data.records import ConflictExample
+from juice.data.splits import DomainPool
 from juice.eval.metrics import is_correct
 from juice.pipeline.domains import HEAD_DOMAIN, domain_sources, filter_domain
 from juice.pipeline.run import Progress, ReproduceConfig, StageRun, no_progress, run_key_base
@@ -171,6 +172,7 @@ def world_capital_items(lm: LoadedModel, options: AnalysisOptions, progress: Pro
     """
     cfg = reproduce_config(options)
     source = domain_sources(cfg)[0][HEAD_DOMAIN]
+    source = DomainPool(source.development, source.test)   # the analyses draw on every development item
     need = QUICK_KNOWN if options.quick else None
     base = run_key_base(lm, cfg)
     key = settings_key({**base, "stage": "filter", "domain": HEAD_DOMAIN, "filter": cfg.filter, "need": need,

@@ -82,11 +82,26 @@ def load_paper_splits(folder: str | Path, head_set_size: int = 4, domain: str | 
 
 @dataclass(frozen=True)
 class DomainPool:
-    """One domain before the model filters it: the development pool (D, validation and PH3-l's
-    development set come from its known items, in this order) and the unfiltered test split."""
+    """One domain before the model filters it.
+
+    Attributes:
+        pool: the development pool. Without `head_pool` (the built-in domains), D (head domain
+            only), validation and PH3-l's development set come from its known items, in this
+            order; with it (the authors' files), validation and PH3-l's set do, and D only where
+            the model knows fewer than |D| items of `head_pool`.
+        test: the unfiltered test split.
+        head_pool: the authors' head-finding file (`head_finding_set_size_<n>.json`), D's
+            source in the head domain; empty for the built-in domains.
+    """
 
     pool: tuple[ConflictExample, ...]
     test: tuple[ConflictExample, ...]
+    head_pool: tuple[ConflictExample, ...] = ()
+
+    @property
+    def development(self) -> tuple[ConflictExample, ...]:
+        """Every development item, the head-finding file's first (what an analysis may draw on)."""
+        return self.head_pool + self.pool
 
 
 def _has_split_files(folder: Path, head_set_size: int) -> bool:
@@ -144,12 +159,14 @@ def load_paper_domains(folder: str | Path, head_set_size: int = 4) -> dict[str, 
     """The paper's ParaConflict layout (:func:`find_paper_domains`; PROTOCOL.md, "Splits per
     domain"), every file read and checked before any model work.
 
-    The development pool is the head-finding set followed by the validation file (made for
-    Gemma-2b; re-filtered for the loaded model by the pipeline), so a model that knows the
-    paper's D gets the same D; an item in both files is taken once. The test split is
-    `unfiltered_test.json`. Items are told apart by their id (file and position): a subject that
-    repeats within a split (the paper's Official Language test split holds Australia twice) is
-    two items.
+    The authors' splits: `head_pool` is the head-finding file (D, in the head domain), `pool` the
+    validation file (`filtered_validation.json`: the domain's validation split and, in the head
+    domain, PH3-l's development set), both made for Gemma-2b and re-filtered for the loaded model
+    by the pipeline unless `--no-filter` (:func:`juice.pipeline.domains.prepare_domains`); an
+    item of the validation file that is also in the head-finding file is left out of `pool`. The
+    test split is `unfiltered_test.json`. Items are told apart by their id (file and position): a
+    subject that repeats within a split (the paper's Official Language test split holds Australia
+    twice) is two items.
 
     Returns:
         domain -> pool and test, domains in name order.
@@ -164,14 +181,13 @@ def load_paper_domains(folder: str | Path, head_set_size: int = 4) -> dict[str, 
     out = {}
     for domain, f in find_paper_domains(folder, head_set_size).items():
         splits = load_paper_splits(f, head_set_size, domain)
-        pool: dict[str, ConflictExample] = {}
-        for ex in (*splits.head_set, *splits.validation):   # an item in both files is one item
-            pool.setdefault(json.dumps(ex.to_json(), sort_keys=True), ex)
+        in_head = {json.dumps(ex.to_json(), sort_keys=True) for ex in splits.head_set}
+        pool = tuple(ex for ex in splits.validation if json.dumps(ex.to_json(), sort_keys=True) not in in_head)
         if not splits.test:
             raise ValueError(f"{f / PAPER_SPLIT_FILES['test']}: no items")
-        shared = sorted({ex.subject for ex in pool.values()} & {ex.subject for ex in splits.test})
+        shared = sorted({ex.subject for ex in (*splits.head_set, *pool)} & {ex.subject for ex in splits.test})
         if shared:
             raise ValueError(f"{f}: {len(shared)} subjects are both in the test file and in the head-finding or "
                              f"validation file (e.g. {shared[0]!r}); the splits must be disjoint")
-        out[domain] = DomainPool(tuple(pool.values()), splits.test)
+        out[domain] = DomainPool(pool, splits.test, splits.head_set)
     return out

@@ -9,7 +9,10 @@ depends on, and reused when re-run, so an interrupted run resumes where it stopp
    *filtered* for the loaded model: its clean prompts are decoded greedily, in the pool's seeded
    order, until enough items are answered correctly; from those known items come, in order, D
    (|D| = 4, World Capital only), the domain's own validation split and (World Capital) PH3-l's
-   development set. Every item's answer is the alias the model prefers (:mod:`juice.aliases`).
+   development set. With the authors' files D comes from the head-finding file and each
+   domain's validation split from its own `filtered_validation.json`
+   (:mod:`juice.pipeline.domains`). Every item's answer is the alias the model prefers
+   (:mod:`juice.aliases`); results.json lists each split's item ids (`splits.<domain>.<split>_ids`).
 2. heads: Stage 1 on World Capital's D only (the transfer setting), exact by default.
 3. PH3 (Jin et al. 2024): path-patching head scores on PH3-l's development set and on D (PH3-s).
 4. tuning, per domain on that domain's own validation split: JuICE's and JuNE's (beta+, beta-)
@@ -124,7 +127,9 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
         summary=summary(all_results), timings=timings,
         splits={d: {"head_set": len(s.head_set), "validation": len(s.validation), "ph3_dev": len(s.ph3_dev),
                     "test": len(s.test), "test_known": sum((d, ex.uid) in known for ex in s.test),
-                    **{f"pool_{k}": v for k, v in counts[d].items()}} for d, s in splits.items()},
+                    **{f"pool_{k}": v for k, v in counts[d].items()},
+                    **{f"{part}_ids": [ex.uid for ex in getattr(s, part)]
+                       for part in ("head_set", "validation", "ph3_dev", "test")}} for d, s in splits.items()},
         domains=list(splits), titles=titles, notes=notes, methods=tuple(methods_order), head_domain=head_domain,
     )
     write_outputs(result, all_results, out)

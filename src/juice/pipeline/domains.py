@@ -3,6 +3,11 @@ development pool and test split, and the pool *filtered* for the loaded model (i
 decoded greedily until enough items are known), from which D (the head domain only), the
 validation split and PH3-l's development set (head domain only) come, each item with the
 answer alias the model prefers (:mod:`juice.aliases`).
+
+With the authors' files (`--data`), those are the authors' splits: D from the head domain's
+head-finding file, each domain's validation split from its own `filtered_validation.json`
+(PH3-l's set from the head domain's, after its validation items), the test split from
+`unfiltered_test.json`; each re-filtered for the loaded model unless `--no-filter`.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ def clean_outputs(lm: LoadedModel, examples: Sequence[ConflictExample], max_rows
 
 
 def filter_domain(
-    run: StageRun, key: str, domain: str, source: DomainPool, need: int | None,
+    run: StageRun, key: str, domain: str, source: DomainPool, need: int | None, part: str = "development pool",
 ) -> tuple[list[ConflictExample], list[ConflictExample], dict[str, int]]:
     """The pool's items the model knows, in pool order, until `need` are found (None: all), and
     the test split; both with each item's preferred alias first.
@@ -62,7 +67,8 @@ def filter_domain(
     items are decoded in chunks of `FILTER_CHUNK` only until `need` are known. Without
     `cfg.filter`, every pool item counts as known, and the first `need` (the items D, validation
     and PH3-l are drawn from) are decoded for their preferred alias, which for an item the model
-    does not know is the alias whose first token is most probable.
+    does not know is the alias whose first token is most probable. `part` names the pool in the
+    progress lines (e.g. "head-finding file").
 
     Returns:
         (known pool items, test items, counts: pool, decoded, known).
@@ -75,7 +81,7 @@ def filter_domain(
         advance = progress(f"{domain}: clean prompts of the test split (answer aliases)", len(test))
         saved = {"test_outputs": clean_outputs(lm, test, cfg.max_rows, advance) if test else [], "pool_outputs": []}
         if cfg.filter:
-            advance = progress(f"{domain}: filter the development pool (clean prompts)", len(source.pool))
+            advance = progress(f"{domain}: filter the {part} (clean prompts)", len(source.pool))
             outputs: list[str] = []
             known = 0
             while len(outputs) < len(source.pool) and (need is None or known < need):
@@ -86,7 +92,7 @@ def filter_domain(
             saved["pool_outputs"] = outputs
         else:   # no filter: the items used (the first `need`) still get the preferred alias
             used = list(source.pool if need is None else source.pool[:need])
-            advance = progress(f"{domain}: clean prompts of the development items (answer aliases)", len(used))
+            advance = progress(f"{domain}: clean prompts of the {part}'s items (answer aliases)", len(used))
             outputs = clean_outputs(lm, used, cfg.max_rows, advance) if used else []
             used = prefer_aliases(lm, used, outputs, max_rows=cfg.max_rows) if used else []
             saved["pool_outputs"], saved["pool_answers"] = outputs, [list(ex.answers) for ex in used]
@@ -111,6 +117,10 @@ def prepare_domains(
 ) -> tuple[dict[str, Splits], dict[str, str], str, dict[str, dict[str, int]]]:
     """Stage 1 of the module docstring for every domain.
 
+    With the authors' files (a `head_pool`), D is the head domain's known head-finding items;
+    where the model knows fewer than |D| of them, the first known items of that domain's
+    validation file fill D (and leave its validation split), and a note says so.
+
     Returns:
         (domain -> splits with D (head domain only), validation, PH3-l development set (head
         domain only) and test; domain -> title; the head domain; domain -> filter counts).
@@ -124,21 +134,36 @@ def prepare_domains(
     splits, counts = {}, {}
     for domain, source in sources.items():
         is_head = domain == head_domain
-        parts = [cfg.validation_size]
+        head_known: list[ConflictExample] = []
+        from_pool = cfg.head_set_size if is_head else 0   # D's items that come from the pool
+        if is_head and source.head_pool:
+            head_key = settings_key({**base, "stage": "filter", "domain": domain, "part": "head_set",
+                                     "filter": cfg.filter, "pool": [ex.to_json() for ex in source.head_pool]})
+            head_known, _, head_counts = filter_domain(run, head_key, domain, DomainPool(source.head_pool, ()), None,
+                                                       part="head-finding file")
+            head_known = head_known[: cfg.head_set_size]
+            from_pool = cfg.head_set_size - len(head_known)
+            if from_pool:
+                run.notes.append(f"{titles[domain]}: the model knows {len(head_known)} of the head-finding file's "
+                                 f"{len(source.head_pool)} items; D takes {from_pool} more from the validation file")
+        parts = [cfg.validation_size, from_pool]
         if is_head:
-            parts += [cfg.head_set_size, cfg.ph3_dev_size if cfg.baselines else 0]
+            parts += [cfg.ph3_dev_size if cfg.baselines else 0]
         need = None if any(p is None for p in parts) else sum(parts)
         key = settings_key({**base, "stage": "filter", "domain": domain, "filter": cfg.filter, "need": need,
                             "pool": [ex.to_json() for ex in source.pool], "test": [ex.to_json() for ex in source.test]})
         known, test, counts[domain] = filter_domain(run, key, domain, source, need)
+        if is_head and source.head_pool:
+            counts[domain] |= {f"head_{k}": v for k, v in head_counts.items()}
         head_set: list[ConflictExample] = []
         if is_head:
-            if len(known) < cfg.head_set_size + 1:
+            if len(head_known) + len(known) < cfg.head_set_size + 1:
+                where = "head-finding and validation items" if source.head_pool else "development items"
                 raise ValueError(
-                    f"{titles[domain]}: only {len(known)} development items are answered correctly on the clean "
-                    f"prompt; need at least {cfg.head_set_size + 1} for a head identification set of "
+                    f"{titles[domain]}: only {len(head_known) + len(known)} {where} are answered correctly on the "
+                    f"clean prompt; need at least {cfg.head_set_size + 1} for a head identification set of "
                     f"{cfg.head_set_size} and validation")
-            head_set, known = known[: cfg.head_set_size], known[cfg.head_set_size:]
+            head_set, known = head_known + known[:from_pool], known[from_pool:]
         if cfg.validation_size is not None:
             n_val = cfg.validation_size
         elif is_head and cfg.baselines:

@@ -122,7 +122,7 @@ class ReproduceResult:
     table_known: IntervalTable | None           # test items the model knows (parametric)
     summary: dict[str, dict[str, float]]
     timings: dict[str, float]
-    splits: dict[str, dict[str, int]]
+    splits: dict[str, dict[str, Any]]           # domain -> split sizes, filter counts and item ids per split
     domains: list[str]
     titles: dict[str, str]
     notes: list[str] = field(default_factory=list)
