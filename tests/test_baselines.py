@@ -49,6 +49,34 @@ def test_parametric_prompt_forms_match_the_protocol_character_for_character():
         "Afghanistan? Answer: The name of the capital city of Afghanistan is")
 
 
+
+def test_phi_gets_the_authors_line_break_after_the_instruction(tiny_models, monkeypatch):
+    """The authors' code gives Phi-2 a line break instead of the space after the substitution
+    instruction and after the coherent form's "Context:" (src/inference_utils.py, lines
+    1266-1269); every other model type the space. The evaluation and the row runner use it."""
+    from conftest import build_tiny
+    from juice.eval.runner import Method, evaluate
+
+    ex = build_domain("world_capital")[0]
+    sub, coh = parametric_prompt(ex, "substitution", "phi"), parametric_prompt(ex, "coherent", "phi")
+    assert sub == parametric_prompt(ex, "substitution").replace("world: ", "world:\n", 1)
+    assert coh == parametric_prompt(ex, "coherent").replace("Context: ", "Context:\n", 1)
+    assert parametric_prompt(ex, "clean", "phi") == ex.prompts["clean"]
+    assert parametric_prompt(ex, "substitution", "llama") == parametric_prompt(ex, "substitution")
+    phi = tiny_models.setdefault("phi", build_tiny("phi"))
+    seen = []
+    import juice.eval.runner as runner
+
+    real = runner.decode_requests
+
+    def spy(lm, requests, *args, **kwargs):
+        seen.extend(r.prompt for r in requests)
+        return real(lm, requests, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "decode_requests", spy)
+    evaluate(phi, [ex], {"Prompt": Method(instructed=True)})
+    assert seen == [ex.prompts["clean"], sub, coh]
+
 def _contextual(dataset: str, kind: str, metric: str, prompt: str, question: str = "q") -> ContextualExample:
     return ContextualExample(dataset, "0", prompt, question, ("x",), ("y",), kind, metric)
 

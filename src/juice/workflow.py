@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from juice.baselines.ph3 import PRUNE_K, ConflictPrompt, Ph3Scores, heads_to_prune, logit_difference_effects
-from juice.baselines.prompt import CONTEXTUAL_COMPLETION, PARAMETRIC_COHERENT, PARAMETRIC_SUBSTITUTION
+from juice.baselines.prompt import CONTEXTUAL_COMPLETION, instructed_parametric
 from juice.data.records import Direction
 from juice.eval.metrics import is_correct
 from juice.eval.runner import (
@@ -136,15 +136,13 @@ def identify(
 # ---------------------------------------------------------------- one runner for rows
 
 
-def instructed_prompt(row: ConflictRow, direction: str) -> str:
-    """The Prompt baseline's form of `row.prompt` (module docstring; paper App. D.1)."""
+def instructed_prompt(row: ConflictRow, direction: str, model_type: str | None = None) -> str:
+    """The Prompt baseline's form of `row.prompt` (module docstring; paper App. D.1): a row of
+    another conflict type than clean or coherent gets the substitution form."""
     if direction == "contextual":
         return f"{CONTEXTUAL_COMPLETION}\n{row.prompt}"
-    if row.conflict_type == "clean":
-        return row.prompt
-    if row.conflict_type == "coherent":
-        return f"{PARAMETRIC_COHERENT} Context: {row.prompt}"
-    return f"{PARAMETRIC_SUBSTITUTION} {row.prompt}"
+    kind = row.conflict_type if row.conflict_type in ("clean", "coherent") else "substitution"
+    return instructed_parametric(row.prompt, kind, model_type)
 
 
 def evaluate_rows(
@@ -171,7 +169,7 @@ def evaluate_rows(
     requests = []
     for i, row in enumerate(rows):
         for name, method in methods.items():
-            prompt = instructed_prompt(row, direction) if method.instructed else row.prompt
+            prompt = instructed_prompt(row, direction, lm.model.config.model_type) if method.instructed else row.prompt
             target = answer_first_token(lm.tokenizer, prompt, row.target)
             other = answer_first_token(lm.tokenizer, prompt, row.other) if row.other else target
             if method.contrastive is not None and not row.question:

@@ -5,6 +5,9 @@ prepended to the whole task prompt, in the forms the paper's authors apply
 - parametric, substitution conflict: `"<instruction> <substitution prompt>"`;
 - parametric, coherent conflict: `"<instruction> Context: <coherent prompt>"`;
 - parametric, clean prompt: unchanged;
+- Phi-2 (`model_type` "phi"), as the authors' code has it: a line break instead of the space
+  after the substitution instruction and after the coherent form's "Context:"
+  (:data:`INSTRUCTION_BREAK`);
 - contextual, the three MemoTrap completion subtasks (Proverb Ending, Proverb Translation,
   Hate Speech Ending): the completion instruction, a line break, then the prompt;
 - contextual, History of Science QA: the question-answering instruction, which ends in
@@ -53,18 +56,43 @@ _QUESTION = re.compile(r"\AQuestion: (?P<question>[^\n]*)\nAnswer:\Z")
 _NQSWAP = re.compile(r"\AContext: (?P<passage>.*)\nQuestion: (?P<question>[^\n]*)\nAnswer:\Z", re.DOTALL)
 
 
-def parametric_prompt(example: ConflictExample, conflict_type: str) -> str:
-    """The prompt of `example` under `conflict_type` with the Prompt baseline's instruction.
+INSTRUCTION_BREAK: dict[str, str] = {"phi": "\n"}
+"""model_type -> what follows the substitution instruction and the coherent form's "Context:"
+instead of a space. The authors' code uses a line break for Phi-2 ("without \n, the model
+hallucinates"; GaotangLi/JUICE `src/inference_utils.py`, lines 1266-1269)."""
+
+
+def instructed_parametric(prompt: str, conflict_type: str, model_type: str | None = None) -> str:
+    """`prompt` (of `conflict_type`) with the parametric Prompt baseline's instruction, in the
+    form the authors use for `model_type` (module docstring).
+
+    >>> instructed_parametric("The capital of France is", "clean")
+    'The capital of France is'
+    >>> print(instructed_parametric("X is Rome. The capital of X is", "substitution", "phi")[-65:])
+    based on your memory of the world:
+    X is Rome. The capital of X is
+
+    Raises:
+        KeyError: a conflict type other than clean, substitution or coherent.
+    """
+    sep = INSTRUCTION_BREAK.get(model_type or "", " ")
+    if conflict_type == "substitution":
+        return f"{PARAMETRIC_SUBSTITUTION}{sep}{prompt}"
+    if conflict_type == "coherent":
+        return f"{PARAMETRIC_COHERENT} Context:{sep}{prompt}"
+    if conflict_type == "clean":
+        return prompt
+    raise KeyError(conflict_type)
+
+
+def parametric_prompt(example: ConflictExample, conflict_type: str, model_type: str | None = None) -> str:
+    """The prompt of `example` under `conflict_type` with the Prompt baseline's instruction
+    (:func:`instructed_parametric`; `model_type` picks the authors' per-model form).
 
     Raises:
         KeyError: unknown conflict type.
     """
-    prompt = example.prompts[conflict_type]
-    if conflict_type == "substitution":
-        return f"{PARAMETRIC_SUBSTITUTION} {prompt}"
-    if conflict_type == "coherent":
-        return f"{PARAMETRIC_COHERENT} Context: {prompt}"
-    return prompt
+    return instructed_parametric(example.prompts[conflict_type], conflict_type, model_type)
 
 
 def nqswap_parts(example: ContextualExample) -> tuple[str, str]:

@@ -254,10 +254,11 @@ def evaluate(
     if any(m.contrastive is not None for m in methods.values()):
         raise ValueError("CAD and AdaCAD apply to the contextual direction; use evaluate_contextual")
     meta, requests = [], []
+    model_type = lm.model.config.model_type
     for ex in examples:
         for t in conflict_types:
             for name, method in methods.items():
-                prompt = parametric_prompt(ex, t) if method.instructed else ex.prompts[t]
+                prompt = parametric_prompt(ex, t, model_type) if method.instructed else ex.prompts[t]
                 probe = [answer_first_token(lm.tokenizer, prompt, ex.answer),
                          answer_first_token(lm.tokenizer, prompt, ex.context_answer)]
                 meta.append((ex, t, name))
