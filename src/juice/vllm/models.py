@@ -21,11 +21,13 @@ architectures' names. What the mixin adds:
   adds beta times run 1's outputs. A batch without JuICE requests runs once, and the clean KV of
   its requests is never read.
 
-Constraints, checked when the model is built (one-line errors): eager mode (`enforce_eager`: the
-hooks read per-batch Python state, which CUDA graphs and torch.compile would freeze), prefix
-caching off (a cached block's KV belongs to one steering, and the clean KV of a block is written
-only when a JuICE request computes it), no pipeline parallelism. Tensor parallelism works: each
-rank steers its own heads' slice of the row-parallel output projection.
+Constraints, checked when the model is built (one-line errors, :mod:`juice.vllm.constraints`):
+eager mode (`enforce_eager`: the hooks read per-batch Python state, which CUDA graphs and
+torch.compile would freeze), prefix caching off (a cached block's KV belongs to one steering, and
+the clean KV of a block is written only when a JuICE request computes it), no dual-batch overlap
+or micro-batching (a micro-batch's `query_start_loc` counts its requests from 0), an attention
+backend whose metadata has `query_start_loc` (not FlashInfer's), no pipeline parallelism. Tensor
+parallelism works: each rank steers its own heads' slice of the row-parallel output projection.
 After the weights load, each heads file's model fingerprint (model type, geometry, vocabulary,
 a checksum of layer 0's output projection: :func:`juice.models.model_fingerprint`) is checked
 against the served model. The geometry the API server checks pruned heads against at admission
@@ -47,14 +49,12 @@ from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention import Attention
 
 from juice.architectures import config_geometry
+from juice.vllm.constraints import (ROW_FIELD, PluginConfigError, check_attention_backend, check_engine_config,
+                                    missing_rows_message)
 from juice.vllm.options import ENV_GEOMETRY, ServerHeads, server_heads
 from juice.vllm.processor import BATCH
 
 _FINGERPRINT_KEYS = ("model_type", "n_layers", "n_heads", "head_dim", "vocab_size", "weights_sha256_16")
-
-
-class PluginConfigError(ValueError):
-    """vLLM was started in a way the steering cannot run in (the message says how to start it)."""
 
 
 class _CleanRunDone(Exception):
@@ -107,13 +107,9 @@ class SteerableMixin:
         finally:
             undo()
         self.juice_server: ServerHeads = server_heads()
-        if not vllm_config.model_config.enforce_eager:
-            raise PluginConfigError("juice's vLLM plugin needs eager mode: start vLLM with --enforce-eager "
-                                    "(LLM(..., enforce_eager=True))")
-        if vllm_config.cache_config.enable_prefix_caching:
-            raise PluginConfigError("juice's vLLM plugin needs prefix caching off (one steering's KV must not "
-                                    "serve another): start vLLM with --no-enable-prefix-caching "
-                                    "(LLM(..., enable_prefix_caching=False))")
+        check_engine_config(vllm_config)
+        for layer in self.model.layers:
+            check_attention_backend(layer.self_attn.attn.attn_backend)
         if get_pp_group().world_size > 1:
             raise PluginConfigError("juice's vLLM plugin does not support pipeline parallelism; "
                                     "use tensor parallelism")
@@ -178,6 +174,8 @@ class SteerableMixin:
         if not metadata:
             return None
         first = next(iter(metadata.values()))
+        if not hasattr(first, ROW_FIELD):   # a backend whose metadata check_attention_backend could not read
+            raise PluginConfigError(missing_rows_message(type(first).__name__))
         starts = first.query_start_loc.to("cpu")
         counts = starts.diff()
         n_requests = counts.shape[0]

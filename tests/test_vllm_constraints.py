@@ -1,0 +1,90 @@
+"""The vLLM configurations the plugin refuses at start (:mod:`juice.vllm.constraints`; issue 33):
+dual-batch overlap and micro-batching, whose micro-batches would read other requests' steering,
+and an attention backend without `query_start_loc` (FlashInfer's), each in one line naming the
+flag. The checks import nothing of vLLM; the real backends' metadata is read from vLLM's sources
+where its environment is installed."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import subprocess
+import types
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Generic, TypeVar
+
+import pytest
+
+from juice.vllm.constraints import PluginConfigError, check_attention_backend, check_engine_config, metadata_fields
+from juice.vllm.launch import find_vllm_python
+
+VLLM_PYTHON = find_vllm_python(required=False)
+
+
+def _config(eager=True, prefix=False, dbo=False, ubatch=0):
+    return SimpleNamespace(model_config=SimpleNamespace(enforce_eager=eager),
+                           cache_config=SimpleNamespace(enable_prefix_caching=prefix),
+                           parallel_config=SimpleNamespace(enable_dbo=dbo, ubatch_size=ubatch))
+
+
+def test_engine_configurations_that_would_mix_requests_steering_are_refused_naming_the_flag():
+    check_engine_config(_config())   # the plugin's configuration passes
+    with pytest.raises(PluginConfigError, match="without --enable-dbo and --ubatch-size"):
+        check_engine_config(_config(dbo=True))
+    with pytest.raises(PluginConfigError, match="dual-batch overlap or micro-batching"):
+        check_engine_config(_config(ubatch=2))
+    with pytest.raises(PluginConfigError, match="--enforce-eager"):
+        check_engine_config(_config(eager=False))
+    with pytest.raises(PluginConfigError, match="--no-enable-prefix-caching"):
+        check_engine_config(_config(prefix=True))
+    for bad in (_config(dbo=True), _config(eager=False)):
+        with pytest.raises(PluginConfigError) as err:
+            check_engine_config(bad)
+        assert "\n" not in str(err.value)
+
+
+M = TypeVar("M")
+
+
+class AttentionMetadataBuilder(Generic[M]):
+    """vLLM's builder base, as its backends subclass it (`AttentionMetadataBuilder[Metadata]`)."""
+
+
+def _backend(name: str, fields: list[str]):
+    metadata = dataclasses.make_dataclass(f"{name}Metadata", fields)
+    builder = types.new_class(f"{name}MetadataBuilder", (AttentionMetadataBuilder[metadata],))
+    return type(f"{name}Backend", (), {"get_builder_cls": staticmethod(lambda: builder),
+                                      "get_name": staticmethod(lambda: name)})
+
+
+def _vllm_metadata_fields(module: str, klass: str) -> list[str]:
+    """A metadata dataclass's annotated fields, read from vLLM's installed source (FlashInfer's
+    module cannot be imported without the flashinfer package)."""
+    root = subprocess.run([VLLM_PYTHON, "-c", "import importlib.util as u; print(u.find_spec('vllm').origin)"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    tree = ast.parse((Path(root).parent / "v1" / "attention" / "backends" / f"{module}.py").read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == klass)
+    return [s.target.id for s in node.body if isinstance(s, ast.AnnAssign)]
+
+
+def test_an_attention_backend_without_query_start_loc_is_refused_in_one_line():
+    check_attention_backend(_backend("CPU_ATTN", ["query_start_loc", "seq_lens"]))
+    flashinfer = _backend("FLASHINFER", ["num_actual_tokens", "slot_mapping"])
+    assert metadata_fields(flashinfer) == {"num_actual_tokens", "slot_mapping"}
+    with pytest.raises(PluginConfigError, match="cannot steer with the FLASHINFER attention backend") as err:
+        check_attention_backend(flashinfer)
+    assert "--attention-backend" in str(err.value) and "\n" not in str(err.value)
+    unreadable = type("B", (), {"get_builder_cls": staticmethod(lambda: object), "get_name": staticmethod(lambda: "X")})
+    assert metadata_fields(unreadable) is None
+    check_attention_backend(unreadable)   # left to the model's check on the first steered batch
+
+
+@pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (run scripts/install-vllm.sh)")
+def test_the_installed_vllms_flashinfer_metadata_is_refused_and_its_cpu_metadata_passes():
+    flashinfer = _vllm_metadata_fields("flashinfer", "FlashInferMetadata")
+    cpu = _vllm_metadata_fields("cpu_attn", "CPUAttentionMetadata")
+    assert flashinfer and "query_start_loc" not in flashinfer and "query_start_loc" in cpu
+    with pytest.raises(PluginConfigError, match="FLASHINFER"):
+        check_attention_backend(_backend("FLASHINFER", flashinfer))
+    check_attention_backend(_backend("CPU_ATTN", cpu))
