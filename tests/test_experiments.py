@@ -254,6 +254,28 @@ def test_too_few_known_items_in_the_head_domain_is_a_clear_error(tiny_llama, tmp
         domains.prepare_domains(run_mod.StageRun(tiny_llama, cfg, run_mod.StageFiles(tmp_path / "s")), {"seed": 0})
 
 
+def test_identify_needs_only_d_and_too_few_known_items_name_the_options(tiny_llama, tmp_path, monkeypatch):
+    """Issue 38: `juice identify` (no validation split) needs |D| known items, not |D| + 1; too
+    few is one line naming --head-set-size (with a size that fits), --data and another domain."""
+    known = {ex.subject for ex in domains.domain_sources(ReproduceConfig(domains=("world_capital",)))[0][
+        "world_capital"].pool[:4]}
+    monkeypatch.setattr(domains, "clean_outputs", lambda lm, exs, max_rows, on_progress=None:
+                        [f" {ex.answers[0]}" if ex.subject in known else " no idea" for ex in exs])
+    monkeypatch.setattr(domains, "prefer_aliases", lambda lm, exs, outs, **kw: list(exs))
+    identify = ReproduceConfig(out_dir=tmp_path, domains=("world_capital",), limit=0, validation_size=0,
+                               baselines=False)
+    splits, *_ = domains.prepare_domains(run_mod.StageRun(tiny_llama, identify, run_mod.StageFiles(tmp_path / "a")),
+                                         {"seed": 0})
+    assert {ex.subject for ex in splits["world_capital"].head_set} == known   # exactly the 4 known items
+    reproduce_cfg = replace(identify, validation_size=2)
+    with pytest.raises(ValueError) as err:
+        domains.prepare_domains(run_mod.StageRun(tiny_llama, reproduce_cfg, run_mod.StageFiles(tmp_path / "b")),
+                                {"seed": 0})
+    message = str(err.value)
+    assert "only 4 development items" in message and "need at least 5" in message and "\n" not in message
+    assert "--head-set-size 3" in message and "--data FILE" in message and "another domain" in message
+
+
 def test_without_the_filter_the_items_used_still_get_the_preferred_alias(tiny_llama, tmp_path, monkeypatch):
     """--no-filter keeps every pool item, but D, validation and PH3-l (the first `need` items)
     are decoded and get the model's preferred alias (PROTOCOL.md, "answer alias")."""

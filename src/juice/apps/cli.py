@@ -158,19 +158,24 @@ def identify(
     shortlist: int = typer.Option(12),
     head_set_size: int = typer.Option(4),
     seed: int = typer.Option(0),
+    domain: str = typer.Option("world_capital", help=(
+        "without --data: the built-in domain whose known items give D (world_capital, the paper's; athlete_sport, "
+        "book_author, official_language, company_headquarter, company_founder)")),
     data: Optional[Path] = typer.Option(None, exists=True, help=(
         "your examples (a JSONL/CSV file with prompt, target, optional other and conflict_type; a ParaConflict "
         "JSON file; an NQ-Swap JSONL; a MemoTrap CSV): every row is scored; or the paper's ParaConflict folder "
-        "layout (World Capital's pool gives D, filtered for the model)")),
+        "layout (World Capital's head-finding file gives D, filtered for the model)")),
     direction: str = typer.Option("parametric", help="with a data file: parametric | contextual (which answer the "
                                                      "ParaConflict, NQ-Swap and MemoTrap rows promote)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
 ):
     """Stage 1 only: identify the heads on your examples (--data FILE) or on World Capital's D
-    (filtered for the model), and write a heads JSON file that records its data.
+    (filtered for the model: only D's items need be known), and write a heads JSON file that
+    records its data.
 
     Example: juice identify --data my_conflicts.jsonl --direction contextual --out heads.json
     """
+    from juice.data.paraconflict import DOMAINS
     from juice.io import StageFiles
     from juice.pipeline.domains import domain_sources, prepare_domains
     from juice.pipeline.run import ReproduceConfig, StageRun, run_key_base
@@ -180,8 +185,10 @@ def identify(
     from juice.userdata import load_rows
 
     cfg = ReproduceConfig(model=model, k=k, scoring=scoring, shortlist=shortlist, head_set_size=head_set_size,
-                          seed=seed, data=data, domains=("world_capital",), validation_size=0, baselines=False,
+                          seed=seed, data=data, domains=(domain,), validation_size=0, baselines=False,
                           limit=0, device=device)
+    if data is None and domain not in DOMAINS:
+        raise typer.BadParameter(f"unknown domain {domain!r}; one of {', '.join(DOMAINS)}", param_hint="--domain")
     if data is not None and data.is_file():   # the user's own rows: all of them are D
         from juice.workflow import identify as identify_rows
         from juice.workflow import parse_direction

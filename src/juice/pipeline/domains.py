@@ -126,7 +126,8 @@ def prepare_domains(
         domain only) and test; domain -> title; the head domain; domain -> filter counts).
 
     Raises:
-        ValueError: the head domain has fewer known items than |D| + 1.
+        ValueError: the head domain has fewer known items than |D| + 1 (|D| where no validation
+            item is asked for, as `juice identify` asks); the message names the options.
     """
     cfg = run.cfg
     sources, titles = domain_sources(cfg)
@@ -157,12 +158,15 @@ def prepare_domains(
             counts[domain] |= {f"head_{k}": v for k, v in head_counts.items()}
         head_set: list[ConflictExample] = []
         if is_head:
-            if len(head_known) + len(known) < cfg.head_set_size + 1:
+            extra = int(cfg.validation_size != 0)   # one validation item too, unless none is asked for (identify)
+            n_known = len(head_known) + len(known)
+            if n_known < cfg.head_set_size + extra:
                 where = "head-finding and validation items" if source.head_pool else "development items"
                 raise ValueError(
-                    f"{titles[domain]}: only {len(head_known) + len(known)} {where} are answered correctly on the "
-                    f"clean prompt; need at least {cfg.head_set_size + 1} for a head identification set of "
-                    f"{cfg.head_set_size} and validation")
+                    f"{titles[domain]}: only {n_known} {where} are answered correctly on the clean prompt; need at "
+                    f"least {cfg.head_set_size + extra} for a head identification set of {cfg.head_set_size}"
+                    f"{' and validation' if extra else ''}. Use a smaller D (--head-set-size "
+                    f"{max(1, n_known - extra)}), your own rows (--data FILE) or another domain")
             head_set, known = head_known + known[:from_pool], known[from_pool:]
         if cfg.validation_size is not None:
             n_val = cfg.validation_size
