@@ -20,8 +20,9 @@ from conftest import build_tiny  # noqa: E402
 from juice.interventions import HeadSelection
 from juice.stage1 import HeadsArtifact
 from juice.interventions import Head  # noqa: E402
-from juice.apps.server import create_app  # noqa: E402
+from juice.apps.server import WARNING_HEADER, create_app, parse_spec  # noqa: E402
 from juice.steerer import Steerer  # noqa: E402
+from juice.steering import UntunedBetasWarning  # noqa: E402
 
 SEL = HeadSelection((Head(1, 2),), (Head(0, 1),))
 PROMPTS = ["the capital of france is", "the name of the capital city of japan is",
@@ -69,6 +70,28 @@ def test_a_tuned_heads_file_gives_the_default_betas(served):
         given = client.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=6, temperature=0,
                                           extra_body={"juice": {"beta_plus": 1}})
         assert given.choices[0].text == Steerer(lm, SEL, beta_plus=1, beta_minus=-5).generate(PROMPTS[2], 6)[0]
+        # no juice field: the tuned steering (JuICE at 30, -5), no warning
+        plain = client.completions.with_raw_response.create(model="tiny", prompt=PROMPTS[2], max_tokens=6,
+                                                            temperature=0)
+        assert plain.parse().choices[0].text == Steerer(lm, artifact).generate(PROMPTS[2], 6)[0]
+        assert WARNING_HEADER not in plain.headers
+    only_june = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL, tuned={"june": tuned["june"]})
+    with _serving(create_app(lm, [only_june], model_name="tiny")) as client:   # JuNE is what was tuned
+        out = client.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=6, temperature=0)
+        assert out.choices[0].text == Steerer(lm, only_june, method="june").generate(PROMPTS[2], 6)[0]
+
+
+def test_an_operators_default_steers_requests_without_a_juice_field(served):
+    lm = served[0]
+    artifact = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL)
+    app = create_app(lm, [artifact], model_name="tiny", default=parse_spec("method:june,beta_plus:3,beta_minus:-1"))
+    with _serving(app) as client:
+        out = client.completions.with_raw_response.create(model="tiny", prompt=PROMPTS[2], max_tokens=6, temperature=0)
+        assert out.parse().choices[0].text == Steerer(lm, SEL, method="june", beta_plus=3, beta_minus=-1).generate(
+            PROMPTS[2], 6)[0]
+        assert WARNING_HEADER not in out.headers   # both betas given
+    with pytest.raises(ValueError, match="--default: juice.method must be"):
+        create_app(lm, [artifact], default={"method": "jucie"})
 
 
 def test_models_and_a_plain_completion_equal_the_library(served):
@@ -85,9 +108,22 @@ def test_per_request_steering(served):
         "juice": {"direction": "context", "method": "juice", "beta_plus": 30, "beta_minus": -5}})
     assert steered.choices[0].text == Steerer(lm, SEL, method="juice", beta_plus=30, beta_minus=-5).generate(
         PROMPTS[2], 6)[0]
-    # no juice field: this server's only heads, beta 2 and 0
-    default = client.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=6, temperature=0)
-    assert default.choices[0].text == Steerer(lm, SEL, method="juice").generate(PROMPTS[2], 6)[0]
+    # no juice field and an untuned heads file: Original (issue 38), no warning
+    plain = client.completions.with_raw_response.create(model="tiny", prompt=PROMPTS[2], max_tokens=6, temperature=0)
+    assert plain.parse().choices[0].text == Steerer(lm, method="original").generate(PROMPTS[2], 6)[0]
+    assert WARNING_HEADER not in plain.headers
+    # asking for steering without betas: JuICE at the untuned 2 and 0, with a warning naming juice tune
+    with pytest.warns(UntunedBetasWarning):
+        expected = Steerer(lm, SEL, method="juice").generate(PROMPTS[2], 6)[0]
+    for stream in (False, True):
+        raw = client.completions.with_raw_response.create(model="tiny", prompt=PROMPTS[2], max_tokens=6,
+                                                          temperature=0, stream=stream,
+                                                          extra_body={"juice": {"direction": "context"}})
+        out = raw.parse()
+        text = "".join(c.choices[0].text for c in out) if stream else out.choices[0].text
+        assert text == expected
+        assert "untuned betas (beta_plus=2, beta_minus=0)" in raw.headers[WARNING_HEADER]
+        assert "juice tune" in raw.headers[WARNING_HEADER]
     with pytest.raises(openai.BadRequestError, match="no heads for direction"):
         client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body={"juice": {"direction": "memory"}})
 

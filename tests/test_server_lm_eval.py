@@ -106,7 +106,7 @@ def harness(real_model, tmp_path_factory):
             higher_is_better: true
         """))
     artifact = HeadsArtifact(lm.fingerprint(), "contextual", 5, [], [], HEADS)
-    # the plain name gets the server's default (JuICE with this heads file): Original by its alias
+    # the plain name gets the server's default (Original: this heads file holds no tuned betas); each alias its own
     app = create_app(lm, [artifact], model_name="gemma",
                      aliases={"gemma+original": {"method": "original"}, "gemma+juice": JUICE})
     with _serving(app) as client:

@@ -95,3 +95,28 @@ def test_repetition_penalty_reaches_the_engine(tiny_llama):
         row = row[: row.index(eos)] if eos in row else row
         assert text == tiny_llama.tokenizer.decode(row, skip_special_tokens=True)
     assert "".join(s.stream(PROMPTS[1], 6, repetition_penalty=1.5)) == texts[1]
+
+
+def test_steering_without_betas_on_an_untuned_file_warns_and_names_juice_tune(tiny_llama):
+    """Issue 38: JuICE/JuNE without betas on a heads file that holds no tuned ones runs the
+    defaults (2, 0) with one warning naming `juice tune`; tuned or given betas warn nothing."""
+    import warnings
+
+    from juice.stage1 import HeadsArtifact
+    from juice.steering import UntunedBetasWarning
+
+    untuned = HeadsArtifact(tiny_llama.fingerprint(), "parametric", 1, [1.0], [-1.0], SEL)
+    for method in ("juice", "june"):
+        with pytest.warns(UntunedBetasWarning, match="run `juice tune`") as caught:
+            s = Steerer(tiny_llama, untuned, method=method)
+        assert (s.beta_plus, s.beta_minus) == (2.0, 0.0) and len(caught) == 1
+        assert "\n" not in str(caught[0].message)
+    tuned = HeadsArtifact(tiny_llama.fingerprint(), "parametric", 1, [1.0], [-1.0], SEL,
+                          tuned={"juice": {"beta_plus": 3.0, "beta_minus": -1.0}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Steerer(tiny_llama, tuned).beta_plus == 3.0
+        Steerer(tiny_llama, SEL, beta_plus=2, beta_minus=0)
+        Steerer(tiny_llama, method="original")
+    with pytest.warns(UntunedBetasWarning):   # tuned for JuICE only: JuNE is not
+        Steerer(tiny_llama, tuned, method="june")

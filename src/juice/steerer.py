@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from juice.sampling import Sampling
 from juice.interventions import HeadSelection
 from juice.stage1 import HeadsArtifact, load_heads
 from juice.models import LoadedModel
-from juice.steering import ORIGINAL, JuICE, JuNE, Steering
+from juice.steering import ORIGINAL, JuICE, JuNE, Steering, UntunedBetasWarning, chosen_betas
 
 METHODS = ("juice", "june", "original")
 
@@ -39,7 +40,8 @@ class Steerer:
             against `lm`); None only with method "original".
         method: "juice" (dual run), "june" (single run) or "original" (steering off).
         beta_plus, beta_minus: the betas; by default the heads file's tuned values for the method
-            (`juice tune`), else 2 and 0.
+            (`juice tune`), else 2 and 0 with an :class:`~juice.steering.UntunedBetasWarning`
+            (defaults can break a small model's text).
 
     Raises:
         ValueError: an unknown method, or steering without heads.
@@ -54,13 +56,14 @@ class Steerer:
             heads = load_heads(heads, lm)
         tuned: dict = {}
         if isinstance(heads, HeadsArtifact):
-            tuned = heads.tuned.get(method, {})
+            tuned = heads.tuned
             heads = heads.selection
         if method != "original" and heads is None:
             raise ValueError(f"method {method!r} needs heads (a HeadSelection, a heads file or its artifact)")
         self.lm, self.heads, self.method = lm, heads, method
-        self.beta_plus = float(tuned.get("beta_plus", 2.0) if beta_plus is None else beta_plus)
-        self.beta_minus = float(tuned.get("beta_minus", 0.0) if beta_minus is None else beta_minus)
+        self.beta_plus, self.beta_minus, warning = chosen_betas(method, tuned, beta_plus, beta_minus)
+        if warning and method != "original":
+            warnings.warn(warning, UntunedBetasWarning, stacklevel=2)
         preset = {"juice": JuICE, "june": JuNE}.get(method)
         self.steering: Steering = ORIGINAL if preset is None else preset(lm, heads, self.beta_plus, self.beta_minus)
 

@@ -125,3 +125,40 @@ def Prune(model: "LoadedModel | HeadGeometry", heads: Sequence[Head]) -> Steerin
     return Steering("june", head_coefficients(_geometry(model), {h: -1.0 for h in heads}))
 
 
+
+
+DEFAULT_BETAS: tuple[float, float] = (2.0, 0.0)
+"""(beta+, beta-) where neither the caller nor the heads file (`juice tune`) gives them: a
+starting point, not a tuned value; on a small model it can break the text (issue 38)."""
+
+
+class UntunedBetasWarning(UserWarning):
+    """JuICE or JuNE runs with :data:`DEFAULT_BETAS` because the heads file holds no tuned betas."""
+
+
+def chosen_betas(method: str, tuned: "dict[str, dict] | None", beta_plus: float | None = None,
+                 beta_minus: float | None = None) -> tuple[float, float, str | None]:
+    """The betas a steering of `method` runs with, and the warning to show if they are untuned.
+
+    Each beta is the caller's, else the heads file's tuned value for `method`
+    (`HeadsArtifact.tuned`, written by `juice tune`), else :data:`DEFAULT_BETAS`'s.
+
+    Args:
+        method: "juice" or "june".
+        tuned: method -> {"beta_plus", "beta_minus"} from the heads file, or None (no file).
+
+    Returns:
+        (beta+, beta-, warning): the warning is one line naming `juice tune` where a default was
+        used, else None.
+    """
+    mine = (tuned or {}).get(method, {})
+    bp = beta_plus if beta_plus is not None else mine.get("beta_plus")
+    bm = beta_minus if beta_minus is not None else mine.get("beta_minus")
+    warning = None
+    if bp is None or bm is None:
+        bp = DEFAULT_BETAS[0] if bp is None else bp
+        bm = DEFAULT_BETAS[1] if bm is None else bm
+        warning = (f"{method} with untuned betas (beta_plus={float(bp):g}, beta_minus={float(bm):g}): the heads file "
+                   f"holds none for {method}, and defaults can break a model's text; run `juice tune` on "
+                   "validation rows, or pass both betas")
+    return float(bp), float(bm), warning

@@ -363,6 +363,9 @@ def serve(
     alias: list[str] = typer.Option([], help="NAME=SPEC: another model name whose requests get these juice "
                                              "options, e.g. gemma+juice=direction:contextual,method:juice,beta_plus:2 "
                                              "(repeat; for lm-evaluation-harness, whose request bodies are fixed)"),
+    default: Optional[str] = typer.Option(None, help="SPEC (as --alias's): the juice options of a request that sends "
+                                                     "none, e.g. method:juice,beta_plus:2 (unset: the heads file's "
+                                                     "tuned steering, else Original)"),
     engine: str = typer.Option("juice", help="juice (this process's engine) | vllm (vLLM's OpenAI server with "
                                              "juice's plugin, run from vLLM's environment; README, \"Serving at "
                                              "scale with vLLM\")"),
@@ -383,6 +386,9 @@ def serve(
         if alias:
             raise typer.BadParameter("--alias is for --engine juice (vLLM serves one model name; send the juice "
                                      "field, or vllm_xargs, per request)", param_hint="--alias")
+        if default is not None:
+            raise typer.BadParameter("--default is for --engine juice (send the juice field per request)",
+                                     param_hint="--default")
         _serve_vllm(model, heads, host, port, max_total_tokens, dual_run, vllm_arg)
         return
     from juice.extras import require
@@ -391,7 +397,7 @@ def serve(
     import uvicorn
 
     from juice.apps.openai_schema import ServerLimits
-    from juice.apps.server import create_app, parse_alias
+    from juice.apps.server import create_app, parse_alias, parse_spec
     from juice.models import load_model
     from juice.stage1 import load_heads
 
@@ -399,15 +405,21 @@ def serve(
         aliases = dict(parse_alias(a) for a in alias)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--alias") from None
+    try:
+        default_options = None if default is None else parse_spec(default)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--default") from None
     limits = ServerLimits(max_n=max_n, max_prompts=max_prompts, max_rows=max_rows, max_queued=max_queued,
                           request_timeout_s=request_timeout or None, max_total_tokens=max_total_tokens or None)
     for path in heads:
         load_heads(path)   # malformed files fail before the model loads
     lm = load_model(model, device=device)
     try:
-        app_ = create_app(lm, [load_heads(path, lm) for path in heads], limits=limits, aliases=aliases)
-    except ValueError as err:   # an alias the heads cannot honour
-        raise typer.BadParameter(str(err), param_hint="--alias") from None
+        app_ = create_app(lm, [load_heads(path, lm) for path in heads], limits=limits, aliases=aliases,
+                          default=default_options)
+    except ValueError as err:   # an alias or default the heads cannot honour
+        raise typer.BadParameter(str(err), param_hint="--default" if str(err).startswith("--default")
+                                 else "--alias") from None
     console.print(f"serving {lm.name}{''.join(f', {a}' for a in aliases)} on http://{host}:{port}/v1 with heads for "
                   f"{', '.join(sorted(str(load_heads(p).direction) for p in heads)) or 'no direction (Original only)'}")
     uvicorn.run(app_, host=host, port=port, log_level="info")

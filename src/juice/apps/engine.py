@@ -44,6 +44,7 @@ class Job:
         echo: compute `prompt_logprobs[i]`, prompt i's teacher-forced log-probabilities under
             the job's steering (:func:`juice.likelihood.prompt_logprobs`), before decoding;
             with `max_new_tokens` 0 the job ends there.
+        warning: a line for the client about the job's steering (untuned betas), or None.
     """
 
     prompt_ids: list[list[int]]
@@ -55,6 +56,7 @@ class Job:
     on_done: Callable[[], None] | None = None
     logprobs: int | None = None
     echo: bool = False
+    warning: str | None = None
     id: int = 0
     tokens: list[list[int]] = field(default_factory=list)
     token_logprobs: list[list[tuple[float, tuple]]] = field(default_factory=list)

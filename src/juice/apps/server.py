@@ -8,10 +8,15 @@ client passes it with `extra_body`):
     "juice": {"direction": "context", "method": "juice", "beta_plus": 2, "beta_minus": 0}
 
 `direction` picks one of the heads files the server was started with (by the file's direction,
-"parametric" or "context"/"contextual"); absent: the only heads file, or Original when the
-server has none. `method` "juice" | "june" | "original" (absent: "juice" if the server has
-heads); betas default to the heads file's tuned values for the method (`juice tune`), else 2
-and 0; a beta must be a finite number with |beta| <= 100 (`MAX_ABS_BETA`).
+"parametric" or "context"/"contextual"); absent: the only heads file. `method` "juice" | "june" |
+"original" (absent: the method the heads file holds tuned betas for, JuICE first, else "juice");
+betas default to the heads file's tuned values for the method (`juice tune`), else 2 and 0 with
+a warning in the `X-Juice-Warning` response header (untuned betas can break a small model's
+text); a beta must be a finite number with |beta| <= 100 (`MAX_ABS_BETA`).
+
+A request without a `juice` field gets the operator's default (`juice serve --default SPEC`),
+else the tuned steering of the only heads file where that file holds tuned betas, else
+Original: an untuned heads file never steers a request that did not ask (issue 38).
 
 Scheduling: one worker thread owns the model (:class:`juice.apps.engine.Engine`) and decodes
 every running request in one batch, one token per step; a request joins the batch at the next
@@ -46,7 +51,7 @@ from juice.interventions import HeadSelection
 from juice.models import LoadedModel
 from juice.sampling import Sampling
 from juice.steerer import cut_at_stop, stop_prefix_length
-from juice.steering import ORIGINAL, JuICE, JuNE, Steering
+from juice.steering import ORIGINAL, JuICE, JuNE, Steering, chosen_betas
 from juice.tokens import context_length, token_ids
 
 DIRECTIONS = {"parametric": Direction.PARAMETRIC, "memory": Direction.PARAMETRIC, "context": Direction.CONTEXTUAL,
@@ -56,6 +61,9 @@ DIRECTIONS = {"parametric": Direction.PARAMETRIC, "memory": Direction.PARAMETRIC
 MAX_ABS_BETA = 100.0
 """Largest |beta| a request may ask for (the paper's grids stay within 5); far beyond, head
 outputs swamp the residual stream and the output is noise."""
+
+WARNING_HEADER = "X-Juice-Warning"
+"""The response header that carries a request's steering warning (untuned betas, issue 38)."""
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 
@@ -71,9 +79,9 @@ class ApiError(Exception):
 
 
 def parse_alias(text: str) -> tuple[str, dict[str, Any]]:
-    """`NAME=SPEC` (`juice serve --alias`), SPEC being `key:value` pairs joined by commas, e.g.
+    """`NAME=SPEC` (`juice serve --alias`), SPEC as :func:`parse_spec` reads it, e.g.
     `gemma+juice=direction:contextual,method:juice,beta_plus:2` -> ("gemma+juice",
-    {"direction": "contextual", "method": "juice", "beta_plus": 2.0}). Betas are read as numbers.
+    {"direction": "contextual", "method": "juice", "beta_plus": 2.0}).
 
     Raises:
         ValueError: no `=`, an empty name, or a pair without `:` (the message quotes it).
@@ -81,20 +89,31 @@ def parse_alias(text: str) -> tuple[str, dict[str, Any]]:
     name, sep, spec = text.partition("=")
     if not sep or not name.strip():
         raise ValueError(f"--alias {text!r}: write NAME=key:value,key:value")
+    return name.strip(), parse_spec(spec, f"--alias {text!r}")
+
+
+def parse_spec(spec: str, label: str = "--default") -> dict[str, Any]:
+    """`key:value` pairs joined by commas (`juice serve --default`, `--alias`), e.g.
+    `method:juice,beta_plus:2` -> {"method": "juice", "beta_plus": 2.0}. Betas are read as numbers.
+
+    Raises:
+        ValueError: a pair without `:`, or a beta that is not a number (the message quotes
+            `label`).
+    """
     options: dict[str, Any] = {}
     for pair in filter(None, (p.strip() for p in spec.split(","))):
         key, sep, value = pair.partition(":")
         if not sep or not key.strip():
-            raise ValueError(f"--alias {text!r}: {pair!r} is not key:value")
+            raise ValueError(f"{label}: {pair!r} is not key:value")
         key, value = key.strip(), value.strip()
         if key in ("beta_plus", "beta_minus"):
             try:
                 options[key] = float(value)
             except ValueError:
-                raise ValueError(f"--alias {text!r}: {key} must be a number, not {value!r}") from None
+                raise ValueError(f"{label}: {key} must be a number, not {value!r}") from None
         else:
             options[key] = value
-    return name.strip(), options
+    return options
 
 
 def _heads_direction(artifact) -> str:
@@ -123,7 +142,8 @@ def text_offsets(tokenizer, ids: list[int], window: int = 4) -> list[int]:
 
 
 def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | None = None,
-               limits: ServerLimits | None = None, aliases: Mapping[str, Mapping[str, Any]] | None = None):
+               limits: ServerLimits | None = None, aliases: Mapping[str, Mapping[str, Any]] | None = None,
+               default: Mapping[str, Any] | None = None):
     """The FastAPI app (module docstring).
 
     Args:
@@ -134,10 +154,12 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
         aliases: more model names, each with the `juice` options its requests get (a request's
             own `juice` field overrides them key by key); :func:`parse_alias` reads
             `juice serve --alias NAME=SPEC`.
+        default: the `juice` options of a request that sends none (`juice serve --default
+            SPEC`, :func:`parse_spec`); None: the module docstring's rule.
 
     Raises:
         ValueError: two heads files for the same direction; an alias that is the model's name, or
-            whose options the server cannot honour (the message says why).
+            an alias or default whose options the server cannot honour (the message says why).
     """
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
@@ -215,12 +237,25 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
     async def server_error(request, exc: Exception):
         return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
 
-    def steering_of(options: dict | None) -> Steering:
-        options = dict(options or {})
-        method = options.get("method", "juice" if by_direction else "original")
+    def tuned_method(d: str) -> str | None:
+        """The method the heads file of direction `d` holds tuned betas for, JuICE first."""
+        return next((m for m in ("juice", "june") if m in tuned[d]), None)
+
+    def default_options() -> dict:
+        """What a request without a `juice` field gets (module docstring)."""
+        if default is not None:
+            return dict(default)
+        if len(by_direction) == 1 and (m := tuned_method(next(iter(by_direction)))) is not None:
+            return {"method": m}
+        return {"method": "original"}
+
+    def steering_of(options: dict | None) -> tuple[Steering, str | None]:
+        """The steering a request's `juice` options ask for, and the warning to send with it."""
+        options = dict(options or {}) or default_options()
+        method = options.get("method", None if by_direction else "original")
         if method == "original":
-            return ORIGINAL
-        if method not in ("juice", "june"):
+            return ORIGINAL, None
+        if method is not None and method not in ("juice", "june"):
             raise ApiError(400, f"juice.method must be juice, june or original, not {method!r}", param="juice")
         direction = options.get("direction")
         if direction is None:
@@ -233,16 +268,16 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
             if d not in by_direction:
                 raise ApiError(400, f"no heads for direction {direction!r}; this server has {sorted(by_direction)}",
                                param="juice")
-        selection, defaults = by_direction[d], tuned[d].get(method, {})
+        method = method or tuned_method(d) or "juice"
         try:
-            bp = float(options.get("beta_plus", defaults.get("beta_plus", 2.0)))
-            bm = float(options.get("beta_minus", defaults.get("beta_minus", 0.0)))
+            given = [float(options[k]) if k in options else None for k in ("beta_plus", "beta_minus")]
         except (TypeError, ValueError, OverflowError):
             raise ApiError(400, "juice.beta_plus and juice.beta_minus must be numbers", param="juice") from None
+        bp, bm, warning = chosen_betas(method, tuned[d], *given)
         if not (abs(bp) <= MAX_ABS_BETA and abs(bm) <= MAX_ABS_BETA):   # also refuses NaN and infinities
             raise ApiError(400, f"juice.beta_plus and juice.beta_minus must be finite with |beta| <= {MAX_ABS_BETA:g}",
                            param="juice")
-        return (JuICE if method == "juice" else JuNE)(lm, selection, bp, bm)
+        return (JuICE if method == "juice" else JuNE)(lm, by_direction[d], bp, bm), warning
 
     def check_model(req) -> dict:
         """The request's `juice` options: its model's (an alias's) overridden by its own field."""
@@ -252,11 +287,11 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
             raise ApiError(400, message)
         return {**aliases.get(req.model, {}), **(req.juice or {})}
 
-    for alias, options in aliases.items():   # refused at start, not per request
-        try:
+    for alias, options in [*aliases.items(), *([("--default", default)] if default is not None else [])]:
+        try:   # refused at start, not per request
             steering_of(options)
         except ApiError as err:
-            raise ValueError(f"alias {alias!r}: {err.message}") from None
+            raise ValueError(f"{alias if alias == '--default' else f'alias {alias!r}'}: {err.message}") from None
 
     def job_of(req, options: dict, ids: list[list[int]], max_tokens: int | None, logprobs: int | None = None,
                echo: bool = False) -> Job:
@@ -264,7 +299,7 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
             raise ApiError(400, f"n must be at most {limits.max_n} (this server's --max-n)", param="n")
         if len(req.stops()) > 4:
             raise ApiError(400, "stop: at most 4 stop strings", param="stop")
-        steering = steering_of(options)
+        steering, warning = steering_of(options)
         max_new = limits.default_max_tokens if max_tokens is None else max_tokens
         for row in ids:
             if not row:
@@ -282,7 +317,8 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
                     temperature, max(0, req.top_k or 0), 1.0 if req.top_p is None else req.top_p, (seed + k) % MAX_SEED)
                 streams.append(Stream(i, steering, sampling, req.repetition_penalty or 1.0))
         m_prompt.inc(sum(map(len, ids)))
-        return Job(ids, streams, max_new, req.stops(), limits.request_timeout_s, logprobs=logprobs, echo=echo)
+        return Job(ids, streams, max_new, req.stops(), limits.request_timeout_s, logprobs=logprobs, echo=echo,
+                   warning=warning)
 
     def text_of(job: Job, k: int) -> tuple[str, str]:
         tokens, reason = job.tokens[k], job.reasons[k] or "length"
@@ -318,6 +354,9 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
             return ApiError(500, job.error or "error", "server_error")
         return None
 
+    def warning_header(job: Job) -> dict[str, str]:
+        return {} if job.warning is None else {WARNING_HEADER: job.warning}
+
     async def respond(job: Job, request: Request, stream: bool, model: str, prefix: str, kind: str,
                       chunk_kind: str, chunk_choice: Callable[[str, str | None, bool], dict],
                       choice: Callable[[int, str, str], dict]) -> Any:
@@ -340,8 +379,8 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
             if (err := outcome_error(job)) is not None:
                 raise err
             choices = [{"index": k, **choice(k, *text_of(job, k))} for k in range(len(job.streams))]
-            return {"id": rid, "object": kind, "created": created, "model": model, "choices": choices,
-                    "usage": usage(job)}
+            return JSONResponse({"id": rid, "object": kind, "created": created, "model": model, "choices": choices,
+                                 "usage": usage(job)}, headers=warning_header(job))
         tokens: asyncio.Queue = asyncio.Queue()
         job.on_token = lambda k, t: loop.call_soon_threadsafe(tokens.put_nowait, (k, t))
         job.on_done = lambda: loop.call_soon_threadsafe(tokens.put_nowait, None)
@@ -382,7 +421,7 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
                 if job.outcome is None:
                     engine.cancel(job)
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(events(), media_type="text/event-stream", headers=warning_header(job))
 
     @app.get("/health")
     def health() -> Any:
@@ -487,4 +526,5 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
     return app
 
 
-__all__ = ["ApiError", "DIRECTIONS", "MAX_ABS_BETA", "ServerLimits", "create_app", "parse_alias"]
+__all__ = ["ApiError", "DIRECTIONS", "MAX_ABS_BETA", "ServerLimits", "WARNING_HEADER", "create_app", "parse_alias",
+           "parse_spec"]
