@@ -47,6 +47,9 @@ def test_pipeline_evaluates_every_domain_of_the_paper_layout_writes_outputs_and_
     assert "JuICE - Original" in results["table"]["differences"]
     md = (out / "table.md").read_text()
     assert "±" in md and "Test items the model knows" in md and "Paired differences" in md
+    assert "## Degenerate outputs" in md and set(results["degeneration"]["cells"]) == methods
+    assert results["degeneration"]["cells"]["JuICE"]["Average"]["clean"]["n"] == 6
+    assert all("degeneration" in c["betas"]["juice"] for c in results["choices"].values())
     assert (out / "table.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     heads = json.loads((out / "heads.json").read_text())
     assert heads["model"]["model_type"] == "llama" and len(heads["head_set"]) == 4

@@ -18,7 +18,7 @@ from juice.pipeline.run import ReproduceConfig
 from juice.pipeline.stages import score_prompts
 from juice.stage1 import ScoringPrompt, load_heads, save_heads
 from juice.steerer import Steerer
-from juice.steering import ORIGINAL, JuICE, JuNE
+from juice.steering import ORIGINAL, JuICE, JuNE, UntunedBetasWarning
 from juice.tokens import answer_first_token
 from juice.userdata import ConflictRow, load_rows
 from juice.workflow import (
@@ -114,6 +114,8 @@ def test_tune_picks_the_grid_best_and_the_heads_file_carries_it(lm, data, tmp_pa
     for name, preset in (("juice", JuICE), ("june", JuNE)):
         grid = chosen[name].grid
         assert len(grid) == 6
+        assert all(g["eligible"] == (g["degeneration"] <= chosen[name].original_degeneration + 10) for g in grid)
+        grid = [g for g in grid if g["eligible"]]   # the degeneration guard (issue 38)
         best = max(g["accuracy"] for g in grid)
         assert chosen[name].accuracy == pytest.approx(best, abs=1e-3)
         first_best = next(g for g in grid if g["accuracy"] == best and g["p_target"] == max(
@@ -131,7 +133,38 @@ def test_tune_picks_the_grid_best_and_the_heads_file_carries_it(lm, data, tmp_pa
     steerer = Steerer(lm, loaded, method="june")
     assert (steerer.beta_plus, steerer.beta_minus) == (chosen["june"].beta_plus, chosen["june"].beta_minus)
     assert Steerer(lm, loaded, method="june", beta_plus=1.5).beta_plus == 1.5   # given betas win
-    assert Steerer(lm, artifact.selection).beta_plus == 2.0                      # untuned: 2 and 0
+    with pytest.warns(UntunedBetasWarning):
+        assert Steerer(lm, artifact.selection).beta_plus == 2.0                  # untuned: 2 and 0
+
+
+def test_tune_never_chooses_a_setting_that_degenerates_more_than_original_plus_the_margin(lm, data, monkeypatch):
+    """Issue 38: the most accurate setting repeats itself on every row while Original never
+    does: it is recorded (degeneration 100, not eligible) and the best eligible one is chosen;
+    where every setting exceeds the margin, the least degenerate ones compete."""
+    import juice.workflow as workflow
+    from juice.eval.runner import ItemResult
+
+    def fake(lm, rows, steerings, **kwargs):
+        out = []
+        for i, row in enumerate(rows):
+            for label in steerings:
+                bp = None if label == "original" else float(label.split(":")[1])
+                text = " paris paris paris paris paris" if bp == 5.0 else " paris is the capital"
+                right = bp == 5.0 or (bp == 2.0 and i % 2 == 0)
+                out.append(ItemResult(row.conflict_type, str(i), row.conflict_type, label, text, right, False,
+                                      0.5 + (bp or 0) / 100, 0.1))
+        return out
+
+    monkeypatch.setattr(workflow, "evaluate_rows", fake)
+    artifact = identify(lm, data, k=2)
+    chosen = tune(lm, artifact, data, methods=["juice"], beta_plus_grid=(0.0, 2.0, 5.0), beta_minus_grid=(0.0,))
+    c = chosen["juice"]
+    assert (c.beta_plus, c.original_degeneration, c.degeneration) == (2.0, 0.0, 0.0)
+    five = next(g for g in c.grid if g["beta_plus"] == 5.0)
+    assert five["accuracy"] == 100.0 and five["degeneration"] == 100.0 and not five["eligible"]
+    assert artifact.tuned["juice"]["degeneration_margin"] == 10.0
+    chosen = tune(lm, artifact, data, methods=["juice"], beta_plus_grid=(5.0,), beta_minus_grid=(0.0,))
+    assert chosen["juice"].beta_plus == 5.0   # nothing else to choose: the least degenerate
 
 
 def test_ph3_k_is_tuned_on_knockout_scores(lm, data):
@@ -170,6 +203,15 @@ def test_evaluate_file_table_has_n_and_the_mean_over_labels(lm, data):
     assert report.settings["JuICE"]["source"] == "default"
     payload = report.to_json()
     assert len(payload["results"]) == 12 and payload["data"]["direction"] == "parametric"
+    # the degeneration table: the share of each method's outputs that repeat themselves, with n
+    from juice.eval.degeneration import is_degenerate
+
+    for m in report.methods:
+        cell = report.degeneration.cells[m]["Average"]["all"]
+        per_label = [[is_degenerate(r.output) for r in report.results if r.method == m and r.domain == g]
+                     for g in ("clean", "substitution")]
+        assert cell.n == 4 and cell.mean == pytest.approx(sum(sum(v) / len(v) for v in per_label) / 2)
+    assert payload["degeneration"]["cells"].keys() == {"Original", "Prompt", "JuICE"}
     assert all(math.isfinite(r["p_context"]) for r in payload["results"])   # every row has `other`
 
 

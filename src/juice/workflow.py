@@ -33,6 +33,7 @@ Choices where the paper has no rule for arbitrary data (also in the README):
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ from typing import Any
 from juice.baselines.ph3 import PRUNE_K, ConflictPrompt, Ph3Scores, heads_to_prune, logit_difference_effects
 from juice.baselines.prompt import CONTEXTUAL_COMPLETION, instructed_parametric
 from juice.data.records import Direction
+from juice.eval.degeneration import DEGENERATION_MARGIN
 from juice.eval.metrics import is_correct
 from juice.eval.runner import (
     MAX_NEW_TOKENS,
@@ -57,7 +59,7 @@ from juice.stage1 import HeadsArtifact, ScoringPrompt, make_artifact
 from juice.models import LoadedModel
 from juice.pipeline.run import METHOD_NAMES as STEERING_NAMES
 from juice.pipeline.run import Progress, no_progress
-from juice.steering import ORIGINAL, JuICE, JuNE, Prune
+from juice.steering import ORIGINAL, JuICE, JuNE, Prune, UntunedBetasWarning, chosen_betas
 from juice.tokens import answer_first_token
 from juice.userdata import ConflictRow, file_digest, load_rows
 
@@ -207,6 +209,9 @@ def _accuracy(results: Sequence[ItemResult], direction: str) -> tuple[float, flo
 
 # ---------------------------------------------------------------- tuning
 
+ORIGINAL_LABEL = "original"
+"""The label of Original's results in a tuning run (the degeneration guard's reference)."""
+
 
 @dataclass(frozen=True)
 class TunedSetting:
@@ -216,7 +221,11 @@ class TunedSetting:
         beta_plus, beta_minus: the chosen betas (JuICE, JuNE); None for PH3.
         k, pruned: PH3's number of pruned heads and which (PH3 only).
         accuracy: mean accuracy over labels on the tuning rows, percent.
-        grid: every setting tried: {"beta_plus", "beta_minus" | "k", "accuracy", "p_target"}.
+        grid: every setting tried: {"beta_plus", "beta_minus" | "k", "accuracy", "p_target",
+            "degeneration" (percent of degenerate outputs), "eligible" (within the margin)}.
+        degeneration: the chosen setting's percent of degenerate outputs.
+        original_degeneration: Original's on the same rows; a setting is eligible while its
+            share exceeds it by at most :data:`juice.eval.degeneration.DEGENERATION_MARGIN` points.
     """
 
     accuracy: float
@@ -225,9 +234,14 @@ class TunedSetting:
     beta_minus: float | None = None
     k: int | None = None
     pruned: list[str] = field(default_factory=list)
+    degeneration: float = 0.0
+    original_degeneration: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"accuracy": round(self.accuracy, 4), "grid": self.grid}
+        out: dict[str, Any] = {"accuracy": round(self.accuracy, 4), "grid": self.grid,
+                               "degeneration": round(self.degeneration, 4),
+                               "original_degeneration": round(self.original_degeneration, 4),
+                               "degeneration_margin": DEGENERATION_MARGIN}
         if self.k is None:
             out.update(beta_plus=self.beta_plus, beta_minus=self.beta_minus)
         else:
@@ -244,6 +258,11 @@ def tune(
     """Choose (beta+, beta-) for JuICE and JuNE (and PH3's k, with "ph3" in `methods`) on your
     validation rows (paper App. D.1; module docstring), and record them in `artifact.tuned`
     with the data's provenance, so a heads file alone is enough to steer and serve.
+
+    Beyond the paper: every grid point records its share of degenerate outputs
+    (:mod:`juice.eval.degeneration`), and a setting whose share exceeds Original's on the same
+    rows by more than :data:`~juice.eval.degeneration.DEGENERATION_MARGIN` percentage points is
+    never chosen (where every setting does, the least degenerate ones compete).
 
     All settings decode in one batched run sharing each prompt's clean prefill. `limit`: use the
     first rows only.
@@ -269,26 +288,42 @@ def tune(
             settings.append(GridSetting("ph3", k=k))
             steerings[settings[-1].label] = Prune(lm, heads_to_prune(scores, direction, k))
         ph3_order = heads_to_prune(scores, direction, max(ks))
+    steerings[ORIGINAL_LABEL] = ORIGINAL   # the degeneration guard's reference (decoded once with JuICE (0, 0))
     advance = progress(f"tuning: {len(steerings)} settings x {len(rows)} rows", len(steerings) * len(rows))
     results = evaluate_rows(lm, rows, steerings, direction=direction, max_rows=max_rows, on_progress=advance,
                             full_outputs=False)   # grid points keep verdicts and probabilities only
+
+    def degeneration(label: str) -> float:
+        mine = [r for r in results if r.method == label]
+        return 100.0 * sum(r.degenerate for r in mine) / len(mine)
+
+    original = degeneration(ORIGINAL_LABEL)
     out: dict[str, TunedSetting] = {}
     for m in methods:
         points = []
         for setting in settings:
             if setting.method == m:
                 acc, p, _ = _accuracy([r for r in results if r.method == setting.label], direction)
-                points.append((acc, p, setting))
+                points.append((acc, p, setting, degeneration(setting.label)))
+        eligible = [d <= original + DEGENERATION_MARGIN for *_, d in points]
+        if not any(eligible):   # every setting breaks the text more: the least degenerate compete
+            least = min(d for *_, d in points)
+            eligible = [d == least for *_, d in points]
         # best accuracy, then target probability, then the first in grid order (max keeps the first)
-        best_i = max(range(len(points)), key=lambda i: (points[i][0], _finite(points[i][1]), -i))
-        acc, _, best = points[best_i]
+        best_i = max((i for i in range(len(points)) if eligible[i]),
+                     key=lambda i: (points[i][0], _finite(points[i][1]), -i))
+        acc, _, best, degenerate = points[best_i]
+        extra = lambda a, p, d, ok: {"accuracy": round(a, 4), "p_target": round(_finite(p), 6),   # noqa: E731
+                                     "degeneration": round(d, 4), "eligible": ok}
         if m == "ph3":
-            grid = [{"k": s.k, "accuracy": round(a, 4), "p_target": round(_finite(p), 6)} for a, p, s in points]
-            out[m] = TunedSetting(acc, grid, k=best.k, pruned=[str(h) for h in ph3_order[:best.k]])
+            grid = [{"k": s.k, **extra(a, p, d, ok)} for (a, p, s, d), ok in zip(points, eligible)]
+            out[m] = TunedSetting(acc, grid, k=best.k, pruned=[str(h) for h in ph3_order[:best.k]],
+                                  degeneration=degenerate, original_degeneration=original)
         else:
-            grid = [{"beta_plus": s.beta_plus, "beta_minus": s.beta_minus, "accuracy": round(a, 4),
-                     "p_target": round(_finite(p), 6)} for a, p, s in points]
-            out[m] = TunedSetting(acc, grid, beta_plus=best.beta_plus, beta_minus=best.beta_minus)
+            grid = [{"beta_plus": s.beta_plus, "beta_minus": s.beta_minus, **extra(a, p, d, ok)}
+                    for (a, p, s, d), ok in zip(points, eligible)]
+            out[m] = TunedSetting(acc, grid, beta_plus=best.beta_plus, beta_minus=best.beta_minus,
+                                  degeneration=degenerate, original_degeneration=original)
     artifact.tuned = {**artifact.tuned, **{m: s.to_json() for m, s in out.items()}, "data": where}
     return out
 
@@ -354,6 +389,8 @@ class RowsEvaluation:
     Attributes:
         results: one per (row, method).
         table: accuracy intervals; columns are the rows' labels and "Average", group "all".
+        degeneration: the share of degenerate outputs, laid out as `table`
+            (:mod:`juice.eval.degeneration`).
         methods: table names in order; settings: the betas / k each method used.
     """
 
@@ -362,6 +399,7 @@ class RowsEvaluation:
     methods: list[str]
     settings: dict[str, Any]
     data: dict[str, Any]
+    degeneration: IntervalTable | None = None
 
     def columns(self) -> list[tuple[str, str]]:
         labels = list(dict.fromkeys(r.domain for r in self.results))
@@ -371,7 +409,9 @@ class RowsEvaluation:
         from juice.eval.runner import results_to_json
 
         return {"data": self.data, "methods": self.methods, "settings": self.settings,
-                "table": self.table.to_json(), "results": results_to_json(self.results)}
+                "table": self.table.to_json(),
+                "degeneration": self.degeneration.to_json() if self.degeneration else None,
+                "results": results_to_json(self.results)}
 
 
 def evaluation_methods(lm: LoadedModel, artifact: HeadsArtifact | None, names: Sequence[str], *,
@@ -406,8 +446,9 @@ def evaluation_methods(lm: LoadedModel, artifact: HeadsArtifact | None, names: S
                 methods[title] = Method(Prune(lm, [Head.parse(h) for h in tuned["pruned"]]))
                 settings[title] = {"k": tuned["k"], "pruned": tuned["pruned"]}
                 continue
-            bp = beta_plus if beta_plus is not None else tuned.get("beta_plus", 2.0)
-            bm = beta_minus if beta_minus is not None else tuned.get("beta_minus", 0.0)
+            bp, bm, warning = chosen_betas(name, artifact.tuned, beta_plus, beta_minus)
+            if warning:
+                warnings.warn(warning, UntunedBetasWarning, stacklevel=2)
             methods[title] = Method((JuICE if name == "juice" else JuNE)(lm, artifact.selection, bp, bm))
             settings[title] = {"beta_plus": bp, "beta_minus": bm,
                                "source": "given" if beta_plus is not None or beta_minus is not None
@@ -436,7 +477,8 @@ def evaluate_file(
     results = evaluate_rows(lm, rows, table_methods, direction=direction, max_rows=max_rows, on_progress=advance)
     names = list(table_methods)
     table = interval_table(results, names, resamples=resamples, seed=seed)
-    return RowsEvaluation(results, table, names, settings, {**where, "direction": direction})
+    degeneration = interval_table(results, names, value=lambda r: r.degenerate, resamples=resamples, seed=seed)
+    return RowsEvaluation(results, table, names, settings, {**where, "direction": direction}, degeneration)
 
 
 __all__ = ["METHOD_NAMES", "RowsEvaluation", "TunedSetting", "check_methods", "check_tune_methods", "evaluate_file", "evaluate_rows", "evaluation_methods",

@@ -281,7 +281,7 @@ def evaluate(
     Example: juice evaluate --heads heads.json --data test.jsonl --methods original,prompt,juice,june,cad
     """
     from juice.apps.terminal import interval_rich
-    from juice.eval.report import difference_markdown, interval_markdown
+    from juice.eval.report import DEGENERATION_NOTE, difference_markdown, interval_markdown
     from juice.stage1 import load_heads
     from juice.io import write_json_atomic
     from juice.models import load_model
@@ -302,6 +302,8 @@ def evaluate(
     headers = [c for c, _ in columns]
     console.print(interval_rich(report.table, report.methods, columns, headers,
                                 title=f"{data.name}: exact match, % (95% interval half-width)"))
+    console.print(interval_rich(report.degeneration, report.methods, columns, headers,
+                                title="degenerate outputs, % (lower is better; juice's measure)"))
     for name, setting in report.settings.items():
         console.print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in setting.items()))
     out.mkdir(parents=True, exist_ok=True)
@@ -309,8 +311,9 @@ def evaluate(
     (out / "evaluation.md").write_text(
         f"# {data.name} ({chosen} direction)\n\nExact match, % (95% bootstrap interval half-width); "
         f"bold: interval wholly above the runner-up's.\n\n" + interval_markdown(report.table, report.methods, columns, headers)
-        + "\nPaired differences, percentage points [95% interval]:\n\n" + difference_markdown(report.table, columns, headers),
-        encoding="utf-8")
+        + "\nPaired differences, percentage points [95% interval]:\n\n" + difference_markdown(report.table, columns, headers)
+        + "\n## Degenerate outputs\n\n" + interval_markdown(report.degeneration, report.methods, columns, headers, bold=False)
+        + "\n" + DEGENERATION_NOTE + "\n", encoding="utf-8")
     console.print(f"wrote {out / 'evaluation.json'}, {out / 'evaluation.md'}")
 
 

@@ -67,14 +67,21 @@ def n_row(table: Any, methods: Sequence[str], columns: Sequence[tuple[str, str]]
 
 
 def interval_markdown(table: Any, methods: Sequence[str], columns: Sequence[tuple[str, str]],
-                      headers: Sequence[str]) -> str:
+                      headers: Sequence[str], bold: bool = True) -> str:
     """Methods as rows, `columns` as columns; cells "47.6 ±4.1" (accuracy % and the half-width
-    of the 95% bootstrap interval); bold where :func:`separated_best`; a last row with n."""
+    of the 95% bootstrap interval); bold where :func:`separated_best` (unless `bold` is False,
+    for a table where higher is not better); a last row with n."""
     lines = ["| Method | " + " | ".join(headers) + " |", "|" + "---|" * (len(headers) + 1)]
     for m, cells in interval_rows(table, methods, columns):
-        lines.append("| " + " | ".join([m, *(f"**{s}**" if bold else s for s, bold in cells)]) + " |")
+        lines.append("| " + " | ".join([m, *(f"**{s}**" if b and bold else s for s, b in cells)]) + " |")
     lines.append("| n | " + " | ".join(n_row(table, methods, columns)) + " |")
     return "\n".join(lines) + "\n"
+
+
+DEGENERATION_NOTE = ("Degenerate outputs (%): outputs whose character 6-grams repeat (at least 30% seen earlier in the "
+                     "same output; juice's measure, not the paper's: src/juice/eval/degeneration.py), ± the "
+                     "half-width of the 95% bootstrap interval; lower is better.")
+"""The caption of every degeneration table."""
 
 
 def difference_markdown(table: Any, columns: Sequence[tuple[str, str]], headers: Sequence[str]) -> str:

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from juice.baselines.cad import AlphaRule, CadPolicy, cad_generate, jsd_alpha
 from juice.baselines.prompt import contextual_prompt, parametric_prompt
+from juice.eval.degeneration import is_degenerate
 from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample
 from juice.decoding import Contrast, Stream, generate
 from juice.likelihood import continuation_ids
@@ -122,6 +123,11 @@ class ItemResult:
         """(domain, item id) that tells this result's item from every other in a run (the
         subject for results saved without an item id)."""
         return self.domain, self.item or self.subject
+
+    @property
+    def degenerate(self) -> bool:
+        """The output repeats itself (:func:`juice.eval.degeneration.is_degenerate`)."""
+        return is_degenerate(self.output)
 
 
 @dataclass(frozen=True)

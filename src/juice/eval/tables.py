@@ -71,6 +71,7 @@ def interval_table(
     methods: Sequence[str],
     *,
     keep: Callable[[ItemResult], bool] | None = None,
+    value: Callable[[ItemResult], bool] = lambda r: r.correct,
     focus: str = "JuICE",
     baseline: str = "Original",
     resamples: int = 2000,
@@ -83,6 +84,8 @@ def interval_table(
         results: item results of every method (column = `domain`, group = `conflict_type`).
         methods: the methods to tabulate, in order.
         keep: only results for which it is true (e.g. the items the model knows).
+        value: what a cell counts (default: exact match); e.g. `lambda r: r.degenerate` gives the
+            share of degenerate outputs (:mod:`juice.eval.degeneration`).
     """
     outcome: dict[str, dict[tuple[str, str, str], bool]] = defaultdict(dict)
     for r in results:
@@ -91,7 +94,7 @@ def interval_table(
             if key in outcome[r.method]:
                 raise ValueError(f"{r.method}: two results for item {key[1]!r} ({r.subject}) of {key[0]}, "
                                  f"{key[2]}: an item was evaluated twice")
-            outcome[r.method][key] = r.correct
+            outcome[r.method][key] = bool(value(r))
     columns = list(dict.fromkeys(key[0] for o in outcome.values() for key in o))
     groups = list(dict.fromkeys(key[2] for o in outcome.values() for key in o))
 

@@ -4,7 +4,9 @@
 - PH3: the number of pruned heads k in {1, 3, 5, 7, 9, 15}.
 
 Both are chosen per domain (dataset) on that domain's own validation split (PROTOCOL.md,
-"Hyperparameters per domain"). The setting with the best accuracy wins (mean over conflict types
+"Hyperparameters per domain"). Every grid point also records its share of degenerate outputs
+(:mod:`juice.eval.degeneration`), which the paper's criterion does not read; `juice tune` on your
+own rows also guards against it (:func:`juice.workflow.tune`). The setting with the best accuracy wins (mean over conflict types
 in the parametric direction; the dataset's accuracy in the contextual one), ties broken by the
 mean first-token probability of the target answer, then by the order of the grid (smaller
 first). All settings of all domains are evaluated in the same batches, sharing each prompt's
@@ -57,6 +59,7 @@ class GridPoint:
     p_answer: float          # mean first-token probability of the target answer
     per_type: tuple[float, ...] = ()  # accuracy per group, percent
     k: int | None = None     # PH3's number of pruned heads; None for JuICE and JuNE
+    degeneration: float = 0.0  # degenerate outputs, percent (juice.eval.degeneration; recorded, not a criterion)
 
     @property
     def key(self) -> tuple[float, float]:
@@ -98,7 +101,8 @@ def grid_points(
         p = [r.p_context if direction == "contextual" else r.p_parametric for r in rs]
         points.append(GridPoint(setting.method, float(setting.beta_plus), float(setting.beta_minus),
                                 100.0 * sum(per_group) / len(per_group), sum(p) / len(p),
-                                tuple(100.0 * a for a in per_group), setting.k))
+                                tuple(100.0 * a for a in per_group), setting.k,
+                                100.0 * sum(r.degenerate for r in rs) / len(rs)))
     return points
 
 

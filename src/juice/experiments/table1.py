@@ -37,7 +37,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from juice.data.records import CONFLICT_TYPES
-from juice.eval.report import difference_markdown, interval_markdown, table1_columns
+from juice.eval.report import DEGENERATION_NOTE, difference_markdown, interval_markdown, table1_columns
 from juice.eval.runner import evaluate, results_to_json, summary
 from juice.eval.tables import interval_table
 from juice.io import settings_key, write_json_atomic
@@ -124,6 +124,7 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
         config=cfg, model=lm.fingerprint(), selection=selection, choices=choices,
         table=interval_table(all_results, methods_order, **boot),
         table_known=interval_table(all_results, methods_order, keep=lambda r: r.item_key in known, **boot),
+        degeneration=interval_table(all_results, methods_order, value=lambda r: r.degenerate, **boot),
         summary=summary(all_results), timings=timings,
         splits={d: {"head_set": len(s.head_set), "validation": len(s.validation), "ph3_dev": len(s.ph3_dev),
                     "test": len(s.test), "test_known": sum((d, ex.uid) in known for ex in s.test),
@@ -156,6 +157,7 @@ def write_outputs(result: ReproduceResult, results, out: Path) -> None:
         "choices": result.choices,
         "table": result.table.to_json(),
         "table_known": result.table_known.to_json() if result.table_known else None,
+        "degeneration": result.degeneration.to_json() if result.degeneration else None,
         "accuracy": result.table.means(),
         "summary": result.summary,
         "timings_s": result.timings,
@@ -183,6 +185,9 @@ def write_outputs(result: ReproduceResult, results, out: Path) -> None:
             difference_markdown(result.table, avg_cols, avg_headers)]
     if result.table_known:
         text += ["\n## Paired differences, known items\n", difference_markdown(result.table_known, avg_cols, avg_headers)]
+    if result.degeneration:
+        text += ["\n## Degenerate outputs, unfiltered test split\n",
+                 interval_markdown(result.degeneration, methods, cols, headers, bold=False), "\n" + DEGENERATION_NOTE + "\n"]
     (out / "table.md").write_text("\n".join(text), encoding="utf-8")
     for name, table in (("table.png", result.table), ("table_known.png", result.table_known)):
         if table is not None and have_matplotlib():

@@ -30,7 +30,7 @@ from juice.data.contextual import (
     contextual_splits,
     load_contextual,
 )
-from juice.eval.report import difference_markdown, interval_markdown, table2_columns
+from juice.eval.report import DEGENERATION_NOTE, difference_markdown, interval_markdown, table2_columns
 from juice.eval.runner import Method, evaluate_contextual, results_to_json, summary
 from juice.eval.tables import interval_table
 from juice.io import settings_key
@@ -164,6 +164,7 @@ def reproduce_contextual(
                     "test": len(s.test)} for d, s in splits.items()},
         domains=list(splits), titles=dict(CONTEXTUAL_TITLES), notes=notes, methods=tuple(order),
         likelihood=interval_table(by_likelihood, order, **boot) if by_likelihood else None,
+        degeneration=interval_table(all_results, order, value=lambda r: r.degenerate, **boot),
     )
     _write(result, all_results, out)
     return result
@@ -182,6 +183,7 @@ def _write(result: ReproduceResult, results, out: Path) -> None:
                      "heads_from": "proverb_ending D"},
         "choices": result.choices, "table": result.table.to_json(), "accuracy": result.table.means(),
         "likelihood": result.likelihood.to_json() if result.likelihood else None,
+        "degeneration": result.degeneration.to_json() if result.degeneration else None,
         "summary": result.summary, "timings_s": result.timings,
         "splits": result.splits, "notes": result.notes, "items": results_to_json(results),
     })
@@ -204,6 +206,9 @@ def _write(result: ReproduceResult, results, out: Path) -> None:
     avg = [(c, h) for c, h in zip(cols, headers) if c[0] == "Average"]
     text += ["\n## Paired differences (percentage points, 95% paired bootstrap interval; * excludes 0)\n",
              difference_markdown(result.table, [c for c, _ in avg], [h for _, h in avg])]
+    if result.degeneration:
+        text += ["\n## Degenerate outputs\n", interval_markdown(result.degeneration, methods, cols, headers, bold=False),
+                 "\n" + DEGENERATION_NOTE + "\n"]
     (out / "table2.md").write_text("\n".join(text), encoding="utf-8")
     cells = {m: {result.titles.get(d, d): result.table.cells[m][d]["context"] for d in [*result.domains, "Average"]
                  if "context" in result.table.cells[m].get(d, {})} for m in methods}

@@ -128,6 +128,7 @@ class ReproduceResult:
     notes: list[str] = field(default_factory=list)
     methods: tuple[str, ...] = TABLE1_METHODS
     likelihood: IntervalTable | None = None     # contextual: MemoTrap by likelihood comparison
+    degeneration: IntervalTable | None = None   # share of degenerate outputs (juice.eval.degeneration)
     head_domain: str = "world_capital"          # whose D the heads come from
 
 

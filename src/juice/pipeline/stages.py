@@ -190,7 +190,7 @@ def tuning_stage(
     cached in the state. A domain without validation items takes `head_domain`'s choice.
 
     Returns:
-        domain -> {"betas": method -> {beta_plus, beta_minus, accuracy, p_answer, per_type},
+        domain -> {"betas": method -> {beta_plus, beta_minus, accuracy, p_answer, per_type, degeneration},
         "prune": PH3 row -> {k, accuracy, per_k, pruned}, "chosen_on": domain, "n_validation", "grid"}.
     """
     state = run.state
@@ -208,7 +208,8 @@ def tuning_stage(
         for domain, c in choices.items():
             saved[domain] = {
                 "betas": {m: {"beta_plus": g.beta_plus, "beta_minus": g.beta_minus, "accuracy": g.accuracy,
-                              "p_answer": g.p_answer, "per_type": list(g.per_type)} for m, g in c.betas.items()},
+                              "p_answer": g.p_answer, "per_type": list(g.per_type), "degeneration": g.degeneration}
+                          for m, g in c.betas.items()},
                 "prune": {n: {"k": p.k, "accuracy": p.accuracy, "per_k": {str(k): v for k, v in p.per_k.items()}}
                           for n, p in c.prune.items()},
                 "chosen_on": domain, "n_validation": c.n_validation,

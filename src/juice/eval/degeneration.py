@@ -1,0 +1,77 @@
+"""Degenerate output: text that repeats itself (issue 38), measured beside accuracy.
+
+Steering with betas that do not suit a model can break its text ("Urone vs Urone vs Urone...",
+a question echoed over and over) while exact match, which reads five words, barely notices.
+juice's measure (not the paper's; the paper reports accuracy only) is the share of a text's
+character 6-grams that already occurred earlier in it, white space collapsed
+(:func:`repeated_share`); a text is *degenerate* when that share is at least
+:data:`DEGENERATE_AT`. It reads the characters, so it needs no tokenizer, works on any stored
+output, and catches repetition inside words ("vsroneronerone"). It is calibrated on these
+examples (the doctests of :func:`is_degenerate`): fluent answers, a base model's echo of its
+prompt and a sentence of 40 words score below 0.1; a phrase or a word repeated three times scores
+0.37 and more.
+
+It reads what a table holds: evaluation outputs are 10 new tokens at most, and stop once exact
+match's five words are final (:func:`juice.text.first_words_final`), so it sees the breakage that
+shows within the first words; a repetition that starts later shows in longer texts (a chat
+reply, a served completion).
+
+Tables report the share of degenerate outputs per method with n and a 95% bootstrap interval
+(:func:`juice.eval.tables.interval_table` with `value=is_degenerate`); `juice tune` never chooses
+a setting whose share on the tuning rows exceeds Original's by more than
+:data:`DEGENERATION_MARGIN` percentage points (:func:`juice.workflow.tune`).
+"""
+
+from __future__ import annotations
+
+import re
+
+NGRAM = 6
+"""Characters per n-gram of :func:`repeated_share`."""
+DEGENERATE_AT = 0.3
+"""A text whose repeated share is at least this is degenerate."""
+DEGENERATION_MARGIN = 10.0
+"""Percentage points of degenerate outputs a tuned setting may add to Original's (`juice tune`)."""
+
+_SPACE = re.compile(r"\s+")
+
+
+def repeated_share(text: str, n: int = NGRAM) -> float:
+    """The share of `text`'s character n-grams (white space collapsed, ends stripped) that
+    already occurred earlier in it; 0 for a text shorter than n characters.
+
+    >>> repeated_share("abcabcabc", 3)   # 7 trigrams, the last 4 seen before
+    0.5714285714285714
+    >>> repeated_share(" Paris. It is located in the French")
+    0.0
+    """
+    text = _SPACE.sub(" ", text).strip()
+    grams = [text[i: i + n] for i in range(len(text) - n + 1)]
+    if not grams:
+        return 0.0
+    seen: set[str] = set()
+    repeated = 0
+    for gram in grams:
+        repeated += gram in seen
+        seen.add(gram)
+    return repeated / len(grams)
+
+
+def is_degenerate(text: str) -> bool:
+    """Whether `text` repeats itself (module docstring): :func:`repeated_share` >= :data:`DEGENERATE_AT`.
+
+    >>> is_degenerate(" Urone vs Urone vs Urone. Urone")
+    True
+    >>> is_degenerate(" Question: What is the capital of France?\\n Question: What is the capital of France?\\n Question:")
+    True
+    >>> is_degenerate(" Paris, Paris, Paris, Paris")
+    True
+    >>> is_degenerate(" The answer to the question is: Lyon.")
+    False
+    >>> is_degenerate(" Beijing. The name of the capital city of France is Beijing.")   # an echo of the prompt
+    False
+    >>> is_degenerate(" Paris is the capital and most populous city of France. It is located on the Seine river, "
+    ...               "in the north of the country, and is known for its museums and architecture.")
+    False
+    """
+    return repeated_share(text) >= DEGENERATE_AT
