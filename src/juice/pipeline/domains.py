@@ -166,7 +166,8 @@ def prepare_domains(
                     f"{titles[domain]}: only {n_known} {where} are answered correctly on the clean prompt; need at "
                     f"least {cfg.head_set_size + extra} for a head identification set of {cfg.head_set_size}"
                     f"{' and validation' if extra else ''}. Use a smaller D (--head-set-size "
-                    f"{max(1, n_known - extra)}), your own rows (--data FILE) or another domain")
+                    f"{max(1, n_known - extra)}), your own rows (--data FILE) or another domain "
+                    "(juice identify --domain)")
             head_set, known = head_known + known[:from_pool], known[from_pool:]
         if cfg.validation_size is not None:
             n_val = cfg.validation_size
