@@ -177,10 +177,10 @@ def identify(
     """
     from juice.data.paraconflict import DOMAINS
     from juice.io import StageFiles
-    from juice.pipeline.domains import domain_sources, prepare_domains
-    from juice.pipeline.run import ReproduceConfig, StageRun, run_key_base
-    from juice.pipeline.stages import identify_heads
-    from juice.stage1 import make_artifact, save_heads
+    from juice.pipeline.domains import domain_sources
+    from juice.pipeline.run import ReproduceConfig
+    from juice.pipeline.stages import identify_on_domain
+    from juice.stage1 import save_heads
     from juice.models import load_model
     from juice.userdata import load_rows
 
@@ -203,14 +203,8 @@ def identify(
         domain_sources(cfg)   # bad data fails before the model loads
         lm = load_model(model, device=device)
         with _progress() as task:
-            # the filter's stage files are keyed on the model, the data and the seed (run_key_base)
-            base = run_key_base(lm, cfg, data=str(data), command="identify", head_set_size=head_set_size)
-            splits, _, head_domain, _ = prepare_domains(StageRun(lm, cfg, StageFiles(out.parent / ".juice-state"), task),
-                                                        base)
-            head_set = splits[head_domain].head_set
-            scores, selection = identify_heads(lm, cfg, head_set, task)
-        artifact = make_artifact(lm, scores, selection, k, "parametric", head_set)
-        artifact.data = {"folder": str(data) if data else "built-in", "domain": head_domain, "rows": len(head_set)}
+            artifact = identify_on_domain(lm, cfg, StageFiles(out.parent / ".juice-state"), task, command="identify")
+        selection = artifact.selection
     save_heads(artifact, out)
     console.print(f"positive: {', '.join(map(str, selection.positive))}")
     console.print(f"negative: {', '.join(map(str, selection.negative))}")

@@ -27,10 +27,11 @@ from juice.data.records import CONFLICT_TYPES, ConflictExample
 from juice.eval.runner import ItemResult, Method, results_from_json, results_to_json
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
 from juice.interventions import Head, HeadSelection
-from juice.io import UnitCheckpoint, settings_key
+from juice.io import StageFiles, UnitCheckpoint, settings_key
 from juice.models import LoadedModel
 from juice.pipeline.run import METHOD_NAMES, SCORING_LABELS, Progress, ReproduceConfig, StageRun, no_progress
 from juice.stage1 import (
+    HeadsArtifact,
     attribution_scores,
     hybrid_scores,
     make_artifact,
@@ -58,6 +59,39 @@ def identify_heads(
     interrupted Stage 1 resumes at the next prompt.
     """
     return score_prompts(lm, cfg, scoring_prompts(lm, head_set, direction), progress, checkpoint)
+
+
+def identify_on_domain(lm: LoadedModel, cfg: ReproduceConfig, state: StageFiles, progress: Progress = no_progress,
+                       **key: Any) -> HeadsArtifact:
+    """`juice identify` without a data file: Stage 1 (paper Alg. 2-3) on the D of `cfg`'s head
+    domain (World Capital unless `cfg.domains` names another built-in domain, or `cfg.data`'s
+    head-finding file), filtered for `lm`. Only D's items need be known (no validation split).
+
+    Args:
+        cfg: the settings (`k`, `scoring`, `head_set_size`, `seed`, `data`, `domains`);
+            `validation_size`, `baselines` and `limit` are ignored (0, off, 0).
+        state: where the filter's stage files go (keyed on the model, the data and the seed).
+        key: more of the stage keys' common part (e.g. the command).
+
+    Returns:
+        the heads artifact, its `data` naming the folder, the domain and |D|.
+
+    Raises:
+        ValueError: fewer known items than |D| (the message names the options).
+    """
+    from dataclasses import replace
+
+    from juice.pipeline.domains import prepare_domains
+    from juice.pipeline.run import run_key_base
+
+    cfg = replace(cfg, validation_size=0, baselines=False, limit=0)
+    base = run_key_base(lm, cfg, data=str(cfg.data), head_set_size=cfg.head_set_size, **key)
+    splits, _, head_domain, _ = prepare_domains(StageRun(lm, cfg, state, progress), base)
+    head_set = splits[head_domain].head_set
+    scores, selection = identify_heads(lm, cfg, head_set, progress)
+    artifact = make_artifact(lm, scores, selection, cfg.k, "parametric", head_set)
+    artifact.data = {"folder": str(cfg.data) if cfg.data else "built-in", "domain": head_domain, "rows": len(head_set)}
+    return artifact
 
 
 def score_prompts(lm: LoadedModel, cfg: ReproduceConfig, prompts: Sequence, progress: Progress = no_progress,
