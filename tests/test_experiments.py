@@ -385,3 +385,24 @@ def test_the_beta_minus_grid_is_a_setting_and_reaches_the_tuning(shared_data, ti
                                                                           (1.0, 0.0)]
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert saved["protocol"]["beta_grid"] == {"beta_plus": [0.0, 1.0], "beta_minus": [0.0, -5.0]}
+
+
+def test_reproduce_from_the_command_line_prints_the_tables_and_the_degeneration(shared_data, tmp_path, capsys):
+    """`juice reproduce` on a tiny model saved to a folder: the tables, the degeneration table
+    (issue 38) and the files it names."""
+    import juice.apps.cli as cli
+    from conftest import build_tiny
+
+    lm = build_tiny("llama")
+    folder = tmp_path / "model"
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+    data = _two_domain_folder(shared_data, tmp_path / "data")
+    out = tmp_path / "out"
+    assert cli.main(["reproduce", "--model", str(folder), "--data", str(data), "--limit", "2", "--no-filter",
+                     "--validation-size", "1", "--k", "1", "--scoring", "attribution", "--no-baselines",
+                     "--out", str(out), "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert "Table 1 layout" in printed and "degenerate outputs" in printed and "results.json" in printed
+    assert json.loads((out / "results.json").read_text())["degeneration"]["cells"].keys() == {"Original", "JuNE",
+                                                                                              "JuICE"}

@@ -135,6 +135,11 @@ def reproduce(
             console.print(interval_rich(result.likelihood, methods, lcols, lheaders,
                                         title="MemoTrap, likelihood comparison (%)"))
         files = ("results_contextual.json", "table2.md", "table2.png", "heads_contextual.json")
+    if result.degeneration:
+        average = [(c, h) for c, h in zip(cols, headers) if c[0] == "Average"]
+        console.print(interval_rich(result.degeneration, methods, [c for c, _ in average], [h for _, h in average],
+                                    title="degenerate outputs, % of the average over domains (lower is better; "
+                                          "juice's measure)", bold=False))
     console.print(f"heads +: {', '.join(map(str, result.selection.positive))}   "
                   f"heads -: {', '.join(map(str, result.selection.negative))}")
     for d, c in result.choices.items():
@@ -297,7 +302,7 @@ def evaluate(
     console.print(interval_rich(report.table, report.methods, columns, headers,
                                 title=f"{data.name}: exact match, % (95% interval half-width)"))
     console.print(interval_rich(report.degeneration, report.methods, columns, headers,
-                                title="degenerate outputs, % (lower is better; juice's measure)"))
+                                title="degenerate outputs, % (lower is better; juice's measure)", bold=False))
     for name, setting in report.settings.items():
         console.print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in setting.items()))
     out.mkdir(parents=True, exist_ok=True)
@@ -419,6 +424,11 @@ def serve(
                                  else "--alias") from None
     console.print(f"serving {lm.name}{''.join(f', {a}' for a in aliases)} on http://{host}:{port}/v1 with heads for "
                   f"{', '.join(sorted(str(load_heads(p).direction) for p in heads)) or 'no direction (Original only)'}")
+    untuned = [str(p) for p in heads if not {"juice", "june"} & set(load_heads(p).tuned)]
+    if untuned and default_options is None:
+        console.print(f"[yellow]note:[/yellow] {', '.join(untuned)} holds no tuned betas (`juice tune`): a request "
+                      "without a juice field gets Original there, and one asking for JuICE or JuNE without betas "
+                      "gets 2 and 0 with an X-Juice-Warning header")
     uvicorn.run(app_, host=host, port=port, log_level="info")
 
 
