@@ -147,6 +147,33 @@ def test_server_side_refusals(tmp_path, two_files):
         read_heads_file(str(tmp_path / "bad.json"))
 
 
+def test_a_request_without_juice_fields_gets_the_same_default_as_on_juice_serve(two_files):
+    only = {"JUICE_VLLM_HEADS": two_files.files["parametric"]}   # JuNE tuned at 3, -0.5
+    tuned = parse_request(None, server_heads(only), GEOMETRY)
+    assert tuned.method == "june" and tuned.warning is None
+    assert torch.equal(tuned.scale, JuNE(GEOMETRY, PARAMETRIC, 3.0, -0.5).coefficients)
+    assert parse_request(None, two_files, GEOMETRY) is None   # two files: Original
+    operator = server_heads({**only, "JUICE_VLLM_DEFAULT": "method:juice,beta_plus:1"})
+    steered = parse_request(None, operator, GEOMETRY)
+    assert steered.method == "juice" and "untuned" in steered.warning   # beta_minus untuned
+    assert torch.equal(steered.add, JuICE(GEOMETRY, PARAMETRIC, 1.0, 0.0).coefficients)
+    with pytest.raises(ValueError, match="JUICE_VLLM_DEFAULT: juice.method must be one of"):
+        server_heads({**only, "JUICE_VLLM_DEFAULT": "method:jucie"})
+    assert parse_request(None, server_heads({}), GEOMETRY) is None   # plugin off: nothing to apply
+
+
+def test_the_middleware_refuses_what_juice_serve_refuses_before_vllm_coerces_it(two_files, monkeypatch):
+    from juice.vllm.middleware import check_body
+
+    monkeypatch.setenv("JUICE_VLLM_HEADS", os.pathsep.join(two_files.files.values()))
+    with pytest.raises(SteeringRequestError, match="juice.beta_plus must be a number, not True"):
+        check_body({"vllm_xargs": {"juice_method": "june", "juice_direction": "context", "juice_beta_plus": True}})
+    with pytest.raises(SteeringRequestError, match="juice must be an object"):
+        check_body({"juice": "juice"})
+    assert "untuned" in check_body({"juice": {"method": "juice", "direction": "context"}})
+    assert check_body({"prompt": "x"}) is None
+
+
 # --- through vLLM --------------------------------------------------------------------------------
 
 def _steering(lm, files: dict[str, HeadSelection], juice: dict | None):
@@ -331,9 +358,13 @@ def test_juice_serve_engine_vllm_answers_the_openai_client_with_per_request_stee
 
     import openai
 
+    from juice.apps.server import create_app
+    from juice.stage1 import load_heads
+    from request_protocol import answers, check_table, serving, write_heads_files
+
     lm, folder = tiny_llama_dir(tmp_path)
     selections = {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}
-    files = [write_heads(tmp_path / f"{d}.json", lm.fingerprint(), d, s) for d, s in selections.items()]
+    files = write_heads_files(tmp_path, lm.fingerprint())   # the protocol table's: JuNE tuned on parametric
     port = _free_port()
     log = open(tmp_path / "server.log", "w")
     server = subprocess.Popen([sys.executable, "-m", "juice.apps.console", "serve", "--engine", "vllm", "--model",
@@ -377,13 +408,17 @@ def test_juice_serve_engine_vllm_answers_the_openai_client_with_per_request_stee
         assert got == expected
         streamed = "".join(c.choices[0].text for c in complete({"juice": asks[2]}, stream=True))
         assert streamed == complete({"juice": asks[2]}).choices[0].text
-        for bad, message in [({"juice": {"method": "jucie"}}, "juice.method must be one of"),
-                             ({"juice": {"method": "june", "direction": "parametric", "beta_plus": 1e9}}, "<= 100"),
-                             ({"vllm_xargs": {"juice_method": "june", "juice_direction": "sideways"}}, "direction"),
-                             ({"juice": {"method": "prune"}}, "needs juice.heads"),
+        for bad, message in [({"vllm_xargs": {"juice_method": "june", "juice_direction": "sideways"}}, "direction"),
+                             ({"vllm_xargs": {"juice_method": "june", "juice_direction": "context",
+                                              "juice_beta_plus": True}}, "must be a number, not True"),
                              ({"juice": {"method": "prune", "heads": ["L4H0"]}}, "L4H0 is out of range")]:
-            with pytest.raises(openai.BadRequestError, match=message.replace("|", r"\|")):
+            with pytest.raises(openai.BadRequestError, match=message):
                 complete(bad)
+        # the protocol table: the same status, message and warning as juice serve on the same model and files
+        table = answers(f"http://127.0.0.1:{port}/v1", folder, prompt)
+        with serving(create_app(lm, [load_heads(f, lm) for f in files], model_name=folder)) as base:
+            assert answers(base, folder, prompt) == table
+        check_table(table)
         assert complete({"juice": asks[1]}).choices[0].token_ids == expected[1]   # still serving
     finally:
         server.terminate()

@@ -78,8 +78,36 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     return hashlib.sha256(json.dumps([ids, len(tokenizer)]).encode()).hexdigest()[:16]
 
 
+FINGERPRINT_KEYS: tuple[str, ...] = ("model_type", "n_layers", "n_heads", "head_dim", "vocab_size",
+                                     "weights_sha256_16")
+"""The keys of a model fingerprint that must agree for a heads file to serve a model (the name
+and the tokenizer's checksum may differ); checked by :func:`juice.stage1.load_heads` and by
+vLLM's plugin (:mod:`juice.vllm.models`)."""
+
+
+def weights_digest(rows: torch.Tensor) -> str:
+    """The fingerprint's checksum of layer 0's output projection: SHA-256 (first 16 hex digits)
+    of its first 8 rows (`[8, n_heads * head_dim]`, gathered over tensor-parallel ranks where
+    sharded) as float32 rounded to 5 decimals."""
+    return hashlib.sha256(rows.detach().float().cpu().numpy().round(5).tobytes()).hexdigest()[:16]
+
+
+def fingerprint_mismatch(theirs: dict[str, Any], mine: dict[str, Any], mine_label: str | None = None) -> str | None:
+    """None if a heads file's fingerprint (`theirs`) fits the model's (`mine`) on
+    :data:`FINGERPRINT_KEYS`; else "was made for model 'X' (key=value, ...); this model is 'Y'
+    (key=value, ...)" (with `mine_label`, e.g. "the served model has", in place of "this model
+    is 'Y'", without the parentheses), for the caller to prefix with the file's path."""
+    diff = [k for k in FINGERPRINT_KEYS if mine.get(k) != theirs.get(k)]
+    if not diff:
+        return None
+    values = ", ".join(f"{k}={mine.get(k)}" for k in diff)
+    here = f"this model is {mine.get('name')!r} ({values})" if mine_label is None else f"{mine_label} {values}"
+    return f"was made for model {theirs.get('name')!r} ({', '.join(f'{k}={theirs.get(k)}' for k in diff)}); {here}"
+
+
 def model_fingerprint(model: PreTrainedModel, heads: ModelHeads, name: str) -> dict[str, Any]:
-    """Model type, head geometry, vocabulary size and a checksum of layer 0's output projection.
+    """Model type, head geometry, vocabulary size and a checksum of layer 0's output projection
+    (:func:`weights_digest`).
 
     The checksum tells two models of the same shape apart (e.g. a base and a fine-tuned model).
     """
@@ -87,7 +115,7 @@ def model_fingerprint(model: PreTrainedModel, heads: ModelHeads, name: str) -> d
     if weight.device.type == "meta":  # offloaded by accelerate: identify by shape only
         digest = "offloaded"
     else:
-        digest = hashlib.sha256(weight.detach()[:8].float().cpu().numpy().round(5).tobytes()).hexdigest()[:16]
+        digest = weights_digest(weight[:8])
     g = heads.geometry
     return {
         "name": name,

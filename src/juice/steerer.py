@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from juice.completion_text import TextStream, chat_prompt, cut_at_stop, final_text, stop_prefix_length
 from juice.decoding import Stream, generate
 from juice.sampling import Sampling
 from juice.interventions import HeadSelection
@@ -78,11 +79,7 @@ class Steerer:
         return [Stream(i, self.steering, Sampling(t, top_k, top_p, seed + i), repetition_penalty) for i in range(n)]
 
     def _finish(self, tokens: Sequence[int], stop: Sequence[str]) -> str:
-        eos = self.lm.tokenizer.eos_token_id
-        ids = list(tokens)
-        if eos is not None and eos in ids:
-            ids = ids[: ids.index(eos)]
-        return cut_at_stop(self.lm.tokenizer.decode(ids, skip_special_tokens=True), stop)
+        return final_text(self.lm.tokenizer, tokens, stop)
 
     def generate(self, prompts: str | Sequence[str], max_new_tokens: int = 64, *, do_sample: bool | None = None,
                  temperature: float | None = None, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
@@ -113,19 +110,12 @@ class Steerer:
 
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
         """The prompt the tokenizer's chat template makes of `messages`, ready for the assistant's
-        turn (a BOS the template writes is dropped: the tokenizer adds its own).
+        turn (:func:`juice.completion_text.chat_prompt`, as `juice serve` makes it).
 
         Raises:
             ValueError: the tokenizer has no chat template.
         """
-        tok = self.lm.tokenizer
-        if not getattr(tok, "chat_template", None):
-            raise ValueError(f"{self.lm.name}'s tokenizer has no chat template; use generate() with a plain prompt")
-        text = tok.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
-        bos = tok.bos_token
-        if bos and text.startswith(bos) and tok("x", add_special_tokens=True)["input_ids"][0] == tok.bos_token_id:
-            text = text[len(bos):]
-        return text
+        return chat_prompt(self.lm.tokenizer, messages, self.lm.name)
 
     def chat(self, messages: Sequence[dict[str, str]], max_new_tokens: int = 256, **options) -> str:
         """The assistant's reply to `messages` (see :meth:`chat_prompt`; options as in :meth:`generate`)."""
@@ -161,30 +151,18 @@ class Steerer:
 
         worker = threading.Thread(target=work, daemon=True)
         worker.start()
-        ids: list[int] = []
-        shown = ""
-        eos = self.lm.tokenizer.eos_token_id
+        text = TextStream(self.lm.tokenizer, stop)
         try:
-            while True:
+            while not text.ended:
                 item = pieces.get()
                 if item is done:
                     break
                 if isinstance(item, BaseException):
                     raise item
-                if item == eos:
-                    break
-                ids.append(item)
-                full = self.lm.tokenizer.decode(ids, skip_special_tokens=True)
-                text = cut_at_stop(full, stop)
-                held = 0 if text != full else stop_prefix_length(text, stop)   # may become a stop string
-                if len(text) - held > len(shown):
-                    yield text[len(shown): len(text) - held]
-                    shown = text[: len(text) - held]
-                if text != full:
-                    break
-            final = self._finish(ids, stop)
-            if len(final) > len(shown):
-                yield final[len(shown):]
+                if piece := text.add(item):
+                    yield piece
+            if rest := text.rest():
+                yield rest
         finally:   # never leave a decoding running on this model (its hooks are not thread-safe)
             cancel.set()
             worker.join()
@@ -192,23 +170,6 @@ class Steerer:
 
 class _Cancelled(Exception):
     """Raised inside a streamed decoding whose reader has stopped."""
-
-
-def cut_at_stop(text: str, stop: Sequence[str]) -> str:
-    """`text` up to (not including) the earliest occurrence of any stop string."""
-    cut = min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=len(text))
-    return text[:cut]
-
-
-def stop_prefix_length(text: str, stop: Sequence[str]) -> int:
-    """How many characters at the end of `text` could be the start of a stop string."""
-    best = 0
-    for s in stop:
-        for k in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:k]):
-                best = max(best, k)
-                break
-    return best
 
 
 __all__ = ["METHODS", "Steerer", "cut_at_stop", "stop_prefix_length"]

@@ -388,10 +388,7 @@ def serve(
         if alias:
             raise typer.BadParameter("--alias is for --engine juice (vLLM serves one model name; send the juice "
                                      "field, or vllm_xargs, per request)", param_hint="--alias")
-        if default is not None:
-            raise typer.BadParameter("--default is for --engine juice (send the juice field per request)",
-                                     param_hint="--default")
-        _serve_vllm(model, heads, host, port, max_total_tokens, dual_run, vllm_arg)
+        _serve_vllm(model, heads, host, port, max_total_tokens, dual_run, vllm_arg, default)
         return
     from juice.extras import require
 
@@ -433,7 +430,7 @@ def serve(
 
 
 def _serve_vllm(model: str, heads: list[Path], host: str, port: int, max_total_tokens: int, dual_run: bool,
-                extra: list[str]) -> None:
+                extra: list[str], default: str | None = None) -> None:
     """`juice serve --engine vllm`: replace this process with vLLM's OpenAI server (:mod:`juice.vllm.launch`)."""
     import os
 
@@ -444,9 +441,13 @@ def _serve_vllm(model: str, heads: list[Path], host: str, port: int, max_total_t
     from juice.vllm.options import server_heads
 
     python = find_vllm_python()
-    server_heads(server_environment(heads, dual_run))   # malformed heads files, or two for one direction: one line
+    try:   # malformed heads files, two for one direction, or a default they cannot honour: one line
+        server_heads(server_environment(heads, dual_run, default=default))
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--default" if "JUICE_VLLM_DEFAULT" in str(err)
+                                 else "--heads") from None
     folder = served_folder(model)
-    env = server_environment(heads, dual_run, geometry=folder_geometry(folder))
+    env = server_environment(heads, dual_run, geometry=folder_geometry(folder), default=default)
     if not torch.cuda.is_available() and not any(a.startswith("--gpu-memory-utilization") for a in extra):
         extra = ["--gpu-memory-utilization", "0.5", *extra]   # the CPU build reserves this share of memory
     command = server_command(python, folder, model, host=host, port=port, max_model_len=max_total_tokens or None,

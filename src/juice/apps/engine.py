@@ -21,7 +21,7 @@ from juice.continuous import DecodingSession
 from juice.decoding import Stream
 from juice.likelihood import prompt_logprobs
 from juice.models import LoadedModel
-from juice.steerer import cut_at_stop
+from juice.completion_text import cut_at_stop
 
 
 class QueueFull(Exception):

@@ -69,7 +69,7 @@ class _Sampling(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
-    juice: dict[str, Any] | None = None
+    juice: Any = None   # checked by juice.steering_request (one message for both servers)
 
     def unsupported(self) -> str | None:
         """The first field set to something the server does not implement, as a message."""

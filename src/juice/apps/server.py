@@ -7,16 +7,15 @@ client passes it with `extra_body`):
 
     "juice": {"direction": "context", "method": "juice", "beta_plus": 2, "beta_minus": 0}
 
-`direction` picks one of the heads files the server was started with (by the file's direction,
-"parametric" or "context"/"contextual"); absent: the only heads file. `method` "juice" | "june" |
-"original" (absent: the method the heads file holds tuned betas for, JuICE first, else "juice");
-betas default to the heads file's tuned values for the method (`juice tune`), else 2 and 0 with
-a warning in the `X-Juice-Warning` response header (untuned betas can break a small model's
-text); a beta must be a finite number with |beta| <= 100 (`MAX_ABS_BETA`).
-
-A request without a `juice` field gets the operator's default (`juice serve --default SPEC`),
-else the tuned steering of the only heads file where that file holds tuned betas, else
-Original: an untuned heads file never steers a request that did not ask (issue 38).
+The fields, their defaults and their errors are juice's one request protocol
+(:mod:`juice.steering_request`, README "The juice request field"), shared with vLLM's plugin: a
+body gets the same status and message from `juice serve` and `juice serve --engine vllm`.
+`method` "juice" | "june" | "original" | "prune" (with `heads`); betas default to the heads
+file's tuned values for the method (`juice tune`), else 2 and 0 with a warning in the
+`X-Juice-Warning` response header (untuned betas can break a small model's text). A request
+without a `juice` field gets the operator's default (`juice serve --default SPEC`), else the
+tuned steering of the only heads file where that file holds tuned betas, else Original: an
+untuned heads file never steers a request that did not ask (issue 38).
 
 Scheduling: one worker thread owns the model (:class:`juice.apps.engine.Engine`) and decodes
 every running request in one batch, one token per step; a request joins the batch at the next
@@ -45,25 +44,14 @@ from typing import Any
 from juice.apps.engine import Engine, Job, QueueFull
 from juice.apps.openai_schema import (ChatRequest, CompletionRequest, MAX_SEED, ServerLimits, error_body,
                                       validation_message)
-from juice.data.records import Direction
 from juice.decoding import Stream
-from juice.interventions import HeadSelection
 from juice.models import LoadedModel
 from juice.sampling import Sampling
-from juice.steerer import cut_at_stop, stop_prefix_length
-from juice.steering import ORIGINAL, JuICE, JuNE, Steering, chosen_betas
+from juice.completion_text import TextStream, chat_prompt, final_text
+from juice.steering import Steering
+from juice.steering_request import (MAX_ABS_BETA, WARNING_HEADER, ServedHeads, SteeringRequestError, juice_fields,
+                                    parse_spec, read_steering)
 from juice.tokens import context_length, token_ids
-
-DIRECTIONS = {"parametric": Direction.PARAMETRIC, "memory": Direction.PARAMETRIC, "context": Direction.CONTEXTUAL,
-              "contextual": Direction.CONTEXTUAL}
-"""The names a request's `juice.direction` may use (:meth:`juice.data.records.Direction.parse`)."""
-
-MAX_ABS_BETA = 100.0
-"""Largest |beta| a request may ask for (the paper's grids stay within 5); far beyond, head
-outputs swamp the residual stream and the output is noise."""
-
-WARNING_HEADER = "X-Juice-Warning"
-"""The response header that carries a request's steering warning (untuned betas, issue 38)."""
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 
@@ -90,34 +78,6 @@ def parse_alias(text: str) -> tuple[str, dict[str, Any]]:
     if not sep or not name.strip():
         raise ValueError(f"--alias {text!r}: write NAME=key:value,key:value")
     return name.strip(), parse_spec(spec, f"--alias {text!r}")
-
-
-def parse_spec(spec: str, label: str = "--default") -> dict[str, Any]:
-    """`key:value` pairs joined by commas (`juice serve --default`, `--alias`), e.g.
-    `method:juice,beta_plus:2` -> {"method": "juice", "beta_plus": 2.0}. Betas are read as numbers.
-
-    Raises:
-        ValueError: a pair without `:`, or a beta that is not a number (the message quotes
-            `label`).
-    """
-    options: dict[str, Any] = {}
-    for pair in filter(None, (p.strip() for p in spec.split(","))):
-        key, sep, value = pair.partition(":")
-        if not sep or not key.strip():
-            raise ValueError(f"{label}: {pair!r} is not key:value")
-        key, value = key.strip(), value.strip()
-        if key in ("beta_plus", "beta_minus"):
-            try:
-                options[key] = float(value)
-            except ValueError:
-                raise ValueError(f"{label}: {key} must be a number, not {value!r}") from None
-        else:
-            options[key] = value
-    return options
-
-
-def _heads_direction(artifact) -> str:
-    return DIRECTIONS.get(str(artifact.direction), str(artifact.direction))
 
 
 def text_offsets(tokenizer, ids: list[int], window: int = 4) -> list[int]:
@@ -168,21 +128,13 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     limits = limits or ServerLimits()
-    by_direction: dict[str, HeadSelection] = {}
-    tuned: dict[str, dict] = {}
-    for artifact in heads:
-        d = _heads_direction(artifact)
-        if d in by_direction:
-            raise ValueError(f"two heads files for the {d} direction")
-        by_direction[d] = artifact.selection
-        tuned[d] = dict(getattr(artifact, "tuned", {}) or {})
+    served = ServedHeads.of_artifacts(heads, lm.heads.geometry, default)
     name = model_name or lm.name
     aliases = {k: dict(v) for k, v in (aliases or {}).items()}
     if name in aliases:
         raise ValueError(f"alias {name!r} is the served model's own name")
     context = limits.max_total_tokens or context_length(lm.model)
     vocab = lm.model.get_output_embeddings().weight.shape[0]
-    eos = lm.tokenizer.eos_token_id
 
     registry = CollectorRegistry()
     m_tokens = Counter("juice_generation_tokens", "Tokens generated", registry=registry)
@@ -237,47 +189,14 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
     async def server_error(request, exc: Exception):
         return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
 
-    def tuned_method(d: str) -> str | None:
-        """The method the heads file of direction `d` holds tuned betas for, JuICE first."""
-        return next((m for m in ("juice", "june") if m in tuned[d]), None)
-
-    def default_options() -> dict:
-        """What a request without a `juice` field gets (module docstring)."""
-        if default is not None:
-            return dict(default)
-        if len(by_direction) == 1 and (m := tuned_method(next(iter(by_direction)))) is not None:
-            return {"method": m}
-        return {"method": "original"}
-
-    def steering_of(options: dict | None) -> tuple[Steering, str | None]:
-        """The steering a request's `juice` options ask for, and the warning to send with it."""
-        options = dict(options or {}) or default_options()
-        method = options.get("method", None if by_direction else "original")
-        if method == "original":
-            return ORIGINAL, None
-        if method is not None and method not in ("juice", "june"):
-            raise ApiError(400, f"juice.method must be juice, june or original, not {method!r}", param="juice")
-        direction = options.get("direction")
-        if direction is None:
-            if len(by_direction) != 1:
-                raise ApiError(400, f"say juice.direction: this server has heads for {sorted(by_direction) or 'none'}",
-                               param="juice")
-            d = next(iter(by_direction))
-        else:
-            d = DIRECTIONS.get(str(direction))
-            if d not in by_direction:
-                raise ApiError(400, f"no heads for direction {direction!r}; this server has {sorted(by_direction)}",
-                               param="juice")
-        method = method or tuned_method(d) or "juice"
+    def steering_of(options: Any) -> tuple[Steering, str | None]:
+        """The steering a request's `juice` options ask for (:func:`juice.steering_request.read_steering`),
+        and the warning to send with it."""
         try:
-            given = [float(options[k]) if k in options else None for k in ("beta_plus", "beta_minus")]
-        except (TypeError, ValueError, OverflowError):
-            raise ApiError(400, "juice.beta_plus and juice.beta_minus must be numbers", param="juice") from None
-        bp, bm, warning = chosen_betas(method, tuned[d], *given)
-        if not (abs(bp) <= MAX_ABS_BETA and abs(bm) <= MAX_ABS_BETA):   # also refuses NaN and infinities
-            raise ApiError(400, f"juice.beta_plus and juice.beta_minus must be finite with |beta| <= {MAX_ABS_BETA:g}",
-                           param="juice")
-        return (JuICE if method == "juice" else JuNE)(lm, by_direction[d], bp, bm), warning
+            ask = read_steering(options, served)
+            return ask.steering(lm.heads.geometry, served), ask.warning
+        except SteeringRequestError as err:
+            raise ApiError(400, str(err), param="juice") from None
 
     def check_model(req) -> dict:
         """The request's `juice` options: its model's (an alias's) overridden by its own field."""
@@ -285,7 +204,11 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
             raise ApiError(404, f"The model `{req.model}` does not exist.", "NotFoundError", "model", 404)
         if message := req.unsupported():
             raise ApiError(400, message)
-        return {**aliases.get(req.model, {}), **(req.juice or {})}
+        try:
+            own = juice_fields(req.juice)
+        except SteeringRequestError as err:
+            raise ApiError(400, str(err), param="juice") from None
+        return {**aliases.get(req.model, {}), **own}
 
     for alias, options in [*aliases.items(), *([("--default", default)] if default is not None else [])]:
         try:   # refused at start, not per request
@@ -321,11 +244,7 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
                    warning=warning)
 
     def text_of(job: Job, k: int) -> tuple[str, str]:
-        tokens, reason = job.tokens[k], job.reasons[k] or "length"
-        if eos is not None and eos in tokens:
-            tokens = tokens[: tokens.index(eos)]
-        text = lm.tokenizer.decode(tokens, skip_special_tokens=True)
-        return cut_at_stop(text, job.stop), reason
+        return final_text(lm.tokenizer, job.tokens[k], job.stop), job.reasons[k] or "length"
 
     def usage(job: Job) -> dict:
         prompt = sum(map(len, job.prompt_ids))
@@ -393,26 +312,18 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
 
         async def events():
             watcher = asyncio.create_task(watch_disconnect(request, job))
-            ids: list[list[int]] = [[] for _ in job.streams]
-            shown = [""] * len(job.streams)
+            texts = [TextStream(lm.tokenizer, job.stop) for _ in job.streams]
             try:
                 for k in range(len(job.streams)):
                     yield chunk(k, "", None, first=True)
                 while (item := await tokens.get()) is not None:
                     k, token = item
-                    if token == eos:
-                        continue
-                    ids[k].append(token)
-                    text = lm.tokenizer.decode(ids[k], skip_special_tokens=True)
-                    cut = cut_at_stop(text, job.stop)
-                    visible = cut if cut != text else cut[: len(cut) - stop_prefix_length(cut, job.stop)]
-                    if len(visible) > len(shown[k]) and not visible.endswith("\ufffd"):
-                        yield chunk(k, visible[len(shown[k]):], None)
-                        shown[k] = visible
+                    if piece := texts[k].add(token):
+                        yield chunk(k, piece, None)
                 if job.outcome == "ok":
                     for k in range(len(job.streams)):
                         text, reason = text_of(job, k)
-                        yield chunk(k, text[len(shown[k]):], reason)
+                        yield chunk(k, texts[k].rest(text), reason)
                 elif (err := outcome_error(job)) is not None:
                     yield f"data: {json.dumps(error_body(err.message, err.kind, code=err.code))}\n\n"
                 yield "data: [DONE]\n\n"
@@ -505,14 +416,9 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
         if not getattr(tok, "chat_template", None):
             raise ApiError(400, f"{name}'s tokenizer has no chat template; use /v1/completions")
         try:
-            messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-            prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            prompt = chat_prompt(tok, [{"role": m.role, "content": m.text()} for m in req.messages], name)
         except Exception as err:   # the template's own refusals (roles out of order, ...)
             raise ApiError(400, f"messages: {type(err).__name__}: {err}", param="messages") from None
-        if not isinstance(prompt, str):
-            raise ApiError(400, "messages: the chat template did not give a text prompt", param="messages")
-        if tok.bos_token and prompt.startswith(tok.bos_token):
-            prompt = prompt[len(tok.bos_token):]   # the tokenizer adds its own
         ids = [token_ids(tok, prompt)]
         return await respond(job_of(req, options, ids, req.max_completion_tokens or req.max_tokens), request,
                              req.stream, req.model or name, "chatcmpl",
@@ -526,5 +432,5 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
     return app
 
 
-__all__ = ["ApiError", "DIRECTIONS", "MAX_ABS_BETA", "ServerLimits", "WARNING_HEADER", "create_app", "parse_alias",
+__all__ = ["ApiError", "MAX_ABS_BETA", "ServerLimits", "WARNING_HEADER", "create_app", "parse_alias",
            "parse_spec"]

@@ -13,7 +13,7 @@ from typing import Any
 from juice.data.records import ConflictExample, ContextualExample, Direction
 from juice.interventions import Head, HeadSelection, check_heads
 from juice.io import write_json_atomic
-from juice.models import LoadedModel
+from juice.models import LoadedModel, fingerprint_mismatch
 from juice.stage1.scoring import HeadScores
 
 
@@ -88,9 +88,6 @@ def save_heads(artifact: HeadsArtifact, path: str | Path) -> None:
     write_json_atomic(path, artifact.to_json())
 
 
-_FINGERPRINT_KEYS = ("model_type", "n_layers", "n_heads", "head_dim", "vocab_size", "weights_sha256_16")
-
-
 def load_heads(path: str | Path, lm: LoadedModel | None = None) -> HeadsArtifact:
     """Read a heads file; with `lm`, check that it was made for this model.
 
@@ -110,14 +107,9 @@ def load_heads(path: str | Path, lm: LoadedModel | None = None) -> HeadsArtifact
     if not isinstance(data.get("model"), dict):
         raise ValueError(f"{path}: a juice heads file without its model fingerprint")
     if lm is not None:
-        mine = lm.fingerprint()
-        theirs = data["model"]
-        diff = [k for k in _FINGERPRINT_KEYS if mine.get(k) != theirs.get(k)]
-        if diff:
-            raise HeadsFileMismatchError(
-                f"{path} was made for model {theirs.get('name')!r} ({', '.join(f'{k}={theirs.get(k)}' for k in diff)}); "
-                f"this model is {mine['name']!r} ({', '.join(f'{k}={mine.get(k)}' for k in diff)})"
-            )
+        mismatch = fingerprint_mismatch(data["model"], lm.fingerprint())
+        if mismatch is not None:
+            raise HeadsFileMismatchError(f"{path} {mismatch}")
     try:
         direction = Direction.parse(data.get("direction", ""))
     except ValueError as err:

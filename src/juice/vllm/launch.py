@@ -107,9 +107,10 @@ def server_command(python: str, folder: str, name: str, *, host: str, port: int,
 
 
 def server_environment(heads: Sequence[str | Path], dual_run: bool = True, base: dict | None = None,
-                       geometry: str | None = None) -> dict[str, str]:
+                       geometry: str | None = None, default: str | None = None) -> dict[str, str]:
     """The environment that turns the plugin on with these heads files (:mod:`juice.vllm.options`),
-    and `JUICE_VLLM_GEOMETRY` set to `geometry` (`<n_layers>x<n_heads>`, :func:`folder_geometry`) unless set.
+    `JUICE_VLLM_GEOMETRY` set to `geometry` (`<n_layers>x<n_heads>`, :func:`folder_geometry`) unless
+    set, and `JUICE_VLLM_DEFAULT` to `default` (`juice serve --default SPEC`) when given.
 
     On vLLM's CPU build it also sets `VLLM_CPU_KVCACHE_SPACE=2` (GiB) unless set, and, on a machine
     with fewer than :data:`FEW_CPUS` usable cores where neither `VLLM_CPU_OMP_THREADS_BIND` nor
@@ -125,6 +126,8 @@ def server_environment(heads: Sequence[str | Path], dual_run: bool = True, base:
     env["JUICE_VLLM_DUAL_RUN"] = "1" if dual_run else "0"
     if geometry:
         env.setdefault("JUICE_VLLM_GEOMETRY", geometry)
+    if default is not None:
+        env["JUICE_VLLM_DEFAULT"] = default
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")   # GiB of KV cache on the CPU build (vLLM's default: 4)
     if "VLLM_CPU_OMP_THREADS_BIND" not in env and "VLLM_CPU_NUM_OF_RESERVED_CPU" not in env:
         if len(usable_cpus()) < FEW_CPUS:

@@ -1,17 +1,29 @@
-"""An ASGI middleware for vLLM's OpenAI server: `juice serve`'s `juice` body field -> `vllm_xargs`.
+"""An ASGI middleware for vLLM's OpenAI server: `juice serve`'s `juice` body field -> `vllm_xargs`,
+checked by juice's one request protocol before vLLM sees it.
 
 vLLM's request models accept per-request extension arguments only as `vllm_xargs`, a flat object
-of strings, numbers and lists. This middleware moves a body's `"juice": {"method": ...}` into
-`vllm_xargs` as `juice_method`, ... (:func:`juice.vllm.options.request_fields` reads both), so the
-same client code works against `juice serve` and `juice serve --engine vllm`. Bodies without a
-`juice` object, and bodies that are not JSON, pass through unchanged (vLLM answers those).
-Loaded by vLLM's `--middleware juice.vllm.middleware.JuiceFieldMiddleware` (the launcher adds it).
+of strings, numbers and lists. This middleware
+
+1. reads the body's juice fields, the `juice` object or the `juice_*` keys of `vllm_xargs`, from
+   the JSON as the client sent it, and checks them against the server's heads files with
+   :func:`juice.vllm.options.request_ask` (:mod:`juice.steering_request`, the same function
+   `juice serve` uses), so a body gets the same status and the same one-line message from both
+   servers; vLLM's request model would have turned `true` into 1 before the plugin saw it;
+2. moves the `juice` object into `vllm_xargs` as `juice_method`, ... (:func:`juice.vllm.options.request_fields`
+   reads both forms);
+3. adds the request's steering warning (untuned betas) to the response in the
+   :data:`juice.steering_request.WARNING_HEADER` header, as `juice serve` does.
+
+Bodies that are not JSON objects pass through unchanged (vLLM answers those). Loaded by vLLM's
+`--middleware juice.vllm.middleware.JuiceFieldMiddleware` (the launcher adds it).
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from juice.steering_request import WARNING_HEADER, SteeringRequestError
 
 
 def juice_field_to_xargs(body: dict[str, Any]) -> dict[str, Any]:
@@ -31,8 +43,29 @@ def juice_field_to_xargs(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def check_body(body: dict[str, Any]) -> str | None:
+    """The steering warning of a request body, or None.
+
+    Raises:
+        SteeringRequestError: the body's juice fields are wrong (the one-line message).
+    """
+    from juice.vllm.options import request_ask, request_fields, server_heads
+
+    xargs = body.get("vllm_xargs")
+    extra = dict(xargs) if isinstance(xargs, dict) else {}
+    if "juice" in body and body["juice"] is not None:
+        extra["juice"] = body["juice"]
+    return request_ask(request_fields(extra), server_heads()).warning
+
+
+def error_body(message: str) -> bytes:
+    """vLLM's error shape for HTTP 400."""
+    return json.dumps({"error": {"message": message, "type": "BadRequestError", "param": "juice",
+                                 "code": 400}}).encode()
+
+
 class JuiceFieldMiddleware:
-    """Rewrites the JSON body of POST requests to `/v1/completions` and `/v1/chat/completions`."""
+    """Checks and rewrites the JSON body of POST requests to `/v1/completions` and `/v1/chat/completions`."""
 
     PATHS = ("/v1/completions", "/v1/chat/completions")
 
@@ -54,12 +87,34 @@ class JuiceFieldMiddleware:
             data = json.loads(body)
         except ValueError:
             data = None
-        if isinstance(data, dict) and "juice" in data:
-            body = json.dumps(juice_field_to_xargs(data)).encode()
-            headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-length"]
-            scope = {**scope, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
+        warning = None
+        if isinstance(data, dict):
+            try:
+                warning = check_body(data)
+            except SteeringRequestError as err:
+                payload = error_body(str(err))
+                await send({"type": "http.response.start", "status": 400,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(payload)).encode())]})
+                await send({"type": "http.response.body", "body": payload})
+                return None
+            if "juice" in data:
+                body = json.dumps(juice_field_to_xargs(data)).encode()
+                headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-length"]
+                scope = {**scope, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
+        if warning is not None:
+            send = _with_header(send, WARNING_HEADER, warning)
         return await self.app(scope, _replay([{"type": "http.request", "body": body, "more_body": False}], receive),
                               send)
+
+
+def _with_header(send, name: str, value: str):
+    async def sending(message):
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), (name.lower().encode(), value.encode())]}
+        return await send(message)
+
+    return sending
 
 
 def _replay(messages: list[dict], receive):
@@ -73,4 +128,4 @@ def _replay(messages: list[dict], receive):
     return replay
 
 
-__all__ = ["JuiceFieldMiddleware", "juice_field_to_xargs"]
+__all__ = ["JuiceFieldMiddleware", "check_body", "juice_field_to_xargs"]

@@ -37,7 +37,6 @@ gave it, equal the model's; else the model refuses to build, naming the value to
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 from collections.abc import Callable, Iterable
 
@@ -49,12 +48,13 @@ from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention import Attention
 
 from juice.architectures import config_geometry
+from juice.models import fingerprint_mismatch, weights_digest
+from juice.vllm import ARCHITECTURES
 from juice.vllm.constraints import (ROW_FIELD, PluginConfigError, check_attention_backend, check_engine_config,
                                     missing_rows_message)
 from juice.vllm.options import ENV_GEOMETRY, ServerHeads, server_heads
 from juice.vllm.processor import BATCH
 
-_FINGERPRINT_KEYS = ("model_type", "n_layers", "n_heads", "head_dim", "vocab_size", "weights_sha256_16")
 
 
 class _CleanRunDone(Exception):
@@ -260,12 +260,9 @@ class SteerableMixin:
         if self.juice_server.fingerprints:
             mine = self.juice_fingerprint()
             for direction, theirs in self.juice_server.fingerprints.items():
-                diff = [k for k in _FINGERPRINT_KEYS if mine.get(k) != theirs.get(k)]
-                if diff:
-                    raise PluginConfigError(
-                        f"{self.juice_server.files[direction]} was made for model {theirs.get('name')!r} "
-                        f"({', '.join(f'{k}={theirs.get(k)}' for k in diff)}); the served model has "
-                        f"{', '.join(f'{k}={mine.get(k)}' for k in diff)}")
+                mismatch = fingerprint_mismatch(theirs, mine, "the served model has")
+                if mismatch is not None:
+                    raise PluginConfigError(f"{self.juice_server.files[direction]} {mismatch}")
         return loaded
 
     def juice_fingerprint(self) -> dict:
@@ -274,7 +271,7 @@ class SteerableMixin:
         weight = self.juice_layers[0].self_attn.o_proj.weight.detach()[:8]
         if get_tensor_model_parallel_world_size() > 1:
             weight = tensor_model_parallel_all_gather(weight.contiguous(), dim=-1)
-        digest = hashlib.sha256(weight.float().cpu().numpy().round(5).tobytes()).hexdigest()[:16]
+        digest = weights_digest(weight)
         g = self.juice_geometry
         config = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
         return {"model_type": self.config.model_type, "n_layers": g.n_layers, "n_heads": g.n_heads,
@@ -296,10 +293,6 @@ JuiceGemma3ForCausalLM = _steerable(_load("gemma3", "Gemma3ForCausalLM"))
 JuiceGemma2ForCausalLM = _steerable(_load("gemma2", "Gemma2ForCausalLM"))
 JuiceLlamaForCausalLM = _steerable(_load("llama", "LlamaForCausalLM"))
 JuiceQwen2ForCausalLM = _steerable(_load("qwen2", "Qwen2ForCausalLM"))
-
-ARCHITECTURES = {"Gemma3ForCausalLM": "JuiceGemma3ForCausalLM", "Gemma2ForCausalLM": "JuiceGemma2ForCausalLM",
-                 "LlamaForCausalLM": "JuiceLlamaForCausalLM", "Qwen2ForCausalLM": "JuiceQwen2ForCausalLM"}
-"""vLLM architecture name -> the steered class of this module."""
 
 __all__ = ["ARCHITECTURES", "JuiceGemma2ForCausalLM", "JuiceGemma3ForCausalLM", "JuiceLlamaForCausalLM",
            "JuiceQwen2ForCausalLM", "PluginConfigError", "SteerableMixin"]

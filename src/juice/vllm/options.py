@@ -8,6 +8,8 @@ the same variables on every node:
   `os.pathsep`, at most one per direction. Setting it turns the plugin on.
 - `JUICE_VLLM=1`: turns the plugin on without heads files (only `original` and `prune`).
 - `JUICE_VLLM_DUAL_RUN=0`: no dual run (JuICE refused at admission; no second KV cache).
+- `JUICE_VLLM_DEFAULT=SPEC`: the steering of a request without juice fields, e.g.
+  `method:juice,beta_plus:2` (:func:`juice.steering_request.parse_spec`).
 - `JUICE_VLLM_GEOMETRY=<n_layers>x<n_heads>` (e.g. `18x4`): the served model's heads, so that
   admission can refuse a pruned head outside the model; needed only without heads files (a heads
   file's fingerprint carries it). `juice serve --engine vllm` sets it; the model checks it at start.
@@ -15,9 +17,10 @@ the same variables on every node:
 A request's side: `SamplingParams.extra_args`, either `{"juice": {"method": ..., "direction": ...,
 "beta_plus": ..., "beta_minus": ..., "heads": [...]}}` (offline) or the same keys flat with a
 `juice_` prefix (`juice_method`, ...), the form vLLM's OpenAI server passes on from `vllm_xargs`
-(which allows no nested objects). The fields mean what `juice serve`'s `juice` field means
-(:mod:`juice.apps.server`), plus `method: "prune"` (PH3's pruning, Jin et al. 2024: the listed
-`heads` scaled by 0).
+(which allows no nested objects). The fields, their defaults and their errors are juice's one
+request protocol (:mod:`juice.steering_request`), the same as `juice serve`'s; a request without
+them gets `JUICE_VLLM_DEFAULT` (a `juice serve --default` SPEC), else the only heads file's tuned
+steering, else Original.
 
 A request becomes two `[n_layers, n_heads]` tables, applied at each head's slice of the output
 projection's input as `H * (1 + scale) + add * H_clean` (:class:`juice.interventions.RowPlan`'s
@@ -28,10 +31,9 @@ its coefficients in `add` (paper Alg. 1, H_clean = run 1's output of the same he
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -40,44 +42,30 @@ import torch
 
 from juice.architectures import HeadGeometry
 from juice.data.records import Direction
-from juice.interventions import Head, HeadSelection, check_heads
-from juice.steering import steering_coefficients
+from juice.interventions import Head, HeadSelection
+from juice.steering_request import (FIELDS, NOT_AN_OBJECT, ServedHeads, SteeringAsk, SteeringRequestError,
+                                    parse_spec, read_steering)
 
-METHODS = ("original", "june", "juice", "prune")
-MAX_ABS_BETA = 100.0
-"""Largest |beta| a request may ask for; the same bound as `juice serve` (:mod:`juice.apps.server`)."""
-FIELDS = ("method", "direction", "beta_plus", "beta_minus", "heads")
 ENV_HEADS, ENV_ON, ENV_DUAL = "JUICE_VLLM_HEADS", "JUICE_VLLM", "JUICE_VLLM_DUAL_RUN"
-ENV_GEOMETRY = "JUICE_VLLM_GEOMETRY"
-
-
-class SteeringRequestError(ValueError):
-    """A request's steering fields are wrong (vLLM answers HTTP 400 with this message)."""
+ENV_GEOMETRY, ENV_DEFAULT = "JUICE_VLLM_GEOMETRY", "JUICE_VLLM_DEFAULT"
 
 
 @dataclass(frozen=True)
-class ServerHeads:
-    """The server's steering set-up (module docstring).
+class ServerHeads(ServedHeads):
+    """The server's steering set-up (module docstring): what :class:`ServedHeads` holds
+    (selections, tuned betas, default, dual run, geometry, files), and
 
     Attributes:
         enabled: the plugin is on (`JUICE_VLLM_HEADS` or `JUICE_VLLM=1`).
-        selections: direction -> its heads file's selection.
-        tuned: direction -> the file's `tuned` settings (method -> {"beta_plus", "beta_minus"}).
         fingerprints: direction -> the file's model fingerprint (checked against the served model).
-        dual_run: JuICE's clean run is computed (a second KV cache on the dual-run layers).
-        geometry: the served model's layers and heads as the API server knows them before any
-            model is built (`JUICE_VLLM_GEOMETRY`, else the heads files' fingerprints; head_dim 0
-            where unknown), or None; the model refuses to start where it differs.
-        geometry_from: where `geometry` came from (the variable, or a heads file's path).
+        geometry_from: where `geometry` came from (the variable, or a heads file's path); the
+            geometry is the served model's layers and heads as the API server knows them before
+            any model is built (`JUICE_VLLM_GEOMETRY`, else the heads files' fingerprints;
+            head_dim 0 where unknown), or None; the model refuses to start where it differs.
     """
 
     enabled: bool = False
-    selections: Mapping[str, HeadSelection] = field(default_factory=dict)
-    tuned: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    fingerprints: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    files: Mapping[str, str] = field(default_factory=dict)
-    dual_run: bool = True
-    geometry: HeadGeometry | None = None
+    fingerprints: Mapping[str, Mapping[str, Any]] | None = None
     geometry_from: str = ""
 
     def dual_run_layers(self) -> tuple[int, int] | None:
@@ -120,7 +108,7 @@ def server_heads(environ: Mapping[str, str] | None = None) -> ServerHeads:
     """
     env = os.environ if environ is None else environ
     return _server_heads(env.get(ENV_HEADS, ""), env.get(ENV_ON, ""), env.get(ENV_DUAL, "1"),
-                         env.get(ENV_GEOMETRY, ""))
+                         env.get(ENV_GEOMETRY, ""), env.get(ENV_DEFAULT, ""))
 
 
 def parse_geometry(text: str) -> HeadGeometry:
@@ -136,7 +124,7 @@ def parse_geometry(text: str) -> HeadGeometry:
 
 
 @lru_cache(maxsize=8)
-def _server_heads(heads: str, on: str, dual: str, geometry_text: str = "") -> ServerHeads:
+def _server_heads(heads: str, on: str, dual: str, geometry_text: str = "", default: str = "") -> ServerHeads:
     paths = [p for p in heads.split(os.pathsep) if p.strip()]
     selections, tuned, fingerprints, files = {}, {}, {}, {}
     for path in paths:
@@ -151,8 +139,17 @@ def _server_heads(heads: str, on: str, dual: str, geometry_text: str = "") -> Se
         if geometry is None and isinstance(layers, int) and isinstance(heads_, int):
             geometry = HeadGeometry(layers, heads_, int(fingerprint.get("head_dim") or 0))
             source = files[direction]
-    return ServerHeads(bool(paths) or on.strip() not in ("", "0"), selections, tuned, fingerprints, files,
-                       dual.strip() not in ("0", "false", "no", "off"), geometry, source)
+    server = ServerHeads(selections=selections, tuned=tuned,
+                         default=parse_spec(default, ENV_DEFAULT) if default.strip() else None,
+                         dual_run=dual.strip() not in ("0", "false", "no", "off"), geometry=geometry, files=files,
+                         enabled=bool(paths) or on.strip() not in ("", "0"), fingerprints=fingerprints,
+                         geometry_from=source)
+    if server.default is not None:   # refused at start, not per request
+        try:
+            read_steering(server.default, server)
+        except SteeringRequestError as err:
+            raise ValueError(f"{ENV_DEFAULT}: {err}") from None
+    return server
 
 
 def request_fields(extra_args: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -166,12 +163,11 @@ def request_fields(extra_args: Mapping[str, Any] | None) -> dict[str, Any] | Non
         return None
     fields: dict[str, Any] = {}
     if "juice" in extra_args:
-        nested = extra_args["juice"]
-        if not isinstance(nested, Mapping):
-            raise SteeringRequestError("juice must be an object with method, direction, beta_plus, beta_minus, heads")
-        fields.update(nested)
+        if not isinstance(extra_args["juice"], Mapping):
+            raise SteeringRequestError(NOT_AN_OBJECT)
+        fields.update(extra_args["juice"])
     if "juice_invalid" in extra_args:   # the middleware's mark for a `juice` body field that is not an object
-        raise SteeringRequestError("juice must be an object with method, direction, beta_plus, beta_minus, heads")
+        raise SteeringRequestError(NOT_AN_OBJECT)
     for key, value in extra_args.items():
         if key.startswith("juice_"):
             fields[key[len("juice_"):]] = value
@@ -186,110 +182,58 @@ class RequestSteering:
     """One request's steering as the forward applies it (module docstring).
 
     Attributes:
-        method: one of :data:`METHODS`.
+        method: one of :data:`juice.steering_request.METHODS` but "original".
         scale: `[n_layers, n_heads]`, live outputs become `H * (1 + scale)` (JuNE, pruning).
         add: `[n_layers, n_heads]`, `add * H_clean` is added (JuICE); nonzero only where the dual
             run computes H_clean.
+        warning: the request's steering warning (untuned betas), or None.
     """
 
     method: str
     scale: torch.Tensor
     add: torch.Tensor
+    warning: str | None = None
 
 
-def _beta(fields: Mapping[str, Any], key: str, default: float) -> float:
-    value = fields.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise SteeringRequestError(f"juice.{key} must be a number")
-    try:
-        beta = float(value)
-    except ValueError:
-        raise SteeringRequestError(f"juice.{key} must be a number, not {value!r}") from None
-    if not math.isfinite(beta) or abs(beta) > MAX_ABS_BETA:
-        raise SteeringRequestError(f"juice.{key} must be finite with |beta| <= {MAX_ABS_BETA:g}, not {value!r}")
-    return beta
+def request_ask(fields: Mapping[str, Any] | None, server: ServerHeads) -> SteeringAsk:
+    """One request's juice fields checked against the server (:func:`juice.steering_request.read_steering`);
+    None: the request sent none (it gets the server's default).
+
+    Raises:
+        SteeringRequestError: the plugin is off and the request asks for steering, or what
+            :func:`~juice.steering_request.read_steering` refuses.
+    """
+    if not server.enabled:
+        if fields is None:
+            return SteeringAsk("original")
+        raise SteeringRequestError("this vLLM server runs without juice steering (start it with JUICE_VLLM_HEADS "
+                                   "set to heads files, or JUICE_VLLM=1; see juice's README)")
+    return read_steering(fields, server)
 
 
 def parse_request(fields: Mapping[str, Any] | None, server: ServerHeads, geometry: HeadGeometry | None = None
                   ) -> RequestSteering | None:
-    """Check one request's juice fields against the server; with `geometry`, build its tables
-    (without it, as at admission, pruned heads are checked against `server.geometry`).
-
-    Defaults as `juice serve`: `method` "juice" when the server has heads files, else
-    "original"; `direction` the only heads file's; betas the file's tuned values for the
-    method, else 2 and 0. Returns None for Original (nothing to apply).
+    """Check one request's juice fields against the server (:func:`request_ask`); with `geometry`,
+    build its tables (without it, as at admission, pruned heads are checked against
+    `server.geometry`). Returns None for Original (nothing to apply).
 
     Raises:
-        SteeringRequestError: the plugin is off; an unknown method; a beta that is not a finite
-            number with |beta| <= 100; a direction with no heads file (or none given where the
-            server has two); JuICE on a server without the dual run; `prune` without `heads`,
-            or a head name that does not parse or lies outside the model.
+        SteeringRequestError: see :func:`request_ask`; a heads file's head outside `geometry`.
     """
-    if fields is None:
+    if geometry is not None:
+        server = replace(server, geometry=geometry)
+    ask = request_ask(fields, server)
+    if ask.method == "original":
         return None
-    if not server.enabled:
-        raise SteeringRequestError("this vLLM server runs without juice steering (start it with JUICE_VLLM_HEADS "
-                                   "set to heads files, or JUICE_VLLM=1; see juice's README)")
-    method = fields.get("method", "juice" if server.selections else "original")
-    if method not in METHODS:
-        raise SteeringRequestError(f"juice.method must be one of {', '.join(METHODS)}, not {method!r}")
-    if "heads" in fields and method != "prune":
-        raise SteeringRequestError("juice.heads is for method prune (juice and june use the heads file's heads)")
-    if method == "original":
-        return None
-    if method == "prune":
-        names = fields.get("heads")
-        if isinstance(names, str):
-            names = [n for n in names.replace(",", " ").split() if n]
-        if not isinstance(names, (list, tuple)) or not names:
-            raise SteeringRequestError("juice.method prune needs juice.heads, a list of head names like 'L11H2'")
-        try:
-            heads = [Head.parse(str(n)) for n in names]
-        except ValueError as err:
-            raise SteeringRequestError(f"juice.heads: {err}") from None
-        known = geometry or server.geometry
-        if known is not None:
-            try:
-                check_heads(heads, known)
-            except IndexError as err:
-                raise SteeringRequestError(f"juice.heads: {err}") from None
-        if geometry is None:
-            return RequestSteering(method, torch.zeros(0), torch.zeros(0))
-        scale = torch.zeros(geometry.n_layers, geometry.n_heads)
-        for h in heads:
-            scale[h.layer, h.head] = -1.0
-        return RequestSteering(method, scale, torch.zeros_like(scale))
-    direction = fields.get("direction")
-    if direction is None:
-        if len(server.selections) != 1:
-            raise SteeringRequestError(f"say juice.direction: this server has heads for "
-                                       f"{sorted(server.selections) or 'no direction'}")
-        direction = next(iter(server.selections))
-    try:
-        direction = str(Direction.parse(str(direction)))
-    except ValueError as err:
-        raise SteeringRequestError(f"juice.direction: {err}") from None
-    if direction not in server.selections:
-        raise SteeringRequestError(f"no heads for direction {direction!r}; this server has "
-                                   f"{sorted(server.selections) or 'none'} (JUICE_VLLM_HEADS)")
-    if method == "juice" and not server.dual_run:
-        raise SteeringRequestError("juice.method juice needs the dual run; this server was started without it "
-                                   "(JUICE_VLLM_DUAL_RUN=0); use june")
-    defaults = server.tuned[direction].get(method, {})
-    defaults = defaults if isinstance(defaults, Mapping) else {}
-    beta_plus = _beta(fields, "beta_plus", defaults.get("beta_plus", 2.0))
-    beta_minus = _beta(fields, "beta_minus", defaults.get("beta_minus", 0.0))
     if geometry is None:
-        return RequestSteering(method, torch.zeros(0), torch.zeros(0))
-    try:
-        coefficients = steering_coefficients(geometry, server.selections[direction], beta_plus, beta_minus, method)
-    except IndexError as err:
-        raise SteeringRequestError(f"{server.files[direction]}: {err}") from None
+        return RequestSteering(ask.method, torch.zeros(0), torch.zeros(0), ask.warning)
+    coefficients = ask.coefficients(geometry, server)
     zeros = torch.zeros_like(coefficients)
-    return RequestSteering(method, coefficients, zeros) if method == "june" else RequestSteering(method, zeros,
-                                                                                              coefficients)
+    if ask.method == "juice":
+        return RequestSteering(ask.method, zeros, coefficients, ask.warning)
+    return RequestSteering(ask.method, coefficients, zeros, ask.warning)
 
 
-__all__ = ["ENV_DUAL", "ENV_GEOMETRY", "ENV_HEADS", "ENV_ON", "FIELDS", "MAX_ABS_BETA", "METHODS", "RequestSteering",
-           "ServerHeads", "SteeringRequestError", "parse_geometry", "parse_request", "read_heads_file",
+__all__ = ["ENV_DEFAULT", "ENV_DUAL", "ENV_GEOMETRY", "ENV_HEADS", "ENV_ON", "RequestSteering", "ServerHeads",
+           "SteeringRequestError", "parse_geometry", "parse_request", "read_heads_file", "request_ask",
            "request_fields", "server_heads"]

@@ -1,0 +1,291 @@
+"""The steering a request may ask for: one protocol for `juice serve` and for vLLM with juice's plugin.
+
+A request carries a `juice` object (HTTP body field; vLLM also takes the same keys flat in
+`vllm_xargs` as `juice_<key>`):
+
+    {"method": "juice", "direction": "context", "beta_plus": 2, "beta_minus": 0}
+
+| field | type | meaning | absent |
+|---|---|---|---|
+| `method` | string, one of `original`, `june`, `juice`, `prune` (any case) | Original; JuNE (paper Alg. 4); JuICE (Alg. 1); PH3's pruning of `heads` | the method the direction's heads file holds tuned betas for (JuICE first), else `juice`; `original` on a server without heads files |
+| `direction` | string, read by :meth:`juice.data.records.Direction.parse` (`parametric`/`memory`, `contextual`/`context`, any case) | which heads file steers | the only heads file's; an error where the server has two |
+| `beta_plus`, `beta_minus` | JSON number (not a boolean, not a string), finite, \\|beta\\| <= 100 | the betas | the heads file's tuned betas for the method (`juice tune`), else 2 and 0 with a warning |
+| `heads` | list of head names (`"L11H2"`) or one string of names separated by commas or spaces | the heads `prune` zeroes | an error for `prune`; refused with any other method |
+
+A request without the field (or with an empty object) gets the operator's default steering
+(`juice serve --default SPEC`; vLLM: `JUICE_VLLM_DEFAULT`), else the tuned steering of the only
+heads file where that file holds tuned betas, else Original: an untuned heads file never steers
+a request that did not ask (issue 38). Every refusal is a :class:`SteeringRequestError` whose
+one-line message both servers send with HTTP 400; a steering with untuned betas carries a
+warning that both servers send in the :data:`WARNING_HEADER` response header.
+
+Decided once for both servers (issue 34): booleans are not numbers (`"beta_plus": true` is
+refused); directions are read as :meth:`Direction.parse` reads them; `prune` takes explicit
+heads on both engines; an unknown field is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from juice.architectures import HeadGeometry
+from juice.data.records import Direction
+from juice.interventions import Head, HeadSelection, check_heads, head_coefficients
+from juice.steering import ORIGINAL, Steering, chosen_betas, steering_coefficients
+
+FIELDS: tuple[str, ...] = ("method", "direction", "beta_plus", "beta_minus", "heads")
+"""The keys of a request's `juice` object."""
+
+METHODS: tuple[str, ...] = ("original", "june", "juice", "prune")
+"""What a request may ask for."""
+
+MAX_ABS_BETA = 100.0
+"""Largest |beta| a request may ask for (the paper's grids stay within 5); far beyond, head
+outputs swamp the residual stream and the output is noise."""
+
+WARNING_HEADER = "X-Juice-Warning"
+"""The response header that carries a request's steering warning (untuned betas, issue 38)."""
+
+NOT_AN_OBJECT = "juice must be an object with method, direction, beta_plus, beta_minus, heads"
+
+
+class SteeringRequestError(ValueError):
+    """A request's steering fields are wrong: both servers answer HTTP 400 with this one line."""
+
+
+@dataclass(frozen=True)
+class ServedHeads:
+    """What a server steers with: its heads files, by direction, and its operator's default.
+
+    Attributes:
+        selections: direction ("parametric" | "contextual") -> the heads file's selection.
+        tuned: direction -> the file's `tuned` settings (method -> {"beta_plus", "beta_minus"}).
+        default: the `juice` fields a request without any gets (`juice serve --default`,
+            `JUICE_VLLM_DEFAULT`), or None (module docstring's rule).
+        dual_run: JuICE can run (vLLM: `JUICE_VLLM_DUAL_RUN`); juice's own engine always can.
+        geometry: the served model's heads (pruned heads are checked against it), or None.
+        files: direction -> the heads file's name, for messages.
+    """
+
+    selections: Mapping[str, HeadSelection] = field(default_factory=dict)
+    tuned: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    default: Mapping[str, Any] | None = None
+    dual_run: bool = True
+    geometry: HeadGeometry | None = None
+    files: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of_artifacts(cls, artifacts, geometry: HeadGeometry | None = None,
+                     default: Mapping[str, Any] | None = None) -> "ServedHeads":
+        """From loaded heads files (:func:`juice.load_heads`), at most one per direction.
+
+        Raises:
+            ValueError: two heads files for the same direction.
+        """
+        selections: dict[str, HeadSelection] = {}
+        tuned: dict[str, dict] = {}
+        for artifact in artifacts:
+            d = str(Direction.parse(str(artifact.direction)))
+            if d in selections:
+                raise ValueError(f"two heads files for the {d} direction")
+            selections[d] = artifact.selection
+            tuned[d] = dict(getattr(artifact, "tuned", {}) or {})
+        return cls(selections, tuned, default, True, geometry)
+
+    def tuned_method(self, direction: str) -> str | None:
+        """The method the heads file of `direction` holds tuned betas for, JuICE first."""
+        mine = self.tuned.get(direction, {})
+        return next((m for m in ("juice", "june") if isinstance(mine.get(m), Mapping)), None)
+
+    def default_fields(self) -> dict[str, Any]:
+        """The `juice` fields of a request that sends none (module docstring)."""
+        if self.default is not None:
+            return dict(self.default)
+        if len(self.selections) == 1 and (m := self.tuned_method(next(iter(self.selections)))) is not None:
+            return {"method": m}
+        return {"method": "original"}
+
+
+@dataclass(frozen=True)
+class SteeringAsk:
+    """One request's steering, checked and with its defaults filled in.
+
+    Attributes:
+        method: one of :data:`METHODS`.
+        direction: the heads file's direction for JuICE and JuNE, else None.
+        beta_plus, beta_minus: the betas JuICE and JuNE run with (0 otherwise).
+        heads: the heads `prune` zeroes (empty otherwise).
+        warning: one line for the client (untuned betas), or None.
+    """
+
+    method: str
+    direction: str | None = None
+    beta_plus: float = 0.0
+    beta_minus: float = 0.0
+    heads: tuple[Head, ...] = ()
+    warning: str | None = None
+
+    def coefficients(self, geometry: HeadGeometry, served: ServedHeads) -> Tensor:
+        """`[n_layers, n_heads]`: JuICE's or JuNE's betas at the direction's heads
+        (:func:`juice.steering.steering_coefficients`), -1 at pruned heads; zeros for Original.
+
+        Raises:
+            SteeringRequestError: a head outside `geometry` (the message names the heads file).
+        """
+        if self.method == "original":
+            return torch.zeros(geometry.n_layers, geometry.n_heads)
+        try:
+            if self.method == "prune":
+                return head_coefficients(geometry, {h: -1.0 for h in self.heads})
+            return steering_coefficients(geometry, served.selections[self.direction], self.beta_plus,
+                                         self.beta_minus, self.method)
+        except IndexError as err:
+            where = "juice.heads" if self.method == "prune" else served.files.get(self.direction, "the heads file")
+            raise SteeringRequestError(f"{where}: {err}") from None
+
+    def steering(self, geometry: HeadGeometry, served: ServedHeads) -> Steering:
+        """The :class:`juice.steering.Steering` juice's engine decodes: pruning is JuNE with
+        beta = -1 at the pruned heads (:func:`juice.steering.Prune`)."""
+        if self.method == "original":
+            return ORIGINAL
+        return Steering("juice" if self.method == "juice" else "june", self.coefficients(geometry, served))
+
+
+def juice_fields(value: Any) -> dict[str, Any]:
+    """A request's `juice` value as fields: an object whose keys are all in :data:`FIELDS`
+    (None: no fields).
+
+    Raises:
+        SteeringRequestError: not an object, or an unknown key.
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SteeringRequestError(NOT_AN_OBJECT)
+    unknown = sorted(str(k) for k in set(value) - set(FIELDS))
+    if unknown:
+        raise SteeringRequestError(f"unknown juice field {unknown[0]!r}; the fields are {', '.join(FIELDS)}")
+    return dict(value)
+
+
+def _text(fields: Mapping[str, Any], key: str, choices: str) -> str | None:
+    value = fields.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise SteeringRequestError(f"juice.{key} must be {choices}, not {value!r}")
+    return value.strip().lower()
+
+
+def _beta(fields: Mapping[str, Any], key: str) -> float | None:
+    value = fields.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SteeringRequestError(f"juice.{key} must be a number, not {value!r}")
+    beta = float(value)
+    if not math.isfinite(beta) or abs(beta) > MAX_ABS_BETA:
+        raise SteeringRequestError(f"juice.{key} must be finite with |beta| <= {MAX_ABS_BETA:g}, not {value!r}")
+    return beta
+
+
+def _heads(value: Any, geometry: HeadGeometry | None) -> tuple[Head, ...]:
+    names = [n for n in value.replace(",", " ").split() if n] if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) for n in names):
+        raise SteeringRequestError("juice.method prune needs juice.heads, a list of head names like 'L11H2'")
+    try:
+        heads = tuple(Head.parse(n) for n in names)
+        if geometry is not None:
+            check_heads(heads, geometry)
+    except (ValueError, IndexError) as err:
+        raise SteeringRequestError(f"juice.heads: {err}") from None
+    return heads
+
+
+def read_steering(value: Any, served: ServedHeads) -> SteeringAsk:
+    """Check one request's `juice` value against what the server steers with, and fill in the
+    defaults (module docstring's table).
+
+    Args:
+        value: the request's `juice` object (None or {}: none was sent).
+        served: the server's heads files and default.
+
+    Returns:
+        the request's :class:`SteeringAsk`.
+
+    Raises:
+        SteeringRequestError: the first thing wrong, in this order: not an object, an unknown
+            field, an unknown method, `heads` with a method other than prune, prune without
+            heads or with a head that does not parse or lies outside the model, a direction
+            that does not parse, has no heads file or is missing where the server has two,
+            JuICE without the dual run, a beta that is not a finite number with |beta| <= 100.
+    """
+    fields = juice_fields(value) or juice_fields(served.default_fields())
+    method = _text(fields, "method", "one of " + ", ".join(METHODS))
+    if method is not None and method not in METHODS:
+        raise SteeringRequestError(f"juice.method must be one of {', '.join(METHODS)}, not {fields['method']!r}")
+    if "heads" in fields and method != "prune":
+        raise SteeringRequestError("juice.heads is for method prune (juice and june use the heads file's heads)")
+    if method == "original" or (method is None and not served.selections
+                                and not {"direction", "beta_plus", "beta_minus"} & set(fields)):
+        return SteeringAsk("original")
+    if method == "prune":
+        return SteeringAsk("prune", heads=_heads(fields.get("heads"), served.geometry))
+    given = _text(fields, "direction", "parametric (memory) or contextual (context)")
+    if given is None:
+        if len(served.selections) != 1:
+            raise SteeringRequestError(f"say juice.direction: this server has heads for "
+                                       f"{sorted(served.selections) or 'no direction'}")
+        direction = next(iter(served.selections))
+    else:
+        try:
+            direction = str(Direction.parse(given))
+        except ValueError as err:
+            raise SteeringRequestError(f"juice.direction: {err}") from None
+        if direction not in served.selections:
+            raise SteeringRequestError(f"no heads for direction {direction!r}; this server has "
+                                       f"{sorted(served.selections) or 'none'}")
+    method = method or served.tuned_method(direction) or "juice"
+    if method == "juice" and not served.dual_run:
+        raise SteeringRequestError("juice.method juice needs the dual run; this server was started without it "
+                                   "(JUICE_VLLM_DUAL_RUN=0); use june")
+    bp, bm = _beta(fields, "beta_plus"), _beta(fields, "beta_minus")
+    bp, bm, warning = chosen_betas(method, dict(served.tuned.get(direction, {})), bp, bm)
+    return SteeringAsk(method, direction, bp, bm, warning=warning)
+
+
+def parse_spec(spec: str, label: str = "--default") -> dict[str, Any]:
+    """`key:value` pairs joined by commas (`juice serve --default`, `--alias`, `JUICE_VLLM_DEFAULT`),
+    e.g. `method:juice,beta_plus:2` -> {"method": "juice", "beta_plus": 2.0}. Betas are read as
+    numbers; `heads:L1H1 L2H0` as a list.
+
+    Raises:
+        ValueError: a pair without `:`, or a beta that is not a number (the message quotes
+            `label`).
+    """
+    options: dict[str, Any] = {}
+    for pair in filter(None, (p.strip() for p in spec.split(","))):
+        key, sep, value = pair.partition(":")
+        if not sep or not key.strip():
+            raise ValueError(f"{label}: {pair!r} is not key:value")
+        key, value = key.strip(), value.strip()
+        if key in ("beta_plus", "beta_minus"):
+            try:
+                options[key] = float(value)
+            except ValueError:
+                raise ValueError(f"{label}: {key} must be a number, not {value!r}") from None
+        elif key == "heads":
+            options[key] = value.split()
+        else:
+            options[key] = value
+    return options
+
+
+__all__ = ["FIELDS", "MAX_ABS_BETA", "METHODS", "NOT_AN_OBJECT", "ServedHeads", "SteeringAsk", "SteeringRequestError",
+           "WARNING_HEADER", "juice_fields", "parse_spec", "read_steering"]
