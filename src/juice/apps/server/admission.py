@@ -1,0 +1,189 @@
+"""A request admitted by `juice serve`: its model name (or alias), its prompt, its steering
+(:mod:`juice.steering_request`) and its sampling checked, and its :class:`juice.apps.engine.Job`
+built; every refusal an :class:`ApiError` in OpenAI's shape."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from juice.apps.engine import Job
+from juice.apps.openai_schema import MAX_SEED, ServerLimits
+from juice.completion_text import chat_prompt
+from juice.decoding import Stream
+from juice.models import LoadedModel
+from juice.sampling import Sampling
+from juice.steering import Steering
+from juice.steering_request import ServedHeads, SteeringRequestError, juice_fields, parse_spec, read_steering
+from juice.tokens import context_length, token_ids
+
+
+class ApiError(Exception):
+    """An HTTP error in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | int | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+        self.headers = headers
+
+
+def parse_alias(text: str) -> tuple[str, dict[str, Any]]:
+    """`NAME=SPEC` (`juice serve --alias`), SPEC as :func:`juice.steering_request.parse_spec`
+    reads it, e.g. `gemma+juice=direction:contextual,method:juice,beta_plus:2` -> ("gemma+juice",
+    {"direction": "contextual", "method": "juice", "beta_plus": 2.0}).
+
+    Raises:
+        ValueError: no `=`, an empty name, or a pair without `:` (the message quotes it).
+    """
+    name, sep, spec = text.partition("=")
+    if not sep or not name.strip():
+        raise ValueError(f"--alias {text!r}: write NAME=key:value,key:value")
+    return name.strip(), parse_spec(spec, f"--alias {text!r}")
+
+
+class Admission:
+    """What `juice serve` admits (module docstring).
+
+    Args:
+        lm: the model.
+        served: the heads files and the operator's default.
+        limits: the server's limits.
+        name: the served model's name.
+        aliases: more model names, each with the `juice` options its requests get.
+        on_prompt_tokens: called with the prompt tokens of each admitted job (metrics).
+
+    Raises:
+        ValueError: an alias that is the model's name, or an alias or default whose options the
+            server cannot honour (the message says which and why).
+    """
+
+    def __init__(self, lm: LoadedModel, served: ServedHeads, limits: ServerLimits, name: str,
+                 aliases: Mapping[str, Mapping[str, Any]], on_prompt_tokens: Callable[[int], None] = lambda n: None):
+        self.lm, self.served, self.limits, self.name = lm, served, limits, name
+        self.aliases = {k: dict(v) for k, v in aliases.items()}
+        self.on_prompt_tokens = on_prompt_tokens
+        if name in self.aliases:
+            raise ValueError(f"alias {name!r} is the served model's own name")
+        self.context = limits.max_total_tokens or context_length(lm.model)
+        self.vocab = lm.model.get_output_embeddings().weight.shape[0]
+        checks = [*self.aliases.items(), *([("--default", served.default)] if served.default is not None else [])]
+        for alias, options in checks:
+            try:   # refused at start, not per request
+                self.steering(options)
+            except ApiError as err:
+                raise ValueError(f"{alias if alias == '--default' else f'alias {alias!r}'}: {err.message}") from None
+
+    @property
+    def model_names(self) -> list[str]:
+        return [self.name, *self.aliases]
+
+    def steering(self, options: Any) -> tuple[Steering, str | None]:
+        """The steering a request's `juice` options ask for (:func:`juice.steering_request.read_steering`),
+        and the warning to send with it.
+
+        Raises:
+            ApiError: 400 with the protocol's one-line message.
+        """
+        try:
+            ask = read_steering(options, self.served)
+            return ask.steering(self.lm.heads.geometry, self.served), ask.warning
+        except SteeringRequestError as err:
+            raise ApiError(400, str(err), param="juice") from None
+
+    def options(self, req) -> dict:
+        """The request's `juice` options: its model's (an alias's) overridden key by key by its own field.
+
+        Raises:
+            ApiError: 404 for a model the server does not serve; 400 for a field it does not
+                implement or a `juice` value that is not an object of known fields.
+        """
+        if req.model is not None and req.model != self.name and req.model not in self.aliases:
+            raise ApiError(404, f"The model `{req.model}` does not exist.", "NotFoundError", "model", 404)
+        if message := req.unsupported():
+            raise ApiError(400, message)
+        try:
+            own = juice_fields(req.juice)
+        except SteeringRequestError as err:
+            raise ApiError(400, str(err), param="juice") from None
+        return {**self.aliases.get(req.model, {}), **own}
+
+    def completion_prompts(self, req) -> tuple[list[list[int]], list[str]]:
+        """A completions request's prompts as token ids (BOS added to text) and as text.
+
+        Raises:
+            ApiError: 400 for no prompt, too many, or a token id outside the vocabulary.
+        """
+        prompt = req.prompt
+        prompts = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else list(prompt)
+        if not prompts:
+            raise ApiError(400, "prompt: give a string, a list of token ids, or a non-empty list of either",
+                           param="prompt")
+        if len(prompts) > self.limits.max_prompts:
+            raise ApiError(400, f"prompt: at most {self.limits.max_prompts} prompts per request", param="prompt")
+        ids, texts = [], []
+        for p in prompts:
+            if isinstance(p, str):
+                ids.append(token_ids(self.lm.tokenizer, p))
+                texts.append(p)
+                continue
+            bad = next((t for t in p if not 0 <= t < self.vocab), None)
+            if bad is not None:
+                raise ApiError(400, f"prompt: token id {bad} is out of range (the vocabulary has {self.vocab})",
+                               param="prompt")
+            ids.append(list(p))
+            texts.append(self.lm.tokenizer.decode(p, skip_special_tokens=True))
+        return ids, texts
+
+    def chat_ids(self, req) -> list[int]:
+        """A chat request's prompt (:func:`juice.completion_text.chat_prompt`) as token ids.
+
+        Raises:
+            ApiError: 400 for a tokenizer without a chat template, or the template's refusal.
+        """
+        tok = self.lm.tokenizer
+        if not getattr(tok, "chat_template", None):
+            raise ApiError(400, f"{self.name}'s tokenizer has no chat template; use /v1/completions")
+        try:
+            prompt = chat_prompt(tok, [{"role": m.role, "content": m.text()} for m in req.messages], self.name)
+        except Exception as err:   # the template's own refusals (roles out of order, ...)
+            raise ApiError(400, f"messages: {type(err).__name__}: {err}", param="messages") from None
+        return token_ids(tok, prompt)
+
+    def job(self, req, options: dict, ids: list[list[int]], max_tokens: int | None, logprobs: int | None = None,
+            echo: bool = False) -> Job:
+        """The job of a request: one stream per (prompt, choice), each seeded `seed + choice`.
+
+        Raises:
+            ApiError: 400 for too many choices or stop strings, an empty prompt, a prompt and
+                completion longer than the context, or a steering the protocol refuses.
+        """
+        limits = self.limits
+        if req.n > limits.max_n:
+            raise ApiError(400, f"n must be at most {limits.max_n} (this server's --max-n)", param="n")
+        if len(req.stops()) > 4:
+            raise ApiError(400, "stop: at most 4 stop strings", param="stop")
+        steering, warning = self.steering(options)
+        max_new = limits.default_max_tokens if max_tokens is None else max_tokens
+        for row in ids:
+            if not row:
+                raise ApiError(400, "prompt is empty (no tokens)", param="prompt")
+            if self.context is not None and len(row) + max_new > self.context:
+                raise ApiError(400, f"This model's maximum context length is {self.context} tokens. However, you "
+                                    f"requested {len(row) + max_new} tokens ({len(row)} in the prompt, {max_new} "
+                                    "for the completion).", param="max_tokens")
+        temperature = 1.0 if req.temperature is None else req.temperature
+        seed = int.from_bytes(os.urandom(4), "little") if req.seed is None else req.seed
+        streams = []
+        for i in range(len(ids)):
+            for k in range(req.n):
+                sampling = None if temperature == 0 else Sampling(
+                    temperature, max(0, req.top_k or 0), 1.0 if req.top_p is None else req.top_p, (seed + k) % MAX_SEED)
+                streams.append(Stream(i, steering, sampling, req.repetition_penalty or 1.0))
+        self.on_prompt_tokens(sum(map(len, ids)))
+        return Job(ids, streams, max_new, req.stops(), limits.request_timeout_s, logprobs=logprobs, echo=echo,
+                   warning=warning)
+
+
+__all__ = ["Admission", "ApiError", "parse_alias"]

@@ -1,0 +1,122 @@
+"""`juice serve`'s routes: the FastAPI app, its error handlers and its endpoints, over the
+admission, response, metrics and engine rooms (:mod:`juice.apps.server`)."""
+
+# no `from __future__ import annotations`: FastAPI reads the routes' annotations (Request, the
+# request models) at run time, and Request is imported inside create_app (the server extra).
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from juice.apps.engine import Engine
+from juice.apps.openai_schema import ChatRequest, CompletionRequest, ServerLimits, error_body, validation_message
+from juice.apps.server.admission import Admission, ApiError
+from juice.apps.server.metrics import ServerMetrics
+from juice.apps.server.responses import Responder
+from juice.models import LoadedModel
+from juice.steering_request import ServedHeads
+
+
+def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | None = None,
+               limits: ServerLimits | None = None, aliases: Mapping[str, Mapping[str, Any]] | None = None,
+               default: Mapping[str, Any] | None = None):
+    """The FastAPI app (:mod:`juice.apps.server`).
+
+    Args:
+        lm: the model.
+        heads: heads artifacts (:func:`juice.load_heads`), at most one per direction.
+        model_name: the name clients use in `model` (default: the model's name).
+        limits: what the server admits (default :class:`ServerLimits`).
+        aliases: more model names, each with the `juice` options its requests get (a request's
+            own `juice` field overrides them key by key); :func:`juice.apps.server.parse_alias`
+            reads `juice serve --alias NAME=SPEC`.
+        default: the `juice` options of a request that sends none (`juice serve --default
+            SPEC`, :func:`juice.steering_request.parse_spec`); None: the protocol's rule.
+
+    Raises:
+        ValueError: two heads files for the same direction; an alias that is the model's name, or
+            an alias or default whose options the server cannot honour (the message says why).
+    """
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, Response
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    limits = limits or ServerLimits()
+    metrics = ServerMetrics()
+    admission = Admission(lm, ServedHeads.of_artifacts(heads, lm.heads.geometry, default), limits,
+                          model_name or lm.name, aliases or {}, metrics.prompt_tokens.inc)
+    engine = Engine(lm, limits.max_rows, limits.max_queued, on_step=metrics.tokens.inc, on_finish=metrics.finished)
+    metrics.watch(engine)
+    responder = Responder(lm.tokenizer, engine)
+
+    app = FastAPI(title="juice", description="OpenAI-compatible completions with per-request head steering")
+    app.state.engine, app.state.limits, app.state.registry = engine, limits, metrics.registry
+
+    def error_response(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                       code: str | int | None = None, headers: dict | None = None) -> JSONResponse:
+        metrics.rejected(status)
+        return JSONResponse(status_code=status, content=error_body(message, kind, param, code), headers=headers)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request, exc: ApiError):
+        return error_response(exc.status, exc.message, exc.kind, exc.param, exc.code, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, exc: RequestValidationError):
+        message, param = validation_message(list(exc.errors()))
+        return error_response(400, message, param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc: StarletteHTTPException):
+        return error_response(exc.status_code, str(exc.detail), "not_found_error" if exc.status_code == 404
+                              else "invalid_request_error")
+
+    @app.exception_handler(Exception)
+    async def server_error(request, exc: Exception):
+        return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+
+    @app.get("/health")
+    def health() -> Any:
+        if not engine.alive:
+            return JSONResponse(status_code=503, content={"status": "the engine thread has stopped"})
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    def metrics_text() -> Response:
+        body, media_type = metrics.exposition()
+        return Response(body, media_type=media_type)
+
+    @app.get("/v1/models")
+    def models() -> dict:
+        return {"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "juice"}
+                                           for n in admission.model_names]}
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request) -> Any:
+        options = admission.options(req)
+        ids, texts = admission.completion_prompts(req)
+        job = admission.job(req, options, ids, req.max_tokens, req.logprobs, req.echo)
+
+        def choice(k: int, text: str, reason: str) -> dict:
+            head = texts[job.streams[k].prompt] if req.echo else ""
+            lps = responder.logprobs_of(job, k, req.echo) if req.logprobs is not None or req.echo else None
+            return {"text": head + text, "finish_reason": reason, "logprobs": lps}
+
+        return await responder.respond(
+            job, request, req.stream, req.model or admission.name, "cmpl", "text_completion", "text_completion",
+            lambda text, reason, first: {"text": text, "logprobs": None, "finish_reason": reason}, choice)
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest, request: Request) -> Any:
+        options = admission.options(req)
+        job = admission.job(req, options, [admission.chat_ids(req)], req.max_completion_tokens or req.max_tokens)
+        return await responder.respond(
+            job, request, req.stream, req.model or admission.name, "chatcmpl", "chat.completion",
+            "chat.completion.chunk",
+            lambda text, reason, first: {"delta": ({"role": "assistant", "content": text} if first
+                                                   else {"content": text} if text else {}), "finish_reason": reason},
+            lambda k, text, reason: {"message": {"role": "assistant", "content": text}, "finish_reason": reason})
+
+    return app
+
+
+__all__ = ["create_app"]
