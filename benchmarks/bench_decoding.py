@@ -7,7 +7,7 @@ import torch
 from _common import measure, report
 
 from juice.data.paraconflict import build_domain
-from juice.decoding import greedy_generate
+from juice.engine import greedy_generate
 from juice.interventions import HeadSelection
 from juice.interventions import Head
 from juice.models import load_model

@@ -25,7 +25,7 @@ import time
 import torch
 
 from juice.data.paraconflict import build_domain
-from juice.decoding import Stream, generate
+from juice.engine import Stream, generate
 from juice.interventions import HeadSelection
 from juice.interventions import Head
 from juice.models import LoadedModel, load_model, wrap_model

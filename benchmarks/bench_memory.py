@@ -15,7 +15,7 @@ from _common import measure
 
 from juice.budget import auto_max_rows
 from juice.data.paraconflict import build_domain
-from juice.decoding import Stream, generate
+from juice.engine import Stream, generate
 from juice.interventions import HeadSelection
 from juice.stage1 import ALPHAS_NEGATIVE, ALPHAS_POSITIVE
 from juice.interventions import Head

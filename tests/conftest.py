@@ -94,6 +94,25 @@ def tiny_device() -> torch.device:
     return TEST_DEVICE
 
 
+UNIT_MODULES = {"test_cli", "test_compare", "test_completion_text", "test_contextual_data", "test_data",
+                "test_doctests", "test_install", "test_layout", "test_plots", "test_properties", "test_report",
+                "test_stats", "test_steering_request", "test_tables", "test_vllm_constraints"}
+"""Test modules that load no model (a test among them that does is marked `integration`)."""
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tiers, as TransformerLens has them: `unit` (no model: `pytest -m unit`, seconds), `integration`
+    (tiny random models: `pytest -m "not slow"`, minutes) and `slow` (the embedded models, vLLM);
+    `pytest` runs them all (the README's test command)."""
+    for item in items:
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("slow") is not None or item.get_closest_marker("integration") is not None:
+            continue
+        module = item.module.__name__.rpartition(".")[2] if item.module is not None else ""
+        item.add_marker(pytest.mark.unit if module in UNIT_MODULES else pytest.mark.integration)
+
+
 def pytest_report_header(config) -> str:
     return f"juice tiny models on: {TEST_DEVICE or TEST_DEVICE_UNAVAILABLE}"
 

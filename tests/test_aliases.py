@@ -50,7 +50,7 @@ def test_with_answer_first_moves_the_alias_and_keeps_the_rest():
 
 
 def test_prefer_aliases_uses_the_models_first_token_probabilities_when_no_alias_is_output(tiny_llama):
-    from juice.decoding import Stream, generate
+    from juice.engine import Stream, generate
     from juice.tokens import answer_first_token
 
     ex = _example(("paris", "berlin", "tokyo"))

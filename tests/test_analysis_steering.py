@@ -14,7 +14,7 @@ from juice.analysis.robustness import RobustnessGrid, evaluate_settings, heads_b
 from juice.data.paraconflict import DOMAINS, build_domain
 from juice.data.paraphrases import PARAPHRASES, paraphrase_example, paraphrase_templates, template_choice
 from juice.data.records import CONFLICT_TYPES
-from juice.decoding import Stream, generate
+from juice.engine import Stream, generate
 from juice.eval.runner import evaluate
 from juice.interventions import Head, HeadSelection, RowPlan, projection_input_hooks
 from juice.post_norm import head_contributions, norm_gain, post_norm_modules, post_norm_rows

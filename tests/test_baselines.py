@@ -13,7 +13,7 @@ from juice.baselines.ph3 import ConflictPrompt, Ph3Scores, heads_to_prune, logit
 from juice.baselines.prompt import contextual_prompt, parametric_prompt
 from juice.data.paraconflict import build_domain
 from juice.data.records import ContextualExample
-from juice.decoding import greedy_generate
+from juice.engine import greedy_generate
 from juice.interventions import Head
 from juice.reference import continuation_logprobs
 from juice.tokens import encode, token_ids
@@ -407,7 +407,7 @@ def _mixed_streams(lm):
     """CAD, AdaCAD, Original, JuICE and JuNE streams over shared prompts: P0's clean prefill serves
     CAD, AdaCAD and Original; Q0 is the question of two streams; Q1 is a question and a prompt."""
     from juice.baselines.cad import CadPolicy, jsd_alpha
-    from juice.decoding import Contrast, Stream
+    from juice.engine import Contrast, Stream
     from juice.interventions import HeadSelection
     from juice.steering import JuICE, JuNE
 
@@ -419,7 +419,7 @@ def _mixed_streams(lm):
 
 
 def test_cad_adacad_and_steered_streams_in_one_generate_call_equal_each_alone(tiny):
-    from juice.decoding import generate
+    from juice.engine import generate
     from juice.reference import cad_generate_naive, greedy_generate_naive
 
     streams = _mixed_streams(tiny)
@@ -442,7 +442,7 @@ def test_cad_adacad_and_steered_streams_in_one_generate_call_equal_each_alone(ti
 
 
 def test_mixed_teacher_forcing_equals_each_stream_alone_and_the_uncached_reference(tiny_llama):
-    from juice.decoding import generate
+    from juice.engine import generate
     from juice.likelihood import continuation_ids
     from juice.reference import cad_continuation_logprobs_naive, continuation_logprobs
 
@@ -473,8 +473,8 @@ def test_mixed_teacher_forcing_equals_each_stream_alone_and_the_uncached_referen
 
 
 def test_a_cad_stream_takes_two_rows_of_max_rows(tiny_llama, monkeypatch):
-    import juice.decoding as st
-    from juice.decoding import generate
+    import juice.engine.batch as st
+    from juice.engine import generate
 
     rows, real = [], st._generate_chunk
 
@@ -492,7 +492,7 @@ def test_a_cad_stream_takes_two_rows_of_max_rows(tiny_llama, monkeypatch):
 
 def test_a_cad_stream_decodes_the_unmodified_model():
     from juice.baselines.cad import CadPolicy
-    from juice.decoding import Contrast, Stream
+    from juice.engine import Contrast, Stream
     from juice.steering import Steering
 
     with pytest.raises(ValueError, match="contrastive stream .* takes no june steering"):

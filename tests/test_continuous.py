@@ -1,4 +1,4 @@
-"""Continuous batching (juice.continuous): streams that join a running batch mid-flight and leave
+"""Continuous batching (juice.engine.session): streams that join a running batch mid-flight and leave
 it when they end get exactly the tokens they get alone from `generate`; cancelled streams free
 their rows; stop predicates end a stream."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from juice.continuous import DecodingSession
-from juice.decoding import Stream, generate
+from juice.engine import DecodingSession
+from juice.engine import Stream, generate
 from juice.interventions import Head, HeadSelection
 from juice.sampling import Sampling
 from juice.steering import ORIGINAL, JuICE, JuNE

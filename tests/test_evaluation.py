@@ -119,7 +119,7 @@ def test_forced_decoding_likelihoods_equal_the_teacher_forced_reference(tiny_lla
 
 
 def test_forced_logprobs_match_the_reference_values(tiny):
-    from juice.decoding import Stream, generate
+    from juice.engine import Stream, generate
 
     prompts = ["the capital of france is", "tennis golf w40 w41 w42 is"]
     conts = [" paris .", " golf"]
@@ -148,7 +148,7 @@ def test_an_evaluated_text_ends_at_eos_as_hugging_face_generate_ends_it(tiny_lla
     model is made the EOS (a tokenizer of its own, the shared one untouched) so that the case occurs."""
     from dataclasses import replace
 
-    from juice.decoding import greedy_generate
+    from juice.engine import greedy_generate
     from juice.eval.runner import DecodeRequest, decode_requests
 
     from conftest import make_tokenizer

@@ -136,7 +136,7 @@ def test_the_authors_files_give_the_authors_splits_refiltered_for_the_model(shar
 
 
 def test_tiny_prompt_too_long_and_empty_answer_errors(tiny_llama):
-    from juice.decoding import greedy_generate
+    from juice.engine import greedy_generate
     from juice.tokens import EmptyAnswerError, PromptTooLongError, answer_first_token
 
     with pytest.raises(PromptTooLongError, match="context holds"):

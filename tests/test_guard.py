@@ -7,9 +7,9 @@ import pytest
 import torch
 from conftest import build_tiny
 
-import juice.decoding as st
+import juice.engine.batch as st
 from juice import guard
-from juice.decoding import Stream, generate
+from juice.engine import Stream, generate
 from juice.tokens import token_ids
 
 PROMPTS = ["the capital of france is",                        # 6 tokens with BOS: the most padded
@@ -30,7 +30,7 @@ def count_chunks(monkeypatch) -> list[int]:
     seen, real = [], st._generate_chunk
 
     def counting(lm, batch, *args, **kwargs):
-        seen.append(batch.input_ids.shape[0])
+        seen.append(len(batch))
         return real(lm, batch, *args, **kwargs)
 
     monkeypatch.setattr(st, "_generate_chunk", counting)
@@ -54,7 +54,7 @@ def _corrupt_batches(monkeypatch, when):
 
     def corrupted(lm, batch, *args, **kwargs):
         tokens, probs, lps = real(lm, batch, *args, **kwargs)
-        if batch.input_ids.shape[0] > 1 and when(lm):
+        if len(batch) > 1 and when(lm):
             tokens = (tokens + 1) % lm.model.config.vocab_size
         return tokens, probs, lps
 
@@ -129,7 +129,7 @@ def test_teacher_forcing_is_checked_on_its_log_probabilities(monkeypatch):
 
     def corrupted(lm, batch, *args, **kwargs):
         tokens, probs, lps = real(lm, batch, *args, **kwargs)
-        if batch.input_ids.shape[0] > 1:
+        if len(batch) > 1:
             lps = lps + 1.0
         return tokens, probs, lps
 

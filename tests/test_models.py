@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import build_tiny
 
-from juice.decoding import greedy_generate
+from juice.engine import greedy_generate
 from juice.interventions import HeadSelection
 from juice.interventions import Head
 from juice.models import load_model

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from juice.data.paraconflict import build_domain
-from juice.decoding import greedy_generate
+from juice.engine import greedy_generate
 from juice.interventions import HeadSelection
 from juice.stage1 import scoring_prompts
 from juice.interventions import Head

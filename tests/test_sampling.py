@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from juice.decoding import Stream, generate, greedy_generate
+from juice.engine import Stream, generate, greedy_generate
 from juice.sampling import Sampling
 from juice.interventions import HeadSelection
 from juice.interventions import Head

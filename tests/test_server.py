@@ -186,7 +186,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from juice.apps.openai_schema import ServerLimits  # noqa: E402
-from juice.decoding import Stream, generate  # noqa: E402
+from juice.engine import Stream, generate  # noqa: E402
 
 LONG_PROMPT = "the name of the capital city of japan is"   # no EOS in 230 greedy tokens of the tiny llama
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from juice.decoding import Stream, generate
+from juice.engine import Stream, generate
 from juice.sampling import Sampling
 from juice.interventions import HeadSelection
 from juice.interventions import Head
@@ -49,7 +49,7 @@ def _contrastive_streams() -> list[Stream]:
     """CAD and AdaCAD streams (prompt 1 against prompt 0 as its question), greedy, sampled and
     penalized, beside an Original stream of their question."""
     from juice.baselines.cad import CadPolicy, jsd_alpha
-    from juice.decoding import Contrast
+    from juice.engine import Contrast
 
     cad, ada = Contrast(0, CadPolicy(1.0)), Contrast(0, CadPolicy(jsd_alpha))
     return [Stream(1, contrast=cad), Stream(1, contrast=ada), Stream(0),
@@ -105,7 +105,7 @@ def test_the_models_default_cache_comes_from_the_environment(monkeypatch, tiny_l
     lm = build_tiny("llama")
     assert (lm.kv_cache, lm.compile_step, tiny_llama.kv_cache) == ("static", False, "dynamic")
     seen = []
-    import juice.decoding as decoding
+    import juice.engine.forward as decoding
 
     real = decoding.forward_last
     monkeypatch.setattr(decoding, "forward_last", lambda *a, **k: seen.append(type(k.get("past")).__name__) or real(*a, **k))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import juice
-from juice.decoding import Stream, generate, greedy_generate
+from juice.engine import Stream, generate, greedy_generate
 from juice.sampling import Sampling
 from juice.steerer import Steerer, cut_at_stop
 
@@ -84,7 +84,7 @@ def test_a_stream_closed_early_leaves_no_decoding_running(tiny_llama):
 
 
 def test_repetition_penalty_reaches_the_engine(tiny_llama):
-    from juice.decoding import Stream, generate
+    from juice.engine import Stream, generate
 
     s = Steerer(tiny_llama, SEL, method="june", beta_plus=2, beta_minus=-1)
     texts = s.generate(PROMPTS, 6, repetition_penalty=1.5)

@@ -90,6 +90,7 @@ def test_parse_spec_reads_betas_as_numbers_and_heads_as_a_list():
         parse_spec("beta_plus:x")
 
 
+@pytest.mark.integration
 def test_juice_serve_answers_the_protocol_table(tmp_path):
     from juice.apps.server import create_app
     from juice.stage1 import load_heads

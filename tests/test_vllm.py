@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from juice.architectures import HeadGeometry
-from juice.decoding import Stream, generate
+from juice.engine import Stream, generate
 from juice.interventions import Head, HeadSelection
 from juice.stage1.heads_file import HeadsArtifact, save_heads
 from juice.steering import ORIGINAL, JuICE, JuNE, Prune
@@ -33,8 +33,13 @@ from juice.vllm.middleware import juice_field_to_xargs
 
 HERE = Path(__file__).resolve().parent
 VLLM_PYTHON = find_vllm_python(required=False)
-needs_vllm = pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (run scripts/install-vllm.sh, "
-                                                           "or set JUICE_VLLM_PYTHON)")
+_skip_without_vllm = pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (run scripts/install-vllm.sh, "
+                                                                   "or set JUICE_VLLM_PYTHON)")
+
+
+def needs_vllm(test):
+    """Runs vLLM in a subprocess (the slow tier, marker `vllm`); skips without vLLM's environment."""
+    return pytest.mark.vllm(_skip_without_vllm(test))
 
 GEOMETRY = HeadGeometry(4, 4, 32)
 PARAMETRIC = HeadSelection((Head(1, 0), Head(2, 3)), (Head(1, 2),))

@@ -11,7 +11,7 @@ import pytest
 from conftest import build_tiny
 
 from juice.baselines.ph3 import heads_to_prune
-from juice.decoding import greedy_generate
+from juice.engine import greedy_generate
 from juice.eval.metrics import is_correct
 from juice.eval.runner import Method
 from juice.pipeline.run import ReproduceConfig

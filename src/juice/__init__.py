@@ -32,7 +32,7 @@ _EXPORTS = {
     "load_heads": "juice.stage1", "save_heads": "juice.stage1", "make_artifact": "juice.stage1",
     # steering and decoding
     "Steering": "juice.steering", "JuICE": "juice.steering", "JuNE": "juice.steering", "Prune": "juice.steering",
-    "Stream": "juice.decoding", "Sampling": "juice.sampling", "generate": "juice.decoding", "greedy_generate": "juice.decoding",
+    "Stream": "juice.engine", "Sampling": "juice.sampling", "generate": "juice.engine", "greedy_generate": "juice.engine",
     "steering_coefficients": "juice.steering", "BatchingMismatchError": "juice.guard",
     "Steerer": "juice.steerer",
     # your own data

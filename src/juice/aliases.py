@@ -16,7 +16,7 @@ from dataclasses import replace
 import torch
 
 from juice.data.records import ConflictExample
-from juice.decoding import Stream, generate
+from juice.engine import Stream, generate
 from juice.models import LoadedModel
 from juice.text import contains_answer, first_words
 from juice.tokens import answer_first_token

@@ -209,7 +209,7 @@ def planned_rows(heads: ModelHeads, plan: RowPlan) -> Iterator[None]:
     """Apply a :class:`RowPlan` on every forward inside the block.
 
     A forward whose batch holds only the plan's first m rows at some layer (the growing prefill
-    of :func:`juice.decoding.generate`: a steered row joins the batch at the first layer it
+    of :func:`juice.engine.generate`: a steered row joins the batch at the first layer it
     steers) applies the plan's first m rows there; the rows not yet in the batch must have
     coefficients 0 at that layer."""
     scale, add = plan.scale.detach(), plan.add.detach()

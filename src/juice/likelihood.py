@@ -10,9 +10,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from juice.interventions import RowPlan, head_coefficients, planned_rows
+from juice.engine.forward import plan_applier
+from juice.engine.streams import Stream, row_layout
 from juice.models import LoadedModel
-from juice.post_norm import post_norm_rows
 from juice.steering import ORIGINAL, Steering
 from juice.tokens import EmptyAnswerError, pad_left, token_ids
 
@@ -44,27 +44,19 @@ def sequence_logits(
     For sequence i of length T, returns the logits at positions T - n_read[i] - 1 ... T - 2, i.e.
     the predictions of its last `n_read[i]` tokens. JuICE runs the clean row and the steered row
     of each sequence in one batch (the steered row adds beta times the clean row's head outputs,
-    at every position); JuNE scales the heads; both at the steering's site.
+    at every position); JuNE scales the heads; both at the steering's site. The rows are the
+    decoding engine's (:func:`juice.engine.streams.row_layout`).
 
     Returns:
         one `[n_read[i], vocab]` float32 tensor per sequence.
     """
-    geometry = lm.heads.geometry
-    zero = head_coefficients(geometry, {})
     batch = pad_left(sequences, lm.tokenizer.pad_token_id)
     n = len(sequences)
-    if steering.method == "juice":
-        index = torch.cat([torch.arange(n), torch.arange(n)])
-        plan = RowPlan(torch.stack([zero] * (2 * n)), torch.stack([zero] * n + [steering.coefficients] * n),
-                       torch.tensor([-1] * n + list(range(n))))
-        out_rows = torch.arange(n, 2 * n)
-    else:
-        index = torch.arange(n)
-        scale = steering.coefficients if steering.method == "june" else zero
-        plan = RowPlan(torch.stack([scale] * n), torch.stack([zero] * n), torch.tensor([-1] * n))
-        out_rows = torch.arange(n)
+    layout = row_layout(lm.heads.geometry, [Stream(i, steering) for i in range(n)], list(range(n)), [None] * n,
+                        share=False)   # the engine's rows: JuICE's [clean, steered] per sequence
+    index, out_rows = torch.tensor(layout.prompts), torch.tensor(layout.out_row)
     ids, mask, positions = (t[index].to(lm.device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))
-    with (post_norm_rows if steering.site == "post_norm" else planned_rows)(lm.heads, plan):
+    with plan_applier([steering])(lm.heads, layout.plan):
         hidden = lm.model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                      use_cache=False).last_hidden_state
     width = ids.shape[1]

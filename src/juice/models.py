@@ -31,7 +31,7 @@ DEFAULT_MODEL = "gemma-3-270m"
 class LoadedModel:
     """A model, its tokenizer and its head geometry, with the name it was loaded by.
 
-    `kv_cache` and `compile_step` are :func:`juice.decoding.generate`'s defaults for this model
+    `kv_cache` and `compile_step` are :func:`juice.engine.generate`'s defaults for this model
     ("dynamic" / False unless `$JUICE_KV_CACHE` / `$JUICE_COMPILE_STEP=1` say otherwise, so the
     command line reaches them too); a call's own arguments win.
     """

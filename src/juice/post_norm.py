@@ -19,7 +19,7 @@ block's output `sum_h scale_h * c_h` (JuNE: the row's own contributions) and
 model; without an output norm the gain is 1 and, by linearity of the output projection, the
 post-norm site *equals* the output projection's input (tested on Llama).
 
-A steering picks its site (:attr:`juice.steering.Steering.site`); :func:`juice.decoding.generate`
+A steering picks its site (:attr:`juice.steering.Steering.site`); :func:`juice.engine.generate`
 and :func:`juice.likelihood.sequence_logits` apply :func:`post_norm_rows` for "post_norm".
 """
 

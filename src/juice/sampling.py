@@ -1,6 +1,6 @@
 """How a decoding step chooses its token: greedy, sampled (:class:`Sampling`, Hugging Face's
 temperature / top-k / top-p), or forced (teacher forcing), after Hugging Face's repetition
-penalty. Used by the engine in :mod:`juice.decoding`.
+penalty. Used by the engine in :mod:`juice.engine`.
 """
 
 from __future__ import annotations
@@ -61,28 +61,37 @@ def penalize_repetition(logits: Tensor, seen: Tensor, penalty: Tensor) -> Tensor
     return torch.where(seen.to(logits.device), penalized, logits)
 
 
-def pick_token(logits: Tensor, forced: Tensor | None, step: int, lps: list[Tensor],
-               samplers: Sequence[tuple[Sampling, torch.Generator] | None] | None = None) -> Tensor:
-    """The next token of every row: the greedy one, a sampled one, or `forced[:, step]` whose
-    log-probability (`[rows]`, float64, nats) is appended to `lps`.
+def pick_token(logits: Tensor, forced: Sequence[int | None] | None = None,
+               samplers: Sequence[tuple[Sampling, torch.Generator] | None] | None = None) -> tuple[Tensor, Tensor | None]:
+    """The next token of every row: the forced one, a sampled one, or the greedy one. Called from
+    one place, :meth:`juice.engine.session.DecodingSession._choose`.
 
     Args:
         logits: `[rows, vocab]` last-position logits (after any repetition penalty).
-        forced: `[rows, n_steps]` token ids to feed, or None.
+        forced: per row, the token id to feed (teacher forcing) or None to choose; None: none.
         samplers: per row, its :class:`Sampling` and generator, or None for greedy decoding.
+
+    Returns:
+        (`[rows]` token ids on the logits' device, `[rows]` float64 log-probabilities (nats) of
+        the forced tokens on the CPU, NaN where a row was not forced; None without forced rows).
     """
-    if forced is None:
-        token = logits.argmax(-1)
-        if samplers is not None and any(samplers):
-            rows = logits.float().cpu()
-            token = token.clone()
-            for r, sampler in enumerate(samplers):
-                if sampler is not None:
-                    token[r] = sampler[0].draw(rows[r], sampler[1])
-        return token
-    token = forced[:, step].to(logits.device)
-    lps.append(logits.log_softmax(-1).gather(1, token[:, None])[:, 0].double().cpu())
-    return token
+    token = logits.argmax(-1)
+    if samplers is not None and any(samplers):
+        rows = logits.float().cpu()
+        token = token.clone()
+        for r, sampler in enumerate(samplers):
+            if sampler is not None and (forced is None or forced[r] is None):
+                token[r] = sampler[0].draw(rows[r], sampler[1])
+    if forced is None or all(f is None for f in forced):
+        return token, None
+    taught = [r for r, f in enumerate(forced) if f is not None]
+    index = torch.tensor(taught, device=logits.device)
+    given = torch.tensor([forced[r] for r in taught], device=logits.device)
+    token = token.clone()
+    token[index] = given
+    lp = torch.full((logits.shape[0],), float("nan"), dtype=torch.float64)
+    lp[taught] = logits[index].log_softmax(-1).gather(1, given[:, None])[:, 0].double().cpu()
+    return token, lp
 
 
 __all__ = ["Sampling", "penalize_repetition", "pick_token"]

@@ -7,7 +7,7 @@ know from Hugging Face (greedy or sampled, stop strings, EOS, chat templates, st
     for piece in steerer.stream("..."):
         print(piece, end="")
 
-Decoding is :func:`juice.decoding.generate` (batched, left-padded, KV-cached; JuICE is the
+Decoding is :func:`juice.engine.generate` (batched, left-padded, KV-cached; JuICE is the
 paper's dual run, Alg. 1; JuNE the single run, Alg. 4). Generation runs up to `max_new_tokens`
 steps, stopping once every prompt of the batch has produced EOS; the text is cut at the first
 EOS token, then before the first stop string.
@@ -15,19 +15,18 @@ EOS token, then before the first stop string.
 
 from __future__ import annotations
 
-import queue
-import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from juice.completion_text import TextStream, chat_prompt, cut_at_stop, final_text, stop_prefix_length
-from juice.decoding import Stream, generate
+from juice.engine import DecodingSession, Stream, generate
 from juice.sampling import Sampling
 from juice.interventions import HeadSelection
 from juice.stage1 import HeadsArtifact, load_heads
 from juice.models import LoadedModel
 from juice.steering import ORIGINAL, JuICE, JuNE, Steering, UntunedBetasWarning, chosen_betas
+from juice.tokens import PromptTooLongError, context_length, token_ids
 
 METHODS = ("juice", "june", "original")
 
@@ -92,7 +91,7 @@ class Steerer:
                 is given (Hugging Face's options; prompt i is seeded with `seed + i`).
             temperature, top_k, top_p: see :class:`juice.sampling.Sampling`.
             stop: strings; each text is cut before the first one found.
-            repetition_penalty: Hugging Face's (:class:`juice.decoding.Stream`); 1 is off.
+            repetition_penalty: Hugging Face's (:class:`juice.engine.Stream`); 1 is off.
 
         Decoding of a batch stops once every prompt has produced EOS.
 
@@ -127,49 +126,30 @@ class Steerer:
         """Yield the continuation of `prompt` piece by piece as it is decoded; the pieces join to
         what :meth:`generate` returns for the same arguments (EOS and stop strings end it).
 
+        It drives the engine's session (:class:`juice.engine.DecodingSession`) one step per
+        token in the caller's thread; closing the iterator early ends the decoding.
+
         Raises:
             As :meth:`generate` (raised from the iterator).
         """
-        pieces: queue.Queue = queue.Queue()
-        done, cancel = object(), threading.Event()
-
-        def on_token(rows, tokens) -> None:
-            if cancel.is_set():
-                raise _Cancelled   # the reader stopped: end the decoding (hooks are removed on the way out)
-            pieces.put(int(tokens[0]))
-
-        def work() -> None:
-            try:
-                generate(self.lm, [prompt], self._streams(1, do_sample, temperature, top_k, top_p, seed,
-                                                          repetition_penalty),
-                         max_new_tokens, on_token=on_token, stop_at_eos=True)
-                pieces.put(done)
-            except _Cancelled:
-                pieces.put(done)
-            except BaseException as err:   # handed to the reader
-                pieces.put(err)
-
-        worker = threading.Thread(target=work, daemon=True)
-        worker.start()
-        text = TextStream(self.lm.tokenizer, stop)
-        try:
-            while not text.ended:
-                item = pieces.get()
-                if item is done:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                if piece := text.add(item):
+        lm = self.lm
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        ids = token_ids(lm.tokenizer, prompt)
+        limit = context_length(lm.model)
+        if limit is not None and len(ids) > limit - max_new_tokens:
+            raise PromptTooLongError(f"a prompt has {len(ids)} tokens; the model's context holds "
+                                     f"{limit - max_new_tokens} with {max_new_tokens} new tokens")
+        session = DecodingSession(lm)
+        session.add(0, ids, self._streams(1, do_sample, temperature, top_k, top_p, seed, repetition_penalty)[0],
+                    max_new_tokens)
+        text = TextStream(lm.tokenizer, stop)
+        while not session.idle and not text.ended:
+            for token in session.step():
+                if piece := text.add(token.token):
                     yield piece
-            if rest := text.rest():
-                yield rest
-        finally:   # never leave a decoding running on this model (its hooks are not thread-safe)
-            cancel.set()
-            worker.join()
-
-
-class _Cancelled(Exception):
-    """Raised inside a streamed decoding whose reader has stopped."""
+        if rest := text.rest():
+            yield rest
 
 
 __all__ = ["METHODS", "Steerer", "cut_at_stop", "stop_prefix_length"]

@@ -3,7 +3,7 @@
 JuICE (paper Alg. 1, Stage 2): run 1 is the unmodified model; run 2 adds beta+ (resp. beta-)
 times run 1's outputs of the positive (negative) heads to the same heads. JuNE (Alg. 4) scales
 the heads' live outputs in one run: `H <- H + beta * H`. A :class:`Steering` holds the method and
-its `[n_layers, n_heads]` coefficients; :mod:`juice.decoding` runs it (batched, cached).
+its `[n_layers, n_heads]` coefficients; :mod:`juice.engine` runs it (batched, cached).
 """
 
 from __future__ import annotations

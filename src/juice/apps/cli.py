@@ -330,8 +330,8 @@ def generate(
 
     Example: juice generate --heads heads.json --beta-plus 2 --beta-minus -1 "The capital of France is Rome. The capital of France is"
     """
-    from juice.decoding import Stream
-    from juice.decoding import generate as run
+    from juice.engine import Stream
+    from juice.engine import generate as run
     from juice.stage1 import load_heads
     from juice.models import load_model
     from juice.steering import Steering, steering_coefficients

@@ -2,7 +2,7 @@
 Context-aware Decoding", Eq. 2; paper Sec. 4.2 baseline, alpha = 1), and AdaCAD (Wang et al.,
 NAACL 2025, "AdaCAD: Adaptively Decoding to Balance Conflicts between Contextual and Parametric
 Knowledge", arXiv 2409.07394): their math and their decoding policy (:class:`CadPolicy`) for the
-engine's one decoding loop (:func:`juice.decoding.generate`).
+engine's one decoding loop (:func:`juice.engine.generate`).
 
 At every step the next token is the argmax of
 
@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from juice.decoding import Contrast, Generation, Stream, generate
+from juice.engine import Contrast, Generation, Stream, generate
 from juice.likelihood import continuation_ids
 from juice.models import LoadedModel
 
@@ -107,8 +107,8 @@ def jsd_alpha(with_context: Tensor, without_context: Tensor, base: float = 2.0) 
 
 @dataclass(frozen=True)
 class CadPolicy:
-    """CAD's decoding rule, as a :data:`juice.decoding.ContrastRule` for a stream's
-    :class:`~juice.decoding.Contrast`: the with-context logits contrasted with the question-only
+    """CAD's decoding rule, as a :data:`juice.engine.ContrastRule` for a stream's
+    :class:`~juice.engine.Contrast`: the with-context logits contrasted with the question-only
     logits by :func:`contrast` at `alpha` (Eq. 2). AdaCAD of one prompt beside its Original run::
 
         generate(lm, [prompt, question], [Stream(0), Stream(0, contrast=Contrast(1, CadPolicy(jsd_alpha)))])
@@ -149,7 +149,7 @@ def cad_generate(
     forced_tokens: Tensor | None = None,
 ) -> Generation:
     """Greedy context-aware decoding of every (prompt, question) pair: one contrastive stream each
-    (:class:`CadPolicy`) of :func:`juice.decoding.generate`, batched, with its chunking, KV cache
+    (:class:`CadPolicy`) of :func:`juice.engine.generate`, batched, with its chunking, KV cache
     options (the model's default) and runtime guard. Each distinct text is prefilled once.
 
     Args:
@@ -164,13 +164,13 @@ def cad_generate(
             log-probabilities under the contrasted distribution are returned (teacher forcing).
 
     Returns:
-        :class:`~juice.decoding.Generation`, one entry per prompt.
+        :class:`~juice.engine.Generation`, one entry per prompt.
 
     Raises:
         PromptTooLongError: a prompt does not fit the context window with the new tokens.
         ValueError: lengths differ or max_new_tokens < 1.
         juice.guard.BatchingMismatchError: batched decoding is not exact on this backend (the first
-            padded chunk is checked against one-at-a-time decoding, as in :func:`juice.decoding.generate`).
+            padded chunk is checked against one-at-a-time decoding, as in :func:`juice.engine.generate`).
     """
     if len(prompts) != len(questions):
         raise ValueError("one question per prompt")

@@ -35,7 +35,7 @@ from juice.baselines.cad import AlphaRule, CadPolicy, cad_generate, jsd_alpha
 from juice.baselines.prompt import contextual_prompt, parametric_prompt
 from juice.eval.degeneration import is_degenerate
 from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample
-from juice.decoding import Contrast, Stream, generate
+from juice.engine import Contrast, Stream, generate
 from juice.likelihood import continuation_ids
 from juice.eval.metrics import N_WORDS, contextual_correct, is_correct, memotrap_match, nqswap_match
 from juice.models import LoadedModel
@@ -155,7 +155,7 @@ def decode_requests(
     lm: LoadedModel, requests: Sequence[DecodeRequest], max_new_tokens: int, *, max_rows: int | str = 64,
     on_progress: Callable[[int], None] | None = None, stop_text: Callable[[str], bool] | None = None,
 ) -> list[tuple[str, Tensor]]:
-    """Greedy decoding of every request in one :func:`juice.decoding.generate` call per
+    """Greedy decoding of every request in one :func:`juice.engine.generate` call per
     intervention site (:attr:`juice.steering.Steering.site`; Original and CAD requests go with
     the rest): steered, unsteered and CAD / AdaCAD requests (contrastive streams,
     :class:`juice.baselines.cad.CadPolicy`) share its batches, and each distinct prompt (or
@@ -169,7 +169,7 @@ def decode_requests(
     steering, a steering of all-zero coefficients counting as Original; e.g. Prompt's clean
     rows and Original's, or JuICE and JuNE at (beta+, beta-) = (0, 0)) are decoded once and
     share the result. With `stop_text`, a row stops once its text satisfies it
-    (:func:`juice.decoding.generate`'s `stop_text`); its text is what was decoded.
+    (:func:`juice.engine.generate`'s `stop_text`); its text is what was decoded.
 
     Args:
         on_progress: called with the number of requests finished after each batch (and once
@@ -345,7 +345,7 @@ def likelihood_wins(
     continuation has a higher summed log-probability than the memorised one (teacher forcing).
 
     Both continuations of every method are scored by forced decoding in shared batches
-    (:func:`juice.decoding.generate` with `forced_tokens`; CAD and AdaCAD by
+    (:func:`juice.engine.generate` with `forced_tokens`; CAD and AdaCAD by
     :func:`juice.baselines.cad.cad_generate` with `forced_tokens`, under the contrasted
     distribution), so a prompt's clean prefill is computed once.
 

@@ -17,18 +17,18 @@ without a `juice` field gets the operator's default (`juice serve --default SPEC
 tuned steering of the only heads file where that file holds tuned betas, else Original: an
 untuned heads file never steers a request that did not ask (issue 38).
 
-Scheduling: one worker thread owns the model (:class:`juice.apps.engine.Engine`) and decodes
+Scheduling: one worker thread owns the model (:class:`juice.apps.server.worker.Engine`) and decodes
 every running request in one batch, one token per step; a request joins the batch at the next
 step and leaves it the step it ends (EOS, a stop string, `max_tokens`), and is answered then
-(iteration-level scheduling, :mod:`juice.continuous`). A request's tokens do not depend on the
+(iteration-level scheduling, :mod:`juice.engine.session`). A request's tokens do not depend on the
 others in the batch (tested: joining mid-flight, greedy and seeded sampling, every steering). A
 closed connection or an abandoned stream leaves the batch at the next step.
 
 The rooms: :mod:`~juice.apps.server.app` (the routes), :mod:`~juice.apps.server.admission`
-(a request's fields, prompt and steering checked, and its :class:`juice.apps.engine.Job`),
+(a request's fields, prompt and steering checked, and its :class:`juice.apps.server.worker.Job`),
 :mod:`~juice.apps.server.responses` (OpenAI's response and stream shapes, logprobs, text
 offsets), :mod:`~juice.apps.server.metrics` (Prometheus); the request bodies are
-:mod:`juice.apps.openai_schema`, the worker :mod:`juice.apps.engine`.
+:mod:`juice.apps.openai_schema`, the worker :mod:`juice.apps.server.worker`.
 
 Admission (:class:`juice.apps.openai_schema.ServerLimits`, README "Limits"): every field is
 checked before a request is queued; errors come in OpenAI's shape

@@ -1,5 +1,5 @@
 """A request admitted by `juice serve`: its model name (or alias), its prompt, its steering
-(:mod:`juice.steering_request`) and its sampling checked, and its :class:`juice.apps.engine.Job`
+(:mod:`juice.steering_request`) and its sampling checked, and its :class:`juice.apps.server.worker.Job`
 built; every refusal an :class:`ApiError` in OpenAI's shape."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from juice.apps.engine import Job
+from juice.apps.server.worker import Job
 from juice.apps.openai_schema import MAX_SEED, ServerLimits
 from juice.completion_text import chat_prompt
-from juice.decoding import Stream
+from juice.engine import Stream
 from juice.models import LoadedModel
 from juice.sampling import Sampling
 from juice.steering import Steering

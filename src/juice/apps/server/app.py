@@ -6,7 +6,7 @@ admission, response, metrics and engine rooms (:mod:`juice.apps.server`)."""
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from juice.apps.engine import Engine
+from juice.apps.server.worker import Engine
 from juice.apps.openai_schema import ChatRequest, CompletionRequest, ServerLimits, error_body, validation_message
 from juice.apps.server.admission import Admission, ApiError
 from juice.apps.server.metrics import ServerMetrics

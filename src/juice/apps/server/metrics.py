@@ -3,7 +3,7 @@ time to first token, and the engine's queue and batch as gauges."""
 
 from __future__ import annotations
 
-from juice.apps.engine import Engine, Job
+from juice.apps.server.worker import Engine, Job
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 """Seconds: the buckets of the latency and time-to-first-token histograms."""

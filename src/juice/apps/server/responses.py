@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from juice.apps.engine import Engine, Job, QueueFull
+from juice.apps.server.worker import Engine, Job, QueueFull
 from juice.apps.openai_schema import error_body
 from juice.apps.server.admission import ApiError
 from juice.completion_text import TextStream, final_text
@@ -65,7 +65,7 @@ class Responder:
 
     Args:
         tokenizer: decodes the tokens.
-        engine: the worker (:class:`juice.apps.engine.Engine`).
+        engine: the worker (:class:`juice.apps.server.worker.Engine`).
     """
 
     def __init__(self, tokenizer, engine: Engine):

@@ -1,5 +1,5 @@
 """The worker behind `juice serve`: one thread owns the model and runs a
-:class:`juice.continuous.DecodingSession`, so requests join the running batch at the next
+:class:`juice.engine.DecodingSession`, so requests join the running batch at the next
 decoding step and leave it the step they finish (iteration-level scheduling).
 
 A :class:`Job` is one HTTP request: one stream per (prompt, choice). The HTTP layer submits
@@ -17,8 +17,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from juice.continuous import DecodingSession
-from juice.decoding import Stream
+from juice.engine import DecodingSession
+from juice.engine import Stream
 from juice.likelihood import prompt_logprobs
 from juice.models import LoadedModel
 from juice.completion_text import cut_at_stop
@@ -40,7 +40,7 @@ class Job:
         on_done: called from the worker once, when the job has an outcome.
         logprobs: per new token, its log-probability and the `logprobs` most probable tokens'
             (`token_logprobs[k]`: (log-probability, ((token id, log-probability), ...)) per
-            token of stream k; :class:`juice.continuous.StepToken`); None: none.
+            token of stream k; :class:`juice.engine.StepToken`); None: none.
         echo: compute `prompt_logprobs[i]`, prompt i's teacher-forced log-probabilities under
             the job's steering (:func:`juice.likelihood.prompt_logprobs`), before decoding;
             with `max_new_tokens` 0 the job ends there.

@@ -1,0 +1,28 @@
+"""juice's decoding engine: one decoding loop for every caller.
+
+- :mod:`juice.engine.streams`: what is decoded (:class:`Stream`, :class:`Contrast`,
+  :class:`Generation`) and the one function that lays streams out as batch rows and a
+  :class:`~juice.interventions.RowPlan` (:func:`~juice.engine.streams.row_layout`);
+- :mod:`juice.engine.forward`: the cached forward, its compiled form, the plan's site, and the
+  KV cache edits of rows joining and leaving;
+- :mod:`juice.engine.session`: :class:`DecodingSession`, the loop: prefill (shared clean rows,
+  the growing prefill), the per-step forward, token choice, EOS and stop rules, rows joining and
+  leaving, contrastive rows, forced tokens, the static cache;
+- :mod:`juice.engine.batch`: :func:`generate`, the batch driver (chunks, the runtime guard).
+
+Its drivers: :func:`generate` (evaluation, tuning, the baselines, :class:`juice.Steerer`'s
+`generate` and `stream`) and `juice serve`'s worker (:mod:`juice.apps.server.worker`), which
+keeps one session open. :mod:`juice.decoding` and :mod:`juice.continuous` are the names these
+had before (issue 34) and re-export them.
+"""
+
+from __future__ import annotations
+
+from juice.engine.batch import KV_CACHES, PAD_SLACK, decode_chunks, generate, greedy_generate, length_buckets
+from juice.engine.forward import compiled_forward, forward_last, plan_applier
+from juice.engine.session import DecodingSession, StepToken
+from juice.engine.streams import Contrast, ContrastRule, Generation, Stream, row_layout
+
+__all__ = ["Contrast", "ContrastRule", "DecodingSession", "Generation", "KV_CACHES", "PAD_SLACK", "StepToken", "Stream",
+           "compiled_forward", "decode_chunks", "forward_last", "generate", "greedy_generate", "length_buckets",
+           "plan_applier", "row_layout"]
