@@ -11,7 +11,6 @@ there is none. The request-side checks of :mod:`juice.vllm.options` need no vLLM
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -211,7 +210,7 @@ def run_vllm(model_dir: str, requests: list[dict], heads_files: list[str], tmp_p
 def equality_case(lm, model_dir: str, tmp_path: Path, prompts: list[str], selections: dict[str, HeadSelection],
                   steerings: list[dict | None], max_tokens: int, bad=(), llm: dict | None = None) -> dict:
     files = [write_heads(tmp_path / f"{d}.json", lm.fingerprint(), d, s) for d, s in selections.items()]
-    requests, streams, texts = [], [], []
+    requests, streams = [], []
     for i, prompt in enumerate(prompts):
         ids = token_ids(lm.tokenizer, prompt)
         for juice in steerings:
