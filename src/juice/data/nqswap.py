@@ -90,6 +90,17 @@ def _records(source: str | Path) -> Iterable[dict]:
     raise FileNotFoundError(f"NQ-Swap file not found: {path}")
 
 
+def read_records(source: str | Path = HUB_ID) -> list[dict]:
+    """NQ-Swap's raw rows (`question`, `org_context`, `org_answer`, `sub_context`, `sub_answer`),
+    from the sources :func:`load_nqswap` reads (the context types of
+    :mod:`juice.data.context_types` need the original passage too).
+
+    Raises:
+        As :func:`load_nqswap` for a missing file or a line that is not JSON.
+    """
+    return list(_records(source))
+
+
 def load_nqswap(source: str | Path = HUB_ID) -> list[ContextualExample]:
     """Every NQ-Swap row.
 

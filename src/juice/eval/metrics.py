@@ -17,6 +17,7 @@ from __future__ import annotations
 import string
 from collections.abc import Sequence
 
+from juice.data.context_types import OBJECTIVES, ContextItem
 from juice.data.records import ContextualExample
 from juice.text import contains_answer, first_words, normalize_answer
 
@@ -58,3 +59,19 @@ def contextual_correct(example: ContextualExample, output: str, answers: Sequenc
     if example.metric == "memotrap":
         return any(memotrap_match(output, a) for a in answers)
     return nqswap_match(output, answers)
+
+
+def context_match(item: ContextItem, output: str, answers: Sequence[str]) -> bool:
+    """Whether `output` gives one of `answers` under the item's metric (the paper's: exact match
+    in the first 5 words for ParaConflict, normalized substring for NQ-Swap)."""
+    return is_correct(output, answers) if item.metric == "first_words" else nqswap_match(output, answers)
+
+
+def context_verdicts(item: ContextItem, output: str) -> dict[str, bool | None]:
+    """An output's verdicts on a context-type item (:mod:`juice.data.context_types`): one per
+    objective (:data:`juice.data.context_types.OBJECTIVES`: `use_relevant`, `trust_memory`), and
+    `follows_context`, whether it gives the passage's answer (None without a passage)."""
+    out: dict[str, bool | None] = {o: context_match(item, output, item.target(o)) for o in OBJECTIVES}
+    out["follows_context"] = None if item.context_type == "none" else context_match(item, output,
+                                                                                     item.context_answers)
+    return out

@@ -1,0 +1,253 @@
+"""When to steer: the same question with a gold, a conflicting, an irrelevant or no context (issue 35).
+
+A retrieval system cannot know whether its passage agrees with the truth, contradicts the
+model, is about something else, or is missing. These builders turn the paper's items into all
+four, so that a method's effect can be read on each (CUB, the context utilisation benchmark, ACL
+2026, crosses CounterFact, NQ and DRUID with gold, conflicting and irrelevant contexts likewise).
+
+From NQ-Swap rows (:func:`nqswap_context_items`):
+
+- *gold*: `org_context` (the original passage); its answer is `org_answer`;
+- *conflicting*: `sub_context` (the entity substituted); the context answer is `sub_answer`, the
+  memory answer `org_answer`;
+- *irrelevant*: another row's `org_context` with this row's question; the right answer is
+  `org_answer`, and the other passage's answer counts as "followed the context";
+- *none*: the question alone.
+
+From ParaConflict items (:func:`paraconflict_context_items`; built-in domains or the authors' files):
+
+- *none*: the clean prompt;
+- *conflicting*: the substitution and the coherent prompt (two items, `variant` says which);
+- *gold*: the coherent prompt with the distractor replaced by the true answer, on word
+  boundaries; skipped (and counted) where the distractor does not occur verbatim, or where it
+  still occurs after the replacement (a true answer that contains it);
+- *irrelevant*: another item's coherent passage (its context, without its own question: the text
+  before its last "Question:") before this item's clean prompt; skipped (and counted) where no
+  item with another answer has a passage.
+
+The partner of an irrelevant item is drawn with a seeded generator among the items whose answers
+(normalized) share nothing with this item's.
+
+Two objectives score an output (:func:`juice.eval.metrics.context_verdicts`): **use relevant
+context** (gold and conflicting: the context's answer; irrelevant and none: the memory answer)
+and **trust memory** (the memory answer everywhere).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from juice.data.nqswap import context_prompt, question_prompt
+from juice.data.records import ConflictExample
+from juice.text import normalize_answer
+
+CONTEXT_TYPES: tuple[str, ...] = ("gold", "conflicting", "irrelevant", "none")
+"""The four contexts a question can come with, in the order of the tables."""
+
+OBJECTIVES: tuple[str, ...] = ("use_relevant", "trust_memory")
+"""What an output is scored against: the relevant context's answer (CUB's objective), or memory."""
+
+
+@dataclass(frozen=True)
+class ContextItem:
+    """One question under one context type.
+
+    Attributes:
+        source: "nqswap", a ParaConflict domain (e.g. "world_capital"), or your dataset's label.
+        uid: the underlying item's id (the same for its four context types).
+        context_type: one of :data:`CONTEXT_TYPES`.
+        prompt: the full prompt, ending right before the answer.
+        question: the prompt without any context (CAD's second branch; equal to `prompt` for none).
+        memory_answers: the true (parametric) answer and its aliases.
+        context_answers: the answer the passage gives (gold: the true one; conflicting: the
+            substituted one; irrelevant: the other passage's); empty for none.
+        metric: "first_words" (the paper's exact match in the first 5 words, ParaConflict) or
+            "nqswap" (normalized substring, NQ-Swap).
+        variant: for ParaConflict's conflicting items, "substitution" or "coherent"; else "".
+        partner: for an irrelevant item, the uid of the item whose passage it carries; else "".
+    """
+
+    source: str
+    uid: str
+    context_type: str
+    prompt: str
+    question: str
+    memory_answers: tuple[str, ...]
+    context_answers: tuple[str, ...] = ()
+    metric: str = "first_words"
+    variant: str = ""
+    partner: str = ""
+
+    def __post_init__(self) -> None:
+        if self.context_type not in CONTEXT_TYPES:
+            raise ValueError(f"context type must be one of {', '.join(CONTEXT_TYPES)}, not {self.context_type!r}")
+        if self.metric not in ("first_words", "nqswap"):
+            raise ValueError(f"metric must be first_words or nqswap, not {self.metric!r}")
+        if not self.memory_answers or not all(a.strip() for a in self.memory_answers):
+            raise ValueError(f"{self.source}/{self.uid}: empty memory answer")
+        if (self.context_type == "none") != (not self.context_answers):
+            raise ValueError(f"{self.source}/{self.uid}: a {self.context_type} item "
+                             f"{'has no' if self.context_type == 'none' else 'needs a'} context answer")
+
+    def target(self, objective: str) -> tuple[str, ...]:
+        """The answers that count as right under `objective` (:data:`OBJECTIVES`).
+
+        Raises:
+            ValueError: an unknown objective.
+        """
+        if objective == "use_relevant":
+            return self.context_answers if self.context_type in ("gold", "conflicting") else self.memory_answers
+        if objective == "trust_memory":
+            return self.memory_answers
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, not {objective!r}")
+
+
+@dataclass
+class ContextItems:
+    """Items of every context type, and what could not be built.
+
+    Attributes:
+        items: the items, grouped by underlying item, in :data:`CONTEXT_TYPES` order.
+        skipped: context type -> uids of the underlying items that have no item of that type.
+    """
+
+    items: list[ContextItem] = field(default_factory=list)
+    skipped: dict[str, list[str]] = field(default_factory=lambda: {t: [] for t in CONTEXT_TYPES})
+
+    def of_type(self, context_type: str) -> list[ContextItem]:
+        return [i for i in self.items if i.context_type == context_type]
+
+    def counts(self) -> dict[str, int]:
+        """Context type -> items built."""
+        return {t: len(self.of_type(t)) for t in CONTEXT_TYPES}
+
+
+def _normalized(answers: Iterable[str]) -> set[str]:
+    return {a for a in (normalize_answer(x) for x in answers) if a}
+
+
+def _partners(answers: Sequence[Sequence[str]], usable: Sequence[bool], seed: int) -> list[int | None]:
+    """Per item, another usable item whose answers share no normalized form with its own (drawn
+    with a seeded generator: up to 64 random draws, then a scan of every candidate), or None."""
+    rng = random.Random(seed)
+    norms = [_normalized(a) for a in answers]
+    candidates = [j for j, ok in enumerate(usable) if ok]
+    out: list[int | None] = []
+    for i in range(len(answers)):
+        fits = lambda j: j != i and not (norms[j] & norms[i])   # noqa: E731
+        found = next((j for j in (rng.choice(candidates) for _ in range(64 if candidates else 0)) if fits(j)), None)
+        if found is None:
+            choices = [j for j in candidates if fits(j)]
+            found = rng.choice(choices) if choices else None
+        out.append(found)
+    return out
+
+
+def nqswap_context_items(records: Sequence[Mapping], seed: int = 0) -> ContextItems:
+    """The four context types of NQ-Swap rows (module docstring).
+
+    Args:
+        records: NQ-Swap rows (`question`, `org_context`, `org_answer`, `sub_context`,
+            `sub_answer`), e.g. :func:`juice.data.nqswap.read_records`; row i's uid is "i".
+        seed: draws the irrelevant passages.
+
+    Raises:
+        ValueError: a row misses a field or holds one that is not text (the message names the row).
+    """
+    rows = []
+    for i, r in enumerate(records):
+        try:
+            org = [r["org_answer"]] if isinstance(r["org_answer"], str) else list(r["org_answer"])
+            sub = [r["sub_answer"]] if isinstance(r["sub_answer"], str) else list(r["sub_answer"])
+            fields = (r["question"], r["org_context"], r["sub_context"], *org, *sub)
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"NQ-Swap row {i}: missing field {err}") from None
+        if not all(isinstance(t, str) and t.strip() for t in fields) or not org or not sub:
+            raise ValueError(f"NQ-Swap row {i}: question, contexts and answers must be non-empty text")
+        rows.append((str(i), r["question"], r["org_context"], r["sub_context"], tuple(org), tuple(sub)))
+    partners = _partners([r[4] for r in rows], [True] * len(rows), seed)
+    out = ContextItems()
+    for (uid, question, org_context, sub_context, org, sub), j in zip(rows, partners):
+        common = dict(source="nqswap", uid=uid, question=question_prompt(question), memory_answers=org,
+                      metric="nqswap")
+        out.items.append(ContextItem(context_type="gold", prompt=context_prompt(org_context, question),
+                                     context_answers=org, **common))
+        out.items.append(ContextItem(context_type="conflicting", prompt=context_prompt(sub_context, question),
+                                     context_answers=sub, **common))
+        if j is None:
+            out.skipped["irrelevant"].append(uid)
+        else:
+            other = rows[j]
+            out.items.append(ContextItem(context_type="irrelevant", prompt=context_prompt(other[2], question),
+                                         context_answers=other[4], partner=other[0], **common))
+        out.items.append(ContextItem(context_type="none", prompt=question_prompt(question), **common))
+    return out
+
+
+def coherent_passage(example: ConflictExample) -> str | None:
+    """The coherent prompt's passage without its question: the text before its last
+    "Question:", else before the clean prompt where the coherent prompt ends with it; None if
+    neither (then the item has no irrelevant passage to lend)."""
+    coherent = example.prompts["coherent"]
+    at = coherent.rfind("Question:")
+    if at > 0:
+        return coherent[:at].strip() or None
+    clean = example.prompts["clean"]
+    if coherent.endswith(clean) and len(coherent) > len(clean):
+        return coherent[: -len(clean)].strip() or None
+    return None
+
+
+def gold_prompt(example: ConflictExample) -> str | None:
+    """The coherent prompt with every word-bounded occurrence of the distractor replaced by the
+    true answer; None where the distractor does not occur, or still occurs afterwards."""
+    coherent, distractor = example.prompts["coherent"], example.context_answer
+    pattern = re.compile(rf"(?<!\w){re.escape(distractor)}(?!\w)")
+    if not pattern.search(coherent):
+        return None
+    gold = pattern.sub(lambda _: example.answer, coherent)
+    return None if pattern.search(gold) else gold
+
+
+def paraconflict_context_items(examples: Sequence[ConflictExample], seed: int = 0) -> ContextItems:
+    """The four context types of ParaConflict items (module docstring), one domain or several
+    (a partner passage comes from the same domain).
+
+    Args:
+        examples: the items (:func:`juice.data.paraconflict.build_domain`,
+            :func:`juice.data.paraconflict.load_paraconflict_json`).
+        seed: draws the irrelevant passages.
+    """
+    out = ContextItems()
+    by_domain: dict[str, list[ConflictExample]] = {}
+    for ex in examples:
+        by_domain.setdefault(ex.domain, []).append(ex)
+    for domain, items in by_domain.items():
+        passages = [coherent_passage(ex) for ex in items]
+        partners = _partners([ex.answers for ex in items], [p is not None for p in passages], seed)
+        for ex, j in zip(items, partners):
+            common = dict(source=domain, uid=ex.uid, question=ex.prompts["clean"], memory_answers=ex.answers)
+            gold = gold_prompt(ex)
+            if gold is None:
+                out.skipped["gold"].append(ex.uid)
+            else:
+                out.items.append(ContextItem(context_type="gold", prompt=gold, context_answers=ex.answers, **common))
+            for variant in ("substitution", "coherent"):
+                out.items.append(ContextItem(context_type="conflicting", prompt=ex.prompts[variant],
+                                             context_answers=(ex.context_answer,), variant=variant, **common))
+            if j is None:
+                out.skipped["irrelevant"].append(ex.uid)
+            else:
+                other = items[j]
+                out.items.append(ContextItem(context_type="irrelevant",
+                                             prompt=f"{passages[j]} {ex.prompts['clean']}",
+                                             context_answers=other.answers, partner=other.uid, **common))
+            out.items.append(ContextItem(context_type="none", prompt=ex.prompts["clean"], **common))
+    return out
+
+
+__all__ = ["CONTEXT_TYPES", "OBJECTIVES", "ContextItem", "ContextItems", "coherent_passage", "gold_prompt",
+           "nqswap_context_items", "paraconflict_context_items"]

@@ -1,0 +1,131 @@
+"""The four context types of a question (:mod:`juice.data.context_types`, issue 35): built as
+described from NQ-Swap rows and ParaConflict items (gold holds the true answer and not the
+distractor, an irrelevant passage comes from an item with another answer, skips are counted),
+and scored under both objectives (:func:`juice.eval.metrics.context_verdicts`)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from juice.data.context_types import (CONTEXT_TYPES, ContextItem, coherent_passage, gold_prompt,
+                                      nqswap_context_items, paraconflict_context_items)
+from juice.data.nqswap import read_records, strip_markup
+from juice.data.paraconflict import build_domain, load_paraconflict_json
+from juice.data.records import ConflictExample
+from juice.eval.metrics import context_verdicts
+from juice.text import normalize_answer
+
+ROWS = [{"question": f"who wrote book {i}", "org_context": f"<P> Book {i} was written by {a} . </P>",
+         "org_answer": [a], "sub_context": f"<P> Book {i} was written by {b} . </P>", "sub_answer": [b]}
+        for i, (a, b) in enumerate([("Tolstoy", "Dickens"), ("Austen", "Orwell"), ("Homer", "Virgil"),
+                                    ("Dante", "Goethe"), ("Austen", "Kafka")])]
+
+
+def test_nqswap_rows_give_the_four_context_types():
+    built = nqswap_context_items(ROWS, seed=0)
+    assert built.counts() == {t: 5 for t in CONTEXT_TYPES} and not any(built.skipped.values())
+    by = {(i.uid, i.context_type): i for i in built.items}
+    for k, row in enumerate(ROWS):
+        uid = str(k)
+        gold, conflict, irrelevant, none = (by[uid, t] for t in CONTEXT_TYPES)
+        assert strip_markup(row["org_context"]) in gold.prompt and gold.context_answers == tuple(row["org_answer"])
+        assert strip_markup(row["sub_context"]) in conflict.prompt
+        assert conflict.context_answers == tuple(row["sub_answer"]) and conflict.memory_answers == tuple(row["org_answer"])
+        partner = ROWS[int(irrelevant.partner)]
+        assert irrelevant.partner != uid and strip_markup(partner["org_context"]) in irrelevant.prompt
+        assert row["question"] in irrelevant.prompt and irrelevant.context_answers == tuple(partner["org_answer"])
+        assert normalize_answer(partner["org_answer"][0]) != normalize_answer(row["org_answer"][0])
+        assert none.prompt == none.question == gold.question and "Context" not in none.prompt
+    assert by["1", "irrelevant"].partner != "4"   # the other Austen row shares the answer
+
+
+def test_partners_are_seeded_and_an_item_without_one_is_counted():
+    assert nqswap_context_items(ROWS, seed=3) == nqswap_context_items(ROWS, seed=3)
+    same = [dict(r, org_answer=["Austen"]) for r in ROWS]
+    built = nqswap_context_items(same)
+    assert built.skipped["irrelevant"] == ["0", "1", "2", "3", "4"] and built.counts()["irrelevant"] == 0
+    with pytest.raises(ValueError, match="NQ-Swap row 0: missing field 'org_context'"):
+        nqswap_context_items([{k: v for k, v in ROWS[0].items() if k != "org_context"}])
+
+
+def test_paraconflict_gold_holds_the_true_answer_and_not_the_distractor():
+    examples = build_domain("world_capital")
+    built = paraconflict_context_items(examples)
+    golds = built.of_type("gold")
+    assert len(golds) + len(built.skipped["gold"]) == len(examples) and golds
+    for item in golds:
+        ex = next(e for e in examples if e.uid == item.uid)
+        assert re.search(rf"(?<!\w){re.escape(ex.answer)}(?!\w)", item.prompt)
+        assert not re.search(rf"(?<!\w){re.escape(ex.context_answer)}(?!\w)", item.prompt)
+        assert item.prompt.endswith(ex.prompts["coherent"].rpartition("Answer:")[2])
+    assert len(built.of_type("conflicting")) == 2 * len(examples)
+    assert built.counts()["none"] == len(examples)
+
+
+def _item(coherent: str, answer: str = "Kabul", distractor: str = "Astana") -> ConflictExample:
+    clean = "The capital of Afghanistan is"
+    return ConflictExample("world_capital", "Afghanistan", (answer,), distractor,
+                           {"clean": clean, "substitution": f"{clean} {distractor}. {clean}", "coherent": coherent},
+                           uid=f"x#{len(coherent)}")
+
+
+def test_gold_is_skipped_where_the_distractor_is_absent_or_survives():
+    ok = _item("Astana is the capital; Astanaville is not. Question: What is it? Answer: The capital of Afghanistan is")
+    assert gold_prompt(ok).startswith("Kabul is the capital; Astanaville is not.")   # word boundaries
+    assert gold_prompt(_item("It is a city. Question: Which? Answer: The capital of Afghanistan is")) is None
+    assert gold_prompt(_item("Astana. Question: Which? Answer: It is", answer="New Astana")) is None
+    built = paraconflict_context_items([_item("A city. Question: Which? Answer: It is"), ok])
+    assert built.skipped["gold"] == ["x#38"] and built.counts()["gold"] == 1
+
+
+def test_paraconflict_irrelevant_is_another_items_passage_before_this_clean_prompt():
+    examples = build_domain("book_author")
+    built = paraconflict_context_items(examples, seed=1)
+    irrelevant = built.of_type("irrelevant")
+    assert len(irrelevant) + len(built.skipped["irrelevant"]) == len(examples) and irrelevant
+    by_uid = {e.uid: e for e in examples}
+    for item in irrelevant:
+        ex, other = by_uid[item.uid], by_uid[item.partner]
+        passage = coherent_passage(other)
+        assert item.prompt == f"{passage} {ex.prompts['clean']}" and "Question:" not in passage
+        assert not {normalize_answer(a) for a in other.answers} & {normalize_answer(a) for a in ex.answers}
+        assert item.context_answers == other.answers and item.memory_answers == ex.answers
+
+
+def test_the_authors_files_split_their_coherent_passages(shared_data):
+    examples = load_paraconflict_json(shared_data / "paraconflict" / "world_capital" / "unfiltered_test.json",
+                                      "world_capital")
+    built = paraconflict_context_items(examples)
+    assert built.counts()["irrelevant"] == len(examples) and not built.skipped["irrelevant"]
+    by_uid = {e.uid: e for e in examples}
+    for item in built.of_type("irrelevant"):
+        passage = coherent_passage(by_uid[item.partner])
+        assert item.prompt == f"{passage} {by_uid[item.uid].prompts['clean']}" and "Question:" not in passage
+        assert passage and by_uid[item.partner].context_answer in passage   # the partner's own distractor
+    assert built.counts()["gold"] + len(built.skipped["gold"]) == len(examples)
+
+
+def test_nqswap_records_from_the_shared_file(shared_data):
+    built = nqswap_context_items(read_records(shared_data / "nqswap")[:50])
+    assert built.counts() == {t: 50 for t in CONTEXT_TYPES}
+
+
+def test_verdicts_follow_the_two_objectives():
+    common = dict(source="s", uid="0", question="Q:", memory_answers=("Paris",), metric="nqswap")
+    gold = ContextItem(context_type="gold", prompt="p", context_answers=("Paris",), **common)
+    conflict = ContextItem(context_type="conflicting", prompt="p", context_answers=("Lyon",), **common)
+    irrelevant = ContextItem(context_type="irrelevant", prompt="p", context_answers=("Berlin",), **common)
+    none = ContextItem(context_type="none", prompt="Q:", **common)
+    v = context_verdicts
+    assert v(gold, " Paris.") == {"use_relevant": True, "trust_memory": True, "follows_context": True}
+    assert v(conflict, " Lyon.") == {"use_relevant": True, "trust_memory": False, "follows_context": True}
+    assert v(conflict, " Paris.") == {"use_relevant": False, "trust_memory": True, "follows_context": False}
+    assert v(irrelevant, " Berlin.") == {"use_relevant": False, "trust_memory": False, "follows_context": True}
+    assert v(irrelevant, " Paris.") == {"use_relevant": True, "trust_memory": True, "follows_context": False}
+    assert v(none, " Paris") == {"use_relevant": True, "trust_memory": True, "follows_context": None}
+    with pytest.raises(ValueError, match="a none item has no context answer"):
+        ContextItem(context_type="none", prompt="Q:", context_answers=("x",), **common)
+    with pytest.raises(ValueError, match="objective must be one of"):
+        gold.target("sometimes")
