@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 
+from juice.data.context_types import ContextItem
 from juice.data.records import ConflictExample, ContextualExample
 
 PARAMETRIC_SUBSTITUTION = (
@@ -131,3 +132,27 @@ def contextual_prompt(example: ContextualExample) -> str:
     if example.kind == "qa":
         return f"{CONTEXTUAL_QA}{example.prompt}"
     return f"{CONTEXTUAL_COMPLETION}\n{example.prompt}"
+
+
+def instructed_context_item(item: ContextItem, direction: str, model_type: str | None = None) -> str:
+    """A context-type item's prompt (:mod:`juice.data.context_types`) with the Prompt baseline's
+    instruction of `direction`, in the authors' nearest form (juice's extension: the paper
+    instructs conflicting items only):
+
+    - contextual: NQ-Swap's instruction and a line break before the prompt (`Context: ...`, or
+      the question alone for none); ParaConflict: the completion instruction and a line break;
+    - parametric: the substitution form for a substitution prompt, the coherent form
+      (`... Context: <prompt>`) for every other prompt with a passage, none unchanged.
+
+    Raises:
+        ValueError: a direction other than parametric or contextual.
+    """
+    if direction == "contextual":
+        head = CONTEXTUAL_NQSWAP if item.metric == "nqswap" else CONTEXTUAL_COMPLETION
+        return f"{head}\n{item.prompt}"
+    if direction == "parametric":
+        if item.context_type == "none":
+            return item.prompt
+        return instructed_parametric(item.prompt, "substitution" if item.variant == "substitution" else "coherent",
+                                     model_type)
+    raise ValueError(f"direction must be parametric or contextual, not {direction!r}")

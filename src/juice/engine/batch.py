@@ -143,9 +143,8 @@ def generate(
             every step): its rows leave the batch, the others go on, and its text is what was
             decoded up to there (its later tokens read as EOS with `stop_at_eos`, else as the
             pad token). For a metric that reads only a prefix of the text, e.g. exact match's
-            first five words (:func:`juice.eval.metrics.first_words_final`). Greedy decoding
-            only: not with sampling, a repetition penalty, a contrast, `forced_tokens` or
-            `on_token`. With the static cache a stopped stream keeps its rows (fixed shapes) and
+            first five words (:func:`juice.eval.metrics.first_words_final`). Any stream (sampled,
+            penalized, contrastive; the session's stop rule), not with `forced_tokens`. With the static cache a stopped stream keeps its rows (fixed shapes) and
             its later tokens are dropped: the same tokens, without the saving.
 
     Returns:
@@ -156,7 +155,7 @@ def generate(
 
     Raises:
         PromptTooLongError: a prompt does not fit the context window with the new tokens.
-        ValueError: max_new_tokens < 1; `stop_text` with what it does not support, or with a
+        ValueError: max_new_tokens < 1; `stop_text` with `forced_tokens`, or with a
             tokenizer that has neither EOS (with `stop_at_eos`) nor a pad token.
         juice.guard.BatchingMismatchError: batched decoding is not exact here, even with eager
             attention.
@@ -170,13 +169,8 @@ def generate(
     if compile_step and kv_cache != "static":
         raise ValueError('compile_step needs kv_cache="static" (fixed shapes per step)')
     if stop_text is not None:
-        unsupported = [name for name, used in [
-            ("sampling", any(st.sampling is not None for st in streams)),
-            ("a repetition penalty", any(st.repetition_penalty != 1 for st in streams)),
-            ("a contrast", any(st.contrast is not None for st in streams)),
-            ("forced_tokens", forced_tokens is not None), ("on_token", on_token is not None)] if used]
-        if unsupported:
-            raise ValueError(f"stop_text works with greedy decoding only, not with {unsupported[0]}")
+        if forced_tokens is not None:
+            raise ValueError("stop_text does not apply to forced_tokens (teacher forcing feeds every token)")
         if (lm.tokenizer.eos_token_id if stop_at_eos else lm.tokenizer.pad_token_id) is None:
             raise ValueError("stop_text needs the tokenizer's EOS (stop_at_eos) or pad token to fill stopped rows")
     limit = context_length(lm.model)

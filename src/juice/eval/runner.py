@@ -58,17 +58,24 @@ class Method:
         adacad: decode with AdaCAD instead: CAD whose alpha is, per item and step, the
             Jensen-Shannon divergence in bits of the two branches' next-token distributions
             (:func:`juice.baselines.cad.jsd_alpha`; contextual direction only).
+        instruction: which Prompt instruction an instructed method uses where the evaluation
+            does not say: "parametric" or "contextual" (the context-type evaluation,
+            :mod:`juice.eval.contexts`); None: the evaluation's direction.
 
     Raises:
-        ValueError: both `cad_alpha` and `adacad`, or CAD/AdaCAD with a steering.
+        ValueError: both `cad_alpha` and `adacad`, CAD/AdaCAD with a steering, or an unknown
+            instruction.
     """
 
     steering: Steering = ORIGINAL
     instructed: bool = False
     cad_alpha: float | None = None
     adacad: bool = False
+    instruction: str | None = None
 
     def __post_init__(self) -> None:
+        if self.instruction not in (None, "parametric", "contextual"):
+            raise ValueError(f"instruction must be parametric or contextual, not {self.instruction!r}")
         if self.adacad and self.cad_alpha is not None:
             raise ValueError("a method is CAD (cad_alpha) or AdaCAD (adacad), not both")
         if self.contrastive is not None and self.steering.method != "original":
