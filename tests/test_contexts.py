@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from juice.baselines.cad import cad_generate, jsd_alpha
+from juice.baselines.cad import cad_generate
 from juice.baselines.prompt import instructed_context_item
 from juice.data.context_types import CONTEXT_TYPES, nqswap_context_items, paraconflict_context_items
 from juice.data.paraconflict import build_domain
