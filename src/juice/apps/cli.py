@@ -260,25 +260,41 @@ def tune(
 
 @app.command()
 def evaluate(
-    data: Path = typer.Option(..., exists=True, dir_okay=False, help="test rows (the formats of `juice tune --data`)"),
-    heads: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
-                                         help="a heads file (needed for juice, june, ph3)"),
-    methods: str = typer.Option("original,prompt,juice,june", help=(
+    data: Optional[Path] = typer.Option(None, exists=True, help=(
+        "test rows (the formats of `juice tune --data`); with --contexts: an NQ-Swap file or folder, a ParaConflict "
+        "JSON file or the authors' folder of domains (absent: the built-in domains)")),
+    heads: list[Path] = typer.Option([], exists=True, dir_okay=False, help=(
+        "a heads file (needed for juice, june, ph3); with --contexts one per direction (repeat)")),
+    methods: Optional[str] = typer.Option(None, help=(
         "comma-separated: original, prompt, juice, june, cad, adacad (rows need question), ph3 (after `juice tune "
-        "--methods ph3`)")),
+        "--methods ph3`); default original,prompt,juice,june (with --contexts: original,prompt,cad,adacad,june,juice)")),
     direction: Optional[str] = typer.Option(None, help="parametric | contextual (default: the heads file's)"),
     beta_plus: Optional[float] = typer.Option(None, help="override the heads file's tuned beta+"),
     beta_minus: Optional[float] = typer.Option(None, help="override the heads file's tuned beta-"),
-    limit: Optional[int] = typer.Option(None, min=1, help="evaluate the first N rows only"),
-    out: Path = typer.Option(Path("juice-evaluation"), help="folder for evaluation.json and evaluation.md"),
+    limit: Optional[int] = typer.Option(None, min=1, help="evaluate the first N rows (with --contexts: items per "
+                                                           "source) only"),
+    contexts: Optional[str] = typer.Option(None, help=(
+        "when to steer: evaluate on the same questions with these contexts, comma-separated from gold, conflicting, "
+        "irrelevant, none (README \"When to steer\")")),
+    domain: Optional[str] = typer.Option(None, help="with --contexts: one built-in or authors' domain"),
+    out: Path = typer.Option(Path("juice-evaluation"), help="folder for evaluation.json and evaluation.md "
+                                                            "(with --contexts: contexts.json, .md, .png)"),
     model: str = typer.Option(DEFAULT_MODEL),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
 ):
     """Evaluate methods on your test rows: exact match per conflict-type label and their mean,
-    with n and 95% bootstrap intervals, and paired differences; printed and saved.
+    with n and 95% bootstrap intervals, and paired differences; printed and saved. With
+    --contexts: every method on gold, conflicting, irrelevant and no context, under both
+    objectives (use relevant context, trust memory) and the rate of answers that follow the passage.
 
     Example: juice evaluate --heads heads.json --data test.jsonl --methods original,prompt,juice,june,cad
+
+    Example: juice evaluate --contexts gold,conflicting,irrelevant,none --data nqswap/ --heads heads_contextual.json
     """
+    if contexts is not None:
+        _evaluate_contexts(data, heads, methods or "original,prompt,cad,adacad,june,juice", contexts, domain, limit,
+                           out, model, device)
+        return
     from juice.apps.terminal import interval_rich
     from juice.eval.report import DEGENERATION_NOTE, difference_markdown, interval_markdown
     from juice.stage1 import load_heads
@@ -287,13 +303,17 @@ def evaluate(
     from juice.userdata import load_rows
     from juice.workflow import check_methods, evaluate_file, parse_direction
 
-    names = [m.strip().lower() for m in methods.split(",") if m.strip()]
-    artifact = load_heads(heads) if heads else None   # malformed input fails before the model loads
+    if data is None or data.is_dir():
+        raise typer.BadParameter("give a file of test rows (a folder is for --contexts)", param_hint="--data")
+    if len(heads) > 1:
+        raise typer.BadParameter("one heads file (two, one per direction, with --contexts)", param_hint="--heads")
+    names = [m.strip().lower() for m in (methods or "original,prompt,juice,june").split(",") if m.strip()]
+    artifact = load_heads(heads[0]) if heads else None   # malformed input fails before the model loads
     chosen = parse_direction(direction or (artifact.direction if artifact else "parametric"))
     load_rows(data, chosen)
     check_methods(names, artifact)
     lm = load_model(model, device=device)
-    artifact = load_heads(heads, lm) if heads else None
+    artifact = load_heads(heads[0], lm) if heads else None
     with _progress() as task:
         report = evaluate_file(lm, artifact, data, names, direction=chosen, beta_plus=beta_plus,
                                beta_minus=beta_minus, limit=limit, progress=task)
@@ -314,6 +334,47 @@ def evaluate(
         + "\n## Degenerate outputs\n\n" + interval_markdown(report.degeneration, report.methods, columns, headers, bold=False)
         + "\n" + DEGENERATION_NOTE + "\n", encoding="utf-8")
     console.print(f"wrote {out / 'evaluation.json'}, {out / 'evaluation.md'}")
+
+
+def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: str, contexts: str, domain: Optional[str],
+                       limit: Optional[int], out: Path, model: str, device: str) -> None:
+    """`juice evaluate --contexts` (:mod:`juice.when_to_steer`)."""
+    from juice.apps.terminal import interval_rich
+    from juice.io import write_json_atomic
+    from juice.models import load_model
+    from juice.plots import have_matplotlib
+    from juice.stage1 import load_heads
+    from juice.when_to_steer import TITLES, context_items, evaluate_contexts
+
+    try:   # bad input fails before the model loads
+        items, where = context_items(data, domain=domain, limit=limit,
+                                     contexts=[c.strip().lower() for c in contexts.split(",") if c.strip()])
+    except (ValueError, FileNotFoundError) as err:
+        raise typer.BadParameter(str(err), param_hint="--contexts" if "--contexts" in str(err) else "--data") from None
+    names = [m.strip().lower() for m in methods.split(",") if m.strip()]
+    for path in heads:
+        load_heads(path)
+    lm = load_model(model, device=device)
+    artifacts = [load_heads(path, lm) for path in heads]
+    try:
+        with _progress() as task:
+            report = evaluate_contexts(lm, artifacts, items, names, data=where, progress=task)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--methods") from None
+    columns = report.columns()
+    for name, table in report.tables.items():
+        cols = [(c, g) for c, g in columns if name != "follows_context" or g != "none"]
+        console.print(interval_rich(table, report.methods, cols, [g for _, g in cols],
+                                    title=f"{TITLES[name]}, % (95% interval half-width)",
+                                    bold=name != "follows_context"))
+    console.print(f"items {where['counts']}, skipped {where['skipped']}")
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "contexts.json", report.to_json())
+    (out / "contexts.md").write_text(report.markdown(), encoding="utf-8")
+    written = [out / "contexts.json", out / "contexts.md"]
+    if have_matplotlib():
+        written.append(report.figure(out / "contexts.png"))
+    console.print("wrote " + ", ".join(map(str, written)))
 
 
 @app.command()

@@ -1,0 +1,247 @@
+"""When to steer, end to end (issue 35; `juice evaluate --contexts`): the same questions with a
+gold, a conflicting, an irrelevant and no context, every method (both steering directions where
+both heads files are given), both objectives, with n, intervals and paired differences, saved as
+JSON, Markdown and a figure.
+
+    import juice
+    from juice.when_to_steer import context_items, evaluate_contexts
+    lm = juice.load_model("gemma-3-270m")
+    items, where = context_items("../shared/data/nqswap", limit=40)
+    report = evaluate_contexts(lm, [juice.load_heads("heads_contextual.json", lm)], items,
+                               ["original", "prompt", "cad", "juice", "june"])
+
+Sources (:func:`context_items`): an NQ-Swap JSONL file or a folder holding `nqswap.jsonl`; a
+ParaConflict JSON file (the authors' item lists); a folder of the authors' domains (each
+domain's `unfiltered_test.json`); or, with no source, juice's built-in domains. `limit` keeps the
+first N underlying items of each source (each with its four context types).
+
+Methods: `original`, `prompt` (both instructions: "Prompt-mem" ignores the context,
+"Prompt-ctx" follows it), `cad`, `adacad`, and per heads file `juice`, `june`, `ph3` (named with
+the file's direction: "JuICE-ctx", "JuNE-mem", "PH3-ctx", ...), each with the file's tuned
+settings: the betas the paper's protocol tunes on conflicting validation items, so the table
+shows what that tuning costs on gold, irrelevant and missing context.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from juice.data.context_types import (CONTEXT_TYPES, ContextItem, ContextItems, nqswap_context_items,
+                                      paraconflict_context_items)
+from juice.eval.contexts import context_type_means, context_type_tables, evaluate_context_types
+from juice.eval.runner import ItemResult, Method, results_to_json
+from juice.eval.tables import AVERAGE, IntervalTable
+from juice.models import LoadedModel
+from juice.pipeline.run import Progress, no_progress
+from juice.stage1 import HeadsArtifact
+from juice.steering import ORIGINAL, JuICE, JuNE, Prune, UntunedBetasWarning, chosen_betas
+
+CONTEXT_METHODS = ("original", "prompt", "cad", "adacad", "ph3", "june", "juice")
+"""`--methods` values of the context-type evaluation."""
+
+SHORT = {"parametric": "mem", "contextual": "ctx"}
+"""A heads file's direction as a method-name suffix."""
+
+TITLES = {"use_relevant": "use relevant context", "trust_memory": "trust memory",
+          "follows_context": "answers that follow the passage"}
+
+
+def context_items(source: str | Path | None = None, *, domain: str | None = None, limit: int | None = None,
+                  contexts: Sequence[str] = CONTEXT_TYPES, seed: int = 0) -> tuple[ContextItems, dict[str, Any]]:
+    """The items of `source` (module docstring) under `contexts`, and where they came from.
+
+    Args:
+        domain: with no source or an authors' folder, only this domain.
+        limit: the first N underlying items of each source (domain, or NQ-Swap); every item
+            of the source still lends its passage to the irrelevant items.
+        contexts: the context types kept (:data:`juice.data.context_types.CONTEXT_TYPES`).
+
+    Raises:
+        ValueError: an unknown context type or domain; a file that is neither NQ-Swap nor
+            ParaConflict; a malformed row (the loaders' one-line errors).
+        FileNotFoundError: no such file or folder.
+    """
+    unknown = [c for c in contexts if c not in CONTEXT_TYPES]
+    if unknown or not contexts:
+        raise ValueError(f"--contexts takes {', '.join(CONTEXT_TYPES)}, not {', '.join(unknown) or 'nothing'}")
+    from juice.data.nqswap import read_records
+    from juice.data.paraconflict import build_domain, load_paraconflict_json
+    from juice.data.splits import find_paper_domains
+
+    cut = list   # every item lends its passage; `limit` keeps the first N per source afterwards
+    where: dict[str, Any] = {"seed": seed, "limit": limit}
+    if source is None:
+        from juice.data.paraconflict import DOMAINS
+
+        names = [domain] if domain else list(DOMAINS)
+        examples = [ex for name in names for ex in cut(build_domain(name))]
+        built, where["source"] = paraconflict_context_items(examples, seed), f"built-in {', '.join(names)}"
+    else:
+        path = Path(source)
+        if not path.exists():
+            raise FileNotFoundError(f"no such file or folder: {path}")
+        if (path.is_dir() and (path / "nqswap.jsonl").is_file()) or path.suffix == ".jsonl":
+            built, where["source"] = nqswap_context_items(cut(read_records(path)), seed), f"NQ-Swap {path}"
+        elif path.is_dir():
+            found = find_paper_domains(path)
+            if domain:
+                found = {k: v for k, v in found.items() if k == domain}
+            if not found:
+                raise ValueError(f"{path}: no NQ-Swap file and no domain folder of the authors' layout"
+                                 f"{f' named {domain}' if domain else ''}")
+            examples = [ex for name, folder in found.items()
+                        for ex in cut(load_paraconflict_json(folder / "unfiltered_test.json", name))]
+            built, where["source"] = paraconflict_context_items(examples, seed), f"ParaConflict {path}"
+        else:
+            built = paraconflict_context_items(cut(load_paraconflict_json(path, domain)), seed)
+            where["source"] = f"ParaConflict {path}"
+    first: dict[str, list[str]] = {}
+    for item in built.items:   # the first `limit` underlying items of each source
+        uids = first.setdefault(item.source, [])
+        if item.uid not in uids and (not limit or len(uids) < limit):
+            uids.append(item.uid)
+    chosen = {(src, uid) for src, uids in first.items() for uid in uids}
+    kept = ContextItems([i for i in built.items if i.context_type in contexts and (i.source, i.uid) in chosen],
+                        {t: [u for u in v if any((src, u) in chosen for src in first)]
+                         for t, v in built.skipped.items() if t in contexts})
+    where["counts"] = kept.counts()
+    where["skipped"] = {t: len(v) for t, v in kept.skipped.items()}
+    return kept, where
+
+
+def context_methods(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], names: Sequence[str]
+                    ) -> tuple[dict[str, Method], dict[str, Any]]:
+    """Table name -> :class:`~juice.eval.runner.Method` for `names` (module docstring), and the
+    settings each uses.
+
+    Raises:
+        ValueError: an unknown name; juice, june or ph3 without a heads file; PH3 not tuned in
+            a file; two heads files of one direction.
+    """
+    directions = [str(a.direction) for a in artifacts]
+    if len(set(directions)) < len(directions):
+        raise ValueError("give at most one heads file per direction")
+    methods: dict[str, Method] = {}
+    settings: dict[str, Any] = {}
+    for raw in names:
+        name = raw.strip().lower()
+        if name not in CONTEXT_METHODS:
+            raise ValueError(f"unknown method {raw!r}; choose from {', '.join(CONTEXT_METHODS)}")
+        if name == "original":
+            methods["Original"] = Method(ORIGINAL)
+        elif name == "prompt":
+            methods["Prompt-mem"] = Method(ORIGINAL, instructed=True, instruction="parametric")
+            methods["Prompt-ctx"] = Method(ORIGINAL, instructed=True, instruction="contextual")
+        elif name == "cad":
+            methods["CAD"], settings["CAD"] = Method(cad_alpha=1.0), {"alpha": 1.0}
+        elif name == "adacad":
+            methods["AdaCAD"], settings["AdaCAD"] = Method(adacad=True), {"alpha": "JSD (bits)"}
+        else:
+            if not artifacts:
+                raise ValueError(f"{name} needs a heads file (--heads)")
+            for artifact in artifacts:
+                suffix = SHORT[str(artifact.direction)]
+                if name == "ph3":
+                    tuned = artifact.tuned.get("ph3", {})
+                    if "pruned" not in tuned:
+                        raise ValueError(f"PH3 needs its k in the {artifact.direction} heads file: run "
+                                         "`juice tune --methods ph3` first")
+                    from juice.interventions import Head
+
+                    methods[f"PH3-{suffix}"] = Method(Prune(lm, [Head.parse(h) for h in tuned["pruned"]]))
+                    settings[f"PH3-{suffix}"] = {"k": tuned["k"], "pruned": tuned["pruned"]}
+                    continue
+                bp, bm, warning = chosen_betas(name, artifact.tuned)
+                if warning:
+                    warnings.warn(warning, UntunedBetasWarning, stacklevel=2)
+                title = f"{'JuICE' if name == 'juice' else 'JuNE'}-{suffix}"
+                methods[title] = Method((JuICE if name == "juice" else JuNE)(lm, artifact.selection, bp, bm))
+                settings[title] = {"beta_plus": bp, "beta_minus": bm, "source": "default" if warning else "tuned"}
+    return methods, settings
+
+
+@dataclass
+class ContextsEvaluation:
+    """`juice evaluate --contexts`'s result.
+
+    Attributes:
+        results: one per (item, method) (:func:`juice.eval.contexts.evaluate_context_types`).
+        tables: "use_relevant", "trust_memory", "follows_context" -> interval table (columns:
+            sources and "Average"; groups: context types).
+        methods: table names in order; settings: the betas / k / alpha each used.
+        data: the source, counts, skips, seed, limit.
+    """
+
+    results: list[ItemResult]
+    tables: dict[str, IntervalTable]
+    methods: list[str]
+    settings: dict[str, Any]
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def columns(self) -> list[tuple[str, str]]:
+        """(Average, context type) for every context type evaluated."""
+        present = {r.conflict_type for r in self.results}
+        return [(AVERAGE, t) for t in CONTEXT_TYPES if t in present]
+
+    def means(self) -> dict[str, dict[str, dict[str, float]]]:
+        """table -> method -> context type (and "mean") -> percent."""
+        return {name: context_type_means(t) for name, t in self.tables.items()}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"data": self.data, "methods": self.methods, "settings": self.settings,
+                "tables": {k: t.to_json() for k, t in self.tables.items()}, "means": self.means(),
+                "results": results_to_json(self.results)}
+
+    def markdown(self) -> str:
+        """The report: one table per objective and the follow rate, n per cell, paired differences."""
+        from juice.eval.report import difference_markdown, interval_markdown
+
+        columns = self.columns()
+        parts = [f"# When to steer: {self.data.get('source', '')}\n",
+                 f"Items: {self.data.get('counts')}; skipped: {self.data.get('skipped')}. Cells: % (95% bootstrap "
+                 "interval half-width), averaged over sources; bold: interval wholly above the runner-up's.\n"]
+        for name, table in self.tables.items():
+            cols = [(c, g) for c, g in columns if name != "follows_context" or g != "none"]
+            heads = [g for _, g in cols]
+            parts += [f"## {TITLES[name]}\n", interval_markdown(table, self.methods, cols, heads,
+                                                                 bold=name != "follows_context"),
+                      "\nPaired differences, percentage points [95% interval]:\n",
+                      difference_markdown(table, cols, heads)]
+        parts.append("\n## Settings\n\n" + "\n".join(f"- {m}: {json.dumps(s)}" for m, s in self.settings.items()))
+        return "\n".join(parts) + "\n"
+
+    def figure(self, path: str | Path) -> Path:
+        """Accuracy under "use relevant context" per context type, one group per method, 95%
+        intervals as error bars (needs matplotlib)."""
+        from juice.plots import interval_bar_chart
+
+        cells = {m: dict(self.tables["use_relevant"].cells[m][AVERAGE]) for m in self.methods}
+        return interval_bar_chart(cells, path, title=f"use relevant context by context type ({self.data.get('source')})")
+
+
+def evaluate_contexts(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], items: ContextItems | Sequence[ContextItem],
+                      names: Sequence[str], *, data: Mapping[str, Any] | None = None, max_rows: int | str = 64,
+                      resamples: int = 2000, seed: int = 0, progress: Progress = no_progress) -> ContextsEvaluation:
+    """Evaluate `names` (:data:`CONTEXT_METHODS`) on context-type items (module docstring).
+
+    Raises:
+        ValueError: see :func:`context_methods`; no items.
+    """
+    items = items.items if isinstance(items, ContextItems) else list(items)
+    if not items:
+        raise ValueError("no context-type items to evaluate")
+    methods, settings = context_methods(lm, artifacts, names)
+    advance = progress(f"contexts: {len(methods)} methods x {len(items)} items", len(methods) * len(items))
+    results = evaluate_context_types(lm, items, methods, max_rows=max_rows, on_progress=advance)
+    titles = list(methods)
+    focus = next((t for t in titles if t.startswith("JuICE")), titles[0])
+    tables = context_type_tables(results, titles, focus=focus, resamples=resamples, seed=seed)
+    return ContextsEvaluation(results, tables, titles, settings, dict(data or {}))
+
+
+__all__ = ["CONTEXT_METHODS", "ContextsEvaluation", "context_items", "context_methods", "evaluate_contexts"]

@@ -1,0 +1,94 @@
+"""When to steer, end to end (:mod:`juice.when_to_steer`, `juice evaluate --contexts`): items from
+every source, methods from both heads files, the report and the command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from juice.data.context_types import CONTEXT_TYPES
+from juice.interventions import Head, HeadSelection
+from juice.stage1.heads_file import HeadsArtifact, save_heads
+from juice.when_to_steer import context_items, context_methods, evaluate_contexts
+from test_context_types import ROWS
+
+SEL = HeadSelection((Head(1, 2),), (Head(0, 1),))
+
+
+def _nqswap(tmp_path):
+    path = tmp_path / "nqswap.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS), encoding="utf-8")
+    return path
+
+
+def test_items_come_from_every_source(tmp_path, shared_data):
+    items, where = context_items(_nqswap(tmp_path), limit=3)
+    assert items.counts() == {t: 3 for t in CONTEXT_TYPES} and where["source"].startswith("NQ-Swap")
+    folder = shared_data / "paraconflict"
+    items, where = context_items(folder, domain="world_capital", limit=4, contexts=["gold", "none"])
+    assert where["counts"] == items.counts() == {"gold": 4, "conflicting": 0, "irrelevant": 0, "none": 4}
+    items, _ = context_items(folder / "world_capital" / "unfiltered_test.json", limit=2)
+    assert items.counts()["conflicting"] == 4
+    items, where = context_items(None, domain="book_author", limit=2)
+    assert items.counts()["irrelevant"] == 2 and "built-in book_author" in where["source"]
+    with pytest.raises(ValueError, match="--contexts takes gold, conflicting, irrelevant, none, not golden"):
+        context_items(None, contexts=["golden"])
+    with pytest.raises(FileNotFoundError, match="no such file or folder"):
+        context_items(tmp_path / "nowhere")
+
+
+def test_methods_of_both_heads_files(tiny_llama):
+    memory = HeadsArtifact(tiny_llama.fingerprint(), "parametric", 1, [1.0], [-1.0], SEL,
+                           tuned={"juice": {"beta_plus": 1.0, "beta_minus": -1.0}})
+    context = HeadsArtifact(tiny_llama.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL)
+    with pytest.warns(UserWarning, match="untuned betas"):
+        methods, settings = context_methods(tiny_llama, [memory, context], ["original", "prompt", "juice"])
+    assert list(methods) == ["Original", "Prompt-mem", "Prompt-ctx", "JuICE-mem", "JuICE-ctx"]
+    assert settings["JuICE-mem"]["source"] == "tuned" and settings["JuICE-ctx"]["source"] == "default"
+    with pytest.raises(ValueError, match="juice needs a heads file"):
+        context_methods(tiny_llama, [], ["juice"])
+    with pytest.raises(ValueError, match="PH3 needs its k"):
+        context_methods(tiny_llama, [memory], ["ph3"])
+    with pytest.raises(ValueError, match="unknown method 'auto2'"):
+        context_methods(tiny_llama, [], ["auto2"])
+
+
+def test_the_report_has_every_table(tiny_llama, tmp_path):
+    items, where = context_items(_nqswap(tmp_path), limit=2)
+    context = HeadsArtifact(tiny_llama.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL,
+                            tuned={"june": {"beta_plus": 1.0, "beta_minus": 0.0}})
+    report = evaluate_contexts(tiny_llama, [context], items, ["original", "june"], data=where, resamples=1000)
+    assert report.methods == ["Original", "JuNE-ctx"] and len(report.results) == 2 * 8
+    data = report.to_json()
+    assert set(data["tables"]) == {"use_relevant", "trust_memory", "follows_context"}
+    assert set(data["means"]["use_relevant"]["JuNE-ctx"]) == {*CONTEXT_TYPES, "mean"}
+    md = report.markdown()
+    assert "## use relevant context" in md and "## trust memory" in md and "JuNE-ctx - Original" in md
+
+
+def test_juice_evaluate_contexts_from_the_command_line(tmp_path, capsys):
+    import juice.apps.cli as cli
+    from conftest import build_tiny
+
+    lm = build_tiny("llama")
+    folder = tmp_path / "model"
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+    heads = []
+    for direction in ("parametric", "contextual"):
+        heads += ["--heads", str(tmp_path / f"{direction}.json")]
+        save_heads(HeadsArtifact(lm.fingerprint(), direction, 1, [1.0], [-1.0], SEL,
+                                 tuned={"juice": {"beta_plus": 1.0, "beta_minus": -1.0}}), tmp_path / f"{direction}.json")
+    out = tmp_path / "out"
+    assert cli.main(["evaluate", "--contexts", "gold,conflicting,irrelevant,none", "--data", str(_nqswap(tmp_path)),
+                     *heads, "--methods", "original,cad,juice", "--limit", "2", "--model", str(folder),
+                     "--device", "cpu", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "use relevant context" in printed and "trust memory" in printed and "contexts.json" in printed
+    saved = json.loads((out / "contexts.json").read_text())
+    assert saved["methods"] == ["Original", "CAD", "JuICE-mem", "JuICE-ctx"]
+    assert saved["data"]["counts"] == {t: 2 for t in CONTEXT_TYPES}
+    assert (out / "contexts.md").is_file()
+    assert cli.main(["evaluate", "--contexts", "gold,golden", "--model", str(folder)]) != 0
+    assert "--contexts takes" in capsys.readouterr().err
