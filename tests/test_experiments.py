@@ -190,6 +190,13 @@ def test_contextual_pipeline_runs_writes_table2_and_resumes(tiny_llama, tmp_path
                                        "proverb_translation"}
     table = (tmp_path / "out" / "table2.md").read_text()
     assert "NQ-Swap" in table and "Proverb Translation" in table and "likelihood" in table
+    # when to steer (issue 35): NQ-Swap's 2 test questions under 4 context types, every method
+    contexts = results["contexts"]
+    assert set(contexts) == {"use_relevant", "trust_memory", "follows_context"}
+    assert set(contexts["use_relevant"]["cells"]) == methods
+    assert {g: c["n"] for g, c in contexts["use_relevant"]["cells"]["JuICE"]["nqswap"].items()} == {
+        "gold": 2, "conflicting": 2, "irrelevant": 2, "none": 2}
+    assert "When to steer" in table and "trust memory" in table
 
     (tmp_path / "out" / "state" / "eval_contextual_nqswap.json").unlink()
 
@@ -205,6 +212,7 @@ def test_contextual_pipeline_runs_writes_table2_and_resumes(tiny_llama, tmp_path
     finally:
         mp.undo()
     assert second.table.to_json() == first.table.to_json()
+    assert {k: t.to_json() for k, t in second.contexts.items()} == {k: t.to_json() for k, t in first.contexts.items()}
 
 
 def test_contextual_pipeline_explains_missing_data(tiny_llama, tmp_path):

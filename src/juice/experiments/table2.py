@@ -13,6 +13,10 @@ Stages (the shared stages of :mod:`juice.pipeline`, written atomically to `<out>
    and JuNE's (beta+, beta-) and PH3's k.
 5. evaluation: Original, Prompt, CAD, AdaCAD, PH3-l, PH3-s, JuNE, JuICE on every test split;
    MemoTrap also by likelihood comparison; every cell with n and a 95% bootstrap interval.
+6. when to steer (juice's addition, issue 35): NQ-Swap's test questions with a gold, a
+   conflicting, an irrelevant and no context (:mod:`juice.data.context_types`; passages from the
+   rows within `max_prompt_tokens`), every method with NQ-Swap's tuned settings, under both
+   objectives (:mod:`juice.eval.contexts`): what tuning on conflicting items costs elsewhere.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from juice.data.contextual import (
     load_contextual,
 )
 from juice.eval.report import DEGENERATION_NOTE, difference_markdown, interval_markdown, table2_columns
+from juice.eval.contexts import context_type_tables, evaluate_context_types
 from juice.eval.runner import Method, evaluate_contextual, results_to_json, summary
 from juice.eval.tables import interval_table
 from juice.io import settings_key
@@ -97,6 +102,29 @@ def prepare_contextual(lm: LoadedModel, cfg: ReproduceConfig, max_prompt_tokens:
     return out, dropped
 
 
+def nqswap_test_contexts(lm: LoadedModel, root: Path, test_uids: list[str], max_prompt_tokens: int | None,
+                         seed: int) -> list:
+    """The four context types of NQ-Swap's test questions (`test_uids`: row numbers), partners
+    drawn among the rows whose original and substituted prompts fit `max_prompt_tokens`."""
+    from juice.data.context_types import nqswap_context_items
+    from juice.data.nqswap import context_prompt, read_records
+
+    rows = read_records(root / "nqswap")
+    fits = [max_prompt_tokens is None or all(
+        len(token_ids(lm.tokenizer, context_prompt(r[c], r["question"]))) <= max_prompt_tokens
+        for c in ("org_context", "sub_context")) or str(i) in test_uids for i, r in enumerate(rows)]
+    index = [i for i, ok in enumerate(fits) if ok]
+    built = nqswap_context_items([rows[i] for i in index], seed)
+    wanted = set(test_uids)
+    out = []
+    for item in built.items:   # uids back to row numbers, partners too
+        uid = str(index[int(item.uid)])
+        partner = str(index[int(item.partner)]) if item.partner else ""
+        if uid in wanted:
+            out.append(replace(item, uid=uid, partner=partner))
+    return out
+
+
 def reproduce_contextual(
     cfg: ReproduceConfig, progress: Progress = no_progress, lm: LoadedModel | None = None,
     max_prompt_tokens: int | None = 256,
@@ -155,6 +183,21 @@ def reproduce_contextual(
     timings["evaluation"] = time.perf_counter() - t
 
     boot = dict(resamples=cfg.bootstrap_resamples, seed=cfg.seed)
+    contexts = None
+    if "nqswap" in splits and splits["nqswap"].test:
+        t = time.perf_counter()
+        nq_methods = domain_methods(lm, selection, choices["nqswap"], cfg.baselines, list(ph3))
+        if cfg.baselines:
+            nq_methods = {**nq_methods, "CAD": Method(cad_alpha=ALPHA), "AdaCAD": Method(adacad=True)}
+        nq_methods = {m: nq_methods[m] for m in order if m in nq_methods}
+        items = nqswap_test_contexts(lm, root, [ex.uid for ex in splits["nqswap"].test], max_prompt_tokens, cfg.seed)
+        key_ctx = settings_key({"tuning": key_tuning, "choice": choices["nqswap"], "methods": list(nq_methods),
+                                "items": [asdict(i) for i in items], "stage": "contexts/1"})
+        ctx_results = evaluation_stage(
+            run, "contexts_nqswap", key_ctx, "when to steer: NQ-Swap x 4 contexts", len(items) * len(nq_methods),
+            lambda advance: evaluate_context_types(lm, items, nq_methods, max_rows=cfg.max_rows, on_progress=advance))
+        contexts = context_type_tables(ctx_results, list(nq_methods), **boot)
+        timings["contexts"] = time.perf_counter() - t
     by_likelihood = [replace(r, correct=r.likelihood_correct) for r in all_results if r.likelihood_correct is not None]
     result = ReproduceResult(
         config=cfg, model=lm.fingerprint(), selection=selection, choices=choices,
@@ -165,6 +208,7 @@ def reproduce_contextual(
         domains=list(splits), titles=dict(CONTEXTUAL_TITLES), notes=notes, methods=tuple(order),
         likelihood=interval_table(by_likelihood, order, **boot) if by_likelihood else None,
         degeneration=interval_table(all_results, order, value=lambda r: r.degenerate, **boot),
+        contexts=contexts,
     )
     _write(result, all_results, out)
     return result
@@ -184,6 +228,7 @@ def _write(result: ReproduceResult, results, out: Path) -> None:
         "choices": result.choices, "table": result.table.to_json(), "accuracy": result.table.means(),
         "likelihood": result.likelihood.to_json() if result.likelihood else None,
         "degeneration": result.degeneration.to_json() if result.degeneration else None,
+        "contexts": {k: t.to_json() for k, t in result.contexts.items()} if result.contexts else None,
         "summary": result.summary, "timings_s": result.timings,
         "splits": result.splits, "notes": result.notes, "items": results_to_json(results),
     })
@@ -209,6 +254,15 @@ def _write(result: ReproduceResult, results, out: Path) -> None:
     if result.degeneration:
         text += ["\n## Degenerate outputs\n", interval_markdown(result.degeneration, methods, cols, headers, bold=False),
                  "\n" + DEGENERATION_NOTE + "\n"]
+    if result.contexts:
+        from juice.data.context_types import CONTEXT_TYPES
+        from juice.when_to_steer import TITLES
+
+        text.append("\n## When to steer: NQ-Swap's test questions with a gold, conflicting, irrelevant or no context\n")
+        for name, table in result.contexts.items():
+            ccols = [("Average", g) for g in CONTEXT_TYPES if g != "none" or name != "follows_context"]
+            text += [f"### {TITLES[name]}\n", interval_markdown(table, methods, ccols, [g for _, g in ccols],
+                                                                 bold=name != "follows_context")]
     (out / "table2.md").write_text("\n".join(text), encoding="utf-8")
     cells = {m: {result.titles.get(d, d): result.table.cells[m][d]["context"] for d in [*result.domains, "Average"]
                  if "context" in result.table.cells[m].get(d, {})} for m in methods}

@@ -130,6 +130,7 @@ class ReproduceResult:
     likelihood: IntervalTable | None = None     # contextual: MemoTrap by likelihood comparison
     degeneration: IntervalTable | None = None   # share of degenerate outputs (juice.eval.degeneration)
     head_domain: str = "world_capital"          # whose D the heads come from
+    contexts: dict[str, IntervalTable] | None = None   # contextual: NQ-Swap's test questions under every context type
 
 
 def start_run(cfg: ReproduceConfig, lm: LoadedModel | None, progress: Progress = no_progress,
