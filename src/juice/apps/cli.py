@@ -194,6 +194,10 @@ def identify(
                           limit=0, device=device)
     if data is None and domain not in DOMAINS:
         raise typer.BadParameter(f"unknown domain {domain!r}; one of {', '.join(DOMAINS)}", param_hint="--domain")
+    if (data is None or data.is_dir()) and direction.strip().lower() not in ("parametric", "memory"):
+        raise typer.BadParameter("without a data file, identify scores a ParaConflict domain's D for the parametric "
+                                 "direction; for the contextual direction give --data (an NQ-Swap JSONL, a MemoTrap "
+                                 "CSV, or your rows)", param_hint="--direction")
     if data is not None and data.is_file():   # the user's own rows: all of them are D
         from juice.workflow import identify as identify_rows
         from juice.workflow import parse_direction
