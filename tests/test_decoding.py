@@ -143,12 +143,29 @@ def test_a_stop_rule_under_the_static_cache_gives_the_dynamic_caches_tokens(tiny
     assert not torch.equal(full.tokens, static.tokens)   # the rule did cut some stream
 
 
-def test_stop_text_is_refused_where_rows_cannot_leave(tiny_llama):
+def test_stop_text_ends_sampled_streams_too_and_is_refused_with_teacher_forcing(tiny_llama):
+    """The one loop's stop rule holds for any stream (issue 34; it used to be greedy only): a
+    sampled stream's tokens are those it gets without the rule, up to the step the rule holds,
+    then EOS."""
     from juice.sampling import Sampling
 
-    with pytest.raises(ValueError, match="not with sampling"):
-        generate(tiny_llama, PROMPTS[:1], [Stream(0, sampling=Sampling(temperature=1.0, seed=0))], 3,
-                 stop_text=lambda t: True)
+    streams = [Stream(0, sampling=Sampling(temperature=1.0, seed=s)) for s in range(4)]
+    tok = tiny_llama.tokenizer
+
+    def stop(text: str) -> bool:
+        return len(text.split()) >= 2
+
+    full = generate(tiny_llama, PROMPTS[:1], streams, 6, stop_at_eos=True).tokens.tolist()
+    cut = generate(tiny_llama, PROMPTS[:1], streams, 6, stop_at_eos=True, stop_text=stop).tokens.tolist()
+    held = 0
+    for a, b in zip(full, cut):
+        k = next((i + 1 for i in range(6) if stop(tok.decode(a[: i + 1], skip_special_tokens=True))), 6)
+        held += k < 6
+        assert b[:k] == a[:k] and all(t == tok.eos_token_id for t in b[k:])
+    assert held, "the rule should end some stream early"
+    with pytest.raises(ValueError, match="does not apply to forced_tokens"):
+        generate(tiny_llama, PROMPTS[:1], [Stream(0)], 3, forced_tokens=torch.zeros(1, 3, dtype=torch.long),
+                 stop_text=stop)
 
 
 def test_unknown_method_is_refused():
