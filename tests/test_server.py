@@ -3,7 +3,6 @@ per-request steering, and a request's output independent of the rest of its batc
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +13,6 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 import openai  # noqa: E402
-import uvicorn  # noqa: E402
 from conftest import build_tiny  # noqa: E402
 
 from juice.interventions import HeadSelection
@@ -22,6 +20,7 @@ from juice.stage1 import HeadsArtifact
 from juice.interventions import Head  # noqa: E402
 from juice.apps.server import WARNING_HEADER, create_app, parse_spec  # noqa: E402
 from juice.steerer import Steerer  # noqa: E402
+from request_protocol import serving  # noqa: E402
 from juice.steering import UntunedBetasWarning  # noqa: E402
 
 SEL = HeadSelection((Head(1, 2),), (Head(0, 1),))
@@ -31,20 +30,10 @@ PROMPTS = ["the capital of france is", "the name of the capital city of japan is
 
 @contextmanager
 def _serving(app):
-    """Run `app` on 127.0.0.1 at a free port in a thread; yield an `openai` client for it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
-        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=5)
+    """Run `app` on 127.0.0.1 at a free port in a thread (tests/request_protocol.py); yield an
+    `openai` client for it."""
+    with serving(app) as base:
+        yield openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
 
 
 @pytest.fixture(scope="module")
