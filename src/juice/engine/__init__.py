@@ -1,6 +1,6 @@
 """juice's decoding engine: one decoding loop for every caller.
 
-- :mod:`juice.engine.streams`: what is decoded (:class:`Stream`, :class:`Contrast`,
+- :mod:`juice.engine.streams`: what is decoded (:class:`Stream`, :class:`Contrast`, :class:`Choice`,
   :class:`Generation`) and the one function that lays streams out as batch rows and a
   :class:`~juice.interventions.RowPlan` (:func:`~juice.engine.streams.row_layout`);
 - :mod:`juice.engine.forward`: the cached forward, its compiled form, the plan's site, and the
@@ -21,8 +21,8 @@ from __future__ import annotations
 from juice.engine.batch import KV_CACHES, PAD_SLACK, decode_chunks, generate, greedy_generate, length_buckets
 from juice.engine.forward import compiled_forward, forward_last, plan_applier
 from juice.engine.session import DecodingSession, StepToken
-from juice.engine.streams import Contrast, ContrastRule, Generation, Stream, row_layout
+from juice.engine.streams import Choice, ChoiceRule, Contrast, ContrastRule, Generation, Stream, row_layout
 
-__all__ = ["Contrast", "ContrastRule", "DecodingSession", "Generation", "KV_CACHES", "PAD_SLACK", "StepToken", "Stream",
+__all__ = ["Choice", "ChoiceRule", "Contrast", "ContrastRule", "DecodingSession", "Generation", "KV_CACHES", "PAD_SLACK", "StepToken", "Stream",
            "compiled_forward", "decode_chunks", "forward_last", "generate", "greedy_generate", "length_buckets",
            "plan_applier", "row_layout"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -32,7 +33,7 @@ from juice.architectures import ModelHeads
 from juice.budget import resolve_max_rows
 from juice.engine.forward import plan_applier
 from juice.engine.session import DecodingSession
-from juice.engine.streams import Contrast, Generation, Stream
+from juice.engine.streams import Choice, Contrast, Generation, Stream
 from juice.guard import check_batch, needs_check
 from juice.interventions import RowPlan
 from juice.models import LoadedModel
@@ -183,8 +184,8 @@ def generate(
                                  f"{limit - max_new_tokens} with {max_new_tokens} new tokens")
     max_rows = resolve_max_rows(max_rows, lm, max(map(len, ids), default=1) + max_new_tokens)
 
-    def prompts_of(stream: Stream) -> tuple[int, ...]:   # its prompt, and its contrast's question
-        return (stream.prompt,) if stream.contrast is None else (stream.prompt, stream.contrast.question)
+    def prompts_of(stream: Stream) -> tuple[int, ...]:   # its prompt, and its contrast's or choice's question
+        return (stream.prompt,) if stream.question is None else (stream.prompt, stream.question)
 
     def run(chunk: list[int]):
         chunk_prompts = sorted({p for i in chunk for p in prompts_of(streams[i])})
@@ -193,16 +194,19 @@ def generate(
         step = None if on_token is None else (lambda ks, t, chunk=chunk: on_token([chunk[k] for k in ks], t))
         contrasts = [None if (c := streams[i].contrast) is None else Contrast(chunk_prompts.index(c.question), c.rule)
                      for i in chunk]
+        choices = [None if (c := streams[i].choice) is None else replace(c, question=chunk_prompts.index(c.question))
+                   for i in chunk]
         return _generate_chunk(lm, [ids[p] for p in chunk_prompts], [chunk_prompts.index(streams[i].prompt) for i in chunk],
                                [streams[i].steering for i in chunk], max_new_tokens, probes, forced,
                                [streams[i].sampling for i in chunk], step,
                                [streams[i].repetition_penalty for i in chunk],
                                lm.tokenizer.eos_token_id if stop_at_eos and forced is None else None,
                                static=kv_cache == "static", compiled=compile_step, apply_plan=apply_plan,
-                               contrasts=contrasts, stop_text=stop_text)
+                               contrasts=contrasts, stop_text=stop_text,
+                               choices=choices if any(c is not None for c in choices) else None)
 
     if apply_plan is None:
-        apply_plan = plan_applier(s.steering for s in streams)
+        apply_plan = plan_applier(t for s in streams for t in s.steerings)
     return decode_chunks(lm, n, max_new_tokens, _chunks(streams, [len(i) for i in ids], max_rows), run,
                          lambda i: tuple(len(ids[p]) for p in prompts_of(streams[i])), probe_tokens,
                          forced_tokens is not None, check=on_token is None, on_chunk=on_chunk,
@@ -268,6 +272,7 @@ def _generate_chunk(
     apply_plan: Callable[[ModelHeads, RowPlan], AbstractContextManager] | None = None,
     contrasts: Sequence[Contrast | None] | None = None,
     stop_text: Callable[[str], bool] | None = None,
+    choices: Sequence[Choice | None] | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Decode one chunk of streams in one :class:`~juice.engine.session.DecodingSession`, all
     admitted at the first step (one prefill).
@@ -288,6 +293,8 @@ def _generate_chunk(
             `prompts`, or None; None: no contrastive stream.
         stop_text: a stream ends after the step at which the text of its new tokens satisfies it;
             its later tokens read as `eos` (the pad token without one).
+        choices: per stream, its :class:`Choice` (juice's `auto`) with `question` its question's
+            index in `prompts` (its steering is then Original), or None; None: no choosing stream.
 
     Returns:
         (`[n_streams, max_new_tokens]` tokens on the CPU, `[n_streams, k]` first-step probe
@@ -295,17 +302,16 @@ def _generate_chunk(
     """
     n = len(prompt_of)
     contrasts = [None] * n if contrasts is None else list(contrasts)
+    choices = [None] * n if choices is None else list(choices)
     session = DecodingSession(lm, eos=eos, static=static, compiled=compiled, apply_plan=apply_plan)
     decode = lm.tokenizer.decode
     stop = None if stop_text is None else (lambda tokens: stop_text(decode(tokens, skip_special_tokens=True)))
     for k in range(n):
-        c = contrasts[k]
-        session.add(k, prompts[prompt_of[k]],
-                    Stream(k, steerings[k], None if samplings is None else samplings[k],
-                           1.0 if penalties is None else penalties[k], c),
-                    max_new_tokens, stop, prompt_key=prompt_of[k],
-                    question_ids=None if c is None else prompts[c.question],
-                    question_key=None if c is None else c.question,
+        stream = Stream(k, steerings[k], None if samplings is None else samplings[k],
+                        1.0 if penalties is None else penalties[k], contrasts[k], choices[k])
+        q = stream.question
+        session.add(k, prompts[prompt_of[k]], stream, max_new_tokens, stop, prompt_key=prompt_of[k],
+                    question_ids=None if q is None else prompts[q], question_key=q,
                     forced=None if forced is None else forced[k].tolist(),
                     probes=None if probes is None else probes[k].tolist())
     fill = eos if eos is not None else lm.tokenizer.pad_token_id

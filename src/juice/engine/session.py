@@ -12,14 +12,18 @@ Each :meth:`~DecodingSession.step`
    (the growing prefill), so a prompt's clean prefill is computed once however many steerings,
    JuICE's run 1 and contrastive streams use it; then it picks their first tokens and re-lays
    their cache rows so that every stream owns its rows (a JuICE stream [clean copy, steered],
-   a contrastive stream [question copy, prompt copy]);
+   a contrastive stream [question copy, prompt copy]; a stream with a
+   :class:`~juice.engine.streams.Choice` makes its choice here and keeps the chosen candidate's
+   rows only, decoding from then on as that candidate's stream);
 4. retires the streams that finished (EOS, `max_new_tokens`, or a caller's `stop` predicate) and
    merges the new ones' cache rows into the running cache: the shorter cache is left-padded to
    the longer one's length with masked positions, exactly as :func:`juice.tokens.pad_left` pads
    a batch's prompts; columns that every remaining row masks are trimmed.
 
 Token choice (:meth:`DecodingSession._choose`, the one place it happens) reads each stream's
-logits row (a contrastive stream's: its rule applied to its prompt's and its question's rows),
+logits row (a contrastive stream's: its rule applied to its prompt's and its question's rows; a
+choosing stream's: its chosen candidate's row, the choice made from its prompt's and its
+question's unmodified rows),
 applies the repetition penalty, records first-step probe probabilities, and takes the forced
 token (teacher forcing, with its log-probability), a sampled one or the greedy one.
 
@@ -47,7 +51,7 @@ from torch import Tensor
 
 from juice.architectures import ModelHeads
 import juice.engine.forward as fwd
-from juice.engine.streams import ContrastRule, RowLayout, Stream, row_layout
+from juice.engine.streams import ChoiceRule, ContrastRule, RowLayout, Stream, row_layout
 from juice.interventions import RowPlan, planned_rows
 from juice.models import LoadedModel
 from juice.sampling import penalize_repetition, pick_token
@@ -98,6 +102,8 @@ class StepToken:
         probes: at a stream's first token, the probabilities `[k]` of its probe tokens (after
             the repetition penalty and any contrast), if it gave probes; else None.
         forced_logprob: the log-probability (nats, float64 precision) of a forced token, else None.
+        choice: at the first token of a stream with a :class:`~juice.engine.streams.Choice`,
+            the index of the candidate it chose; else None.
     """
 
     key: Hashable
@@ -107,6 +113,7 @@ class StepToken:
     top: tuple[tuple[int, float], ...] | None = None
     probes: Tensor | None = None
     forced_logprob: float | None = None
+    choice: int | None = None
 
 
 class DecodingSession:
@@ -168,7 +175,7 @@ class DecodingSession:
             prompt_key, question_key: names of the prompt's and the question's tokens: streams
                 prefilled together whose keys are equal share a clean row (default: the ids).
                 The keys of one prefill must be mutually comparable (sorted).
-            question_ids: a contrastive stream's question's token ids, BOS included.
+            question_ids: a contrastive or choosing stream's question's token ids, BOS included.
             forced: `max_new_tokens` token ids to feed instead of choosing (teacher forcing;
                 their log-probabilities are returned).
             probes: token ids whose probabilities at the first step to return.
@@ -181,16 +188,20 @@ class DecodingSession:
             raise ValueError("a static session takes its streams before its first step")
         if stream.contrast is not None and not question_ids:
             raise ValueError("a contrastive stream (CAD, AdaCAD) needs its question's token ids")
+        if stream.choice is not None and not question_ids:
+            raise ValueError("a stream with a choice of steerings (auto) needs its question's token ids")
         if forced is not None and len(forced) < max_new_tokens:
             raise ValueError(f"forced tokens: {len(forced)} for {max_new_tokens} new tokens")
-        if stream.steering.method != "original":
-            if self._site not in (None, stream.steering.site):
-                raise ValueError(f"this session steers at {self._site}, not {stream.steering.site}")
-            self._site = stream.steering.site
+        for steering in stream.steerings:
+            if steering.method == "original":
+                continue
+            if self._site not in (None, steering.site):
+                raise ValueError(f"this session steers at {self._site}, not {steering.site}")
+            self._site = steering.site
         if any(s.key == key for s in self.pending + self.running):
             raise ValueError(f"a stream named {key!r} is already in the session")
         sm = stream.sampling
-        question = None if question_ids is None or stream.contrast is None else list(question_ids)
+        question = None if question_ids is None or stream.question is None else list(question_ids)
         self.pending.append(_Live(
             key, list(prompt_ids), stream, max_new_tokens, stop,
             tuple(prompt_ids) if prompt_key is None else prompt_key, question,
@@ -242,15 +253,32 @@ class DecodingSession:
     # -- the batch --------------------------------------------------------------------------
 
     def _applier(self, streams: list[_Live]) -> Callable[[ModelHeads, RowPlan], AbstractContextManager]:
-        return self.apply_plan or fwd.plan_applier(s.stream.steering for s in streams)
+        return self.apply_plan or fwd.plan_applier(t for s in streams for t in s.stream.steerings)
 
-    def _choose(self, streams: list[_Live], hidden: Tensor, out_rows: list[int], question_rows: list[int]
-                ) -> list[StepToken]:
+    def _choose(self, streams: list[_Live], hidden: Tensor, out_rows: list[int], question_rows: list[int],
+                options: list[list[list[int]] | None] | None = None) -> tuple[list[StepToken], list[int | None]]:
         """Pick each stream's token from `[rows, hidden]` last hidden states (`out_rows`: each
-        stream's logits row; `question_rows`: a contrastive stream's question row, else -1);
-        record it. The one place tokens are chosen (module docstring)."""
+        stream's logits row; `question_rows`: a contrastive or choosing stream's question row,
+        else -1; `options`: a choosing stream's rows per candidate, else None); record it. The
+        one place tokens are chosen (module docstring).
+
+        Returns:
+            the step's tokens, and per stream the candidate its choice picked (None without one).
+        """
         device = self.lm.device
         logits = self.lm.logits(hidden[torch.tensor(out_rows, device=device)]).float()
+        picked: list[int | None] = [None] * len(streams)
+        by_choice: dict[ChoiceRule, list[int]] = {}
+        for r, s in enumerate(streams):
+            if s.stream.choice is not None:
+                by_choice.setdefault(s.stream.choice.rule, []).append(r)
+        for rule, rs in by_choice.items():   # choose from the unmodified rows, then read the chosen row
+            question = self.lm.logits(hidden[torch.tensor([question_rows[r] for r in rs], device=device)]).float()
+            index = rule(logits[torch.tensor(rs, device=device)], question).tolist()
+            for r, c in zip(rs, index):
+                picked[r] = int(c)
+            rows = torch.tensor([options[r][c][-1] for r, c in zip(rs, index)], device=device)
+            logits[torch.tensor(rs, device=device)] = self.lm.logits(hidden[rows]).float()
         by_rule: dict[ContrastRule, list[int]] = {}
         for r, s in enumerate(streams):
             if s.stream.contrast is not None:
@@ -297,8 +325,8 @@ class DecodingSession:
                       "length" if len(s.tokens) >= s.max_new_tokens else None)
             lp, top = lps.get(r, (None, None))
             out.append(StepToken(s.key, t, reason, lp, top, probe_probs.get(r),
-                                 None if forced_lp is None or forced[r] is None else float(forced_lp[r])))
-        return out
+                                 None if forced_lp is None or forced[r] is None else float(forced_lp[r]), picked[r]))
+        return out, picked
 
     def _decode(self) -> list[StepToken]:
         device = self.lm.device
@@ -313,7 +341,7 @@ class DecodingSession:
         step = fwd.compiled_forward(self.lm) if self.compiled else fwd.forward_last
         with self._applier(self.running)(self.lm.heads, self._rows.plan):
             hidden, self._cache = step(self.lm, feed, self._mask, self._positions[:, None], past=self._cache)
-        return self._choose(self.running, hidden, self._rows.out_row, self._rows.question_row)
+        return self._choose(self.running, hidden, self._rows.out_row, self._rows.question_row)[0]
 
     def _prefill(self, streams: list[_Live]) -> list[StepToken]:
         device = self.lm.device
@@ -347,7 +375,11 @@ class DecodingSession:
                 vocab = self.lm.model.get_output_embeddings().weight.shape[0]
                 s.seen = torch.zeros(vocab, dtype=torch.bool, device=device)
                 s.seen[torch.tensor(s.ids, device=device)] = True
-        out = self._choose(streams, hidden, layout.out_row, layout.question_row)
+        out, picked = self._choose(streams, hidden, layout.out_row, layout.question_row, layout.options)
+        for k, (s, c) in enumerate(zip(streams, picked)):   # a choosing stream keeps its candidate's rows
+            if c is not None:
+                s.stream, s.question_ids, s.question_key = s.stream.chosen(c), None, None
+                layout.owned[k] = layout.options[k][c]
         select = torch.tensor([r for rows in layout.owned for r in rows], device=device)
         cache.reorder_cache(select)
         mask, positions = mask[select], positions[select][:, -1]

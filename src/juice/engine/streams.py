@@ -6,13 +6,16 @@ Rows (paper Stage 2): an Original stream decodes one unmodified row; a JuNE stre
 heads are scaled (Alg. 4); a JuICE stream two, an unmodified copy (run 1) and the steered row
 that adds beta times the copy's head outputs (run 2, Alg. 1), both fed the steered row's tokens;
 a contrastive stream (CAD, AdaCAD) two unmodified rows, its question's and its prompt's, both fed
-the token chosen from their contrasted logits.
+the token chosen from their contrasted logits; a stream with a :class:`Choice` (juice's `auto`,
+:mod:`juice.auto`) is prefilled with its prompt's and its question's unmodified rows and one row
+per candidate steering, picks a candidate from the first step's two unmodified distributions,
+and decodes from then on exactly as that candidate's stream (its other rows leave the batch).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -46,10 +49,46 @@ class Contrast:
     rule: ContrastRule
 
 
+ChoiceRule = Callable[[Tensor, Tensor], Tensor]
+"""(`[rows, vocab]` first-step logits of the prompts' unmodified rows, `[rows, vocab]` those of
+their questions' rows) -> `[rows]` long: per row, the index of the candidate to decode with; row
+`r` of the result may depend on row `r` of the inputs only."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A per-request choice of steering (juice's `auto`, :mod:`juice.auto`): at the first step the
+    stream's prompt and `prompts[question]` are prefilled unmodified, `rule` reads their two
+    next-token distributions and picks one of `candidates`; the first token and every later one
+    are then decoded exactly as a stream with that steering (`Stream(prompt, candidates[c])`):
+    only the prefill costs more (one question row and one row per steered candidate, each joining
+    at the first layer it steers).
+
+    Attributes:
+        question: index of the question without its context.
+        candidates: the steerings to choose from (one site; Original, JuNE or JuICE).
+        rule: a :data:`ChoiceRule` (hashable: streams are grouped by it).
+
+    Raises:
+        ValueError: no candidate, or candidates at two sites.
+    """
+
+    question: int
+    candidates: tuple[Steering, ...]
+    rule: ChoiceRule
+
+    def __post_init__(self) -> None:
+        if not self.candidates:
+            raise ValueError("a choice needs at least one candidate steering")
+        if len({c.site for c in self.candidates if c.method != "original"}) > 1:
+            raise ValueError("a choice's candidate steerings must share a site")
+
+
 @dataclass(frozen=True)
 class Stream:
     """One generation request: the prompt at index `prompt`, decoded under `steering`, or with a
-    `contrast` policy (CAD, AdaCAD), greedily or with `sampling`.
+    `contrast` policy (CAD, AdaCAD), or a `choice` among steerings made at the first step
+    (:class:`Choice`), greedily or with `sampling`.
 
     `repetition_penalty` is Hugging Face's (CTRL, Keskar et al. 2019): before choosing, the logit
     of every token already in the sequence (prompt, BOS included, and new tokens) is divided by
@@ -58,8 +97,8 @@ class Stream:
     penalty's sequence is the stream's prompt and its new tokens).
 
     Raises:
-        ValueError: repetition_penalty <= 0, or a contrast with a steering (CAD decodes the
-            unmodified model).
+        ValueError: repetition_penalty <= 0, a contrast with a steering (CAD decodes the
+            unmodified model), or a choice with a steering or a contrast.
     """
 
     prompt: int
@@ -67,6 +106,7 @@ class Stream:
     sampling: Sampling | None = None
     repetition_penalty: float = 1.0
     contrast: Contrast | None = None
+    choice: Choice | None = None
 
     def __post_init__(self) -> None:
         if not self.repetition_penalty > 0:
@@ -74,12 +114,31 @@ class Stream:
         if self.contrast is not None and self.steering.method != "original":
             raise ValueError("a contrastive stream (CAD, AdaCAD) decodes the unmodified model; "
                              f"it takes no {self.steering.method} steering")
+        if self.choice is not None and (self.contrast is not None or self.steering.method != "original"):
+            raise ValueError("a stream with a choice of steerings takes no steering and no contrast of its own")
 
     @property
     def rows(self) -> int:
         """Decoding rows the stream owns: two for JuICE (clean copy, steered row) and for a
-        contrast (question row, prompt row), else one."""
+        contrast (question row, prompt row), else one; with a choice, the most any candidate owns."""
+        if self.choice is not None:
+            return max(2 if c.method == "juice" else 1 for c in self.choice.candidates)
         return 2 if self.steering.method == "juice" or self.contrast is not None else 1
+
+    @property
+    def question(self) -> int | None:
+        """The index of its contrast's or its choice's question, else None."""
+        policy = self.contrast or self.choice
+        return None if policy is None else policy.question
+
+    @property
+    def steerings(self) -> tuple[Steering, ...]:
+        """Every steering the stream may decode with (its own, or its choice's candidates)."""
+        return self.choice.candidates if self.choice is not None else (self.steering,)
+
+    def chosen(self, index: int) -> "Stream":
+        """This stream decoded with its choice's candidate `index` (no choice left)."""
+        return replace(self, steering=self.choice.candidates[index], choice=None)
 
 
 @dataclass
@@ -116,10 +175,12 @@ class RowLayout:
         prompts: per row, the key of the prompt whose tokens it holds.
         plan: the rows' :class:`~juice.interventions.RowPlan` (`[rows, n_layers, n_heads]`).
         out_row: per stream, the row whose logits choose its token.
-        question_row: per stream, its question's row (a contrastive stream), else -1.
+        question_row: per stream, its question's row (a contrastive stream, a choice), else -1.
         owned: per stream, the rows it owns while decoding, in order (:attr:`Stream.rows` of them:
             [clean, steered] for JuICE, [question, prompt] for a contrast); in a shared layout,
-            the rows of the prefill whose cache its decoding rows copy.
+            the rows of the prefill whose cache its decoding rows copy ([] for a choice).
+        options: per stream with a choice (shared layout only), per candidate the rows it would
+            own (its `out_row` is the prompt's unmodified row, the choice's signal); else None.
         join: per row, the layer at which it joins the batch (0: from the embeddings on).
         copies: per row, the row it copies below its join layer (itself where it joins at 0).
     """
@@ -131,6 +192,7 @@ class RowLayout:
     owned: list[list[int]]
     join: list[int]
     copies: list[int]
+    options: list[list[list[int]] | None] | None = None
 
 
 def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: Sequence[Hashable],
@@ -142,11 +204,12 @@ def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: S
         streams: the streams, in order.
         prompt_keys, question_keys: per stream, the key of its prompt and of its contrast's
             question (None without one); streams with equal keys have equal tokens.
-        share: the prefill's layout: one clean row per distinct prompt that an Original, JuICE
-            or contrastive stream needs (a question too), in sorted key order, then one row per
-            JuNE or JuICE stream (a JuICE row adds its prompt's clean row), so a prompt's clean
-            prefill is computed once however many steerings it is decoded with. Else the
-            decoding layout: each stream owns its rows, in stream order.
+        share: the prefill's layout: one clean row per distinct prompt that an Original, JuICE,
+            contrastive or choosing stream needs (a question too), in sorted key order, then one
+            row per JuNE or JuICE stream and per steered candidate of a choice (a JuICE row adds
+            its prompt's clean row), so a prompt's clean prefill is computed once however many
+            steerings it is decoded with. Else the decoding layout: each stream owns its rows, in
+            stream order (no stream may have a choice left: it is made at the prefill).
         grow: (with `share`) a steered row whose prompt has a clean row joins the batch at the
             first layer it steers, as a copy of that row (below it the two are the same
             computation; :func:`juice.sweeps.grow_rows`); rows are ordered by the layer they join.
@@ -175,6 +238,8 @@ def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: S
     out_row, question_row, owned = [], [], []
     if not share:
         for s, p, q in zip(streams, prompt_keys, question_keys):
+            if s.choice is not None:
+                raise ValueError("a choice of steerings is made at the prefill; decode the chosen stream")
             m = s.steering.method
             if m == "juice":
                 clean = row(p)
@@ -189,33 +254,49 @@ def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: S
         return RowLayout(prompts, _plan(scale, add, source), out_row, question_row, owned, join, copies)
 
     needed = {p for s, p in zip(streams, prompt_keys) if s.steering.method in ("original", "juice")}
-    needed |= {q for s, q in zip(streams, question_keys) if s.contrast is not None}
+    needed |= {q for s, q in zip(streams, question_keys) if s.contrast is not None or s.choice is not None}
+    needed |= {p for s, p in zip(streams, prompt_keys) if s.choice is not None}
     clean_row = {p: row(p) for p in sorted(needed)}
-    steered = [k for k, s in enumerate(streams) if s.steering.method != "original"]
-    joins = {k: join_layer(streams[k].steering.coefficients) if grow and prompt_keys[k] in clean_row else 0
-             for k in steered}
-    own_row: dict[int, int] = {}
-    for k in sorted(steered, key=lambda k: joins[k]):   # stable: rows in the order they join
-        s, p = streams[k], prompt_keys[k]
-        juice = s.steering.method == "juice"
-        own_row[k] = row(p, s.steering.coefficients if not juice else zero, s.steering.coefficients if juice else zero,
-                         clean_row[p] if juice else -1, joins[k], clean_row[p] if joins[k] else None)
+    # (stream, candidate) for every steered row: a stream's own steering is candidate -1
+    steered = [(k, c) for k, s in enumerate(streams)
+               for c, st in (enumerate(s.choice.candidates) if s.choice is not None else [(-1, s.steering)])
+               if st.method != "original"]
+
+    def steering_of(k: int, c: int) -> Steering:
+        return streams[k].steering if c < 0 else streams[k].choice.candidates[c]
+
+    joins = {kc: join_layer(steering_of(*kc).coefficients) if grow and prompt_keys[kc[0]] in clean_row else 0
+             for kc in steered}
+    own_row: dict[tuple[int, int], int] = {}
+    for k, c in sorted(steered, key=lambda kc: joins[kc]):   # stable: rows in the order they join
+        st, p = steering_of(k, c), prompt_keys[k]
+        juice = st.method == "juice"
+        own_row[k, c] = row(p, st.coefficients if not juice else zero, st.coefficients if juice else zero,
+                            clean_row[p] if juice else -1, joins[k, c], clean_row[p] if joins[k, c] else None)
+
+    def rows_of(k: int, c: int, st: Steering) -> list[int]:
+        p = prompt_keys[k]
+        return ([clean_row[p], own_row[k, c]] if st.method == "juice" else
+                [clean_row[p]] if st.method == "original" else [own_row[k, c]])
+
+    options: list[list[list[int]] | None] = []
     for k, (s, p, q) in enumerate(zip(streams, prompt_keys, question_keys)):
-        m = s.steering.method
-        if m == "juice":
-            rows = [clean_row[p], own_row[k]]
-        elif s.contrast is not None:
-            rows = [clean_row[q], clean_row[p]]
-        else:
-            rows = [clean_row[p] if m == "original" else own_row[k]]
+        if s.choice is not None:
+            options.append([rows_of(k, c, st) for c, st in enumerate(s.choice.candidates)])
+            owned.append([])
+            out_row.append(clean_row[p])
+            question_row.append(clean_row[q])
+            continue
+        options.append(None)
+        rows = [clean_row[q], clean_row[p]] if s.contrast is not None else rows_of(k, -1, s.steering)
         owned.append(rows)
         out_row.append(rows[-1])
         question_row.append(rows[0] if s.contrast is not None else -1)
-    return RowLayout(prompts, _plan(scale, add, source), out_row, question_row, owned, join, copies)
+    return RowLayout(prompts, _plan(scale, add, source), out_row, question_row, owned, join, copies, options)
 
 
 def _plan(scale: list[Tensor], add: list[Tensor], source: list[int]) -> RowPlan:
     return RowPlan(torch.stack(scale), torch.stack(add), torch.tensor(source, dtype=torch.long))
 
 
-__all__ = ["Contrast", "ContrastRule", "Generation", "RowLayout", "Stream", "join_layer", "row_layout"]
+__all__ = ["Choice", "ChoiceRule", "Contrast", "ContrastRule", "Generation", "RowLayout", "Stream", "join_layer", "row_layout"]

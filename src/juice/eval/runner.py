@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import Tensor
@@ -35,7 +35,7 @@ from juice.baselines.cad import AlphaRule, CadPolicy, cad_generate, jsd_alpha
 from juice.baselines.prompt import contextual_prompt, parametric_prompt
 from juice.eval.degeneration import is_degenerate
 from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample
-from juice.engine import Contrast, Stream, generate
+from juice.engine import Choice, Contrast, Stream, generate
 from juice.likelihood import continuation_ids
 from juice.eval.metrics import N_WORDS, contextual_correct, is_correct, memotrap_match, nqswap_match
 from juice.models import LoadedModel
@@ -61,10 +61,13 @@ class Method:
         instruction: which Prompt instruction an instructed method uses where the evaluation
             does not say: "parametric" or "contextual" (the context-type evaluation,
             :mod:`juice.eval.contexts`); None: the evaluation's direction.
+        choice: decode with a per-request choice among steerings instead (juice's `auto`,
+            :func:`juice.auto.auto_method`): an :class:`~juice.engine.Choice` whose `question`
+            is ignored (each request's own question is used).
 
     Raises:
-        ValueError: both `cad_alpha` and `adacad`, CAD/AdaCAD with a steering, or an unknown
-            instruction.
+        ValueError: both `cad_alpha` and `adacad`, CAD/AdaCAD with a steering, a choice with
+            either, or an unknown instruction.
     """
 
     steering: Steering = ORIGINAL
@@ -72,6 +75,7 @@ class Method:
     cad_alpha: float | None = None
     adacad: bool = False
     instruction: str | None = None
+    choice: Choice | None = None
 
     def __post_init__(self) -> None:
         if self.instruction not in (None, "parametric", "contextual"):
@@ -80,6 +84,8 @@ class Method:
             raise ValueError("a method is CAD (cad_alpha) or AdaCAD (adacad), not both")
         if self.contrastive is not None and self.steering.method != "original":
             raise ValueError("CAD and AdaCAD decode the unsteered model; the steering would be ignored")
+        if self.choice is not None and (self.contrastive is not None or self.steering.method != "original"):
+            raise ValueError("a choosing method (auto) takes no steering and no CAD of its own")
 
     @property
     def contrastive(self) -> "float | AlphaRule | None":
@@ -152,10 +158,14 @@ def _request_key(r: DecodeRequest) -> tuple:
     """What a request's decoding depends on: its prompt, question, probe and method, where a
     steering whose coefficients are all 0 is the unmodified model (H + 0 * H = H, and adding 0
     times the clean output adds nothing: the same numbers, not an approximation)."""
-    s = r.method.steering
-    steering = ("original",) if s.method == "original" or not bool(s.coefficients.ne(0).any()) else (
-        s.method, s.site, tuple(s.coefficients.shape), s.coefficients.detach().cpu().numpy().tobytes())
-    return r.prompt, r.question, tuple(int(t) for t in r.probe), r.method.contrastive, steering
+    def key(s: Steering) -> tuple:
+        return ("original",) if s.method == "original" or not bool(s.coefficients.ne(0).any()) else (
+            s.method, s.site, tuple(s.coefficients.shape), s.coefficients.detach().cpu().numpy().tobytes())
+
+    c = r.method.choice
+    choice = None if c is None else (c.rule, tuple(key(s) for s in c.candidates))
+    question = r.question if r.method.contrastive is not None or c is not None else None
+    return r.prompt, question, tuple(int(t) for t in r.probe), r.method.contrastive, key(r.method.steering), choice
 
 
 def decode_requests(
@@ -186,7 +196,7 @@ def decode_requests(
         Per request, in order: (decoded text, `[len(probe)]` first-step probe probabilities).
 
     Raises:
-        ValueError: a CAD / AdaCAD request without its question.
+        ValueError: a CAD / AdaCAD or choosing (auto) request without its question.
     """
     firsts: dict[tuple, int] = {}
     copy_of = [firsts.setdefault(_request_key(r), i) for i, r in enumerate(requests)]
@@ -199,13 +209,20 @@ def decode_requests(
             on_progress(len(requests) - len(unique))   # the duplicates, done with their originals
         return [decoded[position[c]] for c in copy_of]
     out: list[tuple[str, Tensor]] = [None] * len(requests)  # type: ignore[list-item]
-    steered = {r.method.steering.site for r in requests if r.method.steering.method != "original"}
+    def site_of(m: Method) -> str | None:
+        sites = {s.site for s in (m.choice.candidates if m.choice is not None else (m.steering,))
+                 if s.method != "original"}
+        return next(iter(sites)) if sites else None
+
+    steered = {site_of(r.method) for r in requests} - {None}
     unsteered = next(iter(steered)) if len(steered) == 1 else "o_proj_input"   # Original joins the steered
     by_site: dict[str, list[int]] = {}
     for i, r in enumerate(requests):
         if r.method.contrastive is not None and not r.question:
             raise ValueError(f"request {i + 1}: CAD and AdaCAD need the prompt without its context (question)")
-        site = r.method.steering.site if r.method.steering.method != "original" else unsteered
+        if r.method.choice is not None and not r.question:
+            raise ValueError(f"request {i + 1}: auto needs the prompt without its context (question)")
+        site = site_of(r.method) or unsteered
         by_site.setdefault(site, []).append(i)
     for site, idx in by_site.items():   # one call per intervention site (the steerings' own)
         texts: dict[str, int] = {}
@@ -213,7 +230,10 @@ def decode_requests(
         for i in idx:
             r = requests[i]
             prompt = texts.setdefault(r.prompt, len(texts))
-            if r.method.contrastive is None:
+            if r.method.choice is not None:
+                question = texts.setdefault(r.question, len(texts))
+                streams.append(Stream(prompt, choice=replace(r.method.choice, question=question)))
+            elif r.method.contrastive is None:
                 streams.append(Stream(prompt, r.method.steering))
             else:
                 question = texts.setdefault(r.question, len(texts))

@@ -1,0 +1,140 @@
+"""`auto` (juice.auto): a per-request choice among steerings, made at the first step from the
+with-context and question-only distributions, decodes exactly as the chosen static method; its
+policy is fitted on validation items only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from juice.auto import AutoPolicy, AutoRule, fit_policy, first_step_signal
+from juice.baselines.cad import jsd_alpha
+from juice.engine import Choice, Stream, generate
+from juice.interventions import Head, HeadSelection
+from juice.steering import ORIGINAL, JuICE, JuNE
+
+TEXTS = ["the capital of france is paris . the capital of france is", "tennis golf w40 w41 w42 is",
+         "the capital of france is", "w42 is", "w7 w8 w9 w10 w11 w12 w13 w14 w15 w16 w17 w18 the"]
+#         0: prompt                                                  1: prompt        2: question of 0   3: question of 1
+
+
+def _selection(lm):
+    last = lm.heads.geometry.n_layers - 1
+    return HeadSelection((Head(last, 0), Head(0, 1)), (Head(1, 1),))
+
+
+def _candidates(lm):
+    sel = _selection(lm)
+    return (ORIGINAL, JuICE(lm, sel, 2.0, -1.0), JuNE(lm, sel, 1.0, -0.5))
+
+
+class Fixed:
+    """A rule that always picks one candidate (the signal "forced")."""
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def __call__(self, with_context, question):
+        return torch.full((with_context.shape[0],), self.index, dtype=torch.long)
+
+
+@pytest.mark.parametrize("pick", [0, 1, 2])
+def test_a_forced_choice_equals_the_static_method(tiny, pick):
+    """Forced to "no steering" it is Original; forced to a candidate it is that static steering."""
+    cands = _candidates(tiny)
+    probes = torch.tensor([[5, 7], [9, 11]])
+    auto = [Stream(0, choice=Choice(2, cands, Fixed(pick))), Stream(1, choice=Choice(3, cands, Fixed(pick)))]
+    static = [Stream(0, cands[pick]), Stream(1, cands[pick])]
+    got = generate(tiny, TEXTS, auto, 6, probe_tokens=probes)
+    want = generate(tiny, TEXTS, static, 6, probe_tokens=probes)
+    assert torch.equal(got.tokens, want.tokens)
+    torch.testing.assert_close(got.first_probs, want.first_probs, rtol=0, atol=1e-6)
+
+
+def test_auto_in_a_batch_equals_auto_alone_and_the_rule_sees_the_unmodified_rows(tiny):
+    cands = _candidates(tiny)
+    seen = []
+
+    def by_signal(with_context, question):   # a real signal: the first-step JSD, cut at its median
+        jsd = jsd_alpha(with_context, question)
+        seen.append(jsd)
+        return (jsd >= 0.05).long() * 2   # 0 (Original) or 2 (JuNE)
+
+    rule = AutoRule((0.02, 0.05), (0, 1, 2))
+    streams = [Stream(0, choice=Choice(2, cands, rule)), Stream(1, choice=Choice(3, cands, rule)),
+               Stream(0, cands[1]), Stream(4), Stream(1, choice=Choice(3, cands, by_signal)),
+               Stream(2, choice=Choice(2, cands, rule))]   # no context: the JSD is 0, the lowest bin
+    together = generate(tiny, TEXTS, streams, 6, max_rows=5)
+    for k, s in enumerate(streams):
+        alone = generate(tiny, TEXTS, [s], 6)
+        assert torch.equal(together.tokens[k], alone.tokens[0]), k
+    # each choosing stream decodes as the candidate its rule picks from the unmodified logits
+    signal = first_step_signal(tiny, [TEXTS[0], TEXTS[1], TEXTS[2]], [TEXTS[2], TEXTS[3], TEXTS[2]])
+    assert float(signal[2]) == 0.0
+    for k, (p, q) in enumerate([(0, 2), (1, 3), (2, 2)]):
+        pick = int(rule(*_first_logits(tiny, TEXTS[p], TEXTS[q])))
+        static = generate(tiny, TEXTS, [Stream(p, cands[pick])], 6)
+        assert torch.equal(together.tokens[[0, 1, 5][k]], static.tokens[0])
+    assert seen
+
+
+def _first_logits(lm, prompt, question):
+    from juice.tokens import encode
+
+    out = []
+    for text in (prompt, question):
+        b = encode(lm.tokenizer, [text]).to(lm.device)
+        with torch.no_grad():
+            out.append(lm.model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[:, -1].float())
+    return out
+
+
+def test_first_step_signal_batched_equals_one_at_a_time(tiny_llama):
+    prompts, questions = [TEXTS[0], TEXTS[1], TEXTS[4]], [TEXTS[2], TEXTS[3], TEXTS[4]]
+    batched = first_step_signal(tiny_llama, prompts, questions)
+    for k in range(3):
+        alone = first_step_signal(tiny_llama, prompts[k:k + 1], questions[k:k + 1])
+        assert abs(float(batched[k]) - float(alone[0])) < 1e-5
+        ref = jsd_alpha(*_first_logits(tiny_llama, prompts[k], questions[k]))
+        assert abs(float(batched[k]) - float(ref[0])) < 1e-4
+    assert float(batched[2]) == 0.0
+
+
+def test_fit_policy_picks_the_best_candidate_per_bin():
+    # low signal: Original right, JuICE wrong; high signal: JuICE right, Original wrong
+    signal = [0.0, 0.01, 0.02, 0.5, 0.6, 0.7, 0.0, 0.8]
+    types = ["none", "irrelevant", "irrelevant", "conflicting", "conflicting", "gold", "none", "gold"]
+    verdicts = {"original": [True, True, True, False, False, False, True, True],
+                "juice": [False, False, False, True, True, True, False, True]}
+    fit = fit_policy(verdicts, signal, types, ["s"] * 8, {"juice": (2.0, -1.0)})
+    assert fit.policy.picks == ("original", "juice") and len(fit.policy.thresholds) == 1
+    assert 0.02 < fit.policy.thresholds[0] < 0.5
+    assert fit.mean == 100.0 and fit.per_type == {"gold": 100.0, "conflicting": 100.0, "irrelevant": 100.0,
+                                                  "none": 100.0}
+    assert fit.static == {"original": 62.5, "juice": 50.0}
+    # one candidate best everywhere: no thresholds
+    same = fit_policy({"original": [True] * 8, "juice": [False] * 8}, signal, types, ["s"] * 8, {"juice": (2.0, -1.0)})
+    assert same.policy == AutoPolicy((), ("original",), {})
+
+
+def test_a_policy_round_trips_and_refuses_malformed_input():
+    policy = AutoPolicy((0.1, 0.3), ("original", "juice/2", "juice"), {"juice": (2.0, -1.0), "juice/2": (1.0, -0.5)})
+    assert AutoPolicy.from_json(policy.to_json()) == policy
+    with pytest.raises(ValueError, match="ascending"):
+        AutoPolicy((0.3, 0.1), ("original", "juice", "juice"), {"juice": (1.0, 0.0)})
+    with pytest.raises(ValueError, match="needs its betas"):
+        AutoPolicy((0.1,), ("original", "juice"))
+    with pytest.raises(ValueError, match="unknown candidate"):
+        AutoPolicy((), ("cad",))
+    with pytest.raises(ValueError, match="unknown signal"):
+        AutoPolicy.from_json({"signal": "entropy", "thresholds": [], "picks": ["original"]})
+    with pytest.raises(ValueError, match="malformed"):
+        AutoPolicy.from_json({"thresholds": [], "betas": {}})
+
+
+def test_a_choice_refuses_its_own_steering_and_an_empty_candidate_list(tiny_llama):
+    cands = _candidates(tiny_llama)
+    with pytest.raises(ValueError, match="no steering"):
+        Stream(0, cands[1], choice=Choice(2, cands, Fixed(0)))
+    with pytest.raises(ValueError, match="at least one"):
+        Choice(2, (), Fixed(0))
