@@ -138,3 +138,104 @@ def test_a_choice_refuses_its_own_steering_and_an_empty_candidate_list(tiny_llam
         Stream(0, cands[1], choice=Choice(2, cands, Fixed(0)))
     with pytest.raises(ValueError, match="at least one"):
         Choice(2, (), Fixed(0))
+
+
+# -- tuning, the evaluation, the Steerer and the command line --------------------------------
+
+def _tiny_heads(lm, tuned=None):
+    from juice.stage1.heads_file import HeadsArtifact
+
+    return HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], _selection(lm),
+                         tuned=dict(tuned or {"juice": {"beta_plus": 2.0, "beta_minus": -1.0}}))
+
+
+def _nqswap_file(path, rows):
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_tuning_reads_validation_items_only_and_auto_evaluates_as_its_choices(tiny_llama, tmp_path):
+    from juice.auto import policy_of, tune_auto
+    from juice.when_to_steer import context_items, evaluate_contexts
+    from test_context_types import ROWS
+
+    lm = tiny_llama
+    val, _ = context_items(_nqswap_file(tmp_path / "val.jsonl", ROWS[:4]))
+    test_a = _nqswap_file(tmp_path / "test_a.jsonl", ROWS[2:])
+    changed = [dict(r) for r in ROWS[2:]]
+    changed[0]["sub_answer"], changed[0]["sub_context"] = ["Zola"], "<P> Book 2 was written by Zola . </P>"
+    test_b = _nqswap_file(tmp_path / "test_b.jsonl", changed)
+    policies = []
+    for test in (test_a, test_b):   # the test file differs; tuning never reads it
+        artifact = _tiny_heads(lm)
+        fit = tune_auto(lm, artifact, val, where={"file": "val.jsonl"})
+        policies.append(artifact.tuned["auto"])
+        items, where = context_items(test)
+        report = evaluate_contexts(lm, [artifact], items, ["original", "juice", "auto"], data=where, resamples=1000)
+        assert report.methods == ["Original", "JuICE-ctx", "auto-ctx"]
+    assert policies[0] == policies[1] and fit.policy == policy_of({"auto": policies[0]})
+    # auto's output on every test item is its chosen candidate's output, alone
+    policy = fit.policy
+    signal = first_step_signal(lm, [i.prompt for i in items.items], [i.question for i in items.items])
+    outputs = {(r.item, r.conflict_type, r.method): r.output for r in report.results}
+    from juice.eval.contexts import result_id
+    from juice.steerer import Steerer
+
+    for item, x in zip(items.items, signal.tolist()):
+        pick = policy.picks[sum(x >= t for t in policy.thresholds)]
+        steerer = Steerer(lm, artifact, method="original") if pick == "original" else Steerer(
+            lm, artifact, method="juice", beta_plus=policy.betas[pick][0], beta_minus=policy.betas[pick][1])
+        got = outputs[result_id(item), item.context_type, "auto-ctx"]
+        assert got == steerer.generate(item.prompt, 20)[0]
+        assert got == Steerer(lm, artifact, method="auto").generate(item.prompt, 20, questions=item.question)[0]
+
+
+def test_the_steerer_runs_auto_with_questions_and_refuses_without(tiny_llama):
+    from juice.steerer import Steerer
+
+    lm = tiny_llama
+    with pytest.raises(ValueError, match="juice tune --methods auto"):
+        Steerer(lm, _tiny_heads(lm), method="auto")
+    policy = AutoPolicy((0.0,), ("original", "juice"), {"juice": (2.0, -1.0)})   # JSD >= 0: always JuICE
+    artifact = _tiny_heads(lm, {"juice": {"beta_plus": 2.0, "beta_minus": -1.0}, "auto": policy.to_json()})
+    auto = Steerer(lm, artifact, method="auto")
+    static = Steerer(lm, artifact, method="juice", beta_plus=2.0, beta_minus=-1.0)
+    prompts, questions = [TEXTS[0], TEXTS[1]], [TEXTS[2], TEXTS[3]]
+    assert auto.generate(prompts, 8, questions=questions) == static.generate(prompts, 8)
+    assert "".join(auto.stream(prompts[0], 8, question=questions[0])) == static.generate(prompts[0], 8)[0]
+    with pytest.raises(ValueError, match="each prompt's question"):
+        auto.generate(prompts, 8)
+    with pytest.raises(ValueError, match="questions are for method auto"):
+        static.generate(prompts, 8, questions=questions)
+    with pytest.raises(ValueError, match="give no betas"):
+        Steerer(lm, artifact, method="auto", beta_plus=1.0)
+
+
+def test_juice_tune_methods_auto_from_the_command_line(tmp_path, capsys):
+    import json
+
+    import juice.apps.cli as cli
+    from conftest import build_tiny
+    from juice.stage1.heads_file import save_heads
+    from test_context_types import ROWS
+
+    lm = build_tiny("llama")
+    folder = tmp_path / "model"
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+    heads = tmp_path / "heads.json"
+    save_heads(_tiny_heads(lm), heads)
+    data = _nqswap_file(tmp_path / "val.jsonl", ROWS)
+    assert cli.main(["tune", "--heads", str(heads), "--data", str(data), "--methods", "auto", "--limit", "3",
+                     "--model", str(folder), "--device", "cpu"]) == 0
+    assert "auto:" in capsys.readouterr().out
+    saved = json.loads(heads.read_text())["tuned"]["auto"]
+    assert saved["signal"] == "jsd_bits" and saved["data"]["counts"] == {t: 3 for t in
+                                                                        ("gold", "conflicting", "irrelevant", "none")}
+    assert set(saved["validation"]["static"]) == {"original", "juice", "juice/2"}
+    out = tmp_path / "out"
+    assert cli.main(["evaluate", "--contexts", "gold,conflicting,irrelevant,none", "--data", str(data), "--heads",
+                     str(heads), "--limit", "2", "--model", str(folder), "--device", "cpu", "--out", str(out)]) == 0
+    assert "auto-ctx" in json.loads((out / "contexts.json").read_text())["methods"]

@@ -518,3 +518,45 @@ def test_alias_specs_parse_or_say_why():
                          ("a=beta_plus:big", "beta_plus must be a number")]:
         with pytest.raises(ValueError, match=message):
             parse_alias(bad)
+
+
+def test_auto_serves_each_request_as_the_steerer_with_its_question():
+    """`"method": "auto"` with `juice.question`: the completion and the chat equal the Steerer's
+    auto, batched with other requests; a request without a question, with betas, or to a file
+    without a policy gets a one-line 400."""
+    from juice.auto import AutoPolicy
+
+    lm = build_tiny("llama")
+    lm.tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}is"
+    policy = AutoPolicy((0.01,), ("original", "juice"), {"juice": (3.0, -1.0)})
+    tuned = {"juice": {"beta_plus": 3.0, "beta_minus": -1.0}, "auto": policy.to_json()}
+    artifact = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL, tuned=tuned)
+    steerer = Steerer(lm, artifact, method="auto")
+    contexts = ["the capital of france is rome .", "w1 w2 w3 w4 w5"]
+    asked = [(f"{contexts[i % 2]} {PROMPTS[i]}", PROMPTS[i]) for i in range(4)]
+    wanted = [steerer.generate(prompt, 6, questions=question)[0] for prompt, question in asked]
+    assert len(set(wanted)) > 1
+    messages = [{"role": "user", "content": f"{contexts[0]} {PROMPTS[0]}"}]
+    chat_wanted = steerer.chat(messages, 6, question=PROMPTS[0])
+    with _serving(create_app(lm, [artifact], model_name="tiny")) as client:
+        def ask(i):
+            prompt, question = asked[i]
+            out = client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0,
+                                            extra_body={"juice": {"method": "auto", "question": question}})
+            return out.choices[0].text
+
+        with ThreadPoolExecutor(4) as pool:   # batched with each other
+            assert list(pool.map(ask, range(4))) == wanted
+        chat = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0,
+                                              extra_body={"juice": {"method": "auto", "question": PROMPTS[0]}})
+        assert chat.choices[0].message.content == chat_wanted
+        for juice_field, message in [({"method": "auto"}, "needs juice.question"),
+                                     ({"method": "auto", "question": "q", "beta_plus": 1}, "send no betas"),
+                                     ({"method": "juice", "question": "q"}, "juice.question is for method auto")]:
+            with pytest.raises(openai.BadRequestError, match=message):
+                client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=2, extra_body={"juice": juice_field})
+    untuned = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL)
+    with _serving(create_app(lm, [untuned], model_name="tiny")) as client:
+        with pytest.raises(openai.BadRequestError, match="holds no auto policy"):
+            client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=2,
+                                      extra_body={"juice": {"method": "auto", "question": "q"}})

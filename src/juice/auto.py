@@ -42,7 +42,7 @@ from juice.baselines.cad import jsd_alpha
 from juice.data.context_types import CONTEXT_TYPES, ContextItem, ContextItems
 from juice.engine import Choice
 from juice.models import LoadedModel
-from juice.steering import ORIGINAL, JuICE, JuNE, Steering, chosen_betas
+from juice.steering import ORIGINAL, JuICE, JuNE, chosen_betas
 
 SIGNAL = "jsd_bits"
 """The policy's signal: first-step JSD (bits) between the with-context and question-only distributions."""

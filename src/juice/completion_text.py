@@ -71,6 +71,23 @@ def chat_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[s
     return text
 
 
+def question_messages(messages: Sequence[Mapping[str, str]], question: str) -> list[dict[str, str]]:
+    """`messages` with the last user message's content replaced by `question`: the chat whose
+    prompt is `auto`'s question-only branch (the same conversation, without the context).
+
+    Raises:
+        ValueError: no user message, or an empty question.
+    """
+    if not question.strip():
+        raise ValueError("the question is empty")
+    out = [dict(m) for m in messages]
+    last = max((i for i, m in enumerate(out) if m.get("role") == "user"), default=None)
+    if last is None:
+        raise ValueError("auto's question replaces the last user message; there is none")
+    out[last]["content"] = question
+    return out
+
+
 class TextStream:
     """The pieces of one continuation's text, token by token (module docstring): the pieces
     :meth:`add` returns, then :meth:`rest` of the final text, join to :func:`final_text`.
@@ -112,4 +129,4 @@ class TextStream:
         return final[len(self.shown):]
 
 
-__all__ = ["TextStream", "chat_prompt", "cut_at_stop", "final_text", "stop_prefix_length"]
+__all__ = ["TextStream", "chat_prompt", "cut_at_stop", "final_text", "question_messages", "stop_prefix_length"]

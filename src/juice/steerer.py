@@ -6,6 +6,8 @@ know from Hugging Face (greedy or sampled, stop strings, EOS, chat templates, st
     steerer.chat([{"role": "user", "content": "..."}])
     for piece in steerer.stream("..."):
         print(piece, end="")
+    auto = juice.Steerer(lm, "heads.json", method="auto")   # after `juice tune --methods auto`
+    auto.generate(["Context: ... Question: ...? Answer:"], questions=["Question: ...? Answer:"])
 
 Decoding is :func:`juice.engine.generate` (batched, left-padded, KV-cached; JuICE is the
 paper's dual run, Alg. 1; JuNE the single run, Alg. 4). Generation runs up to `max_new_tokens`
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from juice.completion_text import TextStream, chat_prompt, cut_at_stop, final_text, stop_prefix_length
@@ -28,7 +31,7 @@ from juice.models import LoadedModel
 from juice.steering import ORIGINAL, JuICE, JuNE, Steering, UntunedBetasWarning, chosen_betas
 from juice.tokens import PromptTooLongError, context_length, token_ids
 
-METHODS = ("juice", "june", "original")
+METHODS = ("juice", "june", "original", "auto")
 
 
 class Steerer:
@@ -38,13 +41,18 @@ class Steerer:
         lm: the model (:func:`juice.load_model`).
         heads: a :class:`HeadSelection`, a heads artifact, or the path of a heads file (checked
             against `lm`); None only with method "original".
-        method: "juice" (dual run), "june" (single run) or "original" (steering off).
+        method: "juice" (dual run), "june" (single run), "original" (steering off) or "auto"
+            (:mod:`juice.auto`: per prompt, Original or a JuICE / JuNE strength, chosen at the
+            first step from how much the context moves the model's prediction; needs a heads
+            file tuned with `juice tune --methods auto` and each prompt's question, the prompt
+            without its context: `generate(..., questions=...)`).
         beta_plus, beta_minus: the betas; by default the heads file's tuned values for the method
             (`juice tune`), else 2 and 0 with an :class:`~juice.steering.UntunedBetasWarning`
-            (defaults can break a small model's text).
+            (defaults can break a small model's text). Not for "auto" (its policy holds its own).
 
     Raises:
-        ValueError: an unknown method, or steering without heads.
+        ValueError: an unknown method, steering without heads, auto without a tuned policy or
+            with betas.
         juice.stage1.HeadsFileMismatchError: the heads file was made for another model.
     """
 
@@ -61,6 +69,14 @@ class Steerer:
         if method != "original" and heads is None:
             raise ValueError(f"method {method!r} needs heads (a HeadSelection, a heads file or its artifact)")
         self.lm, self.heads, self.method = lm, heads, method
+        self.choice = None
+        if method == "auto":
+            from juice.auto import policy_of
+
+            if beta_plus is not None or beta_minus is not None:
+                raise ValueError("auto chooses its own strength: give no betas")
+            self.choice = policy_of(tuned).choice(lm, heads)
+            method = "original"   # the stream's own steering; its choice holds the candidates
         self.beta_plus, self.beta_minus, warning = chosen_betas(method, tuned, beta_plus, beta_minus)
         if warning and method != "original":
             warnings.warn(warning, UntunedBetasWarning, stacklevel=2)
@@ -71,22 +87,37 @@ class Steerer:
 
     def _streams(self, n: int, do_sample: bool | None, temperature: float | None, top_k: int, top_p: float,
                  seed: int, repetition_penalty: float = 1.0) -> list[Stream]:
+        """Stream i decodes prompt i; with auto, its question is prompt n + i."""
         sample = do_sample if do_sample is not None else (temperature is not None and temperature > 0)
-        if not sample:
-            return [Stream(i, self.steering, None, repetition_penalty) for i in range(n)]
         t = 1.0 if temperature is None else temperature
-        return [Stream(i, self.steering, Sampling(t, top_k, top_p, seed + i), repetition_penalty) for i in range(n)]
+        return [Stream(i, self.steering, Sampling(t, top_k, top_p, seed + i) if sample else None, repetition_penalty,
+                       choice=None if self.choice is None else replace(self.choice, question=n + i))
+                for i in range(n)]
+
+    def _questions(self, n: int, questions: str | Sequence[str] | None) -> list[str]:
+        if self.choice is None:
+            if questions is not None:
+                raise ValueError("questions are for method auto")
+            return []
+        questions = [questions] if isinstance(questions, str) else list(questions or [])
+        if len(questions) != n or not all(q.strip() for q in questions):
+            raise ValueError(f"auto needs each prompt's question, the prompt without its context "
+                             f"(questions=...): {n} prompts, {len(questions)} questions")
+        return questions
 
     def _finish(self, tokens: Sequence[int], stop: Sequence[str]) -> str:
         return final_text(self.lm.tokenizer, tokens, stop)
 
     def generate(self, prompts: str | Sequence[str], max_new_tokens: int = 64, *, do_sample: bool | None = None,
                  temperature: float | None = None, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                 stop: Sequence[str] = (), repetition_penalty: float = 1.0, max_rows: int | str = 64) -> list[str]:
+                 stop: Sequence[str] = (), repetition_penalty: float = 1.0, max_rows: int | str = 64,
+                 questions: str | Sequence[str] | None = None) -> list[str]:
         """Continue every prompt (batched, left-padded).
 
         Args:
             prompts: one prompt or several (BOS is added).
+            questions: with method "auto", per prompt its question: the prompt without its
+                context, formatted alike (e.g. "Question: ...? Answer:").
             do_sample: sample instead of greedy decoding; by default, sample iff a temperature > 0
                 is given (Hugging Face's options; prompt i is seeded with `seed + i`).
             temperature, top_k, top_p: see :class:`juice.sampling.Sampling`.
@@ -100,11 +131,13 @@ class Steerer:
 
         Raises:
             PromptTooLongError: a prompt does not fit the context with `max_new_tokens`.
-            ValueError: bad sampling settings, max_new_tokens < 1.
+            ValueError: bad sampling settings, max_new_tokens < 1; auto without a question per
+                prompt, or questions without auto.
         """
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        extra = self._questions(len(prompts), questions)
         streams = self._streams(len(prompts), do_sample, temperature, top_k, top_p, seed, repetition_penalty)
-        gen = generate(self.lm, prompts, streams, max_new_tokens, max_rows=max_rows, stop_at_eos=True)
+        gen = generate(self.lm, prompts + extra, streams, max_new_tokens, max_rows=max_rows, stop_at_eos=True)
         return [self._finish(row, stop) for row in gen.tokens.tolist()]
 
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
@@ -116,18 +149,29 @@ class Steerer:
         """
         return chat_prompt(self.lm.tokenizer, messages, self.lm.name)
 
-    def chat(self, messages: Sequence[dict[str, str]], max_new_tokens: int = 256, **options) -> str:
-        """The assistant's reply to `messages` (see :meth:`chat_prompt`; options as in :meth:`generate`)."""
-        return self.generate([self.chat_prompt(messages)], max_new_tokens, **options)[0]
+    def chat(self, messages: Sequence[dict[str, str]], max_new_tokens: int = 256, *, question: str | None = None,
+             **options) -> str:
+        """The assistant's reply to `messages` (see :meth:`chat_prompt`; options as in :meth:`generate`).
+
+        Args:
+            question: with method "auto", the last user message without its context: the
+                question's prompt is `messages` with that message's content replaced by it
+                (:func:`juice.completion_text.question_messages`, as `juice serve` does).
+        """
+        from juice.completion_text import question_messages
+
+        questions = None if question is None else [self.chat_prompt(question_messages(messages, question))]
+        return self.generate([self.chat_prompt(messages)], max_new_tokens, questions=questions, **options)[0]
 
     def stream(self, prompt: str, max_new_tokens: int = 64, *, do_sample: bool | None = None,
                temperature: float | None = None, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-               stop: Sequence[str] = (), repetition_penalty: float = 1.0) -> Iterator[str]:
+               stop: Sequence[str] = (), repetition_penalty: float = 1.0, question: str | None = None) -> Iterator[str]:
         """Yield the continuation of `prompt` piece by piece as it is decoded; the pieces join to
         what :meth:`generate` returns for the same arguments (EOS and stop strings end it).
 
         It drives the engine's session (:class:`juice.engine.DecodingSession`) one step per
-        token in the caller's thread; closing the iterator early ends the decoding.
+        token in the caller's thread; closing the iterator early ends the decoding. `question`:
+        with method "auto", the prompt without its context.
 
         Raises:
             As :meth:`generate` (raised from the iterator).
@@ -140,9 +184,10 @@ class Steerer:
         if limit is not None and len(ids) > limit - max_new_tokens:
             raise PromptTooLongError(f"a prompt has {len(ids)} tokens; the model's context holds "
                                      f"{limit - max_new_tokens} with {max_new_tokens} new tokens")
+        extra = self._questions(1, question)
         session = DecodingSession(lm)
         session.add(0, ids, self._streams(1, do_sample, temperature, top_k, top_p, seed, repetition_penalty)[0],
-                    max_new_tokens)
+                    max_new_tokens, question_ids=token_ids(lm.tokenizer, extra[0]) if extra else None)
         text = TextStream(lm.tokenizer, stop)
         while not session.idle and not text.ended:
             for token in session.step():

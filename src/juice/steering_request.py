@@ -7,10 +7,11 @@ A request carries a `juice` object (HTTP body field; vLLM also takes the same ke
 
 | field | type | meaning | absent |
 |---|---|---|---|
-| `method` | string, one of `original`, `june`, `juice`, `prune` (any case) | Original; JuNE (paper Alg. 4); JuICE (Alg. 1); PH3's pruning of `heads` | the method the direction's heads file holds tuned betas for (JuICE first), else `juice`; `original` on a server without heads files |
+| `method` | string, one of `original`, `june`, `juice`, `prune`, `auto` (any case) | Original; JuNE (paper Alg. 4); JuICE (Alg. 1); PH3's pruning of `heads`; juice's per-request choice (:mod:`juice.auto`; juice's own engine only) | the method the direction's heads file holds tuned betas for (JuICE first), else `juice`; `original` on a server without heads files |
 | `direction` | string, read by :meth:`juice.data.records.Direction.parse` (`parametric`/`memory`, `contextual`/`context`, any case) | which heads file steers | the only heads file's; an error where the server has two |
 | `beta_plus`, `beta_minus` | JSON number (not a boolean, not a string), finite, \\|beta\\| <= 100 | the betas | the heads file's tuned betas for the method (`juice tune`), else 2 and 0 with a warning |
 | `heads` | list of head names (`"L11H2"`) or one string of names separated by commas or spaces | the heads `prune` zeroes | an error for `prune`; refused with any other method |
+| `question` | non-empty string | for `auto`: the question without its context (completions: the question's prompt text; chat: the last user message's content without the context) | an error for `auto`; refused with any other method |
 
 A request without the field (or with an empty object) gets the operator's default steering
 (`juice serve --default SPEC`; vLLM: `JUICE_VLLM_DEFAULT`), else the tuned steering of the only
@@ -39,10 +40,10 @@ from juice.data.records import Direction
 from juice.interventions import Head, HeadSelection, check_heads, head_coefficients
 from juice.steering import ORIGINAL, Steering, chosen_betas, steering_coefficients
 
-FIELDS: tuple[str, ...] = ("method", "direction", "beta_plus", "beta_minus", "heads")
+FIELDS: tuple[str, ...] = ("method", "direction", "beta_plus", "beta_minus", "heads", "question")
 """The keys of a request's `juice` object."""
 
-METHODS: tuple[str, ...] = ("original", "june", "juice", "prune")
+METHODS: tuple[str, ...] = ("original", "june", "juice", "prune", "auto")
 """What a request may ask for."""
 
 MAX_ABS_BETA = 100.0
@@ -52,7 +53,7 @@ outputs swamp the residual stream and the output is noise."""
 WARNING_HEADER = "X-Juice-Warning"
 """The response header that carries a request's steering warning (untuned betas, issue 38)."""
 
-NOT_AN_OBJECT = "juice must be an object with method, direction, beta_plus, beta_minus, heads"
+NOT_AN_OBJECT = "juice must be an object with method, direction, beta_plus, beta_minus, heads, question"
 
 
 class SteeringRequestError(ValueError):
@@ -71,6 +72,8 @@ class ServedHeads:
         dual_run: JuICE can run (vLLM: `JUICE_VLLM_DUAL_RUN`); juice's own engine always can.
         geometry: the served model's heads (pruned heads are checked against it), or None.
         files: direction -> the heads file's name, for messages.
+        auto: the server runs `auto` (juice's own engine; the vLLM plugin does not: it would
+            need a question-only second sequence per request).
     """
 
     selections: Mapping[str, HeadSelection] = field(default_factory=dict)
@@ -79,6 +82,7 @@ class ServedHeads:
     dual_run: bool = True
     geometry: HeadGeometry | None = None
     files: Mapping[str, str] = field(default_factory=dict)
+    auto: bool = True
 
     @classmethod
     def of_artifacts(cls, artifacts, geometry: HeadGeometry | None = None,
@@ -122,6 +126,7 @@ class SteeringAsk:
         beta_plus, beta_minus: the betas JuICE and JuNE run with (0 otherwise).
         heads: the heads `prune` zeroes (empty otherwise).
         warning: one line for the client (untuned betas), or None.
+        question: auto's question without its context (None otherwise).
     """
 
     method: str
@@ -130,6 +135,7 @@ class SteeringAsk:
     beta_minus: float = 0.0
     heads: tuple[Head, ...] = ()
     warning: str | None = None
+    question: str | None = None
 
     def coefficients(self, geometry: HeadGeometry, served: ServedHeads) -> Tensor:
         """`[n_layers, n_heads]`: JuICE's or JuNE's betas at the direction's heads
@@ -151,10 +157,27 @@ class SteeringAsk:
 
     def steering(self, geometry: HeadGeometry, served: ServedHeads) -> Steering:
         """The :class:`juice.steering.Steering` juice's engine decodes: pruning is JuNE with
-        beta = -1 at the pruned heads (:func:`juice.steering.Prune`)."""
-        if self.method == "original":
+        beta = -1 at the pruned heads (:func:`juice.steering.Prune`); Original for auto (its
+        stream's own steering: the candidates are in :meth:`choice`)."""
+        if self.method in ("original", "auto"):
             return ORIGINAL
         return Steering("juice" if self.method == "juice" else "june", self.coefficients(geometry, served))
+
+
+    def choice(self, geometry: HeadGeometry, served: ServedHeads):
+        """auto's :class:`juice.engine.Choice` (question index -1, a placeholder), else None.
+
+        Raises:
+            SteeringRequestError: the heads file's policy is malformed or names heads outside the model.
+        """
+        if self.method != "auto":
+            return None
+        from juice.auto import policy_of
+
+        try:
+            return policy_of(served.tuned.get(self.direction, {})).choice(geometry, served.selections[self.direction])
+        except (ValueError, IndexError) as err:
+            raise SteeringRequestError(f"{served.files.get(self.direction, 'the heads file')}: {err}") from None
 
 
 def juice_fields(value: Any) -> dict[str, Any]:
@@ -222,9 +245,11 @@ def read_steering(value: Any, served: ServedHeads) -> SteeringAsk:
     Raises:
         SteeringRequestError: the first thing wrong, in this order: not an object, an unknown
             field, an unknown method, `heads` with a method other than prune, prune without
-            heads or with a head that does not parse or lies outside the model, a direction
-            that does not parse, has no heads file or is missing where the server has two,
-            JuICE without the dual run, a beta that is not a finite number with |beta| <= 100.
+            heads or with a head that does not parse or lies outside the model, `question`
+            without auto, auto where it is not served, a direction that does not parse, has no
+            heads file or is missing where the server has two, auto with betas, without a
+            question or without a tuned policy, JuICE without the dual run, a beta that is not
+            a finite number with |beta| <= 100.
     """
     fields = juice_fields(value) or juice_fields(served.default_fields())
     method = _text(fields, "method", "one of " + ", ".join(METHODS))
@@ -232,6 +257,11 @@ def read_steering(value: Any, served: ServedHeads) -> SteeringAsk:
         raise SteeringRequestError(f"juice.method must be one of {', '.join(METHODS)}, not {fields['method']!r}")
     if "heads" in fields and method != "prune":
         raise SteeringRequestError("juice.heads is for method prune (juice and june use the heads file's heads)")
+    if "question" in fields and method != "auto":
+        raise SteeringRequestError("juice.question is for method auto")
+    if method == "auto" and not served.auto:
+        raise SteeringRequestError("juice.method auto is not served here: it decodes a question-only second "
+                                   "sequence per request, which the vLLM plugin does not run; use juice serve")
     if method == "original" or (method is None and not served.selections
                                 and not {"direction", "beta_plus", "beta_minus"} & set(fields)):
         return SteeringAsk("original")
@@ -251,6 +281,16 @@ def read_steering(value: Any, served: ServedHeads) -> SteeringAsk:
         if direction not in served.selections:
             raise SteeringRequestError(f"no heads for direction {direction!r}; this server has "
                                        f"{sorted(served.selections) or 'none'}")
+    if method == "auto":
+        if {"beta_plus", "beta_minus"} & set(fields):
+            raise SteeringRequestError("juice.method auto chooses its own strength: send no betas")
+        question = fields.get("question")
+        if not isinstance(question, str) or not question.strip():
+            raise SteeringRequestError("juice.method auto needs juice.question, the question without its context")
+        if not isinstance(served.tuned.get(direction, {}).get("auto"), Mapping):
+            raise SteeringRequestError(f"{served.files.get(direction, 'the ' + direction + ' heads file')} holds no "
+                                       "auto policy: run `juice tune --methods auto` with validation data")
+        return SteeringAsk("auto", direction, question=question)
     method = method or served.tuned_method(direction) or "juice"
     if method == "juice" and not served.dual_run:
         raise SteeringRequestError("juice.method juice needs the dual run; this server was started without it "

@@ -19,7 +19,9 @@ Methods: `original`, `prompt` (both instructions: "Prompt-mem" ignores the conte
 "Prompt-ctx" follows it), `cad`, `adacad`, and per heads file `juice`, `june`, `ph3` (named with
 the file's direction: "JuICE-ctx", "JuNE-mem", "PH3-ctx", ...), each with the file's tuned
 settings: the betas the paper's protocol tunes on conflicting validation items, so the table
-shows what that tuning costs on gold, irrelevant and missing context.
+shows what that tuning costs on gold, irrelevant and missing context; and `auto` ("auto-ctx",
+:mod:`juice.auto`), the per-request choice tuned on validation items of all four context types
+(`juice tune --methods auto`).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from juice.pipeline.run import Progress, no_progress
 from juice.stage1 import HeadsArtifact
 from juice.steering import ORIGINAL, JuICE, JuNE, Prune, UntunedBetasWarning, chosen_betas
 
-CONTEXT_METHODS = ("original", "prompt", "cad", "adacad", "ph3", "june", "juice")
+CONTEXT_METHODS = ("original", "prompt", "cad", "adacad", "ph3", "june", "juice", "auto")
 """`--methods` values of the context-type evaluation."""
 
 SHORT = {"parametric": "mem", "contextual": "ctx"}
@@ -120,8 +122,8 @@ def context_methods(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], names: 
     settings each uses.
 
     Raises:
-        ValueError: an unknown name; juice, june or ph3 without a heads file; PH3 not tuned in
-            a file; two heads files of one direction.
+        ValueError: an unknown name; juice, june, ph3 or auto without a heads file; PH3 or auto
+            not tuned in a file; two heads files of one direction.
     """
     directions = [str(a.direction) for a in artifacts]
     if len(set(directions)) < len(directions):
@@ -146,6 +148,14 @@ def context_methods(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], names: 
                 raise ValueError(f"{name} needs a heads file (--heads)")
             for artifact in artifacts:
                 suffix = SHORT[str(artifact.direction)]
+                if name == "auto":
+                    from juice.auto import auto_method, policy_of
+
+                    if "auto" not in artifact.tuned and any("auto" in a.tuned for a in artifacts):
+                        continue   # the other direction's file holds the policy
+                    methods[f"auto-{suffix}"] = auto_method(lm, artifact)
+                    settings[f"auto-{suffix}"] = policy_of(artifact.tuned).to_json()
+                    continue
                 if name == "ph3":
                     tuned = artifact.tuned.get("ph3", {})
                     if "pruned" not in tuned:
@@ -239,7 +249,7 @@ def evaluate_contexts(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], items
     advance = progress(f"contexts: {len(methods)} methods x {len(items)} items", len(methods) * len(items))
     results = evaluate_context_types(lm, items, methods, max_rows=max_rows, on_progress=advance)
     titles = list(methods)
-    focus = next((t for t in titles if t.startswith("JuICE")), titles[0])
+    focus = next((t for t in titles if t.startswith("auto")), next((t for t in titles if t.startswith("JuICE")), titles[0]))
     tables = context_type_tables(results, titles, focus=focus, resamples=resamples, seed=seed)
     return ContextsEvaluation(results, tables, titles, settings, dict(data or {}))
 

@@ -329,10 +329,11 @@ def tune(
 
 
 def check_tune_methods(methods: Sequence[str]) -> None:
-    """Raise ValueError unless `methods` is a non-empty choice of "juice", "june", "ph3"."""
+    """Raise ValueError unless `methods` is a non-empty choice of "juice", "june", "ph3" (`juice tune`
+    also takes "auto", :func:`juice.auto.tune_auto`, which this function does not)."""
     unknown = [m for m in methods if m not in ("juice", "june", "ph3")]
     if unknown or not methods:
-        raise ValueError(f"tune chooses settings for juice, june and ph3, not {', '.join(unknown) or 'nothing'}")
+        raise ValueError(f"tune chooses settings for juice, june, ph3 (and auto), not {', '.join(unknown) or 'nothing'}")
 
 
 def check_methods(names: Sequence[str], artifact: HeadsArtifact | None) -> None:
@@ -346,6 +347,8 @@ def check_methods(names: Sequence[str], artifact: HeadsArtifact | None) -> None:
         raise ValueError("no methods to evaluate")
     for raw in names:
         name = raw.strip().lower()
+        if name == "auto":
+            raise ValueError("auto is evaluated with --contexts (it needs each item's question without its context)")
         if name not in METHOD_NAMES:
             raise ValueError(f"unknown method {raw!r}; choose from {', '.join(METHOD_NAMES)}")
         if name in ("juice", "june", "ph3") and artifact is None:

@@ -226,8 +226,10 @@ def tune(
     data: Path = typer.Option(..., exists=True, dir_okay=False, help=(
         "validation rows: JSONL/CSV (prompt, target, optional other, conflict_type, aliases, question), "
         "ParaConflict JSON, NQ-Swap JSONL or MemoTrap CSV")),
-    methods: str = typer.Option("juice,june", help="comma-separated: juice, june, ph3 (PH3's k; needs rows with other)"),
-    limit: Optional[int] = typer.Option(None, min=1, help="use the first N rows only"),
+    methods: str = typer.Option("juice,june", help=(
+        "comma-separated: juice, june, ph3 (PH3's k; needs rows with other), auto (the per-request policy, "
+        "on the four context types of --data: NQ-Swap JSONL or ParaConflict JSON; after juice's betas)")),
+    limit: Optional[int] = typer.Option(None, min=1, help="use the first N rows only (auto: N items per source)"),
     model: str = typer.Option(DEFAULT_MODEL),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
     beta_minus_grid: Optional[str] = typer.Option(None, help=BETA_MINUS_GRID_HELP),
@@ -236,7 +238,13 @@ def tune(
     into the heads file with the grid's accuracies: a tuned heads file alone is enough to steer
     (`juice.Steerer`) and to serve (`juice serve`).
 
+    With auto (juice's per-request policy, :mod:`juice.auto`): the JuICE/JuNE betas are tuned
+    first (if asked), then the policy on gold, conflicting, irrelevant and no-context items
+    built from --data's validation rows.
+
     Example: juice tune --heads heads.json --data validation.jsonl --methods juice,june,ph3
+
+    Example: juice tune --heads heads_contextual.json --data nqswap_validation.jsonl --methods juice,auto
     """
     from juice.stage1 import load_heads, save_heads
     from juice.models import load_model
@@ -246,15 +254,38 @@ def tune(
 
     grid = _grid(beta_minus_grid, "--beta-minus-grid")
     artifact = load_heads(heads)          # malformed input fails before the model loads
-    load_rows(data, artifact.direction)
     names = [m.strip().lower() for m in methods.split(",") if m.strip()]
-    check_tune_methods(names)
+    if "auto" in names:
+        from juice.when_to_steer import context_items
+
+        try:
+            items, where = context_items(data, limit=limit)
+        except (ValueError, FileNotFoundError) as err:
+            raise typer.BadParameter(str(err), param_hint="--data") from None
+    grid_names = [m for m in names if m != "auto"]
+    if grid_names or not names:
+        load_rows(data, artifact.direction)
+        check_tune_methods(grid_names)
     lm = load_model(model, device=device)
     artifact = load_heads(heads, lm)
+    chosen = {}
     with _progress() as task:
-        chosen = tune_rows(lm, artifact, data, methods=names, limit=limit, progress=task,
-                           **({"beta_minus_grid": grid} if grid else {}))
+        if grid_names:
+            chosen = tune_rows(lm, artifact, data, methods=grid_names, limit=limit, progress=task,
+                               **({"beta_minus_grid": grid} if grid else {}))
+        if "auto" in names:
+            from juice.auto import CANDIDATES, tune_auto
+
+            n = len(items.items)
+            advance = task(f"auto: {len(CANDIDATES)} candidates x {n} items", len(CANDIDATES) * n)
+            fit = tune_auto(lm, artifact, items, where=where, on_progress=advance)
     save_heads(artifact, heads)
+    if "auto" in names:
+        p = fit.policy
+        bins = " | ".join(f"{'' if i == 0 else f'JSD >= {p.thresholds[i - 1]:.3g}: '}{name}"
+                          for i, name in enumerate(p.picks))
+        console.print(f"auto: {bins}; validation mean {fit.mean:.1f}% (use relevant context, {n} items; "
+                      + ", ".join(f"{c} alone {v:.1f}%" for c, v in fit.static.items()) + ")")
     for name, setting in chosen.items():
         what = (f"k = {setting.k} ({', '.join(setting.pruned) or 'none'})" if setting.k is not None
                 else f"beta+ {setting.beta_plus:g}, beta- {setting.beta_minus:g}")
@@ -271,7 +302,8 @@ def evaluate(
         "a heads file (needed for juice, june, ph3); with --contexts one per direction (repeat)")),
     methods: Optional[str] = typer.Option(None, help=(
         "comma-separated: original, prompt, juice, june, cad, adacad (rows need question), ph3 (after `juice tune "
-        "--methods ph3`); default original,prompt,juice,june (with --contexts: original,prompt,cad,adacad,june,juice)")),
+        "--methods ph3`), auto (with --contexts, after `juice tune --methods auto`); default original,prompt,juice,"
+        "june (with --contexts: original,prompt,cad,adacad,june,juice, and auto where a heads file holds it)")),
     direction: Optional[str] = typer.Option(None, help="parametric | contextual (default: the heads file's)"),
     beta_plus: Optional[float] = typer.Option(None, help="override the heads file's tuned beta+"),
     beta_minus: Optional[float] = typer.Option(None, help="override the heads file's tuned beta-"),
@@ -296,7 +328,7 @@ def evaluate(
     Example: juice evaluate --contexts gold,conflicting,irrelevant,none --data nqswap/ --heads heads_contextual.json
     """
     if contexts is not None:
-        _evaluate_contexts(data, heads, methods or "original,prompt,cad,adacad,june,juice", contexts, domain, limit,
+        _evaluate_contexts(data, heads, methods, contexts, domain, limit,
                            out, model, device)
         return
     from juice.apps.terminal import interval_rich
@@ -340,7 +372,7 @@ def evaluate(
     console.print(f"wrote {out / 'evaluation.json'}, {out / 'evaluation.md'}")
 
 
-def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: str, contexts: str, domain: Optional[str],
+def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optional[str], contexts: str, domain: Optional[str],
                        limit: Optional[int], out: Path, model: str, device: str) -> None:
     """`juice evaluate --contexts` (:mod:`juice.when_to_steer`)."""
     from juice.apps.terminal import interval_rich
@@ -355,9 +387,10 @@ def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: str, co
                                      contexts=[c.strip().lower() for c in contexts.split(",") if c.strip()])
     except (ValueError, FileNotFoundError) as err:
         raise typer.BadParameter(str(err), param_hint="--contexts" if "--contexts" in str(err) else "--data") from None
+    files = [load_heads(path) for path in heads]
+    if methods is None:   # every method, and auto where a heads file holds a tuned policy
+        methods = "original,prompt,cad,adacad,june,juice" + (",auto" if any("auto" in f.tuned for f in files) else "")
     names = [m.strip().lower() for m in methods.split(",") if m.strip()]
-    for path in heads:
-        load_heads(path)
     lm = load_model(model, device=device)
     artifacts = [load_heads(path, lm) for path in heads]
     try:

@@ -62,8 +62,11 @@ class ServerHeads(ServedHeads):
             geometry is the served model's layers and heads as the API server knows them before
             any model is built (`JUICE_VLLM_GEOMETRY`, else the heads files' fingerprints;
             head_dim 0 where unknown), or None; the model refuses to start where it differs.
+        auto: False: the plugin does not run `auto` (it would need a question-only second
+            sequence per request, which vLLM schedules as an unrelated request).
     """
 
+    auto: bool = False
     enabled: bool = False
     fingerprints: Mapping[str, Mapping[str, Any]] | None = None
     geometry_from: str = ""

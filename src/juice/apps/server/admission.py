@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from juice.apps.server.worker import Job
 from juice.apps.openai_schema import MAX_SEED, ServerLimits
-from juice.completion_text import chat_prompt
+from juice.completion_text import chat_prompt, question_messages
 from juice.engine import Stream
 from juice.models import LoadedModel
 from juice.sampling import Sampling
 from juice.steering import Steering
-from juice.steering_request import ServedHeads, SteeringRequestError, juice_fields, parse_spec, read_steering
+from juice.steering_request import (ServedHeads, SteeringAsk, SteeringRequestError, juice_fields, parse_spec,
+                                    read_steering)
 from juice.tokens import context_length, token_ids
 
 
@@ -79,16 +81,17 @@ class Admission:
     def model_names(self) -> list[str]:
         return [self.name, *self.aliases]
 
-    def steering(self, options: Any) -> tuple[Steering, str | None]:
+    def steering(self, options: Any) -> tuple[Steering, str | None, SteeringAsk]:
         """The steering a request's `juice` options ask for (:func:`juice.steering_request.read_steering`),
-        and the warning to send with it.
+        the warning to send with it, and the checked request (auto's choice and question).
 
         Raises:
             ApiError: 400 with the protocol's one-line message.
         """
         try:
             ask = read_steering(options, self.served)
-            return ask.steering(self.lm.heads.geometry, self.served), ask.warning
+            ask.choice(self.lm.heads.geometry, self.served)   # a malformed policy is refused here
+            return ask.steering(self.lm.heads.geometry, self.served), ask.warning, ask
         except SteeringRequestError as err:
             raise ApiError(400, str(err), param="juice") from None
 
@@ -151,20 +154,43 @@ class Admission:
             raise ApiError(400, f"messages: {type(err).__name__}: {err}", param="messages") from None
         return token_ids(tok, prompt)
 
+    def question_ids(self, req, question: str) -> list[int]:
+        """auto's question-only prompt: for a chat request, the chat template applied to its
+        messages with the last user message's content replaced by `question`
+        (:func:`juice.completion_text.question_messages`); for a completion, `question` itself.
+
+        Raises:
+            ApiError: 400 for a chat without a user message or a template's refusal.
+        """
+        if getattr(req, "messages", None) is None:
+            return token_ids(self.lm.tokenizer, question)
+        try:
+            messages = question_messages([{"role": m.role, "content": m.text()} for m in req.messages], question)
+            return token_ids(self.lm.tokenizer, chat_prompt(self.lm.tokenizer, messages, self.name))
+        except Exception as err:
+            raise ApiError(400, f"juice.question: {type(err).__name__}: {err}", param="juice") from None
+
     def job(self, req, options: dict, ids: list[list[int]], max_tokens: int | None, logprobs: int | None = None,
             echo: bool = False) -> Job:
-        """The job of a request: one stream per (prompt, choice), each seeded `seed + choice`.
+        """The job of a request: one stream per (prompt, choice), each seeded `seed + choice`;
+        with auto, every stream's question is the request's (:meth:`question_ids`), held as
+        the job's last prompt.
 
         Raises:
             ApiError: 400 for too many choices or stop strings, an empty prompt, a prompt and
-                completion longer than the context, or a steering the protocol refuses.
+                completion longer than the context, a steering the protocol refuses, or auto
+                with echo.
         """
         limits = self.limits
         if req.n > limits.max_n:
             raise ApiError(400, f"n must be at most {limits.max_n} (this server's --max-n)", param="n")
         if len(req.stops()) > 4:
             raise ApiError(400, "stop: at most 4 stop strings", param="stop")
-        steering, warning = self.steering(options)
+        steering, warning, ask = self.steering(options)
+        choice = ask.choice(self.lm.heads.geometry, self.served)
+        if choice is not None and echo:
+            raise ApiError(400, "echo is not supported with juice.method auto (its steering is chosen after the prompt)",
+                           param="echo")
         max_new = limits.default_max_tokens if max_tokens is None else max_tokens
         for row in ids:
             if not row:
@@ -180,7 +206,10 @@ class Admission:
             for k in range(req.n):
                 sampling = None if temperature == 0 else Sampling(
                     temperature, max(0, req.top_k or 0), 1.0 if req.top_p is None else req.top_p, (seed + k) % MAX_SEED)
-                streams.append(Stream(i, steering, sampling, req.repetition_penalty or 1.0))
+                streams.append(Stream(i, steering, sampling, req.repetition_penalty or 1.0,
+                                      choice=None if choice is None else replace(choice, question=len(ids))))
+        if choice is not None:   # the question-only prompt, after the request's prompts
+            ids = [*ids, self.question_ids(req, ask.question)]
         self.on_prompt_tokens(sum(map(len, ids)))
         return Job(ids, streams, max_new, req.stops(), limits.request_timeout_s, logprobs=logprobs, echo=echo,
                    warning=warning)

@@ -195,7 +195,8 @@ class Engine:
                 return
             for k, stream in enumerate(job.streams):
                 self.session.add((job.id, k), job.prompt_ids[stream.prompt], stream, job.max_new_tokens, rule,
-                                 job.logprobs)
+                                 job.logprobs, question_ids=None if stream.question is None
+                                 else job.prompt_ids[stream.question])
         except Exception as err:   # the job learns why; the engine goes on
             for k in range(len(job.streams)):
                 self.session.cancel((job.id, k))
