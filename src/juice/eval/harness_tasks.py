@@ -1,0 +1,156 @@
+"""juice's evaluations as lm-evaluation-harness tasks (`juice tasks --out DIR`; issue 35, part 3).
+
+`lm_eval --include_path DIR --tasks juice` then runs them on any model type the harness has
+(`hf`, `vllm`, `local-completions` against `juice serve` with an alias naming the steering).
+The harness has no NQ-Swap task, and its MemoTrap (`inverse_scaling_memo_trap`) is scored as a
+two-way likelihood comparison, not as the paper scores it. These tasks score as juice does, by
+importing juice's own metrics (`utils.py` calls :mod:`juice.eval.metrics`), so juice must be
+installed where the harness runs:
+
+- `juice_nqswap`: NQ-Swap (Longpre et al. 2021), juice's prompt (:func:`juice.data.nqswap.context_prompt`),
+  20 new tokens, greedy, juice's normalized substring match against the substituted (context)
+  answer (`exact_match`); also `follows_memory` (the original answer).
+- `juice_memotrap_<subtask>` (group `juice_memotrap`): MemoTrap's four subtasks, 10 new tokens,
+  greedy, the continuation's words against the output's first words (:func:`~juice.eval.metrics.memotrap_match`,
+  PROTOCOL.md); `exact_match` is the context (instructed) answer.
+- `juice_contexts_<source>_<type>` (group `juice_contexts`): the context-type evaluation
+  (:mod:`juice.data.context_types`): NQ-Swap's and the built-in ParaConflict domains' questions
+  with a gold, conflicting, irrelevant and no context; metrics `use_relevant`, `trust_memory`
+  and `follows_context` (:func:`~juice.eval.metrics.context_verdicts`). ParaConflict items
+  generate 10 tokens and are scored on their first 5 words (juice's own run stops a row once
+  those are final: the same verdicts).
+
+Every task is `generate_until` with no stop string (`until: []`: a row ends at EOS or at the
+token budget, as juice's evaluation does) and `temperature: 0`. The documents are JSONL files
+written beside the YAMLs from the local data (`--data-root` / `$JUICE_DATA`); nothing is
+downloaded. Where juice's own evaluation drops prompts (`juice reproduce`'s token limit), these
+tasks keep every row: pass `--limit` to the harness for a quick run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from juice.data.context_types import CONTEXT_TYPES, ContextItem
+
+NEW_TOKENS = {"nqswap": 20, "memotrap": 10, "first_words": 10}
+"""New tokens per metric, as juice's evaluation decodes them (paper: 20 for NQ-Swap, 10 otherwise)."""
+
+UTILS = '''"""Written by `juice tasks`: the harness's scores are juice's own metrics."""
+
+from juice.data.context_types import ContextItem
+from juice.eval.metrics import context_verdicts, memotrap_match, nqswap_match
+
+
+def nqswap(doc, results):
+    out = results[0]
+    return {"exact_match": float(nqswap_match(out, doc["answers"])),
+            "follows_memory": float(nqswap_match(out, doc["memory_answers"]))}
+
+
+def memotrap(doc, results):
+    return {"exact_match": float(any(memotrap_match(results[0], a) for a in doc["answers"]))}
+
+
+def contexts(doc, results):
+    item = ContextItem(**{k: tuple(v) if isinstance(v, list) else v for k, v in doc["item"].items()})
+    verdicts = context_verdicts(item, results[0])
+    return {k: float(v) for k, v in verdicts.items() if v is not None}   # no follows_context without a passage
+'''
+
+
+def _yaml(task: str, data: Path, process: str, new_tokens: int, metrics: Sequence[str], group: str | None = None) -> str:
+    lines = [f"task: {task}"]
+    if group:
+        lines += ["tag:", f"  - {group}"]
+    lines += ["dataset_path: json", "dataset_kwargs:", "  data_files:", f"    test: {json.dumps(str(data))}",
+              "test_split: test", "output_type: generate_until", 'doc_to_text: "{{prompt}}"',
+              'doc_to_target: "{{target}}"', f"process_results: !function utils.{process}",
+              "generation_kwargs:", "  until: []", f"  max_gen_toks: {new_tokens}", "  do_sample: false",
+              "  temperature: 0", "metric_list:"]
+    for m in metrics:
+        lines += [f"  - metric: {m}", "    aggregation: mean", "    higher_is_better: true"]
+    lines += ["metadata:", "  version: 1.0"]
+    return "\n".join(lines) + "\n"
+
+
+def _write_jsonl(path: Path, rows: Sequence[dict]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def context_doc(item: ContextItem) -> dict:
+    """A context-type item as a harness document: its prompt, a target (the use-relevant answer),
+    and the item itself (for the verdicts)."""
+    return {"prompt": item.prompt, "target": item.target("use_relevant")[0], "item": asdict(item)}
+
+
+def write_tasks(out: str | Path, data_root: str | Path | None = None, *, seed: int = 0) -> list[str]:
+    """Write the task YAMLs, their JSONL documents and `utils.py` into `out` (module docstring).
+
+    Args:
+        data_root: a folder with `memotrap/*.csv` and/or `nqswap/nqswap.jsonl` (default
+            `$JUICE_DATA`); the built-in ParaConflict context tasks need none.
+        seed: the irrelevant passages' pairing (:func:`juice.data.context_types.nqswap_context_items`).
+
+    Returns:
+        the task names written.
+
+    Raises:
+        FileNotFoundError: `data_root` given but missing.
+        ValueError: a malformed data row (the loaders' one-line errors).
+    """
+    from juice.data.context_types import nqswap_context_items, paraconflict_context_items
+    from juice.data.memotrap import SUBTASKS, load_memotrap
+    from juice.data.nqswap import load_nqswap, read_records
+    from juice.data.paraconflict import DOMAINS, build_domain
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    root = data_root or os.environ.get("JUICE_DATA")
+    root = Path(root) if root else None
+    if root is not None and not root.is_dir():
+        raise FileNotFoundError(f"no such data folder: {root}")
+    (out / "utils.py").write_text(UTILS, encoding="utf-8")
+    names: list[str] = []
+
+    def task(name: str, rows: list[dict], process: str, new_tokens: int, metrics: Sequence[str],
+             group: str | None = None) -> None:
+        _write_jsonl(out / f"{name}.jsonl", rows)
+        (out / f"{name}.yaml").write_text(_yaml(name, (out / f"{name}.jsonl").resolve(), process, new_tokens,
+                                                metrics, group), encoding="utf-8")
+        names.append(name)
+
+    contexts: dict[str, list[ContextItem]] = {}
+    nqswap = None if root is None else root / "nqswap" / "nqswap.jsonl"
+    if nqswap is not None and nqswap.is_file():
+        rows = [{"id": ex.uid, "prompt": ex.prompt, "target": ex.context_answers[0], "answers": list(ex.context_answers),
+                 "memory_answers": list(ex.parametric_answers)} for ex in load_nqswap(nqswap)]
+        task("juice_nqswap", rows, "nqswap", NEW_TOKENS["nqswap"], ["exact_match", "follows_memory"])
+        contexts["nqswap"] = nqswap_context_items(read_records(nqswap), seed).items
+    memotrap = None if root is None else root / "memotrap"
+    if memotrap is not None and memotrap.is_dir():
+        for subtask, filename in SUBTASKS.items():
+            if not (memotrap / filename).is_file():
+                continue
+            rows = [{"id": ex.uid, "prompt": ex.prompt, "target": ex.context_answers[0],
+                     "answers": list(ex.context_answers)} for ex in load_memotrap(memotrap, subtask)]
+            task(f"juice_memotrap_{subtask}", rows, "memotrap", NEW_TOKENS["memotrap"], ["exact_match"],
+                 "juice_memotrap")
+    contexts["paraconflict"] = paraconflict_context_items(
+        [ex for d in DOMAINS for ex in build_domain(d)], seed).items
+    for source, items in contexts.items():
+        for context_type in CONTEXT_TYPES:
+            mine = [context_doc(i) for i in items if i.context_type == context_type]
+            metrics = ["use_relevant", "trust_memory"] + (["follows_context"] if context_type != "none" else [])
+            task(f"juice_contexts_{source}_{context_type}", mine, "contexts",
+                 NEW_TOKENS[items[0].metric], metrics, "juice_contexts")
+    return names
+
+
+__all__ = ["NEW_TOKENS", "context_doc", "write_tasks"]
