@@ -5,6 +5,8 @@ appending rows)."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import weakref
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
@@ -19,6 +21,14 @@ from juice.post_norm import post_norm_rows
 from juice.steering import Steering
 
 
+@functools.lru_cache(maxsize=None)
+def cache_keyword(model_class: type) -> str:
+    """The name under which `model_class.forward` takes the KV cache: "cache" from transformers
+    5.24 on (where `past_key_values` is deprecated, removed in 5.40), else "past_key_values"
+    (5.23, the oldest version juice supports)."""
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+
+
 def forward_last(lm: LoadedModel, input_ids: Tensor, mask: Tensor, positions: Tensor, past=None):
     """One cached forward of the base model (no LM head).
 
@@ -29,10 +39,10 @@ def forward_last(lm: LoadedModel, input_ids: Tensor, mask: Tensor, positions: Te
     Returns:
         (`[batch, hidden]` last-position hidden state, the updated KV cache).
     """
-    out = lm.model.base_model(
-        input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=past, use_cache=True
-    )
-    return out.last_hidden_state[:, -1], out.past_key_values
+    base = lm.model.base_model
+    keyword = cache_keyword(type(base))
+    out = base(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, **{keyword: past})
+    return out.last_hidden_state[:, -1], out[keyword]
 
 
 _COMPILED: "weakref.WeakKeyDictionary[torch.nn.Module, Callable]" = weakref.WeakKeyDictionary()
