@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from juice.analysis.common import DEFAULT_OUT, AnalysisOptions, Progress
-from juice.apps.progress import progress_bars
+from juice.apps.progress import make_console, progress_bars
 from juice.models import DEFAULT_MODEL, LoadedModel
 
 ModelOption = Annotated[str, typer.Option(help="embedded alias, .gguf file, model directory or hub id")]
@@ -114,12 +114,10 @@ Runner = Callable[[LoadedModel, AnalysisOptions, Progress], Any]
 def run_cli(name: str, run: Runner, options: AnalysisOptions, lm: LoadedModel | None = None) -> Any:
     """Load the model (unless given), run one analysis with progress bars, print its title, wall
     time and files. Returns the analysis result."""
-    from rich.console import Console
-
-    console = Console(width=200)
+    console = make_console(width=200)
     lm = lm or load_for(options)
     start = time.perf_counter()
-    with progress_bars() as task:
+    with progress_bars(console) as task:
         result = run(lm, options, task)
     console.print(f"[bold]{result.title}[/bold] ({name}, {time.perf_counter() - start:.0f} s)")
     for path in result.files:
@@ -178,14 +176,12 @@ def run_all(model: ModelOption = DEFAULT_MODEL, out: OutOption = DEFAULT_OUT, qu
             max_rows: MaxRowsOption = "auto") -> None:
     """Run every analysis in order on one loaded model (their own options at their defaults) and
     write <out>/report.md."""
-    from rich.console import Console
-
-    console = Console(width=200)
+    console = make_console(width=200)
     options = cli_options(model, out, quick, full, seed, device, max_rows)
     lm = load_for(options)
     results = []
     start = time.perf_counter()
-    with progress_bars() as task:
+    with progress_bars(console) as task:
         for command in COMMANDS:
             result = command.runner()(lm, options, task)
             results.append((command.module, command.name, result))

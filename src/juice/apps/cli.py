@@ -8,13 +8,12 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
-from juice.apps.progress import progress_bars
+from juice.apps.progress import make_console, progress_bars
 from juice.models import DEFAULT_MODEL
 
 app = typer.Typer(add_completion=False, help="Steer a language model toward its parametric memory or its context (JuICE).")
-console = Console(width=200)
+console = make_console(width=200)
 
 
 def _add_analyze() -> None:
