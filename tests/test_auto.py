@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from juice.auto import AutoPolicy, AutoRule, fit_policy, first_step_signal
-from juice.baselines.cad import jsd_alpha
-from juice.engine import Choice, Stream, generate
+from juice.baselines.cad import CadPolicy, jsd_alpha
+from juice.engine import Choice, Contrast, Stream, generate
 from juice.interventions import Head, HeadSelection
 from juice.steering import ORIGINAL, JuICE, JuNE
 
@@ -25,7 +25,7 @@ def _selection(lm):
 
 def _candidates(lm):
     sel = _selection(lm)
-    return (ORIGINAL, JuICE(lm, sel, 2.0, -1.0), JuNE(lm, sel, 1.0, -0.5))
+    return (ORIGINAL, JuICE(lm, sel, 2.0, -1.0), JuNE(lm, sel, 1.0, -0.5), Contrast(-1, CadPolicy(jsd_alpha)))
 
 
 class Fixed:
@@ -38,13 +38,17 @@ class Fixed:
         return torch.full((with_context.shape[0],), self.index, dtype=torch.long)
 
 
-@pytest.mark.parametrize("pick", [0, 1, 2])
+@pytest.mark.parametrize("pick", [0, 1, 2, 3])
 def test_a_forced_choice_equals_the_static_method(tiny, pick):
-    """Forced to "no steering" it is Original; forced to a candidate it is that static steering."""
+    """Forced to "no steering" it is Original; forced to a candidate it is that static steering
+    (or AdaCAD's contrastive stream against the same question)."""
     cands = _candidates(tiny)
     probes = torch.tensor([[5, 7], [9, 11]])
     auto = [Stream(0, choice=Choice(2, cands, Fixed(pick))), Stream(1, choice=Choice(3, cands, Fixed(pick)))]
-    static = [Stream(0, cands[pick]), Stream(1, cands[pick])]
+    if pick == 3:
+        static = [Stream(0, contrast=Contrast(2, cands[3].rule)), Stream(1, contrast=Contrast(3, cands[3].rule))]
+    else:
+        static = [Stream(0, cands[pick]), Stream(1, cands[pick])]
     got = generate(tiny, TEXTS, auto, 6, probe_tokens=probes)
     want = generate(tiny, TEXTS, static, 6, probe_tokens=probes)
     assert torch.equal(got.tokens, want.tokens)
@@ -58,9 +62,9 @@ def test_auto_in_a_batch_equals_auto_alone_and_the_rule_sees_the_unmodified_rows
     def by_signal(with_context, question):   # a real signal: the first-step JSD, cut at its median
         jsd = jsd_alpha(with_context, question)
         seen.append(jsd)
-        return (jsd >= 0.05).long() * 2   # 0 (Original) or 2 (JuNE)
+        return (jsd >= 0.05).long() * 3   # 0 (Original) or 3 (AdaCAD)
 
-    rule = AutoRule((0.02, 0.05), (0, 1, 2))
+    rule = AutoRule((0.02, 0.05, 0.2), (0, 1, 2, 3))
     streams = [Stream(0, choice=Choice(2, cands, rule)), Stream(1, choice=Choice(3, cands, rule)),
                Stream(0, cands[1]), Stream(4), Stream(1, choice=Choice(3, cands, by_signal)),
                Stream(2, choice=Choice(2, cands, rule))]   # no context: the JSD is 0, the lowest bin
@@ -73,7 +77,8 @@ def test_auto_in_a_batch_equals_auto_alone_and_the_rule_sees_the_unmodified_rows
     assert float(signal[2]) == 0.0
     for k, (p, q) in enumerate([(0, 2), (1, 3), (2, 2)]):
         pick = int(rule(*_first_logits(tiny, TEXTS[p], TEXTS[q])))
-        static = generate(tiny, TEXTS, [Stream(p, cands[pick])], 6)
+        alone = Stream(p, contrast=Contrast(q, cands[3].rule)) if pick == 3 else Stream(p, cands[pick])
+        static = generate(tiny, TEXTS, [alone], 6)
         assert torch.equal(together.tokens[[0, 1, 5][k]], static.tokens[0])
     assert seen
 
@@ -234,7 +239,7 @@ def test_juice_tune_methods_auto_from_the_command_line(tmp_path, capsys):
     saved = json.loads(heads.read_text())["tuned"]["auto"]
     assert saved["signal"] == "jsd_bits" and saved["data"]["counts"] == {t: 3 for t in
                                                                         ("gold", "conflicting", "irrelevant", "none")}
-    assert set(saved["validation"]["static"]) == {"original", "juice", "juice/2"}
+    assert set(saved["validation"]["static"]) == {"original", "juice", "juice/2", "adacad"}
     out = tmp_path / "out"
     assert cli.main(["evaluate", "--contexts", "gold,conflicting,irrelevant,none", "--data", str(data), "--heads",
                      str(heads), "--limit", "2", "--model", str(folder), "--device", "cpu", "--out", str(out)]) == 0

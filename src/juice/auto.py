@@ -10,12 +10,15 @@ cuts the signal into at most three bins by thresholds and names a candidate per 
 - "original": the unmodified model;
 - "juice": JuICE with the heads file's tuned betas (paper protocol, conflicting validation items);
 - "juice/2": JuICE at half those betas;
-- "june": JuNE with its tuned betas (when the file has them).
+- "june": JuNE with its tuned betas (when the file has them);
+- "adacad": AdaCAD (Wang et al. 2025), the contrast with the question-only row that the choice's
+  prefill already holds.
 
 In the engine a request is one stream with a :class:`juice.engine.Choice`: its prefill holds the
 prompt's and the question's unmodified rows and a row per steered candidate (joining at the first
 layer it steers), the choice is made from the first step's two distributions, and from then on
-the stream decodes exactly as the chosen candidate's (tested: a policy that always picks
+the stream decodes exactly as the chosen candidate's (AdaCAD: the contrastive stream over the
+same two unmodified rows) (tested: a policy that always picks
 "original" gives Original's tokens, one that always picks "juice" gives static JuICE's, a batch
 gives each request's tokens alone). The decision is per request, not per step.
 
@@ -38,16 +41,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from juice.baselines.cad import jsd_alpha
+from juice.baselines.cad import CadPolicy, jsd_alpha
 from juice.data.context_types import CONTEXT_TYPES, ContextItem, ContextItems
-from juice.engine import Choice
+from juice.engine import Choice, Contrast
 from juice.models import LoadedModel
 from juice.steering import ORIGINAL, JuICE, JuNE, chosen_betas
 
 SIGNAL = "jsd_bits"
 """The policy's signal: first-step JSD (bits) between the with-context and question-only distributions."""
 
-CANDIDATES = ("original", "juice", "juice/2", "june")
+CANDIDATES = ("original", "juice", "juice/2", "june", "adacad")
 """Candidate names, least steered first (the order ties are broken in)."""
 
 MAX_THRESHOLDS = 2
@@ -101,7 +104,7 @@ class AutoPolicy:
         for name in self.picks:
             if name not in CANDIDATES:
                 raise ValueError(f"auto: unknown candidate {name!r}; choose from {', '.join(CANDIDATES)}")
-            if name != "original" and name not in self.betas:
+            if name not in ("original", "adacad") and name not in self.betas:
                 raise ValueError(f"auto: candidate {name!r} needs its betas")
 
     @property
@@ -117,6 +120,7 @@ class AutoPolicy:
         """
         names = self.candidates
         make = {"original": lambda: ORIGINAL,
+                "adacad": lambda: Contrast(-1, CadPolicy(jsd_alpha)),
                 "juice": lambda: JuICE(lm, selection, *self.betas["juice"]),
                 "juice/2": lambda: JuICE(lm, selection, *self.betas["juice/2"]),
                 "june": lambda: JuNE(lm, selection, *self.betas["june"])}
@@ -276,7 +280,8 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
     _, edges, picks, total = best
     if len(set(picks)) == 1:   # one candidate everywhere: no thresholds needed
         edges, picks = (), picks[:1]
-    policy = AutoPolicy(tuple(edges), tuple(picks), {c: tuple(betas[c]) for c in set(picks) if c != "original"})
+    policy = AutoPolicy(tuple(edges), tuple(picks),
+                        {c: tuple(betas[c]) for c in set(picks) if c not in ("original", "adacad")})
     bins = [sum(x >= e for e in edges) for x in signal]
     chosen = [verdicts[picks[b]][i] for i, b in enumerate(bins)]
 
@@ -322,9 +327,9 @@ def tune_auto(lm: LoadedModel, artifact, items: ContextItems | Sequence[ContextI
              "juice/2": JuICE(lm, artifact.selection, *betas["juice/2"])}
     if "june" in betas:
         steer["june"] = JuNE(lm, artifact.selection, *betas["june"])
-    results = evaluate_context_types(lm, items, {c: Method(s) for c, s in steer.items()}, max_rows=max_rows,
-                                     on_progress=on_progress)
-    by_item: dict[str, list[bool]] = {c: [] for c in steer}
+    methods = {c: Method(s) for c, s in steer.items()} | {"adacad": Method(adacad=True)}
+    results = evaluate_context_types(lm, items, methods, max_rows=max_rows, on_progress=on_progress)
+    by_item: dict[str, list[bool]] = {c: [] for c in methods}
     for r in results:   # in item order, per method
         by_item[r.method].append(r.correct)
     signal = first_step_signal(lm, [i.prompt for i in items], [i.question for i in items]).tolist()

@@ -273,10 +273,10 @@ def tune(
             chosen = tune_rows(lm, artifact, data, methods=grid_names, limit=limit, progress=task,
                                **({"beta_minus_grid": grid} if grid else {}))
         if "auto" in names:
-            from juice.auto import CANDIDATES, tune_auto
+            from juice.auto import candidate_betas, tune_auto
 
-            n = len(items.items)
-            advance = task(f"auto: {len(CANDIDATES)} candidates x {n} items", len(CANDIDATES) * n)
+            n, k = len(items.items), len(candidate_betas(artifact.tuned)) + 2   # + Original and AdaCAD
+            advance = task(f"auto: {k} candidates x {n} items", k * n)
             fit = tune_auto(lm, artifact, items, where=where, on_progress=advance)
     save_heads(artifact, heads)
     if "auto" in names:

@@ -277,6 +277,7 @@ class DecodingSession:
             index = rule(logits[torch.tensor(rs, device=device)], question).tolist()
             for r, c in zip(rs, index):
                 picked[r] = int(c)
+                streams[r].stream = streams[r].stream.chosen(int(c))   # a contrast is applied below
             rows = torch.tensor([options[r][c][-1] for r, c in zip(rs, index)], device=device)
             logits[torch.tensor(rs, device=device)] = self.lm.logits(hidden[rows]).float()
         by_rule: dict[ContrastRule, list[int]] = {}
@@ -378,7 +379,8 @@ class DecodingSession:
         out, picked = self._choose(streams, hidden, layout.out_row, layout.question_row, layout.options)
         for k, (s, c) in enumerate(zip(streams, picked)):   # a choosing stream keeps its candidate's rows
             if c is not None:
-                s.stream, s.question_ids, s.question_key = s.stream.chosen(c), None, None
+                if s.stream.contrast is None:
+                    s.question_ids, s.question_key = None, None
                 layout.owned[k] = layout.options[k][c]
         select = torch.tensor([r for rows in layout.owned for r in rows], device=device)
         cache.reorder_cache(select)

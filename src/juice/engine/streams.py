@@ -66,21 +66,23 @@ class Choice:
 
     Attributes:
         question: index of the question without its context.
-        candidates: the steerings to choose from (one site; Original, JuNE or JuICE).
+        candidates: what to choose from: steerings (one site; Original, JuNE or JuICE) or
+            contrasts (CAD, AdaCAD: a :class:`Contrast` whose `question` is ignored, the
+            choice's is used), whose rows the prefill already holds.
         rule: a :data:`ChoiceRule` (hashable: streams are grouped by it).
 
     Raises:
-        ValueError: no candidate, or candidates at two sites.
+        ValueError: no candidate, or steerings at two sites.
     """
 
     question: int
-    candidates: tuple[Steering, ...]
+    candidates: tuple["Steering | Contrast", ...]
     rule: ChoiceRule
 
     def __post_init__(self) -> None:
         if not self.candidates:
             raise ValueError("a choice needs at least one candidate steering")
-        if len({c.site for c in self.candidates if c.method != "original"}) > 1:
+        if len({c.site for c in self.candidates if isinstance(c, Steering) and c.method != "original"}) > 1:
             raise ValueError("a choice's candidate steerings must share a site")
 
 
@@ -122,7 +124,7 @@ class Stream:
         """Decoding rows the stream owns: two for JuICE (clean copy, steered row) and for a
         contrast (question row, prompt row), else one; with a choice, the most any candidate owns."""
         if self.choice is not None:
-            return max(2 if c.method == "juice" else 1 for c in self.choice.candidates)
+            return max(2 if isinstance(c, Contrast) or c.method == "juice" else 1 for c in self.choice.candidates)
         return 2 if self.steering.method == "juice" or self.contrast is not None else 1
 
     @property
@@ -134,11 +136,17 @@ class Stream:
     @property
     def steerings(self) -> tuple[Steering, ...]:
         """Every steering the stream may decode with (its own, or its choice's candidates)."""
-        return self.choice.candidates if self.choice is not None else (self.steering,)
+        if self.choice is not None:
+            return tuple(c for c in self.choice.candidates if isinstance(c, Steering))
+        return (self.steering,)
 
     def chosen(self, index: int) -> "Stream":
-        """This stream decoded with its choice's candidate `index` (no choice left)."""
-        return replace(self, steering=self.choice.candidates[index], choice=None)
+        """This stream decoded with its choice's candidate `index` (no choice left; a contrast
+        candidate contrasts with the choice's question)."""
+        c = self.choice.candidates[index]
+        if isinstance(c, Contrast):
+            return replace(self, contrast=Contrast(self.choice.question, c.rule), choice=None)
+        return replace(self, steering=c, choice=None)
 
 
 @dataclass
@@ -260,7 +268,7 @@ def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: S
     # (stream, candidate) for every steered row: a stream's own steering is candidate -1
     steered = [(k, c) for k, s in enumerate(streams)
                for c, st in (enumerate(s.choice.candidates) if s.choice is not None else [(-1, s.steering)])
-               if st.method != "original"]
+               if isinstance(st, Steering) and st.method != "original"]
 
     def steering_of(k: int, c: int) -> Steering:
         return streams[k].steering if c < 0 else streams[k].choice.candidates[c]
@@ -274,8 +282,10 @@ def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: S
         own_row[k, c] = row(p, st.coefficients if not juice else zero, st.coefficients if juice else zero,
                             clean_row[p] if juice else -1, joins[k, c], clean_row[p] if joins[k, c] else None)
 
-    def rows_of(k: int, c: int, st: Steering) -> list[int]:
+    def rows_of(k: int, c: int, st: "Steering | Contrast") -> list[int]:
         p = prompt_keys[k]
+        if isinstance(st, Contrast):   # a choice's contrast candidate: [question, prompt]
+            return [clean_row[question_keys[k]], clean_row[p]]
         return ([clean_row[p], own_row[k, c]] if st.method == "juice" else
                 [clean_row[p]] if st.method == "original" else [own_row[k, c]])
 
