@@ -68,36 +68,3 @@ def test_the_readme_example_runs(tiny_llama, tmp_path):
     assert len(out.texts) == 1 and out.tokens.shape == (1, 4)
     assert torch.equal(out.tokens, juice.greedy_generate(lm, ["the capital of france is"], 4,
                                                          Steering("juice", steer.coefficients)).tokens)
-
-
-def _readme_blocks(heading: str) -> list[str]:
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = text[text.index(heading):]
-    section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
-    return [b.split("\n", 1)[1] for b in section.split("```")[1::2] if b.startswith("python\n")]
-
-
-def test_the_readme_usage_examples_run(tiny_llama, tmp_path, monkeypatch, capsys):
-    """The README's three-line example and its RAG loop, verbatim, on a tiny model standing in
-    for Gemma (the server examples are covered by tests/test_server.py)."""
-    from juice.stage1 import HeadsArtifact
-
-    sel = juice.HeadSelection((juice.Head(1, 2),), (juice.Head(0, 1),))
-    tuned = {"juice": {"beta_plus": 3.0, "beta_minus": -1.0}}
-    for name, direction in (("heads.json", "parametric"), ("heads_contextual.json", "contextual")):
-        juice.save_heads(HeadsArtifact(tiny_llama.fingerprint(), direction, 1, [1.0], [-1.0], sel, tuned=tuned),
-                         tmp_path / name)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(juice, "load_model", lambda *a, **k: tiny_llama)
-    blocks = [b for b in _readme_blocks("## Usage") if "juice.Steerer(lm" in b]
-    assert len(blocks) == 2   # the three lines and the RAG loop
-    for block in blocks:
-        scope: dict = {}
-        exec(compile(block, "README.md", "exec"), scope)
-    steerer = scope["steerer"]
-    assert (steerer.beta_plus, steerer.beta_minus) == (3.0, -1.0)   # the file's tuned betas
-    assert scope["retrieve"]("What is the capital of Freedonia?").startswith("In 2031")
-    printed = capsys.readouterr().out.strip().splitlines()
-    assert printed[-1] == scope["answer"]("What is the capital of Freedonia?")

@@ -1,4 +1,4 @@
-"""The answer alias the model itself prefers (PROTOCOL.md, "Answer alias": the rule of the
+"""The answer alias the model itself prefers (docs/protocol.md, "Answer alias": the rule of the
 paper's released code for the Stage-1 target and for answer probabilities).
 
 With one accepted answer, that one. With several: decode the clean prompt greedily (10 new

@@ -13,7 +13,7 @@ _NON_WORD = re.compile(r"[^\w\s]|_")
 def normalize_answer(text: str) -> str:
     """Lower case, accents folded, punctuation and articles removed, white space collapsed.
 
-    PROTOCOL.md ("Exact match") deletes every non-word, non-space character after NFD and keeps
+    docs/protocol.md ("Exact match") deletes every non-word, non-space character after NFD and keeps
     articles. Ours, by choice: NFKD (also folds compatibility forms such as full-width letters);
     such characters become a space, so "Hague's" keeps the word "hague" for the word-boundary
     match of :func:`contains_answer`; "a", "an", "the" are removed, so "The Hague" matches

@@ -1,6 +1,6 @@
 """Fig. 5: robustness of JuICE, and of JuNE beside it, to |D|, K and (beta+, beta-).
 
-Paper Sec. 4.3 and App. D ("Details on Robustness Study"), PROTOCOL.md "Analyses": on World
+Paper Sec. 4.3 and App. D ("Details on Robustness Study"), docs/protocol.md "Analyses": on World
 Capital's test split, vary one hyperparameter at a time, all else fixed:
 
 - (a) the size of the head identification set |D| (paper: 1 to 10), K and the betas fixed;

@@ -30,7 +30,7 @@ authors' `group_decode_fileio_adacad.py`, functions `get_jsd` and `decode`):
 - The divergence is in bits (log base 2), so alpha lies in [0, 1], the range the paper states
   for its JSD, and is 0 when the branches agree. The authors' code computes it with
   `F.kl_div`, in nats, i.e. ln 2 = 0.69 times the paper's value; that variant is
-  `functools.partial(jsd_alpha, base=math.e)` (PROTOCOL.md: the paper's text wins, the code's
+  `functools.partial(jsd_alpha, base=math.e)` (docs/protocol.md: the paper's text wins, the code's
   variant is an option).
 - alpha is recomputed at every step, the first included, and for every row on its own (the
   authors decode one instance at a time); no offset (their `--offset` defaults to 0).
@@ -42,7 +42,7 @@ authors' `group_decode_fileio_adacad.py`, functions `get_jsd` and `decode`):
 
 The second branch really holds no context: it is the question part of the prompt, tokenized on
 its own (see :attr:`juice.data.records.ContextualExample.question`); the JuICE authors' CAD code
-strips only a BOS token and so leaves the context in (PROTOCOL.md, CAD). Each branch is a row of
+strips only a BOS token and so leaves the context in (docs/protocol.md, CAD). Each branch is a row of
 the engine's batch with its own KV cache rows (the question row left-padded to the batch's
 width, like any shorter prompt), and both are fed the chosen token.
 """

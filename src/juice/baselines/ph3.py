@@ -7,7 +7,7 @@ a knowledge conflict: *memory heads* recall the answer from the model's internal
 heads* retrieve the answer the external context asserts. PH3 locates both kinds by path patching
 and prunes (zero-ablates, at every position, no parameter update) the top-k heads of the kind that
 opposes the wanted answer: context heads to make the model follow its memory, memory heads to
-make it follow the context. k is tuned on validation from :data:`PRUNE_K` (PROTOCOL.md).
+make it follow the context. k is tuned on validation from :data:`PRUNE_K` (docs/protocol.md).
 
 Path patching (Wang et al. 2023, "Interpretability in the Wild", Sec. 3.1 and App. B; the method
 PH3 is named after). The model runs on the *original* input x_org; the output of one *sender*

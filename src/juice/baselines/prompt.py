@@ -1,6 +1,6 @@
 """The Prompt baseline (paper Sec. 4.1, App. D.1, "Prompt Instructions"): an instruction
 prepended to the whole task prompt, in the forms the paper's authors apply
-(`../shared/PROTOCOL.md`, "Prompt baseline", both directions):
+(`../shared/docs/protocol.md`, "Prompt baseline", both directions):
 
 - parametric, substitution conflict: `"<instruction> <substitution prompt>"`;
 - parametric, coherent conflict: `"<instruction> Context: <coherent prompt>"`;

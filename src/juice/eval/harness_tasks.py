@@ -12,7 +12,7 @@ installed where the harness runs:
   answer (`exact_match`); also `follows_memory` (the original answer).
 - `juice_memotrap_<subtask>` (group `juice_memotrap`): MemoTrap's four subtasks, 10 new tokens,
   greedy, the continuation's words against the output's first words (:func:`~juice.eval.metrics.memotrap_match`,
-  PROTOCOL.md); `exact_match` is the context (instructed) answer.
+  docs/protocol.md); `exact_match` is the context (instructed) answer.
 - `juice_contexts_<source>_<type>` (group `juice_contexts`): the context-type evaluation
   (:mod:`juice.data.context_types`): NQ-Swap's and the built-in ParaConflict domains' questions
   with a gold, conflicting, irrelevant and no context; metrics `use_relevant`, `trust_memory`

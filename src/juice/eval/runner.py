@@ -179,7 +179,7 @@ def decode_requests(
     question) is prefilled once.
 
     A row stops at the tokenizer's EOS and its text ends there, as Hugging Face's `generate`
-    does for the authors' baselines (PROTOCOL.md is silent on EOS; this is juice's choice, the
+    does for the authors' baselines (docs/protocol.md is silent on EOS; this is juice's choice, the
     same for every method); a batch stops once every row has produced EOS.
 
     Requests that are the same computation (:func:`_request_key`: same prompt and probe, same

@@ -1,5 +1,5 @@
 """The main job: the paper's Table 1 (parametric direction) on one model, by the paper's protocol
-(`../shared/PROTOCOL.md`), end to end.
+(`../shared/docs/protocol.md`), end to end.
 
 Stages (each written atomically to `<out>/state/` under a key derived from everything it
 depends on, and reused when re-run, so an interrupted run resumes where it stopped):

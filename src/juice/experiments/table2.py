@@ -9,7 +9,7 @@ Stages (the shared stages of :mod:`juice.pipeline`, written atomically to `<out>
 2. heads: Stage 1 on Proverb Ending's D, target = the contextual answer's first token; reused for
    all five datasets (as in the paper).
 3. PH3-l (Proverb Ending development set) and PH3-s (D): memory heads by path patching.
-4. tuning per dataset on its own validation split (PROTOCOL.md, "Contextual direction"): JuICE's
+4. tuning per dataset on its own validation split (docs/protocol.md, "Contextual direction"): JuICE's
    and JuNE's (beta+, beta-) and PH3's k.
 5. evaluation: Original, Prompt, CAD, AdaCAD, PH3-l, PH3-s, JuNE, JuICE on every test split;
    MemoTrap also by likelihood comparison; every cell with n and a 95% bootstrap interval.

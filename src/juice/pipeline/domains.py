@@ -1,4 +1,4 @@
-"""The parametric direction's data per domain (PROTOCOL.md, "Splits per domain"): each domain's
+"""The parametric direction's data per domain (docs/protocol.md, "Splits per domain"): each domain's
 development pool and test split, and the pool *filtered* for the loaded model (its clean prompts
 decoded greedily until enough items are known), from which D (the head domain only), the
 validation split and PH3-l's development set (head domain only) come, each item with the
