@@ -92,3 +92,19 @@ def test_juice_evaluate_contexts_from_the_command_line(tmp_path, capsys):
     assert (out / "contexts.md").is_file()
     assert cli.main(["evaluate", "--contexts", "gold,golden", "--model", str(folder)]) != 0
     assert "--contexts takes" in capsys.readouterr().err
+
+
+def test_keep_drops_long_items_before_the_limit(tmp_path, tiny_llama):
+    from juice.when_to_steer import prompt_fits
+
+    path = _nqswap(tmp_path)
+    items, where = context_items(path, limit=2, keep=lambda i: i.uid != "0")
+    assert sorted({i.uid for i in items.items}) == ["1", "2"] and where["dropped"] == 1
+    assert items.counts() == {t: 2 for t in CONTEXT_TYPES}   # still two per type: the limit counts kept items
+    longest = max(len(tiny_llama.tokenizer(i.prompt)["input_ids"]) for i in context_items(path)[0].items)
+    _, where = context_items(path, keep=prompt_fits(tiny_llama.tokenizer, longest + 1))
+    assert where["dropped"] == 0
+    _, where = context_items(path, keep=prompt_fits(tiny_llama.tokenizer, 3))
+    assert where["dropped"] == len(ROWS)
+    with pytest.raises(ValueError, match="at least 1"):
+        prompt_fits(tiny_llama.tokenizer, 0)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +54,8 @@ TITLES = {"use_relevant": "use relevant context", "trust_memory": "trust memory"
 
 
 def context_items(source: str | Path | None = None, *, domain: str | None = None, limit: int | None = None,
-                  contexts: Sequence[str] = CONTEXT_TYPES, seed: int = 0) -> tuple[ContextItems, dict[str, Any]]:
+                  contexts: Sequence[str] = CONTEXT_TYPES, seed: int = 0,
+                  keep: Callable[[ContextItem], bool] | None = None) -> tuple[ContextItems, dict[str, Any]]:
     """The items of `source` (module docstring) under `contexts`, and where they came from.
 
     Args:
@@ -62,6 +63,9 @@ def context_items(source: str | Path | None = None, *, domain: str | None = None
         limit: the first N underlying items of each source (domain, or NQ-Swap); every item
             of the source still lends its passage to the irrelevant items.
         contexts: the context types kept (:data:`juice.data.context_types.CONTEXT_TYPES`).
+        keep: an underlying item is kept only if every one of its prompts satisfies it (before
+            `limit` picks the first N; e.g. :func:`prompt_fits`); the number dropped is
+            `where["dropped"]`.
 
     Raises:
         ValueError: an unknown context type or domain; a file that is neither NQ-Swap nor
@@ -102,10 +106,12 @@ def context_items(source: str | Path | None = None, *, domain: str | None = None
         else:
             built = paraconflict_context_items(cut(load_paraconflict_json(path, domain)), seed)
             where["source"] = f"ParaConflict {path}"
+    refused = {(i.source, i.uid) for i in built.items if keep is not None and i.context_type in contexts
+               and not keep(i)}
     first: dict[str, list[str]] = {}
     for item in built.items:   # the first `limit` underlying items of each source
         uids = first.setdefault(item.source, [])
-        if item.uid not in uids and (not limit or len(uids) < limit):
+        if item.uid not in uids and (item.source, item.uid) not in refused and (not limit or len(uids) < limit):
             uids.append(item.uid)
     chosen = {(src, uid) for src, uids in first.items() for uid in uids}
     kept = ContextItems([i for i in built.items if i.context_type in contexts and (i.source, i.uid) in chosen],
@@ -113,7 +119,24 @@ def context_items(source: str | Path | None = None, *, domain: str | None = None
                          for t, v in built.skipped.items() if t in contexts})
     where["counts"] = kept.counts()
     where["skipped"] = {t: len(v) for t, v in kept.skipped.items()}
+    if keep is not None:
+        where["dropped"] = len(refused)
     return kept, where
+
+
+def prompt_fits(tokenizer, max_tokens: int) -> Callable[[ContextItem], bool]:
+    """A `keep` rule for :func:`context_items`: the item's prompt holds at most `max_tokens`
+    tokens (NQ-Swap passages that are whole tables run to 1,000+ tokens; Prompt's instruction
+    adds about 40 more, not counted).
+
+    Raises:
+        ValueError: `max_tokens` < 1.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_prompt_tokens must be at least 1, got {max_tokens}")
+    from juice.tokens import token_ids
+
+    return lambda item: len(token_ids(tokenizer, item.prompt)) <= max_tokens
 
 
 def context_methods(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], names: Sequence[str]
@@ -254,4 +277,4 @@ def evaluate_contexts(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], items
     return ContextsEvaluation(results, tables, titles, settings, dict(data or {}))
 
 
-__all__ = ["CONTEXT_METHODS", "ContextsEvaluation", "context_items", "context_methods", "evaluate_contexts"]
+__all__ = ["CONTEXT_METHODS", "ContextsEvaluation", "context_items", "context_methods", "prompt_fits", "evaluate_contexts"]

@@ -15,6 +15,10 @@ from juice.models import DEFAULT_MODEL
 app = typer.Typer(add_completion=False, help="Steer a language model toward its parametric memory or its context (JuICE).")
 console = make_console(width=200)
 
+CONTEXT_LIMIT = 40
+"""`juice evaluate --contexts`'s default items per source (about 15 minutes on 2 cores for NQ-Swap and
+every method on the embedded model); `--full` evaluates every item."""
+
 
 def _add_analyze() -> None:
     from juice.apps.analyze import analyze_app
@@ -302,12 +306,16 @@ def evaluate(
     methods: Optional[str] = typer.Option(None, help=(
         "comma-separated: original, prompt, juice, june, cad, adacad (rows need question), ph3 (after `juice tune "
         "--methods ph3`), auto (with --contexts, after `juice tune --methods auto`); default original,prompt,juice,"
-        "june (with --contexts: original,prompt,cad,adacad,june,juice, and auto where a heads file holds it)")),
+        "june (with --contexts: original,prompt,cad,adacad,june,juice, and ph3 and auto where a heads file holds "
+        "them)")),
     direction: Optional[str] = typer.Option(None, help="parametric | contextual (default: the heads file's)"),
     beta_plus: Optional[float] = typer.Option(None, help="override the heads file's tuned beta+"),
     beta_minus: Optional[float] = typer.Option(None, help="override the heads file's tuned beta-"),
     limit: Optional[int] = typer.Option(None, min=1, help="evaluate the first N rows (with --contexts: items per "
-                                                           "source) only"),
+                                                           f"source, default {CONTEXT_LIMIT}) only"),
+    full: bool = typer.Option(False, "--full", help="with --contexts: every item and every prompt length"),
+    max_prompt_tokens: int = typer.Option(256, help="with --contexts: drop items whose prompts are longer "
+                                                    "(NQ-Swap's table passages), unless --full"),
     contexts: Optional[str] = typer.Option(None, help=(
         "when to steer: evaluate on the same questions with these contexts, comma-separated from gold, conflicting, "
         "irrelevant, none (README \"When to steer\")")),
@@ -325,10 +333,13 @@ def evaluate(
     Example: juice evaluate --heads heads.json --data test.jsonl --methods original,prompt,juice,june,cad
 
     Example: juice evaluate --contexts gold,conflicting,irrelevant,none --data nqswap/ --heads heads_contextual.json
+
+    With --contexts the default is the first 40 items per source whose prompts hold at most
+    --max-prompt-tokens tokens (about 15 minutes on 2 cores); --full runs them all.
     """
     if contexts is not None:
-        _evaluate_contexts(data, heads, methods, contexts, domain, limit,
-                           out, model, device)
+        _evaluate_contexts(data, heads, methods, contexts, domain, None if full else (limit or CONTEXT_LIMIT),
+                           out, model, device, None if full else max_prompt_tokens)
         return
     from juice.apps.terminal import interval_rich
     from juice.eval.report import DEGENERATION_NOTE, difference_markdown, interval_markdown
@@ -372,7 +383,8 @@ def evaluate(
 
 
 def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optional[str], contexts: str, domain: Optional[str],
-                       limit: Optional[int], out: Path, model: str, device: str) -> None:
+                       limit: Optional[int], out: Path, model: str, device: str,
+                       max_prompt_tokens: Optional[int] = None) -> None:
     """`juice evaluate --contexts` (:mod:`juice.when_to_steer`)."""
     from juice.apps.terminal import interval_rich
     from juice.io import write_json_atomic
@@ -382,15 +394,23 @@ def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optiona
     from juice.when_to_steer import TITLES, context_items, evaluate_contexts
 
     try:   # bad input fails before the model loads
-        items, where = context_items(data, domain=domain, limit=limit,
-                                     contexts=[c.strip().lower() for c in contexts.split(",") if c.strip()])
+        kinds = [c.strip().lower() for c in contexts.split(",") if c.strip()]
+        items, where = context_items(data, domain=domain, limit=limit, contexts=kinds)
     except (ValueError, FileNotFoundError) as err:
         raise typer.BadParameter(str(err), param_hint="--contexts" if "--contexts" in str(err) else "--data") from None
     files = [load_heads(path) for path in heads]
-    if methods is None:   # every method, and auto where a heads file holds a tuned policy
-        methods = "original,prompt,cad,adacad,june,juice" + (",auto" if any("auto" in f.tuned for f in files) else "")
+    if methods is None:   # every method; PH3 and auto where a heads file holds them tuned
+        methods = ("original,prompt,cad,adacad" + (",ph3" if any("pruned" in f.tuned.get("ph3", {}) for f in files)
+                                                  else "")
+                   + ",june,juice" + (",auto" if any("auto" in f.tuned for f in files) else ""))
     names = [m.strip().lower() for m in methods.split(",") if m.strip()]
     lm = load_model(model, device=device)
+    if max_prompt_tokens is not None:   # the first `limit` items whose prompts fit
+        from juice.when_to_steer import prompt_fits
+
+        items, where = context_items(data, domain=domain, limit=limit, contexts=kinds,
+                                     keep=prompt_fits(lm.tokenizer, max_prompt_tokens))
+        where["max_prompt_tokens"] = max_prompt_tokens
     artifacts = [load_heads(path, lm) for path in heads]
     try:
         with _progress() as task:
@@ -403,7 +423,9 @@ def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optiona
         console.print(interval_rich(table, report.methods, cols, [g for _, g in cols],
                                     title=f"{TITLES[name]}, % (95% interval half-width)",
                                     bold=name != "follows_context"))
-    console.print(f"items {where['counts']}, skipped {where['skipped']}")
+    console.print(f"items {where['counts']}, skipped {where['skipped']}"
+                  + (f", {where['dropped']} dropped (prompts over {where['max_prompt_tokens']} tokens; --full keeps them)"
+                     if where.get("dropped") else ""))
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "contexts.json", report.to_json())
     (out / "contexts.md").write_text(report.markdown(), encoding="utf-8")
