@@ -244,3 +244,19 @@ def test_juice_tune_methods_auto_from_the_command_line(tmp_path, capsys):
     assert cli.main(["evaluate", "--contexts", "gold,conflicting,irrelevant,none", "--data", str(data), "--heads",
                      str(heads), "--limit", "2", "--model", str(folder), "--device", "cpu", "--out", str(out)]) == 0
     assert "auto-ctx" in json.loads((out / "contexts.json").read_text())["methods"]
+
+
+def test_auto_choosing_adacad_evaluates_as_adacad(tiny_llama, tmp_path):
+    """A policy whose every bin is AdaCAD gives AdaCAD's outputs in the context-type evaluation
+    (the choice's contrast candidate, keyed apart from the steerings)."""
+    from juice.when_to_steer import context_items, evaluate_contexts
+    from test_context_types import ROWS
+
+    policy = AutoPolicy((0.0,), ("june", "adacad"), {"june": (1.0, 0.0)})   # JSD >= 0: always AdaCAD
+    artifact = _tiny_heads(tiny_llama, {"juice": {"beta_plus": 2.0, "beta_minus": -1.0}, "auto": policy.to_json()})
+    items, where = context_items(_nqswap_file(tmp_path / "t.jsonl", ROWS[:3]))
+    report = evaluate_contexts(tiny_llama, [artifact], items, ["adacad", "auto"], data=where, resamples=1000)
+    outputs = {}
+    for r in report.results:
+        outputs.setdefault((r.item, r.conflict_type), {})[r.method] = r.output
+    assert all(o["auto-ctx"] == o["AdaCAD"] for o in outputs.values())

@@ -158,7 +158,9 @@ def _request_key(r: DecodeRequest) -> tuple:
     """What a request's decoding depends on: its prompt, question, probe and method, where a
     steering whose coefficients are all 0 is the unmodified model (H + 0 * H = H, and adding 0
     times the clean output adds nothing: the same numbers, not an approximation)."""
-    def key(s: Steering) -> tuple:
+    def key(s: "Steering | Contrast") -> tuple:
+        if isinstance(s, Contrast):   # a choice's contrast candidate (its question is the request's)
+            return ("contrast", s.rule)
         return ("original",) if s.method == "original" or not bool(s.coefficients.ne(0).any()) else (
             s.method, s.site, tuple(s.coefficients.shape), s.coefficients.detach().cpu().numpy().tobytes())
 
@@ -209,9 +211,10 @@ def decode_requests(
             on_progress(len(requests) - len(unique))   # the duplicates, done with their originals
         return [decoded[position[c]] for c in copy_of]
     out: list[tuple[str, Tensor]] = [None] * len(requests)  # type: ignore[list-item]
+
     def site_of(m: Method) -> str | None:
         sites = {s.site for s in (m.choice.candidates if m.choice is not None else (m.steering,))
-                 if s.method != "original"}
+                 if isinstance(s, Steering) and s.method != "original"}
         return next(iter(sites)) if sites else None
 
     steered = {site_of(r.method) for r in requests} - {None}
