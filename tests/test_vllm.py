@@ -239,7 +239,7 @@ def tiny_llama_dir(tmp_path: Path, model_type: str = "llama"):
     from juice.models import wrap_model
 
     extra = {"head_dim": 32, "sliding_window": 6, "attn_logit_softcapping": 5.0, "final_logit_softcapping": 30.0,
-             "query_pre_attn_scalar": 32} if model_type == "gemma2" else {}
+             "query_pre_attn_scalar": 32} if model_type == "gemma2" else {"head_dim": 32} if model_type == "qwen3" else {}
     config = AutoConfig.for_model(model_type, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                                   num_attention_heads=4, num_key_value_heads=2,
                                   **{**COMMON, "initializer_range": 0.3}, **extra)
@@ -271,13 +271,23 @@ def test_vllm_tokens_equal_juice_generate_on_a_tiny_llama_mixed_and_alone(tmp_pa
 
 
 @needs_vllm
-@pytest.mark.parametrize("model_type", ["qwen2", "gemma2"])
+@pytest.mark.parametrize("model_type", ["qwen2", "gemma2", "qwen3", "mistral", "phi3"])
 def test_vllm_tokens_equal_juice_generate_on_the_other_registered_architectures(tmp_path, model_type):
     lm, folder = tiny_llama_dir(tmp_path, model_type)
     case = equality_case(lm, folder, tmp_path, ["the capital of france is paris", "who wrote the book ? answer :"],
                          {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}, STEERINGS, max_tokens=10)
     assert case["mixed"] == case["expected"]
     assert case["alone"] == case["expected"]
+
+
+@needs_vllm
+def test_an_architecture_without_a_steered_class_stops_vllm_at_start_in_one_line(tmp_path):
+    """OLMo 2 (vLLM 0.32 serves it through its Transformers backend): refused, not served unsteered."""
+    lm, folder = tiny_llama_dir(tmp_path, "olmo2")
+    files = [write_heads(tmp_path / "p.json", lm.fingerprint(), "parametric", PARAMETRIC)]
+    log = run_vllm(folder, [{"prompt_token_ids": [1, 5, 6], "juice": None, "max_tokens": 2}], files, tmp_path,
+                   fails=True)
+    assert "juice's vLLM plugin steers" in log and "Olmo2ForCausalLM" in log
 
 
 @needs_vllm

@@ -13,8 +13,12 @@ README, "Serving at scale with vLLM".
 from __future__ import annotations
 
 ARCHITECTURES = {"Gemma3ForCausalLM": "JuiceGemma3ForCausalLM", "Gemma2ForCausalLM": "JuiceGemma2ForCausalLM",
-                 "LlamaForCausalLM": "JuiceLlamaForCausalLM", "Qwen2ForCausalLM": "JuiceQwen2ForCausalLM"}
-"""vLLM architecture name -> its steered class in :mod:`juice.vllm.models`."""
+                 "LlamaForCausalLM": "JuiceLlamaForCausalLM", "Qwen2ForCausalLM": "JuiceQwen2ForCausalLM",
+                 "Qwen3ForCausalLM": "JuiceQwen3ForCausalLM", "MistralForCausalLM": "JuiceMistralForCausalLM",
+                 "Phi3ForCausalLM": "JuicePhi3ForCausalLM"}
+"""vLLM architecture name -> its steered class in :mod:`juice.vllm.models`. OLMo 2 is not among them:
+vLLM 0.32 serves it through its Transformers backend, whose layers the plugin does not drive
+(the plugin refuses to start on it, :class:`juice.vllm.processor.JuiceSteeringProcessor`)."""
 
 
 def register() -> None:

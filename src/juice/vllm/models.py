@@ -1,6 +1,6 @@
 """vLLM model classes that steer attention heads per request: JuNE, JuICE's dual run, pruning.
 
-Each class is vLLM's own (Gemma 3, Gemma 2, Llama, Qwen 2) with :class:`SteerableMixin` in
+Each class is vLLM's own (Gemma 3, Gemma 2, Llama, Qwen 2, Qwen 3, Mistral, Phi-3) with :class:`SteerableMixin` in
 front; the plugin (:func:`juice.vllm.register`) puts them in vLLM's model registry under the
 architectures' names. What the mixin adds:
 
@@ -293,6 +293,10 @@ JuiceGemma3ForCausalLM = _steerable(_load("gemma3", "Gemma3ForCausalLM"))
 JuiceGemma2ForCausalLM = _steerable(_load("gemma2", "Gemma2ForCausalLM"))
 JuiceLlamaForCausalLM = _steerable(_load("llama", "LlamaForCausalLM"))
 JuiceQwen2ForCausalLM = _steerable(_load("qwen2", "Qwen2ForCausalLM"))
+JuiceQwen3ForCausalLM = _steerable(_load("qwen3", "Qwen3ForCausalLM"))
+JuiceMistralForCausalLM = _steerable(_load("mistral", "MistralForCausalLM"))
+JuicePhi3ForCausalLM = _steerable(_load("phi3", "Phi3ForCausalLM"))
 
 __all__ = ["ARCHITECTURES", "JuiceGemma2ForCausalLM", "JuiceGemma3ForCausalLM", "JuiceLlamaForCausalLM",
-           "JuiceQwen2ForCausalLM", "PluginConfigError", "SteerableMixin"]
+           "JuiceMistralForCausalLM", "JuicePhi3ForCausalLM", "JuiceQwen2ForCausalLM", "JuiceQwen3ForCausalLM",
+           "PluginConfigError", "SteerableMixin"]

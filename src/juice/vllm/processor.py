@@ -16,6 +16,8 @@ import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from juice.architectures import config_geometry
+from juice.vllm import ARCHITECTURES
+from juice.vllm.constraints import PluginConfigError
 from juice.vllm.options import RequestSteering, SteeringRequestError, parse_request, request_fields, server_heads
 
 log = logging.getLogger(__name__)
@@ -52,8 +54,15 @@ class JuiceSteeringProcessor(LogitsProcessor):
             raise ValueError(str(err)) from None
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
-        self.geometry = config_geometry(vllm_config.model_config.hf_config)
+        """Raises: PluginConfigError: the plugin is on and the served architecture has no steered
+        class (:data:`juice.vllm.ARCHITECTURES`): its requests would be served unsteered."""
         self.server = server_heads()
+        served = list(getattr(vllm_config.model_config.hf_config, "architectures", None) or [])
+        if self.server.enabled and not any(a in ARCHITECTURES for a in served):
+            raise PluginConfigError(f"juice's vLLM plugin steers {', '.join(sorted(ARCHITECTURES))}; this model is "
+                                    f"{', '.join(served) or 'of an unknown architecture'} (juice serve steers it "
+                                    "with juice's own engine)")
+        self.geometry = config_geometry(vllm_config.model_config.hf_config)
         BATCH.rows.clear()
         BATCH.version += 1
 
