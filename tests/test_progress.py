@@ -18,13 +18,20 @@ def test_plain_progress_prints_a_line_per_stage_and_per_interval():
             advance(1)
         now[0] += 5
         advance(1)
+        filtering = task("filter: known items", 90)
+        now[0] += 7
+        filtering(4)   # enough known items: the stage ends before its total
         task("tuning", 0)
+        now[0] += 1
     assert lines == ["[     0 s] stage1: scoring heads: 0/10",
                      "[    60 s] stage1: scoring heads: 3/10 (30%)",
                      "[   120 s] stage1: scoring heads: 6/10 (60%)",
                      "[   180 s] stage1: scoring heads: 9/10 (90%)",
                      "[   185 s] stage1: scoring heads: 10/10 done in 185 s",
-                     "[   185 s] tuning: 0/0"]
+                     "[   185 s] filter: known items: 0/90",
+                     "[   192 s] filter: known items: ended at 4/90 after 7 s",
+                     "[   192 s] tuning: 0/0",
+                     "[   193 s] tuning: ended at 0/0 after 1 s"]
 
 
 def test_off_a_terminal_tables_print_in_full_as_markdown_and_bars_as_lines():

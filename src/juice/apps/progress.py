@@ -55,15 +55,27 @@ def make_console(**kwargs):
 def plain_progress(write: Callable[[str], None] = print, interval_s: float | None = None,
                    clock: Callable[[], float] = time.monotonic) -> Iterator[Callable[[str, int], Callable[[int], None]]]:
     """Plain-line progress: `[elapsed] description: done/total` when a stage starts, every
-    `interval_s` seconds while it runs (default :data:`PLAIN_INTERVAL_S`), and when it ends."""
+    `interval_s` seconds while it runs (default :data:`PLAIN_INTERVAL_S`), and when it ends
+    (reaching its total; or, when the next stage starts or the run ends first, where it stopped)."""
     interval = PLAIN_INTERVAL_S if interval_s is None else interval_s
     start = clock()
+    open_stages: list[tuple[str, int, dict]] = []
 
     def stamp() -> str:
         return f"[{clock() - start:6.0f} s]"
 
+    def close_open() -> None:   # a stage that ended before its total (e.g. a filter with enough items)
+        for description, total, state in open_stages:
+            if state["last"] != float("inf"):
+                write(f"{stamp()} {description}: ended at {state['done']}/{total} after "
+                      f"{clock() - state['began']:.0f} s")
+                state["last"] = float("inf")
+        open_stages.clear()
+
     def task(description: str, total: int) -> Callable[[int], None]:
+        close_open()
         state = {"done": 0, "began": clock(), "last": clock()}
+        open_stages.append((description, total, state))
         write(f"{stamp()} {description}: 0/{total}")
 
         def advance(n: int) -> None:
@@ -79,7 +91,10 @@ def plain_progress(write: Callable[[str], None] = print, interval_s: float | Non
 
         return advance
 
-    yield task
+    try:
+        yield task
+    finally:
+        close_open()
 
 
 @contextmanager
