@@ -129,3 +129,29 @@ def test_verdicts_follow_the_two_objectives():
         ContextItem(context_type="none", prompt="Q:", context_answers=("x",), **common)
     with pytest.raises(ValueError, match="objective must be one of"):
         gold.target("sometimes")
+
+
+def test_your_own_rows_get_the_context_types():
+    from juice.data.context_types import user_context_items
+
+    rows = [{"question": "who wrote book 0", "context": "Book 0 was written by Tolstoy.", "answer": "Tolstoy"},
+            {"question": "who wrote book 1", "context": "Book 1 was written by Orwell.", "answer": ["Austen"],
+             "context_answer": "Orwell"},
+            {"question": "who wrote book 2", "context": "Book 2 was written by Homer.", "answer": "Homer",
+             "context_answer": "homer"}]
+    built = user_context_items(rows, seed=0, source="mine")
+    kinds = {(i.uid, i.context_type) for i in built.items}
+    assert ("0", "gold") in kinds and ("1", "conflicting") in kinds and ("2", "gold") in kinds
+    assert built.skipped["gold"] == ["1"] and built.skipped["conflicting"] == ["0", "2"]
+    conflict = next(i for i in built.items if i.uid == "1" and i.context_type == "conflicting")
+    assert conflict.memory_answers == ("Austen",) and conflict.context_answers == ("Orwell",)
+    from juice.data.nqswap import context_prompt
+
+    assert conflict.prompt == context_prompt("Book 1 was written by Orwell.", "who wrote book 1")
+    for item in built.of_type("irrelevant"):   # another row's passage, with another answer
+        assert item.partner != item.uid and "Book " + item.partner in item.prompt
+    assert all(i.prompt == i.question for i in built.of_type("none"))
+    with pytest.raises(ValueError, match="row 2: context must be non-empty text"):
+        user_context_items([rows[0], {"question": "q", "answer": "a"}])
+    with pytest.raises(ValueError, match="row 1: answer must be non-empty"):
+        user_context_items([{"question": "q", "context": "c", "answer": ""}])

@@ -108,3 +108,20 @@ def test_keep_drops_long_items_before_the_limit(tmp_path, tiny_llama):
     assert where["dropped"] == len(ROWS)
     with pytest.raises(ValueError, match="at least 1"):
         prompt_fits(tiny_llama.tokenizer, 0)
+
+
+def test_your_own_jsonl_and_csv_rows_are_a_source(tmp_path):
+    rows = [{"question": f"who wrote book {i}", "context": f"Book {i} was written by {a}.", "answer": a}
+            for i, a in enumerate(["Tolstoy", "Austen", "Homer"])]
+    jsonl = tmp_path / "mine.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    items, where = context_items(jsonl)
+    assert where["source"] == f"rows {jsonl}" and items.counts() == {"gold": 3, "conflicting": 0, "irrelevant": 3,
+                                                                     "none": 3}
+    csv_file = tmp_path / "mine.csv"
+    csv_file.write_text("question,context,answer,context_answer\nwho wrote book 0,Book 0 was written by Orwell.,"
+                        "Tolstoy|Leo Tolstoy,Orwell\n", encoding="utf-8")
+    items, _ = context_items(csv_file)
+    conflict = items.of_type("conflicting")[0]
+    assert conflict.memory_answers == ("Tolstoy", "Leo Tolstoy") and conflict.context_answers == ("Orwell",)
+    assert context_items(_nqswap(tmp_path))[1]["source"].startswith("NQ-Swap")   # NQ-Swap rows stay NQ-Swap

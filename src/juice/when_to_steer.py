@@ -10,9 +10,11 @@ JSON, Markdown and a figure.
     report = evaluate_contexts(lm, [juice.load_heads("heads_contextual.json", lm)], items,
                                ["original", "prompt", "cad", "juice", "june"])
 
-Sources (:func:`context_items`): an NQ-Swap JSONL file or a folder holding `nqswap.jsonl`; a
-ParaConflict JSON file (the authors' item lists); a folder of the authors' domains (each
-domain's `unfiltered_test.json`); or, with no source, juice's built-in domains. `limit` keeps the
+Sources (:func:`context_items`): an NQ-Swap JSONL file or a folder holding `nqswap.jsonl`; your
+own JSONL or CSV rows with `question`, `context`, `answer` and optionally `context_answer`
+(:func:`juice.data.context_types.user_context_items`); a ParaConflict JSON file (the authors'
+item lists); a folder of the authors' domains (each domain's `unfiltered_test.json`); or, with
+no source, juice's built-in domains. `limit` keeps the
 first N underlying items of each source (each with its four context types).
 
 Methods: `original`, `prompt` (both instructions: "Prompt-mem" ignores the context,
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from juice.data.context_types import (CONTEXT_TYPES, ContextItem, ContextItems, nqswap_context_items,
-                                      paraconflict_context_items)
+                                      paraconflict_context_items, user_context_items)
 from juice.eval.contexts import context_type_means, context_type_tables, evaluate_context_types
 from juice.eval.runner import ItemResult, Method, results_to_json
 from juice.eval.tables import AVERAGE, IntervalTable
@@ -51,6 +53,44 @@ SHORT = {"parametric": "mem", "contextual": "ctx"}
 
 TITLES = {"use_relevant": "use relevant context", "trust_memory": "trust memory",
           "follows_context": "answers that follow the passage"}
+
+
+def _read_rows(path: Path) -> list[dict]:
+    """The rows of a JSONL or CSV file (one line each; CSV answers may list forms as `a|b`).
+
+    Raises:
+        ValueError: a line that is not JSON (the message names it).
+    """
+    import csv
+
+    if path.suffix == ".csv":
+        with path.open(encoding="utf-8", newline="") as f:
+            rows = list(csv.DictReader(f))
+        for row in rows:
+            for key in ("answer", "context_answer"):
+                if isinstance(row.get(key), str) and "|" in row[key]:
+                    row[key] = [a for a in row[key].split("|") if a.strip()]
+        return rows
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{n}: not JSON ({err.msg})") from None
+    return rows
+
+
+def _is_nqswap(path: Path) -> bool:
+    """Whether a JSONL file's first row has NQ-Swap's fields (else: your own rows)."""
+    if path.suffix != ".jsonl":
+        return False
+    first = next((line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()), "")
+    try:
+        row = json.loads(first)
+    except json.JSONDecodeError:
+        return True   # NQ-Swap's reader names the bad line
+    return not isinstance(row, dict) or "org_context" in row or "context" not in row
 
 
 def context_items(source: str | Path | None = None, *, domain: str | None = None, limit: int | None = None,
@@ -91,7 +131,9 @@ def context_items(source: str | Path | None = None, *, domain: str | None = None
         path = Path(source)
         if not path.exists():
             raise FileNotFoundError(f"no such file or folder: {path}")
-        if (path.is_dir() and (path / "nqswap.jsonl").is_file()) or path.suffix == ".jsonl":
+        if path.suffix in (".jsonl", ".csv") and not _is_nqswap(path):   # your own rows: context, question, answer
+            built, where["source"] = user_context_items(_read_rows(path), seed, path.stem), f"rows {path}"
+        elif (path.is_dir() and (path / "nqswap.jsonl").is_file()) or path.suffix == ".jsonl":
             built, where["source"] = nqswap_context_items(cut(read_records(path)), seed), f"NQ-Swap {path}"
         elif path.is_dir():
             found = find_paper_domains(path)

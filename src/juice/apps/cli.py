@@ -299,8 +299,9 @@ def tune(
 @app.command()
 def evaluate(
     data: Optional[Path] = typer.Option(None, exists=True, help=(
-        "test rows (the formats of `juice tune --data`); with --contexts: an NQ-Swap file or folder, a ParaConflict "
-        "JSON file or the authors' folder of domains (absent: the built-in domains)")),
+        "test rows (the formats of `juice tune --data`); with --contexts: an NQ-Swap file or folder, your own "
+        "JSONL/CSV rows (question, context, answer, optional context_answer), a ParaConflict JSON file or the "
+        "authors' folder of domains (absent: the built-in domains)")),
     heads: list[Path] = typer.Option([], exists=True, dir_okay=False, help=(
         "a heads file (needed for juice, june, ph3); with --contexts one per direction (repeat)")),
     methods: Optional[str] = typer.Option(None, help=(

@@ -187,6 +187,56 @@ def nqswap_context_items(records: Sequence[Mapping], seed: int = 0) -> ContextIt
     return out
 
 
+def _answers(value, where: str, field: str) -> tuple[str, ...]:
+    out = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else []
+    if not out or not all(isinstance(a, str) and a.strip() for a in out):
+        raise ValueError(f"{where}: {field} must be non-empty text (or a list of it)")
+    return tuple(out)
+
+
+def user_context_items(rows: Sequence[Mapping], seed: int = 0, source: str = "rows") -> ContextItems:
+    """The context types of your own rows: each has `question`, `context` (its passage),
+    `answer` (the true answer, or a list of accepted forms) and optionally `context_answer`
+    (what the passage says, where it contradicts `answer`). The row's passage is *gold* when it
+    has no `context_answer` (or one equal to `answer`), else *conflicting*; *irrelevant* is
+    another row's passage (drawn, seeded, among rows with another answer) with this question;
+    *none* the question alone. Prompts are NQ-Swap's format (`Context: ...\nQuestion: ...\nAnswer:`),
+    scored by NQ-Swap's normalized substring match; row i's uid is "i".
+
+    Raises:
+        ValueError: a row without a question, context or answer (the message names the row).
+    """
+    parsed = []
+    for i, r in enumerate(rows):
+        where = f"row {i + 1}"
+        if not isinstance(r, Mapping):
+            raise ValueError(f"{where}: not an object")
+        for key in ("question", "context"):
+            if not isinstance(r.get(key), str) or not r[key].strip():
+                raise ValueError(f"{where}: {key} must be non-empty text")
+        true = _answers(r.get("answer"), where, "answer")
+        said = true if r.get("context_answer") in (None, "", []) else _answers(r["context_answer"], where,
+                                                                              "context_answer")
+        kind = "gold" if _normalized(said) & _normalized(true) else "conflicting"
+        parsed.append((str(i), r["question"], r["context"], true, said, kind))
+    partners = _partners([p[4] for p in parsed], [True] * len(parsed), seed)
+    out = ContextItems()
+    for (uid, question, context, true, said, kind), j in zip(parsed, partners):
+        common = dict(source=source, uid=uid, question=question_prompt(question), memory_answers=true,
+                      metric="nqswap")
+        out.items.append(ContextItem(context_type=kind, prompt=context_prompt(context, question),
+                                     context_answers=said, **common))
+        out.skipped["conflicting" if kind == "gold" else "gold"].append(uid)
+        if j is None:
+            out.skipped["irrelevant"].append(uid)
+        else:
+            other = parsed[j]
+            out.items.append(ContextItem(context_type="irrelevant", prompt=context_prompt(other[2], question),
+                                         context_answers=other[4], partner=other[0], **common))
+        out.items.append(ContextItem(context_type="none", prompt=question_prompt(question), **common))
+    return out
+
+
 def coherent_passage(example: ConflictExample) -> str | None:
     """The coherent prompt's passage without its question: the text before its last
     "Question:", else before the clean prompt where the coherent prompt ends with it; None if
@@ -250,4 +300,4 @@ def paraconflict_context_items(examples: Sequence[ConflictExample], seed: int = 
 
 
 __all__ = ["CONTEXT_TYPES", "OBJECTIVES", "ContextItem", "ContextItems", "coherent_passage", "gold_prompt",
-           "nqswap_context_items", "paraconflict_context_items"]
+           "nqswap_context_items", "paraconflict_context_items", "user_context_items"]
