@@ -177,14 +177,21 @@ def nqswap_context_items(records: Sequence[Mapping], seed: int = 0) -> ContextIt
                                      context_answers=org, **common))
         out.items.append(ContextItem(context_type="conflicting", prompt=context_prompt(sub_context, question),
                                      context_answers=sub, **common))
-        if j is None:
-            out.skipped["irrelevant"].append(uid)
-        else:
-            other = rows[j]
-            out.items.append(ContextItem(context_type="irrelevant", prompt=context_prompt(other[2], question),
-                                         context_answers=other[4], partner=other[0], **common))
-        out.items.append(ContextItem(context_type="none", prompt=question_prompt(question), **common))
+        _irrelevant_and_none(out, question, None if j is None else (rows[j][0], rows[j][2], rows[j][4]), common)
     return out
+
+
+def _irrelevant_and_none(out: "ContextItems", question: str, partner: tuple[str, str, tuple[str, ...]] | None,
+                         common: dict) -> None:
+    """Append a question-and-passage item's irrelevant item (the partner's (uid, passage,
+    answers) before this question; skipped and counted without a partner) and its none item,
+    in NQ-Swap's prompt format."""
+    if partner is None:
+        out.skipped["irrelevant"].append(common["uid"])
+    else:
+        out.items.append(ContextItem(context_type="irrelevant", prompt=context_prompt(partner[1], question),
+                                     context_answers=partner[2], partner=partner[0], **common))
+    out.items.append(ContextItem(context_type="none", prompt=question_prompt(question), **common))
 
 
 def _answers(value, where: str, field: str) -> tuple[str, ...]:
@@ -227,13 +234,8 @@ def user_context_items(rows: Sequence[Mapping], seed: int = 0, source: str = "ro
         out.items.append(ContextItem(context_type=kind, prompt=context_prompt(context, question),
                                      context_answers=said, **common))
         out.skipped["conflicting" if kind == "gold" else "gold"].append(uid)
-        if j is None:
-            out.skipped["irrelevant"].append(uid)
-        else:
-            other = parsed[j]
-            out.items.append(ContextItem(context_type="irrelevant", prompt=context_prompt(other[2], question),
-                                         context_answers=other[4], partner=other[0], **common))
-        out.items.append(ContextItem(context_type="none", prompt=question_prompt(question), **common))
+        _irrelevant_and_none(out, question, None if j is None else (parsed[j][0], parsed[j][2], parsed[j][4]),
+                             common)
     return out
 
 
