@@ -17,8 +17,19 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+from hypothesis import strategies as st
+
 from juice.interventions import Head, HeadSelection
 from juice.stage1.heads_file import HeadsArtifact, save_heads
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) |
+                           st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                       max_size=4), max_leaves=8)
+"""Any JSON value (NaN and infinities included): the request-body fuzz of both servers."""
+FUZZ_FIELDS = ["model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stop",
+               "seed", "repetition_penalty", "logprobs", "echo", "juice", "presence_penalty", "best_of", "user"]
+"""The body fields the fuzz fills with :data:`JSON_VALUES`."""
 
 PARAMETRIC = HeadSelection((Head(1, 0), Head(2, 3)), (Head(1, 2),))
 CONTEXTUAL = HeadSelection((Head(2, 1),), (Head(1, 3), Head(2, 3)))

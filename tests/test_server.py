@@ -391,12 +391,8 @@ def test_a_stream_with_n_choices_equals_the_plain_answer(served):
     assert pieces == [c.text for c in plain.choices] and reasons == [c.finish_reason for c in plain.choices]
 
 
-JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) |
-                           st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12),
-                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                                       max_size=4), max_leaves=8)
-FIELDS = ["model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stop",
-          "seed", "repetition_penalty", "logprobs", "echo", "juice", "presence_penalty", "best_of", "user"]
+from request_protocol import FUZZ_FIELDS as FIELDS  # noqa: E402
+from request_protocol import JSON_VALUES  # noqa: E402
 
 
 @pytest.fixture(scope="module")

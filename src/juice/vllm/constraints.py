@@ -5,8 +5,6 @@ attention metadata, `query_start_loc[i]:query_start_loc[i+1]` for the batch's i-
 per-batch Python state. A configuration where that reading would be wrong is refused with a
 one-line :class:`PluginConfigError` naming the flag, before any request is served:
 
-- eager mode (`--enforce-eager`): CUDA graphs and torch.compile would freeze the per-batch state;
-- prefix caching off (`--no-enable-prefix-caching`): a cached block's KV belongs to one steering;
 - no dual-batch overlap or micro-batching (`--enable-dbo`, `--ubatch-size`): each micro-batch's
   metadata numbers its requests from 0, so a second micro-batch would read the first one's
   requests' coefficients;
@@ -35,25 +33,48 @@ def check_engine_config(vllm_config: Any) -> None:
     """Refuse an engine configuration the steering would be wrong in (module docstring).
 
     Args:
-        vllm_config: vLLM's `VllmConfig` (reads `model_config.enforce_eager`,
-            `cache_config.enable_prefix_caching`, `parallel_config.enable_dbo` and
+        vllm_config: vLLM's `VllmConfig` (reads `parallel_config.enable_dbo` and
             `parallel_config.ubatch_size`).
 
     Raises:
         PluginConfigError: one line naming the flag to change.
     """
-    if not vllm_config.model_config.enforce_eager:
-        raise PluginConfigError("juice's vLLM plugin needs eager mode: start vLLM with --enforce-eager "
-                                "(LLM(..., enforce_eager=True))")
-    if vllm_config.cache_config.enable_prefix_caching:
-        raise PluginConfigError("juice's vLLM plugin needs prefix caching off (one steering's KV must not "
-                                "serve another): start vLLM with --no-enable-prefix-caching "
-                                "(LLM(..., enable_prefix_caching=False))")
     parallel = vllm_config.parallel_config
     if getattr(parallel, "enable_dbo", False) or getattr(parallel, "ubatch_size", 0) > 1:
         raise PluginConfigError("juice's vLLM plugin does not support dual-batch overlap or micro-batching "
                                 "(each micro-batch would read other requests' steering): start vLLM without "
                                 "--enable-dbo and --ubatch-size")
+
+
+def compiled_mode(vllm_config: Any) -> bool:
+    """Whether vLLM compiles the model's forward (torch.compile; on a GPU also CUDA graphs): not
+    `--enforce-eager` and a compilation mode other than none."""
+    if vllm_config.model_config.enforce_eager:
+        return False
+    mode = getattr(vllm_config.compilation_config, "mode", None)
+    return mode is None or int(mode) != 0   # CompilationMode.NONE == 0
+
+
+COMPILE_KEY = "juice_vllm"
+"""The key of juice's entry in vLLM's `additional_config` (part of vLLM's compile cache key)."""
+
+
+def note_compiled_structure(vllm_config: Any, geometry: Any, slots: list[tuple[int, int]],
+                            dual: tuple[int, int] | None) -> None:
+    """Put what the compiled graph depends on (the head slots JuICE adds to, the dual-run layers,
+    the geometry, the plugin's code version) in `vllm_config.additional_config`, which vLLM hashes
+    into its compile cache key: a graph compiled for other heads files, or by stock vLLM without
+    the plugin's hooks, is then never loaded for this model. Called in the model's constructor,
+    before vLLM compiles its first forward."""
+    from juice import __version__
+
+    extra = vllm_config.additional_config
+    if not isinstance(extra, dict):
+        raise PluginConfigError("juice's vLLM plugin in compiled mode needs additional_config to be a JSON object "
+                                "(it keys the compile cache by the steered heads); or start vLLM with --enforce-eager")
+    extra[COMPILE_KEY] = {"version": __version__, "slots": [list(s) for s in slots],
+                          "dual": list(dual) if dual else None, "layers": geometry.n_layers,
+                          "heads": geometry.n_heads}
 
 
 def metadata_fields(backend: Any) -> set[str] | None:

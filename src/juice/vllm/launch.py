@@ -6,7 +6,7 @@ the model to a folder vLLM reads (an embedded alias or a `.gguf` file: juice's c
 self-checked safetensors copy), checks the heads files before anything starts, and runs
 
     <vllm python> -m vllm.entrypoints.openai.api_server --model FOLDER --served-model-name NAME
-        --enforce-eager --no-enable-prefix-caching --middleware juice.vllm.middleware.JuiceFieldMiddleware
+        --middleware juice.vllm.middleware.JuiceFieldMiddleware
         --dtype float32 ...
 
 with `JUICE_VLLM_HEADS` (and `JUICE_VLLM_DUAL_RUN`) in its environment (:mod:`juice.vllm.options`).
@@ -97,8 +97,7 @@ def server_command(python: str, folder: str, name: str, *, host: str, port: int,
                    extra: Sequence[str] = ()) -> list[str]:
     """The command line of vLLM's OpenAI server with the plugin's requirements (module docstring)."""
     command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--served-model-name", name,
-               "--host", host, "--port", str(port), "--enforce-eager", "--no-enable-prefix-caching",
-               "--middleware", "juice.vllm.middleware.JuiceFieldMiddleware"]
+               "--host", host, "--port", str(port), "--middleware", "juice.vllm.middleware.JuiceFieldMiddleware"]
     if max_model_len:
         command += ["--max-model-len", str(max_model_len)]
     if not any(a.startswith("--dtype") for a in extra):

@@ -8,31 +8,48 @@ architectures' names. What the mixin adds:
   row, its input `[tokens, n_local_heads * head_dim]` becomes `H * (1 + scale) + add * H_clean`
   (:mod:`juice.vllm.options`), the coefficients of the request the row belongs to (the rows of
   request i are `query_start_loc[i]:query_start_loc[i+1]` of the forward's attention metadata,
-  batch index i as :mod:`juice.vllm.processor` tracks it). A layer no request steers is left
-  alone; a batch of Original requests runs vLLM's forward unchanged.
-- JuICE's dual run (paper Alg. 1) inside the same forward: a second attention module
-  (`self_attn.attn_clean`, built from the same arguments as `self_attn.attn`, so vLLM gives it its
-  own KV cache) on each layer from the first to the last layer the heads files steer. When a
-  batch holds a JuICE request, the layers below the first dual-run layer run once (there a
-  JuICE row is not steered, so its two runs are one computation and share the main KV cache),
-  then the forward forks: run 1 goes on through the clean attention modules (the unmodified
-  model; its residual stream and KV cache are the clean run's), saving the head outputs of the
-  layers JuICE steers and stopping after the last of them; run 2 is the steered model, which
-  adds beta times run 1's outputs. A batch without JuICE requests runs once, and the clean KV of
-  its requests is never read.
+  batch index i as :mod:`juice.vllm.processor` tracks it). The coefficients live in persistent
+  per-token tables (`juice_factor` = 1 + scale, `juice_add`, and run 1's outputs `juice_clean`,
+  buffers of the model at fixed addresses), filled in place before each forward; the hook's
+  arithmetic is the same for every batch (1 and 0 where a row is not steered), so vLLM's
+  torch.compile traces it once and every later step reads the tables' current values. In eager
+  mode (`--enforce-eager`) a layer no request steers is skipped, and a batch of Original requests
+  runs vLLM's forward unchanged.
+- JuICE's dual run (paper Alg. 1): a second attention module (`self_attn.attn_clean`, built from
+  the same arguments as `self_attn.attn`, so vLLM gives it its own KV cache) on each layer from
+  the first to the last layer the heads files steer. When a batch holds a JuICE request, run 1
+  (the unmodified model for JuICE rows) runs first, eagerly, outside the compiled region: the
+  layers below the first dual-run layer with vLLM's attention (a JuICE row is not steered there),
+  then the clean attention modules up to the last layer the batch adds to, saving the outputs of
+  the heads JuICE adds to (`juice_clean`). Run 2 is then vLLM's own (compiled) forward, whose
+  hooks add beta times them. Whether a batch has a run 1 is decided in Python before the
+  compiled forward, so the compiled graph is one, with no branch on the batch. (In eager mode,
+  run 2 starts at the first dual-run layer from run 1's hidden state: the layers below run once.)
+  A batch without JuICE requests has no run 1, and the clean KV of its requests is never read.
+
+Compiled mode (vLLM's default): the graph depends on the heads files (which heads have slots
+in `juice_clean`), so the model puts them in vLLM's `additional_config`, part of vLLM's compile
+cache key (:func:`juice.vllm.constraints.note_compiled_structure`). On a GPU the same tables are
+what CUDA graph capture needs (fixed addresses, no branch on the batch); run 1 then runs outside
+the captured graphs (eagerly). Measured on the CPU only (README, "Serving at scale with vLLM").
+
+Prefix caching (vLLM's default) is correct because every steered request carries its steering's
+`cache_salt` (:func:`juice.vllm.options.steering_salt`; juice's middleware adds it, offline
+callers use :func:`juice.vllm.options.offline_request`, and admission refuses a steered request
+without it): a cached block is reused only by requests whose steering computed the same KV, and
+a JuICE request's blocks hold the clean KV run 1 wrote for them. Original requests keep no salt
+and share their blocks with every unsteered request.
 
 Constraints, checked when the model is built (one-line errors, :mod:`juice.vllm.constraints`):
-eager mode (`enforce_eager`: the hooks read per-batch Python state, which CUDA graphs and
-torch.compile would freeze), prefix caching off (a cached block's KV belongs to one steering, and
-the clean KV of a block is written only when a JuICE request computes it), no dual-batch overlap
-or micro-batching (a micro-batch's `query_start_loc` counts its requests from 0), an attention
-backend whose metadata has `query_start_loc` (not FlashInfer's), no pipeline parallelism. Tensor
-parallelism works: each rank steers its own heads' slice of the row-parallel output projection.
-After the weights load, each heads file's model fingerprint (model type, geometry, vocabulary,
-a checksum of layer 0's output projection: :func:`juice.models.model_fingerprint`) is checked
-against the served model. The geometry the API server checks pruned heads against at admission
-(:attr:`juice.vllm.options.ServerHeads.geometry`) must be there and, where `JUICE_VLLM_GEOMETRY`
-gave it, equal the model's; else the model refuses to build, naming the value to set.
+no dual-batch overlap or micro-batching (a micro-batch's `query_start_loc` counts its requests
+from 0), an attention backend whose metadata has `query_start_loc` (not FlashInfer's), no
+pipeline parallelism. Tensor parallelism works: each rank steers its own heads' slice of the
+row-parallel output projection. After the weights load, each heads file's model fingerprint
+(model type, geometry, vocabulary, a checksum of layer 0's output projection:
+:func:`juice.models.model_fingerprint`) is checked against the served model. The geometry the
+API server checks pruned heads against at admission (:attr:`juice.vllm.options.ServerHeads.geometry`)
+must be there and, where `JUICE_VLLM_GEOMETRY` gave it, equal the model's; else the model refuses
+to build, naming the value to set.
 """
 
 from __future__ import annotations
@@ -51,8 +68,8 @@ from juice.architectures import config_geometry
 from juice.models import fingerprint_mismatch, weights_digest
 from juice.vllm import ARCHITECTURES
 from juice.vllm.constraints import (ROW_FIELD, PluginConfigError, check_attention_backend, check_engine_config,
-                                    missing_rows_message)
-from juice.vllm.options import ENV_GEOMETRY, ServerHeads, server_heads
+                                    compiled_mode, missing_rows_message, note_compiled_structure)
+from juice.vllm.options import ENV_GEOMETRY, ServerHeads, head_slots, server_heads
 from juice.vllm.processor import BATCH
 
 
@@ -62,15 +79,13 @@ class _CleanRunDone(Exception):
 
 
 class _Pass:
-    """The tables of one forward: `scale`, `add` `[tokens, n_layers, n_local_heads, 1]`, the layers
-    each one touches on any head (the same on every tensor-parallel rank), and run 1's saved head
-    outputs."""
+    """What one forward steers: the layers any request scales or adds to (decided on every head,
+    so that every tensor-parallel rank runs the same passes and collectives), and whether the hooks
+    are in run 1 (the clean pass, which saves head outputs) or run 2."""
 
-    def __init__(self, scale: Tensor, add: Tensor, scaled: set[int], added: set[int]) -> None:
-        self.scale, self.add = scale, add
+    def __init__(self, scaled: set[int], added: set[int]) -> None:
         self.scaled, self.added = scaled, added
         self.clean = False
-        self.saved: dict[int, Tensor] = {}
         self.last_added = max(self.added) if self.added else -1
 
 
@@ -129,9 +144,12 @@ class SteerableMixin:
         self.juice_head_slice = slice(first, first + self.juice_local_heads)
         self.juice_layers = list(self.model.layers)
         self.juice_pass: _Pass | None = None
+        self.juice_compiled = compiled_mode(vllm_config)
+        self.juice_dual = self.juice_server.dual_run_layers()
+        self.juice_slots = head_slots(self.juice_server, self.juice_head_slice) if self.juice_dual else []
+        self._juice_tables(vllm_config)
         for index, layer in enumerate(self.juice_layers):
             layer.self_attn.o_proj.register_forward_pre_hook(self._juice_hook(index))
-        self.juice_dual = self.juice_server.dual_run_layers()
         if self.juice_dual is not None:
             lo, hi = self.juice_dual
             for index in range(lo, hi + 1):
@@ -139,39 +157,86 @@ class SteerableMixin:
                 arguments = dict(records[attention.attn.layer_name])
                 arguments["prefix"] = attention.attn.layer_name + "_clean"
                 attention.attn_clean = type(attention.attn)(**arguments)
+        if self.juice_compiled:   # the compiled graph depends on the slots: key vLLM's compile cache by them
+            note_compiled_structure(vllm_config, self.juice_geometry, self.juice_slots, self.juice_dual)
+
+    def _juice_tables(self, vllm_config) -> None:
+        """The persistent per-token tables the hooks read, filled in place before each forward
+        (the compiled graph and CUDA graphs read them at fixed addresses):
+
+        - `juice_factor` `[max_tokens, n_layers, n_local_heads, 1]`: the live output's factor,
+          1 + scale (1: not scaled);
+        - `juice_add` `[max_tokens, n_slots, 1]`: JuICE's coefficient at each head slot (0: none);
+        - `juice_clean` `[max_tokens, n_slots, head_dim]`: run 1's output of each slot's head.
+
+        A slot is a head of a heads file on this rank (:func:`head_slots`): only those heads can
+        be added to. They are buffers of the compiled module (`self.model`), so torch.compile lifts
+        them as graph inputs rather than constants."""
+        scheduler = vllm_config.scheduler_config
+        sizes = list(getattr(vllm_config.compilation_config, "cudagraph_capture_sizes", None) or [])
+        self.juice_max_tokens = max([int(scheduler.max_num_batched_tokens), *sizes])
+        weight = self.juice_layers[0].self_attn.o_proj.weight
+        device, dtype = weight.device, weight.dtype
+        n, g = self.juice_max_tokens, self.juice_geometry
+        head_dim = self.juice_layers[0].self_attn.o_proj.input_size // g.n_heads
+        self.juice_head_dim = head_dim
+        model = self.model
+        model.register_buffer("juice_factor", torch.ones(n, g.n_layers, self.juice_local_heads, 1, device=device,
+                                                         dtype=dtype), persistent=False)
+        slots = max(len(self.juice_slots), 1)
+        model.register_buffer("juice_add", torch.zeros(n, slots, 1, device=device, dtype=dtype), persistent=False)
+        model.register_buffer("juice_clean", torch.zeros(n, slots, head_dim, device=device, dtype=dtype),
+                              persistent=False)
+        self.juice_dirty = 0   # rows of the tables that may hold a request's values
+        self.juice_layer_slots: dict[int, list[tuple[int, int]]] = {}
+        for slot, (layer, local) in enumerate(self.juice_slots):
+            self.juice_layer_slots.setdefault(layer, []).append((slot, local))
 
     # --- the hook --------------------------------------------------------------------------------
     def _juice_hook(self, layer: int):
+        slots = self.juice_layer_slots.get(layer, [])
+        model = self.model
+        compiled = self.juice_compiled
+
         def hook(module: nn.Module, args: tuple):
+            # Run 1 (the clean pass) runs eagerly: its branch is never traced.
             state = self.juice_pass
-            if state is None:
-                return None
             x = args[0]
-            if state.clean:
-                if layer in state.added:
-                    state.saved[layer] = x.view(x.shape[0], self.juice_local_heads, -1).clone()
+            if state is not None and state.clean:
+                if slots and layer in state.added:
+                    h = x.view(x.shape[0], self.juice_local_heads, -1)
+                    for slot, local in slots:
+                        model.juice_clean[: x.shape[0], slot].copy_(h[:, local])
                 if layer == state.last_added:
                     raise _CleanRunDone
                 return None
-            if layer not in state.scaled and layer not in state.added:
-                return None
-            h = x.view(x.shape[0], self.juice_local_heads, -1)
+            if not compiled and (state is None or (layer not in state.scaled and layer not in state.added)):
+                return None   # eager: a layer no request steers is left alone
+            # Run 2, branch-free over the batch (the tables hold 1 and 0 where a row is not steered):
+            # the compiled graph traces this once and reads the tables' current values every step.
             rows = x.shape[0]
-            out = h * (1 + state.scale[:rows, layer]) if layer in state.scaled else h.clone()
-            if layer in state.added:
-                out = out + state.add[:rows, layer] * state.saved[layer]
+            h = x.view(rows, self.juice_local_heads, -1)
+            out = h * model.juice_factor[:rows, layer]
+            for slot, local in slots:
+                out[:, local: local + 1] += model.juice_add[:rows, slot: slot + 1] * model.juice_clean[:rows, slot: slot + 1]
             return (out.view(x.shape), *args[1:])
 
         return hook
 
     # --- per-forward tables ----------------------------------------------------------------------
     def _juice_plan(self, n_tokens: int) -> _Pass | None:
+        """Fill the tables for this forward's tokens; the layers it steers, or None (nothing)."""
+        if n_tokens > self.juice_max_tokens:
+            raise RuntimeError(f"juice: a forward of {n_tokens} tokens, more than the tables' "
+                               f"{self.juice_max_tokens} (max_num_batched_tokens)")
         if not BATCH.rows:
+            self._juice_reset()
             return None
         metadata = get_forward_context().attn_metadata
         if isinstance(metadata, list):
             metadata = metadata[0] if metadata else None
         if not metadata:
+            self._juice_reset()
             return None
         first = next(iter(metadata.values()))
         if not hasattr(first, ROW_FIELD):   # a backend whose metadata check_attention_backend could not read
@@ -186,24 +251,30 @@ class SteerableMixin:
             if index < n_requests:
                 scale[index] = steering.scale
                 add[index] = steering.add
-        # Which layers run which step is decided on every head, so that under tensor parallelism
-        # all ranks run the same passes (and collectives) even where a rank steers none of its heads.
         scaled = set(torch.nonzero(scale.ne(0).any(-1).any(0)).flatten().tolist())
         added = set(torch.nonzero(add.ne(0).any(-1).any(0)).flatten().tolist())
         if not (scaled or added):
+            self._juice_reset()
             return None
         actual = int(starts[-1])
-        pad = max(n_tokens - actual, 0)
-        device, dtype = self.juice_device_dtype()
         local = self.juice_head_slice
+        model = self.model
+        factor = (1 + scale[:, :, local]).repeat_interleave(counts, dim=0)[:, :, :, None]
+        self._juice_reset(upto=max(self.juice_dirty, n_tokens))
+        model.juice_factor[:actual].copy_(factor)
+        if self.juice_slots:
+            rows = torch.stack([add[:, layer, local.start + head] for layer, head in self.juice_slots], dim=1)
+            model.juice_add[:actual].copy_(rows.repeat_interleave(counts, dim=0)[:, :, None])
+        self.juice_dirty = actual
+        return _Pass(scaled, added)
 
-        def per_token(table: Tensor) -> Tensor:
-            rows = table[:, :, local].repeat_interleave(counts, dim=0)
-            if pad:
-                rows = torch.cat([rows, rows.new_zeros(pad, *rows.shape[1:])])
-            return rows[:n_tokens, :, :, None].to(device=device, dtype=dtype)
-
-        return _Pass(per_token(scale), per_token(add), scaled, added)
+    def _juice_reset(self, upto: int | None = None) -> None:
+        """Set the tables' first rows (those a request may have written) back to not steering."""
+        rows = self.juice_dirty if upto is None else upto
+        if rows:
+            self.model.juice_factor[:rows].fill_(1)
+            self.model.juice_add[:rows].zero_()
+        self.juice_dirty = 0
 
     def juice_device_dtype(self) -> tuple[torch.device, torch.dtype]:
         weight = self.juice_layers[0].self_attn.o_proj.weight
@@ -218,20 +289,23 @@ class SteerableMixin:
         try:
             if not state.added:   # JuNE and pruning: one run
                 return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+            if self.juice_compiled:   # run 1 eagerly, then vLLM's compiled forward as run 2
+                self._clean_run(input_ids, positions, inputs_embeds, state)
+                return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
             return self._dual_run(input_ids, positions, inputs_embeds, state)
         finally:
             self.juice_pass = None
 
-    def _dual_run(self, input_ids, positions, inputs_embeds, state: _Pass) -> Tensor:
-        """Layers below the first dual-run layer once (a JuICE row is not steered there, so its
-        clean and steered streams are one), then run 1 through the clean attention modules up to
-        the last layer this batch adds to, then run 2 to the top. The layer loop is vLLM's own
-        (`embed_input_ids`, `layer(positions, hidden, residual)`, the final fused norm)."""
+    def _clean_run(self, input_ids, positions, inputs_embeds, state: _Pass) -> tuple[Tensor, Tensor | None]:
+        """Run 1: the layers below the first dual-run layer (vLLM's attention: a JuICE row is not
+        steered there, so its KV is run 2's too), then the clean attention modules up to the last
+        layer this batch adds to, saving the head outputs JuICE adds (`juice_clean`). Returns the
+        hidden state and residual at the first dual-run layer. The layer loop is vLLM's own
+        (`embed_input_ids`, `layer(positions, hidden, residual)`)."""
         first, last = self.juice_dual
         if not state.added <= set(range(first, last + 1)):
             raise RuntimeError("juice: JuICE coefficients outside the dual-run layers")   # admission prevents it
-        model = self.model
-        hidden = inputs_embeds if inputs_embeds is not None else model.embed_input_ids(input_ids)
+        hidden = inputs_embeds if inputs_embeds is not None else self.model.embed_input_ids(input_ids)
         residual = None
         for layer in self.juice_layers[:first]:
             hidden, residual = layer(positions, hidden, residual)
@@ -249,9 +323,15 @@ class SteerableMixin:
             state.clean = False
             for attention in swapped:
                 attention._modules["attn"], attention._modules["attn_clean"] = attention.attn_clean, attention.attn
-        for layer in self.juice_layers[first:]:
+        return hidden, residual
+
+    def _dual_run(self, input_ids, positions, inputs_embeds, state: _Pass) -> Tensor:
+        """Eager mode: run 1 (:meth:`_clean_run`), then run 2 from the first dual-run layer on
+        (the layers below it ran once for both), and the final fused norm."""
+        hidden, residual = self._clean_run(input_ids, positions, inputs_embeds, state)
+        for layer in self.juice_layers[self.juice_dual[0]:]:
             hidden, residual = layer(positions, hidden, residual)
-        hidden, _ = model.norm(hidden, residual)
+        hidden, _ = self.model.norm(hidden, residual)
         return hidden
 
     # --- the heads files' fingerprints ----------------------------------------------------------

@@ -30,6 +30,7 @@ its coefficients in `add` (paper Alg. 1, H_clean = run 1's output of the same he
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -77,6 +78,15 @@ class ServerHeads(ServedHeads):
         if not self.dual_run or not layers:
             return None
         return min(layers), max(layers)
+
+
+def head_slots(server: ServerHeads, local: slice) -> list[tuple[int, int]]:
+    """The heads JuICE can add to on one tensor-parallel rank: every heads file's heads whose
+    index falls in `local` (this rank's slice of the heads), as (layer, head index within the
+    slice), sorted, each once. The steered model keeps run 1's output of each at a slot of its
+    persistent `juice_clean` table (:mod:`juice.vllm.models`)."""
+    heads = {(h.layer, h.head) for s in server.selections.values() for h in (*s.positive, *s.negative)}
+    return sorted((layer, head - local.start) for layer, head in heads if local.start <= head < local.stop)
 
 
 def read_heads_file(path: str) -> tuple[str, HeadSelection, dict, dict]:
@@ -172,12 +182,91 @@ def request_fields(extra_args: Mapping[str, Any] | None) -> dict[str, Any] | Non
     if "juice_invalid" in extra_args:   # the middleware's mark for a `juice` body field that is not an object
         raise SteeringRequestError(NOT_AN_OBJECT)
     for key, value in extra_args.items():
-        if key.startswith("juice_"):
+        if key.startswith("juice_") and key != SALT_KEY:
             fields[key[len("juice_"):]] = value
     unknown = sorted(set(fields) - set(FIELDS))
     if unknown:
         raise SteeringRequestError(f"unknown juice field {unknown[0]!r}; the fields are {', '.join(FIELDS)}")
     return fields if ("juice" in extra_args or fields) else None
+
+
+SALT_KEY = "juice_cache_salt"
+"""The `extra_args` key that carries a steered request's KV cache salt (:func:`steering_salt`)."""
+
+SALT_MISSING = ("a steered request needs its KV cache salt (with prefix caching, another steering's cached KV "
+                "would serve it): send it through juice's middleware (juice serve --engine vllm adds it), or build "
+                "it with juice.vllm.offline_request(prompt, juice)")
+
+
+def steering_salt(ask: SteeringAsk, server: ServerHeads) -> str | None:
+    """The KV cache salt of a steering: None for Original (its KV is the unmodified model's, shared
+    with every unsteered request), else `juice-` and 32 hex digits of a hash of the resolved
+    steering (method, direction, betas, pruned heads) and the heads files' fingerprints. vLLM's
+    prefix cache keys a block by its tokens and its request's `cache_salt`, so a cached block is
+    reused only by requests whose steering computed the same KV (and, for JuICE, the same clean
+    KV of the dual run)."""
+    if ask.method == "original":
+        return None
+    key = {"method": ask.method, "direction": ask.direction, "beta_plus": float(ask.beta_plus),
+           "beta_minus": float(ask.beta_minus), "heads": sorted(str(h) for h in ask.heads),
+           "files": {d: f.get("weights_sha256_16") for d, f in sorted((server.fingerprints or {}).items())},
+           "selections": {d: [[str(h) for h in s.positive], [str(h) for h in s.negative]]
+                          for d, s in sorted(server.selections.items())}}
+    return "juice-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def request_cache_salt(salt: str, user_salt: str | None) -> str:
+    """The `cache_salt` a steered request is sent with: its steering's salt, combined with the
+    client's own salt where it sent one (both must match for a block to be reused)."""
+    if not user_salt:
+        return salt
+    return "juice-" + hashlib.sha256(f"{user_salt}|{salt}".encode()).hexdigest()[:32]
+
+
+def check_salt(extra_args: Mapping[str, Any] | None, server: ServerHeads) -> None:
+    """Refuse a steered request without its salt mark (`extra_args[SALT_KEY]` equal to
+    :func:`steering_salt`): the mark says its `cache_salt` was set by juice's middleware or
+    :func:`offline_request`. Original requests need none.
+
+    Raises:
+        SteeringRequestError: :data:`SALT_MISSING`, or what :func:`request_ask` refuses.
+    """
+    salt = steering_salt(request_ask(request_fields(extra_args), server), server)
+    if salt is not None and (extra_args or {}).get(SALT_KEY) != salt:
+        raise SteeringRequestError(SALT_MISSING)
+
+
+def offline_request(prompt: str | list[int] | Mapping[str, Any], juice: Mapping[str, Any] | None = None, *,
+                    cache_salt: str | None = None, server: ServerHeads | None = None
+                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A request for vLLM's offline `LLM.generate` with juice's steering: (the prompt, with the
+    steering's `cache_salt`; the `extra_args` for its `SamplingParams`).
+
+    Args:
+        prompt: text, token ids, or a prompt dict (`{"prompt": ...}` / `{"prompt_token_ids": ...}`).
+        juice: the request's juice fields (None: the server's default steering).
+        cache_salt: the caller's own salt, kept (combined with the steering's).
+        server: the plugin's set-up (default: from the environment, as vLLM's processes read it).
+
+    Raises:
+        SteeringRequestError: the fields are wrong (the one-line message vLLM would answer with).
+    """
+    server = server_heads() if server is None else server
+    if isinstance(prompt, Mapping):
+        out = dict(prompt)
+    elif isinstance(prompt, str):
+        out = {"prompt": prompt}
+    else:
+        out = {"prompt_token_ids": list(prompt)}
+    extra: dict[str, Any] = {} if juice is None else {"juice": dict(juice)}
+    salt = steering_salt(request_ask(request_fields(extra or None), server), server)
+    user = cache_salt if cache_salt is not None else out.get("cache_salt")
+    if salt is not None:
+        extra[SALT_KEY] = salt
+        out["cache_salt"] = request_cache_salt(salt, user)
+    elif user:
+        out["cache_salt"] = user
+    return out, extra
 
 
 @dataclass(frozen=True)
@@ -237,6 +326,7 @@ def parse_request(fields: Mapping[str, Any] | None, server: ServerHeads, geometr
     return RequestSteering(ask.method, coefficients, zeros, ask.warning)
 
 
-__all__ = ["ENV_DEFAULT", "ENV_DUAL", "ENV_GEOMETRY", "ENV_HEADS", "ENV_ON", "RequestSteering", "ServerHeads",
-           "SteeringRequestError", "parse_geometry", "parse_request", "read_heads_file", "request_ask",
+__all__ = ["SALT_KEY", "SALT_MISSING", "check_salt", "offline_request", "request_cache_salt", "steering_salt",
+           "ENV_DEFAULT", "ENV_DUAL", "ENV_GEOMETRY", "ENV_HEADS", "ENV_ON", "RequestSteering", "ServerHeads",
+           "SteeringRequestError", "head_slots", "parse_geometry", "parse_request", "read_heads_file", "request_ask",
            "request_fields", "server_heads"]

@@ -18,7 +18,8 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 from juice.architectures import config_geometry
 from juice.vllm import ARCHITECTURES
 from juice.vllm.constraints import PluginConfigError
-from juice.vllm.options import RequestSteering, SteeringRequestError, parse_request, request_fields, server_heads
+from juice.vllm.options import (RequestSteering, SteeringRequestError, check_salt, parse_request, request_fields,
+                                server_heads)
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +44,19 @@ class JuiceSteeringProcessor(LogitsProcessor):
 
     @classmethod
     def validate_params(cls, sampling_params) -> None:
-        """Refuse a request whose juice fields are wrong (:func:`juice.vllm.options.parse_request`).
+        """Refuse a request whose juice fields are wrong (:func:`juice.vllm.options.parse_request`),
+        or a steered request without its KV cache salt (:func:`juice.vllm.options.check_salt`: vLLM's
+        prefix cache is on by default, and an unsalted steered request would reuse another steering's
+        KV; the processor cannot see the request's `cache_salt` itself, only the mark juice's
+        middleware and :func:`juice.vllm.options.offline_request` put beside it).
 
         Raises:
             ValueError: the one-line reason (vLLM answers HTTP 400 with it).
         """
         try:
-            parse_request(request_fields(sampling_params.extra_args), server_heads())
+            server = server_heads()
+            parse_request(request_fields(sampling_params.extra_args), server)
+            check_salt(sampling_params.extra_args, server)
         except SteeringRequestError as err:
             raise ValueError(str(err)) from None
 
