@@ -141,7 +141,7 @@ def main() -> None:
 
     from juice.models import load_model
     from juice.stage1 import HeadsArtifact, save_heads
-    from juice.vllm.launch import find_vllm_python, served_folder
+    from juice.vllm.launch import find_vllm_python, served_folder, usable_cpus
 
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / "bench_vllm_modes"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -159,6 +159,8 @@ def main() -> None:
         (workdir / f"{name}.in.json").write_text(json.dumps(spec))
         env = {k: v for k, v in os.environ.items() if not k.startswith("JUICE_VLLM")}
         env.update({"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "2")})
+        if len(usable_cpus()) < 8 and not {"VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU"} & set(env):
+            env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"   # as juice serve --engine vllm: the model on every core
         if config["plugin"]:
             env["JUICE_VLLM_HEADS"] = str(heads)
         done = subprocess.run([python, str(HERE), "--child", str(workdir / f"{name}.in.json")], env=env,

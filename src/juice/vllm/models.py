@@ -83,10 +83,13 @@ class _Pass:
     so that every tensor-parallel rank runs the same passes and collectives), and whether the hooks
     are in run 1 (the clean pass, which saves head outputs) or run 2."""
 
-    def __init__(self, scaled: set[int], added: set[int]) -> None:
+    def __init__(self, scaled: set[int], added: set[int], juice_rows: Tensor, starts: Tensor) -> None:
         self.scaled, self.added = scaled, added
         self.clean = False
+        self.bottom = False   # run 1's own pass through the layers below the dual run (compiled mode)
         self.last_added = max(self.added) if self.added else -1
+        self.juice_rows, self.starts = juice_rows, starts   # the JuICE requests' batch indices; query_start_loc
+        self.tokens: Tensor | None = None   # the token rows run 1 computes (None: all of them)
 
 
 def _record_attention_arguments() -> tuple[dict[str, dict], Callable[[], None]]:
@@ -145,6 +148,8 @@ class SteerableMixin:
         self.juice_layers = list(self.model.layers)
         self.juice_pass: _Pass | None = None
         self.juice_compiled = compiled_mode(vllm_config)
+        self.juice_vllm_config = vllm_config
+        self.juice_builders: dict[tuple[str, ...], object] = {}   # run 1's attention metadata builders, per KV group
         self.juice_dual = self.juice_server.dual_run_layers()
         self.juice_slots = head_slots(self.juice_server, self.juice_head_slice) if self.juice_dual else []
         self._juice_tables(vllm_config)
@@ -206,10 +211,15 @@ class SteerableMixin:
                 if slots and layer in state.added:
                     h = x.view(x.shape[0], self.juice_local_heads, -1)
                     for slot, local in slots:
-                        model.juice_clean[: x.shape[0], slot].copy_(h[:, local])
+                        if state.tokens is None:
+                            model.juice_clean[: x.shape[0], slot].copy_(h[:, local])
+                        else:   # run 1 on the JuICE requests' tokens only: back to their rows
+                            model.juice_clean[:, slot].index_copy_(0, state.tokens, h[:, local])
                 if layer == state.last_added:
                     raise _CleanRunDone
                 return None
+            if state is not None and state.bottom:
+                return None   # run 1 below the dual run: JuICE rows are not steered there
             if not compiled and (state is None or (layer not in state.scaled and layer not in state.added)):
                 return None   # eager: a layer no request steers is left alone
             # Run 2, branch-free over the batch (the tables hold 1 and 0 where a row is not steered):
@@ -266,7 +276,8 @@ class SteerableMixin:
             rows = torch.stack([add[:, layer, local.start + head] for layer, head in self.juice_slots], dim=1)
             model.juice_add[:actual].copy_(rows.repeat_interleave(counts, dim=0)[:, :, None])
         self.juice_dirty = actual
-        return _Pass(scaled, added)
+        juice_rows = torch.nonzero(add.ne(0).flatten(1).any(1)).flatten()
+        return _Pass(scaled, added, juice_rows, starts)
 
     def _juice_reset(self, upto: int | None = None) -> None:
         """Set the tables' first rows (those a request may have written) back to not steering."""
@@ -296,43 +307,130 @@ class SteerableMixin:
         finally:
             self.juice_pass = None
 
-    def _clean_run(self, input_ids, positions, inputs_embeds, state: _Pass) -> tuple[Tensor, Tensor | None]:
-        """Run 1: the layers below the first dual-run layer (vLLM's attention: a JuICE row is not
-        steered there, so its KV is run 2's too), then the clean attention modules up to the last
-        layer this batch adds to, saving the head outputs JuICE adds (`juice_clean`). Returns the
-        hidden state and residual at the first dual-run layer. The layer loop is vLLM's own
-        (`embed_input_ids`, `layer(positions, hidden, residual)`)."""
+    def _clean_run(self, input_ids, positions, inputs_embeds, state: _Pass, hidden: Tensor | None = None,
+                   residual: Tensor | None = None) -> None:
+        """Run 1 on the JuICE requests' tokens only (:meth:`_juice_sub_batch`; all tokens where the
+        attention backend's metadata cannot be sliced): from the first dual-run layer's input
+        `hidden`/`residual` (eager mode: run 2's, the same for a JuICE row), or, without it, from
+        the embedding through the layers below the dual run (vLLM's attention; a JuICE row is not
+        steered there, so the KV it writes is run 2's too); then the clean attention modules up to
+        the last layer this batch adds to, saving the head outputs JuICE adds (`juice_clean`). The
+        layer loop is vLLM's own (`embed_input_ids`, `layer(positions, hidden, residual)`)."""
         first, last = self.juice_dual
         if not state.added <= set(range(first, last + 1)):
             raise RuntimeError("juice: JuICE coefficients outside the dual-run layers")   # admission prevents it
+        sub = self._juice_sub_batch(state)
+        context = get_forward_context()
+        saved = context.attn_metadata, context.slot_mapping
+        if sub is not None:
+            tokens, context.attn_metadata, context.slot_mapping = sub
+            index = tokens.to(positions.device)
+            state.tokens = tokens.to(self.model.juice_clean.device)
+            positions = positions[..., index]
+            if hidden is not None:
+                hidden, residual = hidden[index], None if residual is None else residual[index]
+            elif inputs_embeds is not None:
+                inputs_embeds = inputs_embeds[index]
+            else:
+                input_ids = input_ids[index]
+        swapped: list[nn.Module] = []
+        try:
+            if hidden is None:
+                state.bottom = True
+                hidden = inputs_embeds if inputs_embeds is not None else self.model.embed_input_ids(input_ids)
+                for layer in self.juice_layers[:first]:
+                    hidden, residual = layer(positions, hidden, residual)
+                state.bottom = False
+            else:
+                hidden, residual = hidden.clone(), None if residual is None else residual.clone()
+            for layer in self.juice_layers[first: state.last_added + 1]:
+                attention = layer.self_attn
+                attention._modules["attn"], attention._modules["attn_clean"] = attention.attn_clean, attention.attn
+                swapped.append(attention)
+            state.clean = True
+            for layer in self.juice_layers[first:]:
+                hidden, residual = layer(positions, hidden, residual)
+        except _CleanRunDone:
+            pass
+        finally:
+            state.clean = state.bottom = False
+            state.tokens = None
+            context.attn_metadata, context.slot_mapping = saved
+            for attention in swapped:
+                attention._modules["attn"], attention._modules["attn_clean"] = attention.attn_clean, attention.attn
+
+    def _dual_run(self, input_ids, positions, inputs_embeds, state: _Pass) -> Tensor:
+        """Eager mode: the layers below the first dual-run layer once (run 2's, which for a JuICE
+        row are run 1's too), run 1 from there (:meth:`_clean_run`), then run 2 on, and the final
+        fused norm."""
+        first = self.juice_dual[0]
         hidden = inputs_embeds if inputs_embeds is not None else self.model.embed_input_ids(input_ids)
         residual = None
         for layer in self.juice_layers[:first]:
             hidden, residual = layer(positions, hidden, residual)
-        swapped = [layer.self_attn for layer in self.juice_layers[first: state.last_added + 1]]
-        for attention in swapped:
-            attention._modules["attn"], attention._modules["attn_clean"] = attention.attn_clean, attention.attn
-        state.clean = True
-        try:
-            clean, clean_residual = hidden.clone(), None if residual is None else residual.clone()
-            for layer in self.juice_layers[first:]:
-                clean, clean_residual = layer(positions, clean, clean_residual)
-        except _CleanRunDone:
-            pass
-        finally:
-            state.clean = False
-            for attention in swapped:
-                attention._modules["attn"], attention._modules["attn_clean"] = attention.attn_clean, attention.attn
-        return hidden, residual
-
-    def _dual_run(self, input_ids, positions, inputs_embeds, state: _Pass) -> Tensor:
-        """Eager mode: run 1 (:meth:`_clean_run`), then run 2 from the first dual-run layer on
-        (the layers below it ran once for both), and the final fused norm."""
-        hidden, residual = self._clean_run(input_ids, positions, inputs_embeds, state)
-        for layer in self.juice_layers[self.juice_dual[0]:]:
+        self._clean_run(input_ids, positions, inputs_embeds, state, hidden, residual)
+        for layer in self.juice_layers[first:]:
             hidden, residual = layer(positions, hidden, residual)
         hidden, _ = self.model.norm(hidden, residual)
         return hidden
+
+    # --- run 1 on the JuICE requests' tokens ----------------------------------------------------
+    def _juice_sub_batch(self, state: _Pass) -> tuple[Tensor, dict, dict] | None:
+        """The token rows of the batch's JuICE requests, and the forward context's attention
+        metadata and slot mappings for them alone (each KV cache group's metadata rebuilt by its
+        backend's own builder from the sliced common metadata), so that run 1 costs in proportion
+        to the JuICE share of a mixed batch. None (run 1 on every row, as correct and slower)
+        when every request is JuICE, or the backend's metadata lacks a field this reads."""
+        rows, starts = state.juice_rows, state.starts
+        if rows.numel() == starts.numel() - 1:
+            return None
+        context = get_forward_context()
+        metadata, slots = context.attn_metadata, context.slot_mapping
+        if not isinstance(metadata, dict) or not isinstance(slots, dict):
+            return None
+        tokens = torch.cat([torch.arange(int(starts[i]), int(starts[i + 1])) for i in rows.tolist()])
+        built: dict[int, object] = {}
+        sub_metadata = {}
+        for name, meta in metadata.items():
+            if id(meta) not in built:
+                group = [n for n, m in metadata.items() if m is meta]
+                built[id(meta)] = self._juice_slice_metadata(group, meta, rows, starts, tokens)
+                if built[id(meta)] is None:
+                    return None
+            sub_metadata[name] = built[id(meta)]
+        sub_slots = {name: None if m is None else m[tokens.to(m.device)] for name, m in slots.items()}
+        return tokens, sub_metadata, sub_slots
+
+    def _juice_slice_metadata(self, group: list[str], meta, rows: Tensor, starts: Tensor, tokens: Tensor):
+        from vllm.v1.attention.backend import CommonAttentionMetadata
+
+        table = getattr(meta, "block_table", None)
+        if table is None:
+            table = getattr(meta, "block_table_tensor", None)
+        if table is None or any(getattr(meta, f, None) is None for f in ("query_start_loc", "seq_lens",
+                                                                          "slot_mapping")):
+            return None
+        key = tuple(group)
+        builder = self.juice_builders.get(key)
+        if builder is None:
+            layer = get_forward_context().no_compile_layers[group[0]]
+            spec = layer.get_kv_cache_spec(self.juice_vllm_config)
+            builder = layer.attn_backend.get_builder_cls()(spec, group, self.juice_vllm_config,
+                                                           meta.query_start_loc.device)
+            self.juice_builders[key] = builder
+        device = meta.query_start_loc.device
+        counts = starts.diff()[rows]
+        starts_cpu = torch.zeros(rows.numel() + 1, dtype=meta.query_start_loc.dtype)
+        starts_cpu[1:] = counts.cumsum(0)
+        seq_lens = meta.seq_lens[rows.to(meta.seq_lens.device)]
+        causal = getattr(meta, "causal", True)
+        common = CommonAttentionMetadata(
+            query_start_loc=starts_cpu.to(device), query_start_loc_cpu=starts_cpu, seq_lens=seq_lens,
+            num_reqs=int(rows.numel()), num_actual_tokens=int(starts_cpu[-1]), max_query_len=int(counts.max()),
+            max_seq_len=int(seq_lens.max()), block_table_tensor=table[rows.to(table.device)],
+            slot_mapping=meta.slot_mapping[tokens.to(meta.slot_mapping.device)],
+            causal=causal if isinstance(causal, bool) else True)
+        return builder.build(0, common)
 
     # --- the heads files' fingerprints ----------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> set[str]:
