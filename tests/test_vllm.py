@@ -461,7 +461,8 @@ def test_tensor_parallel_2_gives_the_same_tokens(tmp_path):
 
 @needs_vllm
 @pytest.mark.slow
-def test_vllm_tokens_equal_juice_generate_on_the_embedded_gemma_mixed_and_alone(real_model, tmp_path):
+@pytest.mark.parametrize("mode", list(MODES))
+def test_vllm_tokens_equal_juice_generate_on_the_embedded_gemma_mixed_and_alone(real_model, tmp_path, mode):
     from juice.models import cache_dir
 
     folder = cache_dir() / "models" / "gemma-3-270m"
@@ -476,7 +477,8 @@ def test_vllm_tokens_equal_juice_generate_on_the_embedded_gemma_mixed_and_alone(
                  {"method": "prune", "heads": ["L11H2", "L12H1"]}]
     prompts = ["The capital of France is", "Q: Who wrote Hamlet?\nA:",
                "Paris is the capital of Italy. The capital of Italy is"]
-    case = equality_case(real_model, str(folder), tmp_path, prompts, selections, steerings, max_tokens=16)
+    case = equality_case(real_model, str(folder), tmp_path, prompts, selections, steerings, max_tokens=16,
+                         llm=MODES[mode])
     assert case["mixed"] == case["expected"]
     assert case["alone"] == case["expected"]
     assert len({tuple(t) for t in case["expected"]}) >= 10
