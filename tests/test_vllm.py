@@ -337,7 +337,7 @@ LONG = ("the capital of france is paris and the capital of spain is madrid ; jap
 
 
 @needs_vllm
-def test_prefix_caching_reuses_a_block_only_for_the_steering_that_computed_it(tmp_path):
+def test_prefix_caching_reuses_a_block_only_for_the_steering_that_computed_it_and_seeded_sampling(tmp_path):
     """One long shared prefix sent with Original, JuNE and JuICE in turn, then again, then mixed
     (vLLM's defaults: compiled, prefix caching on): each request's tokens equal juice's `generate`
     alone; vLLM's prefix cache counters show a hit for the later requests of each steering and
@@ -372,7 +372,7 @@ def test_prefix_caching_reuses_a_block_only_for_the_steering_that_computed_it(tm
 
 
 @needs_vllm
-def test_vllm_as_a_serving_engine_chunked_prefill_arrivals_lengths_stops_and_seeded_sampling(tmp_path):
+def test_vllm_as_a_serving_engine_chunked_prefill_arrivals_lengths_and_stops(tmp_path):
     """vLLM's defaults (compiled, prefix caching) and the cases a serving engine meets: prompts
     longer than `max_num_batched_tokens` (chunked prefill, prefill and decode in one batch),
     requests joining while others decode, different `max_tokens`, a stop token ending a request
