@@ -43,14 +43,6 @@ CONFIGS = {
     "plugin-compiled-no-prefix-cache": {"plugin": True, "prefix_only": True,
                                         "llm": {"enforce_eager": False, "enable_prefix_caching": False}},
 }
-PROMPTS = [
-    "The name of the capital city of France is Beijing. The name of the capital city of France is",
-    "The official language of Brazil is Japanese. The official language of Brazil is",
-    "Roger Federer is a professional athlete who plays the sport of",
-    "The headquarters of Toyota are located in the city of Berlin. The headquarters of Toyota are located in",
-    "Question: Who wrote Hamlet?\nAnswer:",
-    "The name of the capital city of Japan is",
-]
 
 
 def steering(mix: str, i: int) -> dict | None:
@@ -80,7 +72,7 @@ def child(spec: dict) -> dict:
     out: dict = {"load_s": round(time.perf_counter() - started, 1), "rows": [], "prefix": []}
     tokenizer = llm.get_tokenizer()
 
-    def run(prompts: list[str], mix: str, tokens: int, salt_tails: bool = False) -> tuple[float, int]:
+    def run(prompts: list[str], mix: str, tokens: int) -> tuple[float, int]:
         requests = [offline_request(p, steering(mix, i) if spec["plugin"] else None) for i, p in enumerate(prompts)]
         params = [SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, extra_args=e or None)
                   for _, e in requests]
@@ -88,11 +80,11 @@ def child(spec: dict) -> dict:
         results = llm.generate([r[0] for r in requests], params, use_tqdm=False)
         return time.perf_counter() - t, sum(len(r.outputs[0].token_ids) for r in results)
 
-    run(PROMPTS[:2], "mixed" if spec["plugin"] else "original", 4)   # warm-up
+    run(spec["prompts"][:2], "mixed" if spec["plugin"] else "original", 4)   # warm-up
     mixes = MIXES if spec["plugin"] else ["original"]
     if not spec.get("prefix_only"):
         for batch in spec["batches"]:
-            prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
+            prompts = [spec["prompts"][i % len(spec["prompts"])] for i in range(batch)]
             tried: dict[str, list[float]] = {}
             for _ in range(spec["repeats"]):
                 for mix in mixes:
@@ -137,7 +129,7 @@ def main() -> None:
         Path(spec["out"]).write_text(json.dumps(child(spec)))
         return
 
-    from bench_vllm import README_HEADS
+    from bench_vllm import PROMPTS, README_HEADS   # the server benchmark's heads and prompts
 
     from juice.models import load_model
     from juice.stage1 import HeadsArtifact, save_heads
@@ -153,7 +145,7 @@ def main() -> None:
     report: dict = {"model": args.model, "tokens": args.tokens, "cpu_count": os.cpu_count(), "configs": {}}
     for name in args.configs:
         config = CONFIGS[name]
-        spec = {"name": name, "folder": folder, "plugin": config["plugin"], "llm": config["llm"],
+        spec = {"name": name, "folder": folder, "prompts": PROMPTS, "plugin": config["plugin"], "llm": config["llm"],
                 "prefix_only": config.get("prefix_only", False), "batches": args.batches, "tokens": args.tokens,
                 "repeats": args.repeats, "prefix_tokens": args.prefix_tokens, "out": str(workdir / f"{name}.json")}
         (workdir / f"{name}.in.json").write_text(json.dumps(spec))
@@ -185,15 +177,15 @@ def main() -> None:
                 if a is not None and b is not None:
                     ratios.append({"batch": batch, "mode": mode, "ratio": label, "value": round(a / b, 3),
                                    "target": target})
-    compiled = "plugin-compiled"
-    for mode in ("eager",):
-        for batch in args.batches:
-            a, b = tps("stock-compiled", batch, "original"), tps("stock-eager", batch, "original")
-            if a and b:
-                ratios.append({"batch": batch, "mode": "stock", "ratio": "compiled / eager", "value": round(a / b, 3),
-                               "target": None})
-    on = {r["mix"]: r["wall_s"] for r in report["configs"].get(compiled, {}).get("prefix", [])}
-    off = {r["mix"]: r["wall_s"] for r in report["configs"].get("plugin-compiled-no-prefix-cache", {}).get("prefix", [])}
+    for batch in args.batches:
+        a, b = tps("stock-compiled", batch, "original"), tps("stock-eager", batch, "original")
+        if a and b:
+            ratios.append({"batch": batch, "mode": "stock", "ratio": "compiled / eager", "value": round(a / b, 3),
+                           "target": None})
+    def prefix_walls(name: str) -> dict[str, float]:
+        return {r["mix"]: r["wall_s"] for r in report["configs"].get(name, {}).get("prefix", [])}
+
+    on, off = prefix_walls("plugin-compiled"), prefix_walls("plugin-compiled-no-prefix-cache")
     for mix in on:
         if mix in off:
             ratios.append({"batch": 8, "mode": "compiled", "ratio": f"shared prefix {mix}: time off / on",

@@ -180,11 +180,9 @@ class SteerableMixin:
         scheduler = vllm_config.scheduler_config
         sizes = list(getattr(vllm_config.compilation_config, "cudagraph_capture_sizes", None) or [])
         self.juice_max_tokens = max([int(scheduler.max_num_batched_tokens), *sizes])
-        weight = self.juice_layers[0].self_attn.o_proj.weight
-        device, dtype = weight.device, weight.dtype
+        device, dtype = self.juice_device_dtype()
         n, g = self.juice_max_tokens, self.juice_geometry
         head_dim = self.juice_layers[0].self_attn.o_proj.input_size // g.n_heads
-        self.juice_head_dim = head_dim
         model = self.model
         model.register_buffer("juice_factor", torch.ones(n, g.n_layers, self.juice_local_heads, 1, device=device,
                                                          dtype=dtype), persistent=False)
@@ -228,7 +226,8 @@ class SteerableMixin:
             h = x.view(rows, self.juice_local_heads, -1)
             out = h * model.juice_factor[:rows, layer]
             for slot, local in slots:
-                out[:, local: local + 1] += model.juice_add[:rows, slot: slot + 1] * model.juice_clean[:rows, slot: slot + 1]
+                added = model.juice_add[:rows, slot: slot + 1] * model.juice_clean[:rows, slot: slot + 1]
+                out[:, local: local + 1] += added
             return (out.view(x.shape), *args[1:])
 
         return hook

@@ -44,8 +44,9 @@ class JuiceSteeringProcessor(LogitsProcessor):
 
     @classmethod
     def validate_params(cls, sampling_params) -> None:
-        """Refuse a request whose juice fields are wrong (:func:`juice.vllm.options.parse_request`),
-        or a steered request without its KV cache salt (:func:`juice.vllm.options.check_salt`: vLLM's
+        """Refuse a request whose juice fields are wrong (:func:`juice.vllm.options.request_ask`,
+        which :func:`~juice.vllm.options.parse_request` applies in the worker), or a steered request
+        without its KV cache salt (:func:`juice.vllm.options.check_salt`, which reads the fields first: vLLM's
         prefix cache is on by default, and an unsalted steered request would reuse another steering's
         KV; the processor cannot see the request's `cache_salt` itself, only the mark juice's
         middleware and :func:`juice.vllm.options.offline_request` put beside it).
@@ -54,9 +55,7 @@ class JuiceSteeringProcessor(LogitsProcessor):
             ValueError: the one-line reason (vLLM answers HTTP 400 with it).
         """
         try:
-            server = server_heads()
-            parse_request(request_fields(sampling_params.extra_args), server)
-            check_salt(sampling_params.extra_args, server)
+            check_salt(sampling_params.extra_args, server_heads())   # reads and checks the fields first
         except SteeringRequestError as err:
             raise ValueError(str(err)) from None
 
