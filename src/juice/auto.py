@@ -3,9 +3,9 @@ juice's own method, not the paper's).
 
 The signal is AdaCAD's (Wang et al., NAACL 2025): the Jensen-Shannon divergence, in bits, between
 the model's next-token distribution with the context and without it (the question alone), at the
-first step, from the unmodified model (:func:`juice.baselines.cad.jsd_alpha`). With no context it
-is 0; a passage that changes the model's mind moves it toward 1. A policy (:class:`AutoPolicy`)
-cuts the signal into at most three bins by thresholds and names a candidate per bin:
+first step, from the unmodified model (:func:`juice.baselines.cad.jsd_alpha`). A passage that
+changes the model's mind moves it toward 1. A policy (:class:`AutoPolicy`) cuts the signal of a
+request **with a passage** into at most three bins by thresholds and names a candidate per bin:
 
 - "original": the unmodified model;
 - "juice": JuICE with the heads file's tuned betas (paper protocol, conflicting validation items);
@@ -13,6 +13,13 @@ cuts the signal into at most three bins by thresholds and names a candidate per 
 - "june": JuNE with its tuned betas (when the file has them);
 - "adacad": AdaCAD (Wang et al. 2025), the contrast with the question-only row that the choice's
   prefill already holds.
+
+A request **without a passage** (its prompt is its question: the same token ids) is decoded with
+Original, decided by that structure (:attr:`juice.engine.Choice.without_passage`), never by the
+signal: its JSD is 0 in exact arithmetic, but the two rows are computed at different places in a
+padded batch and agree only to about 1e-8 in fp32, by an amount that depends on the processor's
+kernels, so a threshold near 0 would steer some such requests on some machines (issue 43). The
+fit (:func:`fit_policy`) sets its bins on the requests with a passage only.
 
 In the engine a request is one stream with a :class:`juice.engine.Choice`: its prefill holds the
 prompt's and the question's unmodified rows and a row per steered candidate (joining at the first
@@ -109,8 +116,9 @@ class AutoPolicy:
 
     @property
     def candidates(self) -> list[str]:
-        """The distinct candidates picked, in :data:`CANDIDATES` order."""
-        return [c for c in CANDIDATES if c in self.picks]
+        """Original (the choice for a request without a passage) and the distinct candidates
+        picked, in :data:`CANDIDATES` order."""
+        return [c for c in CANDIDATES if c in self.picks or c == "original"]
 
     def choice(self, lm: LoadedModel, selection) -> Choice:
         """The engine's :class:`~juice.engine.Choice` (its `question` is a placeholder, -1).
@@ -126,7 +134,8 @@ class AutoPolicy:
                 "june": lambda: JuNE(lm, selection, *self.betas["june"])}
         steerings = tuple(make[n]() for n in names)
         return Choice(-1, steerings, AutoRule(tuple(float(t) for t in self.thresholds),
-                                              tuple(names.index(p) for p in self.picks)))
+                                              tuple(names.index(p) for p in self.picks)),
+                      without_passage=names.index("original"))
 
     def to_json(self) -> dict[str, Any]:
         return {"signal": SIGNAL, "thresholds": list(self.thresholds), "picks": list(self.picks),
@@ -179,9 +188,28 @@ def auto_method(lm: LoadedModel, artifact) -> "Method":   # noqa: F821 (juice.ev
 
 
 @torch.inference_mode()
+def has_passage(lm: LoadedModel, prompts: Sequence[str], questions: Sequence[str]) -> list[bool]:
+    """Per request, whether it has a passage: its prompt's token ids differ from its question's
+    (the structure :class:`juice.engine.Choice` decides "no passage" by; module docstring).
+
+    Raises:
+        ValueError: `prompts` and `questions` of different lengths.
+    """
+    from juice.tokens import token_ids
+
+    if len(prompts) != len(questions):
+        raise ValueError("one question per prompt")
+    return [token_ids(lm.tokenizer, p) != token_ids(lm.tokenizer, q) for p, q in zip(prompts, questions)]
+
+
+@torch.inference_mode()
 def first_step_signal(lm: LoadedModel, prompts: Sequence[str], questions: Sequence[str], *, batch: int = 16) -> Tensor:
     """`[n]` first-step JSD (bits) between each prompt's and its question's next-token
     distributions under the unmodified model (the policy's signal), batched (left padding).
+
+    A request without a passage (:func:`has_passage`) gets exactly 0, by its structure, and is
+    not computed: the two rows of one text at different places in a padded batch agree only to
+    about 1e-8 in fp32, processor-dependent. The others agree with one at a time to that order.
 
     Raises:
         ValueError: `prompts` and `questions` of different lengths.
@@ -189,9 +217,12 @@ def first_step_signal(lm: LoadedModel, prompts: Sequence[str], questions: Sequen
     from juice.engine import forward_last
     from juice.tokens import pad_left, token_ids
 
-    if len(prompts) != len(questions):
-        raise ValueError("one question per prompt")
-    texts = list(prompts) + list(questions)
+    passage = has_passage(lm, prompts, questions)
+    rows = [k for k, p in enumerate(passage) if p]
+    texts = [prompts[k] for k in rows] + [questions[k] for k in rows]
+    out = torch.zeros(len(prompts))
+    if not texts:
+        return out
     logits = []
     for at in range(0, len(texts), batch):
         ids = [token_ids(lm.tokenizer, t) for t in texts[at:at + batch]]
@@ -199,10 +230,9 @@ def first_step_signal(lm: LoadedModel, prompts: Sequence[str], questions: Sequen
         hidden, _ = forward_last(lm, b.input_ids.to(lm.device), b.attention_mask.to(lm.device),
                                  b.position_ids.to(lm.device))
         logits.append(lm.logits(hidden).float().cpu())
-    if not texts:
-        return torch.zeros(0)
     both = torch.cat(logits)
-    return jsd_alpha(both[:len(prompts)], both[len(prompts):])
+    out[torch.tensor(rows)] = jsd_alpha(both[:len(rows)], both[len(rows):]).to(out.dtype)
+    return out
 
 
 @dataclass
@@ -229,25 +259,34 @@ class AutoFit:
 
 
 def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], types: Sequence[str],
-               sources: Sequence[str], betas: Mapping[str, tuple[float, float]]) -> AutoFit:
+               sources: Sequence[str], betas: Mapping[str, tuple[float, float]],
+               passage: Sequence[bool] | None = None) -> AutoFit:
     """Choose thresholds and a candidate per bin (module docstring) from validation outcomes.
 
     Args:
-        verdicts: candidate name -> per item, its use-relevant verdict.
+        verdicts: candidate name -> per item, its use-relevant verdict ("original" required).
         signal: per item, the first-step JSD (bits).
         types, sources: per item, its context type and source.
         betas: the steered candidates' betas.
+        passage: per item, whether it has a passage (:func:`has_passage`); default: every item
+            but the "none" ones. An item without one is decoded with Original whatever the
+            bins (:attr:`juice.engine.Choice.without_passage`): it scores Original's verdict
+            and never moves a threshold.
 
     Returns:
         the :class:`AutoFit`: the objective is the mean over context types of the accuracy
         averaged over sources, as :func:`juice.eval.contexts.context_type_means` reports it.
 
     Raises:
-        ValueError: no items, or lists of different lengths.
+        ValueError: no items, lists of different lengths, or no "original" verdicts.
     """
     n = len(signal)
-    if not n or any(len(v) != n for v in verdicts.values()) or len(types) != n or len(sources) != n:
-        raise ValueError("auto: one verdict, signal, type and source per validation item")
+    passage = [t != "none" for t in types] if passage is None else [bool(p) for p in passage]
+    if (not n or any(len(v) != n for v in verdicts.values()) or len(types) != n or len(sources) != n
+            or len(passage) != n):
+        raise ValueError("auto: one verdict, signal, type, source and passage flag per validation item")
+    if "original" not in verdicts:
+        raise ValueError("auto: the fit needs Original's verdicts (the choice without a passage)")
     names = [c for c in CANDIDATES if c in verdicts]
     present = [t for t in CONTEXT_TYPES if t in set(types)]
     count: dict[tuple[str, str], int] = {}
@@ -255,8 +294,9 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
         count[t, s] = count.get((t, s), 0) + 1
     per_type_sources = {t: sum(1 for (tt, _) in count if tt == t) for t in present}
     weight = [100.0 / (len(present) * per_type_sources[t] * count[t, s]) for t, s in zip(types, sources)]
-    score = {c: [w * bool(v) for w, v in zip(weight, verdicts[c])] for c in names}
-    order = sorted(set(float(x) for x in signal))
+    score = {c: [w * bool(v) * p for w, v, p in zip(weight, verdicts[c], passage)] for c in names}
+    fixed = sum(w * bool(v) for w, v, p in zip(weight, verdicts["original"], passage) if not p)
+    order = sorted(set(float(x) for x, p in zip(signal, passage) if p))
     cuts = [(a + b) / 2 for a, b in zip(order, order[1:])]
     if len(cuts) > THRESHOLD_GRID:
         cuts = [cuts[round(i * (len(cuts) - 1) / (THRESHOLD_GRID - 1))] for i in range(THRESHOLD_GRID)]
@@ -266,7 +306,7 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
     for k in range(MAX_THRESHOLDS + 1):
         for edges in itertools.combinations(cuts, k):
             bins = [sum(x >= e for e in edges) for x in signal]
-            picks, total = [], 0.0
+            picks, total = [], fixed
             for b in range(k + 1):   # the best candidate per bin (the objective is a sum over items)
                 gains = [sum(sc for sc, bb in zip(score[c], bins) if bb == b) for c in names]
                 j = max(range(len(names)), key=lambda i: (round(gains[i], 9), -i))
@@ -283,7 +323,7 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
     policy = AutoPolicy(tuple(edges), tuple(picks),
                         {c: tuple(betas[c]) for c in set(picks) if c not in ("original", "adacad")})
     bins = [sum(x >= e for e in edges) for x in signal]
-    chosen = [verdicts[picks[b]][i] for i, b in enumerate(bins)]
+    chosen = [verdicts[picks[b] if p else "original"][i] for i, (b, p) in enumerate(zip(bins, passage))]
 
     def type_mean(values: Sequence[bool]) -> dict[str, float]:
         out = {}
@@ -332,12 +372,14 @@ def tune_auto(lm: LoadedModel, artifact, items: ContextItems | Sequence[ContextI
     by_item: dict[str, list[bool]] = {c: [] for c in methods}
     for r in results:   # in item order, per method
         by_item[r.method].append(r.correct)
-    signal = first_step_signal(lm, [i.prompt for i in items], [i.question for i in items]).tolist()
-    fit = fit_policy(by_item, signal, [i.context_type for i in items], [i.source for i in items], betas)
+    prompts, questions = [i.prompt for i in items], [i.question for i in items]
+    signal = first_step_signal(lm, prompts, questions).tolist()
+    fit = fit_policy(by_item, signal, [i.context_type for i in items], [i.source for i in items], betas,
+                     has_passage(lm, prompts, questions))
     artifact.tuned = {**artifact.tuned, "auto": {**fit.policy.to_json(), "validation": fit.to_json(),
                                                  "data": dict(where or {})}}
     return fit
 
 
 __all__ = ["AutoFit", "AutoPolicy", "AutoRule", "CANDIDATES", "SIGNAL", "auto_method", "candidate_betas",
-           "first_step_signal", "fit_policy", "policy_of", "tune_auto"]
+           "first_step_signal", "fit_policy", "has_passage", "policy_of", "tune_auto"]

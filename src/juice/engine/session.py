@@ -14,7 +14,8 @@ Each :meth:`~DecodingSession.step`
    their cache rows so that every stream owns its rows (a JuICE stream [clean copy, steered],
    a contrastive stream [question copy, prompt copy]; a stream with a
    :class:`~juice.engine.streams.Choice` makes its choice here and keeps the chosen candidate's
-   rows only, decoding from then on as that candidate's stream);
+   rows only, decoding from then on as that candidate's stream; one without a passage, its
+   prompt's ids equal to its question's, was given its `without_passage` candidate when added);
 4. retires the streams that finished (EOS, `max_new_tokens`, or a caller's `stop` predicate) and
    merges the new ones' cache rows into the running cache: the shorter cache is left-padded to
    the longer one's length with masked positions, exactly as :func:`juice.tokens.pad_left` pads
@@ -78,6 +79,7 @@ class _Live:
     sampler: tuple | None = None
     seen: Tensor | None = None          # [vocab] bool: tokens in the sequence (repetition penalty)
     finished: bool = False              # held in a static batch after its end
+    preset: int | None = None           # a choice made from the request's structure (no passage)
 
     @property
     def rows(self) -> int:
@@ -103,7 +105,8 @@ class StepToken:
             the repetition penalty and any contrast), if it gave probes; else None.
         forced_logprob: the log-probability (nats, float64 precision) of a forced token, else None.
         choice: at the first token of a stream with a :class:`~juice.engine.streams.Choice`,
-            the index of the candidate it chose; else None.
+            the index of the candidate it chose (its rule's pick, or the choice's
+            `without_passage` for a request whose prompt is its question); else None.
     """
 
     key: Hashable
@@ -200,6 +203,12 @@ class DecodingSession:
             self._site = steering.site
         if any(s.key == key for s in self.pending + self.running):
             raise ValueError(f"a stream named {key!r} is already in the session")
+        preset = None
+        if stream.choice is not None and list(question_ids) == list(prompt_ids):
+            # no passage, by the request's structure (Choice.without_passage): decided here,
+            # before any forward, so no floating-point signal can send it to a steered bin
+            preset = stream.choice.without_passage
+            stream = stream.chosen(preset)
         sm = stream.sampling
         question = None if question_ids is None or stream.question is None else list(question_ids)
         self.pending.append(_Live(
@@ -207,7 +216,7 @@ class DecodingSession:
             tuple(prompt_ids) if prompt_key is None else prompt_key, question,
             None if question is None else (tuple(question) if question_key is None else question_key),
             None if forced is None else list(forced), None if probes is None else list(probes), logprobs,
-            sampler=None if sm is None else (sm, torch.Generator().manual_seed(sm.seed))))
+            sampler=None if sm is None else (sm, torch.Generator().manual_seed(sm.seed)), preset=preset))
 
     def cancel(self, key: Hashable) -> None:
         """Drop the stream at the next step (its rows leave the batch before any forward)."""
@@ -326,7 +335,8 @@ class DecodingSession:
                       "length" if len(s.tokens) >= s.max_new_tokens else None)
             lp, top = lps.get(r, (None, None))
             out.append(StepToken(s.key, t, reason, lp, top, probe_probs.get(r),
-                                 None if forced_lp is None or forced[r] is None else float(forced_lp[r]), picked[r]))
+                                 None if forced_lp is None or forced[r] is None else float(forced_lp[r]),
+                                 picked[r] if picked[r] is not None else s.preset if len(s.tokens) == 1 else None))
         return out, picked
 
     def _decode(self) -> list[StepToken]:

@@ -70,18 +70,29 @@ class Choice:
             contrasts (CAD, AdaCAD: a :class:`Contrast` whose `question` is ignored, the
             choice's is used), whose rows the prefill already holds.
         rule: a :data:`ChoiceRule` (hashable: streams are grouped by it).
+        without_passage: the candidate (index) a request without a passage decodes with. That a
+            request has no passage is read from its structure, never from the rule's signal:
+            its prompt's token ids equal its question's (the prompt *is* the question; a caller
+            says "no context" by giving the prompt as its own question). The rule is not called
+            for such a request: a floating-point signal computed from two rows at different
+            places in a batch agrees with the exact 0 only to about 1e-8 in fp32, and how
+            closely depends on the processor's kernels (issue 43).
 
     Raises:
-        ValueError: no candidate, or steerings at two sites.
+        ValueError: no candidate, steerings at two sites, or `without_passage` outside the
+            candidates.
     """
 
     question: int
     candidates: tuple["Steering | Contrast", ...]
     rule: ChoiceRule
+    without_passage: int = 0
 
     def __post_init__(self) -> None:
         if not self.candidates:
             raise ValueError("a choice needs at least one candidate steering")
+        if not 0 <= self.without_passage < len(self.candidates):
+            raise ValueError(f"without_passage {self.without_passage} is not one of the {len(self.candidates)} candidates")
         if len({c.site for c in self.candidates if isinstance(c, Steering) and c.method != "original"}) > 1:
             raise ValueError("a choice's candidate steerings must share a site")
 
