@@ -9,6 +9,10 @@ fixtures `tiny_models`, `tiny`, `tiny_llama` and `tiny_gemma3` put their models 
 tests build their own inputs on `lm.device` and compare results on the CPU. A device this machine
 does not have (`cuda` without a GPU) skips every test that needs a tiny model, with the reason;
 the tests that need none still run. The embedded real model (`real_model`) is not affected.
+
+`JUICE_TEST_ATTENTION` (`sdpa` or `eager`; default: transformers' default, sdpa) names the
+attention implementation of the tiny models (Gemma 2 always runs eager: its sdpa path drops the
+attention-logit soft-capping). `benchmarks/gpu_check.sh` runs the engine's tests under both.
 """
 
 from __future__ import annotations
@@ -84,6 +88,9 @@ def _resolve_test_device() -> tuple[torch.device | None, str]:
 
 
 TEST_DEVICE, TEST_DEVICE_UNAVAILABLE = _resolve_test_device()
+TEST_ATTENTION = os.environ.get("JUICE_TEST_ATTENTION", "").strip() or None
+if TEST_ATTENTION not in (None, "sdpa", "eager"):
+    raise pytest.UsageError(f"JUICE_TEST_ATTENTION must be sdpa or eager, not {TEST_ATTENTION!r}")
 
 
 def tiny_device() -> torch.device:
@@ -114,7 +121,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 def pytest_report_header(config) -> str:
-    return f"juice tiny models on: {TEST_DEVICE or TEST_DEVICE_UNAVAILABLE}"
+    return f"juice tiny models on: {TEST_DEVICE or TEST_DEVICE_UNAVAILABLE}, attention {TEST_ATTENTION or 'default'}"
 
 
 def build_tiny(model_type: str, seed: int = 0) -> LoadedModel:
@@ -123,7 +130,7 @@ def build_tiny(model_type: str, seed: int = 0) -> LoadedModel:
     device = tiny_device()
     config = AutoConfig.for_model(model_type, **TINY_CONFIGS[model_type])
     torch.manual_seed(seed)
-    attn = "eager" if model_type == "gemma2" else None
+    attn = "eager" if model_type == "gemma2" else TEST_ATTENTION
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
     return wrap_model(model.to(device), make_tokenizer(), name=f"tiny-{model_type}")
 

@@ -63,6 +63,7 @@ def _corrupt_batches(monkeypatch, when):
 
 def test_a_mismatch_switches_to_eager_attention_and_says_so(monkeypatch):
     lm = build_tiny("llama")   # its own copy: the fallback changes the model
+    lm.model.set_attn_implementation("sdpa")   # the fallback starts from sdpa, whatever JUICE_TEST_ATTENTION says
     assert guard.attention_implementation(lm) == "sdpa"
     alone = [generate(lm, [p], [Stream(0)], 6).tokens[0] for p in PROMPTS]
     _corrupt_batches(monkeypatch, lambda lm: guard.attention_implementation(lm) != "eager")
@@ -105,6 +106,7 @@ def test_cad_batches_are_checked_too(monkeypatch):
     import juice.baselines.cad as cad
 
     lm = build_tiny("llama")
+    lm.model.set_attn_implementation("sdpa")   # the fallback starts from sdpa, whatever JUICE_TEST_ATTENTION says
     questions = ["the capital of france is", "the capital of japan is", "the capital of spain is"]
     alone = [cad.cad_generate(lm, [p], [q], 5).tokens[0] for p, q in zip(PROMPTS, questions)]
     real = st._generate_chunk   # CAD streams decode in the engine's chunks
