@@ -50,6 +50,17 @@ def test_pipeline_evaluates_every_domain_of_the_paper_layout_writes_outputs_and_
     assert "## Degenerate outputs" in md and set(results["degeneration"]["cells"]) == methods
     assert results["degeneration"]["cells"]["JuICE"]["Average"]["clean"]["n"] == 6
     assert all("degeneration" in c["betas"]["juice"] for c in results["choices"].values())
+    # issue 49: the second score, correct and not degenerate, with its paired differences
+    usable = results["correct_not_degenerate"]
+    assert set(usable["cells"]) == methods and "JuICE - Original" in usable["differences"]
+    assert "## Correct and not degenerate" in md and "Paired differences, correct and not degenerate" in md
+    from juice.eval.degeneration import correct_not_degenerate
+    from juice.eval.runner import results_from_json
+    rows = [r for r in results_from_json(results["items"]) if r.method == "JuICE" and r.domain == "world_capital"
+            and r.conflict_type == "clean"]
+    assert usable["cells"]["JuICE"]["world_capital"]["clean"]["mean"] == pytest.approx(
+        sum(map(correct_not_degenerate, rows)) / len(rows))
+    assert (out / "table_correct_not_degenerate.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "table.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     heads = json.loads((out / "heads.json").read_text())
     assert heads["model"]["model_type"] == "llama" and len(heads["head_set"]) == 4
@@ -190,6 +201,8 @@ def test_contextual_pipeline_runs_writes_table2_and_resumes(tiny_llama, tmp_path
                                        "proverb_translation"}
     table = (tmp_path / "out" / "table2.md").read_text()
     assert "NQ-Swap" in table and "Proverb Translation" in table and "likelihood" in table
+    assert "## Degenerate outputs" in table and "## Correct and not degenerate" in table
+    assert set(results["correct_not_degenerate"]["cells"]) == methods
     # when to steer (issue 35): NQ-Swap's 2 test questions under 4 context types, every method
     contexts = results["contexts"]
     assert set(contexts) == {"use_relevant", "trust_memory", "follows_context"}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from juice.eval.runner import ItemResult
 from juice.eval.tuning import GridSetting, grid_name, grid_points
 
@@ -52,3 +54,43 @@ def test_per_domain_tuning_picks_each_domains_betas_from_its_own_validation_only
     assert (choices["B"].betas["juice"].beta_plus, choices["B"].betas["juice"].beta_minus) == (3.0, -2.0)
     assert choices["A"].betas["juice"].accuracy == 100.0 and choices["B"].n_validation == 3
     assert (choices["A"].betas["june"].beta_plus, choices["A"].betas["june"].beta_minus) == (2.0, -1.0)
+
+
+def test_a_degeneration_margin_refuses_the_most_accurate_setting_when_it_breaks_the_text(tiny_llama, monkeypatch):
+    """Issue 49: JuICE (5, 0) is the most accurate on validation but half its outputs repeat
+    themselves; (2, 0) is less accurate and fluent. The paper's criterion (no margin) takes (5, 0);
+    a margin of 10 points over Original's (the (0, 0) point: 0% degenerate) takes (2, 0); the
+    refused setting's degeneration is what the choice records. PH3's k obeys the same rule."""
+    import pytest
+
+    import juice.eval.tuning as tuning
+    from juice.baselines.ph3 import Ph3Scores
+    from juice.interventions import Head, HeadSelection
+
+    broken, fluent = grid_name("juice", 5, 0), grid_name("juice", 2, 0)
+
+    def fake_run(lm, items, steerings, direction, conflict_types, max_rows, on_progress):
+        out = []
+        for ex in items:
+            for t in conflict_types:
+                for name in steerings:
+                    k = int(ex.subject[1:])
+                    right = name in (broken, "PH3-l:k=9") or (name in (fluent, "PH3-l:k=3") and k % 4 != 0)
+                    text = " Paris, Paris, Paris, Paris" if name in (broken, "PH3-l:k=9") and k % 2 else " Paris."
+                    out.append(ItemResult(ex.domain, ex.subject, t, name, text, right, False, 0.5, 0.0))
+        return out
+
+    monkeypatch.setattr(tuning, "_run", fake_run)
+    g = tiny_llama.heads.geometry
+    ph3 = {"PH3-l": Ph3Scores(torch.randn(g.n_layers, g.n_heads), torch.zeros(1))}
+    validation = {"A": [type("Ex", (), {"domain": "A", "subject": f"s{i}"})() for i in range(8)]}
+    sel = HeadSelection((Head(0, 0),), (Head(1, 1),))
+    paper = tuning.tune_per_domain(tiny_llama, validation, sel, ph3, methods=("juice",))["A"]
+    assert (paper.betas["juice"].beta_plus, paper.betas["juice"].degeneration) == (5.0, 50.0)
+    assert paper.prune["PH3-l"].k == 9
+    margin = tuning.tune_per_domain(tiny_llama, validation, sel, ph3, methods=("juice",), degeneration_margin=10)["A"]
+    assert (margin.betas["juice"].beta_plus, margin.betas["juice"].degeneration) == (2.0, 0.0)
+    assert margin.prune["PH3-l"].k == 3
+    with pytest.raises(ValueError, match="margin"):
+        tuning.tune_per_domain(tiny_llama, validation, sel, methods=("juice",), degeneration_margin=10,
+                               beta_plus_grid=(1.0, 2.0))

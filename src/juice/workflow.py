@@ -42,7 +42,7 @@ from typing import Any
 from juice.baselines.ph3 import PRUNE_K, ConflictPrompt, Ph3Scores, heads_to_prune, logit_difference_effects
 from juice.baselines.prompt import CONTEXTUAL_COMPLETION, instructed_parametric
 from juice.data.records import Direction
-from juice.eval.degeneration import DEGENERATION_MARGIN
+from juice.eval.degeneration import DEGENERATION_MARGIN, correct_not_degenerate
 from juice.eval.metrics import is_correct
 from juice.eval.runner import (
     MAX_NEW_TOKENS,
@@ -394,6 +394,8 @@ class RowsEvaluation:
         table: accuracy intervals; columns are the rows' labels and "Average", group "all".
         degeneration: the share of degenerate outputs, laid out as `table`
             (:mod:`juice.eval.degeneration`).
+        correct_not_degenerate: exact match on a non-degenerate output, laid out as `table`,
+            with its paired differences (:func:`juice.eval.degeneration.correct_not_degenerate`).
         methods: table names in order; settings: the betas / k each method used.
     """
 
@@ -403,6 +405,7 @@ class RowsEvaluation:
     settings: dict[str, Any]
     data: dict[str, Any]
     degeneration: IntervalTable | None = None
+    correct_not_degenerate: IntervalTable | None = None
 
     def columns(self) -> list[tuple[str, str]]:
         labels = list(dict.fromkeys(r.domain for r in self.results))
@@ -414,6 +417,8 @@ class RowsEvaluation:
         return {"data": self.data, "methods": self.methods, "settings": self.settings,
                 "table": self.table.to_json(),
                 "degeneration": self.degeneration.to_json() if self.degeneration else None,
+                "correct_not_degenerate": (self.correct_not_degenerate.to_json()
+                                           if self.correct_not_degenerate else None),
                 "results": results_to_json(self.results)}
 
 
@@ -481,7 +486,8 @@ def evaluate_file(
     names = list(table_methods)
     table = interval_table(results, names, resamples=resamples, seed=seed)
     degeneration = interval_table(results, names, value=lambda r: r.degenerate, resamples=resamples, seed=seed)
-    return RowsEvaluation(results, table, names, settings, {**where, "direction": direction}, degeneration)
+    usable = interval_table(results, names, value=correct_not_degenerate, resamples=resamples, seed=seed)
+    return RowsEvaluation(results, table, names, settings, {**where, "direction": direction}, degeneration, usable)
 
 
 __all__ = ["METHOD_NAMES", "RowsEvaluation", "TunedSetting", "check_methods", "check_tune_methods", "evaluate_file", "evaluate_rows", "evaluation_methods",

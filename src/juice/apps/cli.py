@@ -85,6 +85,10 @@ def reproduce(
     device_map: Optional[str] = typer.Option(None, help='e.g. "auto" to shard the model over GPUs (accelerate)'),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
     beta_minus_grid: Optional[str] = typer.Option(None, help=BETA_MINUS_GRID_HELP),
+    degeneration_margin: Optional[float] = typer.Option(
+        None, help="NOT the paper's protocol (accuracy only): tuning refuses settings whose share of "
+                          "degenerate validation outputs exceeds Original's by more than this many points "
+                          "(juice tune's rule; 10 there)"),
 ):
     """Run the paper's Table 1 (parametric) or Table 2 (contextual) protocol and print the tables.
 
@@ -101,6 +105,8 @@ def reproduce(
     if scoring not in ("exact", "hybrid", "attribution"):
         raise typer.BadParameter("scoring must be exact, hybrid or attribution")
     grid = _grid(beta_minus_grid, "--beta-minus-grid")
+    if degeneration_margin is not None and not (math.isfinite(degeneration_margin) and degeneration_margin >= 0):
+        raise typer.BadParameter("--degeneration-margin must be a number of percentage points >= 0")
     cfg = ReproduceConfig(
         model=model, out_dir=out, validation_size=None if full else validation_size,
         limit=None if full else limit if limit is not None else "default",
@@ -109,7 +115,7 @@ def reproduce(
         device_map=device_map, dtype=dtype, baselines=baselines, ph3_dev_size=200 if full else ph3_dev_size,
         ph3_knockout=ph3_knockout, data_root=data_root,
         validation_per_dataset=max(50, validation_per_dataset) if full else validation_per_dataset,
-        **({"beta_minus_grid": grid} if grid else {}),
+        **({"beta_minus_grid": grid} if grid else {}), degeneration_margin=degeneration_margin,
     )
     start = time.perf_counter()
     with _progress() as task:
@@ -127,7 +133,8 @@ def reproduce(
                                     title=f"Table 1 layout, unfiltered test split: {name} ({heads_note})"))
         console.print(interval_rich(result.table_known, methods, cols, headers, caption=caption,
                                     title=f"Test items the model knows: {name}"))
-        files = ("results.json", "table.md", "table.png", "table_known.png", "heads.json")
+        files = ("results.json", "table.md", "table.png", "table_known.png", "table_correct_not_degenerate.png",
+                 "table_degeneration.png", "heads.json")
     else:
         cols, headers = table2_columns(result.domains, result.titles)
         console.print(interval_rich(result.table, methods, cols, headers,
@@ -137,12 +144,19 @@ def reproduce(
             lcols, lheaders = table2_columns(mt, result.titles)
             console.print(interval_rich(result.likelihood, methods, lcols, lheaders,
                                         title="MemoTrap, likelihood comparison (%)"))
-        files = ("results_contextual.json", "table2.md", "table2.png", "heads_contextual.json")
+        files = ("results_contextual.json", "table2.md", "table2.png", "table2_correct_not_degenerate.png",
+                 "table2_degeneration.png", "heads_contextual.json")
     if result.degeneration:
         average = [(c, h) for c, h in zip(cols, headers) if c[0] == "Average"]
         console.print(interval_rich(result.degeneration, methods, [c for c, _ in average], [h for _, h in average],
                                     title="degenerate outputs, % of the average over domains (lower is better; "
                                           "juice's measure)", bold=False))
+    if result.correct_not_degenerate:
+        average = [(c, h) for c, h in zip(cols, headers) if c[0] == "Average"]
+        console.print(interval_rich(result.correct_not_degenerate, methods, [c for c, _ in average],
+                                    [h for _, h in average],
+                                    title="correct and not degenerate, % of the average over domains (juice's "
+                                          "second score)"))
     console.print(f"heads +: {', '.join(map(str, result.selection.positive))}   "
                   f"heads -: {', '.join(map(str, result.selection.negative))}")
     for d, c in result.choices.items():
@@ -343,7 +357,7 @@ def evaluate(
                            out, model, device, None if full else max_prompt_tokens)
         return
     from juice.apps.terminal import interval_rich
-    from juice.eval.report import DEGENERATION_NOTE, difference_markdown, interval_markdown
+    from juice.eval.report import degeneration_markdown, difference_markdown, interval_markdown
     from juice.stage1 import load_heads
     from juice.io import write_json_atomic
     from juice.models import load_model
@@ -370,6 +384,8 @@ def evaluate(
                                 title=f"{data.name}: exact match, % (95% interval half-width)"))
     console.print(interval_rich(report.degeneration, report.methods, columns, headers,
                                 title="degenerate outputs, % (lower is better; juice's measure)", bold=False))
+    console.print(interval_rich(report.correct_not_degenerate, report.methods, columns, headers,
+                                title="correct and not degenerate, % (juice's second score)"))
     for name, setting in report.settings.items():
         console.print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in setting.items()))
     out.mkdir(parents=True, exist_ok=True)
@@ -378,8 +394,8 @@ def evaluate(
         f"# {data.name} ({chosen} direction)\n\nExact match, % (95% bootstrap interval half-width); "
         f"bold: interval wholly above the runner-up's.\n\n" + interval_markdown(report.table, report.methods, columns, headers)
         + "\nPaired differences, percentage points [95% interval]:\n\n" + difference_markdown(report.table, columns, headers)
-        + "\n## Degenerate outputs\n\n" + interval_markdown(report.degeneration, report.methods, columns, headers, bold=False)
-        + "\n" + DEGENERATION_NOTE + "\n", encoding="utf-8")
+        + "\n".join(degeneration_markdown(report.degeneration, report.correct_not_degenerate, report.methods, columns,
+                                           headers, columns, headers)), encoding="utf-8")
     console.print(f"wrote {out / 'evaluation.json'}, {out / 'evaluation.md'}")
 
 

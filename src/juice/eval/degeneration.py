@@ -17,9 +17,14 @@ shows within the first words; a repetition that starts later shows in longer tex
 reply, a served completion).
 
 Tables report the share of degenerate outputs per method with n and a 95% bootstrap interval
-(:func:`juice.eval.tables.interval_table` with `value=is_degenerate`); `juice tune` never chooses
-a setting whose share on the tuning rows exceeds Original's by more than
-:data:`DEGENERATION_MARGIN` percentage points (:func:`juice.workflow.tune`).
+(:func:`juice.eval.tables.interval_table` with `value=is_degenerate`), and beside accuracy a
+second score, **correct and not degenerate** (:func:`correct_not_degenerate`: exact match on an
+output that is not degenerate), with its paired differences: exact match reads the first five
+words, so " Richie Cunningham , Richie Cunningham , Richie Cunningham" counts as correct there
+and not here. `juice tune` never chooses a setting whose share on the tuning rows exceeds
+Original's by more than :data:`DEGENERATION_MARGIN` percentage points (:func:`juice.workflow.tune`);
+`juice reproduce --degeneration-margin P` applies the same rule to the paper's per-domain grids
+(:func:`juice.eval.tuning.tune_per_domain`), an option: the paper's protocol reads accuracy only.
 """
 
 from __future__ import annotations
@@ -55,6 +60,13 @@ def repeated_share(text: str, n: int = NGRAM) -> float:
         repeated += gram in seen
         seen.add(gram)
     return repeated / len(grams)
+
+
+def correct_not_degenerate(result) -> bool:
+    """The second score beside accuracy (module docstring): an item result (any object with
+    `correct` and `degenerate`, e.g. :class:`juice.eval.runner.ItemResult`) that is correct and
+    whose output is not degenerate."""
+    return bool(result.correct) and not bool(result.degenerate)
 
 
 def is_degenerate(text: str) -> bool:

@@ -83,6 +83,29 @@ DEGENERATION_NOTE = ("Degenerate outputs (%): outputs whose character 6-grams re
                      "half-width of the 95% bootstrap interval; lower is better.")
 """The caption of every degeneration table."""
 
+CORRECT_NOT_DEGENERATE_NOTE = (
+    "Correct and not degenerate (%): exact match on an output that is not degenerate (the measure above), ± the "
+    "half-width of the 95% bootstrap interval; juice's second score beside the paper's accuracy: exact match reads "
+    "the first five words, so an answer followed by a repeated phrase counts as correct there and not here.")
+"""The caption of every correct-and-not-degenerate table."""
+
+
+def degeneration_markdown(degeneration: Any, usable: Any, methods: Sequence[str], columns: Sequence[tuple[str, str]],
+                          headers: Sequence[str], average: Sequence[tuple[str, str]], average_headers: Sequence[str],
+                          view: str = "") -> list[str]:
+    """The sections a table's page shows beside accuracy (issue 49): degenerate outputs, correct
+    and not degenerate, and the paired differences of the latter on the average columns."""
+    out: list[str] = []
+    if degeneration is not None:
+        out += [f"\n## Degenerate outputs{view}\n", interval_markdown(degeneration, methods, columns, headers, bold=False),
+                "\n" + DEGENERATION_NOTE + "\n"]
+    if usable is not None:
+        out += [f"\n## Correct and not degenerate{view}\n", interval_markdown(usable, methods, columns, headers),
+                "\n" + CORRECT_NOT_DEGENERATE_NOTE + "\n",
+                "\n## Paired differences, correct and not degenerate (percentage points, 95% paired bootstrap "
+                "interval; * excludes 0)\n", difference_markdown(usable, average, average_headers)]
+    return out
+
 
 def difference_markdown(table: Any, columns: Sequence[tuple[str, str]], headers: Sequence[str]) -> str:
     """Paired differences of accuracy (percentage points, 95% paired bootstrap interval) for every

@@ -9,7 +9,10 @@ Both are chosen per domain (dataset) on that domain's own validation split (docs
 own rows also guards against it (:func:`juice.workflow.tune`). The setting with the best accuracy wins (mean over conflict types
 in the parametric direction; the dataset's accuracy in the contextual one), ties broken by the
 mean first-token probability of the target answer, then by the order of the grid (smaller
-first). All settings of all domains are evaluated in the same batches, sharing each prompt's
+first). With a `degeneration_margin` (juice's option, `juice reproduce --degeneration-margin`;
+not the paper's protocol) a setting whose share of degenerate validation outputs exceeds
+Original's (the grid's (0, 0) point, which is the unmodified model) by more than the margin is
+not chosen, as `juice tune` does. All settings of all domains are evaluated in the same batches, sharing each prompt's
 clean prefill.
 """
 
@@ -59,7 +62,7 @@ class GridPoint:
     p_answer: float          # mean first-token probability of the target answer
     per_type: tuple[float, ...] = ()  # accuracy per group, percent
     k: int | None = None     # PH3's number of pruned heads; None for JuICE and JuNE
-    degeneration: float = 0.0  # degenerate outputs, percent (juice.eval.degeneration; recorded, not a criterion)
+    degeneration: float = 0.0  # degenerate outputs, percent (juice.eval.degeneration; a criterion only with a margin)
 
     @property
     def key(self) -> tuple[float, float]:
@@ -133,6 +136,15 @@ class DomainChoice:
     n_validation: int
 
 
+def _within_margin(points: Sequence[GridPoint], method: str, margin: float | None) -> Callable[[GridPoint], bool]:
+    """Whether a point's degeneration is within `margin` points of Original's (`method`'s (0, 0)
+    point on the same rows); always true without a margin."""
+    if margin is None:
+        return lambda g: True
+    original = next(g.degeneration for g in points if g.method == method and g.beta_plus == 0 and g.beta_minus == 0)
+    return lambda g: g.degeneration <= original + margin + 1e-9
+
+
 def tune_per_domain(
     lm: LoadedModel,
     validation: Mapping[str, Sequence[ConflictExample] | Sequence[ContextualExample]],
@@ -148,6 +160,7 @@ def tune_per_domain(
     max_rows: int | str = 64,
     on_progress: Callable[[int], None] | None = None,
     site: str = "o_proj_input",
+    degeneration_margin: float | None = None,
 ) -> dict[str, DomainChoice]:
     """JuICE's and JuNE's (beta+, beta-) and PH3's k, chosen per domain on that domain's own
     validation split (docs/protocol.md, "Hyperparameters per domain"; paper App. D.1).
@@ -164,10 +177,20 @@ def tune_per_domain(
         ph3: PH3 variant name -> its head scores; their k is tuned alongside the betas.
         site: where JuICE and JuNE steer (:data:`juice.steering.SITES`; "post_norm": after the
             attention output norm, `juice analyze norm`).
+        degeneration_margin: percentage points of degenerate validation outputs a chosen setting
+            (betas or k) may add to Original's on the same domain (module docstring); None: the
+            paper's criterion, accuracy only.
 
     Returns:
         domain -> :class:`DomainChoice`.
+
+    Raises:
+        ValueError: a negative margin, or a margin without (0, 0) in both beta grids (Original's
+            reference).
     """
+    if degeneration_margin is not None and (degeneration_margin < 0 or 0.0 not in beta_plus_grid
+                                            or 0.0 not in beta_minus_grid or not methods):
+        raise ValueError("a degeneration margin needs a margin >= 0 and (0, 0) in the beta grids (Original)")
     ph3 = dict(ph3 or {})
     settings = [GridSetting(m, bp, bm) for m in methods for bp in beta_plus_grid for bm in beta_minus_grid]
     steerings = {s.label: Steering(s.method, steering_coefficients(lm.heads.geometry, selection, s.beta_plus,
@@ -186,10 +209,11 @@ def tune_per_domain(
         mine = [r for r in results if r.domain == domain]
         groups = [domain] if direction == "contextual" else list(conflict_types)
         points = grid_points(mine, groups, direction, settings=settings)
-        betas = {m: max((g for g in points if g.method == m), key=lambda g: g.key) for m in methods}
+        allowed = _within_margin(points, methods[0] if methods else "", degeneration_margin)
+        betas = {m: max((g for g in points if g.method == m and allowed(g)), key=lambda g: g.key) for m in methods}
         prune = {}
         for name in ph3:
-            pts = [g for g in points if g.method == name]
+            pts = [g for g in points if g.method == name and allowed(g)] or [g for g in points if g.method == name]
             best = max(pts, key=lambda g: (g.accuracy, g.p_answer, -g.k))
             prune[name] = PruneChoice(best.k, best.accuracy, {g.k: g.accuracy for g in pts})
         out[domain] = DomainChoice(betas, prune, tuple(g for g in points if g.method in methods), len(exs))

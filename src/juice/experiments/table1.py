@@ -37,7 +37,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from juice.data.records import CONFLICT_TYPES
-from juice.eval.report import DEGENERATION_NOTE, difference_markdown, interval_markdown, table1_columns
+from juice.eval.degeneration import correct_not_degenerate
+from juice.eval.report import degeneration_markdown, difference_markdown, interval_markdown, table1_columns
 from juice.eval.runner import evaluate, results_to_json, summary
 from juice.eval.tables import interval_table
 from juice.io import settings_key, write_json_atomic
@@ -54,6 +55,7 @@ from juice.pipeline.run import (
     scoring_title,
     selection_to_json,
     start_run,
+    tuning_label,
 )
 from juice.pipeline.stages import (
     domain_methods,
@@ -125,6 +127,7 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
         table=interval_table(all_results, methods_order, **boot),
         table_known=interval_table(all_results, methods_order, keep=lambda r: r.item_key in known, **boot),
         degeneration=interval_table(all_results, methods_order, value=lambda r: r.degenerate, **boot),
+        correct_not_degenerate=interval_table(all_results, methods_order, value=correct_not_degenerate, **boot),
         summary=summary(all_results), timings=timings,
         splits={d: {"head_set": len(s.head_set), "validation": len(s.validation), "ph3_dev": len(s.ph3_dev),
                     "test": len(s.test), "test_known": sum((d, ex.uid) in known for ex in s.test),
@@ -147,7 +150,7 @@ def write_outputs(result: ReproduceResult, results, out: Path) -> None:
     write_json_atomic(out / "results.json", {
         "config": cfg,
         "protocol": {"scoring": result.config.scoring, "scoring_label": scoring_title(result.config),
-                     "tuning": "per domain, on its own validation split",
+                     "tuning": tuning_label(result.config, "domain"),
                      "ph3_scoring": ph3_scoring(result.choices),
                      "beta_grid": {"beta_plus": list(result.config.beta_plus_grid),
                                    "beta_minus": list(result.config.beta_minus_grid)},
@@ -158,6 +161,7 @@ def write_outputs(result: ReproduceResult, results, out: Path) -> None:
         "table": result.table.to_json(),
         "table_known": result.table_known.to_json() if result.table_known else None,
         "degeneration": result.degeneration.to_json() if result.degeneration else None,
+        "correct_not_degenerate": result.correct_not_degenerate.to_json() if result.correct_not_degenerate else None,
         "accuracy": result.table.means(),
         "summary": result.summary,
         "timings_s": result.timings,
@@ -185,15 +189,18 @@ def write_outputs(result: ReproduceResult, results, out: Path) -> None:
             difference_markdown(result.table, avg_cols, avg_headers)]
     if result.table_known:
         text += ["\n## Paired differences, known items\n", difference_markdown(result.table_known, avg_cols, avg_headers)]
-    if result.degeneration:
-        text += ["\n## Degenerate outputs, unfiltered test split\n",
-                 interval_markdown(result.degeneration, methods, cols, headers, bold=False), "\n" + DEGENERATION_NOTE + "\n"]
+    text += degeneration_markdown(result.degeneration, result.correct_not_degenerate, methods, cols, headers,
+                                  avg_cols, avg_headers, ", unfiltered test split")
     (out / "table.md").write_text("\n".join(text), encoding="utf-8")
-    for name, table in (("table.png", result.table), ("table_known.png", result.table_known)):
+    for name, table, view in (("table.png", result.table, "unfiltered test split"),
+                              ("table_known.png", result.table_known, "test items the model knows"),
+                              ("table_correct_not_degenerate.png", result.correct_not_degenerate,
+                               "correct and not degenerate, unfiltered test split"),
+                              ("table_degeneration.png", result.degeneration,
+                               "degenerate outputs (lower is better), unfiltered test split")):
         if table is not None and have_matplotlib():
             cells = {m: {t: table.cells[m]["Average"][t] for t in CONFLICT_TYPES if t in table.cells[m]["Average"]}
                      for m in methods}
-            view = "unfiltered test split" if name == "table.png" else "test items the model knows"
             interval_bar_chart(cells, out / name, title=f"{result.model['name']}: average over domains, {view}")
 
 

@@ -34,7 +34,8 @@ from juice.data.contextual import (
     contextual_splits,
     load_contextual,
 )
-from juice.eval.report import DEGENERATION_NOTE, difference_markdown, interval_markdown, table2_columns
+from juice.eval.degeneration import correct_not_degenerate
+from juice.eval.report import degeneration_markdown, difference_markdown, interval_markdown, table2_columns
 from juice.eval.contexts import context_type_tables, evaluate_context_types
 from juice.eval.runner import Method, evaluate_contextual, results_to_json, summary
 from juice.eval.tables import interval_table
@@ -48,6 +49,7 @@ from juice.pipeline.run import (
     scoring_title,
     selection_to_json,
     start_run,
+    tuning_label,
 )
 from juice.pipeline.stages import (
     domain_methods,
@@ -208,6 +210,7 @@ def reproduce_contextual(
         domains=list(splits), titles=dict(CONTEXTUAL_TITLES), notes=notes, methods=tuple(order),
         likelihood=interval_table(by_likelihood, order, **boot) if by_likelihood else None,
         degeneration=interval_table(all_results, order, value=lambda r: r.degenerate, **boot),
+        correct_not_degenerate=interval_table(all_results, order, value=correct_not_degenerate, **boot),
         contexts=contexts,
     )
     _write(result, all_results, out)
@@ -220,7 +223,7 @@ def _write(result: ReproduceResult, results, out: Path) -> None:
     write_json_atomic(out / "results_contextual.json", {
         "config": asdict(result.config), "model": result.model, "heads": selection_to_json(result.selection),
         "protocol": {"scoring": result.config.scoring, "scoring_label": scoring_title(result.config),
-                     "tuning": "per dataset, on its own validation split",
+                     "tuning": tuning_label(result.config, "dataset"),
                      "ph3_scoring": ph3_scoring(result.choices),
                      "beta_grid": {"beta_plus": list(result.config.beta_plus_grid),
                                    "beta_minus": list(result.config.beta_minus_grid)},
@@ -228,6 +231,7 @@ def _write(result: ReproduceResult, results, out: Path) -> None:
         "choices": result.choices, "table": result.table.to_json(), "accuracy": result.table.means(),
         "likelihood": result.likelihood.to_json() if result.likelihood else None,
         "degeneration": result.degeneration.to_json() if result.degeneration else None,
+        "correct_not_degenerate": result.correct_not_degenerate.to_json() if result.correct_not_degenerate else None,
         "contexts": {k: t.to_json() for k, t in result.contexts.items()} if result.contexts else None,
         "summary": result.summary, "timings_s": result.timings,
         "splits": result.splits, "notes": result.notes, "items": results_to_json(results),
@@ -251,9 +255,8 @@ def _write(result: ReproduceResult, results, out: Path) -> None:
     avg = [(c, h) for c, h in zip(cols, headers) if c[0] == "Average"]
     text += ["\n## Paired differences (percentage points, 95% paired bootstrap interval; * excludes 0)\n",
              difference_markdown(result.table, [c for c, _ in avg], [h for _, h in avg])]
-    if result.degeneration:
-        text += ["\n## Degenerate outputs\n", interval_markdown(result.degeneration, methods, cols, headers, bold=False),
-                 "\n" + DEGENERATION_NOTE + "\n"]
+    text += degeneration_markdown(result.degeneration, result.correct_not_degenerate, methods, cols, headers,
+                                  [c for c, _ in avg], [h for _, h in avg])
     if result.contexts:
         from juice.data.context_types import CONTEXT_TYPES
         from juice.when_to_steer import TITLES
@@ -264,7 +267,12 @@ def _write(result: ReproduceResult, results, out: Path) -> None:
             text += [f"### {TITLES[name]}\n", interval_markdown(table, methods, ccols, [g for _, g in ccols],
                                                                  bold=name != "follows_context")]
     (out / "table2.md").write_text("\n".join(text), encoding="utf-8")
-    cells = {m: {result.titles.get(d, d): result.table.cells[m][d]["context"] for d in [*result.domains, "Average"]
-                 if "context" in result.table.cells[m].get(d, {})} for m in methods}
-    if have_matplotlib():   # the plots extra
-        interval_bar_chart(cells, out / "table2.png", title=f"{result.model['name']}: contextual answer accuracy")
+    for name, table, what in (("table2.png", result.table, "contextual answer accuracy"),
+                              ("table2_correct_not_degenerate.png", result.correct_not_degenerate,
+                               "correct and not degenerate"),
+                              ("table2_degeneration.png", result.degeneration, "degenerate outputs (lower is better)")):
+        if table is None or not have_matplotlib():   # the plots extra
+            continue
+        cells = {m: {result.titles.get(d, d): table.cells[m][d]["context"] for d in [*result.domains, "Average"]
+                     if "context" in table.cells[m].get(d, {})} for m in methods}
+        interval_bar_chart(cells, out / name, title=f"{result.model['name']}: {what}")

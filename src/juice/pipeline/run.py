@@ -95,6 +95,8 @@ class ReproduceConfig:
     bootstrap_resamples: int = 2000
     beta_plus_grid: tuple[float, ...] = BETA_PLUS_GRID    # tuning grid of beta+ (paper App. D.1)
     beta_minus_grid: tuple[float, ...] = BETA_MINUS_GRID  # of beta-; the authors' contextual script goes to -5
+    degeneration_margin: float | None = None  # juice's option, not the paper's: tuning refuses settings whose
+                                              # validation degeneration exceeds Original's by more (points)
 
     def test_limit(self, direction: str) -> int | None:
         """Test items per domain (parametric) or dataset (contextual); None = all.
@@ -118,7 +120,7 @@ class ReproduceResult:
     model: dict[str, Any]
     selection: HeadSelection
     choices: dict[str, dict[str, Any]]          # domain -> betas, PH3 k and pruned heads, provenance
-    table: IntervalTable                        # unfiltered test split
+    table: IntervalTable                        # unfiltered test split (exact match)
     table_known: IntervalTable | None           # test items the model knows (parametric)
     summary: dict[str, dict[str, float]]
     timings: dict[str, float]
@@ -131,6 +133,16 @@ class ReproduceResult:
     degeneration: IntervalTable | None = None   # share of degenerate outputs (juice.eval.degeneration)
     head_domain: str = "world_capital"          # whose D the heads come from
     contexts: dict[str, IntervalTable] | None = None   # contextual: NQ-Swap's test questions under every context type
+    correct_not_degenerate: IntervalTable | None = None   # exact match on a non-degenerate output (issue 49)
+
+
+def tuning_label(cfg: ReproduceConfig, unit: str) -> str:
+    """How the betas and k were chosen, for the results' "protocol" record."""
+    label = f"per {unit}, on its own validation split"
+    if cfg.degeneration_margin is not None:
+        label += (f"; NOT the paper's criterion alone: settings whose validation degeneration exceeds Original's "
+                  f"by more than {cfg.degeneration_margin:g} points refused")
+    return label
 
 
 def start_run(cfg: ReproduceConfig, lm: LoadedModel | None, progress: Progress = no_progress,

@@ -237,7 +237,8 @@ def tuning_stage(
                            sum(map(len, validation.values())) * per_item * n_settings)
         choices = tune_per_domain(run.lm, validation, selection, ph3, direction=direction,
                                   beta_plus_grid=cfg.beta_plus_grid, beta_minus_grid=cfg.beta_minus_grid,
-                                  max_rows=run.cfg.max_rows, on_progress=advance)
+                                  max_rows=run.cfg.max_rows, on_progress=advance,
+                                  degeneration_margin=cfg.degeneration_margin)
         saved = {}
         for domain, c in choices.items():
             saved[domain] = {
@@ -335,6 +336,8 @@ def ph3_and_tuning(
     grids = (tuple(run.cfg.beta_plus_grid), tuple(run.cfg.beta_minus_grid))
     # the paper's grid is not in the key, so runs saved before the grid was a setting stay valid
     other_grid = {} if grids == (BETA_PLUS_GRID, BETA_MINUS_GRID) else {"grid": grids}
+    if run.cfg.degeneration_margin is not None:   # juice's option; the paper's runs keep their keys
+        other_grid["degeneration_margin"] = float(run.cfg.degeneration_margin)
     key_tuning = settings_key({"heads": key_heads, "ph3": {n: s.effects.tolist() for n, s in ph3.items()},
                                "validation": {d: [ex.to_json() for ex in v] for d, v in validation.items()},
                                **other_grid})
