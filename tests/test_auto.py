@@ -334,3 +334,19 @@ def test_auto_choosing_adacad_evaluates_as_adacad(tiny_llama, tmp_path):
     for r in report.results:
         outputs.setdefault((r.item, r.conflict_type), {})[r.method] = r.output
     assert all(o["auto-ctx"] == o["AdaCAD"] for o in outputs.values())
+
+
+def test_fit_policy_never_picks_a_candidate_that_degenerates_beyond_the_margin():
+    """Issue 49: JuICE is right everywhere on validation but a third of its outputs repeat
+    themselves (Original: none); with the margin of `juice tune` (10 points) the fit may not pick it."""
+    signal = [0.0, 0.01, 0.5, 0.6, 0.7, 0.8]
+    types = ["none", "irrelevant", "conflicting", "conflicting", "gold", "gold"]
+    verdicts = {"original": [True, True, False, False, True, False], "juice": [True] * 6}
+    degenerate = {"original": [False] * 6, "juice": [False, False, True, True, False, False]}
+    free = fit_policy(verdicts, signal, types, ["s"] * 6, {"juice": (2.0, -1.0)})
+    assert "juice" in free.policy.picks
+    fit = fit_policy(verdicts, signal, types, ["s"] * 6, {"juice": (2.0, -1.0)}, degenerate=degenerate)
+    assert fit.policy == AutoPolicy((), ("original",), {}) and fit.refused == ("juice",)
+    assert fit.degeneration == {"original": 0.0, "juice": pytest.approx(100 / 3)} and "juice" in fit.static
+    assert fit_policy(verdicts, signal, types, ["s"] * 6, {"juice": (2.0, -1.0)}, degenerate=degenerate,
+                      margin=40).policy.picks == free.policy.picks

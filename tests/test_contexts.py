@@ -63,7 +63,8 @@ def test_tables_hold_both_objectives_and_the_follow_rate(tiny_llama):
     methods = {"Original": ORIGINAL, "JuICE": JuICE(tiny_llama, SEL, 3.0, -1.0)}
     tables = context_type_tables(evaluate_context_types(tiny_llama, items, methods), list(methods),
                                  resamples=1000)
-    assert set(tables) == {"use_relevant", "trust_memory", "follows_context"}
+    assert set(tables) == {"use_relevant", "trust_memory", "follows_context", "use_relevant_not_degenerate",
+                            "degenerate"}
     use = tables["use_relevant"]
     assert set(use.cells["JuICE"]) == {"world_capital", "nqswap", "Average"}
     assert set(use.cells["JuICE"]["Average"]) == set(CONTEXT_TYPES)

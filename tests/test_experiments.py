@@ -205,7 +205,8 @@ def test_contextual_pipeline_runs_writes_table2_and_resumes(tiny_llama, tmp_path
     assert set(results["correct_not_degenerate"]["cells"]) == methods
     # when to steer (issue 35): NQ-Swap's 2 test questions under 4 context types, every method
     contexts = results["contexts"]
-    assert set(contexts) == {"use_relevant", "trust_memory", "follows_context"}
+    assert set(contexts) == {"use_relevant", "trust_memory", "follows_context", "use_relevant_not_degenerate",
+                            "degenerate"}
     assert set(contexts["use_relevant"]["cells"]) == methods
     assert {g: c["n"] for g, c in contexts["use_relevant"]["cells"]["JuICE"]["nqswap"].items()} == {
         "gold": 2, "conflicting": 2, "irrelevant": 2, "none": 2}

@@ -61,7 +61,8 @@ def test_the_report_has_every_table(tiny_llama, tmp_path):
     report = evaluate_contexts(tiny_llama, [context], items, ["original", "june"], data=where, resamples=1000)
     assert report.methods == ["Original", "JuNE-ctx"] and len(report.results) == 2 * 8
     data = report.to_json()
-    assert set(data["tables"]) == {"use_relevant", "trust_memory", "follows_context"}
+    assert set(data["tables"]) == {"use_relevant", "trust_memory", "follows_context", "use_relevant_not_degenerate",
+                            "degenerate"}
     assert set(data["means"]["use_relevant"]["JuNE-ctx"]) == {*CONTEXT_TYPES, "mean"}
     md = report.markdown()
     assert "## use relevant context" in md and "## trust memory" in md and "JuNE-ctx - Original" in md

@@ -34,8 +34,11 @@ candidate is decoded on the validation items of the four context types
 (:mod:`juice.data.context_types`), the signal is computed for each, and the thresholds (from the
 signal's quantiles) and the candidate per bin are chosen to maximize the **use relevant context**
 objective (gold and conflicting: the context's answer; irrelevant and none: the memory answer),
-averaged over the context types, ties going to fewer bins and to the less steered candidate. The
-result is written to the heads file (`tuned["auto"]`) like the betas.
+averaged over the context types, ties going to fewer bins and to the less steered candidate. A
+candidate whose share of degenerate validation outputs (:mod:`juice.eval.degeneration`) exceeds
+Original's by more than :data:`juice.eval.degeneration.DEGENERATION_MARGIN` points is never
+chosen (`juice tune`'s rule; issue 49). The result is written to the heads file
+(`tuned["auto"]`) like the betas.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from torch import Tensor
 from juice.baselines.cad import CadPolicy, jsd_alpha
 from juice.data.context_types import CONTEXT_TYPES, ContextItem, ContextItems
 from juice.engine import Choice, Contrast
+from juice.eval.degeneration import DEGENERATION_MARGIN
 from juice.models import LoadedModel
 from juice.steering import ORIGINAL, JuICE, JuNE, chosen_betas
 
@@ -252,15 +256,20 @@ class AutoFit:
     static: dict[str, float]
     per_type: dict[str, float]
     tried: int
+    degeneration: dict[str, float] = field(default_factory=dict)
+    refused: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"mean": round(self.mean, 4), "static": {k: round(v, 4) for k, v in self.static.items()},
-                "per_type": {k: round(v, 4) for k, v in self.per_type.items()}, "tried": self.tried}
+                "per_type": {k: round(v, 4) for k, v in self.per_type.items()}, "tried": self.tried,
+                "degeneration": {k: round(v, 4) for k, v in self.degeneration.items()},
+                "refused_for_degeneration": list(self.refused)}
 
 
 def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], types: Sequence[str],
                sources: Sequence[str], betas: Mapping[str, tuple[float, float]],
-               passage: Sequence[bool] | None = None) -> AutoFit:
+               passage: Sequence[bool] | None = None, degenerate: Mapping[str, Sequence[bool]] | None = None,
+               margin: float = DEGENERATION_MARGIN) -> AutoFit:
     """Choose thresholds and a candidate per bin (module docstring) from validation outcomes.
 
     Args:
@@ -272,6 +281,8 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
             but the "none" ones. An item without one is decoded with Original whatever the
             bins (:attr:`juice.engine.Choice.without_passage`): it scores Original's verdict
             and never moves a threshold.
+        degenerate: candidate name -> per item, whether its output is degenerate; a candidate
+            whose share exceeds Original's by more than `margin` points is never picked.
 
     Returns:
         the :class:`AutoFit`: the objective is the mean over context types of the accuracy
@@ -288,6 +299,9 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
     if "original" not in verdicts:
         raise ValueError("auto: the fit needs Original's verdicts (the choice without a passage)")
     names = [c for c in CANDIDATES if c in verdicts]
+    share = {c: 100.0 * sum(map(bool, d)) / len(d) for c, d in (degenerate or {}).items() if len(d)}
+    refused = tuple(c for c in names if c in share and "original" in share and share[c] > share["original"] + margin)
+    names = [c for c in names if c not in refused]
     present = [t for t in CONTEXT_TYPES if t in set(types)]
     count: dict[tuple[str, str], int] = {}
     for t, s in zip(types, sources):
@@ -333,9 +347,9 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
                          / count[t, s] for s in srcs) / len(srcs)
         return out
 
-    static = {c: sum(type_mean(verdicts[c]).values()) / len(present) for c in names}
+    static = {c: sum(type_mean(verdicts[c]).values()) / len(present) for c in [*names, *refused]}
     per_type = type_mean(chosen)
-    return AutoFit(policy, sum(per_type.values()) / len(present), static, per_type, tried)
+    return AutoFit(policy, sum(per_type.values()) / len(present), static, per_type, tried, share, refused)
 
 
 def tune_auto(lm: LoadedModel, artifact, items: ContextItems | Sequence[ContextItem], *,
@@ -370,12 +384,14 @@ def tune_auto(lm: LoadedModel, artifact, items: ContextItems | Sequence[ContextI
     methods = {c: Method(s) for c, s in steer.items()} | {"adacad": Method(adacad=True)}
     results = evaluate_context_types(lm, items, methods, max_rows=max_rows, on_progress=on_progress)
     by_item: dict[str, list[bool]] = {c: [] for c in methods}
+    degenerate: dict[str, list[bool]] = {c: [] for c in methods}
     for r in results:   # in item order, per method
         by_item[r.method].append(r.correct)
+        degenerate[r.method].append(r.degenerate)
     prompts, questions = [i.prompt for i in items], [i.question for i in items]
     signal = first_step_signal(lm, prompts, questions).tolist()
     fit = fit_policy(by_item, signal, [i.context_type for i in items], [i.source for i in items], betas,
-                     has_passage(lm, prompts, questions))
+                     has_passage(lm, prompts, questions), degenerate)
     artifact.tuned = {**artifact.tuned, "auto": {**fit.policy.to_json(), "validation": fit.to_json(),
                                                  "data": dict(where or {})}}
     return fit

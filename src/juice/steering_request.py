@@ -11,7 +11,7 @@ A request carries a `juice` object (HTTP body field; vLLM also takes the same ke
 | `direction` | string, read by :meth:`juice.data.records.Direction.parse` (`parametric`/`memory`, `contextual`/`context`, any case) | which heads file steers | the only heads file's; an error where the server has two |
 | `beta_plus`, `beta_minus` | JSON number (not a boolean, not a string), finite, \\|beta\\| <= 100 | the betas | the heads file's tuned betas for the method (`juice tune`), else 2 and 0 with a warning |
 | `heads` | list of head names (`"L11H2"`) or one string of names separated by commas or spaces | the heads `prune` zeroes | an error for `prune`; refused with any other method |
-| `question` | non-empty string | for `auto`: the question without its context (completions: the question's prompt text; chat: the last user message's content without the context) | an error for `auto`; refused with any other method |
+| `question` | non-empty string | for `auto`: the question without its context (completions: the question's prompt text; chat: the last user message's content without the context); equal to the prompt: no passage, decoded as Original) | an error for `auto`; refused with any other method |
 
 A request without the field (or with an empty object) gets the operator's default steering
 (`juice serve --default SPEC`; vLLM: `JUICE_VLLM_DEFAULT`), else the tuned steering of the only

@@ -52,7 +52,9 @@ SHORT = {"parametric": "mem", "contextual": "ctx"}
 """A heads file's direction as a method-name suffix."""
 
 TITLES = {"use_relevant": "use relevant context", "trust_memory": "trust memory",
-          "follows_context": "answers that follow the passage"}
+          "follows_context": "answers that follow the passage",
+          "use_relevant_not_degenerate": "use relevant context, and not degenerate",
+          "degenerate": "degenerate outputs (juice's measure; lower is better)"}
 
 
 def _read_rows(path: Path) -> list[dict]:
@@ -284,7 +286,7 @@ class ContextsEvaluation:
             cols = [(c, g) for c, g in columns if name != "follows_context" or g != "none"]
             heads = [g for _, g in cols]
             parts += [f"## {TITLES[name]}\n", interval_markdown(table, self.methods, cols, heads,
-                                                                 bold=name != "follows_context"),
+                                                                 bold=name not in ("follows_context", "degenerate")),
                       "\nPaired differences, percentage points [95% interval]:\n",
                       difference_markdown(table, cols, heads)]
         parts.append("\n## Settings\n\n" + "\n".join(f"- {m}: {json.dumps(s)}" for m, s in self.settings.items()))

@@ -439,7 +439,7 @@ def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optiona
         cols = [(c, g) for c, g in columns if name != "follows_context" or g != "none"]
         console.print(interval_rich(table, report.methods, cols, [g for _, g in cols],
                                     title=f"{TITLES[name]}, % (95% interval half-width)",
-                                    bold=name != "follows_context"))
+                                    bold=name not in ("follows_context", "degenerate")))
     console.print(f"items {where['counts']}, skipped {where['skipped']}"
                   + (f", {where['dropped']} dropped (prompts over {where['max_prompt_tokens']} tokens; --full keeps them)"
                      if where.get("dropped") else ""))

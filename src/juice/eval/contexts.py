@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from juice.baselines.prompt import instructed_context_item
 from juice.data.context_types import CONTEXT_TYPES, ContextItem
+from juice.eval.degeneration import correct_not_degenerate
 from juice.eval.metrics import context_verdicts
 from juice.eval.runner import DecodeRequest, ItemResult, Method, as_method, decode_requests, exact_match_decided
 from juice.eval.tables import IntervalTable, interval_table
@@ -38,8 +39,14 @@ TABLES: dict[str, Callable[[ItemResult], bool]] = {
     "use_relevant": lambda r: r.correct,
     "trust_memory": lambda r: bool(r.follows_parametric),
     "follows_context": lambda r: r.follows_context,
+    "use_relevant_not_degenerate": correct_not_degenerate,
+    "degenerate": lambda r: r.degenerate,
 }
-"""The tables of :func:`context_type_tables`: what a cell counts."""
+"""The tables of :func:`context_type_tables`: what a cell counts (the last two: juice's
+degeneration measure beside the objective, :mod:`juice.eval.degeneration`)."""
+
+LOWER_IS_BETTER = ("degenerate",)
+"""Tables where a lower value is better (no bold for the highest)."""
 
 
 def _prompt(item: ContextItem, method: Method, model_type: str) -> str:
@@ -108,7 +115,8 @@ def evaluate_context_types(
 def context_type_tables(results: Sequence[ItemResult], methods: Sequence[str], *, focus: str = "JuICE",
                         baseline: str = "Original", resamples: int = 2000, seed: int = 0) -> dict[str, IntervalTable]:
     """The tables of a context-type evaluation: "use_relevant", "trust_memory" and
-    "follows_context" (the last without none items), each method -> source -> context type ->
+    "follows_context" (without none items), "use_relevant_not_degenerate" and "degenerate", each
+    method -> source -> context type ->
     interval, an "Average" column over sources, and paired differences (`focus` against every
     method, every method against `baseline`) over the same items
     (:func:`juice.eval.tables.interval_table`)."""
@@ -131,5 +139,5 @@ def context_type_means(table: IntervalTable) -> dict[str, dict[str, float]]:
     return out
 
 
-__all__ = ["NEW_TOKENS", "TABLES", "context_type_means", "context_type_tables", "evaluate_context_types",
+__all__ = ["LOWER_IS_BETTER", "NEW_TOKENS", "TABLES", "context_type_means", "context_type_tables", "evaluate_context_types",
            "result_id"]

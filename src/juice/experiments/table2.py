@@ -259,13 +259,14 @@ def _write(result: ReproduceResult, results, out: Path) -> None:
                                   [c for c, _ in avg], [h for _, h in avg])
     if result.contexts:
         from juice.data.context_types import CONTEXT_TYPES
+        from juice.eval.contexts import LOWER_IS_BETTER
         from juice.when_to_steer import TITLES
 
         text.append("\n## When to steer: NQ-Swap's test questions with a gold, conflicting, irrelevant or no context\n")
         for name, table in result.contexts.items():
             ccols = [("Average", g) for g in CONTEXT_TYPES if g != "none" or name != "follows_context"]
             text += [f"### {TITLES[name]}\n", interval_markdown(table, methods, ccols, [g for _, g in ccols],
-                                                                 bold=name != "follows_context")]
+                                                                 bold=name not in ("follows_context", *LOWER_IS_BETTER))]
     (out / "table2.md").write_text("\n".join(text), encoding="utf-8")
     for name, table, what in (("table2.png", result.table, "contextual answer accuracy"),
                               ("table2_correct_not_degenerate.png", result.correct_not_degenerate,
