@@ -11,8 +11,14 @@ the same labels), and lists the disagreements.
 The committed labels: `benchmarks/labels/degeneration.jsonl` (tests/test_degeneration.py holds
 the measure to them).
 
+`predict` reads `juice reproduce` results and prints, per dataset (domain) and steering method,
+the chosen setting's share of degenerate validation outputs (what tuning saw) beside its share on
+the test split, and for each the binomial 95% interval of the validation estimate: whether the
+validation split is large enough for tuning to see what the test split shows.
+
 Run: python benchmarks/degeneration_labels.py sample OUT.jsonl RESULTS.json [RESULTS.json ...] [--per-cell 3]
      python benchmarks/degeneration_labels.py score [LABELS.jsonl]
+     python benchmarks/degeneration_labels.py predict RESULTS.json [RESULTS.json ...]
 """
 
 from __future__ import annotations
@@ -85,6 +91,37 @@ def agreement(rows: list[dict]) -> dict:
             "recall": tp / (tp + fn) if tp + fn else float("nan")}
 
 
+def predict(path: Path) -> list[dict]:
+    """Per (domain, method): validation degeneration of the chosen setting (n validation items)
+    and the test degeneration (n test outputs), percent, with Wilson 95% intervals."""
+    from math import sqrt
+
+    def wilson(share: float, n: int) -> tuple[float, float]:
+        if not n:
+            return (float("nan"), float("nan"))
+        p, z = share / 100, 1.96
+        mid, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        return (100 * (mid - half), 100 * (mid + half))
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    names = {"juice": "JuICE", "june": "JuNE"}
+    cells = data["degeneration"]["cells"]
+    rows = []
+    for domain, choice in data["choices"].items():
+        n_val = choice.get("n_validation", 0)
+        original = next((g["degeneration"] for g in choice.get("grid", [])
+                         if g["method"] == "juice" and g["beta_plus"] == 0 and g["beta_minus"] == 0), float("nan"))
+        for m, b in choice["betas"].items():
+            groups = cells.get(names[m], {}).get(domain, {})
+            test = [g for g in groups.values() if g.get("n")]
+            n_test = sum(g["n"] for g in test)
+            test_share = 100 * sum(g["mean"] * g["n"] for g in test) / n_test if n_test else float("nan")
+            rows.append({"domain": domain, "method": names[m], "beta_plus": b["beta_plus"], "beta_minus": b["beta_minus"],
+                         "validation": b["degeneration"], "n_validation": n_val, "original_validation": original,
+                         "validation_interval": wilson(b["degeneration"], n_val), "test": test_share, "n_test": n_test})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -95,7 +132,18 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--seed", type=int, default=0)
     c = sub.add_parser("score")
     c.add_argument("labels", type=Path, nargs="?", default=LABELS)
+    p = sub.add_parser("predict")
+    p.add_argument("results", type=Path, nargs="+")
     args = parser.parse_args(argv)
+    if args.command == "predict":
+        for path in args.results:
+            print(f"{path}: degenerate outputs (%) of the chosen setting, validation [95% interval] vs test")
+            for r in predict(path):
+                low, high = r["validation_interval"]
+                print(f"  {r['domain']:<24} {r['method']:<6} ({r['beta_plus']:g}, {r['beta_minus']:g}): validation "
+                      f"{r['validation']:5.1f} [{low:5.1f}, {high:5.1f}] (n {r['n_validation']}, Original "
+                      f"{r['original_validation']:.1f}) vs test {r['test']:5.1f} (n {r['n_test']})")
+        return 0
     if args.command == "sample":
         rows = sample(args.results, args.per_cell, args.seed)
         args.out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
@@ -104,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = read_labels(args.labels)
     total = agreement(rows)
     print(f"{args.labels}: {total['n']} labelled outputs, {total['tp'] + total['fn']} degenerate by hand")
-    print(f"measure (repeated character 6-grams >= 0.3): precision {total['precision']:.3f} "
+    print(f"measure (juice.eval.degeneration.is_degenerate): precision {total['precision']:.3f} "
           f"({total['tp']}/{total['tp'] + total['fp']}), recall {total['recall']:.3f} ({total['tp']}/{total['tp'] + total['fn']})")
     by_method: dict[str, list[dict]] = defaultdict(list)
     for r in rows:

