@@ -18,7 +18,7 @@ A request **without a passage** (its prompt is its question: the same token ids)
 Original, decided by that structure (:attr:`juice.engine.Choice.without_passage`), never by the
 signal: its JSD is 0 in exact arithmetic, but the two rows are computed at different places in a
 padded batch and agree only to about 1e-8 in fp32, by an amount that depends on the processor's
-kernels, so a threshold near 0 would steer some such requests on some machines (issue 43). The
+kernels, so a threshold near 0 would steer some such requests on some machines. The
 fit (:func:`fit_policy`) sets its bins on the requests with a passage only.
 
 In the engine a request is one stream with a :class:`juice.engine.Choice`: its prefill holds the
@@ -37,7 +37,7 @@ objective (gold and conflicting: the context's answer; irrelevant and none: the 
 averaged over the context types, ties going to fewer bins and to the less steered candidate. A
 candidate whose share of degenerate validation outputs (:mod:`juice.eval.degeneration`) exceeds
 Original's by more than :data:`juice.eval.degeneration.DEGENERATION_MARGIN` points is never
-chosen (`juice tune`'s rule; issue 49). The result is written to the heads file
+chosen (`juice tune`'s rule). The result is written to the heads file
 (`tuned["auto"]`) like the betas.
 """
 

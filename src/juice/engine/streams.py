@@ -76,7 +76,7 @@ class Choice:
             says "no context" by giving the prompt as its own question). The rule is not called
             for such a request: a floating-point signal computed from two rows at different
             places in a batch agrees with the exact 0 only to about 1e-8 in fp32, and how
-            closely depends on the processor's kernels (issue 43).
+            closely depends on the processor's kernels.
 
     Raises:
         ValueError: no candidate, steerings at two sites, or `without_passage` outside the

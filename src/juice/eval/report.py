@@ -95,7 +95,7 @@ CORRECT_NOT_DEGENERATE_NOTE = (
 def degeneration_markdown(degeneration: Any, usable: Any, methods: Sequence[str], columns: Sequence[tuple[str, str]],
                           headers: Sequence[str], average: Sequence[tuple[str, str]], average_headers: Sequence[str],
                           view: str = "") -> list[str]:
-    """The sections a table's page shows beside accuracy (issue 49): degenerate outputs, correct
+    """The sections a table's page shows beside accuracy: degenerate outputs, correct
     and not degenerate, and the paired differences of the latter on the average columns."""
     out: list[str] = []
     if degeneration is not None:

@@ -133,7 +133,7 @@ class ReproduceResult:
     degeneration: IntervalTable | None = None   # share of degenerate outputs (juice.eval.degeneration)
     head_domain: str = "world_capital"          # whose D the heads come from
     contexts: dict[str, IntervalTable] | None = None   # contextual: NQ-Swap's test questions under every context type
-    correct_not_degenerate: IntervalTable | None = None   # exact match on a non-degenerate output (issue 49)
+    correct_not_degenerate: IntervalTable | None = None   # exact match on a non-degenerate output
 
 
 def tuning_label(cfg: ReproduceConfig, unit: str) -> str:
