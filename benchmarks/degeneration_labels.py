@@ -101,7 +101,7 @@ def predict(path: Path) -> list[dict]:
             return (float("nan"), float("nan"))
         p, z = share / 100, 1.96
         mid, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-        return (100 * (mid - half), 100 * (mid + half))
+        return (max(0.0, 100 * (mid - half)), min(100.0, 100 * (mid + half)))
 
     data = json.loads(path.read_text(encoding="utf-8"))
     names = {"juice": "JuICE", "june": "JuNE"}
