@@ -191,7 +191,6 @@ def auto_method(lm: LoadedModel, artifact) -> "Method":   # noqa: F821 (juice.ev
     return Method(choice=policy_of(artifact.tuned).choice(lm, artifact.selection))
 
 
-@torch.inference_mode()
 def has_passage(lm: LoadedModel, prompts: Sequence[str], questions: Sequence[str]) -> list[bool]:
     """Per request, whether it has a passage: its prompt's token ids differ from its question's
     (the structure :class:`juice.engine.Choice` decides "no passage" by; module docstring).
