@@ -30,7 +30,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from juice.eval.degeneration import is_degenerate, repeated_share
+from juice.eval.degeneration import is_degenerate, repeated_share, word_run
 
 LABELS = Path(__file__).resolve().parent / "labels" / "degeneration.jsonl"
 CLASSES = ("fluent", "degenerate")
@@ -151,7 +151,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = read_labels(args.labels)
     total = agreement(rows)
-    print(f"{args.labels}: {total['n']} labelled outputs, {total['tp'] + total['fn']} degenerate by hand")
+    try:
+        shown = args.labels.resolve().relative_to(Path.cwd())
+    except ValueError:
+        shown = args.labels.name
+    print(f"{shown}: {total['n']} labelled outputs, {total['tp'] + total['fn']} degenerate by hand")
     print(f"measure (juice.eval.degeneration.is_degenerate): precision {total['precision']:.3f} "
           f"({total['tp']}/{total['tp'] + total['fp']}), recall {total['recall']:.3f} ({total['tp']}/{total['tp'] + total['fn']})")
     by_method: dict[str, list[dict]] = defaultdict(list)
@@ -163,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
               f"missed {a['fn']}, false alarms {a['fp']}")
     for r in rows:
         if is_degenerate(r["output"]) != (r["label"] == "degenerate"):
-            print(f"  disagree ({r['label']}, share {repeated_share(r['output']):.2f}): {r['output']!r}")
+            print(f"  disagree ({r['label']}, 6-gram share {repeated_share(r['output'].lower()):.3f}, word run "
+                  f"{word_run(r['output'])}): {r['output']!r}")
     return 0
 
 
