@@ -138,16 +138,9 @@ def run_tests(device: str, attention: str, out: Path, timeout: int, files=TEST_F
 
 def _tiny(model_type: str, device: str, dtype: torch.dtype, attention: str):
     """conftest's tiny model (same seed, drawn in fp32 on the CPU), on `device` in `dtype`."""
-    from conftest import TINY_CONFIGS, make_tokenizer
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from conftest import build_tiny
 
-    from juice.models import wrap_model
-
-    config = AutoConfig.for_model(model_type, **TINY_CONFIGS[model_type])
-    torch.manual_seed(0)
-    attn = "eager" if model_type == "gemma2" else attention
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
-    return wrap_model(model.to(device=device, dtype=dtype), make_tokenizer(), name=f"tiny-{model_type}")
+    return build_tiny(model_type, device=device, dtype=dtype, attention=attention)
 
 
 PROMPTS = ["the capital of france is paris . the capital of france is", "tennis golf w40 w41 w42 is",

@@ -124,15 +124,18 @@ def pytest_report_header(config) -> str:
     return f"juice tiny models on: {TEST_DEVICE or TEST_DEVICE_UNAVAILABLE}, attention {TEST_ATTENTION or 'default'}"
 
 
-def build_tiny(model_type: str, seed: int = 0) -> LoadedModel:
-    """A tiny random model of `model_type` on the test device (`JUICE_TEST_DEVICE`); skips if that
-    device is not available. Weights are drawn on the CPU, so every device gets the same model."""
-    device = tiny_device()
+def build_tiny(model_type: str, seed: int = 0, *, device: str | torch.device | None = None,
+               dtype: torch.dtype = torch.float32, attention: str | None = None) -> LoadedModel:
+    """A tiny random model of `model_type` on the test device (`JUICE_TEST_DEVICE`; skips if that
+    device is not available) or on `device`, in `dtype`, with `attention` (default
+    `JUICE_TEST_ATTENTION`; Gemma 2 always eager). Weights are drawn in fp32 on the CPU, so every
+    device and dtype gets the same model."""
+    device = tiny_device() if device is None else device
     config = AutoConfig.for_model(model_type, **TINY_CONFIGS[model_type])
     torch.manual_seed(seed)
-    attn = "eager" if model_type == "gemma2" else TEST_ATTENTION
+    attn = "eager" if model_type == "gemma2" else attention or TEST_ATTENTION
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
-    return wrap_model(model.to(device), make_tokenizer(), name=f"tiny-{model_type}")
+    return wrap_model(model.to(device=device, dtype=dtype), make_tokenizer(), name=f"tiny-{model_type}")
 
 
 @pytest.fixture(scope="session")
