@@ -235,26 +235,57 @@ def _nqswap_file(path, rows):
     return path
 
 
-def test_tuning_reads_validation_items_only_and_auto_evaluates_as_its_choices(tiny_llama, tmp_path):
+def _book_rows(n: int) -> list[dict]:
+    authors = ["Tolstoy", "Austen", "Homer", "Dante", "Goethe", "Kafka", "Orwell", "Virgil", "Dickens", "Zola",
+               "Camus", "Joyce", "Woolf", "Proust", "Cervantes", "Ibsen"]
+    return [{"question": f"who wrote book {i}", "org_context": f"<P> Book {i} was written by {authors[i % 16]} . </P>",
+             "org_answer": [authors[i % 16]], "sub_context": f"<P> Book {i} was written by {authors[(i + 5) % 16]} . </P>",
+             "sub_answer": [authors[(i + 5) % 16]]} for i in range(n)]
+
+
+def test_tuning_reads_validation_items_only_and_auto_evaluates_as_its_choices(tiny_llama, tmp_path, monkeypatch):
+    """Issue 44: the policy depends on validation questions only: one file split by question;
+    changing a test question's row leaves the fit's inputs and the policy as they were, changing
+    a validation question's row changes what the fit sees."""
+    import juice.auto as auto
     from juice.auto import policy_of, tune_auto
+    from juice.data.context_types import split_of
+    from juice.data.nqswap import question_prompt
     from juice.when_to_steer import context_items, evaluate_contexts
-    from test_context_types import ROWS
 
     lm = tiny_llama
-    val, _ = context_items(_nqswap_file(tmp_path / "val.jsonl", ROWS[:4]))
-    test_a = _nqswap_file(tmp_path / "test_a.jsonl", ROWS[2:])
-    changed = [dict(r) for r in ROWS[2:]]
-    changed[0]["sub_answer"], changed[0]["sub_context"] = ["Zola"], "<P> Book 2 was written by Zola . </P>"
-    test_b = _nqswap_file(tmp_path / "test_b.jsonl", changed)
-    policies = []
-    for test in (test_a, test_b):   # the test file differs; tuning never reads it
+    rows = _book_rows(12)
+    half = {s: [k for k, r in enumerate(rows) if split_of(question_prompt(r["question"])) == s]
+            for s in ("validation", "test")}
+    assert len(half["validation"]) >= 3 and len(half["test"]) >= 3
+
+    def changed(k: int) -> list[dict]:
+        out = [dict(r) for r in rows]
+        out[k] = dict(out[k], sub_answer=["Borges"], sub_context=f"<P> Book {k} is by Borges , said all . </P>",
+                      org_context=f"<P> Book {k} , it is agreed , was written by {rows[k]['org_answer'][0]} . </P>")
+        return out
+
+    seen = []
+    fit_policy = auto.fit_policy
+    monkeypatch.setattr(auto, "fit_policy", lambda *a, **k: seen.append((a, k)) or fit_policy(*a, **k))
+    files = {"same": rows, "test changed": changed(half["test"][0]), "validation changed": changed(half["validation"][0])}
+    policies = {}
+    for name, data in files.items():
+        val, where = context_items(_nqswap_file(tmp_path / f"{name}.jsonl", data), split="validation")
+        assert all(split_of(i.question) == "validation" for i in val.items)
         artifact = _tiny_heads(lm)
-        fit = tune_auto(lm, artifact, val, where={"file": "val.jsonl"})
-        policies.append(artifact.tuned["auto"])
-        items, where = context_items(test)
-        report = evaluate_contexts(lm, [artifact], items, ["original", "juice", "auto"], data=where, resamples=1000)
-        assert report.methods == ["Original", "JuICE-ctx", "auto-ctx"]
-    assert policies[0] == policies[1] and fit.policy == policy_of({"auto": policies[0]})
+        fit = tune_auto(lm, artifact, val, where=where)
+        policies[name] = {k: v for k, v in artifact.tuned["auto"].items() if k != "data"}   # "data": the path
+    same, test_changed, val_changed = seen
+    assert repr(same) == repr(test_changed) and policies["same"] == policies["test changed"]
+    assert repr(same) != repr(val_changed)   # the fit sees a validation row (its signal moves)
+    items, where = context_items(_nqswap_file(tmp_path / "test.jsonl", rows), split="test")
+    assert not {i.question for i in items.items} & {i.question for i in val.items}
+    artifact = _tiny_heads(lm)
+    fit = tune_auto(lm, artifact, context_items(tmp_path / "same.jsonl", split="validation")[0])
+    report = evaluate_contexts(lm, [artifact], items, ["original", "juice", "auto"], data=where, resamples=1000)
+    assert report.methods == ["Original", "JuICE-ctx", "auto-ctx"]
+    assert fit.policy == policy_of({"auto": policies["same"]})
     # auto's output on every test item is its chosen candidate's output, alone
     policy = fit.policy
     signal = first_step_signal(lm, [i.prompt for i in items.items], [i.question for i in items.items])

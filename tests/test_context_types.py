@@ -1,7 +1,8 @@
-"""The four context types of a question (:mod:`juice.data.context_types`, issue 35): built as
-described from NQ-Swap rows and ParaConflict items (gold holds the true answer and not the
-distractor, an irrelevant passage comes from an item with another answer, skips are counted),
-and scored under both objectives (:func:`juice.eval.metrics.context_verdicts`)."""
+"""The four context types of a question (:mod:`juice.data.context_types`): built as described
+from NQ-Swap rows and ParaConflict items (one item per distinct question, gold holds the true
+answer and not the distractor, an irrelevant passage states its recorded context answer and never
+the item's own, skips are counted), split by question, and scored under both objectives
+(:func:`juice.eval.metrics.context_verdicts`)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import pytest
 from juice.data.context_types import (CONTEXT_TYPES, ContextItem, coherent_passage, gold_prompt,
                                       nqswap_context_items, paraconflict_context_items)
 from juice.data.nqswap import read_records, strip_markup
-from juice.data.paraconflict import build_domain, load_paraconflict_json
+from juice.data.paraconflict import DOMAINS, build_domain, load_paraconflict_json
 from juice.data.records import ConflictExample
 from juice.eval.metrics import context_verdicts
-from juice.text import normalize_answer
+from juice.text import contains_answer, normalize_answer
 
 ROWS = [{"question": f"who wrote book {i}", "org_context": f"<P> Book {i} was written by {a} . </P>",
          "org_answer": [a], "sub_context": f"<P> Book {i} was written by {b} . </P>", "sub_answer": [b]}
@@ -64,8 +65,8 @@ def test_paraconflict_gold_holds_the_true_answer_and_not_the_distractor():
     assert built.counts()["none"] == len(examples)
 
 
-def _item(coherent: str, answer: str = "Kabul", distractor: str = "Astana") -> ConflictExample:
-    clean = "The capital of Afghanistan is"
+def _item(coherent: str, answer: str = "Kabul", distractor: str = "Astana",
+          clean: str = "The capital of Afghanistan is") -> ConflictExample:
     return ConflictExample("world_capital", "Afghanistan", (answer,), distractor,
                            {"clean": clean, "substitution": f"{clean} {distractor}. {clean}", "coherent": coherent},
                            uid=f"x#{len(coherent)}")
@@ -76,7 +77,8 @@ def test_gold_is_skipped_where_the_distractor_is_absent_or_survives():
     assert gold_prompt(ok).startswith("Kabul is the capital; Astanaville is not.")   # word boundaries
     assert gold_prompt(_item("It is a city. Question: Which? Answer: The capital of Afghanistan is")) is None
     assert gold_prompt(_item("Astana. Question: Which? Answer: It is", answer="New Astana")) is None
-    built = paraconflict_context_items([_item("A city. Question: Which? Answer: It is"), ok])
+    built = paraconflict_context_items([_item("A city. Question: Which? Answer: It is", clean="The capital of Peru is"),
+                                        ok])
     assert built.skipped["gold"] == ["x#38"] and built.counts()["gold"] == 1
 
 
@@ -90,8 +92,79 @@ def test_paraconflict_irrelevant_is_another_items_passage_before_this_clean_prom
         ex, other = by_uid[item.uid], by_uid[item.partner]
         passage = coherent_passage(other)
         assert item.prompt == f"{passage} {ex.prompts['clean']}" and "Question:" not in passage
-        assert not {normalize_answer(a) for a in other.answers} & {normalize_answer(a) for a in ex.answers}
-        assert item.context_answers == other.answers and item.memory_answers == ex.answers
+        assert item.context_answers == (other.context_answer,) and item.memory_answers == ex.answers
+
+
+def _states(passage: str, answers) -> bool:
+    return contains_answer(passage, answers)
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_an_irrelevant_passage_states_its_context_answer_and_never_this_items_answer(domain):
+    """Issue 44: the partner's coherent passage states the partner's *distractor*, so that is
+    what following it gives; and a passage that states this item's true answer (or an alias) is
+    never lent to it, so copying an irrelevant passage never scores as right."""
+    examples = build_domain(domain)
+    built = paraconflict_context_items(examples, seed=0)
+    assert built.of_type("irrelevant") and not built.skipped["irrelevant"]
+    for item in built.of_type("irrelevant"):
+        passage = item.prompt[: -len(item.question)]
+        assert _states(passage, item.context_answers), (item.uid, item.context_answers)
+        assert not _states(passage, item.memory_answers), (item.uid, item.memory_answers)
+        assert not {normalize_answer(a) for a in item.context_answers} & {normalize_answer(a) for a in item.memory_answers}
+
+
+def test_a_passage_that_states_the_true_answer_is_not_lent():
+    """Two candidate lenders; the one whose passage names this item's answer (an alias, in
+    another case) is never drawn, whatever the seed."""
+    taker = _item("Astana rules. Question: Which? Answer: The capital of Afghanistan is", answer="Kabul")
+    taker = ConflictExample(taker.domain, taker.subject, ("Kabul", "Kabol"), taker.context_answer, taker.prompts,
+                            uid="taker")
+    bad = _item("Lima hosts KABOL's twin city. Question: Which? Answer: The capital of Peru is", answer="Lima",
+                distractor="Lima", clean="The capital of Peru is")
+    good = _item("Quito is grand. Question: Which? Answer: The capital of Chile is", answer="Santiago",
+                 distractor="Quito", clean="The capital of Chile is")
+    for seed in range(20):
+        built = paraconflict_context_items([taker, bad, good], seed=seed)
+        lent = {i.uid: i.partner for i in built.of_type("irrelevant")}
+        assert lent["taker"] == good.uid, seed
+
+
+def test_nqswap_keeps_one_item_per_distinct_question():
+    """Issue 44: NQ-Swap repeats questions (4,746 rows, 1,667 questions); one item per question,
+    a seeded choice among its rows, and the other rows still lend passages."""
+    rows = [dict(ROWS[0], sub_context=f"<P> Book 0 was written by Author{k} . </P>", sub_answer=[f"Author{k}"])
+            for k in range(4)] + ROWS[1:]
+    built = nqswap_context_items(rows, seed=0)
+    nones = built.of_type("none")
+    assert len(nones) == len({r["question"] for r in rows}) == 5
+    assert len({i.question for i in nones}) == len(nones)
+    kept = {i.uid for i in nones}
+    assert len(kept & {"0", "1", "2", "3"}) == 1
+    picks = {next(i.uid for i in nqswap_context_items(rows, seed=s).of_type("none")) for s in range(20)}
+    assert len(picks) > 1 and picks <= {"0", "1", "2", "3"}   # seeded choice among the question's rows
+    assert nqswap_context_items(rows, seed=5) == nqswap_context_items(rows, seed=5)
+
+
+def test_the_split_is_by_question_and_validation_and_test_never_share_one(shared_data):
+    from juice.data.context_types import split_of
+    from juice.when_to_steer import context_items
+
+    halves = {s: context_items(shared_data / "nqswap", split=s)[0] for s in ("validation", "test")}
+    questions = {s: {i.question for i in built.items} for s, built in halves.items()}
+    assert questions["validation"] and questions["test"] and not questions["validation"] & questions["test"]
+    every = context_items(shared_data / "nqswap")[0]
+    assert questions["validation"] | questions["test"] == {i.question for i in every.items}
+    assert 0.4 < len(questions["validation"]) / len(questions["validation"] | questions["test"]) < 0.6
+    assert all(split_of(q) == "validation" for q in questions["validation"])
+    records = read_records(shared_data / "nqswap")
+    for split, built in halves.items():   # irrelevant passages come from the same half's questions
+        from juice.data.nqswap import question_prompt
+
+        assert all(split_of(question_prompt(records[int(i.partner)]["question"])) == split
+                   for i in built.of_type("irrelevant"))
+    with pytest.raises(ValueError, match="--split takes validation or test"):
+        context_items(shared_data / "nqswap", split="train")
 
 
 def test_the_authors_files_split_their_coherent_passages(shared_data):
@@ -108,8 +181,15 @@ def test_the_authors_files_split_their_coherent_passages(shared_data):
 
 
 def test_nqswap_records_from_the_shared_file(shared_data):
-    built = nqswap_context_items(read_records(shared_data / "nqswap")[:50])
-    assert built.counts() == {t: 50 for t in CONTEXT_TYPES}
+    records = read_records(shared_data / "nqswap")
+    built = nqswap_context_items(records[:50])
+    distinct = len({r["question"].strip().lower() for r in records[:50]})
+    assert distinct < 50 and built.counts() == {t: distinct for t in CONTEXT_TYPES}
+    every = nqswap_context_items(records)
+    assert every.counts()["none"] == 1667 == len({i.question for i in every.of_type("none")})
+    for item in every.of_type("irrelevant"):
+        passage = item.prompt[len("Context: "): -len(item.question) - 1]
+        assert contains_answer(passage, item.context_answers) and not contains_answer(passage, item.memory_answers)
 
 
 def test_verdicts_follow_the_two_objectives():

@@ -74,3 +74,95 @@ def test_tables_hold_both_objectives_and_the_follow_rate(tiny_llama):
     means = context_type_means(use)
     assert set(means["JuICE"]) == {*CONTEXT_TYPES, "mean"}
     assert means["JuICE"]["mean"] == pytest.approx(sum(means["JuICE"][t] for t in CONTEXT_TYPES) / 4)
+
+
+@pytest.mark.parametrize("direction", ["parametric", "contextual"])
+def test_prompt_reads_no_context_type(direction):
+    """Issue 44: a deployed system does not know whether a passage conflicts, nor how: every
+    prompt with a passage gets the same instruction text before it (substitution and coherent
+    alike); a prompt without one is told nothing about a passage it does not have (parametric)."""
+    examples = build_domain("world_capital")[:4]
+    built = paraconflict_context_items(examples).items + nqswap_context_items(ROWS).items
+    heads = set()
+    for item in built:
+        text = instructed_context_item(item, direction)
+        assert text.endswith(item.prompt)
+        if item.prompt != item.question or direction == "contextual":
+            heads.add((item.metric, text[: -len(item.prompt)]))
+        else:
+            assert text == item.prompt
+    assert len({h for m, h in heads if m == "first_words"}) == 1 and len({h for m, h in heads if m == "nqswap"}) == 1
+    sub, coh = (next(i for i in built if i.variant == v) for v in ("substitution", "coherent"))
+    assert (instructed_context_item(sub, direction)[: -len(sub.prompt)]
+            == instructed_context_item(coh, direction)[: -len(coh.prompt)])
+
+
+def _results(table):
+    """ItemResults from (source, question, context type, method, correct) rows."""
+    from juice.eval.runner import ItemResult
+
+    return [ItemResult(domain=s, subject=q, conflict_type=t, method=m, output="", correct=c, follows_context=False,
+                       p_parametric=0.0, p_context=0.0,
+                       item=f"{q}/{k}") for k, (s, q, t, m, c) in enumerate(table)]
+
+
+def _naive_mean(table, method, weights):
+    """The mean over context types of the mean over sources of the accuracy over the drawn
+    questions' items, by plain loops (weights: source -> question index -> times drawn)."""
+    questions = {}
+    for s, q, *_ in table:
+        questions.setdefault(s, [])
+        if q not in questions[s]:
+            questions[s].append(q)
+    per_type = []
+    for t in [t for t in CONTEXT_TYPES if any(row[2] == t for row in table)]:
+        accs = []
+        for s in questions:
+            num = den = 0.0
+            for src, q, tt, m, c in table:
+                if src == s and tt == t and m == method:
+                    w = weights[s][questions[s].index(q)]
+                    num, den = num + w * c, den + w
+            if den:
+                accs.append(num / den)
+        per_type.append(sum(accs) / len(accs))
+    return sum(per_type) / len(per_type)
+
+
+def test_the_means_paired_interval_equals_a_naive_bootstrap():
+    """Issue 44: the mean over context types and its paired interval against Original, whole
+    questions resampled within their source, equal a plain-loop bootstrap with the same draws."""
+    import random
+
+    import numpy as np
+
+    from juice.eval.contexts import MEAN, question_bootstrap, question_draws
+
+    rng = random.Random(0)
+    table = []
+    for s, nq in (("nqswap", 5), ("world_capital", 4)):
+        for q in range(nq):
+            for t in CONTEXT_TYPES:
+                for _ in range(2 if (t == "conflicting" and s == "world_capital") else 1):
+                    if t == "gold" and q == 0 and s == "world_capital":
+                        continue   # a skipped gold item
+                    for m in ("Original", "JuICE"):
+                        table.append((s, f"q{q}", t, m, rng.random() < (0.4 if m == "Original" else 0.6)))
+    results = _results(table)
+    boot = question_bootstrap(results, ["Original", "JuICE"], [("JuICE", "Original")], resamples=1000, seed=7)
+    ones = {"nqswap": [1] * 5, "world_capital": [1] * 4}
+    assert boot.cells["JuICE"][MEAN].mean == pytest.approx(_naive_mean(table, "JuICE", ones))
+    assert boot.cells["JuICE"][MEAN].n == 9 and boot.cells["Original"]["gold"].n == 8
+    draws = question_draws({"nqswap": 5, "world_capital": 4}, 1000, 7)
+    diffs, means = [], []
+    for b in range(1000):
+        w = {s: list(draws[s][b]) for s in draws}
+        means.append(_naive_mean(table, "JuICE", w))
+        diffs.append(means[-1] - _naive_mean(table, "Original", w))
+    low, high = np.quantile(diffs, [0.025, 0.975])
+    d = boot.differences["JuICE - Original"][MEAN]
+    assert (d.low, d.high) == (pytest.approx(low), pytest.approx(high))
+    assert d.mean == pytest.approx(_naive_mean(table, "JuICE", ones) - _naive_mean(table, "Original", ones))
+    low, high = np.quantile(means, [0.025, 0.975])
+    assert (boot.cells["JuICE"][MEAN].low, boot.cells["JuICE"][MEAN].high) == (pytest.approx(low), pytest.approx(high))
+    assert boot.detectable["JuICE - Original"] == pytest.approx(2.801585 * np.std(diffs, ddof=1), rel=1e-6)

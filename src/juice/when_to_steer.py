@@ -29,15 +29,17 @@ shows what that tuning costs on gold, irrelevant and missing context; and `auto`
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from juice.data.context_types import (CONTEXT_TYPES, ContextItem, ContextItems, nqswap_context_items,
+from juice.data.context_types import (CONTEXT_TYPES, SPLITS, ContextItem, ContextItems, nqswap_context_items,
                                       paraconflict_context_items, user_context_items)
-from juice.eval.contexts import context_type_means, context_type_tables, evaluate_context_types
+from juice.eval.contexts import (MEAN, QuestionBootstrap, context_type_means, context_type_tables,
+                                 evaluate_context_types, question_bootstrap)
 from juice.eval.runner import ItemResult, Method, results_to_json
 from juice.eval.tables import AVERAGE, IntervalTable
 from juice.models import LoadedModel
@@ -50,6 +52,9 @@ CONTEXT_METHODS = ("original", "prompt", "cad", "adacad", "ph3", "june", "juice"
 
 SHORT = {"parametric": "mem", "contextual": "ctx"}
 """A heads file's direction as a method-name suffix."""
+
+SUMMARIZED = ("use_relevant", "trust_memory", "use_relevant_not_degenerate")
+"""The objectives whose mean over context types gets question-resampled paired intervals."""
 
 TITLES = {"use_relevant": "use relevant context", "trust_memory": "trust memory",
           "follows_context": "answers that follow the passage",
@@ -97,13 +102,18 @@ def _is_nqswap(path: Path) -> bool:
 
 def context_items(source: str | Path | None = None, *, domain: str | None = None, limit: int | None = None,
                   contexts: Sequence[str] = CONTEXT_TYPES, seed: int = 0,
-                  keep: Callable[[ContextItem], bool] | None = None) -> tuple[ContextItems, dict[str, Any]]:
+                  keep: Callable[[ContextItem], bool] | None = None,
+                  split: str | None = None) -> tuple[ContextItems, dict[str, Any]]:
     """The items of `source` (module docstring) under `contexts`, and where they came from.
 
     Args:
         domain: with no source or an authors' folder, only this domain.
-        limit: the first N underlying items of each source (domain, or NQ-Swap); every item
-            of the source still lends its passage to the irrelevant items.
+        limit: the first N underlying items (distinct questions) of each source (domain, or
+            NQ-Swap) in the split; every row of the source still lends its passage to the
+            irrelevant items.
+        split: "validation" or "test": only the questions of that half
+            (:func:`juice.data.context_types.split_of` with `seed`, by question, so the two
+            never share one; irrelevant passages come from the same half); None: every question.
         contexts: the context types kept (:data:`juice.data.context_types.CONTEXT_TYPES`).
         keep: an underlying item is kept only if every one of its prompts satisfies it (before
             `limit` picks the first N; e.g. :func:`prompt_fits`); the number dropped is
@@ -117,26 +127,28 @@ def context_items(source: str | Path | None = None, *, domain: str | None = None
     unknown = [c for c in contexts if c not in CONTEXT_TYPES]
     if unknown or not contexts:
         raise ValueError(f"--contexts takes {', '.join(CONTEXT_TYPES)}, not {', '.join(unknown) or 'nothing'}")
+    if split is not None and split not in SPLITS:   # before any file is read
+        raise ValueError(f"--split takes {' or '.join(SPLITS)}, not {split!r}")
     from juice.data.nqswap import read_records
     from juice.data.paraconflict import build_domain, load_paraconflict_json
     from juice.data.splits import find_paper_domains
 
     cut = list   # every item lends its passage; `limit` keeps the first N per source afterwards
-    where: dict[str, Any] = {"seed": seed, "limit": limit}
+    where: dict[str, Any] = {"seed": seed, "limit": limit, "split": split}
     if source is None:
         from juice.data.paraconflict import DOMAINS
 
         names = [domain] if domain else list(DOMAINS)
         examples = [ex for name in names for ex in cut(build_domain(name))]
-        built, where["source"] = paraconflict_context_items(examples, seed), f"built-in {', '.join(names)}"
+        built, where["source"] = paraconflict_context_items(examples, seed, split), f"built-in {', '.join(names)}"
     else:
         path = Path(source)
         if not path.exists():
             raise FileNotFoundError(f"no such file or folder: {path}")
         if path.suffix in (".jsonl", ".csv") and not _is_nqswap(path):   # your own rows: context, question, answer
-            built, where["source"] = user_context_items(_read_rows(path), seed, path.stem), f"rows {path}"
+            built, where["source"] = user_context_items(_read_rows(path), seed, path.stem, split), f"rows {path}"
         elif (path.is_dir() and (path / "nqswap.jsonl").is_file()) or path.suffix == ".jsonl":
-            built, where["source"] = nqswap_context_items(cut(read_records(path)), seed), f"NQ-Swap {path}"
+            built, where["source"] = nqswap_context_items(cut(read_records(path)), seed, split), f"NQ-Swap {path}"
         elif path.is_dir():
             found = find_paper_domains(path)
             if domain:
@@ -146,9 +158,9 @@ def context_items(source: str | Path | None = None, *, domain: str | None = None
                                  f"{f' named {domain}' if domain else ''}")
             examples = [ex for name, folder in found.items()
                         for ex in cut(load_paraconflict_json(folder / "unfiltered_test.json", name))]
-            built, where["source"] = paraconflict_context_items(examples, seed), f"ParaConflict {path}"
+            built, where["source"] = paraconflict_context_items(examples, seed, split), f"ParaConflict {path}"
         else:
-            built = paraconflict_context_items(cut(load_paraconflict_json(path, domain)), seed)
+            built = paraconflict_context_items(cut(load_paraconflict_json(path, domain)), seed, split)
             where["source"] = f"ParaConflict {path}"
     refused = {(i.source, i.uid) for i in built.items if keep is not None and i.context_type in contexts
                and not keep(i)}
@@ -251,7 +263,12 @@ class ContextsEvaluation:
         tables: "use_relevant", "trust_memory", "follows_context" -> interval table (columns:
             sources and "Average"; groups: context types).
         methods: table names in order; settings: the betas / k / alpha each used.
-        data: the source, counts, skips, seed, limit.
+        data: the source, counts, skips, seed, limit, split.
+        summary: objective (:data:`SUMMARIZED`) -> per method, each context type and the mean
+            over them with intervals that resample whole questions, and paired differences
+            against Original and against `best_static` (:func:`juice.eval.contexts.question_bootstrap`).
+        best_static: the best static method (not `auto`) on the **validation** run it was
+            chosen from (:func:`best_static_method`), or None where none was given.
     """
 
     results: list[ItemResult]
@@ -259,6 +276,8 @@ class ContextsEvaluation:
     methods: list[str]
     settings: dict[str, Any]
     data: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, QuestionBootstrap] = field(default_factory=dict)
+    best_static: str | None = None
 
     def columns(self) -> list[tuple[str, str]]:
         """(Average, context type) for every context type evaluated."""
@@ -272,7 +291,43 @@ class ContextsEvaluation:
     def to_json(self) -> dict[str, Any]:
         return {"data": self.data, "methods": self.methods, "settings": self.settings,
                 "tables": {k: t.to_json() for k, t in self.tables.items()}, "means": self.means(),
+                "summary": {k: v.to_json() for k, v in self.summary.items()}, "best_static": self.best_static,
                 "results": results_to_json(self.results)}
+
+    def summary_markdown(self, objective: str = "use_relevant") -> str:
+        """The per-question table of `objective`: each context type and the mean (%, 95% interval),
+        n distinct questions, and the mean's paired differences against Original and the best
+        static method with the minimum detectable difference."""
+        boot = self.summary[objective]
+        types = [k for k in next(iter(boot.cells.values())) if k != MEAN]
+        against = ["Original"] + ([self.best_static] if self.best_static and self.best_static != "Original" else [])
+        head = ["Method", *types, "mean", *[f"- {b}" for b in against]]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+        def pct(iv) -> str:
+            return "-" if math.isnan(iv.mean) else f"{100 * iv.mean:.1f} [{100 * iv.low:.1f}, {100 * iv.high:.1f}]"
+
+        def diff(iv) -> str:
+            return "-" if math.isnan(iv.mean) else f"{100 * iv.mean:+.1f} [{100 * iv.low:+.1f}, {100 * iv.high:+.1f}]"
+
+        for m in self.methods:
+            if m not in boot.cells:
+                continue
+            row = [m, *[pct(boot.cells[m][t]) for t in types], pct(boot.cells[m][MEAN])]
+            row += [diff(boot.differences[f"{m} - {b}"][MEAN]) if f"{m} - {b}" in boot.differences else "" for b in against]
+            lines.append("| " + " | ".join(row) + " |")
+        any_cell = next(iter(boot.cells.values()))
+        lines.append("| n (questions) | " + " | ".join(str(any_cell[t].n) for t in types) + f" | {any_cell[MEAN].n} |"
+                     + " |" * len(against))
+        detect = [v for v in boot.detectable.values() if not math.isnan(v)]
+        if detect:
+            lines.append(f"\nMinimum detectable paired difference of the mean (80% power, two-sided 5%, from the "
+                         f"observed spread): {100 * min(detect):.1f} to {100 * max(detect):.1f} points "
+                         f"(median {100 * float(sorted(detect)[len(detect) // 2]):.1f}).")
+        lines.append("Best static method: " + (f"{self.best_static} (chosen on validation: "
+                                               f"{self.data.get('best_static_from', 'given')})" if self.best_static
+                                               else "not given (pass a validation run's contexts.json)") + ".")
+        return "\n".join(lines) + "\n"
 
     def markdown(self) -> str:
         """The report: one table per objective and the follow rate, n per cell, paired differences."""
@@ -280,8 +335,14 @@ class ContextsEvaluation:
 
         columns = self.columns()
         parts = [f"# When to steer: {self.data.get('source', '')}\n",
-                 f"Items: {self.data.get('counts')}; skipped: {self.data.get('skipped')}. Cells: % (95% bootstrap "
-                 "interval half-width), averaged over sources; bold: interval wholly above the runner-up's.\n"]
+                 f"Items: {self.data.get('counts')}; skipped: {self.data.get('skipped')}; split: "
+                 f"{self.data.get('split') or 'all questions'}.\n"]
+        for name in self.summary:
+            parts += [f"## {TITLES[name]}: mean over context types, by question\n",
+                      "Cells: %, [95% interval]; whole questions resampled within each source (2,000 "
+                      "resamples), the same draws for every method (paired).\n", self.summary_markdown(name)]
+        parts.append("# Per item\n\nCells: % (95% bootstrap interval half-width over prompts), averaged over "
+                     "sources; bold: interval wholly above the runner-up's.\n")
         for name, table in self.tables.items():
             cols = [(c, g) for c, g in columns if name != "follows_context" or g != "none"]
             heads = [g for _, g in cols]
@@ -301,13 +362,51 @@ class ContextsEvaluation:
         return interval_bar_chart(cells, path, title=f"use relevant context by context type ({self.data.get('source')})")
 
 
-def evaluate_contexts(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], items: ContextItems | Sequence[ContextItem],
-                      names: Sequence[str], *, data: Mapping[str, Any] | None = None, max_rows: int | str = 64,
-                      resamples: int = 2000, seed: int = 0, progress: Progress = no_progress) -> ContextsEvaluation:
-    """Evaluate `names` (:data:`CONTEXT_METHODS`) on context-type items (module docstring).
+def best_static_method(validation: Mapping[str, Any], objective: str = "use_relevant",
+                       among: Sequence[str] | None = None) -> str:
+    """The static method (every method but `auto`) with the highest mean over context types of
+    `objective` in a **validation** run's `contexts.json` (its "means"), among `among` (default:
+    all); ties go to the first in the run's method order.
 
     Raises:
-        ValueError: see :func:`context_methods`; no items.
+        ValueError: the run has no means of `objective`, or no static method in `among`.
+    """
+    means = validation.get("means", {}).get(objective)
+    if not means:
+        raise ValueError(f"the validation run has no {objective!r} means (a contexts.json of `juice evaluate --contexts`)")
+    order = [m for m in validation.get("methods", list(means)) if m in means and not m.startswith("auto")
+             and (among is None or m in among)]
+    if not order:
+        raise ValueError("the validation run shares no static method with this one")
+    return max(order, key=lambda m: (means[m]["mean"], -order.index(m)))
+
+
+def summarize(results: Sequence[ItemResult], methods: Sequence[str], best_static: str | None = None, *,
+              resamples: int = 2000, seed: int = 0) -> dict[str, QuestionBootstrap]:
+    """:data:`SUMMARIZED` objective -> the question-resampled summary of every method, with the
+    paired differences of each method against Original and against `best_static`."""
+    from juice.eval.contexts import TABLES
+
+    pairs = [(m, "Original") for m in methods if m != "Original" and "Original" in methods]
+    if best_static in methods:
+        pairs += [(m, best_static) for m in methods if m != best_static]
+    return {name: question_bootstrap(results, methods, pairs, value=TABLES[name], resamples=resamples, seed=seed)
+            for name in SUMMARIZED}
+
+
+def evaluate_contexts(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], items: ContextItems | Sequence[ContextItem],
+                      names: Sequence[str], *, data: Mapping[str, Any] | None = None, max_rows: int | str = 64,
+                      resamples: int = 2000, seed: int = 0, progress: Progress = no_progress,
+                      validation: Mapping[str, Any] | None = None) -> ContextsEvaluation:
+    """Evaluate `names` (:data:`CONTEXT_METHODS`) on context-type items (module docstring).
+
+    Args:
+        validation: a validation run's `contexts.json` (other questions: `split="validation"`):
+            the best static method is chosen there (:func:`best_static_method`) and every method
+            is compared with it here; None: compared with Original only.
+
+    Raises:
+        ValueError: see :func:`context_methods`; no items; a validation run without means.
     """
     items = items.items if isinstance(items, ContextItems) else list(items)
     if not items:
@@ -318,7 +417,16 @@ def evaluate_contexts(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], items
     titles = list(methods)
     focus = next((t for t in titles if t.startswith("auto")), next((t for t in titles if t.startswith("JuICE")), titles[0]))
     tables = context_type_tables(results, titles, focus=focus, resamples=resamples, seed=seed)
-    return ContextsEvaluation(results, tables, titles, settings, dict(data or {}))
+    data = dict(data or {})
+    if validation is not None and data.get("split") and validation.get("data", {}).get("split") == data["split"]:
+        raise ValueError(f"the validation run is of the {data['split']} split too: choose the best static method "
+                         "on the other questions (--split validation)")
+    best = best_static_method(validation, among=titles) if validation is not None else None
+    if validation is not None:
+        data["best_static_from"] = (f"{validation.get('data', {}).get('source', '?')}, split "
+                                    f"{validation.get('data', {}).get('split') or 'all'}")
+    return ContextsEvaluation(results, tables, titles, settings, data,
+                              summarize(results, titles, best, resamples=resamples, seed=seed), best)
 
 
-__all__ = ["CONTEXT_METHODS", "ContextsEvaluation", "context_items", "context_methods", "prompt_fits", "evaluate_contexts"]
+__all__ = ["CONTEXT_METHODS", "MEAN", "SUMMARIZED", "ContextsEvaluation", "best_static_method", "summarize", "context_items", "context_methods", "prompt_fits", "evaluate_contexts"]

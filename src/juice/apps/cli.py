@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -247,6 +248,9 @@ def tune(
         "comma-separated: juice, june, ph3 (PH3's k; needs rows with other), auto (the per-request policy, "
         "on the four context types of --data: NQ-Swap JSONL or ParaConflict JSON; after juice's betas)")),
     limit: Optional[int] = typer.Option(None, min=1, help="use the first N rows only (auto: N items per source)"),
+    split: Optional[str] = typer.Option(None, help=(
+        "auto: tune on the questions of this half only, validation or test (by question, seeded: "
+        "juice.data.context_types.split_of); default every question of --data")),
     model: str = typer.Option(DEFAULT_MODEL),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
     beta_minus_grid: Optional[str] = typer.Option(None, help=BETA_MINUS_GRID_HELP),
@@ -276,9 +280,9 @@ def tune(
         from juice.when_to_steer import context_items
 
         try:
-            items, where = context_items(data, limit=limit)
+            items, where = context_items(data, limit=limit, split=split)
         except (ValueError, FileNotFoundError) as err:
-            raise typer.BadParameter(str(err), param_hint="--data") from None
+            raise typer.BadParameter(str(err), param_hint="--split" if "--split" in str(err) else "--data") from None
     grid_names = [m for m in names if m != "auto"]
     if grid_names or not names:
         load_rows(data, artifact.direction)
@@ -335,6 +339,12 @@ def evaluate(
         "when to steer: evaluate on the same questions with these contexts, comma-separated from gold, conflicting, "
         "irrelevant, none (README \"When to steer\")")),
     domain: Optional[str] = typer.Option(None, help="with --contexts: one built-in or authors' domain"),
+    split: Optional[str] = typer.Option(None, help=(
+        "with --contexts: the questions of one half, validation or test (by question, seeded: "
+        "juice.data.context_types.split_of); default every question")),
+    validation: Optional[Path] = typer.Option(None, exists=True, dir_okay=False, help=(
+        "with --contexts: a validation run's contexts.json (--split validation): the best static method is "
+        "chosen there and every method compared with it")),
     out: Path = typer.Option(Path("juice-evaluation"), help="folder for evaluation.json and evaluation.md "
                                                             "(with --contexts: contexts.json, .md, .png)"),
     model: str = typer.Option(DEFAULT_MODEL),
@@ -354,7 +364,7 @@ def evaluate(
     """
     if contexts is not None:
         _evaluate_contexts(data, heads, methods, contexts, domain, None if full else (limit or CONTEXT_LIMIT),
-                           out, model, device, None if full else max_prompt_tokens)
+                           out, model, device, None if full else max_prompt_tokens, split, validation)
         return
     from juice.apps.terminal import interval_rich
     from juice.eval.report import degeneration_markdown, difference_markdown, interval_markdown
@@ -401,7 +411,8 @@ def evaluate(
 
 def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optional[str], contexts: str, domain: Optional[str],
                        limit: Optional[int], out: Path, model: str, device: str,
-                       max_prompt_tokens: Optional[int] = None) -> None:
+                       max_prompt_tokens: Optional[int] = None, split: Optional[str] = None,
+                       validation: Optional[Path] = None) -> None:
     """`juice evaluate --contexts` (:mod:`juice.when_to_steer`)."""
     from juice.apps.terminal import interval_rich
     from juice.io import write_json_atomic
@@ -412,9 +423,13 @@ def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optiona
 
     try:   # bad input fails before the model loads
         kinds = [c.strip().lower() for c in contexts.split(",") if c.strip()]
-        items, where = context_items(data, domain=domain, limit=limit, contexts=kinds)
+        items, where = context_items(data, domain=domain, limit=limit, contexts=kinds, split=split)
+        chosen_on = None if validation is None else json.loads(validation.read_text(encoding="utf-8"))
     except (ValueError, FileNotFoundError) as err:
-        raise typer.BadParameter(str(err), param_hint="--contexts" if "--contexts" in str(err) else "--data") from None
+        hint = next((h for h in ("--contexts", "--split") if h in str(err)), "--data")
+        raise typer.BadParameter(str(err), param_hint=hint) from None
+    except json.JSONDecodeError as err:
+        raise typer.BadParameter(f"{validation}: not JSON ({err.msg})", param_hint="--validation") from None
     files = [load_heads(path) for path in heads]
     if methods is None:   # every method; PH3 and auto where a heads file holds them tuned
         methods = ("original,prompt,cad,adacad" + (",ph3" if any("pruned" in f.tuned.get("ph3", {}) for f in files)
@@ -425,21 +440,26 @@ def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optiona
     if max_prompt_tokens is not None:   # the first `limit` items whose prompts fit
         from juice.when_to_steer import prompt_fits
 
-        items, where = context_items(data, domain=domain, limit=limit, contexts=kinds,
+        items, where = context_items(data, domain=domain, limit=limit, contexts=kinds, split=split,
                                      keep=prompt_fits(lm.tokenizer, max_prompt_tokens))
         where["max_prompt_tokens"] = max_prompt_tokens
     artifacts = [load_heads(path, lm) for path in heads]
     try:
         with _progress() as task:
-            report = evaluate_contexts(lm, artifacts, items, names, data=where, progress=task)
+            report = evaluate_contexts(lm, artifacts, items, names, data=where, progress=task, validation=chosen_on)
     except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--methods") from None
+        raise typer.BadParameter(str(err), param_hint="--validation" if "validation" in str(err) else "--methods") from None
     columns = report.columns()
     for name, table in report.tables.items():
         cols = [(c, g) for c, g in columns if name != "follows_context" or g != "none"]
         console.print(interval_rich(table, report.methods, cols, [g for _, g in cols],
                                     title=f"{TITLES[name]}, % (95% interval half-width)",
                                     bold=name not in ("follows_context", "degenerate")))
+    from juice.when_to_steer import MEAN
+
+    for name, boot in report.summary.items():
+        console.print(f"{TITLES[name]}, mean over context types (by question): " + "; ".join(
+            f"{m} {boot.cells[m][MEAN].format()}" for m in report.methods if m in boot.cells))
     console.print(f"items {where['counts']}, skipped {where['skipped']}"
                   + (f", {where['dropped']} dropped (prompts over {where['max_prompt_tokens']} tokens; --full keeps them)"
                      if where.get("dropped") else ""))

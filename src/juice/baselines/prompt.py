@@ -137,12 +137,17 @@ def contextual_prompt(example: ContextualExample) -> str:
 def instructed_context_item(item: ContextItem, direction: str, model_type: str | None = None) -> str:
     """A context-type item's prompt (:mod:`juice.data.context_types`) with the Prompt baseline's
     instruction of `direction`, in the authors' nearest form (juice's extension: the paper
-    instructs conflicting items only):
+    instructs conflicting items only). The instruction never depends on the context type or on
+    which conflict a passage holds, which a deployed system does not know: only on whether the
+    request has a passage (its prompt differs from its question), which it does.
 
     - contextual: NQ-Swap's instruction and a line break before the prompt (`Context: ...`, or
       the question alone for none); ParaConflict: the completion instruction and a line break;
-    - parametric: the substitution form for a substitution prompt, the coherent form
-      (`... Context: <prompt>`) for every other prompt with a passage, none unchanged.
+    - parametric: the authors' coherent-conflict form (`<instruction> Context: <prompt>`) for
+      every prompt with a passage, gold, conflicting (substitution and coherent alike) and
+      irrelevant; a prompt without one unchanged. This differs from the paper's Table 1
+      (:func:`instructed_parametric`), whose substitution prompts get the substitution
+      instruction: there the conflict type is the table's column, known by construction.
 
     Raises:
         ValueError: a direction other than parametric or contextual.
@@ -151,8 +156,7 @@ def instructed_context_item(item: ContextItem, direction: str, model_type: str |
         head = CONTEXTUAL_NQSWAP if item.metric == "nqswap" else CONTEXTUAL_COMPLETION
         return f"{head}\n{item.prompt}"
     if direction == "parametric":
-        if item.context_type == "none":
+        if item.prompt == item.question:
             return item.prompt
-        return instructed_parametric(item.prompt, "substitution" if item.variant == "substitution" else "coherent",
-                                     model_type)
+        return instructed_parametric(item.prompt, "coherent", model_type)
     raise ValueError(f"direction must be parametric or contextual, not {direction!r}")

@@ -1,17 +1,24 @@
-"""When to steer: the same question with a gold, a conflicting, an irrelevant or no context (issue 35).
+"""When to steer: the same question with a gold, a conflicting, an irrelevant or no context.
 
 A retrieval system cannot know whether its passage agrees with the truth, contradicts the
 model, is about something else, or is missing. These builders turn the paper's items into all
 four, so that a method's effect can be read on each (CUB, the context utilisation benchmark, ACL
 2026, crosses CounterFact, NQ and DRUID with gold, conflicting and irrelevant contexts likewise).
 
+One underlying item per **distinct question** (:func:`question_key`): NQ-Swap's 4,746 rows hold
+1,667 questions, and the gold and none prompts of one question's rows are the same text, so rows
+of one question are not independent items. A builder keeps one row per question, chosen with a
+seeded generator (:func:`one_per_question`); every row may still lend its passage to another
+question's irrelevant item.
+
 From NQ-Swap rows (:func:`nqswap_context_items`):
 
 - *gold*: `org_context` (the original passage); its answer is `org_answer`;
 - *conflicting*: `sub_context` (the entity substituted); the context answer is `sub_answer`, the
   memory answer `org_answer`;
-- *irrelevant*: another row's `org_context` with this row's question; the right answer is
-  `org_answer`, and the other passage's answer counts as "followed the context";
+- *irrelevant*: another question's `org_context` with this row's question; the right answer is
+  `org_answer`, and the answer that passage states (the other row's `org_answer`) counts as
+  "followed the context";
 - *none*: the question alone.
 
 From ParaConflict items (:func:`paraconflict_context_items`; built-in domains or the authors' files):
@@ -22,11 +29,16 @@ From ParaConflict items (:func:`paraconflict_context_items`; built-in domains or
   boundaries; skipped (and counted) where the distractor does not occur verbatim, or where it
   still occurs after the replacement (a true answer that contains it);
 - *irrelevant*: another item's coherent passage (its context, without its own question: the text
-  before its last "Question:") before this item's clean prompt; skipped (and counted) where no
-  item with another answer has a passage.
+  before its last "Question:") before this item's clean prompt; the passage states the other
+  item's *distractor*, so that is the irrelevant item's context answer; skipped (and counted)
+  where no item fits.
 
-The partner of an irrelevant item is drawn with a seeded generator among the items whose answers
-(normalized) share nothing with this item's.
+The partner of an irrelevant item (the item lending its passage) is drawn with a seeded generator
+among those that ask another question, whose passage states its own answer (the one recorded as
+the context answer), and whose passage states neither this item's true answer nor any of its
+aliases (word-bounded, normalized: :func:`juice.text.contains_answer`), nor records a context
+answer that normalizes like one of them: copying an irrelevant passage must never score as the
+true answer.
 
 Two objectives score an output (:func:`juice.eval.metrics.context_verdicts`): **use relevant
 context** (gold and conflicting: the context's answer; irrelevant and none: the memory answer)
@@ -35,14 +47,15 @@ and **trust memory** (the memory answer everywhere).
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from juice.data.nqswap import context_prompt, question_prompt
+from juice.data.nqswap import context_prompt, question_prompt, strip_markup
 from juice.data.records import ConflictExample
-from juice.text import normalize_answer
+from juice.text import contains_answer, normalize_answer
 
 CONTEXT_TYPES: tuple[str, ...] = ("gold", "conflicting", "irrelevant", "none")
 """The four contexts a question can come with, in the order of the tables."""
@@ -129,33 +142,103 @@ def _normalized(answers: Iterable[str]) -> set[str]:
     return {a for a in (normalize_answer(x) for x in answers) if a}
 
 
-def _partners(answers: Sequence[Sequence[str]], usable: Sequence[bool], seed: int) -> list[int | None]:
-    """Per item, another usable item whose answers share no normalized form with its own (drawn
-    with a seeded generator: up to 64 random draws, then a scan of every candidate), or None."""
+def question_key(question: str) -> str:
+    """The text that identifies a question across rows: lower case, "?" dropped, white space
+    collapsed (NQ-Swap's rows of one question differ at most in those).
+
+    >>> question_key("Question: Who wrote  Hamlet?\\nAnswer:")
+    'question: who wrote hamlet answer:'
+    """
+    return " ".join(question.lower().replace("?", " ").split())
+
+
+SPLITS: tuple[str, ...] = ("validation", "test")
+"""The two halves of a context-type evaluation's questions (:func:`split_of`)."""
+
+
+def split_of(question: str, seed: int = 0) -> str:
+    """"validation" or "test" for a question, the same for every row, source and context type
+    that asks it: the first 8 bytes of SHA-256 of `"{seed}:{question_key(question)}"`, read as
+    an unsigned big-endian integer, below 2**63 give "validation" (half the questions, in
+    expectation), else "test". Stable across processes, machines and Python versions (no
+    `hash()`), so validation and test never share a question.
+
+    >>> split_of("Question: Who wrote Hamlet?\\nAnswer:") == split_of("question:  who wrote hamlet \\nanswer:")
+    True
+    >>> [split_of("Who painted the Mona Lisa", seed) for seed in range(3)]
+    ['test', 'test', 'validation']
+    """
+    digest = hashlib.sha256(f"{seed}:{question_key(question)}".encode("utf-8")).digest()
+    return "validation" if int.from_bytes(digest[:8], "big") < 2 ** 63 else "test"
+
+
+def one_per_question(keys: Sequence[str], seed: int) -> list[int]:
+    """Indices of one row per distinct key, in the order keys first appear; among a key's rows
+    the kept one is drawn with `random.Random(seed)` (one draw per key, in that order).
+
+    >>> one_per_question(["a", "b", "a", "c"], seed=0) in ([0, 1, 3], [2, 1, 3])
+    True
+    """
+    groups: dict[str, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
     rng = random.Random(seed)
-    norms = [_normalized(a) for a in answers]
-    candidates = [j for j, ok in enumerate(usable) if ok]
-    out: list[int | None] = []
-    for i in range(len(answers)):
-        fits = lambda j: j != i and not (norms[j] & norms[i])   # noqa: E731
-        found = next((j for j in (rng.choice(candidates) for _ in range(64 if candidates else 0)) if fits(j)), None)
+    return [rng.choice(rows) for rows in groups.values()]
+
+
+@dataclass(frozen=True)
+class _Lender:
+    """A passage that can serve as another question's irrelevant context."""
+
+    uid: str
+    key: str
+    passage: str
+    states: tuple[str, ...]   # the answer the passage gives
+
+
+def _partners(takers: Sequence[tuple[str, tuple[str, ...]]], lenders: Sequence[_Lender | None],
+              seed: int) -> list[_Lender | None]:
+    """Per taker (question key, true answers), a lender (module docstring's rule), drawn with a
+    seeded generator: up to 64 random draws, then a scan of every candidate; None if none fits."""
+    rng = random.Random(seed)
+    usable = [lend for lend in lenders if lend is not None and contains_answer(lend.passage, lend.states)]
+    out: list[_Lender | None] = []
+    for key, answers in takers:
+        mine = _normalized(answers)
+
+        def fits(lend: _Lender) -> bool:
+            return (lend.key != key and not (_normalized(lend.states) & mine)
+                    and not contains_answer(lend.passage, answers))
+
+        found = next((lend for lend in (rng.choice(usable) for _ in range(64 if usable else 0)) if fits(lend)), None)
         if found is None:
-            choices = [j for j in candidates if fits(j)]
+            choices = [lend for lend in usable if fits(lend)]
             found = rng.choice(choices) if choices else None
         out.append(found)
     return out
 
 
-def nqswap_context_items(records: Sequence[Mapping], seed: int = 0) -> ContextItems:
-    """The four context types of NQ-Swap rows (module docstring).
+def _in_split(question: str, split: str | None, seed: int) -> bool:
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"--split takes {' or '.join(SPLITS)}, not {split!r}")
+    return split is None or split_of(question, seed) == split
+
+
+def nqswap_context_items(records: Sequence[Mapping], seed: int = 0, split: str | None = None) -> ContextItems:
+    """The four context types of NQ-Swap rows (module docstring): one item per distinct question.
 
     Args:
         records: NQ-Swap rows (`question`, `org_context`, `org_answer`, `sub_context`,
-            `sub_answer`), e.g. :func:`juice.data.nqswap.read_records`; row i's uid is "i".
-        seed: draws the irrelevant passages.
+            `sub_answer`), e.g. :func:`juice.data.nqswap.read_records`; an item's uid is the
+            index of the row kept for its question (:func:`one_per_question`).
+        seed: draws the row kept per question and the irrelevant passages, and splits.
+        split: "validation" or "test": only the rows of that half's questions
+            (:func:`split_of` of the question prompt), and only they lend passages, so nothing
+            of the other half's questions enters; None: every row.
 
     Raises:
-        ValueError: a row misses a field or holds one that is not text (the message names the row).
+        ValueError: a row misses a field or holds one that is not text (the message names
+            the row); an unknown split.
     """
     rows = []
     for i, r in enumerate(records):
@@ -167,30 +250,34 @@ def nqswap_context_items(records: Sequence[Mapping], seed: int = 0) -> ContextIt
             raise ValueError(f"NQ-Swap row {i}: missing field {err}") from None
         if not all(isinstance(t, str) and t.strip() for t in fields) or not org or not sub:
             raise ValueError(f"NQ-Swap row {i}: question, contexts and answers must be non-empty text")
-        rows.append((str(i), r["question"], r["org_context"], r["sub_context"], tuple(org), tuple(sub)))
-    partners = _partners([r[4] for r in rows], [True] * len(rows), seed)
+        if _in_split(question_prompt(r["question"]), split, seed):
+            rows.append((str(i), r["question"], r["org_context"], r["sub_context"], tuple(org), tuple(sub)))
+    keys = [question_key(r[1]) for r in rows]
+    kept = one_per_question(keys, seed)
+    lenders = [_Lender(uid, key, strip_markup(org_context), org)
+               for (uid, _, org_context, _, org, _), key in zip(rows, keys)]
+    partners = _partners([(keys[k], rows[k][4]) for k in kept], lenders, seed)
     out = ContextItems()
-    for (uid, question, org_context, sub_context, org, sub), j in zip(rows, partners):
+    for k, partner in zip(kept, partners):
+        uid, question, org_context, sub_context, org, sub = rows[k]
         common = dict(source="nqswap", uid=uid, question=question_prompt(question), memory_answers=org,
                       metric="nqswap")
         out.items.append(ContextItem(context_type="gold", prompt=context_prompt(org_context, question),
                                      context_answers=org, **common))
         out.items.append(ContextItem(context_type="conflicting", prompt=context_prompt(sub_context, question),
                                      context_answers=sub, **common))
-        _irrelevant_and_none(out, question, None if j is None else (rows[j][0], rows[j][2], rows[j][4]), common)
+        _irrelevant_and_none(out, question, partner, common)
     return out
 
 
-def _irrelevant_and_none(out: "ContextItems", question: str, partner: tuple[str, str, tuple[str, ...]] | None,
-                         common: dict) -> None:
-    """Append a question-and-passage item's irrelevant item (the partner's (uid, passage,
-    answers) before this question; skipped and counted without a partner) and its none item,
-    in NQ-Swap's prompt format."""
+def _irrelevant_and_none(out: "ContextItems", question: str, partner: _Lender | None, common: dict) -> None:
+    """Append a question-and-passage item's irrelevant item (the partner's passage before this
+    question; skipped and counted without a partner) and its none item, in NQ-Swap's prompt format."""
     if partner is None:
         out.skipped["irrelevant"].append(common["uid"])
     else:
-        out.items.append(ContextItem(context_type="irrelevant", prompt=context_prompt(partner[1], question),
-                                     context_answers=partner[2], partner=partner[0], **common))
+        out.items.append(ContextItem(context_type="irrelevant", prompt=context_prompt(partner.passage, question),
+                                     context_answers=partner.states, partner=partner.uid, **common))
     out.items.append(ContextItem(context_type="none", prompt=question_prompt(question), **common))
 
 
@@ -201,17 +288,21 @@ def _answers(value, where: str, field: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def user_context_items(rows: Sequence[Mapping], seed: int = 0, source: str = "rows") -> ContextItems:
+def user_context_items(rows: Sequence[Mapping], seed: int = 0, source: str = "rows",
+                       split: str | None = None) -> ContextItems:
     """The context types of your own rows: each has `question`, `context` (its passage),
     `answer` (the true answer, or a list of accepted forms) and optionally `context_answer`
     (what the passage says, where it contradicts `answer`). The row's passage is *gold* when it
     has no `context_answer` (or one equal to `answer`), else *conflicting*; *irrelevant* is
-    another row's passage (drawn, seeded, among rows with another answer) with this question;
-    *none* the question alone. Prompts are NQ-Swap's format (`Context: ...\nQuestion: ...\nAnswer:`),
-    scored by NQ-Swap's normalized substring match; row i's uid is "i".
+    another question's passage (drawn, seeded, by the module docstring's rule; it states that
+    row's `context_answer`, else its `answer`) with this question; *none* the question alone.
+    One item per distinct question (:func:`one_per_question`). Prompts are NQ-Swap's format
+    (`Context: ...\nQuestion: ...\nAnswer:`), scored by NQ-Swap's normalized substring match;
+    row i's uid is "i". `split` keeps one half's questions, as :func:`nqswap_context_items`.
 
     Raises:
-        ValueError: a row without a question, context or answer (the message names the row).
+        ValueError: a row without a question, context or answer (the message names the row);
+            an unknown split.
     """
     parsed = []
     for i, r in enumerate(rows):
@@ -225,17 +316,22 @@ def user_context_items(rows: Sequence[Mapping], seed: int = 0, source: str = "ro
         said = true if r.get("context_answer") in (None, "", []) else _answers(r["context_answer"], where,
                                                                               "context_answer")
         kind = "gold" if _normalized(said) & _normalized(true) else "conflicting"
-        parsed.append((str(i), r["question"], r["context"], true, said, kind))
-    partners = _partners([p[4] for p in parsed], [True] * len(parsed), seed)
+        if _in_split(question_prompt(r["question"]), split, seed):
+            parsed.append((str(i), r["question"], r["context"], true, said, kind))
+    keys = [question_key(p[1]) for p in parsed]
+    kept = one_per_question(keys, seed)
+    lenders = [_Lender(uid, key, strip_markup(context), said)
+               for (uid, _, context, _, said, _), key in zip(parsed, keys)]
+    partners = _partners([(keys[k], parsed[k][3]) for k in kept], lenders, seed)
     out = ContextItems()
-    for (uid, question, context, true, said, kind), j in zip(parsed, partners):
+    for k, partner in zip(kept, partners):
+        uid, question, context, true, said, kind = parsed[k]
         common = dict(source=source, uid=uid, question=question_prompt(question), memory_answers=true,
                       metric="nqswap")
         out.items.append(ContextItem(context_type=kind, prompt=context_prompt(context, question),
                                      context_answers=said, **common))
         out.skipped["conflicting" if kind == "gold" else "gold"].append(uid)
-        _irrelevant_and_none(out, question, None if j is None else (parsed[j][0], parsed[j][2], parsed[j][4]),
-                             common)
+        _irrelevant_and_none(out, question, partner, common)
     return out
 
 
@@ -264,23 +360,34 @@ def gold_prompt(example: ConflictExample) -> str | None:
     return None if pattern.search(gold) else gold
 
 
-def paraconflict_context_items(examples: Sequence[ConflictExample], seed: int = 0) -> ContextItems:
+def paraconflict_context_items(examples: Sequence[ConflictExample], seed: int = 0,
+                               split: str | None = None) -> ContextItems:
     """The four context types of ParaConflict items (module docstring), one domain or several
-    (a partner passage comes from the same domain).
+    (a partner passage comes from the same domain); one item per distinct clean prompt.
 
     Args:
         examples: the items (:func:`juice.data.paraconflict.build_domain`,
             :func:`juice.data.paraconflict.load_paraconflict_json`).
-        seed: draws the irrelevant passages.
+        seed: draws the item kept per question and the irrelevant passages, and splits.
+        split: one half's questions (:func:`split_of` of the clean prompt), as
+            :func:`nqswap_context_items`.
+
+    Raises:
+        ValueError: an unknown split.
     """
     out = ContextItems()
     by_domain: dict[str, list[ConflictExample]] = {}
     for ex in examples:
-        by_domain.setdefault(ex.domain, []).append(ex)
-    for domain, items in by_domain.items():
-        passages = [coherent_passage(ex) for ex in items]
-        partners = _partners([ex.answers for ex in items], [p is not None for p in passages], seed)
-        for ex, j in zip(items, partners):
+        if _in_split(ex.prompts["clean"], split, seed):
+            by_domain.setdefault(ex.domain, []).append(ex)
+    for domain, every in by_domain.items():
+        keys = [question_key(ex.prompts["clean"]) for ex in every]
+        lenders = [None if (p := coherent_passage(ex)) is None else _Lender(ex.uid, key, p, (ex.context_answer,))
+                   for ex, key in zip(every, keys)]
+        kept = one_per_question(keys, seed)
+        partners = _partners([(keys[k], every[k].answers) for k in kept], lenders, seed)
+        for k, partner in zip(kept, partners):
+            ex = every[k]
             common = dict(source=domain, uid=ex.uid, question=ex.prompts["clean"], memory_answers=ex.answers)
             gold = gold_prompt(ex)
             if gold is None:
@@ -290,16 +397,15 @@ def paraconflict_context_items(examples: Sequence[ConflictExample], seed: int = 
             for variant in ("substitution", "coherent"):
                 out.items.append(ContextItem(context_type="conflicting", prompt=ex.prompts[variant],
                                              context_answers=(ex.context_answer,), variant=variant, **common))
-            if j is None:
+            if partner is None:
                 out.skipped["irrelevant"].append(ex.uid)
             else:
-                other = items[j]
-                out.items.append(ContextItem(context_type="irrelevant",
-                                             prompt=f"{passages[j]} {ex.prompts['clean']}",
-                                             context_answers=other.answers, partner=other.uid, **common))
+                out.items.append(ContextItem(context_type="irrelevant", prompt=f"{partner.passage} {ex.prompts['clean']}",
+                                             context_answers=partner.states, partner=partner.uid, **common))
             out.items.append(ContextItem(context_type="none", prompt=ex.prompts["clean"], **common))
     return out
 
 
 __all__ = ["CONTEXT_TYPES", "OBJECTIVES", "ContextItem", "ContextItems", "coherent_passage", "gold_prompt",
-           "nqswap_context_items", "paraconflict_context_items", "user_context_items"]
+           "nqswap_context_items", "one_per_question", "SPLITS", "split_of", "paraconflict_context_items", "question_key",
+           "user_context_items"]

@@ -20,12 +20,17 @@ the memory answer's and the passage answer's first token (the memory answer's fo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 from juice.baselines.prompt import instructed_context_item
 from juice.data.context_types import CONTEXT_TYPES, ContextItem
 from juice.eval.degeneration import correct_not_degenerate
 from juice.eval.metrics import context_verdicts
+from juice.eval.stats import Interval, _check
 from juice.eval.runner import DecodeRequest, ItemResult, Method, as_method, decode_requests, exact_match_decided
 from juice.eval.tables import IntervalTable, interval_table
 from juice.models import LoadedModel
@@ -139,5 +144,152 @@ def context_type_means(table: IntervalTable) -> dict[str, dict[str, float]]:
     return out
 
 
-__all__ = ["LOWER_IS_BETTER", "NEW_TOKENS", "TABLES", "context_type_means", "context_type_tables", "evaluate_context_types",
+MEAN = "mean"
+"""The summary column of :class:`QuestionBootstrap`: the mean over context types."""
+
+POWER_Z = 1.959964 + 0.841621
+"""z(0.975) + z(0.80): a paired difference of this many standard errors is detected by a
+two-sided 5% test with 80% power (the minimum detectable difference, :attr:`QuestionBootstrap.detectable`)."""
+
+
+@dataclass(frozen=True)
+class QuestionBootstrap:
+    """Per method, accuracy per context type and its mean over the context types, with 95%
+    intervals that resample whole questions (:func:`question_bootstrap`), and paired differences.
+
+    Attributes:
+        cells: method -> context type or :data:`MEAN` -> interval (fractions; n = distinct questions).
+        differences: "A - B" -> context type or :data:`MEAN` -> interval of the difference.
+        detectable: "A - B" -> the minimum detectable paired difference of the mean (fraction):
+            :data:`POWER_Z` times the bootstrap standard error of the difference.
+        resamples, confidence, seed: the bootstrap's settings.
+    """
+
+    cells: dict[str, dict[str, Interval]]
+    differences: dict[str, dict[str, Interval]]
+    detectable: dict[str, float]
+    resamples: int
+    confidence: float
+    seed: int
+
+    def to_json(self) -> dict:
+        return {"cells": {m: {k: iv.to_json() for k, iv in c.items()} for m, c in self.cells.items()},
+                "differences": {m: {k: iv.to_json() for k, iv in c.items()} for m, c in self.differences.items()},
+                "minimum_detectable_difference": self.detectable,
+                "bootstrap": {"resamples": self.resamples, "confidence": self.confidence, "seed": self.seed,
+                              "method": "percentile, whole questions resampled within each source"}}
+
+
+def _type_means(weights: Mapping[str, np.ndarray], sums: Mapping[str, np.ndarray], counts: Mapping[str, np.ndarray]
+                ) -> np.ndarray:
+    """`[B, T]` per context type, the mean over sources of the accuracy of the weighted questions
+    (a source with no item of a type in a resample is left out of that type's mean)."""
+    per_source = []
+    for src, w in weights.items():
+        num, den = w @ sums[src], w @ counts[src]
+        per_source.append(np.where(den > 0, num / np.where(den > 0, den, 1), np.nan))
+    with np.errstate(invalid="ignore"):
+        stacked = np.stack(per_source)
+        present = ~np.isnan(stacked)
+        return np.where(present.any(0), np.nansum(stacked, 0) / np.maximum(present.sum(0), 1), np.nan)
+
+
+def question_draws(sizes: Mapping[str, int], resamples: int, seed: int) -> dict[str, np.ndarray]:
+    """Source -> `[resamples, n_source]` question weights: each row counts how often each of the
+    source's questions is drawn when `n_source` are drawn with replacement. Draws come from
+    `numpy.random.default_rng(seed)`, `integers(0, n, size=(resamples, n))` per source in sorted order."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for src in sorted(sizes):
+        n = sizes[src]
+        draws = rng.integers(0, n, size=(resamples, n))
+        w = np.zeros((resamples, n))
+        np.add.at(w, (np.arange(resamples)[:, None], draws), 1.0)
+        out[src] = w
+    return out
+
+
+def question_bootstrap(results: Sequence[ItemResult], methods: Sequence[str], pairs: Sequence[tuple[str, str]] = (),
+                       *, value: Callable[[ItemResult], bool] = lambda r: r.correct,
+                       keep: Callable[[ItemResult], bool] | None = None, resamples: int = 2000,
+                       confidence: float = 0.95, seed: int = 0) -> QuestionBootstrap:
+    """Accuracy per context type and the mean over context types, with percentile intervals from
+    a bootstrap over **questions**: a question (source, underlying item) is drawn whole, with all
+    its prompts of every context type (ParaConflict's two conflicting prompts included), within
+    its source; every method and pair uses the same draws (paired). The statistic is
+    :func:`context_type_means`' on the resampled questions: per context type the mean over
+    sources of the accuracy over that source's items, then the mean over the context types.
+
+    Args:
+        results: the context-type evaluation's results (`domain` = source, `subject` = the
+            underlying item's uid, `conflict_type` = the context type).
+        methods: the methods to report; pairs: (A, B) whose paired difference A - B is reported.
+        value: what an item counts (default: the use-relevant-context verdict).
+        keep: only the results for which it is true.
+
+    Returns:
+        the :class:`QuestionBootstrap` (fractions; n = distinct questions with an item of the
+        cell's context type, or with any item for the mean).
+
+    Raises:
+        ValueError: bad resamples or confidence; a pair naming a method without results.
+    """
+    _check(resamples, confidence)
+    rows = [r for r in results if r.method in set(methods) | {m for p in pairs for m in p} and (keep is None or keep(r))]
+    types = [t for t in CONTEXT_TYPES if any(r.conflict_type == t for r in rows)]
+    questions: dict[str, dict[str, int]] = {}
+    for r in rows:
+        questions.setdefault(r.domain, {}).setdefault(r.subject, len(questions[r.domain]))
+    sums: dict[str, dict[str, np.ndarray]] = {}
+    counts: dict[str, dict[str, np.ndarray]] = {}
+    for r in rows:
+        q, t = questions[r.domain][r.subject], types.index(r.conflict_type)
+        for table, add in ((sums, float(bool(value(r)))), (counts, 1.0)):
+            cell = table.setdefault(r.method, {}).setdefault(
+                r.domain, np.zeros((len(questions[r.domain]), len(types))))
+            cell[q, t] += add
+    for m in {m for p in pairs for m in p}:
+        if m not in sums:
+            raise ValueError(f"no results for {m!r} to compare")
+    ones = {src: np.ones((1, len(qs))) for src, qs in questions.items()}
+    weights = question_draws({src: len(qs) for src, qs in questions.items()}, resamples, seed)
+    tail = (1 - confidence) / 2
+    point: dict[str, np.ndarray] = {}
+    boot: dict[str, np.ndarray] = {}
+
+    def full(table: dict[str, np.ndarray]) -> dict[str, np.ndarray]:   # every source, zeros where absent
+        return {src: table.get(src, np.zeros((len(qs), len(types)))) for src, qs in questions.items()}
+
+    for m in sums:
+        point[m] = _type_means(ones, full(sums[m]), full(counts[m]))[0]
+        boot[m] = _type_means(weights, full(sums[m]), full(counts[m]))
+    n_type = {t: sum(int((c[:, k] > 0).sum()) for c in counts[next(iter(counts))].values())
+              for k, t in enumerate(types)} if counts else {}
+    n_all = sum(len(qs) for qs in questions.values())
+
+    def interval(mean: float, samples: np.ndarray, n: int) -> Interval:
+        samples = samples[~np.isnan(samples)]
+        if math.isnan(mean) or not len(samples):
+            return Interval(math.nan, math.nan, math.nan, n)
+        low, high = np.quantile(samples, [tail, 1 - tail])
+        return Interval(float(mean), float(low), float(high), n)
+
+    def summary(pt: np.ndarray, bs: np.ndarray) -> dict[str, Interval]:
+        out = {t: interval(float(pt[k]), bs[:, k], n_type[t]) for k, t in enumerate(types)}
+        with np.errstate(invalid="ignore"):
+            out[MEAN] = interval(float(np.mean(pt)), np.mean(bs, axis=1), n_all)
+        return out
+
+    cells = {m: summary(point[m], boot[m]) for m in methods if m in point}
+    differences, detectable = {}, {}
+    for a, b in pairs:
+        name = f"{a} - {b}"
+        differences[name] = summary(point[a] - point[b], boot[a] - boot[b])
+        spread = np.mean(boot[a] - boot[b], axis=1)
+        spread = spread[~np.isnan(spread)]
+        detectable[name] = float(POWER_Z * np.std(spread, ddof=1)) if len(spread) > 1 else math.nan
+    return QuestionBootstrap(cells, differences, detectable, resamples, confidence, seed)
+
+
+__all__ = ["LOWER_IS_BETTER", "MEAN", "POWER_Z", "QuestionBootstrap", "question_bootstrap", "question_draws", "NEW_TOKENS", "TABLES", "context_type_means", "context_type_tables", "evaluate_context_types",
            "result_id"]
