@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from juice.auto import AutoPolicy, AutoRule, fit_policy, first_step_signal
+from juice.auto import AutoPolicy, AutoRule, fit_policy, first_step_signal, passage_relevance, policy_picks
 from juice.baselines.cad import CadPolicy, jsd_alpha
-from juice.engine import Choice, Contrast, Stream, generate
+from juice.engine import QUESTION_ALONE, Choice, Contrast, Stream, generate
 from juice.interventions import Head, HeadSelection
 from juice.steering import ORIGINAL, JuICE, JuNE
 
@@ -25,7 +25,8 @@ def _selection(lm):
 
 def _candidates(lm):
     sel = _selection(lm)
-    return (ORIGINAL, JuICE(lm, sel, 2.0, -1.0), JuNE(lm, sel, 1.0, -0.5), Contrast(-1, CadPolicy(jsd_alpha)))
+    return (ORIGINAL, JuICE(lm, sel, 2.0, -1.0), JuNE(lm, sel, 1.0, -0.5), Contrast(-1, CadPolicy(jsd_alpha)),
+            QUESTION_ALONE)
 
 
 class Fixed:
@@ -38,15 +39,20 @@ class Fixed:
         return torch.full((with_context.shape[0],), self.index, dtype=torch.long)
 
 
-@pytest.mark.parametrize("pick", [0, 1, 2, 3])
+@pytest.mark.parametrize("pick", [0, 1, 2, 3, 4])
 def test_a_forced_choice_equals_the_static_method(tiny, pick):
     """Forced to "no steering" it is Original; forced to a candidate it is that static steering
-    (or AdaCAD's contrastive stream against the same question)."""
+    (or AdaCAD's contrastive stream against the same question, or the question alone with the
+    unmodified model: Original on the question's prompt, repetition penalty included)."""
     cands = _candidates(tiny)
     probes = torch.tensor([[5, 7], [9, 11]])
-    auto = [Stream(0, choice=Choice(2, cands, Fixed(pick))), Stream(1, choice=Choice(3, cands, Fixed(pick)))]
+    penalty = 1.3 if pick == 4 else 1.0
+    auto = [Stream(0, choice=Choice(2, cands, Fixed(pick)), repetition_penalty=penalty),
+            Stream(1, choice=Choice(3, cands, Fixed(pick)), repetition_penalty=penalty)]
     if pick == 3:
         static = [Stream(0, contrast=Contrast(2, cands[3].rule)), Stream(1, contrast=Contrast(3, cands[3].rule))]
+    elif pick == 4:
+        static = [Stream(2, repetition_penalty=penalty), Stream(3, repetition_penalty=penalty)]
     else:
         static = [Stream(0, cands[pick]), Stream(1, cands[pick])]
     got = generate(tiny, TEXTS, auto, 6, probe_tokens=probes)
@@ -64,7 +70,7 @@ def test_auto_in_a_batch_equals_auto_alone_and_the_rule_sees_the_unmodified_rows
         seen.append(jsd)
         return (jsd >= 0.05).long() * 3   # 0 (Original) or 3 (AdaCAD)
 
-    rule = AutoRule((0.02, 0.05, 0.2), (0, 1, 2, 3))
+    rule = AutoRule((0.02, 0.05, 0.2, 0.4), (0, 1, 2, 3, 4))
     streams = [Stream(0, choice=Choice(2, cands, rule)), Stream(1, choice=Choice(3, cands, rule)),
                Stream(0, cands[1]), Stream(4), Stream(1, choice=Choice(3, cands, by_signal)),
                Stream(2, choice=Choice(2, cands, rule))]   # no passage: Original by its structure
@@ -77,7 +83,8 @@ def test_auto_in_a_batch_equals_auto_alone_and_the_rule_sees_the_unmodified_rows
     # as no signal lies within ~1e-6 of a threshold, which these texts' signals do not)
     for k, (p, q) in enumerate([(0, 2), (1, 3)]):
         pick = int(rule(*_first_logits(tiny, TEXTS[p], TEXTS[q])))
-        alone = Stream(p, contrast=Contrast(q, cands[3].rule)) if pick == 3 else Stream(p, cands[pick])
+        alone = (Stream(p, contrast=Contrast(q, cands[3].rule)) if pick == 3 else Stream(q) if pick == 4
+                 else Stream(p, cands[pick]))
         static = generate(tiny, TEXTS, [alone], 6)
         assert torch.equal(together.tokens[k], static.tokens[0])
     # and the one without a passage decodes as Original (the choice's without_passage, 0)
@@ -381,3 +388,71 @@ def test_fit_policy_never_picks_a_candidate_that_degenerates_beyond_the_margin()
     assert fit.degeneration == {"original": 0.0, "juice": pytest.approx(100 / 3)} and "juice" in fit.static
     assert fit_policy(verdicts, signal, types, ["s"] * 6, {"juice": (2.0, -1.0)}, degenerate=degenerate,
                       margin=40).policy.picks == free.policy.picks
+
+
+def test_fit_policy_gates_irrelevant_passages_to_the_question_alone():
+    """Issue 44: an irrelevant passage (few of the question's words) is answered best without it;
+    the JSD cannot tell it from a conflicting one here (same signals), the relevance gate can."""
+    signal = [0.6, 0.6, 0.6, 0.6, 0.0, 0.6]
+    types = ["irrelevant", "irrelevant", "conflicting", "conflicting", "none", "gold"]
+    relevance = [0.0, 0.1, 0.8, 0.9, 1.0, 0.7]
+    verdicts = {"original": [False, False, True, True, True, True], "question": [True, True, False, False, True, False]}
+    fit = fit_policy(verdicts, signal, types, ["s"] * 6, {}, relevance=relevance)
+    assert fit.policy.relevance is not None and 0.1 < fit.policy.relevance < 0.7
+    assert fit.policy.irrelevant == "question" and fit.policy.picks == ("original",) and fit.mean == 100.0
+    assert fit_policy(verdicts, signal, types, ["s"] * 6, {}).mean < 100.0   # without the gate
+    assert policy_picks(fit.policy, signal, [t != "none" for t in types], relevance) == [
+        "question", "question", "original", "original", "original", "original"]
+    assert AutoPolicy.from_json(fit.policy.to_json()) == fit.policy
+    with pytest.raises(ValueError, match="unknown gate"):
+        AutoPolicy.from_json({**fit.policy.to_json(), "gate": {"signal": "bm25", "threshold": 0.1, "pick": "question"}})
+
+
+def test_passage_relevance_counts_the_questions_words_in_the_passage():
+    words = ("<bos>", "capital", "france", "is", "paris", "the", "of", "germany", "berlin")
+    content = tuple(len(w) >= 4 and w.isalpha() for w in words)
+    question = [0, 5, 1, 6, 2, 3]                    # the capital of france is
+    relevant = [0, 4, 3, 5, 1, 6, 2, 5, 1, 6, 2, 3]  # paris is the capital of france . the capital of france is
+    other = [0, 8, 3, 5, 1, 6, 7, 5, 1, 6, 2, 3]     # berlin is the capital of germany . ...
+    assert passage_relevance(relevant, question, words, content) == 1.0
+    assert passage_relevance(other, question, words, content) == 0.5    # "capital", not "france"
+    assert passage_relevance(question, question, words, content) == 0.0
+    assert passage_relevance([0, 4], [0, 3], words, content) == 1.0      # no content word to judge by
+
+
+def test_a_relevance_gate_decodes_the_question_alone_in_the_engine(tiny):
+    """The gate decides from the request's tokens before any forward: below it the stream is
+    Original on the question (tokens and first-step probabilities), above it the rule chooses;
+    in a batch as alone."""
+    from juice.auto import RelevanceGate, vocabulary_words
+
+    cands = _candidates(tiny)
+    words, content = vocabulary_words(tiny.tokenizer)
+    never, always = RelevanceGate(-1.0, 4, words, content), RelevanceGate(2.0, 4, words, content)
+    probes = torch.tensor([[5, 7], [9, 11], [5, 7]])
+    streams = [Stream(0, choice=Choice(2, cands, Fixed(1), gate=always)),
+               Stream(1, choice=Choice(3, cands, Fixed(1), gate=never)),
+               Stream(0, choice=Choice(2, cands, Fixed(1), gate=always))]
+    got = generate(tiny, TEXTS, streams, 6, probe_tokens=probes)
+    want = generate(tiny, TEXTS, [Stream(2), Stream(1, cands[1]), Stream(2)], 6, probe_tokens=probes)
+    assert torch.equal(got.tokens, want.tokens)
+    torch.testing.assert_close(got.first_probs, want.first_probs, rtol=0, atol=1e-6)
+    alone = generate(tiny, TEXTS, streams[:1], 6)
+    assert torch.equal(alone.tokens[0], want.tokens[0])
+
+
+def test_cross_validation_holds_each_question_out_once_and_chooses_static_on_training_folds():
+    from juice.auto import cross_validate
+
+    n = 24
+    types = ["gold", "conflicting", "irrelevant", "none"] * (n // 4)
+    groups = [k // 4 for k in range(n)]
+    signal = [0.1 * (k % 4) for k in range(n)]
+    relevance = [0.0 if t == "irrelevant" else 1.0 for t in types]
+    verdicts = {"original": [t != "irrelevant" for t in types], "question": [t in ("irrelevant", "none") for t in types]}
+    static = {"Original": verdicts["original"], "Question-only": verdicts["question"], "Never": [False] * n}
+    held = cross_validate(verdicts, static, signal, types, ["s"] * n, groups, {}, relevance=relevance, folds=3)
+    assert held["folds"] == 3 and held["chosen"] == ["Original"] * 3
+    assert held["auto"] == [True] * n and held["best_static"] == static["Original"]
+    with pytest.raises(ValueError, match="two groups"):
+        cross_validate(verdicts, static, signal, types, ["s"] * n, [0] * n, {})

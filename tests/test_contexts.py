@@ -166,3 +166,19 @@ def test_the_means_paired_interval_equals_a_naive_bootstrap():
     low, high = np.quantile(means, [0.025, 0.975])
     assert (boot.cells["JuICE"][MEAN].low, boot.cells["JuICE"][MEAN].high) == (pytest.approx(low), pytest.approx(high))
     assert boot.detectable["JuICE - Original"] == pytest.approx(2.801585 * np.std(diffs, ddof=1), rel=1e-6)
+
+
+def test_question_only_equals_decoding_the_question_alone(tiny_llama):
+    """"Question-only" is read from Original's none items, not decoded again: it equals the
+    unmodified model's greedy output on each item's question, scored against that item."""
+    from juice.eval.contexts import QUESTION_ONLY, question_only_results
+
+    items = _items()
+    results = evaluate_context_types(tiny_llama, items, {"Original": Method()})
+    alone = question_only_results(items, results)
+    assert len(alone) == len(items) and {r.method for r in alone} == {QUESTION_ONLY}
+    for item, r in zip(items, alone):
+        text = greedy_generate(tiny_llama, [item.question], NEW_TOKENS[item.metric], ORIGINAL, stop_at_eos=True).texts[0]
+        v = context_verdicts(item, text)
+        assert r.output.startswith(text) or text.startswith(r.output)   # the evaluation may stop after 5 words
+        assert (r.correct, r.follows_parametric) == (v["use_relevant"], v["trust_memory"]), item

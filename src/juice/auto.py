@@ -8,6 +8,9 @@ changes the model's mind moves it toward 1. A policy (:class:`AutoPolicy`) cuts 
 request **with a passage** into at most three bins by thresholds and names a candidate per bin:
 
 - "original": the unmodified model;
+- "question": the question alone, without the passage, with the unmodified model (ignore the
+  context; the question's row is already in the choice's prefill:
+  :data:`juice.engine.QUESTION_ALONE`);
 - "juice": JuICE with the heads file's tuned betas (paper protocol, conflicting validation items);
 - "juice/2": JuICE at half those betas;
 - "june": JuNE with its tuned betas (when the file has them);
@@ -53,7 +56,7 @@ from torch import Tensor
 
 from juice.baselines.cad import CadPolicy, jsd_alpha
 from juice.data.context_types import CONTEXT_TYPES, ContextItem, ContextItems
-from juice.engine import Choice, Contrast
+from juice.engine import QUESTION_ALONE, Choice, Contrast
 from juice.eval.degeneration import DEGENERATION_MARGIN
 from juice.models import LoadedModel
 from juice.steering import ORIGINAL, JuICE, JuNE, chosen_betas
@@ -61,14 +64,79 @@ from juice.steering import ORIGINAL, JuICE, JuNE, chosen_betas
 SIGNAL = "jsd_bits"
 """The policy's signal: first-step JSD (bits) between the with-context and question-only distributions."""
 
-CANDIDATES = ("original", "juice", "juice/2", "june", "adacad")
+CANDIDATES = ("original", "question", "juice", "juice/2", "june", "adacad")
 """Candidate names, least steered first (the order ties are broken in)."""
+
+UNSTEERED = ("original", "question", "adacad")
+"""Candidates without betas."""
 
 MAX_THRESHOLDS = 2
 """At most this many thresholds (three bins)."""
 
 THRESHOLD_GRID = 16
 """At most this many threshold values tried: quantiles of the validation signal."""
+
+
+RELEVANCE = "question_words_in_passage"
+"""The gate's signal: the share of the question's content words that the passage holds."""
+
+MIN_WORD = 4
+"""A content word: a token that is letters only, at least this long (after its space marker)."""
+
+_VOCABULARY: dict[int, tuple[tuple[str, ...], tuple[bool, ...]]] = {}
+
+
+def vocabulary_words(tokenizer) -> tuple[tuple[str, ...], tuple[bool, ...]]:
+    """(per token id, its text lower-cased without the space marker; whether it is a content
+    word: letters only, at least :data:`MIN_WORD` long), computed once per tokenizer."""
+    key = id(tokenizer)
+    if key not in _VOCABULARY:
+        pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        words = tuple((p or "").replace("\u2581", "").replace("\u0120", "").strip().lower() for p in pieces)
+        _VOCABULARY[key] = (words, tuple(w.isalpha() and len(w) >= MIN_WORD for w in words))
+    return _VOCABULARY[key]
+
+
+def passage_relevance(prompt_ids: Sequence[int], question_ids: Sequence[int], words: Sequence[str],
+                      content: Sequence[bool]) -> float:
+    """The share (in [0, 1]) of the question's distinct content words (:func:`vocabulary_words`)
+    that occur among the passage's words. The passage is the prompt before the longest token
+    suffix it shares with the question (the question's tail, whatever its first token merged
+    with). 1.0 where the question has no content word (nothing to judge by).
+
+    A lexical relevance score, as a retriever's: a passage about another subject (another
+    question's passage) shares few of the question's words (juice's signal; issue 44).
+    """
+    k = 0
+    while k < min(len(prompt_ids), len(question_ids)) and prompt_ids[-1 - k] == question_ids[-1 - k]:
+        k += 1
+    passage = {words[i] for i in prompt_ids[: len(prompt_ids) - k]}
+    asked = {words[i] for i in question_ids if content[i]}
+    return len(asked & passage) / len(asked) if asked else 1.0
+
+
+@dataclass(frozen=True, eq=False)
+class RelevanceGate:
+    """A :class:`juice.engine.Choice`'s gate: candidate `pick` for a request whose passage
+    holds less than `threshold` of its question's words (:func:`passage_relevance`), else None."""
+
+    threshold: float
+    pick: int
+    words: tuple[str, ...]
+    content: tuple[bool, ...]
+
+    def __call__(self, prompt_ids: Sequence[int], question_ids: Sequence[int]) -> int | None:
+        return self.pick if passage_relevance(prompt_ids, question_ids, self.words, self.content) < self.threshold else None
+
+
+def relevance(lm: LoadedModel, prompts: Sequence[str], questions: Sequence[str]) -> list[float]:
+    """Per request, :func:`passage_relevance` of its prompt and question texts (1.0 without a
+    passage)."""
+    from juice.tokens import token_ids
+
+    words, content = vocabulary_words(lm.tokenizer)
+    return [passage_relevance(token_ids(lm.tokenizer, p), token_ids(lm.tokenizer, q), words, content)
+            for p, q in zip(prompts, questions)]
 
 
 @dataclass(frozen=True)
@@ -96,6 +164,10 @@ class AutoPolicy:
         thresholds: ascending JSD values (bits), at most :data:`MAX_THRESHOLDS`.
         picks: a candidate name (:data:`CANDIDATES`) per bin: `len(thresholds) + 1` of them.
         betas: candidate name -> (beta+, beta-) for the steered candidates picked.
+        relevance: the relevance gate's threshold (:func:`passage_relevance`, a share in
+            [0, 1]): a request whose passage holds a smaller share of its question's words is
+            decoded with `irrelevant` and never reaches the bins; None: no gate.
+        irrelevant: the candidate below the gate.
 
     Raises:
         ValueError: thresholds not ascending, a pick count that does not match, an unknown
@@ -105,6 +177,8 @@ class AutoPolicy:
     thresholds: tuple[float, ...] = ()
     picks: tuple[str, ...] = ("original",)
     betas: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    relevance: float | None = None
+    irrelevant: str = "question"
 
     def __post_init__(self) -> None:
         if list(self.thresholds) != sorted(self.thresholds) or len(self.thresholds) > MAX_THRESHOLDS:
@@ -112,17 +186,18 @@ class AutoPolicy:
         if len(self.picks) != len(self.thresholds) + 1:
             raise ValueError(f"auto: {len(self.thresholds)} thresholds need {len(self.thresholds) + 1} picks, "
                              f"got {len(self.picks)}")
-        for name in self.picks:
+        for name in (*self.picks, *([self.irrelevant] if self.relevance is not None else [])):
             if name not in CANDIDATES:
                 raise ValueError(f"auto: unknown candidate {name!r}; choose from {', '.join(CANDIDATES)}")
-            if name not in ("original", "adacad") and name not in self.betas:
+            if name not in UNSTEERED and name not in self.betas:
                 raise ValueError(f"auto: candidate {name!r} needs its betas")
 
     @property
     def candidates(self) -> list[str]:
         """Original (the choice for a request without a passage) and the distinct candidates
         picked, in :data:`CANDIDATES` order."""
-        return [c for c in CANDIDATES if c in self.picks or c == "original"]
+        gated = [self.irrelevant] if self.relevance is not None else []
+        return [c for c in CANDIDATES if c in self.picks or c in gated or c == "original"]
 
     def choice(self, lm: LoadedModel, selection) -> Choice:
         """The engine's :class:`~juice.engine.Choice` (its `question` is a placeholder, -1).
@@ -131,28 +206,38 @@ class AutoPolicy:
             IndexError: a head outside the model.
         """
         names = self.candidates
-        make = {"original": lambda: ORIGINAL,
+        make = {"original": lambda: ORIGINAL, "question": lambda: QUESTION_ALONE,
                 "adacad": lambda: Contrast(-1, CadPolicy(jsd_alpha)),
                 "juice": lambda: JuICE(lm, selection, *self.betas["juice"]),
                 "juice/2": lambda: JuICE(lm, selection, *self.betas["juice/2"]),
                 "june": lambda: JuNE(lm, selection, *self.betas["june"])}
         steerings = tuple(make[n]() for n in names)
+        gate = None if self.relevance is None else RelevanceGate(
+            float(self.relevance), names.index(self.irrelevant), *vocabulary_words(lm.tokenizer))
         return Choice(-1, steerings, AutoRule(tuple(float(t) for t in self.thresholds),
                                               tuple(names.index(p) for p in self.picks)),
-                      without_passage=names.index("original"))
+                      without_passage=names.index("original"), gate=gate)
 
     def to_json(self) -> dict[str, Any]:
-        return {"signal": SIGNAL, "thresholds": list(self.thresholds), "picks": list(self.picks),
-                "betas": {k: {"beta_plus": v[0], "beta_minus": v[1]} for k, v in self.betas.items()}}
+        out = {"signal": SIGNAL, "thresholds": list(self.thresholds), "picks": list(self.picks),
+               "betas": {k: {"beta_plus": v[0], "beta_minus": v[1]} for k, v in self.betas.items()}}
+        if self.relevance is not None:
+            out["gate"] = {"signal": RELEVANCE, "threshold": self.relevance, "pick": self.irrelevant}
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "AutoPolicy":
         """Raises: ValueError: another signal or a malformed policy (one line)."""
         if data.get("signal", SIGNAL) != SIGNAL:
             raise ValueError(f"auto: unknown signal {data.get('signal')!r} (this juice reads {SIGNAL})")
+        gate = data.get("gate")
+        if gate is not None and (not isinstance(gate, Mapping) or gate.get("signal") != RELEVANCE):
+            raise ValueError(f"auto: unknown gate {gate!r} (this juice reads {RELEVANCE})")
         try:
             betas = {k: (float(v["beta_plus"]), float(v["beta_minus"])) for k, v in data.get("betas", {}).items()}
-            return cls(tuple(float(t) for t in data["thresholds"]), tuple(str(p) for p in data["picks"]), betas)
+            return cls(tuple(float(t) for t in data["thresholds"]), tuple(str(p) for p in data["picks"]), betas,
+                       None if gate is None else float(gate["threshold"]),
+                       "question" if gate is None else str(gate["pick"]))
         except (KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"auto: malformed policy in the heads file ({err!r})") from None
 
@@ -265,11 +350,48 @@ class AutoFit:
                 "refused_for_degeneration": list(self.refused)}
 
 
+GATE_GRID = 12
+"""At most this many relevance thresholds tried: quantiles of the validation relevance."""
+
+
+def _weights(types: Sequence[str], sources: Sequence[str]) -> tuple["np.ndarray", list[str]]:
+    """Per item, its weight in the mean over context types of the mean over sources (percent),
+    and the context types present."""
+    import numpy as np
+
+    present = [t for t in CONTEXT_TYPES if t in set(types)]
+    count: dict[tuple[str, str], int] = {}
+    for t, src in zip(types, sources):
+        count[t, src] = count.get((t, src), 0) + 1
+    per_type_sources = {t: sum(1 for (tt, _) in count if tt == t) for t in present}
+    return np.array([100.0 / (len(present) * per_type_sources[t] * count[t, src]) for t, src in zip(types, sources)]), present
+
+
+def policy_picks(policy: AutoPolicy, signal: Sequence[float], passage: Sequence[bool],
+                 relevance: Sequence[float] | None = None) -> list[str]:
+    """Per item, the candidate `policy` decodes it with: Original without a passage, the gate's
+    pick below its threshold, else the bin's (as :class:`juice.engine.Choice` decides)."""
+    out = []
+    for k, (x, has) in enumerate(zip(signal, passage)):
+        if not has:
+            out.append("original")
+        elif policy.relevance is not None and relevance is not None and relevance[k] < policy.relevance:
+            out.append(policy.irrelevant)
+        else:
+            out.append(policy.picks[sum(x >= e for e in policy.thresholds)])
+    return out
+
+
 def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], types: Sequence[str],
                sources: Sequence[str], betas: Mapping[str, tuple[float, float]],
                passage: Sequence[bool] | None = None, degenerate: Mapping[str, Sequence[bool]] | None = None,
-               margin: float = DEGENERATION_MARGIN) -> AutoFit:
-    """Choose thresholds and a candidate per bin (module docstring) from validation outcomes.
+               margin: float = DEGENERATION_MARGIN, relevance: Sequence[float] | None = None) -> AutoFit:
+    """Choose a relevance gate, thresholds and a candidate per bin (module docstring) from
+    validation outcomes: every gate (none, or a threshold among :data:`GATE_GRID` quantiles of the
+    validation relevance with each candidate below it) and every set of at most
+    :data:`MAX_THRESHOLDS` thresholds among :data:`THRESHOLD_GRID` quantiles of the signal, with
+    the best candidate per bin; the highest mean wins, ties going to no gate, fewer bins and
+    less steered candidates.
 
     Args:
         verdicts: candidate name -> per item, its use-relevant verdict ("original" required).
@@ -282,6 +404,7 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
             and never moves a threshold.
         degenerate: candidate name -> per item, whether its output is degenerate; a candidate
             whose share exceeds Original's by more than `margin` points is never picked.
+        relevance: per item, :func:`passage_relevance`; None: no gate is tried.
 
     Returns:
         the :class:`AutoFit`: the objective is the mean over context types of the accuracy
@@ -290,65 +413,134 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
     Raises:
         ValueError: no items, lists of different lengths, or no "original" verdicts.
     """
+    import numpy as np
+
     n = len(signal)
     passage = [t != "none" for t in types] if passage is None else [bool(p) for p in passage]
     if (not n or any(len(v) != n for v in verdicts.values()) or len(types) != n or len(sources) != n
-            or len(passage) != n):
-        raise ValueError("auto: one verdict, signal, type, source and passage flag per validation item")
+            or len(passage) != n or (relevance is not None and len(relevance) != n)):
+        raise ValueError("auto: one verdict, signal, type, source, passage flag and relevance per validation item")
     if "original" not in verdicts:
         raise ValueError("auto: the fit needs Original's verdicts (the choice without a passage)")
     names = [c for c in CANDIDATES if c in verdicts]
     share = {c: 100.0 * sum(map(bool, d)) / len(d) for c, d in (degenerate or {}).items() if len(d)}
     refused = tuple(c for c in names if c in share and "original" in share and share[c] > share["original"] + margin)
     names = [c for c in names if c not in refused]
-    present = [t for t in CONTEXT_TYPES if t in set(types)]
-    count: dict[tuple[str, str], int] = {}
-    for t, s in zip(types, sources):
-        count[t, s] = count.get((t, s), 0) + 1
-    per_type_sources = {t: sum(1 for (tt, _) in count if tt == t) for t in present}
-    weight = [100.0 / (len(present) * per_type_sources[t] * count[t, s]) for t, s in zip(types, sources)]
-    score = {c: [w * bool(v) * p for w, v, p in zip(weight, verdicts[c], passage)] for c in names}
-    fixed = sum(w * bool(v) for w, v, p in zip(weight, verdicts["original"], passage) if not p)
-    order = sorted(set(float(x) for x, p in zip(signal, passage) if p))
-    cuts = [(a + b) / 2 for a, b in zip(order, order[1:])]
-    if len(cuts) > THRESHOLD_GRID:
-        cuts = [cuts[round(i * (len(cuts) - 1) / (THRESHOLD_GRID - 1))] for i in range(THRESHOLD_GRID)]
-        cuts = sorted(set(cuts))
+    weight, present = _weights(types, sources)
+    has = np.array(passage)
+    x = np.array([float(v) for v in signal])
+    score = np.stack([weight * np.array([bool(v) for v in verdicts[c]]) * has for c in names])   # [cands, n]
+    fixed = float((weight * np.array([bool(v) for v in verdicts["original"]]))[~has].sum())
+    rel = None if relevance is None else np.array([float(r) for r in relevance])
+
+    def grid(values, size):
+        order = sorted(set(values.tolist()))
+        cuts = [(a + b) / 2 for a, b in zip(order, order[1:])]
+        if len(cuts) > size:
+            cuts = sorted({cuts[round(i * (len(cuts) - 1) / (size - 1))] for i in range(size)})
+        return cuts
+
+    cuts = grid(x[has], THRESHOLD_GRID)
+    gates: list[tuple[float | None, int | None]] = [(None, None)]
+    if rel is not None and has.any():
+        gates += [(g, j) for g in grid(rel[has], GATE_GRID) for j in range(len(names))]
+    steer_rank = [CANDIDATES.index(c) for c in names]
     best: tuple | None = None
     tried = 0
-    for k in range(MAX_THRESHOLDS + 1):
-        for edges in itertools.combinations(cuts, k):
-            bins = [sum(x >= e for e in edges) for x in signal]
-            picks, total = [], fixed
-            for b in range(k + 1):   # the best candidate per bin (the objective is a sum over items)
-                gains = [sum(sc for sc, bb in zip(score[c], bins) if bb == b) for c in names]
-                j = max(range(len(names)), key=lambda i: (round(gains[i], 9), -i))
-                picks.append(names[j])
-                total += gains[j]
-            tried += 1
-            steer = sum(CANDIDATES.index(p) for p in picks)
-            key = (round(total, 9), -k, -steer)
-            if best is None or key > best[0]:
-                best = (key, edges, tuple(picks), total)
-    _, edges, picks, total = best
+    for gate, gate_pick in gates:
+        below = np.zeros(n, dtype=bool) if gate is None else has & (rel < gate)
+        gated = 0.0 if gate is None else float(score[gate_pick][below].sum())
+        live = score * ~below   # [cands, n]: items that reach the bins
+        for k in range(MAX_THRESHOLDS + 1):
+            for edges in itertools.combinations(cuts, k):
+                bins = np.searchsorted(np.array(edges), x, side="right") if k else np.zeros(n, dtype=int)
+                onehot = np.zeros((n, k + 1))
+                onehot[np.arange(n), bins] = 1.0
+                per_bin = live @ onehot   # [cands, bins]
+                picks = [max(range(len(names)), key=lambda i: (round(per_bin[i, b], 9), -i)) for b in range(k + 1)]
+                total = fixed + gated + sum(per_bin[j, b] for b, j in enumerate(picks))
+                tried += 1
+                key = (round(total, 9), gate is None, -k, -sum(steer_rank[j] for j in picks))
+                if best is None or key > best[0]:
+                    best = (key, gate, gate_pick, edges, tuple(names[j] for j in picks))
+    _, gate, gate_pick, edges, picks = best
     if len(set(picks)) == 1:   # one candidate everywhere: no thresholds needed
         edges, picks = (), picks[:1]
-    policy = AutoPolicy(tuple(edges), tuple(picks),
-                        {c: tuple(betas[c]) for c in set(picks) if c not in ("original", "adacad")})
-    bins = [sum(x >= e for e in edges) for x in signal]
-    chosen = [verdicts[picks[b] if p else "original"][i] for i, (b, p) in enumerate(zip(bins, passage))]
+    irrelevant = "question" if gate is None else names[gate_pick]
+    used = set(picks) | ({irrelevant} if gate is not None else set())
+    policy = AutoPolicy(tuple(float(e) for e in edges), tuple(picks),
+                        {c: tuple(betas[c]) for c in used if c not in UNSTEERED},
+                        None if gate is None else float(gate), irrelevant)
+    chosen_names = policy_picks(policy, signal, passage, relevance)
+    chosen = [verdicts[c][i] for i, c in enumerate(chosen_names)]
 
     def type_mean(values: Sequence[bool]) -> dict[str, float]:
         out = {}
         for t in present:
-            srcs = sorted({s for tt, s in count if tt == t})
-            out[t] = sum(100.0 * sum(bool(v) for v, tt, ss in zip(values, types, sources) if tt == t and ss == s)
-                         / count[t, s] for s in srcs) / len(srcs)
+            srcs = sorted({src for tt, src in zip(types, sources) if tt == t})
+            out[t] = sum(100.0 * sum(bool(v) for v, tt, ss in zip(values, types, sources) if tt == t and ss == src)
+                         / sum(1 for tt, ss in zip(types, sources) if tt == t and ss == src) for src in srcs) / len(srcs)
         return out
 
     static = {c: sum(type_mean(verdicts[c]).values()) / len(present) for c in [*names, *refused]}
     per_type = type_mean(chosen)
     return AutoFit(policy, sum(per_type.values()) / len(present), static, per_type, tried, share, refused)
+
+
+def cross_validate(verdicts: Mapping[str, Sequence[bool]], static: Mapping[str, Sequence[bool]],
+                   signal: Sequence[float], types: Sequence[str], sources: Sequence[str], groups: Sequence[Any],
+                   betas: Mapping[str, tuple[float, float]], *, passage: Sequence[bool] | None = None,
+                   degenerate: Mapping[str, Sequence[bool]] | None = None, relevance: Sequence[float] | None = None,
+                   folds: int = 5, seed: int = 0, margin: float = DEGENERATION_MARGIN) -> dict[str, Any]:
+    """Cross-validate the fit (:func:`fit_policy`) against the best static method, grouped: the
+    items of one group (a question, or a whole source for leave-one-domain-out) are never split
+    between training and held-out folds. In each fold the policy and the best static method
+    (highest training mean among `static`) are chosen on the training items and applied to the
+    held-out ones; every item is held out once.
+
+    Args:
+        verdicts: auto's candidates' verdicts (as :func:`fit_policy`).
+        static: every static method's verdicts (name -> per item), the candidates among them or not.
+        groups: per item, its group; folds: the number of folds (at most the number of groups;
+            `folds=0`: one fold per group, e.g. per source).
+
+    Returns:
+        {"auto": per item, the held-out policy's verdict; "best_static": the held-out best
+        static method's; "chosen": per fold, the best static method's name; "folds": k}.
+
+    Raises:
+        ValueError: see :func:`fit_policy`; fewer than two groups.
+    """
+    import random
+
+    distinct = list(dict.fromkeys(groups))
+    if len(distinct) < 2:
+        raise ValueError("auto: cross-validation needs at least two groups")
+    k = len(distinct) if folds <= 0 else min(folds, len(distinct))
+    order = distinct[:]
+    random.Random(seed).shuffle(order)
+    fold_of = {g: i % k for i, g in enumerate(order)}
+    passage = [t != "none" for t in types] if passage is None else list(passage)
+    auto = [False] * len(signal)
+    best = [False] * len(signal)
+    chosen = []
+    for f in range(k):
+        train = [i for i, g in enumerate(groups) if fold_of[g] != f]
+        held = [i for i, g in enumerate(groups) if fold_of[g] == f]
+        pick = lambda seq: [seq[i] for i in train]   # noqa: E731
+        fit = fit_policy({c: pick(v) for c, v in verdicts.items()}, pick(signal), pick(types), pick(sources), betas,
+                         pick(passage), None if degenerate is None else {c: pick(v) for c, v in degenerate.items()},
+                         margin, None if relevance is None else pick(relevance))
+        train_w, _ = _weights(pick(types), pick(sources))
+        name = max(static, key=lambda m: (round(float(sum(w * bool(static[m][i]) for w, i in zip(train_w, train))), 9),
+                                          -list(static).index(m)))
+        chosen.append(name)
+        picks = policy_picks(fit.policy, [signal[i] for i in held], [passage[i] for i in held],
+                             None if relevance is None else [relevance[i] for i in held])
+        for i, c in zip(held, picks):
+            auto[i] = bool(verdicts[c][i])
+            best[i] = bool(static[name][i])
+    return {"auto": auto, "best_static": best, "chosen": chosen, "folds": k}
 
 
 def tune_auto(lm: LoadedModel, artifact, items: ContextItems | Sequence[ContextItem], *,
@@ -369,32 +561,83 @@ def tune_auto(lm: LoadedModel, artifact, items: ContextItems | Sequence[ContextI
     Raises:
         ValueError: no items.
     """
-    from juice.eval.contexts import evaluate_context_types
-    from juice.eval.runner import Method
+    from juice.eval.contexts import evaluate_context_types, question_only_results
 
     items = items.items if isinstance(items, ContextItems) else list(items)
     if not items:
         raise ValueError("auto: no validation items to tune on")
-    betas = candidate_betas(artifact.tuned)
-    steer = {"original": ORIGINAL, "juice": JuICE(lm, artifact.selection, *betas["juice"]),
-             "juice/2": JuICE(lm, artifact.selection, *betas["juice/2"])}
-    if "june" in betas:
-        steer["june"] = JuNE(lm, artifact.selection, *betas["june"])
-    methods = {c: Method(s) for c, s in steer.items()} | {"adacad": Method(adacad=True)}
+    methods = candidate_methods(lm, artifact)
     results = evaluate_context_types(lm, items, methods, max_rows=max_rows, on_progress=on_progress)
-    by_item: dict[str, list[bool]] = {c: [] for c in methods}
-    degenerate: dict[str, list[bool]] = {c: [] for c in methods}
-    for r in results:   # in item order, per method
-        by_item[r.method].append(r.correct)
-        degenerate[r.method].append(r.degenerate)
-    prompts, questions = [i.prompt for i in items], [i.question for i in items]
-    signal = first_step_signal(lm, prompts, questions).tolist()
-    fit = fit_policy(by_item, signal, [i.context_type for i in items], [i.source for i in items], betas,
-                     has_passage(lm, prompts, questions), degenerate)
+    titles = {c: c for c in methods}
+    alone = question_only_results(items, results, original="original", name="question")
+    if len(alone) == len(items):   # every question has its none item: the question-alone candidate
+        results, titles = [*results, *alone], {**titles, "question": "question"}
+    fit = fit_from_results(lm, items, results, titles, candidate_betas(artifact.tuned))
     artifact.tuned = {**artifact.tuned, "auto": {**fit.policy.to_json(), "validation": fit.to_json(),
                                                  "data": dict(where or {})}}
     return fit
 
 
-__all__ = ["AutoFit", "AutoPolicy", "AutoRule", "CANDIDATES", "SIGNAL", "auto_method", "candidate_betas",
-           "first_step_signal", "fit_policy", "has_passage", "policy_of", "tune_auto"]
+def candidate_methods(lm: LoadedModel, artifact) -> dict[str, "Method"]:   # noqa: F821
+    """Candidate name -> its evaluation method (:class:`juice.eval.runner.Method`), at the heads
+    file's betas (:func:`candidate_betas`)."""
+    from juice.eval.runner import Method
+
+    betas = candidate_betas(artifact.tuned)
+    steer = {"original": ORIGINAL, "juice": JuICE(lm, artifact.selection, *betas["juice"]),
+             "juice/2": JuICE(lm, artifact.selection, *betas["juice/2"])}
+    if "june" in betas:
+        steer["june"] = JuNE(lm, artifact.selection, *betas["june"])
+    return {c: Method(s) for c, s in steer.items()} | {"adacad": Method(adacad=True)}
+
+
+def fit_from_results(lm: LoadedModel, items: Sequence[ContextItem], results: Sequence, titles: Mapping[str, str],
+                     betas: Mapping[str, tuple[float, float]], margin: float = DEGENERATION_MARGIN,
+                     gate: bool = True) -> AutoFit:
+    """Fit the policy (:func:`fit_policy`, with the relevance gate unless `gate` is False) from
+    validation results already decoded.
+
+    Args:
+        items: the validation items, in order.
+        results: :class:`juice.eval.runner.ItemResult` of every candidate on every item (a
+            context-type evaluation's; other methods are ignored).
+        titles: candidate name (:data:`CANDIDATES`) -> its method's name in `results`; a
+            candidate absent from `titles` is not considered ("original" is required).
+        betas: the steered candidates' betas.
+
+    Raises:
+        ValueError: a candidate without a result for some item, or no "original".
+    """
+    verdicts, degenerate = verdict_table(items, results, titles)
+    prompts, questions = [i.prompt for i in items], [i.question for i in items]
+    signal = first_step_signal(lm, prompts, questions).tolist()
+    return fit_policy(verdicts, signal, [i.context_type for i in items], [i.source for i in items], betas,
+                      has_passage(lm, prompts, questions), degenerate, margin,
+                      relevance(lm, prompts, questions) if gate else None)
+
+
+def verdict_table(items: Sequence[ContextItem], results: Sequence, titles: Mapping[str, str]
+                  ) -> tuple[dict[str, list[bool]], dict[str, list[bool]]]:
+    """(name -> per item, its use-relevant verdict; name -> per item, whether its output is
+    degenerate) for each `titles` name (-> its method's name in `results`).
+
+    Raises:
+        ValueError: a method without a result for some item.
+    """
+    from juice.eval.contexts import result_id
+
+    by_key = {(r.domain, r.item, r.conflict_type, r.method): r for r in results}
+    verdicts: dict[str, list[bool]] = {}
+    degenerate: dict[str, list[bool]] = {}
+    for candidate, title in titles.items():
+        rows = [by_key.get((i.source, result_id(i), i.context_type, title)) for i in items]
+        if any(r is None for r in rows):
+            raise ValueError(f"auto: {title!r} has no result for every validation item")
+        verdicts[candidate] = [r.correct for r in rows]
+        degenerate[candidate] = [r.degenerate for r in rows]
+    return verdicts, degenerate
+
+
+__all__ = ["AutoFit", "AutoPolicy", "AutoRule", "CANDIDATES", "RELEVANCE", "SIGNAL", "RelevanceGate", "auto_method",
+           "candidate_betas", "candidate_methods", "cross_validate", "first_step_signal", "fit_from_results", "fit_policy",
+           "passage_relevance", "policy_picks", "relevance", "verdict_table", "vocabulary_words", "has_passage", "policy_of", "tune_auto"]

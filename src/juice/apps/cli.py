@@ -345,6 +345,12 @@ def evaluate(
     validation: Optional[Path] = typer.Option(None, exists=True, dir_okay=False, help=(
         "with --contexts: a validation run's contexts.json (--split validation): the best static method is "
         "chosen there and every method compared with it")),
+    study: bool = typer.Option(False, "--study", help=(
+        "with --contexts and one heads file: the whole study: split the questions, choose the best static "
+        "method and fit auto on validation, evaluate every method and auto on test (--limit: test questions "
+        "per source; cached in --out/cache, resumable)")),
+    validation_limit: Optional[int] = typer.Option(None, min=1, help="with --study: validation questions per source "
+                                                                      "(default: as --limit)"),
     out: Path = typer.Option(Path("juice-evaluation"), help="folder for evaluation.json and evaluation.md "
                                                             "(with --contexts: contexts.json, .md, .png)"),
     model: str = typer.Option(DEFAULT_MODEL),
@@ -362,6 +368,13 @@ def evaluate(
     With --contexts the default is the first 40 items per source whose prompts hold at most
     --max-prompt-tokens tokens (about 15 minutes on 2 cores); --full runs them all.
     """
+    if contexts is not None and study:
+        _study(data, heads, methods, domain, None if full else (limit or CONTEXT_LIMIT),
+               None if full else (validation_limit or limit or CONTEXT_LIMIT), out, model, device,
+               None if full else max_prompt_tokens)
+        return
+    if study:
+        raise typer.BadParameter("--study is for the context-type evaluation: add --contexts", param_hint="--study")
     if contexts is not None:
         _evaluate_contexts(data, heads, methods, contexts, domain, None if full else (limit or CONTEXT_LIMIT),
                            out, model, device, None if full else max_prompt_tokens, split, validation)
@@ -407,6 +420,40 @@ def evaluate(
         + "\n".join(degeneration_markdown(report.degeneration, report.correct_not_degenerate, report.methods, columns,
                                            headers, columns, headers)), encoding="utf-8")
     console.print(f"wrote {out / 'evaluation.json'}, {out / 'evaluation.md'}")
+
+
+def _study(data: Optional[Path], heads: list[Path], methods: Optional[str], domain: Optional[str],
+           test_limit: Optional[int], validation_limit: Optional[int], out: Path, model: str, device: str,
+           max_prompt_tokens: Optional[int]) -> None:
+    """`juice evaluate --contexts --study` (:mod:`juice.context_study`)."""
+    from juice.context_study import run_study
+    from juice.models import load_model
+    from juice.stage1 import load_heads
+    from juice.when_to_steer import MEAN, context_items, prompt_fits
+
+    if len(heads) != 1:
+        raise typer.BadParameter("--study takes one heads file", param_hint="--heads")
+    try:   # bad input fails before the model loads
+        context_items(data, domain=domain, limit=1, split="test")
+    except (ValueError, FileNotFoundError) as err:
+        raise typer.BadParameter(str(err), param_hint="--data") from None
+    names = [m.strip().lower() for m in (methods or "original,prompt,cad,adacad,june,juice,auto").split(",") if m.strip()]
+    load_heads(heads[0])
+    lm = load_model(model, device=device)
+    artifact = load_heads(heads[0], lm)
+    try:
+        with _progress() as task:
+            result = run_study(lm, artifact, data, out=out, names=[n for n in names if n != "auto"],
+                               auto="auto" in names, validation_limit=validation_limit, test_limit=test_limit,
+                               keep=None if max_prompt_tokens is None else prompt_fits(lm.tokenizer, max_prompt_tokens),
+                               domain=domain, progress=task)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--methods") from None
+    boot = result.test.summary["use_relevant"]
+    console.print(f"best static method on validation: {result.test.best_static}")
+    console.print("test, use relevant context, mean over context types (by question): " + "; ".join(
+        f"{m} {boot.cells[m][MEAN].format()}" for m in result.test.methods if m in boot.cells))
+    console.print(f"wrote {out / 'study.md'}, {out / 'study.json'}, {out / 'validation'}, {out / 'test'}")
 
 
 def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optional[str], contexts: str, domain: Optional[str],

@@ -52,7 +52,7 @@ from torch import Tensor
 
 from juice.architectures import ModelHeads
 import juice.engine.forward as fwd
-from juice.engine.streams import ChoiceRule, ContrastRule, RowLayout, Stream, row_layout
+from juice.engine.streams import ChoiceRule, ContrastRule, QuestionAlone, RowLayout, Stream, row_layout
 from juice.interventions import RowPlan, planned_rows
 from juice.models import LoadedModel
 from juice.sampling import penalize_repetition, pick_token
@@ -208,6 +208,11 @@ class DecodingSession:
             # no passage, by the request's structure (Choice.without_passage): decided here,
             # before any forward, so no floating-point signal can send it to a steered bin
             preset = stream.choice.without_passage
+        elif stream.choice is not None and stream.choice.gate is not None:
+            preset = stream.choice.gate(prompt_ids, question_ids)   # from the request's tokens
+        if preset is not None:
+            if isinstance(stream.choice.candidates[preset], QuestionAlone):   # decode the question
+                prompt_ids, prompt_key = list(question_ids), question_key
             stream = stream.chosen(preset)
         sm = stream.sampling
         question = None if question_ids is None or stream.question is None else list(question_ids)
@@ -286,7 +291,11 @@ class DecodingSession:
             index = rule(logits[torch.tensor(rs, device=device)], question).tolist()
             for r, c in zip(rs, index):
                 picked[r] = int(c)
-                streams[r].stream = streams[r].stream.chosen(int(c))   # a contrast is applied below
+                live = streams[r]
+                if isinstance(live.stream.choice.candidates[int(c)], QuestionAlone) and live.seen is not None:
+                    live.seen = torch.zeros_like(live.seen)   # the penalty reads the question's tokens
+                    live.seen[torch.tensor(live.question_ids, device=device)] = True
+                live.stream = live.stream.chosen(int(c))   # a contrast is applied below
             rows = torch.tensor([options[r][c][-1] for r, c in zip(rs, index)], device=device)
             logits[torch.tensor(rs, device=device)] = self.lm.logits(hidden[rows]).float()
         by_rule: dict[ContrastRule, list[int]] = {}

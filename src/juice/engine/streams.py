@@ -49,6 +49,18 @@ class Contrast:
     rule: ContrastRule
 
 
+@dataclass(frozen=True)
+class QuestionAlone:
+    """A :class:`Choice`'s candidate that ignores the passage: the stream decodes its question
+    alone (`prompts[choice.question]`) with the unmodified model, from the question's row that
+    the choice's prefill already holds; exactly as an Original stream on the question (its
+    repetition penalty reads the question's tokens)."""
+
+
+QUESTION_ALONE = QuestionAlone()
+"""The one :class:`QuestionAlone` candidate."""
+
+
 ChoiceRule = Callable[[Tensor, Tensor], Tensor]
 """(`[rows, vocab]` first-step logits of the prompts' unmodified rows, `[rows, vocab]` those of
 their questions' rows) -> `[rows]` long: per row, the index of the candidate to decode with; row
@@ -66,10 +78,16 @@ class Choice:
 
     Attributes:
         question: index of the question without its context.
-        candidates: what to choose from: steerings (one site; Original, JuNE or JuICE) or
+        candidates: what to choose from: steerings (one site; Original, JuNE or JuICE),
             contrasts (CAD, AdaCAD: a :class:`Contrast` whose `question` is ignored, the
-            choice's is used), whose rows the prefill already holds.
+            choice's is used), or :data:`QUESTION_ALONE` (the question without the passage),
+            whose rows the prefill already holds.
         rule: a :data:`ChoiceRule` (hashable: streams are grouped by it).
+        gate: optional, called at :meth:`~juice.engine.DecodingSession.add` with the request's
+            prompt and question token ids (BOS included) when it has a passage: a candidate
+            index to decode with, decided from the request's tokens before any forward (e.g.
+            :class:`juice.auto.RelevanceGate`: a passage that shares too few of the question's
+            words goes to the question alone), or None to let `rule` choose. Hashable.
         without_passage: the candidate (index) a request without a passage decodes with. That a
             request has no passage is read from its structure, never from the rule's signal:
             its prompt's token ids equal its question's (the prompt *is* the question; a caller
@@ -84,9 +102,10 @@ class Choice:
     """
 
     question: int
-    candidates: tuple["Steering | Contrast", ...]
+    candidates: tuple["Steering | Contrast | QuestionAlone", ...]
     rule: ChoiceRule
     without_passage: int = 0
+    gate: "Callable[[Sequence[int], Sequence[int]], int | None] | None" = None
 
     def __post_init__(self) -> None:
         if not self.candidates:
@@ -135,7 +154,8 @@ class Stream:
         """Decoding rows the stream owns: two for JuICE (clean copy, steered row) and for a
         contrast (question row, prompt row), else one; with a choice, the most any candidate owns."""
         if self.choice is not None:
-            return max(2 if isinstance(c, Contrast) or c.method == "juice" else 1 for c in self.choice.candidates)
+            return max(2 if isinstance(c, Contrast) or (isinstance(c, Steering) and c.method == "juice") else 1
+                       for c in self.choice.candidates)
         return 2 if self.steering.method == "juice" or self.contrast is not None else 1
 
     @property
@@ -157,6 +177,8 @@ class Stream:
         c = self.choice.candidates[index]
         if isinstance(c, Contrast):
             return replace(self, contrast=Contrast(self.choice.question, c.rule), choice=None)
+        if isinstance(c, QuestionAlone):   # the session keeps the question's row
+            return replace(self, steering=ORIGINAL, choice=None)
         return replace(self, steering=c, choice=None)
 
 
@@ -293,10 +315,12 @@ def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: S
         own_row[k, c] = row(p, st.coefficients if not juice else zero, st.coefficients if juice else zero,
                             clean_row[p] if juice else -1, joins[k, c], clean_row[p] if joins[k, c] else None)
 
-    def rows_of(k: int, c: int, st: "Steering | Contrast") -> list[int]:
+    def rows_of(k: int, c: int, st: "Steering | Contrast | QuestionAlone") -> list[int]:
         p = prompt_keys[k]
         if isinstance(st, Contrast):   # a choice's contrast candidate: [question, prompt]
             return [clean_row[question_keys[k]], clean_row[p]]
+        if isinstance(st, QuestionAlone):
+            return [clean_row[question_keys[k]]]
         return ([clean_row[p], own_row[k, c]] if st.method == "juice" else
                 [clean_row[p]] if st.method == "original" else [own_row[k, c]])
 
@@ -320,4 +344,5 @@ def _plan(scale: list[Tensor], add: list[Tensor], source: list[int]) -> RowPlan:
     return RowPlan(torch.stack(scale), torch.stack(add), torch.tensor(source, dtype=torch.long))
 
 
-__all__ = ["Choice", "ChoiceRule", "Contrast", "ContrastRule", "Generation", "RowLayout", "Stream", "join_layer", "row_layout"]
+__all__ = ["QUESTION_ALONE", "Choice", "ChoiceRule", "Contrast", "ContrastRule", "Generation", "QuestionAlone", "RowLayout",
+           "Stream", "join_layer", "row_layout"]

@@ -117,6 +117,34 @@ def evaluate_context_types(
     return [results[(i, name)] for i in range(len(items)) for name in methods if (i, name) in results]
 
 
+QUESTION_ONLY = "Question-only"
+"""The method that ignores the passage: the unmodified model on the question alone."""
+
+
+def question_only_results(items: Sequence[ContextItem], results: Sequence[ItemResult], *, original: str = "Original",
+                          name: str = QUESTION_ONLY) -> list[ItemResult]:
+    """"Question-only" on every item, without decoding again: the unmodified model's output on
+    the item's question alone is `original`'s output on the same question's *none* item (its
+    prompt is the question, token for token; greedy decoding is deterministic, up to the ~1e-8
+    float differences of another batch layout), scored against this item's targets. Its
+    first-step probabilities are the none item's (the memory answer's first token for both).
+    Items whose question has no none item among `items` get none.
+    """
+    none = {(r.domain, r.subject): r for r in results if r.method == original and r.conflict_type == "none"}
+    out = []
+    for item in items:
+        base = none.get((item.source, item.uid))
+        if base is None:
+            continue
+        verdicts = context_verdicts(item, base.output)
+        out.append(ItemResult(
+            domain=item.source, subject=item.uid, conflict_type=item.context_type, method=name, output=base.output,
+            correct=bool(verdicts["use_relevant"]), follows_context=bool(verdicts["follows_context"]),
+            p_parametric=base.p_parametric, p_context=base.p_context,
+            follows_parametric=bool(verdicts["trust_memory"]), item=result_id(item)))
+    return out
+
+
 def context_type_tables(results: Sequence[ItemResult], methods: Sequence[str], *, focus: str = "JuICE",
                         baseline: str = "Original", resamples: int = 2000, seed: int = 0) -> dict[str, IntervalTable]:
     """The tables of a context-type evaluation: "use_relevant", "trust_memory" and
@@ -291,5 +319,5 @@ def question_bootstrap(results: Sequence[ItemResult], methods: Sequence[str], pa
     return QuestionBootstrap(cells, differences, detectable, resamples, confidence, seed)
 
 
-__all__ = ["LOWER_IS_BETTER", "MEAN", "POWER_Z", "QuestionBootstrap", "question_bootstrap", "question_draws", "NEW_TOKENS", "TABLES", "context_type_means", "context_type_tables", "evaluate_context_types",
+__all__ = ["LOWER_IS_BETTER", "MEAN", "POWER_Z", "QUESTION_ONLY", "question_only_results", "QuestionBootstrap", "question_bootstrap", "question_draws", "NEW_TOKENS", "TABLES", "context_type_means", "context_type_tables", "evaluate_context_types",
            "result_id"]

@@ -106,23 +106,27 @@ def prepare_contextual(lm: LoadedModel, cfg: ReproduceConfig, max_prompt_tokens:
 
 def nqswap_test_contexts(lm: LoadedModel, root: Path, test_uids: list[str], max_prompt_tokens: int | None,
                          seed: int) -> list:
-    """The four context types of NQ-Swap's test questions (`test_uids`: row numbers), partners
+    """The four context types of NQ-Swap's test questions (`test_uids`: row numbers; one item per
+    distinct question among them, :func:`juice.data.context_types.nqswap_context_items`), partners
     drawn among the rows whose original and substituted prompts fit `max_prompt_tokens`."""
-    from juice.data.context_types import nqswap_context_items
+    from juice.data.context_types import nqswap_context_items, question_key
     from juice.data.nqswap import context_prompt, read_records
 
     rows = read_records(root / "nqswap")
+    wanted = set(test_uids)
     fits = [max_prompt_tokens is None or all(
         len(token_ids(lm.tokenizer, context_prompt(r[c], r["question"]))) <= max_prompt_tokens
-        for c in ("org_context", "sub_context")) or str(i) in test_uids for i, r in enumerate(rows)]
-    index = [i for i, ok in enumerate(fits) if ok]
+        for c in ("org_context", "sub_context")) or str(i) in wanted for i, r in enumerate(rows)]
+    questions = {question_key(rows[int(u)]["question"]) for u in test_uids}
+    # a test question's other rows are left out, so the row kept for it is one of its test rows
+    index = [i for i, ok in enumerate(fits) if ok
+             and (str(i) in wanted or question_key(rows[i]["question"]) not in questions)]
     built = nqswap_context_items([rows[i] for i in index], seed)
-    wanted = set(test_uids)
     out = []
     for item in built.items:   # uids back to row numbers, partners too
         uid = str(index[int(item.uid)])
         partner = str(index[int(item.partner)]) if item.partner else ""
-        if uid in wanted:
+        if question_key(rows[int(uid)]["question"]) in questions:
             out.append(replace(item, uid=uid, partner=partner))
     return out
 
@@ -194,7 +198,7 @@ def reproduce_contextual(
         nq_methods = {m: nq_methods[m] for m in order if m in nq_methods}
         items = nqswap_test_contexts(lm, root, [ex.uid for ex in splits["nqswap"].test], max_prompt_tokens, cfg.seed)
         key_ctx = settings_key({"tuning": key_tuning, "choice": choices["nqswap"], "methods": list(nq_methods),
-                                "items": [asdict(i) for i in items], "stage": "contexts/1"})
+                                "items": [asdict(i) for i in items], "stage": "contexts/2"})
         ctx_results = evaluation_stage(
             run, "contexts_nqswap", key_ctx, "when to steer: NQ-Swap x 4 contexts", len(items) * len(nq_methods),
             lambda advance: evaluate_context_types(lm, items, nq_methods, max_rows=cfg.max_rows, on_progress=advance))

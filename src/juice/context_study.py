@@ -1,0 +1,325 @@
+"""When to steer, the whole study in one call (`juice evaluate --contexts --study`): split a
+source's questions in two (:func:`juice.data.context_types.split_of`), decode every method on
+the **validation** half, choose the best static method and fit `auto` there, then decode every
+method and the fitted `auto` on the **test** half, once, and compare them there with intervals
+that resample whole questions (:func:`juice.eval.contexts.question_bootstrap`).
+
+    import juice
+    from juice.context_study import run_study
+    lm = juice.load_model("gemma-3-270m")
+    study = run_study(lm, juice.load_heads("heads_contextual.json", lm), "../shared/data/nqswap",
+                      out="study-nqswap", validation_limit=300, test_limit=250)
+
+What it reports beside each method (`study.md`, `validation/`, `test/`): the best static
+method chosen on validation and every method's paired difference with it on test; `auto`'s
+validation fit; the **oracle router** over auto's candidates (per request, the best candidate
+chosen with hindsight: right where any candidate is right), the headroom a per-request choice
+among them could reach; the minimum detectable paired difference of each table; the time each
+half took.
+
+Decoding is cached per chunk of :data:`CHUNK` questions and method (`out/cache/`, keyed by the
+model, the method's settings and the chunk's items; written atomically), so an interrupted study
+resumes where it stopped and a new method decodes only itself.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from juice.data.context_types import ContextItem
+from juice.eval.contexts import evaluate_context_types, result_id
+from juice.eval.runner import ItemResult, Method, results_from_json, results_to_json
+from juice.io import settings_key, write_json_atomic
+from juice.models import LoadedModel
+from juice.pipeline.run import Progress, no_progress
+from juice.stage1 import HeadsArtifact
+from juice.steering import JuICE
+
+CHUNK = 40
+"""Questions per cached decoding chunk."""
+
+ORACLE = "oracle"
+"""The oracle router's name in the tables (not a method: an upper bound over auto's candidates)."""
+
+CACHE_VERSION = "contexts/2"
+"""Bumped when the items or their scoring change, so older caches are not read."""
+
+
+def decode_cached(lm: LoadedModel, items: Sequence[ContextItem], methods: Mapping[str, Method],
+                  settings: Mapping[str, Any], cache: Path | None, *, max_rows: int | str = 64,
+                  on_progress: Callable[[int], None] | None = None) -> list[ItemResult]:
+    """:func:`juice.eval.contexts.evaluate_context_types` in chunks of :data:`CHUNK` questions,
+    each (chunk, method) cached in `cache` (None: no cache); the methods missing from a chunk's
+    cache are decoded together (sharing the prefill).
+
+    Returns:
+        the results in item order, per item in `methods` order.
+    """
+    order: dict[tuple[str, str], int] = {}
+    for item in items:
+        order.setdefault((item.source, item.uid), len(order))
+    questions = list(order)
+    found: dict[tuple[int, str], ItemResult] = {}
+    position = {id(item): k for k, item in enumerate(items)}
+    model = lm.fingerprint()
+    for at in range(0, len(questions), CHUNK):
+        wanted = set(questions[at:at + CHUNK])
+        chunk = [i for i in items if (i.source, i.uid) in wanted]
+        keys = {name: settings_key({"version": CACHE_VERSION, "model": model, "method": name,
+                                    "settings": settings.get(name, {}),
+                                    "items": [[i.source, i.uid, i.context_type, i.variant, i.prompt, i.question,
+                                               list(i.memory_answers), list(i.context_answers)] for i in chunk]})
+                for name in methods}
+        missing = {}
+        for name in methods:
+            path = None if cache is None else cache / f"{keys[name]}.json"
+            if path is not None and path.is_file():
+                rows = results_from_json(json.loads(path.read_text(encoding="utf-8")))
+                for item, r in zip(chunk, rows):
+                    found[position[id(item)], name] = r
+                if on_progress is not None:
+                    on_progress(len(chunk))
+            else:
+                missing[name] = methods[name]
+        if missing:
+            decoded = evaluate_context_types(lm, chunk, missing, max_rows=max_rows, on_progress=on_progress)
+            per_method: dict[str, list[ItemResult]] = {name: [] for name in missing}
+            for r in decoded:
+                per_method[r.method].append(r)
+            for name, rows in per_method.items():
+                if cache is not None:
+                    write_json_atomic(cache / f"{keys[name]}.json", results_to_json(rows))
+                for item, r in zip(chunk, rows):
+                    found[position[id(item)], name] = r
+    return [found[k, name] for k in range(len(items)) for name in methods if (k, name) in found]
+
+
+def oracle_results(items: Sequence[ContextItem], results: Sequence[ItemResult], candidates: Sequence[str]
+                   ) -> list[ItemResult]:
+    """Per item, the oracle router over `candidates` (method names in `results`): right under
+    each objective where any candidate is right; its output is the first right candidate's
+    (for the degeneration columns), else Original's or the first candidate's."""
+    by = {(r.domain, r.item, r.conflict_type, r.method): r for r in results}
+    out = []
+    for item in items:
+        rows = [by[item.source, result_id(item), item.context_type, c] for c in candidates]
+        best = next((r for r in rows if r.correct), rows[0])
+        out.append(replace(best, method=ORACLE, correct=any(r.correct for r in rows),
+                           follows_parametric=any(bool(r.follows_parametric) for r in rows)))
+    return out
+
+
+@dataclass
+class Study:
+    """A study's result (module docstring).
+
+    Attributes:
+        validation, test: the two halves' evaluations (:class:`juice.when_to_steer.ContextsEvaluation`);
+            the test's `best_static` is chosen on validation.
+        fit: `auto`'s validation fit (:class:`juice.auto.AutoFit`), or None without auto.
+        timings: seconds per stage.
+        cross_validation: scheme -> `auto` against the best static method on held-out
+            validation folds (:func:`juice.auto.cross_validate`): both means, their paired
+            difference with its question-resampled interval and standard error, and whether
+            the gain exceeds two standard errors (`qualified`).
+    """
+
+    validation: Any
+    test: Any
+    fit: Any = None
+    timings: dict[str, float] = field(default_factory=dict)
+    cross_validation: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def markdown(self) -> str:
+        from juice.when_to_steer import TITLES
+
+        t, v = self.test, self.validation
+        parts = [f"# When to steer, split by question: {t.data.get('source', '')}\n",
+                 f"Validation: {v.data['counts']} items ({_questions(v)} questions); test: {t.data['counts']} items "
+                 f"({_questions(t)} questions); no question in both. Best static method on validation "
+                 f"(use relevant context): **{t.best_static}**.\n"]
+        if self.fit is not None:
+            p = self.fit.policy
+            bins = " | ".join(f"{'' if i == 0 else f'JSD >= {p.thresholds[i - 1]:.3g}: '}{name}"
+                              for i, name in enumerate(p.picks))
+            gate = ("" if p.relevance is None else
+                    f"passage holding < {p.relevance:.3g} of the question's words -> {p.irrelevant}; ")
+            parts.append(f"auto's policy (fitted on validation): no passage -> original; {gate}{bins}. Validation mean "
+                         f"{self.fit.mean:.1f}% against " + ", ".join(f"{c} {x:.1f}%" for c, x in self.fit.static.items())
+                         + ".\n")
+        for label, c in self.cross_validation.items():
+            parts.append(f"Cross-validation on validation ({label}): auto {c['auto']:.1f}%, best static "
+                         f"(chosen per fold: {', '.join(sorted(set(c['chosen'])))}) {c['best_static']:.1f}%, "
+                         f"difference {c['difference']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}] points, standard error "
+                         f"{c['standard_error']:.1f}: {'qualified' if c['qualified'] else 'not qualified'} "
+                         "(needs more than two standard errors).\n")
+        for name in t.summary:
+            parts += [f"## Test: {TITLES[name]}, mean over context types, by question\n", t.summary_markdown(name)]
+        parts.append("## Validation: " + TITLES["use_relevant"] + ", by question\n")
+        parts.append(v.summary_markdown("use_relevant"))
+        parts.append("Time (s, this machine): " + ", ".join(f"{k} {x:.0f}" for k, x in self.timings.items()) + "\n")
+        return "\n".join(parts)
+
+
+def _cv_summary(items: Sequence[ContextItem], held: Mapping[str, Any], resamples: int, seed: int) -> dict[str, Any]:
+    """Held-out verdicts as results of two methods; their means and paired difference, by question."""
+    from juice.eval.contexts import MEAN, POWER_Z, question_bootstrap
+
+    rows = []
+    for name in ("auto", "best_static"):
+        for item, right in zip(items, held[name]):
+            rows.append(ItemResult(domain=item.source, subject=item.uid, conflict_type=item.context_type, method=name,
+                                   output="", correct=right, follows_context=False, p_parametric=0.0, p_context=0.0,
+                                   item=result_id(item)))
+    boot = question_bootstrap(rows, ["auto", "best_static"], [("auto", "best_static")], resamples=resamples, seed=seed)
+    diff = boot.differences["auto - best_static"][MEAN]
+    se = boot.detectable["auto - best_static"] / POWER_Z
+    return {"auto": 100 * boot.cells["auto"][MEAN].mean, "best_static": 100 * boot.cells["best_static"][MEAN].mean,
+            "difference": 100 * diff.mean, "low": 100 * diff.low, "high": 100 * diff.high, "standard_error": 100 * se,
+            "qualified": bool(diff.mean > 2 * se), "chosen": held["chosen"], "folds": held["folds"]}
+
+
+def _questions(evaluation) -> int:
+    return len({(r.domain, r.subject) for r in evaluation.results})
+
+
+def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | None, *, out: str | Path,
+              names: Sequence[str] = ("original", "prompt", "cad", "adacad", "june", "juice"), auto: bool = True,
+              validation_limit: int | None = None, test_limit: int | None = None,
+              keep: Callable[[ContextItem], bool] | None = None, domain: str | None = None, seed: int = 0,
+              max_rows: int | str = 64, resamples: int = 2000, progress: Progress = no_progress) -> Study:
+    """The study (module docstring) on `source` (:func:`juice.when_to_steer.context_items`) with one
+    heads file; writes `out/validation/`, `out/test/` (contexts.json, .md, .png), `out/study.md`,
+    `out/study.json` and the heads file with `auto`'s policy (`out/heads_auto.json`).
+
+    Args:
+        names: the static methods (:data:`juice.when_to_steer.CONTEXT_METHODS` but auto).
+        auto: fit `auto` on validation (its candidates are decoded there) and evaluate it on test.
+        validation_limit, test_limit: the first N questions of each source in each half.
+        keep: a rule an item must meet (e.g. :func:`juice.when_to_steer.prompt_fits`).
+
+    Raises:
+        ValueError: see :func:`juice.when_to_steer.context_items` and
+            :func:`juice.when_to_steer.context_methods`; a half without items.
+    """
+    from juice.auto import (auto_method, candidate_betas, cross_validate, first_step_signal, fit_policy, has_passage,
+                            relevance, verdict_table)
+    from juice.eval.contexts import QUESTION_ONLY, context_type_tables, question_only_results
+    from juice.when_to_steer import SHORT, ContextsEvaluation, best_static_method, context_items, context_methods, summarize
+
+    out = Path(out)
+    cache = out / "cache"
+    timings: dict[str, float] = {}
+    halves = {}
+    for split, limit in (("validation", validation_limit), ("test", test_limit)):
+        items, where = context_items(source, domain=domain, limit=limit, keep=keep, split=split, seed=seed)
+        if not items.items:
+            raise ValueError(f"no {split} items")
+        halves[split] = (items.items, where)
+    static, settings = context_methods(lm, [artifact], [n for n in names if n != "auto"])
+    settings = {**settings, QUESTION_ONLY: {"from": "Original's output on the question alone (the none item)"}}
+    suffix = SHORT[str(artifact.direction)]
+    titles = {"original": "Original", "question": QUESTION_ONLY, "adacad": "AdaCAD", "juice": f"JuICE-{suffix}",
+              "june": f"JuNE-{suffix}", "juice/2": f"JuICE/2-{suffix}"}
+    betas = candidate_betas(artifact.tuned)
+    extra: dict[str, Method] = {}
+    if auto:   # auto's candidates that are not static methods of the table
+        for c in ("original", "adacad", "juice", "june", "juice/2"):
+            if titles[c] not in static and (c in betas or c in ("original", "adacad")):
+                extra[titles[c]] = auto_candidate(lm, artifact, c, betas)
+                settings = {**settings, titles[c]: {"candidate": c, "betas": betas.get(c)}}
+    decoded = {**static, **extra}
+    candidates = {c: t for c, t in titles.items() if t in decoded or c == "question"}
+    static_names = [*static, QUESTION_ONLY]
+
+    t0 = time.perf_counter()
+    val_items, val_where = halves["validation"]
+    advance = progress(f"validation: {len(decoded)} methods x {len(val_items)} items", len(decoded) * len(val_items))
+    val_results = decode_cached(lm, val_items, decoded, settings, cache, max_rows=max_rows, on_progress=advance)
+    val_results += question_only_results(val_items, val_results)
+    fit, cv = None, {}
+    if auto:
+        verdicts, degenerate = verdict_table(val_items, val_results, candidates)
+        prompts, questions = [i.prompt for i in val_items], [i.question for i in val_items]
+        signal = first_step_signal(lm, prompts, questions).tolist()
+        rel = relevance(lm, prompts, questions)
+        passage = has_passage(lm, prompts, questions)
+        types, sources = [i.context_type for i in val_items], [i.source for i in val_items]
+        fit = fit_policy(verdicts, signal, types, sources, betas, passage, degenerate, relevance=rel)
+        artifact.tuned = {**artifact.tuned, "auto": {**fit.policy.to_json(), "validation": fit.to_json(),
+                                                     "data": val_where}}
+        from juice.stage1 import save_heads
+
+        save_heads(artifact, out / "heads_auto.json")
+        every_static, _ = verdict_table(val_items, val_results, {m: m for m in static_names})
+        schemes = {"5-fold, grouped by question": ([(i.source, i.uid) for i in val_items], 5)}
+        if len({i.source for i in val_items}) > 1:
+            schemes["leave one source out"] = (sources, 0)
+        for label, (groups, folds) in schemes.items():
+            held = cross_validate(verdicts, every_static, signal, types, sources, groups, betas, passage=passage,
+                                  degenerate=degenerate, relevance=rel, folds=folds, seed=seed)
+            cv[label] = _cv_summary(val_items, held, resamples, seed)
+    val_results += oracle_results(val_items, val_results, list(candidates.values()))
+    val_titles = [*static_names, *extra, ORACLE]
+    validation = ContextsEvaluation(
+        val_results, context_type_tables(val_results, val_titles, resamples=resamples, seed=seed), val_titles,
+        settings, {**val_where, "best_static_from": "this validation run"})
+    best = best_static_method({"means": validation.means(), "methods": static_names}, among=static_names)
+    validation.best_static = best
+    validation.summary = summarize(val_results, val_titles, best, resamples=resamples, seed=seed)
+    timings["validation"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    test_items, test_where = halves["test"]
+    test_methods = dict(static)
+    test_settings = dict(settings)
+    if auto:
+        test_methods[f"auto-{suffix}"] = auto_method(lm, artifact)
+        test_settings[f"auto-{suffix}"] = fit.policy.to_json()
+    decode = {**test_methods, **extra}   # the candidates too, for the oracle
+    advance = progress(f"test: {len(decode)} methods x {len(test_items)} items", len(decode) * len(test_items))
+    test_results = decode_cached(lm, test_items, decode, test_settings, cache, max_rows=max_rows, on_progress=advance)
+    test_results += question_only_results(test_items, test_results)
+    test_results += oracle_results(test_items, test_results, list(candidates.values()))
+    test_titles = [*static_names, *[m for m in test_methods if m not in static], ORACLE]
+    kept = [r for r in test_results if r.method in test_titles]
+    test_where = {**test_where, "best_static_from": f"validation split of {val_where.get('source')}"}
+    test = ContextsEvaluation(
+        kept, context_type_tables(kept, test_titles, focus=f"auto-{suffix}" if auto else "Original",
+                                  resamples=resamples, seed=seed),
+        test_titles, test_settings, test_where, summarize(kept, test_titles, best, resamples=resamples, seed=seed),
+        best)
+    timings["test"] = time.perf_counter() - t0
+
+    study = Study(validation, test, fit, timings, cv)
+    for name, evaluation in (("validation", validation), ("test", test)):
+        write_json_atomic(out / name / "contexts.json", evaluation.to_json())
+        (out / name / "contexts.md").write_text(evaluation.markdown(), encoding="utf-8")
+        from juice.plots import have_matplotlib
+
+        if have_matplotlib():
+            evaluation.figure(out / name / "contexts.png")
+    write_json_atomic(out / "study.json", {"best_static": best, "timings_s": timings, "cross_validation": cv,
+                                           "auto": None if fit is None else {**fit.policy.to_json(), **fit.to_json()},
+                                           "validation": {k: v.to_json() for k, v in validation.summary.items()},
+                                           "test": {k: v.to_json() for k, v in test.summary.items()}})
+    (out / "study.md").write_text(study.markdown(), encoding="utf-8")
+    return study
+
+
+def auto_candidate(lm: LoadedModel, artifact: HeadsArtifact, candidate: str, betas: Mapping[str, tuple[float, float]]
+                   ) -> Method:
+    """The evaluation method of one of auto's candidates (:data:`juice.auto.CANDIDATES`)."""
+    from juice.auto import candidate_methods
+
+    if candidate == "juice/2":
+        return Method(JuICE(lm, artifact.selection, *betas["juice/2"]))
+    return candidate_methods(lm, artifact)[candidate]
+
+
+__all__ = ["CHUNK", "ORACLE", "Study", "auto_candidate", "decode_cached", "oracle_results", "run_study"]
