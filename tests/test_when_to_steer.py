@@ -93,6 +93,25 @@ def test_juice_evaluate_contexts_from_the_command_line(tmp_path, capsys):
     assert (out / "contexts.md").is_file()
     assert cli.main(["evaluate", "--contexts", "gold,golden", "--model", str(folder)]) != 0
     assert "--contexts takes" in capsys.readouterr().err
+    # one half of the questions; the best static method chosen on the other half's run
+    rows = _nqswap(tmp_path)
+    common = ["evaluate", "--contexts", "gold,conflicting,irrelevant,none", "--data", str(rows), *heads[2:],
+              "--methods", "original,cad,juice", "--limit", "2", "--model", str(folder), "--device", "cpu"]
+    assert cli.main([*common, "--split", "validation", "--out", str(tmp_path / "val")]) == 0
+    val = json.loads((tmp_path / "val" / "contexts.json").read_text())
+    assert val["data"]["split"] == "validation"
+    assert cli.main([*common, "--split", "test", "--out", str(tmp_path / "test"),
+                     "--validation", str(tmp_path / "val" / "contexts.json")]) == 0
+    test = json.loads((tmp_path / "test" / "contexts.json").read_text())
+    means = val["means"]["use_relevant"]
+    assert test["best_static"] == max(val["methods"], key=lambda m: (means[m]["mean"], -val["methods"].index(m)))
+    assert not {r["subject"] for r in test["results"]} & {r["subject"] for r in val["results"]}
+    assert f"JuICE-ctx - {test['best_static']}" in test["summary"]["use_relevant"]["differences"] or \
+        test["best_static"] == "JuICE-ctx"
+    capsys.readouterr()
+    assert cli.main([*common, "--split", "validation", "--out", str(tmp_path / "again"),
+                     "--validation", str(tmp_path / "val" / "contexts.json")]) == 2
+    assert "validation split too" in capsys.readouterr().err
 
 
 def test_keep_drops_long_items_before_the_limit(tmp_path, tiny_llama):

@@ -101,13 +101,17 @@ def decode_cached(lm: LoadedModel, items: Sequence[ContextItem], methods: Mappin
 
 def oracle_results(items: Sequence[ContextItem], results: Sequence[ItemResult], candidates: Sequence[str]
                    ) -> list[ItemResult]:
-    """Per item, the oracle router over `candidates` (method names in `results`): right under
-    each objective where any candidate is right; its output is the first right candidate's
-    (for the degeneration columns), else Original's or the first candidate's."""
+    """Per item, the oracle router over `candidates` (method names in `results`, "Original"
+    among them): right under each objective where any candidate is right; its output is the
+    first right candidate's (for the degeneration columns), else the first candidate's. A
+    request without a passage (its prompt is its question) is Original's, as `auto` decodes it
+    by its structure: the oracle is the headroom of auto's choice, not of steering without a
+    passage."""
     by = {(r.domain, r.item, r.conflict_type, r.method): r for r in results}
     out = []
     for item in items:
-        rows = [by[item.source, result_id(item), item.context_type, c] for c in candidates]
+        names = ["Original"] if item.prompt == item.question else candidates
+        rows = [by[item.source, result_id(item), item.context_type, c] for c in names]
         best = next((r for r in rows if r.correct), rows[0])
         out.append(replace(best, method=ORACLE, correct=any(r.correct for r in rows),
                            follows_parametric=any(bool(r.follows_parametric) for r in rows)))

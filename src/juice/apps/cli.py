@@ -303,8 +303,9 @@ def tune(
     save_heads(artifact, heads)
     if "auto" in names:
         p = fit.policy
-        bins = " | ".join(f"{'' if i == 0 else f'JSD >= {p.thresholds[i - 1]:.3g}: '}{name}"
-                          for i, name in enumerate(p.picks))
+        bins = (("" if p.relevance is None else f"passage with < {p.relevance:.3g} of the question's words: "
+                 f"{p.irrelevant} | ") + " | ".join(f"{'' if i == 0 else f'JSD >= {p.thresholds[i - 1]:.3g}: '}{name}"
+                                                    for i, name in enumerate(p.picks)))
         console.print(f"auto: {bins}; validation mean {fit.mean:.1f}% (use relevant context, {n} items; "
                       + ", ".join(f"{c} alone {v:.1f}%" for c, v in fit.static.items()) + ")")
     for name, setting in chosen.items():
