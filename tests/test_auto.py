@@ -135,7 +135,7 @@ def test_a_request_without_a_passage_is_original_by_its_structure_not_its_signal
 
 def test_a_choice_refuses_a_without_passage_outside_its_candidates(tiny_llama):
     with pytest.raises(ValueError, match="without_passage"):
-        Choice(2, _candidates(tiny_llama), Fixed(0), without_passage=4)
+        Choice(2, _candidates(tiny_llama), Fixed(0), without_passage=5)
 
 
 def test_a_policy_without_original_among_its_picks_still_holds_it_for_passage_less_requests(tiny_llama):
@@ -351,7 +351,7 @@ def test_juice_tune_methods_auto_from_the_command_line(tmp_path, capsys):
     saved = json.loads(heads.read_text())["tuned"]["auto"]
     assert saved["signal"] == "jsd_bits" and saved["data"]["counts"] == {t: 3 for t in
                                                                         ("gold", "conflicting", "irrelevant", "none")}
-    assert set(saved["validation"]["static"]) == {"original", "juice", "juice/2", "adacad"}
+    assert set(saved["validation"]["static"]) == {"original", "question", "juice", "juice/2", "adacad"}
     out = tmp_path / "out"
     assert cli.main(["evaluate", "--contexts", "gold,conflicting,irrelevant,none", "--data", str(data), "--heads",
                      str(heads), "--limit", "2", "--model", str(folder), "--device", "cpu", "--out", str(out)]) == 0

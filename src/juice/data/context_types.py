@@ -165,8 +165,8 @@ def split_of(question: str, seed: int = 0) -> str:
 
     >>> split_of("Question: Who wrote Hamlet?\\nAnswer:") == split_of("question:  who wrote hamlet \\nanswer:")
     True
-    >>> [split_of("Who painted the Mona Lisa", seed) for seed in range(3)]
-    ['test', 'test', 'validation']
+    >>> " ".join(split_of("Who painted the Mona Lisa", seed) for seed in range(3))
+    'test test validation'
     """
     digest = hashlib.sha256(f"{seed}:{question_key(question)}".encode("utf-8")).digest()
     return "validation" if int.from_bytes(digest[:8], "big") < 2 ** 63 else "test"
