@@ -456,3 +456,23 @@ def test_cross_validation_holds_each_question_out_once_and_chooses_static_on_tra
     assert held["auto"] == [True] * n and held["best_static"] == static["Original"]
     with pytest.raises(ValueError, match="two groups"):
         cross_validate(verdicts, static, signal, types, ["s"] * n, [0] * n, {})
+
+
+@pytest.mark.parametrize("policy", [AutoPolicy((), ("question",)),
+                                    AutoPolicy((), ("june",), {"june": (1.0, 0.0)}, relevance=2.0)],
+                         ids=["bins-pick-question", "gate-picks-question"])
+def test_auto_choosing_the_question_alone_evaluates_as_question_only(tiny_llama, tmp_path, policy):
+    """A policy whose bins, or whose gate (every passage below a threshold of 2), pick the
+    question alone gives, in the context-type evaluation, the unmodified model's output on each
+    item's question (Question-only, read from Original's none items)."""
+    from juice.eval.contexts import QUESTION_ONLY, question_only_results
+    from juice.when_to_steer import context_items, evaluate_contexts
+    from test_context_types import ROWS
+
+    artifact = _tiny_heads(tiny_llama, {"juice": {"beta_plus": 2.0, "beta_minus": -1.0}, "auto": policy.to_json()})
+    items, where = context_items(_nqswap_file(tmp_path / "t.jsonl", ROWS[:3]))
+    report = evaluate_contexts(tiny_llama, [artifact], items, ["original", "auto"], data=where, resamples=1000)
+    alone = {(r.item, r.conflict_type): r.output for r in question_only_results(items.items, report.results)}
+    auto = {(r.item, r.conflict_type): r.output for r in report.results if r.method == "auto-ctx"}
+    assert auto == alone and len(auto) == len(items.items)
+    assert QUESTION_ONLY == "Question-only"

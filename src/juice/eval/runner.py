@@ -35,7 +35,7 @@ from juice.baselines.cad import AlphaRule, CadPolicy, cad_generate, jsd_alpha
 from juice.baselines.prompt import contextual_prompt, parametric_prompt
 from juice.eval.degeneration import is_degenerate
 from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample
-from juice.engine import Choice, Contrast, Stream, generate
+from juice.engine import Choice, Contrast, QuestionAlone, Stream, generate
 from juice.likelihood import continuation_ids
 from juice.eval.metrics import N_WORDS, contextual_correct, is_correct, memotrap_match, nqswap_match
 from juice.models import LoadedModel
@@ -158,14 +158,16 @@ def _request_key(r: DecodeRequest) -> tuple:
     """What a request's decoding depends on: its prompt, question, probe and method, where a
     steering whose coefficients are all 0 is the unmodified model (H + 0 * H = H, and adding 0
     times the clean output adds nothing: the same numbers, not an approximation)."""
-    def key(s: "Steering | Contrast") -> tuple:
+    def key(s: "Steering | Contrast | QuestionAlone") -> tuple:
         if isinstance(s, Contrast):   # a choice's contrast candidate (its question is the request's)
             return ("contrast", s.rule)
+        if isinstance(s, QuestionAlone):
+            return ("question alone",)
         return ("original",) if s.method == "original" or not bool(s.coefficients.ne(0).any()) else (
             s.method, s.site, tuple(s.coefficients.shape), s.coefficients.detach().cpu().numpy().tobytes())
 
     c = r.method.choice
-    choice = None if c is None else (c.rule, tuple(key(s) for s in c.candidates))
+    choice = None if c is None else (c.rule, tuple(key(s) for s in c.candidates), c.without_passage, c.gate)
     question = r.question if r.method.contrastive is not None or c is not None else None
     return r.prompt, question, tuple(int(t) for t in r.probe), r.method.contrastive, key(r.method.steering), choice
 
