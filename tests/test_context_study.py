@@ -53,6 +53,9 @@ def test_the_study_chooses_on_validation_and_reports_on_test(tiny_llama, rows_fi
     monkeypatch.setattr(study_module, "evaluate_context_types", no_decoding)
     again = run_study(lm, _tiny_heads(lm), rows_file, out=tmp_path / "s", names=names, resamples=1000)
     assert [r.output for r in again.test.results] == [r.output for r in test.results]
+    for half in ("validation", "test"):   # the decoding time is the cache's, not the re-run's
+        key = f"{half} decoding (all chunks)"
+        assert again.timings[key] == pytest.approx(study.timings[key]) and study.timings[key] > 0
 
 
 def test_juice_evaluate_contexts_study_from_the_command_line(tmp_path, rows_file, capsys):

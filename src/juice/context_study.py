@@ -52,10 +52,17 @@ CACHE_VERSION = "contexts/2"
 
 def decode_cached(lm: LoadedModel, items: Sequence[ContextItem], methods: Mapping[str, Method],
                   settings: Mapping[str, Any], cache: Path | None, *, max_rows: int | str = 64,
-                  on_progress: Callable[[int], None] | None = None) -> list[ItemResult]:
+                  on_progress: Callable[[int], None] | None = None,
+                  seconds: dict[str, float] | None = None) -> list[ItemResult]:
     """:func:`juice.eval.contexts.evaluate_context_types` in chunks of :data:`CHUNK` questions,
-    each (chunk, method) cached in `cache` (None: no cache); the methods missing from a chunk's
-    cache are decoded together (sharing the prefill).
+    each (chunk, method) cached in `cache` (None: no cache) with its share of the chunk's
+    decoding time; the methods missing from a chunk's cache are decoded together (sharing the
+    prefill).
+
+    Args:
+        seconds: if given, method -> decoding seconds it took, summed over the chunks, whether
+            decoded now or read from the cache (where the cache recorded them: "unknown" chunks
+            add nothing and are counted under "chunks without a time").
 
     Returns:
         the results in item order, per item in `methods` order.
@@ -79,7 +86,13 @@ def decode_cached(lm: LoadedModel, items: Sequence[ContextItem], methods: Mappin
         for name in methods:
             path = None if cache is None else cache / f"{keys[name]}.json"
             if path is not None and path.is_file():
-                rows = results_from_json(json.loads(path.read_text(encoding="utf-8")))
+                saved = json.loads(path.read_text(encoding="utf-8"))
+                rows = results_from_json(saved["results"] if isinstance(saved, dict) else saved)
+                if seconds is not None:
+                    if isinstance(saved, dict):
+                        seconds[name] = seconds.get(name, 0.0) + float(saved["seconds"])
+                    else:
+                        seconds["chunks without a time"] = seconds.get("chunks without a time", 0) + 1
                 for item, r in zip(chunk, rows):
                     found[position[id(item)], name] = r
                 if on_progress is not None:
@@ -87,13 +100,17 @@ def decode_cached(lm: LoadedModel, items: Sequence[ContextItem], methods: Mappin
             else:
                 missing[name] = methods[name]
         if missing:
+            t0 = time.perf_counter()
             decoded = evaluate_context_types(lm, chunk, missing, max_rows=max_rows, on_progress=on_progress)
+            share = (time.perf_counter() - t0) / len(missing)
             per_method: dict[str, list[ItemResult]] = {name: [] for name in missing}
             for r in decoded:
                 per_method[r.method].append(r)
             for name, rows in per_method.items():
+                if seconds is not None:
+                    seconds[name] = seconds.get(name, 0.0) + share
                 if cache is not None:
-                    write_json_atomic(cache / f"{keys[name]}.json", results_to_json(rows))
+                    write_json_atomic(cache / f"{keys[name]}.json", {"seconds": share, "results": results_to_json(rows)})
                 for item, r in zip(chunk, rows):
                     found[position[id(item)], name] = r
     return [found[k, name] for k in range(len(items)) for name in methods if (k, name) in found]
@@ -244,7 +261,9 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
     t0 = time.perf_counter()
     val_items, val_where = halves["validation"]
     advance = progress(f"validation: {len(decoded)} methods x {len(val_items)} items", len(decoded) * len(val_items))
-    val_results = decode_cached(lm, val_items, decoded, settings, cache, max_rows=max_rows, on_progress=advance)
+    decode_seconds: dict[str, dict[str, float]] = {"validation": {}, "test": {}}
+    val_results = decode_cached(lm, val_items, decoded, settings, cache, max_rows=max_rows, on_progress=advance,
+                                seconds=decode_seconds["validation"])
     val_results += question_only_results(val_items, val_results)
     fit, cv = None, {}
     if auto:
@@ -287,7 +306,8 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
         test_settings[f"auto-{suffix}"] = fit.policy.to_json()
     decode = {**test_methods, **extra}   # the candidates too, for the oracle
     advance = progress(f"test: {len(decode)} methods x {len(test_items)} items", len(decode) * len(test_items))
-    test_results = decode_cached(lm, test_items, decode, test_settings, cache, max_rows=max_rows, on_progress=advance)
+    test_results = decode_cached(lm, test_items, decode, test_settings, cache, max_rows=max_rows, on_progress=advance,
+                                 seconds=decode_seconds["test"])
     test_results += question_only_results(test_items, test_results)
     test_results += oracle_results(test_items, test_results, list(candidates.values()))
     test_titles = [*static_names, *[m for m in test_methods if m not in static], ORACLE]
@@ -300,6 +320,10 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
         best)
     timings["test"] = time.perf_counter() - t0
 
+    for half, spent in decode_seconds.items():   # decoding, whether now or when the cache was written
+        timings[f"{half} decoding (all chunks)"] = sum(v for k, v in spent.items() if k != "chunks without a time")
+        if spent.get("chunks without a time"):
+            timings[f"{half} chunks without a time"] = spent["chunks without a time"]
     study = Study(validation, test, fit, timings, cv)
     for name, evaluation in (("validation", validation), ("test", test)):
         write_json_atomic(out / name / "contexts.json", evaluation.to_json())
