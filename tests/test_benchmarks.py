@@ -73,3 +73,20 @@ def test_the_summary_counts_what_the_record_holds():
     assert "3 passed, 1 failed, 0 skipped" in text and "test_a[llama]" in text
     assert "| bf16 | sdpa | 0 | 1 (llama) | llama |" in text
     assert "JuICE/plain 1.20x (target <= 1.1)" in text
+
+
+def test_the_when_to_steer_study_reads_table2s_heads_and_nqswap_betas(tmp_path):
+    """benchmarks/when_to_steer_study.py: the heads of a contextual reproduction with NQ-Swap's
+    tuned betas in `tuned`, what `juice.Steerer` and the study read."""
+    import json
+
+    import when_to_steer_study
+
+    (tmp_path / "heads_contextual.json").write_text(json.dumps({"direction": "contextual", "tuned": {}}))
+    (tmp_path / "results_contextual.json").write_text(json.dumps({"choices": {"nqswap": {"betas": {
+        "juice": {"beta_plus": 1.0, "beta_minus": -1.0, "accuracy": 100.0},
+        "june": {"beta_plus": 2.0, "beta_minus": 0.0, "accuracy": 90.0}}}}}))
+    out = when_to_steer_study.heads_with_table2_betas(tmp_path, tmp_path / "out" / "heads.json")
+    tuned = json.loads(out.read_text())["tuned"]
+    assert tuned["juice"] == {"beta_plus": 1.0, "beta_minus": -1.0} and tuned["june"] == {"beta_plus": 2.0,
+                                                                                          "beta_minus": 0.0}
