@@ -235,6 +235,21 @@ def _tiny_heads(lm, tuned=None):
                          tuned=dict(tuned or {"juice": {"beta_plus": 2.0, "beta_minus": -1.0}}))
 
 
+def tiny_model_and_heads(tmp_path):
+    """A tiny Llama saved as a model folder, and a contextual heads file for it (`_tiny_heads`),
+    for the command-line tests: (folder, heads path)."""
+    from conftest import build_tiny
+    from juice.stage1.heads_file import save_heads
+
+    lm = build_tiny("llama")
+    folder = tmp_path / "model"
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+    heads = tmp_path / "heads.json"
+    save_heads(_tiny_heads(lm), heads)
+    return folder, heads
+
+
 def _nqswap_file(path, rows):
     import json
 
@@ -334,16 +349,9 @@ def test_juice_tune_methods_auto_from_the_command_line(tmp_path, capsys):
     import json
 
     import juice.apps.cli as cli
-    from conftest import build_tiny
-    from juice.stage1.heads_file import save_heads
     from test_context_types import ROWS
 
-    lm = build_tiny("llama")
-    folder = tmp_path / "model"
-    lm.model.save_pretrained(folder)
-    lm.tokenizer.save_pretrained(folder)
-    heads = tmp_path / "heads.json"
-    save_heads(_tiny_heads(lm), heads)
+    folder, heads = tiny_model_and_heads(tmp_path)
     data = _nqswap_file(tmp_path / "val.jsonl", ROWS)
     assert cli.main(["tune", "--heads", str(heads), "--data", str(data), "--methods", "auto", "--limit", "3",
                      "--model", str(folder), "--device", "cpu"]) == 0

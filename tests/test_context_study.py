@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from test_auto import _book_rows, _nqswap_file, _tiny_heads
+from test_auto import _book_rows, _nqswap_file, _tiny_heads, tiny_model_and_heads
 
 
 @pytest.fixture(scope="module")
@@ -60,15 +60,8 @@ def test_the_study_chooses_on_validation_and_reports_on_test(tiny_llama, rows_fi
 
 def test_juice_evaluate_contexts_study_from_the_command_line(tmp_path, rows_file, capsys):
     import juice.apps.cli as cli
-    from conftest import build_tiny
-    from juice.stage1.heads_file import save_heads
 
-    lm = build_tiny("llama")
-    folder = tmp_path / "model"
-    lm.model.save_pretrained(folder)
-    lm.tokenizer.save_pretrained(folder)
-    heads = tmp_path / "heads.json"
-    save_heads(_tiny_heads(lm), heads)
+    folder, heads = tiny_model_and_heads(tmp_path)
     out = tmp_path / "out"
     assert cli.main(["evaluate", "--contexts", "gold,conflicting,irrelevant,none", "--study", "--data", str(rows_file),
                      "--heads", str(heads), "--methods", "original,adacad,juice,auto", "--limit", "3",
