@@ -609,11 +609,17 @@ def fit_from_results(lm: LoadedModel, items: Sequence[ContextItem], results: Seq
         ValueError: a candidate without a result for some item, or no "original".
     """
     verdicts, degenerate = verdict_table(items, results, titles)
-    prompts, questions = [i.prompt for i in items], [i.question for i in items]
-    signal = first_step_signal(lm, prompts, questions).tolist()
+    signal, rel, passage = request_features(lm, items)
     return fit_policy(verdicts, signal, [i.context_type for i in items], [i.source for i in items], betas,
-                      has_passage(lm, prompts, questions), degenerate, margin,
-                      relevance(lm, prompts, questions) if gate else None)
+                      passage, degenerate, margin, rel if gate else None)
+
+
+def request_features(lm: LoadedModel, items: Sequence[ContextItem]) -> tuple[list[float], list[float], list[bool]]:
+    """Per item, what the policy reads: the first-step JSD (:func:`first_step_signal`), the
+    passage's relevance (:func:`relevance`) and whether it has a passage (:func:`has_passage`)."""
+    prompts, questions = [i.prompt for i in items], [i.question for i in items]
+    return (first_step_signal(lm, prompts, questions).tolist(), relevance(lm, prompts, questions),
+            has_passage(lm, prompts, questions))
 
 
 def verdict_table(items: Sequence[ContextItem], results: Sequence, titles: Mapping[str, str]
@@ -640,4 +646,4 @@ def verdict_table(items: Sequence[ContextItem], results: Sequence, titles: Mappi
 
 __all__ = ["AutoFit", "AutoPolicy", "AutoRule", "CANDIDATES", "RELEVANCE", "SIGNAL", "RelevanceGate", "auto_method",
            "candidate_betas", "candidate_methods", "cross_validate", "first_step_signal", "fit_from_results", "fit_policy",
-           "passage_relevance", "policy_picks", "relevance", "verdict_table", "vocabulary_words", "has_passage", "policy_of", "tune_auto"]
+           "passage_relevance", "policy_picks", "relevance", "request_features", "verdict_table", "vocabulary_words", "has_passage", "policy_of", "tune_auto"]

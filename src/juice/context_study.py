@@ -228,8 +228,7 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
         ValueError: see :func:`juice.when_to_steer.context_items` and
             :func:`juice.when_to_steer.context_methods`; a half without items.
     """
-    from juice.auto import (auto_method, candidate_betas, cross_validate, first_step_signal, fit_policy, has_passage,
-                            relevance, verdict_table)
+    from juice.auto import auto_method, candidate_betas, cross_validate, fit_policy, request_features, verdict_table
     from juice.eval.contexts import QUESTION_ONLY, context_type_tables, question_only_results
     from juice.when_to_steer import SHORT, ContextsEvaluation, best_static_method, context_items, context_methods, summarize
 
@@ -268,10 +267,7 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
     fit, cv = None, {}
     if auto:
         verdicts, degenerate = verdict_table(val_items, val_results, candidates)
-        prompts, questions = [i.prompt for i in val_items], [i.question for i in val_items]
-        signal = first_step_signal(lm, prompts, questions).tolist()
-        rel = relevance(lm, prompts, questions)
-        passage = has_passage(lm, prompts, questions)
+        signal, rel, passage = request_features(lm, val_items)
         types, sources = [i.context_type for i in val_items], [i.source for i in val_items]
         fit = fit_policy(verdicts, signal, types, sources, betas, passage, degenerate, relevance=rel)
         artifact.tuned = {**artifact.tuned, "auto": {**fit.policy.to_json(), "validation": fit.to_json(),
