@@ -113,10 +113,6 @@ class HeadGeometry:
     n_heads: int
     head_dim: int
 
-    @property
-    def n_total(self) -> int:
-        return self.n_layers * self.n_heads
-
 
 def config_geometry(config) -> HeadGeometry:
     """The head geometry a Hugging Face config declares (a multimodal config: its text part), read

@@ -31,9 +31,9 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 
 from juice.data.records import ConflictExample
@@ -113,16 +113,6 @@ class AnalysisOptions:
         return {k: str(v) if isinstance(v, Path) else v for k, v in self.__dict__.items()}
 
 
-class AnalysisResult(Protocol):
-    """What every `run_<name>` returns (a dataclass): a title, the files written, the wall time."""
-
-    title: str
-    files: list[Path]
-    wall_s: float
-
-    def to_json(self) -> dict[str, Any]: ...
-
-
 # ---------------------------------------------------------------- items
 
 
@@ -200,11 +190,6 @@ def unit_checkpoint(lm: LoadedModel, options: AnalysisOptions, name: str) -> Uni
     return UnitCheckpoint(options.state.folder / f"{name}_units.json", lm.fingerprint())
 
 
-def with_answer(example: ConflictExample, answer: str) -> ConflictExample:
-    """`example` with `answer` as its canonical parametric answer (for hand-made test items)."""
-    return replace(example, answers=(answer, *(a for a in example.answers if a != answer)))
-
-
 # ---------------------------------------------------------------- outputs
 
 
@@ -241,13 +226,8 @@ def write_outputs(out: str | Path, name: str, data: dict, markdown: str, figure:
     return paths
 
 
-def fmt_signed(value: float, digits: int = 3) -> str:
-    """"+0.123" / "-0.045" (a probability change)."""
-    return f"{value:+.{digits}f}"
-
-
 __all__ = [
-    "AnalysisOptions", "AnalysisResult", "DEFAULT_OUT", "Progress", "WorldCapitalItems", "cut", "fmt_signed",
-    "no_progress", "reproduce_config", "save_figure", "unit_checkpoint", "with_answer", "world_capital_items",
+    "AnalysisOptions", "DEFAULT_OUT", "Progress", "WorldCapitalItems", "cut",
+    "no_progress", "reproduce_config", "save_figure", "unit_checkpoint", "world_capital_items",
     "write_outputs",
 ]

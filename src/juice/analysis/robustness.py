@@ -110,10 +110,6 @@ class RobustnessGrid:
         if self.test_items is not None and self.test_items < 1:
             raise ValueError(f"test_items must be at least 1 (or None for all), got {self.test_items}")
 
-    @property
-    def largest_d(self) -> int:
-        return max(*self.d_sizes, self.fixed_d)
-
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 

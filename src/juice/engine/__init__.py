@@ -12,8 +12,7 @@
 
 Its drivers: :func:`generate` (evaluation, tuning, the baselines, :class:`juice.Steerer`'s
 `generate` and `stream`) and `juice serve`'s worker (:mod:`juice.apps.server.worker`), which
-keeps one session open. :mod:`juice.decoding` and :mod:`juice.continuous` are the names these
-had before (issue 34) and re-export them.
+keeps one session open.
 """
 
 from __future__ import annotations

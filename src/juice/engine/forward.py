@@ -141,12 +141,5 @@ def concat_cache(cache, other) -> None:
             layer.values = torch.cat([layer.values, extra.values], dim=0)
 
 
-def select_rows(cache, index: Tensor) -> None:
-    """Keep (and reorder, repeat) the cache rows `index` (`[rows]` long, on the cache's device)."""
-    for layer in cache_layers(cache):
-        if getattr(layer, "is_initialized", False):
-            layer.batch_select_indices(index)
-
-
 __all__ = ["cache_layers", "compiled_forward", "concat_cache", "forward_last", "pad_cache", "plan_applier",
-           "select_rows", "trim_cache"]
+           "trim_cache"]

@@ -436,17 +436,6 @@ def likelihood_table(results: Sequence[ItemResult]) -> dict[str, dict[str, float
     return dict(table)
 
 
-def accuracy_table(results: Sequence[ItemResult]) -> dict[str, dict[str, dict[str, float]]]:
-    """method -> domain -> conflict type -> accuracy in percent (exact match)."""
-    groups: dict[tuple, list[bool]] = defaultdict(list)
-    for r in results:
-        groups[(r.method, r.domain, r.conflict_type)].append(r.correct)
-    table: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
-    for (m, d, t), values in groups.items():
-        table[m][d][t] = 100.0 * sum(values) / len(values)
-    return {m: dict(v) for m, v in table.items()}
-
-
 def summary(results: Sequence[ItemResult]) -> dict[str, dict[str, float]]:
     """method -> mean accuracy, follows-context rate (contextual direction: also the rate of
     outputs giving the memorised answer) and answer probabilities (over all items)."""
@@ -478,7 +467,7 @@ def results_from_json(rows: Sequence[dict]) -> list[ItemResult]:
 
 
 __all__ = [
-    "ItemResult", "Method", "accuracy_table", "as_method", "contextual_correct", "evaluate", "evaluate_contextual",
+    "ItemResult", "Method", "as_method", "contextual_correct", "evaluate", "evaluate_contextual",
     "is_correct", "likelihood_table", "likelihood_wins", "memotrap_match", "nqswap_match", "results_from_json",
     "results_to_json", "summary",
 ]
