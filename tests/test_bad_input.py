@@ -94,7 +94,7 @@ CASES = [
      "line 1: no target"),
     ("tune: an unknown method", lambda tmp, sd: ["tune", "--heads", str(_write(tmp / "h.json", json.dumps(HEADS))),
                                                  "--data", str(_write(tmp / "v.jsonl", '{"prompt": "x is", "target": "y"}\n')),
-                                                 "--methods", "cad"], "tune chooses settings for juice, june, ph3 (and auto)"),
+                                                 "--methods", "cad"], "tune chooses settings for ph3, june, juice (and auto)"),
     ("evaluate: juice without a heads file", lambda tmp, sd: [
         "evaluate", "--data", str(_write(tmp / "t.jsonl", '{"prompt": "x is", "target": "y"}\n')), "--methods", "juice"],
      "juice needs a heads file"),

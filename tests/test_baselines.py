@@ -9,13 +9,14 @@ import torch
 
 from juice.architectures import ModelHeads
 from juice.baselines.cad import cad_continuation_logprobs, cad_generate, contrast
-from juice.baselines.ph3 import ConflictPrompt, Ph3Scores, heads_to_prune, logit_difference_effects, pruning
+from juice.baselines.ph3 import ConflictPrompt, Ph3Scores, heads_to_prune, logit_difference_effects
 from juice.baselines.prompt import contextual_prompt, parametric_prompt
 from juice.data.paraconflict import build_domain
 from juice.data.records import ContextualExample
 from juice.engine import greedy_generate
 from juice.interventions import Head
 from juice.reference import continuation_logprobs
+from juice.steering import Prune
 from juice.tokens import encode, token_ids
 
 PROMPTS = ["the capital of france is paris . the capital of france is", "tennis golf w40 w41 w42 is"]
@@ -157,7 +158,7 @@ def _zeroed_copy(lm, heads):
 
 def test_ph3_pruning_of_k_heads_equals_zeroing_their_slices(tiny):
     heads = (Head(0, 1), Head(1, 3), Head(2, 0))
-    steering = pruning(tiny.heads.geometry, heads)
+    steering = Prune(tiny.heads.geometry, heads)
     from juice.interventions import scaled_heads
 
     with scaled_heads(tiny.heads, steering.coefficients):

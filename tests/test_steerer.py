@@ -67,7 +67,7 @@ def test_chat_uses_the_template_without_a_second_bos(tiny_llama):
 
 
 def test_bad_construction(tiny_llama):
-    with pytest.raises(ValueError, match="method must be one of"):
+    with pytest.raises(ValueError, match="unknown method .both.; choose from original, june, juice, auto"):
         Steerer(tiny_llama, SEL, method="both")
     with pytest.raises(ValueError, match="needs heads"):
         Steerer(tiny_llama, None, method="juice")

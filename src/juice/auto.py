@@ -265,17 +265,6 @@ def policy_of(tuned: Mapping[str, Any] | None) -> AutoPolicy:
     return AutoPolicy.from_json(tuned["auto"])
 
 
-def auto_method(lm: LoadedModel, artifact) -> "Method":   # noqa: F821 (juice.eval.runner.Method)
-    """The evaluation method of a heads file's tuned `auto` (:class:`juice.eval.runner.Method`).
-
-    Raises:
-        ValueError: see :func:`policy_of`.
-    """
-    from juice.eval.runner import Method
-
-    return Method(choice=policy_of(artifact.tuned).choice(lm, artifact.selection))
-
-
 def has_passage(lm: LoadedModel, prompts: Sequence[str], questions: Sequence[str]) -> list[bool]:
     """Per request, whether it has a passage: its prompt's token ids differ from its question's
     (the structure :class:`juice.engine.Choice` decides "no passage" by; module docstring).
@@ -644,6 +633,6 @@ def verdict_table(items: Sequence[ContextItem], results: Sequence, titles: Mappi
     return verdicts, degenerate
 
 
-__all__ = ["AutoFit", "AutoPolicy", "AutoRule", "CANDIDATES", "RELEVANCE", "SIGNAL", "RelevanceGate", "auto_method",
+__all__ = ["AutoFit", "AutoPolicy", "AutoRule", "CANDIDATES", "RELEVANCE", "SIGNAL", "RelevanceGate",
            "candidate_betas", "candidate_methods", "cross_validate", "first_step_signal", "fit_from_results", "fit_policy",
            "passage_relevance", "policy_picks", "relevance", "request_features", "verdict_table", "vocabulary_words", "has_passage", "policy_of", "tune_auto"]

@@ -38,7 +38,7 @@ from juice.io import settings_key, write_json_atomic
 from juice.models import LoadedModel
 from juice.pipeline.run import Progress, no_progress
 from juice.stage1 import HeadsArtifact
-from juice.steering import JuICE
+from juice.methods import MethodInputs, build
 
 CHUNK = 40
 """Questions per cached decoding chunk."""
@@ -228,7 +228,7 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
         ValueError: see :func:`juice.when_to_steer.context_items` and
             :func:`juice.when_to_steer.context_methods`; a half without items.
     """
-    from juice.auto import auto_method, candidate_betas, cross_validate, fit_policy, request_features, verdict_table
+    from juice.auto import candidate_betas, cross_validate, fit_policy, request_features, verdict_table
     from juice.eval.contexts import QUESTION_ONLY, context_type_tables, question_only_results
     from juice.when_to_steer import SHORT, ContextsEvaluation, best_static_method, context_items, context_methods, summarize
 
@@ -298,7 +298,7 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
     test_methods = dict(static)
     test_settings = dict(settings)
     if auto:
-        test_methods[f"auto-{suffix}"] = auto_method(lm, artifact)
+        test_methods[f"auto-{suffix}"] = build("auto", MethodInputs(lm, artifact.selection, artifact.tuned)).method
         test_settings[f"auto-{suffix}"] = fit.policy.to_json()
     decode = {**test_methods, **extra}   # the candidates too, for the oracle
     advance = progress(f"test: {len(decode)} methods x {len(test_items)} items", len(decode) * len(test_items))
@@ -342,7 +342,8 @@ def auto_candidate(lm: LoadedModel, artifact: HeadsArtifact, candidate: str, bet
     from juice.auto import candidate_methods
 
     if candidate == "juice/2":
-        return Method(JuICE(lm, artifact.selection, *betas["juice/2"]))
+        bp, bm = betas["juice/2"]
+        return build("juice", MethodInputs(lm, artifact.selection, beta_plus=bp, beta_minus=bm)).method
     return candidate_methods(lm, artifact)[candidate]
 
 

@@ -17,7 +17,6 @@ EOS token, then before the first stop string.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -28,10 +27,12 @@ from juice.sampling import Sampling
 from juice.interventions import HeadSelection
 from juice.stage1 import HeadsArtifact, load_heads
 from juice.models import LoadedModel
-from juice.steering import ORIGINAL, JuICE, JuNE, Steering, UntunedBetasWarning, chosen_betas
+from juice.methods import MethodInputs, build, lookup, names
+from juice.steering import Steering
 from juice.tokens import PromptTooLongError, context_length, token_ids
 
-METHODS = ("juice", "june", "original", "auto")
+METHODS: tuple[str, ...] = names(steerer=True)
+"""The methods a Steerer runs (:data:`juice.methods.REGISTRY`'s with `steerer=True`)."""
 
 
 class Steerer:
@@ -58,30 +59,21 @@ class Steerer:
 
     def __init__(self, lm: LoadedModel, heads: HeadSelection | HeadsArtifact | str | Path | None = None, *,
                  method: str = "juice", beta_plus: float | None = None, beta_minus: float | None = None):
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
+        spec = lookup(method, names(steerer=True))
         if isinstance(heads, (str, Path)):
             heads = load_heads(heads, lm)
         tuned: dict = {}
         if isinstance(heads, HeadsArtifact):
             tuned = heads.tuned
             heads = heads.selection
-        if method != "original" and heads is None:
+        if spec.heads and heads is None:
             raise ValueError(f"method {method!r} needs heads (a HeadSelection, a heads file or its artifact)")
-        self.lm, self.heads, self.method = lm, heads, method
-        self.choice = None
-        if method == "auto":
-            from juice.auto import policy_of
-
-            if beta_plus is not None or beta_minus is not None:
-                raise ValueError("auto chooses its own strength: give no betas")
-            self.choice = policy_of(tuned).choice(lm, heads)
-            method = "original"   # the stream's own steering; its choice holds the candidates
-        self.beta_plus, self.beta_minus, warning = chosen_betas(method, tuned, beta_plus, beta_minus)
-        if warning and method != "original":
-            warnings.warn(warning, UntunedBetasWarning, stacklevel=2)
-        preset = {"juice": JuICE, "june": JuNE}.get(method)
-        self.steering: Steering = ORIGINAL if preset is None else preset(lm, heads, self.beta_plus, self.beta_minus)
+        built = build(spec.name, MethodInputs(lm, heads, tuned, beta_plus, beta_minus))
+        self.lm, self.heads, self.method = lm, heads, spec.name
+        self.steering: Steering = built.method.steering
+        self.choice = built.method.choice
+        self.beta_plus: float | None = built.settings.get("beta_plus")
+        self.beta_minus: float | None = built.settings.get("beta_minus")
 
     # ------------------------------------------------------------------ generation
 

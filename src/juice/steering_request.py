@@ -38,12 +38,13 @@ from torch import Tensor
 from juice.architectures import HeadGeometry
 from juice.data.records import Direction
 from juice.interventions import Head, HeadSelection, check_heads, head_coefficients
+from juice.methods import TUNED_STEERINGS, by_protocol, protocol_names
 from juice.steering import ORIGINAL, Steering, chosen_betas, steering_coefficients
 
 FIELDS: tuple[str, ...] = ("method", "direction", "beta_plus", "beta_minus", "heads", "question")
 """The keys of a request's `juice` object."""
 
-METHODS: tuple[str, ...] = ("original", "june", "juice", "prune", "auto")
+METHODS: tuple[str, ...] = protocol_names()
 """What a request may ask for."""
 
 MAX_ABS_BETA = 100.0
@@ -105,7 +106,7 @@ class ServedHeads:
     def tuned_method(self, direction: str) -> str | None:
         """The method the heads file of `direction` holds tuned betas for, JuICE first."""
         mine = self.tuned.get(direction, {})
-        return next((m for m in ("juice", "june") if isinstance(mine.get(m), Mapping)), None)
+        return next((m for m in TUNED_STEERINGS if isinstance(mine.get(m), Mapping)), None)
 
     def default_fields(self) -> dict[str, Any]:
         """The `juice` fields of a request that sends none (module docstring)."""
@@ -159,9 +160,10 @@ class SteeringAsk:
         """The :class:`juice.steering.Steering` juice's engine decodes: pruning is JuNE with
         beta = -1 at the pruned heads (:func:`juice.steering.Prune`); Original for auto (its
         stream's own steering: the candidates are in :meth:`choice`)."""
-        if self.method in ("original", "auto"):
+        engine = by_protocol(self.method).engine
+        if engine in (None, "original"):
             return ORIGINAL
-        return Steering("juice" if self.method == "juice" else "june", self.coefficients(geometry, served))
+        return Steering(engine, self.coefficients(geometry, served))
 
 
     def choice(self, geometry: HeadGeometry, served: ServedHeads):

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,13 +44,7 @@ from juice.eval.tables import AVERAGE, IntervalTable
 from juice.models import LoadedModel
 from juice.pipeline.run import Progress, no_progress
 from juice.stage1 import HeadsArtifact
-from juice.steering import ORIGINAL, JuICE, JuNE, Prune, UntunedBetasWarning, chosen_betas
-
-CONTEXT_METHODS = ("original", "prompt", "cad", "adacad", "ph3", "june", "juice", "auto")
-"""`--methods` values of the context-type evaluation."""
-
-SHORT = {"parametric": "mem", "contextual": "ctx"}
-"""A heads file's direction as a method-name suffix."""
+from juice.methods import SHORT, MethodInputs, build, check, lookup
 
 SUMMARIZED = ("use_relevant", "trust_memory", "use_relevant_not_degenerate")
 """The objectives whose mean over context types gets question-resampled paired intervals."""
@@ -197,8 +190,10 @@ def prompt_fits(tokenizer, max_tokens: int) -> Callable[[ContextItem], bool]:
 
 def context_methods(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], names: Sequence[str]
                     ) -> tuple[dict[str, Method], dict[str, Any]]:
-    """Table name -> :class:`~juice.eval.runner.Method` for `names` (module docstring), and the
-    settings each uses.
+    """Table title -> :class:`~juice.eval.runner.Method` for `names` (any of
+    :data:`juice.methods.REGISTRY`), and the settings each uses. A heads method runs once per
+    heads file, titled with the file's direction ("JuICE-ctx"); the Prompt baseline once per
+    instruction ("Prompt-mem", "Prompt-ctx"); auto from the file that holds its policy.
 
     Raises:
         ValueError: an unknown name; juice, june, ph3 or auto without a heads file; PH3 or auto
@@ -210,47 +205,28 @@ def context_methods(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], names: 
     methods: dict[str, Method] = {}
     settings: dict[str, Any] = {}
     for raw in names:
-        name = raw.strip().lower()
-        if name not in CONTEXT_METHODS:
-            raise ValueError(f"unknown method {raw!r}; choose from {', '.join(CONTEXT_METHODS)}")
-        if name == "original":
-            methods["Original"] = Method(ORIGINAL)
-        elif name == "prompt":
-            methods["Prompt-mem"] = Method(ORIGINAL, instructed=True, instruction="parametric")
-            methods["Prompt-ctx"] = Method(ORIGINAL, instructed=True, instruction="contextual")
-        elif name == "cad":
-            methods["CAD"], settings["CAD"] = Method(cad_alpha=1.0), {"alpha": 1.0}
-        elif name == "adacad":
-            methods["AdaCAD"], settings["AdaCAD"] = Method(adacad=True), {"alpha": "JSD (bits)"}
-        else:
-            if not artifacts:
-                raise ValueError(f"{name} needs a heads file (--heads)")
-            for artifact in artifacts:
-                suffix = SHORT[str(artifact.direction)]
-                if name == "auto":
-                    from juice.auto import auto_method, policy_of
-
-                    if "auto" not in artifact.tuned and any("auto" in a.tuned for a in artifacts):
-                        continue   # the other direction's file holds the policy
-                    methods[f"auto-{suffix}"] = auto_method(lm, artifact)
-                    settings[f"auto-{suffix}"] = policy_of(artifact.tuned).to_json()
-                    continue
-                if name == "ph3":
-                    tuned = artifact.tuned.get("ph3", {})
-                    if "pruned" not in tuned:
-                        raise ValueError(f"PH3 needs its k in the {artifact.direction} heads file: run "
-                                         "`juice tune --methods ph3` first")
-                    from juice.interventions import Head
-
-                    methods[f"PH3-{suffix}"] = Method(Prune(lm, [Head.parse(h) for h in tuned["pruned"]]))
-                    settings[f"PH3-{suffix}"] = {"k": tuned["k"], "pruned": tuned["pruned"]}
-                    continue
-                bp, bm, warning = chosen_betas(name, artifact.tuned)
-                if warning:
-                    warnings.warn(warning, UntunedBetasWarning, stacklevel=2)
-                title = f"{'JuICE' if name == 'juice' else 'JuNE'}-{suffix}"
-                methods[title] = Method((JuICE if name == "juice" else JuNE)(lm, artifact.selection, bp, bm))
-                settings[title] = {"beta_plus": bp, "beta_minus": bm, "source": "default" if warning else "tuned"}
+        spec = lookup(raw)
+        if spec.per_instruction:
+            for instruction, suffix in SHORT.items():
+                built = build(spec.name, MethodInputs(lm, instruction=instruction))
+                methods[f"{spec.title}-{suffix}"] = built.method
+            continue
+        if not spec.heads:
+            built = build(spec.name, MethodInputs(lm))
+            methods[spec.title] = built.method
+            if built.settings:
+                settings[spec.title] = built.settings
+            continue
+        if not artifacts:
+            raise ValueError(f"{spec.name} needs a heads file (--heads)")
+        for artifact in artifacts:
+            if spec.tuned == "policy" and spec.name not in artifact.tuned and any(
+                    spec.name in a.tuned for a in artifacts):
+                continue   # the other direction's file holds the policy
+            check(spec.name, artifact.tuned, has_heads=True, where=f" in the {artifact.direction} heads file")
+            title = f"{spec.title}-{SHORT[str(artifact.direction)]}"
+            built = build(spec.name, MethodInputs(lm, artifact.selection, artifact.tuned))
+            methods[title], settings[title] = built.method, built.settings
     return methods, settings
 
 
@@ -398,7 +374,7 @@ def evaluate_contexts(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], items
                       names: Sequence[str], *, data: Mapping[str, Any] | None = None, max_rows: int | str = 64,
                       resamples: int = 2000, seed: int = 0, progress: Progress = no_progress,
                       validation: Mapping[str, Any] | None = None) -> ContextsEvaluation:
-    """Evaluate `names` (:data:`CONTEXT_METHODS`) on context-type items (module docstring).
+    """Evaluate `names` (:data:`juice.methods.REGISTRY`) on context-type items (module docstring).
 
     Args:
         validation: a validation run's `contexts.json` (other questions: `split="validation"`):
@@ -429,4 +405,4 @@ def evaluate_contexts(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], items
                               summarize(results, titles, best, resamples=resamples, seed=seed), best)
 
 
-__all__ = ["CONTEXT_METHODS", "MEAN", "SUMMARIZED", "ContextsEvaluation", "best_static_method", "summarize", "context_items", "context_methods", "prompt_fits", "evaluate_contexts"]
+__all__ = ["MEAN", "SUMMARIZED", "ContextsEvaluation", "best_static_method", "summarize", "context_items", "context_methods", "prompt_fits", "evaluate_contexts"]

@@ -33,7 +33,6 @@ Choices where the paper has no rule for arbitrary data (also in the README):
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,13 +56,12 @@ from juice.eval.tables import AVERAGE, IntervalTable, interval_table
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, GridSetting
 from juice.stage1 import HeadsArtifact, ScoringPrompt, make_artifact
 from juice.models import LoadedModel
-from juice.pipeline.run import METHOD_NAMES as STEERING_NAMES
+from juice.methods import REGISTRY, MethodInputs, build, check, lookup, names as method_names
 from juice.pipeline.run import Progress, no_progress
-from juice.steering import ORIGINAL, JuICE, JuNE, Prune, UntunedBetasWarning, chosen_betas
+from juice.steering import ORIGINAL
 from juice.tokens import answer_first_token
 from juice.userdata import ConflictRow, file_digest, load_rows
 
-METHOD_NAMES = {**STEERING_NAMES, "prompt": "Prompt", "cad": "CAD", "adacad": "AdaCAD", "ph3": "PH3"}
 """`--methods` values and the names they get in tables."""
 
 
@@ -276,17 +274,18 @@ def tune(
     check_tune_methods(methods)
     direction = artifact.direction
     rows, where = _rows(data, direction, limit)
-    presets = {"juice": JuICE, "june": JuNE}
-    settings = [GridSetting(m, float(bp), float(bm)) for m in methods if m in presets
+    settings = [GridSetting(m, float(bp), float(bm)) for m in methods if REGISTRY[m].tuned == "betas"
                 for bp in beta_plus_grid for bm in beta_minus_grid]
-    steerings: dict[str, Any] = {s.label: presets[s.method](lm, artifact.selection, s.beta_plus, s.beta_minus)
-                                 for s in settings}
+    steerings: dict[str, Any] = {
+        s.label: build(s.method, MethodInputs(lm, artifact.selection, beta_plus=s.beta_plus,
+                                              beta_minus=s.beta_minus)).method.steering for s in settings}
     ph3_order: tuple = ()
     if "ph3" in methods:
         scores = ph3_knockout_scores(lm, rows, direction, max_rows=max_rows, progress=progress)
         for k in ks:
             settings.append(GridSetting("ph3", k=k))
-            steerings[settings[-1].label] = Prune(lm, heads_to_prune(scores, direction, k))
+            steerings[settings[-1].label] = build("ph3", MethodInputs(
+                lm, pruned=heads_to_prune(scores, direction, k))).method.steering
         ph3_order = heads_to_prune(scores, direction, max(ks))
     steerings[ORIGINAL_LABEL] = ORIGINAL   # the degeneration guard's reference (decoded once with JuICE (0, 0))
     advance = progress(f"tuning: {len(steerings)} settings x {len(rows)} rows", len(steerings) * len(rows))
@@ -329,32 +328,30 @@ def tune(
 
 
 def check_tune_methods(methods: Sequence[str]) -> None:
-    """Raise ValueError unless `methods` is a non-empty choice of "juice", "june", "ph3" (`juice tune`
-    also takes "auto", :func:`juice.auto.tune_auto`, which this function does not)."""
-    unknown = [m for m in methods if m not in ("juice", "june", "ph3")]
+    """Raise ValueError unless `methods` is a non-empty choice among the methods `juice tune`
+    chooses settings for here (:func:`juice.methods.names` with `tune=True`: juice, june, ph3;
+    `juice tune` also takes "auto", :func:`juice.auto.tune_auto`, which this function does not)."""
+    tunable = method_names(tune=True)
+    unknown = [m for m in methods if m not in tunable]
     if unknown or not methods:
-        raise ValueError(f"tune chooses settings for juice, june, ph3 (and auto), not {', '.join(unknown) or 'nothing'}")
+        raise ValueError(f"tune chooses settings for {', '.join(tunable)} (and auto), not {', '.join(unknown) or 'nothing'}")
 
 
 def check_methods(names: Sequence[str], artifact: HeadsArtifact | None) -> None:
     """What :func:`evaluation_methods` refuses, checked without a model (so the CLI refuses bad
-    input before loading one).
+    input before loading one; :func:`juice.methods.check`).
 
     Raises:
-        ValueError: no names, an unknown name, steering or PH3 without a heads file, PH3 untuned.
+        ValueError: no names, an unknown name, auto (contexts only), steering or PH3 without a
+            heads file, PH3 untuned.
     """
     if not names:
         raise ValueError("no methods to evaluate")
     for raw in names:
-        name = raw.strip().lower()
-        if name == "auto":
-            raise ValueError("auto is evaluated with --contexts (it needs each item's question without its context)")
-        if name not in METHOD_NAMES:
-            raise ValueError(f"unknown method {raw!r}; choose from {', '.join(METHOD_NAMES)}")
-        if name in ("juice", "june", "ph3") and artifact is None:
-            raise ValueError(f"{name} needs a heads file")
-        if name == "ph3" and "pruned" not in artifact.tuned.get("ph3", {}):
-            raise ValueError("PH3 needs its k: run `juice tune --methods ph3` on validation data first")
+        if not lookup(raw).rows:
+            raise ValueError(f"{lookup(raw).name} is evaluated with --contexts (it needs each item's question "
+                             "without its context)")
+        check(raw, artifact.tuned if artifact else None, has_heads=artifact is not None)
 
 
 def _finite(x: float) -> float:
@@ -424,8 +421,9 @@ class RowsEvaluation:
 
 def evaluation_methods(lm: LoadedModel, artifact: HeadsArtifact | None, names: Sequence[str], *,
                        beta_plus: float | None = None, beta_minus: float | None = None) -> tuple[dict[str, Method], dict]:
-    """Table name -> :class:`Method` for `--methods` names, and the settings each uses (the heads
-    file's tuned betas / PH3 k unless betas are given; 2 and 0 for an untuned file).
+    """Table title -> :class:`Method` for `--methods` names (:data:`juice.methods.REGISTRY`), and
+    the settings each uses (the heads file's tuned betas / PH3 k unless betas are given; the
+    defaults for an untuned file, with an :class:`~juice.steering.UntunedBetasWarning`).
 
     Raises:
         ValueError: an unknown name; steering or PH3 without a heads file; PH3 not tuned.
@@ -433,34 +431,14 @@ def evaluation_methods(lm: LoadedModel, artifact: HeadsArtifact | None, names: S
     check_methods(names, artifact)
     methods: dict[str, Method] = {}
     settings: dict[str, Any] = {}
+    inputs = MethodInputs(lm, artifact.selection if artifact else None, artifact.tuned if artifact else {},
+                          beta_plus, beta_minus)
     for raw in names:
-        name = raw.strip().lower()
-        title = METHOD_NAMES[name]
-        if name == "original":
-            methods[title] = Method(ORIGINAL)
-        elif name == "prompt":
-            methods[title] = Method(ORIGINAL, instructed=True)
-        elif name == "cad":
-            methods[title] = Method(cad_alpha=1.0)
-            settings[title] = {"alpha": 1.0}
-        elif name == "adacad":
-            methods[title] = Method(adacad=True)
-            settings[title] = {"alpha": "JSD (bits)"}
-        else:
-            tuned = artifact.tuned.get(name, {})
-            if name == "ph3":
-                from juice.interventions import Head
-
-                methods[title] = Method(Prune(lm, [Head.parse(h) for h in tuned["pruned"]]))
-                settings[title] = {"k": tuned["k"], "pruned": tuned["pruned"]}
-                continue
-            bp, bm, warning = chosen_betas(name, artifact.tuned, beta_plus, beta_minus)
-            if warning:
-                warnings.warn(warning, UntunedBetasWarning, stacklevel=2)
-            methods[title] = Method((JuICE if name == "juice" else JuNE)(lm, artifact.selection, bp, bm))
-            settings[title] = {"beta_plus": bp, "beta_minus": bm,
-                               "source": "given" if beta_plus is not None or beta_minus is not None
-                               else ("tuned" if tuned else "default")}
+        spec = lookup(raw)
+        built = build(spec.name, inputs)
+        methods[spec.title] = built.method
+        if built.settings:
+            settings[spec.title] = built.settings
     return methods, settings
 
 
@@ -470,7 +448,7 @@ def evaluate_file(
     beta_plus: float | None = None, beta_minus: float | None = None, limit: int | None = None,
     max_rows: int | str = 64, resamples: int = 2000, seed: int = 0, progress: Progress = no_progress,
 ) -> RowsEvaluation:
-    """Evaluate `methods` (names of :data:`METHOD_NAMES`) on every row of `data`, with 95%
+    """Evaluate `methods` (names in :data:`juice.methods.REGISTRY`) on every row of `data`, with 95%
     bootstrap intervals per label, the mean over labels, and paired differences (JuICE vs every
     method, every method vs Original) (:func:`juice.eval.tables.interval_table`). `limit`: the first
     rows only.
@@ -490,5 +468,5 @@ def evaluate_file(
     return RowsEvaluation(results, table, names, settings, {**where, "direction": direction}, degeneration, usable)
 
 
-__all__ = ["METHOD_NAMES", "RowsEvaluation", "TunedSetting", "check_methods", "check_tune_methods", "evaluate_file", "evaluate_rows", "evaluation_methods",
+__all__ = ["RowsEvaluation", "TunedSetting", "check_methods", "check_tune_methods", "evaluate_file", "evaluate_rows", "evaluation_methods",
            "identify", "instructed_prompt", "parse_direction", "ph3_knockout_scores", "tune"]

@@ -525,8 +525,9 @@ def generate(
     prompt: str = typer.Argument(..., help="the prompt to continue"),
     heads: Path = typer.Option(..., exists=True, dir_okay=False,
                                help="a heads file from `juice identify` or `juice reproduce`"),
-    beta_plus: float = typer.Option(2.0),
-    beta_minus: float = typer.Option(-1.0),
+    beta_plus: Optional[float] = typer.Option(None, help="default: the heads file's tuned betas for each method, "
+                                              "else juice.steering.DEFAULT_BETAS (with a warning)"),
+    beta_minus: Optional[float] = typer.Option(None),
     model: str = typer.Option(DEFAULT_MODEL),
     max_new_tokens: int = typer.Option(10),
 ):
@@ -536,19 +537,19 @@ def generate(
     """
     from juice.engine import Stream
     from juice.engine import generate as run
+    from juice.methods import REGISTRY, MethodInputs, build
     from juice.stage1 import load_heads
     from juice.models import load_model
-    from juice.steering import Steering, steering_coefficients
 
     load_heads(heads)   # a malformed file fails before the model loads
     lm = load_model(model)
     artifact = load_heads(heads, lm)
-    coeff = {m: steering_coefficients(lm.heads.geometry, artifact.selection, beta_plus, beta_minus, m)
-             for m in ("june", "juice")}
-    streams = [Stream(0), Stream(0, Steering("june", coeff["june"])), Stream(0, Steering("juice", coeff["juice"]))]
+    inputs = MethodInputs(lm, artifact.selection, artifact.tuned, beta_plus, beta_minus)
+    shown = ("original", "june", "juice")
+    streams = [Stream(0, build(name, inputs).method.steering) for name in shown]
     gen = run(lm, [prompt], streams, max_new_tokens)
-    for name, text in zip(("original", "JuNE", "JuICE"), gen.texts):
-        console.print(f"[bold]{name:>8}[/bold]: {prompt}[cyan]{text}[/cyan]")
+    for name, text in zip(shown, gen.texts):
+        console.print(f"[bold]{REGISTRY[name].title:>8}[/bold]: {prompt}[cyan]{text}[/cyan]")
 
 
 @app.command()

@@ -81,13 +81,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from juice.architectures import HeadGeometry
 from juice.budget import resolve_max_rows
 from juice.data.records import ConflictExample, ContextualExample, Direction
 from juice.interventions import Head, check_heads, projection_input_hooks
 from juice.io import UnitCheckpoint
 from juice.models import LoadedModel
-from juice.steering import Prune, Steering
 from juice.sweeps import grow_batch, intervention_readout
 from juice.tokens import answer_first_token, encode
 
@@ -383,8 +381,3 @@ def heads_to_prune(scores: Ph3Scores, direction: str, k: int) -> tuple[Head, ...
         raise ValueError(f"k must be >= 0, got {k}")
     return scores.ranked("context" if direction == "parametric" else "memory")[:k]
 
-
-def pruning(geometry: HeadGeometry, heads: Sequence[Head]) -> Steering:
-    """Zero-ablation of `heads` at every position: a single-run scaling with alpha = -1
-    (`H <- H - H = 0`); :func:`juice.steering.Prune`."""
-    return Prune(geometry, heads)

@@ -62,7 +62,7 @@ class Method:
             does not say: "parametric" or "contextual" (the context-type evaluation,
             :mod:`juice.eval.contexts`); None: the evaluation's direction.
         choice: decode with a per-request choice among steerings instead (juice's `auto`,
-            :func:`juice.auto.auto_method`): an :class:`~juice.engine.Choice` whose `question`
+            :data:`juice.methods.REGISTRY`'s `auto`): an :class:`~juice.engine.Choice` whose `question`
             is ignored (each request's own question is used).
 
     Raises:

@@ -19,14 +19,14 @@ clean prefill.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from juice.baselines.ph3 import PRUNE_K, Ph3Scores, heads_to_prune, pruning
+from juice.baselines.ph3 import PRUNE_K, Ph3Scores, heads_to_prune
 from juice.data.records import CONFLICT_TYPES, ConflictExample, ContextualExample, Direction
 from juice.eval.runner import ItemResult, evaluate, evaluate_contextual
 from juice.interventions import HeadSelection
 from juice.models import LoadedModel
-from juice.steering import Steering, steering_coefficients
+from juice.methods import MethodInputs, build
 
 BETA_PLUS_GRID: tuple[float, ...] = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0)
 BETA_MINUS_GRID: tuple[float, ...] = (0.0, -1.0, -2.0, -3.0)
@@ -193,13 +193,15 @@ def tune_per_domain(
         raise ValueError("a degeneration margin needs a margin >= 0 and (0, 0) in the beta grids (Original)")
     ph3 = dict(ph3 or {})
     settings = [GridSetting(m, bp, bm) for m in methods for bp in beta_plus_grid for bm in beta_minus_grid]
-    steerings = {s.label: Steering(s.method, steering_coefficients(lm.heads.geometry, selection, s.beta_plus,
-                                                                   s.beta_minus, s.method), site) for s in settings}
+    steerings = {s.label: replace(build(s.method, MethodInputs(lm, selection, beta_plus=s.beta_plus,
+                                                               beta_minus=s.beta_minus)).method.steering, site=site)
+                 for s in settings}
     for name, scores in ph3.items():
         for k in ks:
             setting = GridSetting(name, k=k)
             settings.append(setting)
-            steerings[setting.label] = pruning(lm.heads.geometry, heads_to_prune(scores, direction, k))
+            steerings[setting.label] = build("ph3", MethodInputs(
+                lm, pruned=heads_to_prune(scores, direction, k))).method.steering
     items = [ex for exs in validation.values() for ex in exs]
     results = _run(lm, items, steerings, direction, conflict_types, max_rows, on_progress) if items else []
     out = {}

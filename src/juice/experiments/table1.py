@@ -42,10 +42,10 @@ from juice.eval.report import degeneration_markdown, difference_markdown, interv
 from juice.eval.runner import evaluate, results_to_json, summary
 from juice.eval.tables import interval_table
 from juice.io import settings_key, write_json_atomic
+from juice.methods import REGISTRY
 from juice.models import LoadedModel
 from juice.pipeline.domains import HEAD_DOMAIN, domain_sources, prepare_domains
 from juice.pipeline.run import (
-    METHOD_NAMES,
     SCORING_LABELS,
     Progress,
     ReproduceConfig,
@@ -174,7 +174,7 @@ def write_outputs(result: ReproduceResult, results, out: Path) -> None:
     avg_cols = [c for c in cols if c[0] == "Average"]
     avg_headers = [h for c, h in zip(cols, headers) if c[0] == "Average"]
     betas = "; ".join(f"{result.titles.get(d, d)}: " + ", ".join(
-        f"{METHOD_NAMES[m]} ({b['beta_plus']:g}, {b['beta_minus']:g})" for m, b in c["betas"].items())
+        f"{REGISTRY[m].title} ({b['beta_plus']:g}, {b['beta_minus']:g})" for m, b in c["betas"].items())
         + "".join(f", {n} k={p['k']}" for n, p in c["prune"].items()) for d, c in result.choices.items())
     text = [f"# Table 1 layout: {result.model['name']}\n",
             f"Heads: {scoring_title(result.config)} on {result.titles.get(result.head_domain, result.head_domain)}'s D; + {', '.join(map(str, result.selection.positive))}; "

@@ -24,8 +24,6 @@ from juice.io import StageFiles
 from juice.models import DEFAULT_MODEL, LoadedModel, load_model
 from juice.stage1 import ALPHAS_NEGATIVE, ALPHAS_POSITIVE
 
-METHOD_NAMES = {"original": "Original", "june": "JuNE", "juice": "JuICE"}
-"""Steering method -> its name in the tables."""
 TABLE1_METHODS = ("Original", "Prompt", "PH3-l", "PH3-s", "JuNE", "JuICE")
 """The rows of Table 1, in order."""
 SCORING_LABELS = {

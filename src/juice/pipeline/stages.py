@@ -21,7 +21,6 @@ from juice.baselines.ph3 import (
     logit_difference_effects,
     path_patching_effects,
     ph3_patching_prompts,
-    pruning,
 )
 from juice.data.records import CONFLICT_TYPES, ConflictExample
 from juice.eval.runner import ItemResult, Method, results_from_json, results_to_json
@@ -29,7 +28,8 @@ from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
 from juice.interventions import Head, HeadSelection
 from juice.io import StageFiles, UnitCheckpoint, settings_key
 from juice.models import LoadedModel
-from juice.pipeline.run import METHOD_NAMES, SCORING_LABELS, Progress, ReproduceConfig, StageRun, no_progress
+from juice.methods import REGISTRY, MethodInputs, build
+from juice.pipeline.run import SCORING_LABELS, Progress, ReproduceConfig, StageRun, no_progress
 from juice.stage1 import (
     HeadsArtifact,
     attribution_scores,
@@ -39,7 +39,6 @@ from juice.stage1 import (
     scoring_prompts,
     select_heads,
 )
-from juice.steering import Steering, steering_coefficients
 from juice.tokens import answer_first_token
 
 
@@ -271,16 +270,17 @@ def domain_methods(lm: LoadedModel, selection: HeadSelection, choice: dict[str, 
     """The table's rows for one domain: Original, Prompt, the PH3 rows with the domain's k, and
     JuNE and JuICE with the domain's betas."""
     g = lm.heads.geometry
-    methods: dict[str, Method] = {"Original": Method()}
+    methods: dict[str, Method] = {REGISTRY["original"].title: build("original", MethodInputs(g)).method}
     if baselines and instructed:
-        methods["Prompt"] = Method(instructed=True)
+        methods[REGISTRY["prompt"].title] = build("prompt", MethodInputs(g)).method
     for name in ph3_rows:
         if name in choice["prune"]:
-            methods[name] = Method(pruning(g, [Head.parse(h) for h in choice["prune"][name]["pruned"]]))
+            pruned = [Head.parse(h) for h in choice["prune"][name]["pruned"]]
+            methods[name] = build("ph3", MethodInputs(g, pruned=pruned)).method
     for m in ("june", "juice"):
         b = choice["betas"][m]
-        methods[METHOD_NAMES[m]] = Method(Steering(m, steering_coefficients(g, selection, b["beta_plus"],
-                                                                            b["beta_minus"], m)))
+        methods[REGISTRY[m].title] = build(m, MethodInputs(g, selection, beta_plus=b["beta_plus"],
+                                                           beta_minus=b["beta_minus"])).method
     return methods
 
 

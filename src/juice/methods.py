@@ -1,0 +1,275 @@
+"""Every method juice runs, in one table: its name, aliases, table title, what it needs and how
+it becomes the recipe a table row is decoded with (:class:`juice.eval.runner.Method`).
+
+The Steerer (:class:`juice.Steerer`), `juice evaluate` (rows and `--contexts`), `juice tune`,
+`juice reproduce`'s tables, the context-type study and both servers' request protocol
+(:mod:`juice.steering_request`) read their vocabularies and build their methods here. Adding a
+method is one :class:`MethodSpec` in :data:`REGISTRY` plus its implementation (a steering preset
+in :mod:`juice.steering`, a baseline in :mod:`juice.baselines`, a choice in :mod:`juice.auto`).
+
+| name | title | paper / source | needs |
+|---|---|---|---|
+| `original` | Original | the unmodified model | nothing |
+| `prompt` | Prompt | App. D.1 (an instruction before the prompt) | nothing |
+| `cad` | CAD | Shi et al. 2024, alpha = 1 | a passage (contextual) |
+| `adacad` | AdaCAD | Wang et al. 2025, alpha = JSD in bits | a passage (contextual) |
+| `ph3` (`prune`) | PH3 | Jin et al. 2024: zero k heads | heads file with PH3's tuned k, or explicit heads |
+| `june` | JuNE | Alg. 4 (one run) | heads file; betas (tuned, given, else :data:`~juice.steering.DEFAULT_BETAS`) |
+| `juice` | JuICE | Alg. 1 (dual run) | heads file; betas (as JuNE) |
+| `auto` | auto | juice's per-request choice (:mod:`juice.auto`) | heads file with a tuned policy; each request's question |
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from juice.architectures import HeadGeometry
+from juice.interventions import Head, HeadSelection
+from juice.models import LoadedModel
+from juice.steering import ORIGINAL, JuICE, JuNE, Prune, UntunedBetasWarning, chosen_betas
+
+if TYPE_CHECKING:
+    from juice.eval.runner import Method
+
+SHORT = {"parametric": "mem", "contextual": "ctx"}
+"""A direction's suffix on a heads method's title where both directions are evaluated ("JuICE-ctx")."""
+
+
+@dataclass(frozen=True)
+class MethodInputs:
+    """What a method is built from.
+
+    Attributes:
+        model: the loaded model (or, for head steerings only, its head geometry).
+        selection: the heads file's heads, or None (no heads file).
+        tuned: the heads file's `tuned` settings (:attr:`juice.stage1.HeadsArtifact.tuned`).
+        beta_plus, beta_minus: betas the caller gives (None: the tuned ones, else the defaults).
+        pruned: PH3's heads to zero, given (per domain, or a request's `heads`); None: the
+            heads file's tuned list.
+        instruction: the Prompt baseline's instruction where the evaluation does not say it
+            ("parametric" | "contextual", :class:`juice.eval.runner.Method`).
+    """
+
+    model: LoadedModel | HeadGeometry | None = None
+    selection: HeadSelection | None = None
+    tuned: Mapping[str, Any] = field(default_factory=dict)
+    beta_plus: float | None = None
+    beta_minus: float | None = None
+    pruned: Sequence[Head] | None = None
+    instruction: str | None = None
+
+    @property
+    def geometry(self) -> HeadGeometry:
+        return self.model if isinstance(self.model, HeadGeometry) else self.model.heads.geometry
+
+
+@dataclass(frozen=True)
+class Built:
+    """A method ready to run: the recipe, the settings it ran with (for reports), and the
+    one-line warning to show (untuned betas), or None."""
+
+    method: "Method"
+    settings: dict[str, Any] = field(default_factory=dict)
+    warning: str | None = None
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One method in :data:`REGISTRY`.
+
+    Attributes:
+        name: its name everywhere (CLI `--methods`, `juice.Steerer(method=...)`, files).
+        title: its row in tables.
+        build: :class:`MethodInputs` -> :class:`Built`.
+        aliases: other names accepted for it (any case).
+        protocol: its name in the request protocol (:mod:`juice.steering_request`), or None
+            where a request cannot ask for it.
+        heads: it steers heads, so it needs a heads file (or, for PH3, explicit heads).
+        tuned: what a heads file must hold for it: None, "betas" (optional: defaults with a
+            warning), "k" (PH3's, required) or "policy" (auto's, required).
+        tune: `juice tune` chooses its settings.
+        rows: `juice evaluate` runs it on your rows (auto needs each row's question: contexts only).
+        steerer: :class:`juice.Steerer` runs it.
+        engine: the :class:`juice.steering.Steering` method its run uses ("original", "june",
+            "juice"), None where it is not a head steering (Prompt, CAD, AdaCAD: Original's
+            steering with their own decoding; auto: Original's, its choice holds the candidates).
+        per_instruction: the context-type evaluation runs it once per instruction
+            ("-mem" and "-ctx" rows; the Prompt baseline).
+        summary: one line for help texts.
+    """
+
+    name: str
+    title: str
+    build: Callable[[MethodInputs], Built]
+    aliases: tuple[str, ...] = ()
+    protocol: str | None = None
+    heads: bool = False
+    tuned: str | None = None
+    tune: bool = False
+    rows: bool = True
+    steerer: bool = False
+    engine: str | None = None
+    per_instruction: bool = False
+    summary: str = ""
+
+
+def _method(*args, **kwargs) -> "Method":
+    # imported here: the request protocol (and so the vLLM plugin) reads the table without the
+    # evaluation runner
+    from juice.eval.runner import Method
+
+    return Method(*args, **kwargs)
+
+
+def _original(x: MethodInputs) -> Built:
+    return Built(_method(ORIGINAL))
+
+
+def _prompt(x: MethodInputs) -> Built:
+    return Built(_method(ORIGINAL, instructed=True, instruction=x.instruction))
+
+
+def _cad(x: MethodInputs) -> Built:
+    return Built(_method(cad_alpha=1.0), {"alpha": 1.0})
+
+
+def _adacad(x: MethodInputs) -> Built:
+    return Built(_method(adacad=True), {"alpha": "JSD (bits)"})
+
+
+def _ph3(x: MethodInputs) -> Built:
+    if x.pruned is not None:
+        heads = list(x.pruned)
+        return Built(_method(Prune(x.geometry, heads)), {"k": len(heads), "pruned": [str(h) for h in heads]})
+    tuned = x.tuned.get("ph3", {})
+    if "pruned" not in tuned:
+        raise ValueError("PH3 needs its k: run `juice tune --methods ph3` on validation data first")
+    heads = [Head.parse(h) for h in tuned["pruned"]]
+    return Built(_method(Prune(x.geometry, heads)), {"k": tuned["k"], "pruned": list(tuned["pruned"])})
+
+
+def _steering(name: str, preset: Callable) -> Callable[[MethodInputs], Built]:
+    def build(x: MethodInputs) -> Built:
+        if x.selection is None:
+            raise ValueError(f"{name} needs a heads file")
+        bp, bm, warning = chosen_betas(name, dict(x.tuned), x.beta_plus, x.beta_minus)
+        source = ("given" if x.beta_plus is not None or x.beta_minus is not None
+                  else "default" if warning else "tuned")
+        return Built(_method(preset(x.model, x.selection, bp, bm)),
+                     {"beta_plus": bp, "beta_minus": bm, "source": source}, warning)
+    return build
+
+
+def _auto(x: MethodInputs) -> Built:
+    from juice.auto import policy_of
+
+    if x.beta_plus is not None or x.beta_minus is not None:
+        raise ValueError("auto chooses its own strength: give no betas")
+    policy = policy_of(x.tuned)
+    return Built(_method(choice=policy.choice(x.model, x.selection)), policy.to_json())
+
+
+REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
+    MethodSpec("original", "Original", _original, protocol="original", steerer=True, engine="original",
+               summary="the unmodified model"),
+    MethodSpec("prompt", "Prompt", _prompt, per_instruction=True,
+               summary="an instruction to follow the context or memory before the prompt (App. D.1)"),
+    MethodSpec("cad", "CAD", _cad, summary="context-aware decoding, alpha 1 (Shi et al. 2024)"),
+    MethodSpec("adacad", "AdaCAD", _adacad, summary="CAD with alpha = the branches' JSD in bits (Wang et al. 2025)"),
+    MethodSpec("ph3", "PH3", _ph3, aliases=("prune",), protocol="prune", heads=True, tuned="k", tune=True,
+               engine="june", summary="zero k heads, k tuned on validation (Jin et al. 2024)"),
+    MethodSpec("june", "JuNE", _steering("june", JuNE), protocol="june", heads=True, tuned="betas", tune=True,
+               steerer=True, engine="june", summary="scale the heads' live outputs, one run (Alg. 4)"),
+    MethodSpec("juice", "JuICE", _steering("juice", JuICE), protocol="juice", heads=True, tuned="betas",
+               tune=True, steerer=True, engine="juice",
+               summary="add the clean run's head outputs, two runs (Alg. 1)"),
+    MethodSpec("auto", "auto", _auto, protocol="auto", heads=True, tuned="policy", rows=False, steerer=True,
+               summary="per request, Original, the question alone or a steering (juice.auto)"),
+)}
+"""name -> spec, in table order."""
+
+TUNED_STEERINGS: tuple[str, ...] = tuple(reversed([n for n, s in REGISTRY.items() if s.tuned == "betas"]))
+"""The methods whose betas a heads file holds (`tuned[name] = {"beta_plus", "beta_minus", ...}`),
+in the order a server's default prefers them (JuICE first)."""
+
+
+def names(**where: bool) -> tuple[str, ...]:
+    """The registry's names whose spec has every given flag, e.g. `names(steerer=True)`."""
+    return tuple(n for n, s in REGISTRY.items() if all(bool(getattr(s, k)) == v for k, v in where.items()))
+
+
+def protocol_names() -> tuple[str, ...]:
+    """The request protocol's method names (:mod:`juice.steering_request`), in its order."""
+    order = ("original", "june", "juice", "ph3", "auto")
+    return tuple(REGISTRY[n].protocol for n in order if REGISTRY[n].protocol)
+
+
+def lookup(name: str, choices: Sequence[str] | None = None) -> MethodSpec:
+    """The spec named `name` (any case, aliases included).
+
+    Args:
+        choices: the names allowed here (default: all).
+
+    Raises:
+        ValueError: an unknown name (the message lists `choices`).
+    """
+    key = str(name).strip().lower()
+    allowed = tuple(choices) if choices is not None else tuple(REGISTRY)
+    for spec in REGISTRY.values():
+        if spec.name in allowed and (key == spec.name or key in spec.aliases):
+            return spec
+    raise ValueError(f"unknown method {name!r}; choose from {', '.join(allowed)}")
+
+
+def by_protocol(name: str) -> MethodSpec:
+    """The spec a request's `method` names (:func:`protocol_names`).
+
+    Raises:
+        KeyError: no method has that protocol name.
+    """
+    return next(s for s in REGISTRY.values() if s.protocol == name)
+
+
+def check(name: str, tuned: Mapping[str, Any] | None, *, has_heads: bool, where: str = "") -> MethodSpec:
+    """What building `name` would refuse, checked without a model (so a command refuses bad input
+    before loading one).
+
+    Args:
+        tuned: the heads file's `tuned` settings, None without a file.
+        where: the heads file named in messages (e.g. "in the contextual heads file").
+
+    Raises:
+        ValueError: an unknown name; a heads method without heads; PH3 without its tuned k; auto
+            without a tuned policy.
+    """
+    spec = lookup(name)
+    if spec.heads and not has_heads:
+        raise ValueError(f"{spec.name} needs a heads file")
+    mine = (tuned or {}).get(spec.name, {})
+    if spec.tuned == "k" and "pruned" not in mine:
+        raise ValueError(f"PH3 needs its k{where}: run `juice tune --methods ph3` on validation data first")
+    if spec.tuned == "policy" and not mine:
+        raise ValueError(f"auto needs a policy tuned on validation items{where}: run `juice tune --methods auto` "
+                         "with validation data (NQ-Swap, ParaConflict) first")
+    return spec
+
+
+def build(name: str, inputs: MethodInputs, *, warn: bool = True) -> Built:
+    """Method `name` built from `inputs`; with `warn`, an untuned-betas warning is also raised as
+    an :class:`~juice.steering.UntunedBetasWarning`.
+
+    Raises:
+        ValueError: an unknown name, or what the method's build refuses (see :func:`check`).
+        IndexError: a head outside the model.
+    """
+    built = lookup(name).build(inputs)
+    if warn and built.warning:
+        warnings.warn(built.warning, UntunedBetasWarning, stacklevel=3)
+    return built
+
+
+__all__ = ["Built", "MethodInputs", "MethodSpec", "REGISTRY", "SHORT", "TUNED_STEERINGS", "build", "by_protocol",
+           "check", "lookup", "names", "protocol_names"]
