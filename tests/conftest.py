@@ -103,7 +103,7 @@ def tiny_device() -> torch.device:
 
 UNIT_MODULES = {"test_cli", "test_compare", "test_completion_text", "test_context_types", "test_contextual_data", "test_data",
                 "test_docs", "test_doctests", "test_harness_tasks", "test_install", "test_layout", "test_plots", "test_progress", "test_properties", "test_report",
-                "test_stats", "test_steering_request", "test_tables", "test_vllm_constraints"}
+                "test_stats", "test_steering_request", "test_tables", "test_tuned", "test_vllm_constraints"}
 """Test modules that load no model (a test among them that does is marked `integration`)."""
 
 

@@ -60,6 +60,7 @@ from juice.engine import QUESTION_ALONE, Choice, Contrast
 from juice.eval.degeneration import DEGENERATION_MARGIN
 from juice.models import LoadedModel
 from juice.steering import ORIGINAL, JuICE, JuNE, chosen_betas
+from juice.tuned import TunedSettings
 
 SIGNAL = "jsd_bits"
 """The policy's signal: first-step JSD (bits) between the with-context and question-only distributions."""
@@ -242,27 +243,28 @@ class AutoPolicy:
             raise ValueError(f"auto: malformed policy in the heads file ({err!r})") from None
 
 
-def candidate_betas(tuned: Mapping[str, Any] | None) -> dict[str, tuple[float, float]]:
+def candidate_betas(tuned: TunedSettings | Mapping[str, Any] | None) -> dict[str, tuple[float, float]]:
     """Candidate name -> (beta+, beta-): "juice" and "juice/2" from the file's tuned JuICE betas
     (:func:`juice.steering.chosen_betas`, defaults where untuned), "june" where JuNE is tuned."""
-    bp, bm, _ = chosen_betas("juice", dict(tuned or {}))
+    tuned = TunedSettings.of(tuned)
+    bp, bm, _ = chosen_betas("juice", tuned)
     out = {"juice": (bp, bm), "juice/2": (bp / 2, bm / 2)}
-    if "june" in (tuned or {}):
-        jp, jm, _ = chosen_betas("june", dict(tuned))
-        out["june"] = (jp, jm)
+    if (june := tuned.betas("june")) is not None:
+        out["june"] = (june.beta_plus, june.beta_minus)
     return out
 
 
-def policy_of(tuned: Mapping[str, Any] | None) -> AutoPolicy:
-    """The heads file's tuned policy (`tuned["auto"]`).
+def policy_of(tuned: TunedSettings | Mapping[str, Any] | None) -> AutoPolicy:
+    """The heads file's tuned policy (:attr:`juice.tuned.TunedSettings.auto`).
 
     Raises:
         ValueError: the file holds none (run `juice tune --methods auto`), or a malformed one.
     """
-    if not tuned or "auto" not in tuned:
+    policy = TunedSettings.of(tuned).auto
+    if policy is None:
         raise ValueError("auto needs a policy tuned on validation items: run `juice tune --methods auto` "
                          "with validation data (NQ-Swap, ParaConflict) first")
-    return AutoPolicy.from_json(tuned["auto"])
+    return AutoPolicy.from_json(policy)
 
 
 def has_passage(lm: LoadedModel, prompts: Sequence[str], questions: Sequence[str]) -> list[bool]:
@@ -562,8 +564,8 @@ def tune_auto(lm: LoadedModel, artifact, items: ContextItems | Sequence[ContextI
     if len(alone) == len(items):   # every question has its none item: the question-alone candidate
         results, titles = [*results, *alone], {**titles, "question": "question"}
     fit = fit_from_results(lm, items, results, titles, candidate_betas(artifact.tuned))
-    artifact.tuned = {**artifact.tuned, "auto": {**fit.policy.to_json(), "validation": fit.to_json(),
-                                                 "data": dict(where or {})}}
+    artifact.tuned = artifact.tuned.with_record("auto", {**fit.policy.to_json(), "validation": fit.to_json(),
+                                                         "data": dict(where or {})})
     return fit
 
 

@@ -270,8 +270,8 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
         signal, rel, passage = request_features(lm, val_items)
         types, sources = [i.context_type for i in val_items], [i.source for i in val_items]
         fit = fit_policy(verdicts, signal, types, sources, betas, passage, degenerate, relevance=rel)
-        artifact.tuned = {**artifact.tuned, "auto": {**fit.policy.to_json(), "validation": fit.to_json(),
-                                                     "data": val_where}}
+        artifact.tuned = artifact.tuned.with_record("auto", {**fit.policy.to_json(), "validation": fit.to_json(),
+                                                             "data": val_where})
         from juice.stage1 import save_heads
 
         save_heads(artifact, out / "heads_auto.json")

@@ -30,6 +30,7 @@ from juice.architectures import HeadGeometry
 from juice.interventions import Head, HeadSelection
 from juice.models import LoadedModel
 from juice.steering import ORIGINAL, JuICE, JuNE, Prune, UntunedBetasWarning, chosen_betas
+from juice.tuned import TunedSettings
 
 if TYPE_CHECKING:
     from juice.eval.runner import Method
@@ -45,7 +46,8 @@ class MethodInputs:
     Attributes:
         model: the loaded model (or, for head steerings only, its head geometry).
         selection: the heads file's heads, or None (no heads file).
-        tuned: the heads file's `tuned` settings (:attr:`juice.stage1.HeadsArtifact.tuned`).
+        tuned: the heads file's tuned settings (:attr:`juice.stage1.HeadsArtifact.tuned`; a
+            plain object is read as :class:`juice.tuned.TunedSettings`).
         beta_plus, beta_minus: betas the caller gives (None: the tuned ones, else the defaults).
         pruned: PH3's heads to zero, given (per domain, or a request's `heads`); None: the
             heads file's tuned list.
@@ -55,11 +57,14 @@ class MethodInputs:
 
     model: LoadedModel | HeadGeometry | None = None
     selection: HeadSelection | None = None
-    tuned: Mapping[str, Any] = field(default_factory=dict)
+    tuned: TunedSettings = field(default_factory=TunedSettings)
     beta_plus: float | None = None
     beta_minus: float | None = None
     pruned: Sequence[Head] | None = None
     instruction: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tuned", TunedSettings.of(self.tuned))
 
     @property
     def geometry(self) -> HeadGeometry:
@@ -144,18 +149,18 @@ def _ph3(x: MethodInputs) -> Built:
     if x.pruned is not None:
         heads = list(x.pruned)
         return Built(_method(Prune(x.geometry, heads)), {"k": len(heads), "pruned": [str(h) for h in heads]})
-    tuned = x.tuned.get("ph3", {})
-    if "pruned" not in tuned:
+    tuned = x.tuned.ph3
+    if tuned is None:
         raise ValueError("PH3 needs its k: run `juice tune --methods ph3` on validation data first")
-    heads = [Head.parse(h) for h in tuned["pruned"]]
-    return Built(_method(Prune(x.geometry, heads)), {"k": tuned["k"], "pruned": list(tuned["pruned"])})
+    heads = [Head.parse(h) for h in tuned.pruned]
+    return Built(_method(Prune(x.geometry, heads)), {"k": tuned.k, "pruned": list(tuned.pruned)})
 
 
 def _steering(name: str, preset: Callable) -> Callable[[MethodInputs], Built]:
     def build(x: MethodInputs) -> Built:
         if x.selection is None:
             raise ValueError(f"{name} needs a heads file")
-        bp, bm, warning = chosen_betas(name, dict(x.tuned), x.beta_plus, x.beta_minus)
+        bp, bm, warning = chosen_betas(name, x.tuned, x.beta_plus, x.beta_minus)
         source = ("given" if x.beta_plus is not None or x.beta_minus is not None
                   else "default" if warning else "tuned")
         return Built(_method(preset(x.model, x.selection, bp, bm)),
@@ -233,7 +238,8 @@ def by_protocol(name: str) -> MethodSpec:
     return next(s for s in REGISTRY.values() if s.protocol == name)
 
 
-def check(name: str, tuned: Mapping[str, Any] | None, *, has_heads: bool, where: str = "") -> MethodSpec:
+def check(name: str, tuned: TunedSettings | Mapping[str, Any] | None, *, has_heads: bool, where: str = ""
+          ) -> MethodSpec:
     """What building `name` would refuse, checked without a model (so a command refuses bad input
     before loading one).
 
@@ -248,10 +254,10 @@ def check(name: str, tuned: Mapping[str, Any] | None, *, has_heads: bool, where:
     spec = lookup(name)
     if spec.heads and not has_heads:
         raise ValueError(f"{spec.name} needs a heads file")
-    mine = (tuned or {}).get(spec.name, {})
-    if spec.tuned == "k" and "pruned" not in mine:
+    tuned = TunedSettings.of(tuned)
+    if spec.tuned == "k" and tuned.ph3 is None:
         raise ValueError(f"PH3 needs its k{where}: run `juice tune --methods ph3` on validation data first")
-    if spec.tuned == "policy" and not mine:
+    if spec.tuned == "policy" and tuned.auto is None:
         raise ValueError(f"auto needs a policy tuned on validation items{where}: run `juice tune --methods auto` "
                          "with validation data (NQ-Swap, ParaConflict) first")
     return spec

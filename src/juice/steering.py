@@ -8,9 +8,9 @@ its `[n_layers, n_heads]` coefficients; :mod:`juice.engine` runs it (batched, ca
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -19,6 +19,7 @@ from juice.architectures import HeadGeometry
 from juice.interventions import HeadSelection
 from juice.interventions import Head, check_heads, head_coefficients
 from juice.models import LoadedModel
+from juice.tuned import TunedSettings
 
 Method = Literal["original", "june", "juice"]
 METHODS: tuple[str, ...] = ("original", "june", "juice")
@@ -136,7 +137,7 @@ class UntunedBetasWarning(UserWarning):
     """JuICE or JuNE runs with :data:`DEFAULT_BETAS` because the heads file holds no tuned betas."""
 
 
-def chosen_betas(method: str, tuned: "dict[str, dict] | None", beta_plus: float | None = None,
+def chosen_betas(method: str, tuned: "TunedSettings | Mapping[str, Any] | None", beta_plus: float | None = None,
                  beta_minus: float | None = None) -> tuple[float, float, str | None]:
     """The betas a steering of `method` runs with, and the warning to show if they are untuned.
 
@@ -145,15 +146,16 @@ def chosen_betas(method: str, tuned: "dict[str, dict] | None", beta_plus: float 
 
     Args:
         method: "juice" or "june".
-        tuned: method -> {"beta_plus", "beta_minus"} from the heads file, or None (no file).
+        tuned: the heads file's tuned settings (:class:`juice.tuned.TunedSettings`, or its JSON
+            object), or None (no file).
 
     Returns:
         (beta+, beta-, warning): the warning is one line naming `juice tune` where a default was
         used, else None.
     """
-    mine = (tuned or {}).get(method, {})
-    bp = beta_plus if beta_plus is not None else mine.get("beta_plus")
-    bm = beta_minus if beta_minus is not None else mine.get("beta_minus")
+    mine = TunedSettings.of(tuned).betas(method)
+    bp = beta_plus if beta_plus is not None else (mine.beta_plus if mine else None)
+    bm = beta_minus if beta_minus is not None else (mine.beta_minus if mine else None)
     warning = None
     if bp is None or bm is None:
         bp = DEFAULT_BETAS[0] if bp is None else bp

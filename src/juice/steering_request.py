@@ -40,6 +40,7 @@ from juice.data.records import Direction
 from juice.interventions import Head, HeadSelection, check_heads, head_coefficients
 from juice.methods import TUNED_STEERINGS, by_protocol, protocol_names
 from juice.steering import ORIGINAL, Steering, chosen_betas, steering_coefficients
+from juice.tuned import TunedSettings
 
 FIELDS: tuple[str, ...] = ("method", "direction", "beta_plus", "beta_minus", "heads", "question")
 """The keys of a request's `juice` object."""
@@ -67,7 +68,8 @@ class ServedHeads:
 
     Attributes:
         selections: direction ("parametric" | "contextual") -> the heads file's selection.
-        tuned: direction -> the file's `tuned` settings (method -> {"beta_plus", "beta_minus"}).
+        tuned: direction -> the file's tuned settings (:class:`juice.tuned.TunedSettings`; plain
+            objects are read as such).
         default: the `juice` fields a request without any gets (`juice serve --default`,
             `JUICE_VLLM_DEFAULT`), or None (module docstring's rule).
         dual_run: JuICE can run (vLLM: `JUICE_VLLM_DUAL_RUN`); juice's own engine always can.
@@ -78,7 +80,7 @@ class ServedHeads:
     """
 
     selections: Mapping[str, HeadSelection] = field(default_factory=dict)
-    tuned: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    tuned: Mapping[str, TunedSettings] = field(default_factory=dict)
     default: Mapping[str, Any] | None = None
     dual_run: bool = True
     geometry: HeadGeometry | None = None
@@ -100,13 +102,20 @@ class ServedHeads:
             if d in selections:
                 raise ValueError(f"two heads files for the {d} direction")
             selections[d] = artifact.selection
-            tuned[d] = dict(getattr(artifact, "tuned", {}) or {})
+            tuned[d] = TunedSettings.of(getattr(artifact, "tuned", None))
         return cls(selections, tuned, default, True, geometry)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tuned", {d: TunedSettings.of(t) for d, t in self.tuned.items()})
+
+    def tuned_of(self, direction: str | None) -> TunedSettings:
+        """The tuned settings of the heads file of `direction` (empty where it holds none)."""
+        return self.tuned.get(direction) or TunedSettings()
 
     def tuned_method(self, direction: str) -> str | None:
         """The method the heads file of `direction` holds tuned betas for, JuICE first."""
-        mine = self.tuned.get(direction, {})
-        return next((m for m in TUNED_STEERINGS if isinstance(mine.get(m), Mapping)), None)
+        mine = self.tuned_of(direction)
+        return next((m for m in TUNED_STEERINGS if mine.betas(m) is not None), None)
 
     def default_fields(self) -> dict[str, Any]:
         """The `juice` fields of a request that sends none (module docstring)."""
@@ -177,7 +186,7 @@ class SteeringAsk:
         from juice.auto import policy_of
 
         try:
-            return policy_of(served.tuned.get(self.direction, {})).choice(geometry, served.selections[self.direction])
+            return policy_of(served.tuned_of(self.direction)).choice(geometry, served.selections[self.direction])
         except (ValueError, IndexError) as err:
             raise SteeringRequestError(f"{served.files.get(self.direction, 'the heads file')}: {err}") from None
 
@@ -289,7 +298,7 @@ def read_steering(value: Any, served: ServedHeads) -> SteeringAsk:
         question = fields.get("question")
         if not isinstance(question, str) or not question.strip():
             raise SteeringRequestError("juice.method auto needs juice.question, the question without its context")
-        if not isinstance(served.tuned.get(direction, {}).get("auto"), Mapping):
+        if served.tuned_of(direction).auto is None:
             raise SteeringRequestError(f"{served.files.get(direction, 'the ' + direction + ' heads file')} holds no "
                                        "auto policy: run `juice tune --methods auto` with validation data")
         return SteeringAsk("auto", direction, question=question)
@@ -298,7 +307,7 @@ def read_steering(value: Any, served: ServedHeads) -> SteeringAsk:
         raise SteeringRequestError("juice.method juice needs the dual run; this server was started without it "
                                    "(JUICE_VLLM_DUAL_RUN=0); use june")
     bp, bm = _beta(fields, "beta_plus"), _beta(fields, "beta_minus")
-    bp, bm, warning = chosen_betas(method, dict(served.tuned.get(direction, {})), bp, bm)
+    bp, bm, warning = chosen_betas(method, served.tuned_of(direction), bp, bm)
     return SteeringAsk(method, direction, bp, bm, warning=warning)
 
 

@@ -127,6 +127,10 @@ class TunedSettings(Mapping[str, Mapping[str, Any]]):
         record = self._raw.get("auto")
         return record if isinstance(record, Mapping) and record else None
 
+    def holds(self, method: str) -> bool:
+        """The file holds a record for `method` (a non-empty object)."""
+        return bool(self._raw.get(method)) and method != PROVENANCE
+
     @property
     def provenance(self) -> Mapping[str, Any] | None:
         """The validation data the settings were tuned on (file, digest, rows), or None."""

@@ -220,8 +220,8 @@ def context_methods(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], names: 
         if not artifacts:
             raise ValueError(f"{spec.name} needs a heads file (--heads)")
         for artifact in artifacts:
-            if spec.tuned == "policy" and spec.name not in artifact.tuned and any(
-                    spec.name in a.tuned for a in artifacts):
+            if spec.tuned == "policy" and not artifact.tuned.holds(spec.name) and any(
+                    a.tuned.holds(spec.name) for a in artifacts):
                 continue   # the other direction's file holds the policy
             check(spec.name, artifact.tuned, has_heads=True, where=f" in the {artifact.direction} heads file")
             title = f"{spec.title}-{SHORT[str(artifact.direction)]}"

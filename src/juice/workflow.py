@@ -323,7 +323,10 @@ def tune(
                     for (a, p, s, d), ok in zip(points, eligible)]
             out[m] = TunedSetting(acc, grid, beta_plus=best.beta_plus, beta_minus=best.beta_minus,
                                   degeneration=degenerate, original_degeneration=original)
-    artifact.tuned = {**artifact.tuned, **{m: s.to_json() for m, s in out.items()}, "data": where}
+    tuned = artifact.tuned
+    for m, s in out.items():
+        tuned = tuned.with_record(m, s.to_json())
+    artifact.tuned = tuned.with_provenance(where)
     return out
 
 

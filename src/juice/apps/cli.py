@@ -311,7 +311,7 @@ def tune(
     for name, setting in chosen.items():
         what = (f"k = {setting.k} ({', '.join(setting.pruned) or 'none'})" if setting.k is not None
                 else f"beta+ {setting.beta_plus:g}, beta- {setting.beta_minus:g}")
-        console.print(f"{name}: {what}, accuracy {setting.accuracy:.1f}% on {artifact.tuned['data']['rows']} rows")
+        console.print(f"{name}: {what}, accuracy {setting.accuracy:.1f}% on {artifact.tuned.provenance['rows']} rows")
     console.print(f"wrote {heads}")
 
 
@@ -480,9 +480,8 @@ def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optiona
         raise typer.BadParameter(f"{validation}: not JSON ({err.msg})", param_hint="--validation") from None
     files = [load_heads(path) for path in heads]
     if methods is None:   # every method; PH3 and auto where a heads file holds them tuned
-        methods = ("original,prompt,cad,adacad" + (",ph3" if any("pruned" in f.tuned.get("ph3", {}) for f in files)
-                                                  else "")
-                   + ",june,juice" + (",auto" if any("auto" in f.tuned for f in files) else ""))
+        methods = ("original,prompt,cad,adacad" + (",ph3" if any(f.tuned.ph3 for f in files) else "")
+                   + ",june,juice" + (",auto" if any(f.tuned.auto for f in files) else ""))
     names = [m.strip().lower() for m in methods.split(",") if m.strip()]
     lm = load_model(model, device=device)
     if max_prompt_tokens is not None:   # the first `limit` items whose prompts fit
@@ -626,11 +625,14 @@ def serve(
                                  else "--alias") from None
     console.print(f"serving {lm.name}{''.join(f', {a}' for a in aliases)} on http://{host}:{port}/v1 with heads for "
                   f"{', '.join(sorted(str(load_heads(p).direction) for p in heads)) or 'no direction (Original only)'}")
-    untuned = [str(p) for p in heads if not {"juice", "june"} & set(load_heads(p).tuned)]
+    from juice.methods import TUNED_STEERINGS
+    from juice.steering import DEFAULT_BETAS
+
+    untuned = [str(p) for p in heads if not any(load_heads(p).tuned.betas(m) for m in TUNED_STEERINGS)]
     if untuned and default_options is None:
         console.print(f"[yellow]note:[/yellow] {', '.join(untuned)} holds no tuned betas (`juice tune`): a request "
                       "without a juice field gets Original there, and one asking for JuICE or JuNE without betas "
-                      "gets 2 and 0 with an X-Juice-Warning header")
+                      f"gets {DEFAULT_BETAS[0]:g} and {DEFAULT_BETAS[1]:g} with an X-Juice-Warning header")
     uvicorn.run(app_, host=host, port=port, log_level="info")
 
 

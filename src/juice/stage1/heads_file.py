@@ -14,6 +14,7 @@ from juice.data.records import ConflictExample, ContextualExample, Direction
 from juice.interventions import Head, HeadSelection, check_heads
 from juice.io import write_json_atomic
 from juice.models import LoadedModel, fingerprint_mismatch
+from juice.tuned import TunedSettings
 from juice.stage1.scoring import HeadScores
 
 
@@ -35,7 +36,10 @@ class HeadsArtifact:
     head_set: list[dict] = field(default_factory=list)
     scores: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)   # where D came from (file, digest, rows)
-    tuned: dict[str, Any] = field(default_factory=dict)  # `juice tune`: method -> chosen setting, and "data"
+    tuned: TunedSettings = field(default_factory=TunedSettings)   # `juice tune`'s settings (juice.tuned)
+
+    def __post_init__(self) -> None:
+        self.tuned = TunedSettings.of(self.tuned)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -50,7 +54,7 @@ class HeadsArtifact:
             "head_set": self.head_set,
             "scores": self.scores,
             "data": self.data,
-            **({"tuned": self.tuned} if self.tuned else {}),
+            **({"tuned": self.tuned.to_json()} if self.tuned else {}),
         }
 
 
@@ -94,7 +98,8 @@ def load_heads(path: str | Path, lm: LoadedModel | None = None) -> HeadsArtifact
     Raises:
         HeadsFileMismatchError: the file's model fingerprint differs from `lm`'s.
         ValueError: not a juice heads file (not JSON, another format, a missing field, a head
-            name that does not parse); with `lm`, a head outside the model.
+            name that does not parse, a malformed "tuned" object, :mod:`juice.tuned`); with `lm`,
+            a head outside the model.
     """
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -114,21 +119,25 @@ def load_heads(path: str | Path, lm: LoadedModel | None = None) -> HeadsArtifact
         direction = Direction.parse(data.get("direction", ""))
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
+    tuned = data.get("tuned", {})
+    if not isinstance(tuned, dict):
+        raise ValueError(f"{path}: 'tuned' must be an object (method -> setting)")
+    try:
+        tuned = TunedSettings(tuned)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
     try:
         selection = HeadSelection(
             tuple(Head.parse(h) for h in data["positive_heads"]), tuple(Head.parse(h) for h in data["negative_heads"])
         )
         artifact = HeadsArtifact(
             data["model"], direction, data["k"], data["alphas_positive"], data["alphas_negative"],
-            selection, data.get("head_set", []), data.get("scores", {}), data.get("data", {}),
-            data.get("tuned", {}),
+            selection, data.get("head_set", []), data.get("scores", {}), data.get("data", {}), tuned,
         )
     except KeyError as missing:
         raise ValueError(f"{path}: a juice heads file without the field {missing}") from None
     except (TypeError, AttributeError, ValueError):
         raise ValueError(f"{path}: heads must be lists of names like 'L6H3'") from None
-    if not isinstance(artifact.tuned, dict):
-        raise ValueError(f"{path}: 'tuned' must be an object (method -> setting)")
     if lm is not None:
         try:
             check_heads(list(selection.positive) + list(selection.negative), lm.heads.geometry)

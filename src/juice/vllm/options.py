@@ -44,6 +44,7 @@ import torch
 from juice.architectures import HeadGeometry
 from juice.data.records import Direction
 from juice.interventions import Head, HeadSelection
+from juice.tuned import TunedSettings
 from juice.steering_request import (FIELDS, NOT_AN_OBJECT, ServedHeads, SteeringAsk, SteeringRequestError,
                                     parse_spec, read_steering)
 
@@ -109,8 +110,11 @@ def read_heads_file(path: str) -> tuple[str, HeadSelection, dict, dict]:
                                   tuple(Head.parse(h) for h in data["negative_heads"]))
     except (KeyError, TypeError, AttributeError, ValueError) as err:
         raise ValueError(f"{path}: not a juice heads file ({err})") from None
-    tuned = data.get("tuned", {})
-    return direction, selection, tuned if isinstance(tuned, dict) else {}, data["model"]
+    try:
+        tuned = TunedSettings(data["tuned"] if isinstance(data.get("tuned"), dict) else {})
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    return direction, selection, tuned, data["model"]
 
 
 def server_heads(environ: Mapping[str, str] | None = None) -> ServerHeads:
