@@ -28,7 +28,7 @@ from juice.stage1.heads_file import HeadsArtifact, save_heads
 from juice.steering import ORIGINAL, JuICE, JuNE, Prune
 from juice.tokens import token_ids
 from juice.vllm.options import (SteeringRequestError, parse_request, read_heads_file, request_fields,
-                                server_heads)
+                                plugin_heads)
 from juice.vllm.launch import find_vllm_python
 from juice.vllm.middleware import juice_field_to_xargs
 
@@ -61,7 +61,7 @@ def two_files(tmp_path):
     files = [write_heads(tmp_path / "p.json", model, "parametric", PARAMETRIC,
                          {"june": {"beta_plus": 3.0, "beta_minus": -0.5}}),
              write_heads(tmp_path / "c.json", model, "contextual", CONTEXTUAL)]
-    return server_heads({"JUICE_VLLM_HEADS": os.pathsep.join(files)})
+    return plugin_heads({"JUICE_VLLM_HEADS": os.pathsep.join(files)})
 
 
 # --- the request side (no vLLM needed) ------------------------------------------------------------
@@ -125,31 +125,31 @@ def test_admission_refuses_a_pruned_head_outside_the_model_before_any_model_is_b
     assert (two_files.geometry.n_layers, two_files.geometry.n_heads) == (4, 4)
     with pytest.raises(SteeringRequestError, match="head L9H0 is out of range for a model of 4 layers x 4 heads"):
         parse_request({"method": "prune", "heads": ["L9H0"]}, two_files)
-    told = server_heads({"JUICE_VLLM": "1", "JUICE_VLLM_GEOMETRY": "18x4"})
+    told = plugin_heads({"JUICE_VLLM": "1", "JUICE_VLLM_GEOMETRY": "18x4"})
     assert told.geometry_from == "JUICE_VLLM_GEOMETRY" and told.geometry.n_layers == 18
     assert parse_request({"method": "prune", "heads": ["L17H3"]}, told) is not None
     with pytest.raises(SteeringRequestError, match="L18H0 is out of range"):
         parse_request({"method": "prune", "heads": ["L18H0"]}, told)
-    assert server_heads({"JUICE_VLLM": "1"}).geometry is None   # the model refuses to start then
+    assert plugin_heads({"JUICE_VLLM": "1"}).geometry is None   # the model refuses to start then
     for bad in ("18", "18x", "x4", "18x0", "eighteen x four"):
         with pytest.raises(ValueError, match="is not <n_layers>x<n_heads>"):
-            server_heads({"JUICE_VLLM": "1", "JUICE_VLLM_GEOMETRY": bad})
+            plugin_heads({"JUICE_VLLM": "1", "JUICE_VLLM_GEOMETRY": bad})
 
 
 def test_server_side_refusals(tmp_path, two_files):
-    off = server_heads({})
+    off = plugin_heads({})
     with pytest.raises(SteeringRequestError, match="without juice steering"):
         parse_request({"method": "june"}, off)
-    only = server_heads({"JUICE_VLLM_HEADS": two_files.files["parametric"]})
+    only = plugin_heads({"JUICE_VLLM_HEADS": two_files.files["parametric"]})
     with pytest.raises(SteeringRequestError, match="no heads for direction 'contextual'"):
         parse_request({"method": "june", "direction": "context"}, only)
     assert parse_request({"method": "june"}, only).method == "june"   # the only file's direction
-    single = server_heads({"JUICE_VLLM_HEADS": two_files.files["parametric"], "JUICE_VLLM_DUAL_RUN": "0"})
+    single = plugin_heads({"JUICE_VLLM_HEADS": two_files.files["parametric"], "JUICE_VLLM_DUAL_RUN": "0"})
     with pytest.raises(SteeringRequestError, match="needs the dual run"):
         parse_request({"method": "juice"}, single)
     assert single.dual_run_layers() is None and two_files.dual_run_layers() == (1, 2)
     with pytest.raises(ValueError, match="two heads files for the parametric direction"):
-        server_heads({"JUICE_VLLM_HEADS": os.pathsep.join([two_files.files["parametric"]] * 2)})
+        plugin_heads({"JUICE_VLLM_HEADS": os.pathsep.join([two_files.files["parametric"]] * 2)})
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not a juice heads file"):
         read_heads_file(str(tmp_path / "bad.json"))
@@ -157,17 +157,17 @@ def test_server_side_refusals(tmp_path, two_files):
 
 def test_a_request_without_juice_fields_gets_the_same_default_as_on_juice_serve(two_files):
     only = {"JUICE_VLLM_HEADS": two_files.files["parametric"]}   # JuNE tuned at 3, -0.5
-    tuned = parse_request(None, server_heads(only), GEOMETRY)
+    tuned = parse_request(None, plugin_heads(only), GEOMETRY)
     assert tuned.method == "june" and tuned.warning is None
     assert torch.equal(tuned.scale, JuNE(GEOMETRY, PARAMETRIC, 3.0, -0.5).coefficients)
     assert parse_request(None, two_files, GEOMETRY) is None   # two files: Original
-    operator = server_heads({**only, "JUICE_VLLM_DEFAULT": "method:juice,beta_plus:1"})
+    operator = plugin_heads({**only, "JUICE_VLLM_DEFAULT": "method:juice,beta_plus:1"})
     steered = parse_request(None, operator, GEOMETRY)
     assert steered.method == "juice" and "untuned" in steered.warning   # beta_minus untuned
     assert torch.equal(steered.add, JuICE(GEOMETRY, PARAMETRIC, 1.0, 0.0).coefficients)
     with pytest.raises(ValueError, match="JUICE_VLLM_DEFAULT: juice.method must be one of"):
-        server_heads({**only, "JUICE_VLLM_DEFAULT": "method:jucie"})
-    assert parse_request(None, server_heads({}), GEOMETRY) is None   # plugin off: nothing to apply
+        plugin_heads({**only, "JUICE_VLLM_DEFAULT": "method:jucie"})
+    assert parse_request(None, plugin_heads({}), GEOMETRY) is None   # plugin off: nothing to apply
 
 
 def test_the_middleware_refuses_what_juice_serve_refuses_before_vllm_coerces_it(two_files, monkeypatch):

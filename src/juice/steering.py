@@ -84,6 +84,22 @@ class Steering:
         if self.method != "original" and (self.coefficients is None or self.coefficients.dim() != 2):
             raise ValueError(f"{self.method} needs coefficients of shape [n_layers, n_heads]")
 
+    def scale_add(self, zero: Tensor) -> tuple[Tensor, Tensor]:
+        """(scale, add), each `[n_layers, n_heads]`: the rule the forward applies at a head's
+        slice of the output projection's input, `H * (1 + scale) + add * H_clean`
+        (:class:`juice.interventions.RowPlan`). JuNE (Alg. 4) and pruning put their coefficients
+        in `scale`; JuICE (Alg. 1) in `add` (H_clean: run 1's output of the same head); Original
+        neither. The one mapping juice's engine and the vLLM plugin share.
+
+        Args:
+            zero: `[n_layers, n_heads]` zeros (on the device and dtype the caller needs).
+        """
+        if self.method == "juice":
+            return zero, self.coefficients
+        if self.method == "june":
+            return self.coefficients, zero
+        return zero, zero
+
 
 ORIGINAL = Steering()
 

@@ -645,11 +645,11 @@ def _serve_vllm(model: str, heads: list[Path], host: str, port: int, max_total_t
 
     from juice.vllm.launch import (describe, find_vllm_python, folder_geometry, server_command, server_environment,
                                    served_folder)
-    from juice.vllm.options import server_heads
+    from juice.vllm.options import plugin_heads
 
     python = find_vllm_python()
     try:   # malformed heads files, two for one direction, or a default they cannot honour: one line
-        server_heads(server_environment(heads, dual_run, default=default))
+        plugin_heads(server_environment(heads, dual_run, default=default))
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--default" if "JUICE_VLLM_DEFAULT" in str(err)
                                  else "--heads") from None
@@ -659,7 +659,7 @@ def _serve_vllm(model: str, heads: list[Path], host: str, port: int, max_total_t
         extra = ["--gpu-memory-utilization", "0.5", *extra]   # the CPU build reserves this share of memory
     command = server_command(python, folder, model, host=host, port=port, max_model_len=max_total_tokens or None,
                              extra=extra)
-    console.print(f"starting vLLM with juice's plugin ({', '.join(sorted(server_heads(env).selections)) or 'no heads'}"
+    console.print(f"starting vLLM with juice's plugin ({', '.join(sorted(plugin_heads(env).selections)) or 'no heads'}"
                   f"{', dual run' if dual_run and heads else ''}): {describe(command, env)}")
     os.execve(python, command, env)
 

@@ -281,14 +281,14 @@ def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: S
         for s, p, q in zip(streams, prompt_keys, question_keys):
             if s.choice is not None:
                 raise ValueError("a choice of steerings is made at the prefill; decode the chosen stream")
-            m = s.steering.method
-            if m == "juice":
+            scale_row, add_row = s.steering.scale_add(zero)
+            if s.steering.method == "juice":
                 clean = row(p)
-                rows = [clean, row(p, add_row=s.steering.coefficients, src=clean)]
+                rows = [clean, row(p, add_row=add_row, src=clean)]
             elif s.contrast is not None:
                 rows = [row(q), row(p)]
             else:
-                rows = [row(p, scale_row=s.steering.coefficients if m == "june" else zero)]
+                rows = [row(p, scale_row=scale_row)]
             owned.append(rows)
             out_row.append(rows[-1])
             question_row.append(rows[0] if s.contrast is not None else -1)
@@ -312,8 +312,9 @@ def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: S
     for k, c in sorted(steered, key=lambda kc: joins[kc]):   # stable: rows in the order they join
         st, p = steering_of(k, c), prompt_keys[k]
         juice = st.method == "juice"
-        own_row[k, c] = row(p, st.coefficients if not juice else zero, st.coefficients if juice else zero,
-                            clean_row[p] if juice else -1, joins[k, c], clean_row[p] if joins[k, c] else None)
+        scale_row, add_row = st.scale_add(zero)
+        own_row[k, c] = row(p, scale_row, add_row, clean_row[p] if juice else -1, joins[k, c],
+                            clean_row[p] if joins[k, c] else None)
 
     def rows_of(k: int, c: int, st: "Steering | Contrast | QuestionAlone") -> list[int]:
         p = prompt_keys[k]

@@ -34,9 +34,9 @@ def register() -> None:
 
     Runs in every vLLM process and may run more than once (registering again is harmless).
     """
-    from juice.vllm.options import server_heads
+    from juice.vllm.options import plugin_heads
 
-    if not server_heads().enabled:
+    if not plugin_heads().enabled:
         return
     from vllm import ModelRegistry
 

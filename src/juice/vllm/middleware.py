@@ -56,13 +56,13 @@ def check_body(body: dict[str, Any]) -> str | None:
 
 
 def _ask(body: dict[str, Any]):
-    from juice.vllm.options import request_ask, request_fields, server_heads, steering_salt
+    from juice.vllm.options import request_ask, request_fields, plugin_heads, steering_salt
 
     xargs = body.get("vllm_xargs")
     extra = dict(xargs) if isinstance(xargs, dict) else {}
     if "juice" in body and body["juice"] is not None:
         extra["juice"] = body["juice"]
-    server = server_heads()
+    server = plugin_heads()
     ask = request_ask(request_fields(extra), server)
     return ask, steering_salt(ask, server)
 

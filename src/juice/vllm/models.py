@@ -47,7 +47,7 @@ pipeline parallelism. Tensor parallelism works: each rank steers its own heads' 
 row-parallel output projection. After the weights load, each heads file's model fingerprint
 (model type, geometry, vocabulary, a checksum of layer 0's output projection:
 :func:`juice.models.model_fingerprint`) is checked against the served model. The geometry the
-API server checks pruned heads against at admission (:attr:`juice.vllm.options.ServerHeads.geometry`)
+API server checks pruned heads against at admission (:attr:`juice.vllm.options.PluginHeads.geometry`)
 must be there and, where `JUICE_VLLM_GEOMETRY` gave it, equal the model's; else the model refuses
 to build, naming the value to set.
 """
@@ -69,7 +69,7 @@ from juice.models import fingerprint_mismatch, weights_digest
 from juice.vllm import ARCHITECTURES
 from juice.vllm.constraints import (ROW_FIELD, PluginConfigError, check_attention_backend, check_engine_config,
                                     compiled_mode, missing_rows_message, note_compiled_structure)
-from juice.vllm.options import ENV_GEOMETRY, ServerHeads, head_slots, server_heads
+from juice.vllm.options import ENV_GEOMETRY, PluginHeads, head_slots, plugin_heads
 from juice.vllm.processor import BATCH
 
 
@@ -124,7 +124,7 @@ class SteerableMixin:
             super().__init__(vllm_config=vllm_config, prefix=prefix)
         finally:
             undo()
-        self.juice_server: ServerHeads = server_heads()
+        self.juice_plugin: PluginHeads = plugin_heads()
         check_engine_config(vllm_config)
         for layer in self.model.layers:
             check_attention_backend(layer.self_attn.attn.attn_backend)
@@ -132,12 +132,12 @@ class SteerableMixin:
             raise PluginConfigError("juice's vLLM plugin does not support pipeline parallelism; "
                                     "use tensor parallelism")
         self.juice_geometry = config_geometry(vllm_config.model_config.hf_config)
-        g, told = self.juice_geometry, self.juice_server.geometry
+        g, told = self.juice_geometry, self.juice_plugin.geometry
         if told is None:   # admission could not check pruned heads against the model
             raise PluginConfigError(f"juice's vLLM plugin without heads files needs {ENV_GEOMETRY}={g.n_layers}x"
                                     f"{g.n_heads} (this model's layers x heads) in every vLLM process's environment, "
                                     "so that a request pruning a head outside the model is refused at admission")
-        if self.juice_server.geometry_from == ENV_GEOMETRY and (told.n_layers, told.n_heads) != (g.n_layers,
+        if self.juice_plugin.geometry_from == ENV_GEOMETRY and (told.n_layers, told.n_heads) != (g.n_layers,
                                                                                                   g.n_heads):
             raise PluginConfigError(f"{ENV_GEOMETRY}={told.n_layers}x{told.n_heads}, but the served model has "
                                     f"{g.n_layers} layers x {g.n_heads} heads")   # a heads file: load_weights
@@ -150,8 +150,8 @@ class SteerableMixin:
         self.juice_compiled = compiled_mode(vllm_config)
         self.juice_vllm_config = vllm_config
         self.juice_builders: dict[tuple[str, ...], object] = {}   # run 1's attention metadata builders, per KV group
-        self.juice_dual = self.juice_server.dual_run_layers()
-        self.juice_slots = head_slots(self.juice_server, self.juice_head_slice) if self.juice_dual else []
+        self.juice_dual = self.juice_plugin.dual_run_layers()
+        self.juice_slots = head_slots(self.juice_plugin, self.juice_head_slice) if self.juice_dual else []
         self._juice_tables(vllm_config)
         for index, layer in enumerate(self.juice_layers):
             layer.self_attn.o_proj.register_forward_pre_hook(self._juice_hook(index))
@@ -434,12 +434,12 @@ class SteerableMixin:
     # --- the heads files' fingerprints ----------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> set[str]:
         loaded = super().load_weights(weights)
-        if self.juice_server.fingerprints:
+        if self.juice_plugin.fingerprints:
             mine = self.juice_fingerprint()
-            for direction, theirs in self.juice_server.fingerprints.items():
+            for direction, theirs in self.juice_plugin.fingerprints.items():
                 mismatch = fingerprint_mismatch(theirs, mine, "the served model has")
                 if mismatch is not None:
-                    raise PluginConfigError(f"{self.juice_server.files[direction]} {mismatch}")
+                    raise PluginConfigError(f"{self.juice_plugin.files[direction]} {mismatch}")
         return loaded
 
     def juice_fingerprint(self) -> dict:

@@ -53,7 +53,7 @@ ENV_GEOMETRY, ENV_DEFAULT = "JUICE_VLLM_GEOMETRY", "JUICE_VLLM_DEFAULT"
 
 
 @dataclass(frozen=True)
-class ServerHeads(ServedHeads):
+class PluginHeads(ServedHeads):
     """The server's steering set-up (module docstring): what :class:`ServedHeads` holds
     (selections, tuned betas, default, dual run, geometry, files), and
 
@@ -81,7 +81,7 @@ class ServerHeads(ServedHeads):
         return min(layers), max(layers)
 
 
-def head_slots(server: ServerHeads, local: slice) -> list[tuple[int, int]]:
+def head_slots(server: PluginHeads, local: slice) -> list[tuple[int, int]]:
     """The heads JuICE can add to on one tensor-parallel rank: every heads file's heads whose
     index falls in `local` (this rank's slice of the heads), as (layer, head index within the
     slice), sorted, each once. The steered model keeps run 1's output of each at a slot of its
@@ -117,14 +117,14 @@ def read_heads_file(path: str) -> tuple[str, HeadSelection, dict, dict]:
     return direction, selection, tuned, data["model"]
 
 
-def server_heads(environ: Mapping[str, str] | None = None) -> ServerHeads:
+def plugin_heads(environ: Mapping[str, str] | None = None) -> PluginHeads:
     """The set-up named by the environment (module docstring); cached per environment.
 
     Raises:
         ValueError: a heads file that does not read, or two for one direction.
     """
     env = os.environ if environ is None else environ
-    return _server_heads(env.get(ENV_HEADS, ""), env.get(ENV_ON, ""), env.get(ENV_DUAL, "1"),
+    return _plugin_heads(env.get(ENV_HEADS, ""), env.get(ENV_ON, ""), env.get(ENV_DUAL, "1"),
                          env.get(ENV_GEOMETRY, ""), env.get(ENV_DEFAULT, ""))
 
 
@@ -141,7 +141,7 @@ def parse_geometry(text: str) -> HeadGeometry:
 
 
 @lru_cache(maxsize=8)
-def _server_heads(heads: str, on: str, dual: str, geometry_text: str = "", default: str = "") -> ServerHeads:
+def _plugin_heads(heads: str, on: str, dual: str, geometry_text: str = "", default: str = "") -> PluginHeads:
     paths = [p for p in heads.split(os.pathsep) if p.strip()]
     selections, tuned, fingerprints, files = {}, {}, {}, {}
     for path in paths:
@@ -156,7 +156,7 @@ def _server_heads(heads: str, on: str, dual: str, geometry_text: str = "", defau
         if geometry is None and isinstance(layers, int) and isinstance(heads_, int):
             geometry = HeadGeometry(layers, heads_, int(fingerprint.get("head_dim") or 0))
             source = files[direction]
-    server = ServerHeads(selections=selections, tuned=tuned,
+    server = PluginHeads(selections=selections, tuned=tuned,
                          default=parse_spec(default, ENV_DEFAULT) if default.strip() else None,
                          dual_run=dual.strip() not in ("0", "false", "no", "off"), geometry=geometry, files=files,
                          enabled=bool(paths) or on.strip() not in ("", "0"), fingerprints=fingerprints,
@@ -202,7 +202,7 @@ SALT_MISSING = ("a steered request needs its KV cache salt (with prefix caching,
                 "it with juice.vllm.offline_request(prompt, juice)")
 
 
-def steering_salt(ask: SteeringAsk, server: ServerHeads) -> str | None:
+def steering_salt(ask: SteeringAsk, server: PluginHeads) -> str | None:
     """The KV cache salt of a steering: None for Original (its KV is the unmodified model's, shared
     with every unsteered request), else `juice-` and 32 hex digits of a hash of the resolved
     steering (method, direction, betas, pruned heads) and the heads files' fingerprints. vLLM's
@@ -227,7 +227,7 @@ def request_cache_salt(salt: str, user_salt: str | None) -> str:
     return "juice-" + hashlib.sha256(f"{user_salt}|{salt}".encode()).hexdigest()[:32]
 
 
-def check_salt(extra_args: Mapping[str, Any] | None, server: ServerHeads) -> None:
+def check_salt(extra_args: Mapping[str, Any] | None, server: PluginHeads) -> None:
     """Refuse a steered request without its salt mark (`extra_args[SALT_KEY]` equal to
     :func:`steering_salt`): the mark says its `cache_salt` was set by juice's middleware or
     :func:`offline_request`. Original requests need none.
@@ -241,7 +241,7 @@ def check_salt(extra_args: Mapping[str, Any] | None, server: ServerHeads) -> Non
 
 
 def offline_request(prompt: str | list[int] | Mapping[str, Any], juice: Mapping[str, Any] | None = None, *,
-                    cache_salt: str | None = None, server: ServerHeads | None = None
+                    cache_salt: str | None = None, server: PluginHeads | None = None
                     ) -> tuple[dict[str, Any], dict[str, Any]]:
     """A request for vLLM's offline `LLM.generate` with juice's steering: (the prompt, with the
     steering's `cache_salt`; the `extra_args` for its `SamplingParams`).
@@ -255,7 +255,7 @@ def offline_request(prompt: str | list[int] | Mapping[str, Any], juice: Mapping[
     Raises:
         SteeringRequestError: the fields are wrong (the one-line message vLLM would answer with).
     """
-    server = server_heads() if server is None else server
+    server = plugin_heads() if server is None else server
     if isinstance(prompt, Mapping):
         out = dict(prompt)
     elif isinstance(prompt, str):
@@ -291,7 +291,7 @@ class RequestSteering:
     warning: str | None = None
 
 
-def request_ask(fields: Mapping[str, Any] | None, server: ServerHeads) -> SteeringAsk:
+def request_ask(fields: Mapping[str, Any] | None, server: PluginHeads) -> SteeringAsk:
     """One request's juice fields checked against the server (:func:`juice.steering_request.read_steering`);
     None: the request sent none (it gets the server's default).
 
@@ -307,7 +307,7 @@ def request_ask(fields: Mapping[str, Any] | None, server: ServerHeads) -> Steeri
     return read_steering(fields, server)
 
 
-def parse_request(fields: Mapping[str, Any] | None, server: ServerHeads, geometry: HeadGeometry | None = None
+def parse_request(fields: Mapping[str, Any] | None, server: PluginHeads, geometry: HeadGeometry | None = None
                   ) -> RequestSteering | None:
     """Check one request's juice fields against the server (:func:`request_ask`); with `geometry`,
     build its tables (without it, as at admission, pruned heads are checked against
@@ -323,14 +323,11 @@ def parse_request(fields: Mapping[str, Any] | None, server: ServerHeads, geometr
         return None
     if geometry is None:
         return RequestSteering(ask.method, torch.zeros(0), torch.zeros(0), ask.warning)
-    coefficients = ask.coefficients(geometry, server)
-    zeros = torch.zeros_like(coefficients)
-    if ask.method == "juice":
-        return RequestSteering(ask.method, zeros, coefficients, ask.warning)
-    return RequestSteering(ask.method, coefficients, zeros, ask.warning)
+    scale, add = ask.steering(geometry, server).scale_add(torch.zeros(geometry.n_layers, geometry.n_heads))
+    return RequestSteering(ask.method, scale, add, ask.warning)
 
 
 __all__ = ["SALT_KEY", "SALT_MISSING", "check_salt", "offline_request", "request_cache_salt", "steering_salt",
-           "ENV_DEFAULT", "ENV_DUAL", "ENV_GEOMETRY", "ENV_HEADS", "ENV_ON", "RequestSteering", "ServerHeads",
+           "ENV_DEFAULT", "ENV_DUAL", "ENV_GEOMETRY", "ENV_HEADS", "ENV_ON", "RequestSteering", "PluginHeads",
            "SteeringRequestError", "head_slots", "parse_geometry", "parse_request", "read_heads_file", "request_ask",
-           "request_fields", "server_heads"]
+           "request_fields", "plugin_heads"]

@@ -19,7 +19,7 @@ from juice.architectures import config_geometry
 from juice.vllm import ARCHITECTURES
 from juice.vllm.constraints import PluginConfigError
 from juice.vllm.options import (RequestSteering, SteeringRequestError, check_salt, parse_request, request_fields,
-                                server_heads)
+                                plugin_heads)
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +55,14 @@ class JuiceSteeringProcessor(LogitsProcessor):
             ValueError: the one-line reason (vLLM answers HTTP 400 with it).
         """
         try:
-            check_salt(sampling_params.extra_args, server_heads())   # reads and checks the fields first
+            check_salt(sampling_params.extra_args, plugin_heads())   # reads and checks the fields first
         except SteeringRequestError as err:
             raise ValueError(str(err)) from None
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
         """Raises: PluginConfigError: the plugin is on and the served architecture has no steered
         class (:data:`juice.vllm.ARCHITECTURES`): its requests would be served unsteered."""
-        self.server = server_heads()
+        self.server = plugin_heads()
         served = list(getattr(vllm_config.model_config.hf_config, "architectures", None) or [])
         if self.server.enabled and not any(a in ARCHITECTURES for a in served):
             raise PluginConfigError(f"juice's vLLM plugin steers {', '.join(sorted(ARCHITECTURES))}; this model is "

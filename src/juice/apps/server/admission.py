@@ -12,7 +12,7 @@ from typing import Any
 from juice.apps.server.worker import Job
 from juice.apps.openai_schema import MAX_SEED, ServerLimits
 from juice.completion_text import chat_prompt, question_messages
-from juice.engine import Stream
+from juice.engine import Choice, Stream
 from juice.models import LoadedModel
 from juice.sampling import Sampling
 from juice.steering import Steering
@@ -81,17 +81,18 @@ class Admission:
     def model_names(self) -> list[str]:
         return [self.name, *self.aliases]
 
-    def steering(self, options: Any) -> tuple[Steering, str | None, SteeringAsk]:
+    def steering(self, options: Any) -> tuple[Steering, Choice | None, SteeringAsk]:
         """The steering a request's `juice` options ask for (:func:`juice.steering_request.read_steering`),
-        the warning to send with it, and the checked request (auto's choice and question).
+        auto's choice (None otherwise; a malformed policy is refused here), and the checked
+        request (its warning, auto's question), each made once.
 
         Raises:
             ApiError: 400 with the protocol's one-line message.
         """
         try:
             ask = read_steering(options, self.served)
-            ask.choice(self.lm.heads.geometry, self.served)   # a malformed policy is refused here
-            return ask.steering(self.lm.heads.geometry, self.served), ask.warning, ask
+            choice = ask.choice(self.lm.heads.geometry, self.served)
+            return ask.steering(self.lm.heads.geometry, self.served), choice, ask
         except SteeringRequestError as err:
             raise ApiError(400, str(err), param="juice") from None
 
@@ -186,8 +187,7 @@ class Admission:
             raise ApiError(400, f"n must be at most {limits.max_n} (this server's --max-n)", param="n")
         if len(req.stops()) > 4:
             raise ApiError(400, "stop: at most 4 stop strings", param="stop")
-        steering, warning, ask = self.steering(options)
-        choice = ask.choice(self.lm.heads.geometry, self.served)
+        steering, choice, ask = self.steering(options)
         if choice is not None and echo:
             raise ApiError(400, "echo is not supported with juice.method auto (its steering is chosen after the prompt)",
                            param="echo")
@@ -212,7 +212,7 @@ class Admission:
             ids = [*ids, self.question_ids(req, ask.question)]
         self.on_prompt_tokens(sum(map(len, ids)))
         return Job(ids, streams, max_new, req.stops(), limits.request_timeout_s, logprobs=logprobs, echo=echo,
-                   warning=warning)
+                   warning=ask.warning)
 
 
 __all__ = ["Admission", "ApiError", "parse_alias"]
