@@ -13,7 +13,7 @@ Models:
 - default: the embedded Gemma 3 270M (its GGUF must be installed);
 - `--random`: Gemma 3 270M's config from the GGUF, random weights (the GGUF's tokenizer);
 - `--config gemma-3-270m | gemma-2b`: a built-in config (:data:`CONFIGS`; Gemma 3 270M's is the
-  GGUF's, checked by tests/test_benchmarks.py; Gemma 2B is the paper's model class, Gemma 1's
+  GGUF's, checked by tests/integration/test_benchmarks.py; Gemma 2B is the paper's model class, Gemma 1's
   published 2B config), random weights and a word-level tokenizer over the benchmark's prompts:
   no file needs to travel to the GPU machine. Timing only: the outputs are meaningless.
 

@@ -44,7 +44,7 @@ import http.client
 import openai
 import uvicorn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tests" / d) for d in ("", "unit", "integration")]
 
 from juice.apps.server import create_app  # noqa: E402
 from juice.interventions import Head, HeadSelection  # noqa: E402

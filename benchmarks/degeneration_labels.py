@@ -8,7 +8,7 @@ precision and recall against the labels (degenerate = the positive class), overa
 method, with the rule as it stands in `juice.eval.degeneration` (so a changed rule is scored on
 the same labels), and lists the disagreements.
 
-The committed labels: `benchmarks/labels/degeneration.jsonl` (tests/test_degeneration.py holds
+The committed labels: `benchmarks/labels/degeneration.jsonl` (tests/integration/test_degeneration.py holds
 the measure to them).
 
 `predict` reads `juice reproduce` results and prints, per dataset (domain) and steering method,

@@ -50,11 +50,11 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT / "benchmarks"), *(str(ROOT / "tests" / d) for d in ("", "unit", "integration"))]
 
-TEST_FILES = ("tests/test_decoding.py", "tests/test_continuous.py", "tests/test_static_cache.py",
-              "tests/test_steering.py", "tests/test_interventions.py", "tests/test_baselines.py",
-              "tests/test_sampling.py", "tests/test_auto.py", "tests/test_guard.py", "tests/test_server.py")
+TEST_FILES = tuple(f"tests/integration/test_{m}.py" for m in (
+    "engine_batch", "engine_session", "static_cache", "steering", "interventions", "baselines", "sampling", "auto",
+    "guard", "server"))
 """The engine, steering, baselines and server tests run on the device."""
 
 ATTENTIONS = ("sdpa", "eager")

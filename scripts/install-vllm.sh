@@ -7,7 +7,7 @@
 # dependencies (vLLM brings torch and transformers).
 #
 # Where vLLM cannot be installed (no wheel for this platform or Python, no package index), it says
-# so and exits 0, so the README's test command goes on and tests/test_vllm.py skips with that
+# so and exits 0, so the README's test command goes on and tests/integration/test_vllm.py skips with that
 # reason; JUICE_VLLM_STRICT=1 makes it fail instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."

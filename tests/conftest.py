@@ -101,23 +101,22 @@ def tiny_device() -> torch.device:
     return TEST_DEVICE
 
 
-UNIT_MODULES = {"test_cli", "test_compare", "test_completion_text", "test_context_types", "test_contextual_data", "test_data",
-                "test_docs", "test_doctests", "test_harness_tasks", "test_install", "test_layout", "test_plots", "test_progress", "test_properties", "test_report",
-                "test_stats", "test_steering_request", "test_tables", "test_tuned", "test_vllm_constraints"}
-"""Test modules that load no model (a test among them that does is marked `integration`)."""
+TIERS = ("unit", "integration", "slow")
+"""The test folders, each its tier's marker: `unit` (no model: `pytest -m unit`, seconds),
+`integration` (tiny random models: `pytest -m "not slow"`, minutes), `slow` (the embedded models,
+vLLM); a test marked `slow` (or `integration`) in a faster folder keeps its own marker."""
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tiers, as TransformerLens has them: `unit` (no model: `pytest -m unit`, seconds), `integration`
-    (tiny random models: `pytest -m "not slow"`, minutes) and `slow` (the embedded models, vLLM);
-    `pytest` runs them all (the README's test command)."""
+    """Tiers, as TransformerLens has them, by folder (:data:`TIERS`); `pytest` runs them all
+    (the README's test command)."""
     for item in items:
         if item.get_closest_marker("vllm") is not None:
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("slow") is not None or item.get_closest_marker("integration") is not None:
             continue
-        module = item.module.__name__.rpartition(".")[2] if item.module is not None else ""
-        item.add_marker(pytest.mark.unit if module in UNIT_MODULES else pytest.mark.integration)
+        folder = Path(str(item.fspath)).parent.name
+        item.add_marker(getattr(pytest.mark, folder if folder in TIERS else "integration"))
 
 
 def pytest_report_header(config) -> str:

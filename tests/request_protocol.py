@@ -1,6 +1,6 @@
 """One table of request bodies for juice's request protocol (:mod:`juice.steering_request`),
-sent to `juice serve` (tests/test_steering_request.py) and to `juice serve --engine vllm`
-(tests/test_vllm.py), which must answer each with the same status, message and warning.
+sent to `juice serve` (tests/unit/test_steering_request.py) and to `juice serve --engine vllm`
+(tests/integration/test_vllm.py), which must answer each with the same status, message and warning.
 
 The servers are started with two heads files of a 3- or 4-layer, 4-head model: parametric
 (:data:`PARAMETRIC`, JuNE tuned at 3, -0.5) and contextual (:data:`CONTEXTUAL`, untuned).

@@ -424,17 +424,10 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
     fixed = float((weight * np.array([bool(v) for v in verdicts["original"]]))[~has].sum())
     rel = None if relevance is None else np.array([float(r) for r in relevance])
 
-    def grid(values, size):
-        order = sorted(set(values.tolist()))
-        cuts = [(a + b) / 2 for a, b in zip(order, order[1:])]
-        if len(cuts) > size:
-            cuts = sorted({cuts[round(i * (len(cuts) - 1) / (size - 1))] for i in range(size)})
-        return cuts
-
-    cuts = grid(x[has], THRESHOLD_GRID)
+    cuts = _midpoints(x[has], THRESHOLD_GRID)
     gates: list[tuple[float | None, int | None]] = [(None, None)]
     if rel is not None and has.any():
-        gates += [(g, j) for g in grid(rel[has], GATE_GRID) for j in range(len(names))]
+        gates += [(g, j) for g in _midpoints(rel[has], GATE_GRID) for j in range(len(names))]
     steer_rank = [CANDIDATES.index(c) for c in names]
     best: tuple | None = None
     tried = 0
@@ -464,18 +457,31 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
                         None if gate is None else float(gate), irrelevant)
     chosen_names = policy_picks(policy, signal, passage, relevance)
     chosen = [verdicts[c][i] for i, c in enumerate(chosen_names)]
-
-    def type_mean(values: Sequence[bool]) -> dict[str, float]:
-        out = {}
-        for t in present:
-            srcs = sorted({src for tt, src in zip(types, sources) if tt == t})
-            out[t] = sum(100.0 * sum(bool(v) for v, tt, ss in zip(values, types, sources) if tt == t and ss == src)
-                         / sum(1 for tt, ss in zip(types, sources) if tt == t and ss == src) for src in srcs) / len(srcs)
-        return out
-
-    static = {c: sum(type_mean(verdicts[c]).values()) / len(present) for c in [*names, *refused]}
-    per_type = type_mean(chosen)
+    static = {c: sum(_type_means(verdicts[c], types, sources, present).values()) / len(present)
+              for c in [*names, *refused]}
+    per_type = _type_means(chosen, types, sources, present)
     return AutoFit(policy, sum(per_type.values()) / len(present), static, per_type, tried, share, refused)
+
+
+def _midpoints(values, size: int) -> list[float]:
+    """The midpoints between consecutive distinct `values` (a numpy array), thinned to at most
+    `size` evenly spaced ones: the candidate thresholds of :func:`fit_policy`."""
+    order = sorted(set(values.tolist()))
+    cuts = [(a + b) / 2 for a, b in zip(order, order[1:])]
+    if len(cuts) > size:
+        cuts = sorted({cuts[round(i * (len(cuts) - 1) / (size - 1))] for i in range(size)})
+    return cuts
+
+
+def _type_means(values: Sequence[bool], types: Sequence[str], sources: Sequence[str], present: Sequence[str]
+                ) -> dict[str, float]:
+    """Context type -> accuracy (%) of `values` averaged over sources, for the types `present`."""
+    out = {}
+    for t in present:
+        srcs = sorted({src for tt, src in zip(types, sources) if tt == t})
+        out[t] = sum(100.0 * sum(bool(v) for v, tt, ss in zip(values, types, sources) if tt == t and ss == src)
+                     / sum(1 for tt, ss in zip(types, sources) if tt == t and ss == src) for src in srcs) / len(srcs)
+    return out
 
 
 def cross_validate(verdicts: Mapping[str, Sequence[bool]], static: Mapping[str, Sequence[bool]],

@@ -219,7 +219,7 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
     `out/study.json` and the heads file with `auto`'s policy (`out/heads_auto.json`).
 
     Args:
-        names: the static methods (:data:`juice.when_to_steer.CONTEXT_METHODS` but auto).
+        names: the static methods (names in :data:`juice.methods.REGISTRY` but auto).
         auto: fit `auto` on validation (its candidates are decoded there) and evaluate it on test.
         validation_limit, test_limit: the first N questions of each source in each half.
         keep: a rule an item must meet (e.g. :func:`juice.when_to_steer.prompt_fits`).
@@ -228,7 +228,7 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
         ValueError: see :func:`juice.when_to_steer.context_items` and
             :func:`juice.when_to_steer.context_methods`; a half without items.
     """
-    from juice.auto import candidate_betas, cross_validate, fit_policy, request_features, verdict_table
+    from juice.auto import candidate_betas
     from juice.eval.contexts import QUESTION_ONLY, context_type_tables, question_only_results
     from juice.when_to_steer import SHORT, ContextsEvaluation, best_static_method, context_items, context_methods, summarize
 
@@ -266,23 +266,8 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
     val_results += question_only_results(val_items, val_results)
     fit, cv = None, {}
     if auto:
-        verdicts, degenerate = verdict_table(val_items, val_results, candidates)
-        signal, rel, passage = request_features(lm, val_items)
-        types, sources = [i.context_type for i in val_items], [i.source for i in val_items]
-        fit = fit_policy(verdicts, signal, types, sources, betas, passage, degenerate, relevance=rel)
-        artifact.tuned = artifact.tuned.with_record("auto", {**fit.policy.to_json(), "validation": fit.to_json(),
-                                                             "data": val_where})
-        from juice.stage1 import save_heads
-
-        save_heads(artifact, out / "heads_auto.json")
-        every_static, _ = verdict_table(val_items, val_results, {m: m for m in static_names})
-        schemes = {"5-fold, grouped by question": ([(i.source, i.uid) for i in val_items], 5)}
-        if len({i.source for i in val_items}) > 1:
-            schemes["leave one source out"] = (sources, 0)
-        for label, (groups, folds) in schemes.items():
-            held = cross_validate(verdicts, every_static, signal, types, sources, groups, betas, passage=passage,
-                                  degenerate=degenerate, relevance=rel, folds=folds, seed=seed)
-            cv[label] = _cv_summary(val_items, held, resamples, seed)
+        fit, cv = _fit_auto(lm, artifact, val_items, val_results, val_where, candidates, static_names, betas,
+                            out, resamples, seed)
     val_results += oracle_results(val_items, val_results, list(candidates.values()))
     val_titles = [*static_names, *extra, ORACLE]
     validation = ContextsEvaluation(
@@ -321,19 +306,55 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
         if spent.get("chunks without a time"):
             timings[f"{half} chunks without a time"] = spent["chunks without a time"]
     study = Study(validation, test, fit, timings, cv)
+    _write_study(study, out)
+    return study
+
+
+def _fit_auto(lm: LoadedModel, artifact: HeadsArtifact, items: Sequence[ContextItem], results: Sequence[ItemResult],
+              where: Mapping[str, Any], candidates: Mapping[str, str], static_names: Sequence[str],
+              betas: Mapping[str, tuple[float, float]], out: Path, resamples: int, seed: int
+              ) -> tuple[Any, dict[str, dict[str, float]]]:
+    """auto fitted on the validation half's decoded candidates, written into the heads file
+    (`out/heads_auto.json`), and its cross-validated gain over the best static method, 5-fold by
+    question and, with several sources, leaving one source out."""
+    from juice.auto import cross_validate, fit_policy, request_features, verdict_table
+    from juice.stage1 import save_heads
+
+    verdicts, degenerate = verdict_table(items, results, candidates)
+    signal, rel, passage = request_features(lm, items)
+    types, sources = [i.context_type for i in items], [i.source for i in items]
+    fit = fit_policy(verdicts, signal, types, sources, betas, passage, degenerate, relevance=rel)
+    artifact.tuned = artifact.tuned.with_record("auto", {**fit.policy.to_json(), "validation": fit.to_json(),
+                                                         "data": where})
+    save_heads(artifact, out / "heads_auto.json")
+    every_static, _ = verdict_table(items, results, {m: m for m in static_names})
+    schemes = {"5-fold, grouped by question": ([(i.source, i.uid) for i in items], 5)}
+    if len({i.source for i in items}) > 1:
+        schemes["leave one source out"] = (sources, 0)
+    cv = {}
+    for label, (groups, folds) in schemes.items():
+        held = cross_validate(verdicts, every_static, signal, types, sources, groups, betas, passage=passage,
+                              degenerate=degenerate, relevance=rel, folds=folds, seed=seed)
+        cv[label] = _cv_summary(items, held, resamples, seed)
+    return fit, cv
+
+
+def _write_study(study: Study, out: Path) -> None:
+    """`out/{validation,test}/contexts.{json,md,png}`, `out/study.json` and `out/study.md`."""
+    from juice.plots import have_matplotlib
+
+    validation, test, fit = study.validation, study.test, study.fit
     for name, evaluation in (("validation", validation), ("test", test)):
         write_json_atomic(out / name / "contexts.json", evaluation.to_json())
         (out / name / "contexts.md").write_text(evaluation.markdown(), encoding="utf-8")
-        from juice.plots import have_matplotlib
-
         if have_matplotlib():
             evaluation.figure(out / name / "contexts.png")
-    write_json_atomic(out / "study.json", {"best_static": best, "timings_s": timings, "cross_validation": cv,
+    write_json_atomic(out / "study.json", {"best_static": test.best_static, "timings_s": study.timings,
+                                           "cross_validation": study.cross_validation,
                                            "auto": None if fit is None else {**fit.policy.to_json(), **fit.to_json()},
                                            "validation": {k: v.to_json() for k, v in validation.summary.items()},
                                            "test": {k: v.to_json() for k, v in test.summary.items()}})
     (out / "study.md").write_text(study.markdown(), encoding="utf-8")
-    return study
 
 
 def auto_candidate(lm: LoadedModel, artifact: HeadsArtifact, candidate: str, betas: Mapping[str, tuple[float, float]]

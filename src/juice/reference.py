@@ -6,17 +6,19 @@ teacher-forced continuation log-probabilities (:func:`continuation_logprobs`), C
 two-branch decoding and likelihoods (:func:`cad_generate_naive`,
 :func:`cad_continuation_logprobs_naive`, Shi et al. 2023, Eq. 2) and Stage 1's intervention
 probabilities (:func:`intervention_probs_naive`, Alg. 2), and decoding at the post-norm site
-(:func:`greedy_generate_post_norm_naive`). Not for production runs.
+(:func:`greedy_generate_post_norm_naive`), and the mechanistic analyses' knock-outs and cumulative
+steering (:func:`knockout_readout_naive`, :func:`cumulative_probs_naive`). Not for production runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import Tensor
 
+from juice.analysis.knockout import Component, knocked_out
 from juice.baselines.cad import ALPHA, AlphaRule, CadPolicy
 from juice.budget import resolve_max_rows
 from juice.likelihood import continuation_ids, sequence_logits
@@ -235,3 +237,45 @@ def _added_contributions(lm: LoadedModel, captured: dict[int, Tensor], coefficie
     finally:
         for h in handles:
             h.remove()
+
+
+@torch.inference_mode()
+def knockout_readout_naive(
+    lm: LoadedModel, prompt: str, components: Sequence[Component], readout: Callable[[Tensor], Tensor],
+) -> tuple[Tensor, Tensor]:
+    """Reference for :func:`juice.analysis.knockout.knockout_readout`: one full forward per
+    knock-out (Fig. 3's component knock-outs)."""
+    ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
+    clean = readout(lm.model(input_ids=ids).logits[:, -1].float())[0]
+    out = []
+    for c in components:
+        with knocked_out(lm.heads, {c: lambda batch: slice(None)}):
+            out.append(readout(lm.model(input_ids=ids).logits[:, -1].float())[0])
+    return clean.cpu(), torch.stack(out).cpu()   # on the CPU, as knockout_readout's
+
+
+@torch.inference_mode()
+def cumulative_probs_naive(
+    lm: LoadedModel, prompt: str, token: int, ranked: Sequence[Head], ns: Sequence[int], alpha: float = -1.0,
+) -> tuple[float, Tensor, Tensor]:
+    """Reference for :func:`juice.analysis.multiple.cumulative_probs`: separate forwards; run twice captures run 1's head
+    outputs, then adds `alpha` times them in a second forward (Table 3's cumulative heads)."""
+    g = lm.heads.geometry
+    ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
+    layers = sorted({h.layer for h in ranked[: max(ns)]})
+
+    def prob() -> float:
+        return float(lm.model(input_ids=ids).logits[0, -1].float().softmax(-1)[token])
+
+    with captured_heads(lm.heads, layers) as saved:
+        clean = prob()
+    once, twice = [], []
+    for n in ns:
+        coefficients = head_coefficients(g, {h: alpha for h in ranked[:n]})
+        with scaled_heads(lm.heads, coefficients):
+            once.append(prob())
+        additions = {l: coefficients[l].to(saved[l].device)[None, None, :, None] * saved[l]
+                     for l in layers if coefficients[l].any()}
+        with added_to_heads(lm.heads, additions):
+            twice.append(prob())
+    return clean, torch.tensor(once), torch.tensor(twice)

@@ -52,7 +52,7 @@ from juice.interventions import Head
 from juice.io import UnitCheckpoint
 from juice.models import LoadedModel
 from juice.sweeps import growing_readout, intervention_readout
-from juice.tokens import answer_first_token, encode
+from juice.tokens import answer_first_token
 
 KINDS: tuple[str, ...] = ("layer", "attention", "mlp")
 """The knocked-out components of Fig. 3: whole layer, attention block, MLP block."""
@@ -185,20 +185,6 @@ def knockout_readout(
         return knocked_out(lm.heads, rows_of)
 
     return growing_readout(lm, prompt, order, lambda i: components[i].layer, intervene, readout, max_rows)
-
-
-@torch.inference_mode()
-def knockout_readout_naive(
-    lm: LoadedModel, prompt: str, components: Sequence[Component], readout: Callable[[Tensor], Tensor],
-) -> tuple[Tensor, Tensor]:
-    """Reference for :func:`knockout_readout`: one full forward per knock-out. For tests."""
-    ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
-    clean = readout(lm.model(input_ids=ids).logits[:, -1].float())[0]
-    out = []
-    for c in components:
-        with knocked_out(lm.heads, {c: _all_rows}):
-            out.append(readout(lm.model(input_ids=ids).logits[:, -1].float())[0])
-    return clean.cpu(), torch.stack(out).cpu()   # on the CPU, as knockout_readout's
 
 
 def all_components(n_layers: int) -> list[Component]:
@@ -473,5 +459,5 @@ def run_knockout(lm: LoadedModel, options: AnalysisOptions, progress: Progress =
 
 
 __all__ = ["Component", "KINDS", "KnockoutResult", "all_components", "component_deltas", "count_interval",
-           "head_knockout_deltas", "knocked_out", "knockout_readout", "knockout_readout_naive", "mlp_module",
+           "head_knockout_deltas", "knocked_out", "knockout_readout", "mlp_module",
            "run_knockout"]

@@ -52,11 +52,8 @@ from juice.eval.stats import Interval, bootstrap_interval, paired_difference_int
 from juice.interventions import (
     Head,
     RowPlan,
-    added_to_heads,
-    captured_heads,
     head_coefficients,
     planned_rows,
-    scaled_heads,
 )
 from juice.io import UnitCheckpoint
 from juice.models import LoadedModel
@@ -129,33 +126,6 @@ def cumulative_probs(
         once.append(p[1:1 + len(chunk)])
         twice.append(p[1 + len(chunk):])
     return clean, torch.cat(once), torch.cat(twice)
-
-
-@torch.inference_mode()
-def cumulative_probs_naive(
-    lm: LoadedModel, prompt: str, token: int, ranked: Sequence[Head], ns: Sequence[int], alpha: float = -1.0,
-) -> tuple[float, Tensor, Tensor]:
-    """Reference for :func:`cumulative_probs`: separate forwards; run twice captures run 1's head
-    outputs, then adds `alpha` times them in a second forward. For tests."""
-    g = lm.heads.geometry
-    ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
-    layers = sorted({h.layer for h in ranked[: max(ns)]})
-
-    def prob() -> float:
-        return float(lm.model(input_ids=ids).logits[0, -1].float().softmax(-1)[token])
-
-    with captured_heads(lm.heads, layers) as saved:
-        clean = prob()
-    once, twice = [], []
-    for n in ns:
-        coefficients = head_coefficients(g, {h: alpha for h in ranked[:n]})
-        with scaled_heads(lm.heads, coefficients):
-            once.append(prob())
-        additions = {l: coefficients[l].to(saved[l].device)[None, None, :, None] * saved[l]
-                     for l in layers if coefficients[l].any()}
-        with added_to_heads(lm.heads, additions):
-            twice.append(prob())
-    return clean, torch.tensor(once), torch.tensor(twice)
 
 
 def split_items(items: Sequence[ConflictExample], options: AnalysisOptions) -> tuple[list, list]:
@@ -335,5 +305,5 @@ def run_multiple(lm: LoadedModel, options: AnalysisOptions, progress: Progress =
     return result
 
 
-__all__ = ["MultipleResult", "NS", "cumulative_plan", "cumulative_probs", "cumulative_probs_naive",
+__all__ = ["MultipleResult", "NS", "cumulative_plan", "cumulative_probs",
            "run_multiple", "split_items"]

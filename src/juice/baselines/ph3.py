@@ -77,6 +77,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -146,23 +147,35 @@ def logit_difference_effects(
     if not prompts:
         raise ValueError("PH3 needs at least one development prompt")
     g = lm.heads.geometry
-    heads = [Head(l, h) for l in range(g.n_layers) for h in range(g.n_heads)]
-    interventions = [(head, -1.0) for head in heads]
+    interventions = [(Head(l, h), -1.0) for l in range(g.n_layers) for h in range(g.n_heads)]
+
+    def measure(cp: ConflictPrompt) -> tuple[float, Tensor]:
+        pair = torch.tensor([cp.parametric_token, cp.context_token])
+        clean, values = intervention_readout(
+            lm, cp.prompt, interventions, lambda logits: logits[:, pair.to(logits.device)], max_rows)
+        return float(clean[0] - clean[1]), (values[:, 0] - values[:, 1]).double()
+
+    return _mean_effects(lm, prompts, "ph3", measure, checkpoint, on_prompt)
+
+
+def _mean_effects(lm: LoadedModel, prompts: Sequence, unit_kind: str, measure: Callable[[Any], tuple[float, Tensor]],
+                  checkpoint: UnitCheckpoint | None, on_prompt: Callable[[int], None] | None) -> Ph3Scores:
+    """Both PH3 scorers' loop: per prompt, `measure(prompt)` -> (clean LD, `[n_layers * n_heads]`
+    LD with each head intervened), saved per prompt under `unit_kind` in `checkpoint` (a
+    resumed run reads it back); the mean effect LD - LD_clean over prompts."""
+    g = lm.heads.geometry
     total = torch.zeros(g.n_layers * g.n_heads, dtype=torch.float64)
     clean_ld = []
-    for i, cp in enumerate(prompts):
-        unit = UnitCheckpoint.unit_id("ph3", cp, g) if checkpoint else ""
+    for i, prompt in enumerate(prompts):
+        unit = UnitCheckpoint.unit_id(unit_kind, prompt, g) if checkpoint else ""
         done = checkpoint.get(unit) if checkpoint else None
         if done is None:
-            pair = torch.tensor([cp.parametric_token, cp.context_token])
-            clean, values = intervention_readout(
-                lm, cp.prompt, interventions, lambda logits: logits[:, pair.to(logits.device)], max_rows)
-            done = {"clean_ld": float(clean[0] - clean[1]), "ld": (values[:, 0] - values[:, 1]).double().tolist()}
+            ld0, ld = measure(prompt)
+            done = {"clean_ld": ld0, "ld": ld.tolist()}
             if checkpoint:
                 checkpoint.put(unit, done)
-        ld0 = done["clean_ld"]
-        total += torch.tensor(done["ld"], dtype=torch.float64) - ld0
-        clean_ld.append(ld0)
+        total += torch.tensor(done["ld"], dtype=torch.float64) - done["clean_ld"]
+        clean_ld.append(done["clean_ld"])
         if on_prompt:
             on_prompt(i)
     return Ph3Scores((total / len(prompts)).view(g.n_layers, g.n_heads), torch.tensor(clean_ld))
@@ -352,21 +365,8 @@ def path_patching_effects(
         raise ValueError("PH3 needs at least one development prompt")
     g = lm.heads.geometry
     heads = [Head(l, h) for l in range(g.n_layers) for h in range(g.n_heads)]
-    total = torch.zeros(len(heads), dtype=torch.float64)
-    clean_ld = []
-    for i, pp in enumerate(prompts):
-        unit = UnitCheckpoint.unit_id("ph3-path", pp, g) if checkpoint else ""
-        done = checkpoint.get(unit) if checkpoint else None
-        if done is None:
-            ld0, ld = path_patching_ld(lm, pp, heads, max_rows)
-            done = {"clean_ld": ld0, "ld": ld.tolist()}
-            if checkpoint:
-                checkpoint.put(unit, done)
-        total += torch.tensor(done["ld"], dtype=torch.float64) - done["clean_ld"]
-        clean_ld.append(done["clean_ld"])
-        if on_prompt:
-            on_prompt(i)
-    return Ph3Scores((total / len(prompts)).view(g.n_layers, g.n_heads), torch.tensor(clean_ld))
+    return _mean_effects(lm, prompts, "ph3-path", lambda pp: path_patching_ld(lm, pp, heads, max_rows),
+                         checkpoint, on_prompt)
 
 
 def heads_to_prune(scores: Ph3Scores, direction: str, k: int) -> tuple[Head, ...]:

@@ -311,9 +311,8 @@ def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: S
     own_row: dict[tuple[int, int], int] = {}
     for k, c in sorted(steered, key=lambda kc: joins[kc]):   # stable: rows in the order they join
         st, p = steering_of(k, c), prompt_keys[k]
-        juice = st.method == "juice"
         scale_row, add_row = st.scale_add(zero)
-        own_row[k, c] = row(p, scale_row, add_row, clean_row[p] if juice else -1, joins[k, c],
+        own_row[k, c] = row(p, scale_row, add_row, clean_row[p] if st.method == "juice" else -1, joins[k, c],
                             clean_row[p] if joins[k, c] else None)
 
     def rows_of(k: int, c: int, st: "Steering | Contrast | QuestionAlone") -> list[int]:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from juice.architectures import ModelHeads
-from juice.baselines.cad import cad_continuation_logprobs, cad_generate, contrast
+from juice.baselines.cad import cad_continuation_logprobs, cad_generate
 from juice.baselines.ph3 import ConflictPrompt, Ph3Scores, heads_to_prune, logit_difference_effects
 from juice.baselines.prompt import contextual_prompt, parametric_prompt
 from juice.data.paraconflict import build_domain
@@ -214,19 +214,10 @@ def test_cad_with_alpha_zero_equals_greedy_decoding_with_context(tiny):
 
 
 def test_cad_equals_a_naive_two_branch_rerun(tiny_llama):
-    lm = tiny_llama
-    cad = cad_generate(lm, PROMPTS, QUESTIONS, 5, alpha=1.0)
+    cad = cad_generate(tiny_llama, PROMPTS, QUESTIONS, 5, alpha=1.0)
     for i, (p, q) in enumerate(zip(PROMPTS, QUESTIONS)):
-        ids_c = encode(lm.tokenizer, [p]).input_ids.to(lm.device)
-        ids_q = encode(lm.tokenizer, [q]).input_ids.to(lm.device)
-        for step in range(5):
-            with torch.no_grad():
-                lc = lm.model(input_ids=ids_c).logits[0, -1]
-                lq = lm.model(input_ids=ids_q).logits[0, -1]
-            token = int(contrast(lc, lq, 1.0).argmax())
-            assert token == int(cad.tokens[i, step]), (i, step)
-            ids_c = torch.cat([ids_c, torch.tensor([[token]], device=lm.device)], 1)
-            ids_q = torch.cat([ids_q, torch.tensor([[token]], device=lm.device)], 1)
+        tokens, _, _ = _naive_two_branch(tiny_llama, p, q, 5, lambda lc, lq: 1.0)
+        assert tokens == cad.tokens[i, :5].tolist(), i
 
 
 def test_the_no_context_branch_holds_no_context_token(tiny_llama):
@@ -319,32 +310,29 @@ def test_jsd_alpha_equals_a_hand_computed_divergence_in_bits():
 def test_adacad_equals_a_naive_two_branch_rerun_with_the_jsd_weight(tiny_llama):
     from juice.baselines.cad import jsd_alpha
 
-    lm = tiny_llama
-    ada = cad_generate(lm, PROMPTS, QUESTIONS, 5, alpha=jsd_alpha)
+    ada = cad_generate(tiny_llama, PROMPTS, QUESTIONS, 5, alpha=jsd_alpha)
     for i, (p, q) in enumerate(zip(PROMPTS, QUESTIONS)):
-        ids_c = encode(lm.tokenizer, [p]).input_ids.to(lm.device)
-        ids_q = encode(lm.tokenizer, [q]).input_ids.to(lm.device)
-        for step in range(5):
-            with torch.no_grad():
-                lc = lm.model(input_ids=ids_c).logits[0, -1]
-                lq = lm.model(input_ids=ids_q).logits[0, -1]
-            a = _jsd_bits(lc, lq)
-            assert 0 < a <= 1
-            token = int(((1 + a) * lc - a * lq).argmax())
-            assert token == int(ada.tokens[i, step]), (i, step)
-            ids_c = torch.cat([ids_c, torch.tensor([[token]], device=lm.device)], 1)
-            ids_q = torch.cat([ids_q, torch.tensor([[token]], device=lm.device)], 1)
+        tokens, _, alphas = _naive_two_branch(tiny_llama, p, q, 5, _jsd_bits)
+        assert all(0 < a <= 1 for a in alphas), alphas
+        assert tokens == ada.tokens[i, :5].tolist(), i
 
 
-def _naive_adacad(lm, prompt: str, question: str, n: int, probes: list[int]) -> tuple[str, list[float]]:
-    """AdaCAD one item at a time, re-running both branches from scratch at every step."""
+def _naive_two_branch(lm, prompt: str, question: str, n: int, alpha_of, probes: tuple[int, ...] = ()
+                      ) -> tuple[list[int], list[float] | None, list[float]]:
+    """CAD one item at a time with the weight `alpha_of(lc, lq)` (this file's own JSD for AdaCAD,
+    not the library's), re-running both branches from scratch at every step.
+
+    Returns:
+        (new token ids, first-step contrasted probabilities of `probes`, the weight at each step).
+    """
     ids_c = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
     ids_q = encode(lm.tokenizer, [question]).input_ids.to(lm.device)
-    new, first = [], None
+    new, first, alphas = [], None, []
     for _ in range(n):
         with torch.no_grad():
             lc, lq = lm.model(input_ids=ids_c).logits[0, -1], lm.model(input_ids=ids_q).logits[0, -1]
-        a = _jsd_bits(lc, lq)
+        a = alpha_of(lc, lq)
+        alphas.append(a)
         adjusted = (1 + a) * lc - a * lq
         if first is None:
             first = [float(adjusted.softmax(-1)[t]) for t in probes]
@@ -352,6 +340,12 @@ def _naive_adacad(lm, prompt: str, question: str, n: int, probes: list[int]) -> 
         new.append(token)
         ids_c = torch.cat([ids_c, torch.tensor([[token]], device=lm.device)], 1)
         ids_q = torch.cat([ids_q, torch.tensor([[token]], device=lm.device)], 1)
+    return new, first, alphas
+
+
+def _naive_adacad(lm, prompt: str, question: str, n: int, probes: list[int]) -> tuple[str, list[float]]:
+    """AdaCAD one item at a time (:func:`_naive_two_branch` with the JSD weight), as text."""
+    new, first, _ = _naive_two_branch(lm, prompt, question, n, _jsd_bits, tuple(probes))
     return lm.tokenizer.decode(new, skip_special_tokens=True), first
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "juice"
+SRC = Path(__file__).resolve().parents[2] / "src" / "juice"
 
 
 def module_of(path: Path) -> str:

@@ -34,7 +34,7 @@ from juice.vllm.middleware import juice_field_to_xargs
 
 from request_protocol import FUZZ_FIELDS, JSON_VALUES  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = find_vllm_python(required=False)
 _skip_without_vllm = pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (run scripts/install-vllm.sh, "
                                                                    "or set JUICE_VLLM_PYTHON)")

@@ -14,11 +14,11 @@ import pytest
 
 import juice
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-SKIP = {"OpenAI(": "a client of a running server (tests/test_server.py sends the same requests)",
-        "client.": "a client of a running server (tests/test_server.py)",
-        "register_architecture(": "registers an architecture globally (tests/test_architectures.py)",
+SKIP = {"OpenAI(": "a client of a running server (tests/integration/test_server.py sends the same requests)",
+        "client.": "a client of a running server (tests/integration/test_server.py)",
+        "register_architecture(": "registers an architecture globally (tests/integration/test_architectures.py)",
         "from vllm import": "runs in vLLM's own environment (tests/vllm_env/run_offline.py builds the same requests)"}
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import juice
 
 RUN_INSIDE_VLLM = ("juice.vllm.models", "juice.vllm.processor")
-"""Modules that import vLLM itself (tested in tests/test_vllm.py, in vLLM's environment)."""
+"""Modules that import vLLM itself (tested in tests/integration/test_vllm.py, in vLLM's environment)."""
 
 
 def _modules() -> list:

@@ -1,6 +1,6 @@
 """juice's one request protocol (:mod:`juice.steering_request`): the fields, their defaults and
 their errors, and `juice serve` answering the table of request bodies (tests/request_protocol.py)
-that `juice serve --engine vllm` must answer alike (tests/test_vllm.py)."""
+that `juice serve --engine vllm` must answer alike (tests/integration/test_vllm.py)."""
 
 from __future__ import annotations
 

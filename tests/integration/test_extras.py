@@ -12,7 +12,7 @@ import pytest
 
 from juice.extras import EXTRAS, MissingExtraError, require
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 BLOCKED = sorted({m for mods in EXTRAS.values() for m in mods})
 
 CORE_RUN = f"""

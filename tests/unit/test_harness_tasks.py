@@ -1,6 +1,6 @@
 """`juice tasks` (juice.eval.harness_tasks): the task YAMLs load in lm-evaluation-harness, their
 documents are juice's items, and their scoring functions are juice's metrics. (The harness's
-figures equal juice's evaluation on the embedded model: tests/test_server_lm_eval.py.)"""
+figures equal juice's evaluation on the embedded model: tests/slow/test_server_lm_eval.py.)"""
 
 from __future__ import annotations
 

@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 
 import juice.analysis.knockout as ko
 from juice.analysis.common import AnalysisOptions, write_outputs
-from juice.analysis.knockout import Component, all_components, count_interval, knockout_readout, knockout_readout_naive
-from juice.analysis.multiple import cumulative_probs, cumulative_probs_naive, run_multiple
+from juice.analysis.knockout import Component, all_components, count_interval, knockout_readout
+from juice.analysis.multiple import cumulative_probs, run_multiple
+from juice.reference import cumulative_probs_naive, knockout_readout_naive
 from juice.analysis.superposition import rank_heads, run_superposition
 from juice.data.paraconflict import build_domain
 from juice.interventions import Head, head_coefficients, scaled_heads

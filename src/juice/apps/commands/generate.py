@@ -1,0 +1,42 @@
+"""`juice generate`: the Original, JuNE and JuICE continuations of one prompt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from juice.apps.commands.common import console
+from juice.models import DEFAULT_MODEL
+
+
+def generate(
+    prompt: str = typer.Argument(..., help="the prompt to continue"),
+    heads: Path = typer.Option(..., exists=True, dir_okay=False,
+                               help="a heads file from `juice identify` or `juice reproduce`"),
+    beta_plus: Optional[float] = typer.Option(None, help="default: the heads file's tuned betas for each method, "
+                                              "else juice.steering.DEFAULT_BETAS (with a warning)"),
+    beta_minus: Optional[float] = typer.Option(None),
+    model: str = typer.Option(DEFAULT_MODEL),
+    max_new_tokens: int = typer.Option(10),
+):
+    """Print the original, JuNE and JuICE continuations of a prompt.
+
+    Example: juice generate --heads heads.json --beta-plus 2 --beta-minus -1 "The capital of France is Rome. The capital of France is"
+    """
+    from juice.engine import Stream
+    from juice.engine import generate as run
+    from juice.methods import REGISTRY, MethodInputs, build
+    from juice.stage1 import load_heads
+    from juice.models import load_model
+
+    load_heads(heads)   # a malformed file fails before the model loads
+    lm = load_model(model)
+    artifact = load_heads(heads, lm)
+    inputs = MethodInputs(lm, artifact.selection, artifact.tuned, beta_plus, beta_minus)
+    shown = ("original", "june", "juice")
+    streams = [Stream(0, build(name, inputs).method.steering) for name in shown]
+    gen = run(lm, [prompt], streams, max_new_tokens)
+    for name, text in zip(shown, gen.texts):
+        console.print(f"[bold]{REGISTRY[name].title:>8}[/bold]: {prompt}[cyan]{text}[/cyan]")

@@ -1,0 +1,123 @@
+"""`juice serve`: the OpenAI-compatible server (juice's engine, or vLLM with juice's plugin)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from juice.apps.commands.common import console
+from juice.models import DEFAULT_MODEL
+
+
+def serve(
+    model: str = typer.Option(DEFAULT_MODEL, help="embedded alias, .gguf file, model directory or hub id"),
+    heads: list[Path] = typer.Option([], exists=True, dir_okay=False,
+                                     help="a heads file (repeat: one per direction, e.g. parametric and contextual)"),
+    host: str = typer.Option("127.0.0.1"),
+    port: int = typer.Option(8000),
+    device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
+    max_rows: int = typer.Option(64, min=1, help="most rows decoding at once (a JuICE request holds two per choice)"),
+    max_queued: int = typer.Option(256, min=1, help="most requests waiting to start; past it: HTTP 429"),
+    max_n: int = typer.Option(16, min=1, help="most choices per prompt (n)"),
+    max_prompts: int = typer.Option(64, min=1, help="most prompts in one completions request"),
+    max_total_tokens: int = typer.Option(0, min=0, help="most prompt + max_tokens tokens (0: the model's context)"),
+    request_timeout: float = typer.Option(600.0, min=0.0,
+                                          help="seconds before a request ends with HTTP 504 (0: no limit)"),
+    alias: list[str] = typer.Option([], help="NAME=SPEC: another model name whose requests get these juice "
+                                             "options, e.g. gemma+juice=direction:contextual,method:juice,beta_plus:2 "
+                                             "(repeat; for lm-evaluation-harness, whose request bodies are fixed)"),
+    default: Optional[str] = typer.Option(None, help="SPEC (as --alias's): the juice options of a request that sends "
+                                                     "none, e.g. method:juice,beta_plus:2 (unset: the heads file's "
+                                                     "tuned steering, else Original)"),
+    engine: str = typer.Option("juice", help="juice (this process's engine) | vllm (vLLM's OpenAI server with "
+                                             "juice's plugin, run from vLLM's environment; README, \"Serving at "
+                                             "scale with vLLM\")"),
+    dual_run: bool = typer.Option(True, help="--engine vllm: hold JuICE's second KV cache (--no-dual-run: JuNE "
+                                             "and pruning only, twice the KV capacity on the dual-run layers)"),
+    vllm_arg: list[str] = typer.Option([], help="--engine vllm: one more argument for vLLM's server (repeat), "
+                                                "e.g. --vllm-arg=--tensor-parallel-size=2"),
+):
+    """OpenAI-compatible server (/v1/models, /v1/completions, /v1/chat/completions, /health,
+    /metrics) with per-request steering in the body's "juice" field (needs the server extra:
+    FastAPI, uvicorn, prometheus-client). Requests join the running batch at the next decoding step.
+
+    Example: juice serve --heads heads.json --heads heads_contextual.json --port 8000
+    """
+    if engine not in ("juice", "vllm"):
+        raise typer.BadParameter(f"--engine must be juice or vllm, not {engine!r}", param_hint="--engine")
+    if engine == "vllm":
+        if alias:
+            raise typer.BadParameter("--alias is for --engine juice (vLLM serves one model name; send the juice "
+                                     "field, or vllm_xargs, per request)", param_hint="--alias")
+        _serve_vllm(model, heads, host, port, max_total_tokens, dual_run, vllm_arg, default)
+        return
+    from juice.extras import require
+
+    require("server", "juice serve")
+    import uvicorn
+
+    from juice.apps.openai_schema import ServerLimits
+    from juice.apps.server import create_app, parse_alias, parse_spec
+    from juice.models import load_model
+    from juice.stage1 import load_heads
+
+    try:
+        aliases = dict(parse_alias(a) for a in alias)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--alias") from None
+    try:
+        default_options = None if default is None else parse_spec(default)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--default") from None
+    limits = ServerLimits(max_n=max_n, max_prompts=max_prompts, max_rows=max_rows, max_queued=max_queued,
+                          request_timeout_s=request_timeout or None, max_total_tokens=max_total_tokens or None)
+    for path in heads:
+        load_heads(path)   # malformed files fail before the model loads
+    lm = load_model(model, device=device)
+    try:
+        app_ = create_app(lm, [load_heads(path, lm) for path in heads], limits=limits, aliases=aliases,
+                          default=default_options)
+    except ValueError as err:   # an alias or default the heads cannot honour
+        raise typer.BadParameter(str(err), param_hint="--default" if str(err).startswith("--default")
+                                 else "--alias") from None
+    console.print(f"serving {lm.name}{''.join(f', {a}' for a in aliases)} on http://{host}:{port}/v1 with heads for "
+                  f"{', '.join(sorted(str(load_heads(p).direction) for p in heads)) or 'no direction (Original only)'}")
+    from juice.methods import TUNED_STEERINGS
+    from juice.steering import DEFAULT_BETAS
+
+    untuned = [str(p) for p in heads if not any(load_heads(p).tuned.betas(m) for m in TUNED_STEERINGS)]
+    if untuned and default_options is None:
+        console.print(f"[yellow]note:[/yellow] {', '.join(untuned)} holds no tuned betas (`juice tune`): a request "
+                      "without a juice field gets Original there, and one asking for JuICE or JuNE without betas "
+                      f"gets {DEFAULT_BETAS[0]:g} and {DEFAULT_BETAS[1]:g} with an X-Juice-Warning header")
+    uvicorn.run(app_, host=host, port=port, log_level="info")
+
+
+def _serve_vllm(model: str, heads: list[Path], host: str, port: int, max_total_tokens: int, dual_run: bool,
+                extra: list[str], default: str | None = None) -> None:
+    """`juice serve --engine vllm`: replace this process with vLLM's OpenAI server (:mod:`juice.vllm.launch`)."""
+    import os
+
+    import torch
+
+    from juice.vllm.launch import (describe, find_vllm_python, folder_geometry, server_command, server_environment,
+                                   served_folder)
+    from juice.vllm.options import plugin_heads
+
+    python = find_vllm_python()
+    try:   # malformed heads files, two for one direction, or a default they cannot honour: one line
+        plugin_heads(server_environment(heads, dual_run, default=default))
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--default" if "JUICE_VLLM_DEFAULT" in str(err)
+                                 else "--heads") from None
+    folder = served_folder(model)
+    env = server_environment(heads, dual_run, geometry=folder_geometry(folder), default=default)
+    if not torch.cuda.is_available() and not any(a.startswith("--gpu-memory-utilization") for a in extra):
+        extra = ["--gpu-memory-utilization", "0.5", *extra]   # the CPU build reserves this share of memory
+    command = server_command(python, folder, model, host=host, port=port, max_model_len=max_total_tokens or None,
+                             extra=extra)
+    console.print(f"starting vLLM with juice's plugin ({', '.join(sorted(plugin_heads(env).selections)) or 'no heads'}"
+                  f"{', dual run' if dual_run and heads else ''}): {describe(command, env)}")
+    os.execve(python, command, env)
