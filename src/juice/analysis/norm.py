@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +54,10 @@ from juice.data.records import CONFLICT_TYPES
 from juice.eval.runner import ItemResult, evaluate, results_from_json, results_to_json
 from juice.eval.tuning import tune_per_domain
 from juice.interventions import projection_input_hooks
+from juice.methods import MethodInputs, build
 from juice.models import LoadedModel
 from juice.post_norm import POST_NORMS, head_contributions, norm_gain, post_norm_modules
-from juice.steering import Steering, steering_coefficients
+from juice.steering import Steering
 from juice.tokens import encode
 
 
@@ -184,7 +185,8 @@ def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_
         chosen = post.get(domain, post[head_domain])
         betas[domain] = {"JuNE": setup.betas[domain]["june"], "JuICE": setup.betas[domain]["juice"],
                          "JuNE (post-norm)": tuple(chosen["june"]), "JuICE (post-norm)": tuple(chosen["juice"])}
-        steer = {name: Steering(method, steering_coefficients(g, setup.selection, *betas[domain][name], method), site)
+        steer = {name: replace(build(method, MethodInputs(g, setup.selection, beta_plus=betas[domain][name][0],
+                                                          beta_minus=betas[domain][name][1])).method.steering, site=site)
                  for name, (method, site) in VARIANTS.items()}
         key_eval = settings_key({"heads": setup.key_heads, "betas": betas[domain], "test": [ex.to_json() for ex in sp.test],
                                  "items": [ex.uid for ex in sp.test]})

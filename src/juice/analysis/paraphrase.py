@@ -49,8 +49,9 @@ from juice.pipeline.run import ReproduceConfig, StageRun, run_key_base
 from juice.pipeline.stages import heads_stage
 from juice.interventions import HeadSelection
 from juice.io import StageFiles, settings_key
+from juice.methods import REGISTRY, MethodInputs, build
 from juice.models import LoadedModel
-from juice.steering import Steering, steering_coefficients
+from juice.steering import Steering
 
 QUICK_BETAS = ((0.0, 2.0), (0.0, -1.0))
 """`--quick`'s tuning grid (beta+ values, beta- values)."""
@@ -130,10 +131,10 @@ def benchmark_setup(lm: LoadedModel, options: AnalysisOptions, progress: Progres
 def method_steerings(lm: LoadedModel, setup: BenchmarkSetup, domain: str) -> dict[str, Steering]:
     """Original, JuNE and JuICE with `domain`'s betas."""
     g = lm.heads.geometry
-    out = {"Original": Steering()}
-    for m, title in (("june", "JuNE"), ("juice", "JuICE")):
+    out = {REGISTRY["original"].title: Steering()}
+    for m in ("june", "juice"):
         bp, bm = setup.betas[domain][m]
-        out[title] = Steering(m, steering_coefficients(g, setup.selection, bp, bm, m))
+        out[REGISTRY[m].title] = build(m, MethodInputs(g, setup.selection, beta_plus=bp, beta_minus=bm)).method.steering
     return out
 
 

@@ -58,8 +58,9 @@ from juice.eval.stats import Interval, bootstrap_interval, paired_difference_int
 from juice.interventions import HeadSelection
 from juice.stage1 import ALPHAS_NEGATIVE, ALPHAS_POSITIVE, HeadScores, score_heads, scoring_prompts, select_heads
 from juice.io import UnitCheckpoint, settings_key
+from juice.methods import MethodInputs, build
 from juice.models import LoadedModel
-from juice.steering import Steering, steering_coefficients
+from juice.steering import Steering
 
 METHODS = {"juice": "JuICE", "june": "JuNE"}
 GROUP_SIZE = 12
@@ -363,8 +364,8 @@ def run_robustness(lm: LoadedModel, options: AnalysisOptions, progress: Progress
     steerings: dict[str, Steering] = {"Original": Steering()}
     name_of: dict[Setting, str] = {}
     for _, s in plan:
-        steering = Steering(s.method, steering_coefficients(g, _top(heads[s.d], s.k), s.beta_plus, s.beta_minus,
-                                                         s.method))
+        steering = build(s.method, MethodInputs(g, _top(heads[s.d], s.k), beta_plus=s.beta_plus,
+                                                beta_minus=s.beta_minus)).method.steering
         name_of[s] = _steering_key(steering)
         steerings.setdefault(name_of[s], steering)
     results = evaluate_settings(lm, test, steerings, units, options.max_rows, progress)
