@@ -18,9 +18,23 @@ ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "juice"
 
 
+def _code_strings(text: str) -> set[str]:
+    """The string constants of a module's code, docstrings excluded."""
+    tree = ast.parse(text)
+    docs = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docs.add(id(first.value))
+    return {n.value for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs}
+
+
 def main() -> None:
     files = sorted(SRC.rglob("*.py"))
     june = [f for f in files if '"june"' in f.read_text()]
+    june_code = [f for f in files if _code_strings(f.read_text()) & {"june"}]
     builds: dict[str, int] = {}
     tuned: list[Path] = []
     long: list[str] = []
@@ -44,7 +58,8 @@ def main() -> None:
             tuned.append(f)
     cli = sorted(SRC.glob("apps/**/*.py"))
     folders = sorted({p.parent.relative_to(ROOT) for p in (ROOT / "tests").rglob("test_*.py")})
-    print(f'library files spelling "june": {len(june)}')
+    print(f'library files spelling "june": {len(june)} (as a string in code, docstrings and comments aside: '
+          f'{len(june_code)}: ' + ", ".join(str(f.relative_to(SRC)) for f in june_code) + ")")
     print(f"files building a Steering (outside steering.py): {len(builds)}  "
           + ", ".join(f"{k} ({v})" for k, v in sorted(builds.items())))
     print(f"library files reading `tuned` by key: {len(tuned)}  "

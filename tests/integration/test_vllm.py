@@ -634,6 +634,11 @@ def test_the_launch_line_carries_the_plugins_requirements(tmp_path):
         assert flag in command
     assert "--enforce-eager" not in command and "--no-enable-prefix-caching" not in command   # vLLM's defaults
     assert "--dtype" not in server_command("p", "f", "n", host="h", port=1, extra=["--dtype=bfloat16"])
+    assert "--compilation-config" not in command   # the CPU build captures no CUDA graph
+    gpu = server_command("p", "f", "n", host="h", port=1, gpu=True)
+    assert gpu[gpu.index("--compilation-config") + 1] == '{"cudagraph_mode": "PIECEWISE"}'
+    for own in (["--enforce-eager"], ["-O", "3"], ["--compilation-config={}"]):
+        assert "--compilation-config" not in server_command("p", "f", "n", host="h", port=1, gpu=True, extra=own)
     env = server_environment([tmp_path / "a.json"], dual_run=False, base={})
     assert env["JUICE_VLLM_HEADS"] == str((tmp_path / "a.json").resolve()) and env["JUICE_VLLM_DUAL_RUN"] == "0"
     assert describe(command, env).startswith("JUICE_VLLM_HEADS=")

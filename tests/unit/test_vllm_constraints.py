@@ -1,13 +1,14 @@
 """The vLLM configurations the plugin refuses at start (:mod:`juice.vllm.constraints`; issue 33):
 dual-batch overlap and micro-batching, whose micro-batches would read other requests' steering,
 and an attention backend without `query_start_loc` (FlashInfer's), each in one line naming the
-flag. The checks import nothing of vLLM; the real backends' metadata is read from vLLM's sources
+flag; full CUDA graphs, LoRA, speculative decoding and KV-sharing layers (issue 46). The checks import nothing of vLLM; the real backends' metadata is read from vLLM's sources
 where its environment is installed."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import enum
 import subprocess
 import types
 from pathlib import Path
@@ -16,7 +17,8 @@ from typing import Generic, TypeVar
 
 import pytest
 
-from juice.vllm.constraints import PluginConfigError, check_attention_backend, check_engine_config, metadata_fields
+from juice.vllm.constraints import (PluginConfigError, check_attention_backend, check_engine_config, check_kv_sharing,
+                                    metadata_fields)
 from juice.vllm.launch import find_vllm_python
 
 VLLM_PYTHON = find_vllm_python(required=False)
@@ -85,3 +87,63 @@ def test_the_installed_vllms_flashinfer_metadata_is_refused_and_its_cpu_metadata
     with pytest.raises(PluginConfigError, match="FLASHINFER"):
         check_attention_backend(_backend("FLASHINFER", flashinfer))
     check_attention_backend(_backend("CPU_ATTN", cpu))
+
+
+class _GraphMode(enum.Enum):
+    """vLLM's `CUDAGraphMode` as its config holds it (names, values and `has_full_cudagraphs`)."""
+
+    NONE = 0
+    PIECEWISE = 1
+    FULL = 2
+    FULL_DECODE_ONLY = (2, 0)
+    FULL_AND_PIECEWISE = (2, 1)
+
+    def has_full_cudagraphs(self) -> bool:
+        return self in (_GraphMode.FULL, _GraphMode.FULL_DECODE_ONLY, _GraphMode.FULL_AND_PIECEWISE)
+
+
+def _gpu_config(mode, capture=(1, 2, 4), eager=False, lora=None, speculative=None):
+    return SimpleNamespace(model_config=SimpleNamespace(enforce_eager=eager),
+                           parallel_config=SimpleNamespace(enable_dbo=False, ubatch_size=0),
+                           compilation_config=SimpleNamespace(mode=3, cudagraph_mode=mode,
+                                                              cudagraph_capture_sizes=list(capture)),
+                           lora_config=lora, speculative_config=speculative)
+
+
+def test_full_cuda_graphs_lora_and_speculative_decoding_are_refused_in_one_line():
+    for mode in (_GraphMode.FULL, _GraphMode.FULL_DECODE_ONLY, _GraphMode.FULL_AND_PIECEWISE):
+        with pytest.raises(PluginConfigError, match=f"cudagraph_mode {mode.name}: .*PIECEWISE.* or --enforce-eager"):
+            check_engine_config(_gpu_config(mode))
+    for fine in (_gpu_config(_GraphMode.PIECEWISE), _gpu_config(_GraphMode.NONE),
+                 _gpu_config(_GraphMode.FULL_AND_PIECEWISE, capture=()),   # vLLM's CPU build captures no graph
+                 _gpu_config(_GraphMode.FULL, eager=True)):
+        check_engine_config(fine)
+    with pytest.raises(PluginConfigError, match="does not support LoRA.*without --enable-lora"):
+        check_engine_config(_gpu_config(_GraphMode.PIECEWISE, lora=SimpleNamespace(max_loras=1)))
+    with pytest.raises(PluginConfigError, match="speculative decoding.*without --speculative-config"):
+        check_engine_config(_gpu_config(_GraphMode.PIECEWISE, speculative=SimpleNamespace(method="eagle3")))
+    for bad in (_gpu_config(_GraphMode.FULL), _gpu_config(_GraphMode.NONE, lora=1), _gpu_config(_GraphMode.NONE, speculative=1)):
+        with pytest.raises(PluginConfigError) as err:
+            check_engine_config(bad)
+        assert "\n" not in str(err.value)
+
+
+def test_attention_layers_sharing_a_kv_cache_are_refused():
+    check_kv_sharing(SimpleNamespace(kv_sharing_target_layer_name=None), "model.layers.3.self_attn.attn")
+    with pytest.raises(PluginConfigError, match="model.layers.20.self_attn.attn reads model.layers.3.self_attn.attn's"):
+        check_kv_sharing(SimpleNamespace(kv_sharing_target_layer_name="model.layers.3.self_attn.attn"),
+                         "model.layers.20.self_attn.attn")
+
+
+@pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (run scripts/install-vllm.sh)")
+def test_vllms_own_graph_modes_are_classified_as_the_refusal_expects():
+    """vLLM's real `CUDAGraphMode`: the full modes are refused, PIECEWISE and NONE pass."""
+    code = ("from vllm.config import CUDAGraphMode as M\n"
+            "print(' '.join(m.name for m in M if m.has_full_cudagraphs()))")
+    done = subprocess.run([VLLM_PYTHON, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    full = set(done.stdout.split())
+    assert full == {"FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"}
+    for name in full:
+        with pytest.raises(PluginConfigError):
+            check_engine_config(_gpu_config(_GraphMode[name]))

@@ -9,7 +9,18 @@ one-line :class:`PluginConfigError` naming the flag, before any request is serve
   metadata numbers its requests from 0, so a second micro-batch would read the first one's
   requests' coefficients;
 - an attention backend whose metadata has `query_start_loc` (FlashInfer's has none, and would
-  crash on the first steered batch): `--attention-backend` picks another.
+  crash on the first steered batch): `--attention-backend` picks another;
+- no full CUDA graphs (`cudagraph_mode` FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE, vLLM's
+  default on a GPU, wherever graphs are captured): a replayed full graph runs no Python, so the
+  steering's per-step tables would keep the last eager step's rows and JuICE would add a stale
+  run 1. Piecewise graphs call the model's Python between pieces and are what the plugin is
+  built for (`juice serve --engine vllm` passes `cudagraph_mode=PIECEWISE` on a GPU);
+- no LoRA (`--enable-lora`): vLLM's LoRA layers call the output projection's weights directly,
+  so the steering hook would never fire;
+- no speculative decoding (`--speculative-config`): the draft model would be steered too, and
+  the dual run does not return what EAGLE-style drafts read;
+- no KV-sharing attention layers (`kv_sharing_target_layer_name`): run 1's clean attention would
+  write its KV into another layer's cache.
 
 Kept apart from :mod:`juice.vllm.models` so that it imports nothing of vLLM: its checks take
 vLLM's config and backend classes as they are and are tested without vLLM installed.
@@ -33,8 +44,9 @@ def check_engine_config(vllm_config: Any) -> None:
     """Refuse an engine configuration the steering would be wrong in (module docstring).
 
     Args:
-        vllm_config: vLLM's `VllmConfig` (reads `parallel_config.enable_dbo` and
-            `parallel_config.ubatch_size`).
+        vllm_config: vLLM's `VllmConfig` (reads `parallel_config.enable_dbo` and `.ubatch_size`,
+            `compilation_config.cudagraph_mode` and `.cudagraph_capture_sizes`, `lora_config`,
+            `speculative_config`).
 
     Raises:
         PluginConfigError: one line naming the flag to change.
@@ -44,6 +56,45 @@ def check_engine_config(vllm_config: Any) -> None:
         raise PluginConfigError("juice's vLLM plugin does not support dual-batch overlap or micro-batching "
                                 "(each micro-batch would read other requests' steering): start vLLM without "
                                 "--enable-dbo and --ubatch-size")
+    mode = full_cudagraph_mode(vllm_config)
+    if mode is not None:
+        raise PluginConfigError(f"juice's vLLM plugin cannot steer under full CUDA graphs (cudagraph_mode {mode}: a "
+                                "replayed graph skips the steering, so JuICE would add a stale run 1): start vLLM "
+                                "with --compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}' or --enforce-eager")
+    if getattr(vllm_config, "lora_config", None) is not None:
+        raise PluginConfigError("juice's vLLM plugin does not support LoRA (vLLM's LoRA layers bypass the output "
+                                "projection's hook, so nothing would be steered): start vLLM without --enable-lora")
+    if getattr(vllm_config, "speculative_config", None) is not None:
+        raise PluginConfigError("juice's vLLM plugin does not support speculative decoding (the draft model would "
+                                "be steered too): start vLLM without --speculative-config")
+
+
+def full_cudagraph_mode(vllm_config: Any) -> str | None:
+    """The name of vLLM's CUDA graph mode where it captures full graphs (FULL, FULL_DECODE_ONLY,
+    FULL_AND_PIECEWISE) and graphs are captured at all (a compiled forward with capture sizes;
+    vLLM's CPU build captures none), else None."""
+    compilation = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(compilation, "cudagraph_mode", None)
+    if mode is None or not compiled_mode(vllm_config) or not getattr(compilation, "cudagraph_capture_sizes", None):
+        return None
+    full = getattr(mode, "has_full_cudagraphs", None)
+    name = getattr(mode, "name", str(mode))
+    return name if (full() if callable(full) else "FULL" in str(name).upper()) else None
+
+
+def check_kv_sharing(attention: Any, layer_name: str) -> None:
+    """Refuse an attention layer that shares another layer's KV cache (module docstring).
+
+    Args:
+        attention: a vLLM `Attention` module (reads `kv_sharing_target_layer_name`).
+
+    Raises:
+        PluginConfigError: one line naming both layers.
+    """
+    target = getattr(attention, "kv_sharing_target_layer_name", None)
+    if target:
+        raise PluginConfigError(f"juice's vLLM plugin cannot steer a model whose attention layers share KV caches "
+                                f"({layer_name} reads {target}'s; run 1 would write into it)")
 
 
 def compiled_mode(vllm_config: Any) -> bool:

@@ -93,15 +93,25 @@ def folder_geometry(folder: str) -> str | None:
     return f"{geometry.n_layers}x{geometry.n_heads}"
 
 
+PIECEWISE_GRAPHS = ["--compilation-config", '{"cudagraph_mode": "PIECEWISE"}']
+"""vLLM's piecewise CUDA graphs: the plugin's steering runs between the pieces; full graphs are
+refused (:func:`juice.vllm.constraints.check_engine_config`)."""
+
+
 def server_command(python: str, folder: str, name: str, *, host: str, port: int, max_model_len: int | None = None,
-                   extra: Sequence[str] = ()) -> list[str]:
-    """The command line of vLLM's OpenAI server with the plugin's requirements (module docstring)."""
+                   extra: Sequence[str] = (), gpu: bool = False) -> list[str]:
+    """The command line of vLLM's OpenAI server with the plugin's requirements (module docstring);
+    with `gpu`, piecewise CUDA graphs (:data:`PIECEWISE_GRAPHS`) unless `extra` sets a compilation
+    configuration or `--enforce-eager`."""
     command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--served-model-name", name,
                "--host", host, "--port", str(port), "--middleware", "juice.vllm.middleware.JuiceFieldMiddleware"]
     if max_model_len:
         command += ["--max-model-len", str(max_model_len)]
     if not any(a.startswith("--dtype") for a in extra):
         command += ["--dtype", "float32"]   # juice's default; a heads file's checksum is of the weights at its dtype
+    own = ("--compilation-config", "-cc", "-O", "--enforce-eager")
+    if gpu and not any(a.split("=")[0] in own or a.startswith("-O") for a in extra):
+        command += PIECEWISE_GRAPHS
     return command + list(extra)
 
 

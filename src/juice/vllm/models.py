@@ -30,8 +30,9 @@ architectures' names. What the mixin adds:
 Compiled mode (vLLM's default): the graph depends on the heads files (which heads have slots
 in `juice_clean`), so the model puts them in vLLM's `additional_config`, part of vLLM's compile
 cache key (:func:`juice.vllm.constraints.note_compiled_structure`). On a GPU the same tables are
-what CUDA graph capture needs (fixed addresses, no branch on the batch); run 1 then runs outside
-the captured graphs (eagerly). Measured on the CPU only (README, "Serving at scale with vLLM").
+what piecewise CUDA graphs need (fixed addresses, no branch on the batch); run 1 then runs outside
+the captured graphs (eagerly). Full CUDA graphs would replay without the Python that fills the
+tables: they are refused at start (:func:`juice.vllm.constraints.check_engine_config`). Measured on the CPU only (README, "Serving at scale with vLLM").
 
 Prefix caching (vLLM's default) is correct because every steered request carries its steering's
 `cache_salt` (:func:`juice.vllm.options.steering_salt`; juice's middleware adds it, offline
@@ -68,7 +69,7 @@ from juice.architectures import config_geometry
 from juice.models import fingerprint_mismatch, weights_digest
 from juice.vllm import ARCHITECTURES
 from juice.vllm.constraints import (ROW_FIELD, PluginConfigError, check_attention_backend, check_engine_config,
-                                    compiled_mode, missing_rows_message, note_compiled_structure)
+                                    check_kv_sharing, compiled_mode, missing_rows_message, note_compiled_structure)
 from juice.vllm.options import ENV_GEOMETRY, PluginHeads, head_slots, plugin_heads
 from juice.vllm.processor import BATCH
 
@@ -128,6 +129,7 @@ class SteerableMixin:
         check_engine_config(vllm_config)
         for layer in self.model.layers:
             check_attention_backend(layer.self_attn.attn.attn_backend)
+            check_kv_sharing(layer.self_attn.attn, getattr(layer.self_attn.attn, "layer_name", ""))
         if get_pp_group().world_size > 1:
             raise PluginConfigError("juice's vLLM plugin does not support pipeline parallelism; "
                                     "use tensor parallelism")

@@ -117,7 +117,7 @@ def _serve_vllm(model: str, heads: list[Path], host: str, port: int, max_total_t
     if not torch.cuda.is_available() and not any(a.startswith("--gpu-memory-utilization") for a in extra):
         extra = ["--gpu-memory-utilization", "0.5", *extra]   # the CPU build reserves this share of memory
     command = server_command(python, folder, model, host=host, port=port, max_model_len=max_total_tokens or None,
-                             extra=extra)
+                             extra=extra, gpu=torch.cuda.is_available())
     console.print(f"starting vLLM with juice's plugin ({', '.join(sorted(plugin_heads(env).selections)) or 'no heads'}"
                   f"{', dual run' if dual_run and heads else ''}): {describe(command, env)}")
     os.execve(python, command, env)
