@@ -62,8 +62,6 @@ from juice.steering import ORIGINAL
 from juice.tokens import answer_first_token
 from juice.userdata import ConflictRow, file_digest, load_rows
 
-"""`--methods` values and the names they get in tables."""
-
 
 def parse_direction(text: "str | Direction") -> Direction:
     """:meth:`juice.data.records.Direction.parse`: "parametric" (also "memory") or "contextual"
