@@ -130,17 +130,26 @@ def test_a_last_layer_head_by_hand_llama(tiny_llama):
     _, lds = path_patching_ld(lm, pp, [Head(last, h) for h in range(g.n_heads)])
     for h in range(g.n_heads):   # nothing downstream to freeze: the path patch is the activation patch
         assert abs(float(lds[h]) - _naive_ld(lm, pp, Head(last, h), freeze=False)) < 1e-5
-    ids, original, _ = _outputs(lm, pp.prompt)
-    _, counterfactual, _ = _outputs(lm, pp.counterfactual)
-    layer = lm.model.model.layers[last]
+    layer, resid_in, z = _last_layer_with_head_patched(lm, pp, 1)
     with torch.no_grad():
-        resid_in = lm.model.model(input_ids=ids, output_hidden_states=True).hidden_states[last][0, -1]
-        z = original[last][-1].clone()
-        z[1] = counterfactual[last][-1, 1]
         mid = resid_in + layer.self_attn.o_proj(z.reshape(-1))
         out = mid + layer.mlp(layer.post_attention_layernorm(mid))
         logits = lm.logits(lm.model.model.norm(out))
     assert abs(float(lds[1]) - float(logits[pp.parametric_token] - logits[pp.context_token])) < 1e-5
+
+
+def _last_layer_with_head_patched(lm, pp, head: int):
+    """The last layer, its residual input at the last position, and its heads' outputs there
+    `[n_heads, head_dim]` with `head`'s taken from the counterfactual prompt (by hand, for the
+    path-patching checks below)."""
+    last = lm.heads.geometry.n_layers - 1
+    ids, original, _ = _outputs(lm, pp.prompt)
+    _, counterfactual, _ = _outputs(lm, pp.counterfactual)
+    with torch.no_grad():
+        resid_in = lm.model.model(input_ids=ids, output_hidden_states=True).hidden_states[last][0, -1]
+    z = original[last][-1].clone()
+    z[head] = counterfactual[last][-1, head]
+    return lm.model.model.layers[last], resid_in, z
 
 
 def test_a_last_layer_head_by_hand_gemma3_renormalizes_the_patched_attention_output(tiny_gemma3):
@@ -150,13 +159,8 @@ def test_a_last_layer_head_by_hand_gemma3_renormalizes_the_patched_attention_out
     last = lm.heads.geometry.n_layers - 1
     pp = _prompts(lm)[1]
     _, lds = path_patching_ld(lm, pp, [Head(last, 2)])
-    ids, original, _ = _outputs(lm, pp.prompt)
-    _, counterfactual, _ = _outputs(lm, pp.counterfactual)
-    layer = lm.model.model.layers[last]
+    layer, resid_in, z = _last_layer_with_head_patched(lm, pp, 2)
     with torch.no_grad():
-        resid_in = lm.model.model(input_ids=ids, output_hidden_states=True).hidden_states[last][0, -1]
-        z = original[last][-1].clone()
-        z[2] = counterfactual[last][-1, 2]
         mid = resid_in + layer.post_attention_layernorm(layer.self_attn.o_proj(z.reshape(-1)))
         out = mid + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(mid)))
         logits = lm.logits(lm.model.model.norm(out))
