@@ -262,7 +262,18 @@ def read_steering(value: Any, served: ServedHeads) -> SteeringAsk:
             question or without a tuned policy, JuICE without the dual run, a beta that is not
             a finite number with |beta| <= 100.
     """
-    fields = juice_fields(value) or juice_fields(served.default_fields())
+    return steering_ask(juice_fields(value), served)
+
+
+def steering_ask(fields: Mapping[str, Any], served: ServedHeads) -> SteeringAsk:
+    """:func:`read_steering` for fields already read by :func:`juice_fields` (juice serve's
+    admission reads a request's `juice` value once and merges its alias's fields, checked at
+    start): `{}` gets the server's default.
+
+    Raises:
+        SteeringRequestError: as :func:`read_steering`, after the object and key checks.
+    """
+    fields = fields or juice_fields(served.default_fields())
     method = _text(fields, "method", "one of " + ", ".join(METHODS))
     if method is not None and method not in METHODS:
         raise SteeringRequestError(f"juice.method must be one of {', '.join(METHODS)}, not {fields['method']!r}")
@@ -339,4 +350,4 @@ def parse_spec(spec: str, label: str = "--default") -> dict[str, Any]:
 
 
 __all__ = ["FIELDS", "MAX_ABS_BETA", "METHODS", "NOT_AN_OBJECT", "ServedHeads", "SteeringAsk", "SteeringRequestError",
-           "WARNING_HEADER", "juice_fields", "parse_spec", "read_steering"]
+           "WARNING_HEADER", "juice_fields", "parse_spec", "read_steering", "steering_ask"]

@@ -502,6 +502,10 @@ def test_an_alias_steers_the_requests_that_name_it(served):
             PROMPTS[2], 6)[0]
     with pytest.raises(ValueError, match="alias 'bad': no heads for direction 'parametric'"):
         create_app(lm, [artifact], model_name="tiny", aliases={"bad": {"direction": "memory"}})
+    with pytest.raises(ValueError, match="alias 'typo': unknown juice field 'bta_plus'"):   # read once, at start
+        create_app(lm, [artifact], model_name="tiny", aliases={"typo": {"bta_plus": 1}})
+    with pytest.raises(ValueError, match="--default: unknown juice field 'metod'"):
+        create_app(lm, [artifact], model_name="tiny", default={"metod": "june"})
 
 
 def test_alias_specs_parse_or_say_why():

@@ -17,7 +17,7 @@ from juice.models import LoadedModel
 from juice.sampling import Sampling
 from juice.steering import Steering
 from juice.steering_request import (ServedHeads, SteeringAsk, SteeringRequestError, juice_fields, parse_spec,
-                                    read_steering)
+                                    steering_ask)
 from juice.tokens import context_length, token_ids
 
 
@@ -64,33 +64,40 @@ class Admission:
     def __init__(self, lm: LoadedModel, served: ServedHeads, limits: ServerLimits, name: str,
                  aliases: Mapping[str, Mapping[str, Any]], on_prompt_tokens: Callable[[int], None] = lambda n: None):
         self.lm, self.served, self.limits, self.name = lm, served, limits, name
-        self.aliases = {k: dict(v) for k, v in aliases.items()}
         self.on_prompt_tokens = on_prompt_tokens
-        if name in self.aliases:
+        if name in aliases:
             raise ValueError(f"alias {name!r} is the served model's own name")
         self.context = limits.max_total_tokens or context_length(lm.model)
         self.vocab = lm.model.get_output_embeddings().weight.shape[0]
-        checks = [*self.aliases.items(), *([("--default", served.default)] if served.default is not None else [])]
-        for alias, options in checks:
-            try:   # refused at start, not per request
-                self.steering(options)
+        self.aliases: dict[str, dict[str, Any]] = {}
+        given = [*aliases.items(), *([("--default", served.default)] if served.default is not None else [])]
+        for alias, options in given:   # read and checked once, at start: a request merges them unread
+            label = alias if alias == "--default" else f"alias {alias!r}"
+            try:
+                fields = juice_fields(options)
+                self.steering(fields or {"method": "original"})
+            except SteeringRequestError as err:
+                raise ValueError(f"{label}: {err}") from None
             except ApiError as err:
-                raise ValueError(f"{alias if alias == '--default' else f'alias {alias!r}'}: {err.message}") from None
+                raise ValueError(f"{label}: {err.message}") from None
+            if alias != "--default":
+                self.aliases[alias] = fields
 
     @property
     def model_names(self) -> list[str]:
         return [self.name, *self.aliases]
 
-    def steering(self, options: Any) -> tuple[Steering, Choice | None, SteeringAsk]:
-        """The steering a request's `juice` options ask for (:func:`juice.steering_request.read_steering`),
-        auto's choice (None otherwise; a malformed policy is refused here), and the checked
-        request (its warning, auto's question), each made once.
+    def steering(self, options: Mapping[str, Any] | None) -> tuple[Steering, Choice | None, SteeringAsk]:
+        """The steering a request's `juice` options (:meth:`options`: fields already read, `{}` or
+        None for none) ask for (:func:`juice.steering_request.steering_ask`), auto's choice (None
+        otherwise; a malformed policy is refused here), and the checked request (its warning,
+        auto's question), each made once: the job takes them as they are.
 
         Raises:
             ApiError: 400 with the protocol's one-line message.
         """
         try:
-            ask = read_steering(options, self.served)
+            ask = steering_ask(options or {}, self.served)
             choice = ask.choice(self.lm.heads.geometry, self.served)
             return ask.steering(self.lm.heads.geometry, self.served), choice, ask
         except SteeringRequestError as err:
