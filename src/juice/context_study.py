@@ -36,7 +36,7 @@ from juice.eval.contexts import evaluate_context_types, result_id
 from juice.eval.runner import ItemResult, Method, results_from_json, results_to_json
 from juice.io import settings_key, write_json_atomic
 from juice.models import LoadedModel
-from juice.pipeline.run import Progress, no_progress
+from juice.progress import OnProgress, Progress, no_progress
 from juice.stage1 import HeadsArtifact
 from juice.methods import MethodInputs, build
 
@@ -52,7 +52,7 @@ CACHE_VERSION = "contexts/2"
 
 def decode_cached(lm: LoadedModel, items: Sequence[ContextItem], methods: Mapping[str, Method],
                   settings: Mapping[str, Any], cache: Path | None, *, max_rows: int | str = 64,
-                  on_progress: Callable[[int], None] | None = None,
+                  on_progress: OnProgress | None = None,
                   seconds: dict[str, float] | None = None) -> list[ItemResult]:
     """:func:`juice.eval.contexts.evaluate_context_types` in chunks of :data:`CHUNK` questions,
     each (chunk, method) cached in `cache` (None: no cache) with its share of the chunk's

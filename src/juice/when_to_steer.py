@@ -42,7 +42,7 @@ from juice.eval.contexts import (MEAN, QuestionBootstrap, context_type_means, co
 from juice.eval.runner import ItemResult, Method, results_to_json
 from juice.eval.tables import AVERAGE, IntervalTable
 from juice.models import LoadedModel
-from juice.pipeline.run import Progress, no_progress
+from juice.progress import Progress, no_progress
 from juice.stage1 import HeadsArtifact
 from juice.methods import SHORT, MethodInputs, build, check, lookup
 

@@ -33,7 +33,7 @@ Choices where the paper has no rule for arbitrary data (also in the README):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,7 @@ from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, GridSetting
 from juice.stage1 import HeadsArtifact, ScoringPrompt, make_artifact
 from juice.models import LoadedModel
 from juice.methods import REGISTRY, MethodInputs, build, check, lookup, names as method_names
-from juice.pipeline.run import Progress, no_progress
+from juice.progress import OnProgress, Progress, no_progress
 from juice.steering import ORIGINAL
 from juice.tokens import answer_first_token
 from juice.userdata import ConflictRow, file_digest, load_rows
@@ -145,7 +145,7 @@ def instructed_prompt(row: ConflictRow, direction: str, model_type: str | None =
 
 def evaluate_rows(
     lm: LoadedModel, rows: Sequence[ConflictRow], methods: Mapping[str, Method | Any], *, direction: str = "parametric",
-    max_new_tokens: int = MAX_NEW_TOKENS, max_rows: int | str = 64, on_progress: Callable[[int], None] | None = None,
+    max_new_tokens: int = MAX_NEW_TOKENS, max_rows: int | str = 64, on_progress: OnProgress | None = None,
     full_outputs: bool = True,
 ) -> list[ItemResult]:
     """Decode every row x method in shared batches (each distinct prompt's clean prefill once;
@@ -377,7 +377,7 @@ def ph3_knockout_scores(lm: LoadedModel, rows: Sequence[ConflictRow], direction:
     if not prompts:
         raise ValueError("PH3 needs rows with `other` (the answer to suppress) to score heads")
     advance = progress(f"PH3: knock out each head on {len(prompts)} rows", len(prompts))
-    return logit_difference_effects(lm, prompts, max_rows=max_rows, on_prompt=lambda i: advance(1))
+    return logit_difference_effects(lm, prompts, max_rows=max_rows, on_progress=advance)
 
 
 # ---------------------------------------------------------------- evaluation

@@ -121,12 +121,15 @@ def test_interrupted_stage1_resumes_at_the_next_prompt(tiny_llama, tmp_path, mon
     reference = score_heads(lm, prompts, (1.0,), (-1.0,))
     ckpt_path = tmp_path / "units.json"
 
-    def stop_after_three(i):
-        if i == 2:
+    done = []
+
+    def stop_after_three(n):
+        done.append(n)
+        if sum(done) == 3:
             raise _Interrupt
 
     with pytest.raises(_Interrupt):
-        score_heads(lm, prompts, (1.0,), (-1.0,), on_prompt=stop_after_three,
+        score_heads(lm, prompts, (1.0,), (-1.0,), on_progress=stop_after_three,
                     checkpoint=sc.UnitCheckpoint(ckpt_path, "tiny"))
     assert len(json.loads(ckpt_path.read_text())["units"]) == 3
 

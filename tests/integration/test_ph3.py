@@ -271,8 +271,8 @@ def test_effects_average_the_change_over_prompts_and_resume_from_a_checkpoint(ti
     expected = sum(lds - clean for clean, lds in per_prompt) / len(prompts)
     seen = []
     ck = UnitCheckpoint(tmp_path / "units.json", "scope")
-    first = path_patching_effects(lm, prompts, checkpoint=ck, on_prompt=seen.append)
-    assert seen == [0, 1]
+    first = path_patching_effects(lm, prompts, checkpoint=ck, on_progress=seen.append)
+    assert seen == [1, 1]   # one unit per prompt
     torch.testing.assert_close(first.effects.flatten(), expected, rtol=0, atol=1e-9)
     assert first.effects.shape == (lm.heads.geometry.n_layers, lm.heads.geometry.n_heads)
     torch.testing.assert_close(first.clean_ld, torch.tensor([c for c, _ in per_prompt]), rtol=0, atol=1e-6)

@@ -40,7 +40,8 @@ from juice.data.records import ConflictExample
 from juice.data.splits import DomainPool
 from juice.eval.metrics import is_correct
 from juice.pipeline.domains import HEAD_DOMAIN, domain_sources, filter_domain
-from juice.pipeline.run import Progress, ReproduceConfig, StageRun, no_progress, run_key_base
+from juice.pipeline.run import ReproduceConfig, StageRun, run_key_base
+from juice.progress import Progress, no_progress
 from juice.io import StageFiles, UnitCheckpoint, settings_key, write_json_atomic
 from juice.models import DEFAULT_MODEL, LoadedModel
 

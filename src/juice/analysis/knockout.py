@@ -53,6 +53,7 @@ from juice.io import UnitCheckpoint
 from juice.models import LoadedModel
 from juice.sweeps import growing_readout, intervention_readout
 from juice.tokens import answer_first_token
+from juice.progress import OnProgress
 
 KINDS: tuple[str, ...] = ("layer", "attention", "mlp")
 """The knocked-out components of Fig. 3: whole layer, attention block, MLP block."""
@@ -198,7 +199,7 @@ def all_components(n_layers: int) -> list[Component]:
 def head_knockout_deltas(
     lm: LoadedModel, items: Sequence[ConflictExample], conflict_types: Sequence[str],
     *, max_rows: int | str = 256, checkpoint: UnitCheckpoint | None = None,
-    on_prompt: Callable[[int], None] | None = None,
+    on_progress: OnProgress | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Change of the context and the parametric answer's first-token probability when each head is
     knocked out alone (`H <- 0`, :func:`juice.sweeps.intervention_readout`), per item and type.
@@ -235,8 +236,8 @@ def head_knockout_deltas(
             p = torch.tensor(done["probs"], dtype=torch.float64)          # [n_heads_total, 2]
             clean[i, j] = p0
             deltas[i, j] = (p - p0).T.reshape(2, g.n_layers, g.n_heads)
-            if on_prompt:
-                on_prompt(step)
+            if on_progress:
+                on_progress(1)
             step += 1
     return deltas, clean
 
@@ -321,7 +322,7 @@ def count_interval(deltas: np.ndarray, resamples: int, seed: int) -> dict[str, t
 def component_deltas(
     lm: LoadedModel, items: Sequence[ConflictExample], conflict_types: Sequence[str] = CONFLICT_TYPES,
     *, max_rows: int | str = 256, checkpoint: UnitCheckpoint | None = None,
-    on_prompt: Callable[[int], None] | None = None,
+    on_progress: OnProgress | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Change of the parametric answer's first-token probability under each knock-out of Fig. 3.
 
@@ -347,8 +348,8 @@ def component_deltas(
             clean[i, j] = done["clean"]
             probs = np.asarray(done["probs"]).reshape(n_layers, len(KINDS))
             deltas[i, j] = (probs - done["clean"]).T
-            if on_prompt:
-                on_prompt(step)
+            if on_progress:
+                on_progress(1)
             step += 1
     return deltas, clean
 
@@ -438,7 +439,7 @@ def run_knockout(lm: LoadedModel, options: AnalysisOptions, progress: Progress =
     types = CONFLICT_TYPES
     advance = progress(f"knock-out: {len(items)} items x {len(types)} conflict types", len(items) * len(types))
     deltas, clean = component_deltas(lm, items, types, max_rows=options.max_rows,
-                                     checkpoint=unit_checkpoint(lm, options, "knockout"), on_prompt=lambda i: advance(1))
+                                     checkpoint=unit_checkpoint(lm, options, "knockout"), on_progress=advance)
     boot = dict(resamples=options.bootstrap_resamples, seed=options.seed)
     intervals = {k: {t: [bootstrap_interval(deltas[:, j, ki, l], **boot) for l in range(deltas.shape[-1])]
                      for j, t in enumerate(types)} for ki, k in enumerate(KINDS)}

@@ -262,7 +262,7 @@ def run_multiple(lm: LoadedModel, options: AnalysisOptions, progress: Progress =
     advance = progress(f"rank heads: knock out each head on {len(held_in)} held-in coherent prompts", len(held_in))
     deltas, _ = head_knockout_deltas(lm, held_in, (CONFLICT_TYPE,), max_rows=options.max_rows,
                                      checkpoint=unit_checkpoint(lm, options, "head_knockout"),
-                                     on_prompt=lambda i: advance(1))
+                                     on_progress=advance)
     gain = deltas[:, 0, 1].mean(0).numpy()                       # parametric answer, [n_layers, n_heads]
     ranking = [h for h in rank_heads(gain) if gain[h.layer, h.head] > 0]
     if not ranking:

@@ -237,7 +237,7 @@ def heads_by_size(lm: LoadedModel, known: Sequence[ConflictExample], sizes: Sequ
     per_item: list[HeadScores] = []
     for ex in known[:largest]:
         per_item.append(score_heads(lm, scoring_prompts(lm, [ex]), ALPHAS_POSITIVE, ALPHAS_NEGATIVE,
-                                    max_rows=max_rows, on_prompt=lambda i: advance(1), checkpoint=checkpoint))
+                                    max_rows=max_rows, on_progress=advance, checkpoint=checkpoint))
     out = {}
     for n in sorted(set(sizes)):
         first = per_item[0]

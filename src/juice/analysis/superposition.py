@@ -179,7 +179,7 @@ def run_superposition(lm: LoadedModel, options: AnalysisOptions, progress: Progr
                        len(items) * len(TYPES))
     deltas, clean = head_knockout_deltas(lm, items, TYPES, max_rows=options.max_rows,
                                          checkpoint=unit_checkpoint(lm, options, "head_knockout"),
-                                         on_prompt=lambda i: advance(1))
+                                         on_progress=advance)
     deltas, clean = deltas.numpy(), clean.numpy()
     ranking = rank_heads(deltas[:, 0, 0].mean(0))
     boot = dict(resamples=options.bootstrap_resamples, seed=options.seed)

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from juice.progress import OnProgress, Progress
+
 PLAIN_INTERVAL_S = float(os.environ.get("JUICE_PROGRESS_INTERVAL", "60"))
 """Seconds between two plain progress lines of one stage (`$JUICE_PROGRESS_INTERVAL`)."""
 
@@ -53,7 +55,7 @@ def make_console(**kwargs):
 
 @contextmanager
 def plain_progress(write: Callable[[str], None] = print, interval_s: float | None = None,
-                   clock: Callable[[], float] = time.monotonic) -> Iterator[Callable[[str, int], Callable[[int], None]]]:
+                   clock: Callable[[], float] = time.monotonic) -> Iterator[Progress]:
     """Plain-line progress: `[elapsed] description: done/total` when a stage starts, every
     `interval_s` seconds while it runs (default :data:`PLAIN_INTERVAL_S`), and when it ends
     (reaching its total; or, when the next stage starts or the run ends first, where it stopped)."""
@@ -72,7 +74,7 @@ def plain_progress(write: Callable[[str], None] = print, interval_s: float | Non
                 state["last"] = float("inf")
         open_stages.clear()
 
-    def task(description: str, total: int) -> Callable[[int], None]:
+    def task(description: str, total: int) -> OnProgress:
         close_open()
         state = {"done": 0, "began": clock(), "last": clock()}
         open_stages.append((description, total, state))
@@ -98,7 +100,7 @@ def plain_progress(write: Callable[[str], None] = print, interval_s: float | Non
 
 
 @contextmanager
-def progress_bars(console=None) -> Iterator[Callable[[str, int], Callable[[int], None]]]:
+def progress_bars(console=None) -> Iterator[Progress]:
     """Rich progress bars (description, a bar, done/total, elapsed time) as a
     `progress(description, total) -> advance(n)` callable; the bars stay on screen. When the
     console is not a terminal, plain lines instead (:func:`plain_progress`).
@@ -116,7 +118,7 @@ def progress_bars(console=None) -> Iterator[Callable[[str, int], Callable[[int],
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as bars:
-        def task(description: str, total: int) -> Callable[[int], None]:
+        def task(description: str, total: int) -> OnProgress:
             tid = bars.add_task(description, total=total)
             return lambda n: bars.advance(tid, n)
 

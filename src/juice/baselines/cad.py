@@ -59,6 +59,7 @@ from torch import Tensor
 from juice.engine import Contrast, Generation, Stream, generate
 from juice.likelihood import continuation_ids
 from juice.models import LoadedModel
+from juice.progress import OnProgress
 
 ALPHA = 1.0
 
@@ -145,7 +146,7 @@ def cad_generate(
     *,
     probe_tokens: Tensor | None = None,
     max_rows: int | str = 64,
-    on_chunk: Callable[[int], None] | None = None,
+    on_progress: OnProgress | None = None,
     forced_tokens: Tensor | None = None,
 ) -> Generation:
     """Greedy context-aware decoding of every (prompt, question) pair: one contrastive stream each
@@ -179,7 +180,7 @@ def cad_generate(
     policy = CadPolicy(alpha)
     streams = [Stream(index[p], contrast=Contrast(index[q], policy)) for p, q in zip(prompts, questions)]
     return generate(lm, texts, streams, max_new_tokens, probe_tokens=probe_tokens, max_rows=max_rows,
-                    on_chunk=on_chunk, forced_tokens=forced_tokens)
+                    on_progress=on_progress, forced_tokens=forced_tokens)
 
 
 def cad_continuation_logprobs(

@@ -89,6 +89,7 @@ from juice.io import UnitCheckpoint
 from juice.models import LoadedModel
 from juice.sweeps import grow_batch, intervention_readout
 from juice.tokens import answer_first_token, encode
+from juice.progress import OnProgress
 
 PRUNE_K: tuple[int, ...] = (1, 3, 5, 7, 9, 15)
 
@@ -132,7 +133,7 @@ def logit_difference_effects(
     prompts: Sequence[ConflictPrompt],
     *,
     max_rows: int | str = 256,
-    on_prompt: Callable[[int], None] | None = None,
+    on_progress: OnProgress | None = None,
     checkpoint: UnitCheckpoint | None = None,
 ) -> Ph3Scores:
     """Zero-ablate every head alone on every prompt and record the change of LD (module docstring).
@@ -155,11 +156,11 @@ def logit_difference_effects(
             lm, cp.prompt, interventions, lambda logits: logits[:, pair.to(logits.device)], max_rows)
         return float(clean[0] - clean[1]), (values[:, 0] - values[:, 1]).double()
 
-    return _mean_effects(lm, prompts, "ph3", measure, checkpoint, on_prompt)
+    return _mean_effects(lm, prompts, "ph3", measure, checkpoint, on_progress)
 
 
 def _mean_effects(lm: LoadedModel, prompts: Sequence, unit_kind: str, measure: Callable[[Any], tuple[float, Tensor]],
-                  checkpoint: UnitCheckpoint | None, on_prompt: Callable[[int], None] | None) -> Ph3Scores:
+                  checkpoint: UnitCheckpoint | None, on_progress: OnProgress | None) -> Ph3Scores:
     """Both PH3 scorers' loop: per prompt, `measure(prompt)` -> (clean LD, `[n_layers * n_heads]`
     LD with each head intervened), saved per prompt under `unit_kind` in `checkpoint` (a
     resumed run reads it back); the mean effect LD - LD_clean over prompts."""
@@ -176,8 +177,8 @@ def _mean_effects(lm: LoadedModel, prompts: Sequence, unit_kind: str, measure: C
                 checkpoint.put(unit, done)
         total += torch.tensor(done["ld"], dtype=torch.float64) - done["clean_ld"]
         clean_ld.append(done["clean_ld"])
-        if on_prompt:
-            on_prompt(i)
+        if on_progress:
+            on_progress(1)
     return Ph3Scores((total / len(prompts)).view(g.n_layers, g.n_heads), torch.tensor(clean_ld))
 
 
@@ -345,7 +346,7 @@ def path_patching_effects(
     prompts: Sequence[PatchingPrompt],
     *,
     max_rows: int | str = 256,
-    on_prompt: Callable[[int], None] | None = None,
+    on_progress: OnProgress | None = None,
     checkpoint: UnitCheckpoint | None = None,
 ) -> Ph3Scores:
     """PH3's head scores: the mean over `prompts` of LD(head path-patched) - LD(original), for
@@ -366,7 +367,7 @@ def path_patching_effects(
     g = lm.heads.geometry
     heads = [Head(l, h) for l in range(g.n_layers) for h in range(g.n_heads)]
     return _mean_effects(lm, prompts, "ph3-path", lambda pp: path_patching_ld(lm, pp, heads, max_rows),
-                         checkpoint, on_prompt)
+                         checkpoint, on_progress)
 
 
 def heads_to_prune(scores: Ph3Scores, direction: str, k: int) -> tuple[Head, ...]:

@@ -40,6 +40,7 @@ from juice.models import LoadedModel
 from juice.sampling import Sampling
 from juice.steering import ORIGINAL, Steering
 from juice.tokens import PromptTooLongError, context_length, token_ids
+from juice.progress import OnProgress
 
 
 KV_CACHES: tuple[str, ...] = ("dynamic", "static")
@@ -83,7 +84,7 @@ def generate(
     *,
     probe_tokens: Tensor | None = None,
     max_rows: int | str = 64,
-    on_chunk: Callable[[int], None] | None = None,
+    on_progress: OnProgress | None = None,
     on_token: Callable[[list[int], Tensor], None] | None = None,
     forced_tokens: Tensor | None = None,
     stop_at_eos: bool = False,
@@ -110,7 +111,7 @@ def generate(
         probe_tokens: `[n_streams, k]` token ids whose first-step probabilities to return.
         max_rows: most decoding rows per batch (a JuICE or contrastive stream takes two), or
             "auto" (sized for the longest prompt, :func:`juice.budget.auto_max_rows`).
-        on_chunk: called with the number of streams finished after each batch (progress bars).
+        on_progress: called with the number of streams finished after each batch (progress bars).
         on_token: called after every decoding step with the indices (into `streams`) of the
             streams that got a token and their new tokens `[len(indices)]` (streaming); with it, no
             batch is re-decoded by the guard after tokens were handed out, so it needs an
@@ -209,7 +210,7 @@ def generate(
         apply_plan = plan_applier(t for s in streams for t in s.steerings)
     return decode_chunks(lm, n, max_new_tokens, _chunks(streams, [len(i) for i in ids], max_rows), run,
                          lambda i: tuple(len(ids[p]) for p in prompts_of(streams[i])), probe_tokens,
-                         forced_tokens is not None, check=on_token is None, on_chunk=on_chunk,
+                         forced_tokens is not None, check=on_token is None, on_progress=on_progress,
                          eos=lm.tokenizer.eos_token_id if stop_at_eos and forced_tokens is None else None)
 
 
@@ -217,7 +218,7 @@ def decode_chunks(
     lm: LoadedModel, n: int, max_new_tokens: int, chunks: Iterable[list[int]],
     run: Callable[[list[int]], tuple[Tensor, Tensor | None, Tensor | None]], length_of: Callable[[int], Any],
     probe_tokens: Tensor | None = None, forced: bool = False, *, check: bool = True,
-    on_chunk: Callable[[int], None] | None = None, eos: int | None = None,
+    on_progress: OnProgress | None = None, eos: int | None = None,
 ) -> Generation:
     """The scaffolding of :func:`generate`: decode each chunk of the `n` streams with `run`, let
     the runtime guard check it against one-at-a-time decoding where needed (:mod:`juice.guard`;
@@ -257,8 +258,8 @@ def decode_chunks(
             first_probs[chunk] = out_probs
         if forced_lp is not None:
             forced_lp[chunk] = out_lp
-        if on_chunk:
-            on_chunk(len(chunk))
+        if on_progress:
+            on_progress(len(chunk))
     rows = [r[: r.index(eos)] if eos in r else r for r in tokens.tolist()] if eos is not None else tokens
     texts = lm.tokenizer.batch_decode(rows, skip_special_tokens=True)
     return Generation(tokens, texts, first_probs, forced_lp)

@@ -36,6 +36,7 @@ from juice.eval.tables import IntervalTable, interval_table
 from juice.models import LoadedModel
 from juice.steering import Steering
 from juice.tokens import answer_first_token
+from juice.progress import OnProgress
 
 NEW_TOKENS = {"first_words": 10, "nqswap": 20}
 """New tokens per metric: the paper's for Table 1 (10) and NQ-Swap (20)."""
@@ -71,7 +72,7 @@ def evaluate_context_types(
     methods: Mapping[str, "Method | Steering"],
     *,
     max_rows: int | str = 64,
-    on_progress: Callable[[int], None] | None = None,
+    on_progress: OnProgress | None = None,
 ) -> list[ItemResult]:
     """Decode and score every item x method (module docstring).
 

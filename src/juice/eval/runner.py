@@ -42,6 +42,7 @@ from juice.models import LoadedModel
 from juice.steering import ORIGINAL, Steering
 from juice.text import first_words_final
 from juice.tokens import answer_first_token
+from juice.progress import OnProgress
 
 MAX_NEW_TOKENS = 10
 NEW_TOKENS_BY_METRIC = {"memotrap": 10, "nqswap": 20}
@@ -174,7 +175,7 @@ def _request_key(r: DecodeRequest) -> tuple:
 
 def decode_requests(
     lm: LoadedModel, requests: Sequence[DecodeRequest], max_new_tokens: int, *, max_rows: int | str = 64,
-    on_progress: Callable[[int], None] | None = None, stop_text: Callable[[str], bool] | None = None,
+    on_progress: OnProgress | None = None, stop_text: Callable[[str], bool] | None = None,
 ) -> list[tuple[str, Tensor]]:
     """Greedy decoding of every request in one :func:`juice.engine.generate` call per
     intervention site (:attr:`juice.steering.Steering.site`; Original and CAD requests go with
@@ -245,7 +246,7 @@ def decode_requests(
                 streams.append(Stream(prompt, contrast=Contrast(question, CadPolicy(r.method.contrastive))))
         gen = generate(lm, list(texts), streams, max_new_tokens,
                        probe_tokens=torch.tensor([list(requests[i].probe) for i in idx]),
-                       max_rows=max_rows, on_chunk=on_progress, stop_at_eos=True, stop_text=stop_text)
+                       max_rows=max_rows, on_progress=on_progress, stop_at_eos=True, stop_text=stop_text)
         for i, text, probs in zip(idx, gen.texts, gen.first_probs):
             out[i] = (text, probs)
     return out
@@ -267,7 +268,7 @@ def evaluate(
     *,
     max_new_tokens: int = MAX_NEW_TOKENS,
     max_rows: int | str = 64,
-    on_progress: Callable[[int], None] | None = None,
+    on_progress: OnProgress | None = None,
     full_outputs: bool = False,
 ) -> list[ItemResult]:
     """Generate for every example x conflict type x method in shared batches and score them.
@@ -323,7 +324,7 @@ def evaluate_contextual(
     *,
     likelihood: bool = True,
     max_rows: int | str = 64,
-    on_progress: Callable[[int], None] | None = None,
+    on_progress: OnProgress | None = None,
 ) -> list[ItemResult]:
     """Contextual-direction evaluation (module docstring): every example x method, generation
     batched per metric (10 new tokens for MemoTrap, 20 for NQ-Swap); CAD and AdaCAD as contrastive

@@ -27,6 +27,7 @@ from juice.eval.runner import ItemResult, evaluate, evaluate_contextual
 from juice.interventions import HeadSelection
 from juice.models import LoadedModel
 from juice.methods import MethodInputs, build
+from juice.progress import OnProgress
 
 BETA_PLUS_GRID: tuple[float, ...] = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0)
 BETA_MINUS_GRID: tuple[float, ...] = (0.0, -1.0, -2.0, -3.0)
@@ -158,7 +159,7 @@ def tune_per_domain(
     conflict_types: Sequence[str] = CONFLICT_TYPES,
     direction: str = "parametric",
     max_rows: int | str = 64,
-    on_progress: Callable[[int], None] | None = None,
+    on_progress: OnProgress | None = None,
     site: str = "o_proj_input",
     degeneration_margin: float | None = None,
 ) -> dict[str, DomainChoice]:

@@ -12,7 +12,7 @@ head-finding file, each domain's validation split from its own `filtered_validat
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 from juice.aliases import prefer_aliases
@@ -25,6 +25,7 @@ from juice.io import settings_key
 from juice.models import LoadedModel
 from juice.pipeline.run import ReproduceConfig, StageRun
 from juice.steering import Steering
+from juice.progress import OnProgress
 HEAD_DOMAIN = "world_capital"
 """The domain whose D gives the heads (the transfer setting) and whose pool gives PH3-l's items."""
 FILTER_CHUNK = 24
@@ -51,7 +52,7 @@ def domain_sources(cfg: ReproduceConfig) -> tuple[dict[str, DomainPool], dict[st
 
 
 def clean_outputs(lm: LoadedModel, examples: Sequence[ConflictExample], max_rows: int | str,
-                  on_progress: Callable[[int], None] | None = None) -> list[str]:
+                  on_progress: OnProgress | None = None) -> list[str]:
     """The unmodified model's greedy continuation (10 new tokens) of each clean prompt."""
     results = evaluate(lm, examples, {"Original": Steering()}, ("clean",), max_rows=max_rows, on_progress=on_progress)
     return [r.output for r in results]

@@ -9,7 +9,6 @@ on (:mod:`juice.io`), so an interrupted run resumes where it stopped.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID
 from juice.interventions import HeadSelection
 from juice.io import StageFiles
 from juice.models import DEFAULT_MODEL, LoadedModel, load_model
+from juice.progress import Progress, no_progress
 from juice.stage1 import ALPHAS_NEGATIVE, ALPHAS_POSITIVE
 
 TABLE1_METHODS = ("Original", "Prompt", "PH3-l", "PH3-s", "JuNE", "JuICE")
@@ -32,16 +32,6 @@ SCORING_LABELS = {
     "attribution": "APPROXIMATE Stage 1: attribution patching only (not the paper's)",
 }
 """Stage 1 scoring method -> how results name it (approximations say so)."""
-
-Progress = Callable[[str, int], Callable[[int], None]]
-"""(description, total) -> advance(n): how the pipeline reports progress (e.g. rich bars)."""
-
-
-def no_progress(description: str, total: int) -> Callable[[int], None]:
-    """The `progress` callback that shows nothing: given a task's description and its number of
-    steps, returns the function called with each step count done."""
-    return lambda n: None
-
 
 @dataclass
 class StageRun:

@@ -29,7 +29,8 @@ from juice.interventions import Head, HeadSelection
 from juice.io import StageFiles, UnitCheckpoint, settings_key
 from juice.models import LoadedModel
 from juice.methods import REGISTRY, MethodInputs, build
-from juice.pipeline.run import SCORING_LABELS, Progress, ReproduceConfig, StageRun, no_progress
+from juice.pipeline.run import SCORING_LABELS, ReproduceConfig, StageRun
+from juice.progress import OnProgress, Progress, no_progress
 from juice.stage1 import (
     HeadsArtifact,
     attribution_scores,
@@ -104,15 +105,15 @@ def score_prompts(lm: LoadedModel, cfg: ReproduceConfig, prompts: Sequence, prog
     if cfg.scoring == "attribution":
         advance = progress("stage 1: attribution (approximate)", len(prompts))
         scores = attribution_scores(lm, prompts, cfg.alphas_positive, cfg.alphas_negative,
-                                    on_prompt=lambda i: advance(1), checkpoint=checkpoint)
+                                    on_progress=advance, checkpoint=checkpoint)
     elif cfg.scoring == "hybrid":
         advance = progress("stage 1: attribution, then exact scores of the shortlist (approximate)", 3 * len(prompts))
         scores = hybrid_scores(lm, prompts, cfg.shortlist, cfg.alphas_positive, cfg.alphas_negative,
-                               max_rows=_scoring_rows(cfg), on_prompt=lambda i: advance(1), checkpoint=checkpoint)
+                               max_rows=_scoring_rows(cfg), on_progress=advance, checkpoint=checkpoint)
     elif cfg.scoring == "exact":
         advance = progress("stage 1: exact head scores", len(prompts))
         scores = score_heads(lm, prompts, cfg.alphas_positive, cfg.alphas_negative, max_rows=_scoring_rows(cfg),
-                             on_prompt=lambda i: advance(1), checkpoint=checkpoint)
+                             on_progress=advance, checkpoint=checkpoint)
     else:
         raise ValueError(f"scoring must be exact, attribution or hybrid, not {cfg.scoring!r}")
     return scores, select_heads(scores, cfg.k)
@@ -181,12 +182,12 @@ def ph3_scores_stage(
             prompts = ph3_prompts(lm, dev_set)
             advance = progress(f"{name}: knock out each head on {len(prompts)} development prompts", len(prompts))
             scores = logit_difference_effects(lm, prompts, max_rows=_scoring_rows(cfg),
-                                              on_prompt=lambda i: advance(1), checkpoint=checkpoint)
+                                              on_progress=advance, checkpoint=checkpoint)
         else:
             prompts = ph3_patching_prompts(lm, dev_set)
             advance = progress(f"{name}: path patching on {len(prompts)} development prompts", len(prompts))
             scores = path_patching_effects(lm, prompts, max_rows=_scoring_rows(cfg),
-                                           on_prompt=lambda i: advance(1), checkpoint=checkpoint)
+                                           on_progress=advance, checkpoint=checkpoint)
         saved = {"effects": scores.effects.tolist(), "clean_ld": scores.clean_ld.tolist(),
                  "n_dev_items": len(dev_set), "n_dev_prompts": len(prompts)}
         state.save(stage, key, saved)
@@ -286,7 +287,7 @@ def domain_methods(lm: LoadedModel, selection: HeadSelection, choice: dict[str, 
 
 def evaluation_stage(
     run: StageRun, stage: str, key: str, description: str, total: int,
-    evaluate_items: Callable[[Callable[[int], None]], list[ItemResult]],
+    evaluate_items: Callable[[OnProgress], list[ItemResult]],
 ) -> list[ItemResult]:
     """One domain's (dataset's) evaluation, read from the stage file `stage` when its settings
     `key` match, else `evaluate_items(advance)` (a progress bar of `total` steps) and saved."""

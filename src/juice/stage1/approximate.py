@@ -4,7 +4,7 @@ attribution shortlist exactly. Labelled as approximations wherever their heads a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -14,6 +14,7 @@ from juice.io import UnitCheckpoint
 from juice.models import LoadedModel
 from juice.stage1.scoring import ALPHAS_NEGATIVE, ALPHAS_POSITIVE, HeadScores, ScoringPrompt, score_heads
 from juice.tokens import encode
+from juice.progress import OnProgress
 
 
 
@@ -59,7 +60,7 @@ def attribution_scores(
     prompts: Sequence[ScoringPrompt],
     alphas_positive: Sequence[float] = ALPHAS_POSITIVE,
     alphas_negative: Sequence[float] = ALPHAS_NEGATIVE,
-    on_prompt: Callable[[int], None] | None = None,
+    on_progress: OnProgress | None = None,
     checkpoint: UnitCheckpoint | None = None,
 ) -> HeadScores:
     """Linear estimate of :func:`score_heads`: score(h, alpha) ~= alpha * A[h], summed over D.
@@ -78,8 +79,8 @@ def attribution_scores(
         else:
             attribution = torch.tensor(done, dtype=torch.float64)
         per_type[types.index(sp.conflict_type)] += attribution
-        if on_prompt:
-            on_prompt(i)
+        if on_progress:
+            on_progress(1)
     scores = per_type[..., None] * torch.tensor(alphas, dtype=torch.float64)
     return HeadScores(scores, alphas, len(alphas_positive), types, torch.zeros(len(types), 0))
 
@@ -104,18 +105,18 @@ def hybrid_scores(
     alphas_negative: Sequence[float] = ALPHAS_NEGATIVE,
     *,
     max_rows: int | str = 256,
-    on_prompt: Callable[[int], None] | None = None,
+    on_progress: OnProgress | None = None,
     checkpoint: UnitCheckpoint | None = None,
 ) -> HeadScores:
     """Attribution shortlist, then exact scores: the `m` best heads for alpha+ scored exactly with
     alpha+ only, and the `m` best for alpha- with alpha- only. Unscored heads are marked in
     `scored` and never selected."""
-    approx = attribution_scores(lm, prompts, alphas_positive, alphas_negative, on_prompt=on_prompt,
+    approx = attribution_scores(lm, prompts, alphas_positive, alphas_negative, on_progress=on_progress,
                                 checkpoint=checkpoint)
     plus = score_heads(lm, prompts, alphas_positive, (), heads=shortlist(approx, m, "+"), max_rows=max_rows,
-                       on_prompt=on_prompt, checkpoint=checkpoint)
+                       on_progress=on_progress, checkpoint=checkpoint)
     minus = score_heads(lm, prompts, (), alphas_negative, heads=shortlist(approx, m, "-"), max_rows=max_rows,
-                        on_prompt=on_prompt, checkpoint=checkpoint)
+                        on_progress=on_progress, checkpoint=checkpoint)
     return HeadScores(
         torch.cat([plus.scores, minus.scores], dim=-1), (*plus.alphas, *minus.alphas), len(plus.alphas),
         plus.conflict_types, plus.clean_probs, torch.stack([plus.scored[0], minus.scored[1]]),

@@ -28,6 +28,7 @@ from juice.io import UnitCheckpoint
 from juice.models import LoadedModel
 from juice.sweeps import intervention_probs
 from juice.tokens import answer_first_token
+from juice.progress import OnProgress
 
 ProbsFn = Callable[..., "tuple[float, Tensor]"]
 """`(lm, prompt, target_token, interventions, max_rows=...) -> (p_clean, probs)`: :func:`score_heads`'s readout."""
@@ -112,7 +113,7 @@ def score_heads(
     max_rows: int | str = 256,
     probs: "ProbsFn | None" = None,
     heads: Sequence[Head] | None = None,
-    on_prompt: Callable[[int], None] | None = None,
+    on_progress: OnProgress | None = None,
     checkpoint: UnitCheckpoint | None = None,
 ) -> HeadScores:
     """Paper Alg. 2 ("Record Head Score") for every head, batched.
@@ -126,7 +127,7 @@ def score_heads(
             benchmarks and tests pass the naive one-forward-per-intervention reference
             (`juice.reference.intervention_probs_naive`).
         heads: score only these heads (the rest get score 0 and `scored` False); all by default.
-        on_prompt: called with the index of each prompt when scored (progress bars).
+        on_progress: called with the index of each prompt when scored (progress bars).
         checkpoint: per-prompt results are read from and written to it (resumable sweep).
     """
     g = lm.heads.geometry
@@ -153,8 +154,8 @@ def score_heads(
             checkpoint.put(unit, {"clean": p0, "probs": p.double().tolist()})
         scores[types.index(sp.conflict_type), layer_idx, head_idx] += (p.double() - p0).view(len(heads), len(alphas))
         clean[sp.conflict_type].append(p0)
-        if on_prompt:
-            on_prompt(i)
+        if on_progress:
+            on_progress(1)
     return HeadScores(scores, alphas, len(alphas_positive), types, torch.tensor([clean[t] for t in types]), scored)
 
 
