@@ -196,9 +196,12 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
 )}
 """name -> spec, in table order."""
 
-TUNED_STEERINGS: tuple[str, ...] = tuple(reversed([n for n, s in REGISTRY.items() if s.tuned == "betas"]))
-"""The methods whose betas a heads file holds (`tuned[name] = {"beta_plus", "beta_minus", ...}`),
-in the order a server's default prefers them (JuICE first)."""
+STEERINGS: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.tuned == "betas")
+"""The head steerings, the methods with tuned betas (a heads file's `tuned[name] = {"beta_plus",
+"beta_minus", ...}`), in table order (JuNE, JuICE)."""
+
+TUNED_STEERINGS: tuple[str, ...] = tuple(reversed(STEERINGS))
+""":data:`STEERINGS` in the order a server's default and the tuners prefer them (JuICE first)."""
 
 
 def names(**where: bool) -> tuple[str, ...]:
@@ -277,5 +280,5 @@ def build(name: str, inputs: MethodInputs, *, warn: bool = True) -> Built:
     return built
 
 
-__all__ = ["Built", "MethodInputs", "MethodSpec", "REGISTRY", "SHORT", "TUNED_STEERINGS", "build", "by_protocol",
+__all__ = ["Built", "MethodInputs", "MethodSpec", "REGISTRY", "SHORT", "STEERINGS", "TUNED_STEERINGS", "build", "by_protocol",
            "check", "lookup", "names", "protocol_names"]

@@ -56,7 +56,7 @@ from juice.eval.tables import AVERAGE, IntervalTable, interval_table
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, GridSetting
 from juice.stage1 import HeadsArtifact, ScoringPrompt, make_artifact
 from juice.models import LoadedModel
-from juice.methods import REGISTRY, MethodInputs, build, check, lookup, names as method_names
+from juice.methods import REGISTRY, TUNED_STEERINGS, MethodInputs, build, check, lookup, names as method_names
 from juice.progress import OnProgress, Progress, no_progress
 from juice.steering import ORIGINAL
 from juice.tokens import answer_first_token
@@ -247,7 +247,7 @@ class TunedSetting:
 
 def tune(
     lm: LoadedModel, artifact: HeadsArtifact, data: str | Path | Sequence[ConflictRow], *,
-    methods: Sequence[str] = ("juice", "june"), beta_plus_grid: Sequence[float] = BETA_PLUS_GRID,
+    methods: Sequence[str] = TUNED_STEERINGS, beta_plus_grid: Sequence[float] = BETA_PLUS_GRID,
     beta_minus_grid: Sequence[float] = BETA_MINUS_GRID, ks: Sequence[int] = PRUNE_K, limit: int | None = None,
     max_rows: int | str = 64, progress: Progress = no_progress,
 ) -> dict[str, TunedSetting]:
@@ -445,7 +445,7 @@ def evaluation_methods(lm: LoadedModel, artifact: HeadsArtifact | None, names: S
 
 def evaluate_file(
     lm: LoadedModel, artifact: HeadsArtifact | None, data: str | Path | Sequence[ConflictRow],
-    methods: Sequence[str] = ("original", "juice", "june"), *, direction: str | None = None,
+    methods: Sequence[str] = ("original", *TUNED_STEERINGS), *, direction: str | None = None,
     beta_plus: float | None = None, beta_minus: float | None = None, limit: int | None = None,
     max_rows: int | str = 64, resamples: int = 2000, seed: int = 0, progress: Progress = no_progress,
 ) -> RowsEvaluation:

@@ -54,7 +54,7 @@ from juice.data.records import CONFLICT_TYPES
 from juice.eval.runner import ItemResult, evaluate, results_from_json, results_to_json
 from juice.eval.tuning import tune_per_domain
 from juice.interventions import projection_input_hooks
-from juice.methods import MethodInputs, build
+from juice.methods import TUNED_STEERINGS, MethodInputs, build
 from juice.models import LoadedModel
 from juice.post_norm import POST_NORMS, head_contributions, norm_gain, post_norm_modules
 from juice.steering import Steering
@@ -173,7 +173,7 @@ def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_
         choices = tune_per_domain(lm, validation, setup.selection, beta_plus_grid=setup.grid[0],
                                   beta_minus_grid=setup.grid[1], max_rows=options.max_rows, on_progress=advance,
                                   site="post_norm")
-        post = {d: {m: (c.betas[m].beta_plus, c.betas[m].beta_minus) for m in ("juice", "june")}
+        post = {d: {m: (c.betas[m].beta_plus, c.betas[m].beta_minus) for m in TUNED_STEERINGS}
                 for d, c in choices.items()}
         setup.state.save("analysis_tuning_postnorm", key, {d: {m: list(v) for m, v in c.items()} for d, c in post.items()})
     head_domain = next(iter(setup.splits)) if "world_capital" not in setup.splits else "world_capital"

@@ -49,7 +49,7 @@ from juice.pipeline.run import ReproduceConfig, StageRun, run_key_base
 from juice.pipeline.stages import heads_stage
 from juice.interventions import HeadSelection
 from juice.io import StageFiles, settings_key
-from juice.methods import REGISTRY, MethodInputs, build
+from juice.methods import REGISTRY, STEERINGS, MethodInputs, build
 from juice.models import LoadedModel
 from juice.steering import Steering
 
@@ -132,7 +132,7 @@ def method_steerings(lm: LoadedModel, setup: BenchmarkSetup, domain: str) -> dic
     """Original, JuNE and JuICE with `domain`'s betas."""
     g = lm.heads.geometry
     out = {REGISTRY["original"].title: Steering()}
-    for m in ("june", "juice"):
+    for m in STEERINGS:
         bp, bm = setup.betas[domain][m]
         out[REGISTRY[m].title] = build(m, MethodInputs(g, setup.selection, beta_plus=bp, beta_minus=bm)).method.steering
     return out

@@ -58,11 +58,11 @@ from juice.eval.stats import Interval, bootstrap_interval, paired_difference_int
 from juice.interventions import HeadSelection
 from juice.stage1 import ALPHAS_NEGATIVE, ALPHAS_POSITIVE, HeadScores, score_heads, scoring_prompts, select_heads
 from juice.io import UnitCheckpoint, settings_key
-from juice.methods import MethodInputs, build
+from juice.methods import REGISTRY, TUNED_STEERINGS, MethodInputs, build
 from juice.models import LoadedModel
 from juice.steering import Steering
 
-METHODS = {"juice": "JuICE", "june": "JuNE"}
+METHODS = {m: REGISTRY[m].title for m in TUNED_STEERINGS}
 GROUP_SIZE = 12
 """Steering settings evaluated (and checkpointed) together: one batched pass per group."""
 

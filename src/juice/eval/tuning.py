@@ -26,7 +26,7 @@ from juice.data.records import CONFLICT_TYPES, ConflictExample, ContextualExampl
 from juice.eval.runner import ItemResult, evaluate, evaluate_contextual
 from juice.interventions import HeadSelection
 from juice.models import LoadedModel
-from juice.methods import MethodInputs, build
+from juice.methods import TUNED_STEERINGS, MethodInputs, build
 from juice.progress import OnProgress
 
 BETA_PLUS_GRID: tuple[float, ...] = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0)
@@ -152,7 +152,7 @@ def tune_per_domain(
     selection: HeadSelection,
     ph3: Mapping[str, Ph3Scores] | None = None,
     *,
-    methods: Sequence[str] = ("juice", "june"),
+    methods: Sequence[str] = TUNED_STEERINGS,
     beta_plus_grid: Sequence[float] = BETA_PLUS_GRID,
     beta_minus_grid: Sequence[float] = BETA_MINUS_GRID,
     ks: Sequence[int] = PRUNE_K,

@@ -28,7 +28,7 @@ from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
 from juice.interventions import Head, HeadSelection
 from juice.io import StageFiles, UnitCheckpoint, settings_key
 from juice.models import LoadedModel
-from juice.methods import REGISTRY, MethodInputs, build
+from juice.methods import REGISTRY, STEERINGS, MethodInputs, build
 from juice.pipeline.run import SCORING_LABELS, ReproduceConfig, StageRun
 from juice.progress import OnProgress, Progress, no_progress
 from juice.stage1 import (
@@ -278,7 +278,7 @@ def domain_methods(lm: LoadedModel, selection: HeadSelection, choice: dict[str, 
         if name in choice["prune"]:
             pruned = [Head.parse(h) for h in choice["prune"][name]["pruned"]]
             methods[name] = build("ph3", MethodInputs(g, pruned=pruned)).method
-    for m in ("june", "juice"):
+    for m in STEERINGS:
         b = choice["betas"][m]
         methods[REGISTRY[m].title] = build(m, MethodInputs(g, selection, beta_plus=b["beta_plus"],
                                                            beta_minus=b["beta_minus"])).method

@@ -27,7 +27,7 @@ def generate(
     """
     from juice.engine import Stream
     from juice.engine import generate as run
-    from juice.methods import REGISTRY, MethodInputs, build
+    from juice.methods import REGISTRY, STEERINGS, MethodInputs, build
     from juice.stage1 import load_heads
     from juice.models import load_model
 
@@ -35,7 +35,7 @@ def generate(
     lm = load_model(model)
     artifact = load_heads(heads, lm)
     inputs = MethodInputs(lm, artifact.selection, artifact.tuned, beta_plus, beta_minus)
-    shown = ("original", "june", "juice")
+    shown = ("original", *STEERINGS)
     streams = [Stream(0, build(name, inputs).method.steering) for name in shown]
     gen = run(lm, [prompt], streams, max_new_tokens)
     for name, text in zip(shown, gen.texts):
