@@ -143,25 +143,12 @@ class NormResult:
                 "betas": self.betas, "attenuation": self.attenuation, "notes": self.notes}
 
 
-def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_progress, *,
-             test_items: int | None = 10) -> NormResult:
-    """Pre-norm (the paper's) and post-norm JuICE and JuNE side by side on the parametric benchmark
-    (module docstring); writes `norm.json`, `.md`, `.png` to `options.out`.
-
-    Args:
-        test_items: test items per domain in the default mode (`--full`: all; `--quick`: 3).
-
-    Raises:
-        ValueError: too few known World Capital items for D and validation; an output norm that
-            is not an RMS norm.
-    """
-    from juice.analysis.paraphrase import benchmark_setup
-    from juice.eval.report import difference_markdown, interval_markdown, table1_columns
-    from juice.eval.tables import interval_table
+def _post_norm_betas(lm: LoadedModel, setup, options: AnalysisOptions,
+                     progress: Progress) -> dict[str, dict[str, tuple[float, float]]]:
+    """Post-norm JuICE's and JuNE's betas tuned per domain on its validation split (the same grid
+    as the pre-norm ones): domain -> method -> (beta+, beta-); cached in the run's state."""
     from juice.io import settings_key
 
-    start = time.perf_counter()
-    setup = benchmark_setup(lm, options, progress, test_items=test_items)
     validation = {d: list(s.validation) for d, s in setup.splits.items()}
     key = settings_key({"heads": setup.key_heads, "grid": setup.grid,
                         "validation": {d: [ex.to_json() for ex in v] for d, v in validation.items()}})
@@ -176,6 +163,28 @@ def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_
         post = {d: {m: (c.betas[m].beta_plus, c.betas[m].beta_minus) for m in TUNED_STEERINGS}
                 for d, c in choices.items()}
         setup.state.save("analysis_tuning_postnorm", key, {d: {m: list(v) for m, v in c.items()} for d, c in post.items()})
+    return post
+
+
+def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_progress, *,
+             test_items: int | None = 10) -> NormResult:
+    """Pre-norm (the paper's) and post-norm JuICE and JuNE side by side on the parametric benchmark
+    (module docstring); writes `norm.json`, `.md`, `.png` to `options.out`.
+
+    Args:
+        test_items: test items per domain in the default mode (`--full`: all; `--quick`: 3).
+
+    Raises:
+        ValueError: too few known World Capital items for D and validation; an output norm that
+            is not an RMS norm.
+    """
+    from juice.analysis.paraphrase import benchmark_setup
+    from juice.eval.tables import interval_table
+    from juice.io import settings_key
+
+    start = time.perf_counter()
+    setup = benchmark_setup(lm, options, progress, test_items=test_items)
+    post = _post_norm_betas(lm, setup, options, progress)
     head_domain = next(iter(setup.splits)) if "world_capital" not in setup.splits else "world_capital"
     g = lm.heads.geometry
     betas: dict[str, dict[str, tuple[float, float]]] = {}
@@ -226,10 +235,24 @@ def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_
         title=f"JuICE and JuNE before vs after the attention output norm ({mode})", files=[], wall_s=0.0,
         post_norm=has_norm, table=t_all, table_known=t_known, domains=list(setup.splits), titles=setup.titles,
         selection=setup.selection, betas=betas, attenuation=att, mode=options.mode, notes=setup.notes)
+    md = _norm_markdown(result, lm, setup.notes)
+    result.wall_s = time.perf_counter() - start
+    md.append(f"Wall time {result.wall_s:.0f} s (model loading excluded).")
+    result.files = write_outputs(options.out, "norm", {**result.to_json(), "model": lm.fingerprint(),
+                                                       "options": options.to_json(), "items": results_to_json(results)},
+                                 "\n".join(md), _norm_figure(result, lm.name))
+    return result
+
+
+def _norm_markdown(result: NormResult, lm: LoadedModel, notes: list[str]) -> list[str]:
+    """`norm.md`'s lines but the wall time: the tables, paired differences, attenuation and betas."""
+    from juice.eval.report import difference_markdown, interval_markdown, table1_columns
+
+    t_all, t_known, att, betas = result.table, result.table_known, result.attenuation, result.betas
     cols, headers = table1_columns(result.domains, result.titles)
     avg = [(c, h) for c, h in zip(cols, headers) if c[0] == "Average"]
     arch = (f"{lm.model.config.model_type} normalizes each attention output (`{POST_NORMS[lm.model.config.model_type]}`)"
-            if has_norm else f"{lm.model.config.model_type} has no attention output norm: the variants coincide")
+            if result.post_norm else f"{lm.model.config.model_type} has no attention output norm: the variants coincide")
     att_lines = [f"- beta = {b}: " + ", ".join(f"{h} {100 * v:.0f}%" for h, v in per.items()) for b, per in att.items()]
     md = [f"# {result.title}\n",
           f"Model {lm.name}; {arch}. Pre-norm = the paper's JuICE / JuNE (the output projection's input); "
@@ -249,15 +272,9 @@ def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_
           "(100% = passed through unchanged):\n", *att_lines, "",
           "## Betas (beta+, beta-)\n",
           "| Domain | " + " | ".join(VARIANTS) + " |", "|" + "---|" * (len(VARIANTS) + 1),
-          *[f"| {setup.titles[d]} | " + " | ".join(f"({b[n][0]:g}, {b[n][1]:g})" for n in VARIANTS) + " |"
+          *[f"| {result.titles[d]} | " + " | ".join(f"({b[n][0]:g}, {b[n][1]:g})" for n in VARIANTS) + " |"
             for d, b in betas.items()], ""]
-    md += [f"Note: {n}\n" for n in setup.notes]
-    result.wall_s = time.perf_counter() - start
-    md.append(f"Wall time {result.wall_s:.0f} s (model loading excluded).")
-    result.files = write_outputs(options.out, "norm", {**result.to_json(), "model": lm.fingerprint(),
-                                                       "options": options.to_json(), "items": results_to_json(results)},
-                                 "\n".join(md), _norm_figure(result, lm.name))
-    return result
+    return md + [f"Note: {n}\n" for n in notes]
 
 
 def _norm_figure(result: NormResult, model_name: str):

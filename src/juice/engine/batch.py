@@ -75,6 +75,26 @@ def _chunks(streams: Sequence[Stream], lengths: Sequence[int], max_rows: int) ->
     return length_buckets(order, [lengths[s.prompt] for s in streams], [s.rows for s in streams], max_rows)
 
 
+def _decoding_options(lm: LoadedModel, max_new_tokens: int, kv_cache: str | None, compile_step: bool | None,
+                      stop_text, stop_at_eos: bool, forced_tokens: Tensor | None) -> tuple[str, bool]:
+    """:func:`generate`'s cache and compile options with the model's defaults filled in, checked
+    with the options that constrain them (its Raises)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    kv_cache = lm.kv_cache if kv_cache is None else kv_cache
+    compile_step = lm.compile_step if compile_step is None else compile_step
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)}, not {kv_cache!r}")
+    if compile_step and kv_cache != "static":
+        raise ValueError('compile_step needs kv_cache="static" (fixed shapes per step)')
+    if stop_text is not None:
+        if forced_tokens is not None:
+            raise ValueError("stop_text does not apply to forced_tokens (teacher forcing feeds every token)")
+        if (lm.tokenizer.eos_token_id if stop_at_eos else lm.tokenizer.pad_token_id) is None:
+            raise ValueError("stop_text needs the tokenizer's EOS (stop_at_eos) or pad token to fill stopped rows")
+    return kv_cache, bool(compile_step)
+
+
 @torch.inference_mode()
 def generate(
     lm: LoadedModel,
@@ -162,24 +182,13 @@ def generate(
         juice.guard.BatchingMismatchError: batched decoding is not exact here, even with eager
             attention.
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    kv_cache = lm.kv_cache if kv_cache is None else kv_cache
-    compile_step = lm.compile_step if compile_step is None else compile_step
-    if kv_cache not in KV_CACHES:
-        raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)}, not {kv_cache!r}")
-    if compile_step and kv_cache != "static":
-        raise ValueError('compile_step needs kv_cache="static" (fixed shapes per step)')
-    if stop_text is not None:
-        if forced_tokens is not None:
-            raise ValueError("stop_text does not apply to forced_tokens (teacher forcing feeds every token)")
-        if (lm.tokenizer.eos_token_id if stop_at_eos else lm.tokenizer.pad_token_id) is None:
-            raise ValueError("stop_text needs the tokenizer's EOS (stop_at_eos) or pad token to fill stopped rows")
-    limit = context_length(lm.model)
+    kv_cache, compile_step = _decoding_options(lm, max_new_tokens, kv_cache, compile_step, stop_text, stop_at_eos,
+                                               forced_tokens)
     n = len(streams)
     if forced_tokens is not None and forced_tokens.shape != (n, max_new_tokens):
         raise ValueError(f"forced_tokens must be [n_streams, max_new_tokens] = {(n, max_new_tokens)}")
     ids = [token_ids(lm.tokenizer, p) for p in prompts]
+    limit = context_length(lm.model)
     if limit is not None and ids and max(map(len, ids)) > limit - max_new_tokens:
         raise PromptTooLongError(f"a prompt has {max(map(len, ids))} tokens; the model's context holds "
                                  f"{limit - max_new_tokens} with {max_new_tokens} new tokens")

@@ -258,42 +258,11 @@ def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: S
     Returns:
         the :class:`RowLayout`.
     """
-    zero = torch.zeros(geometry.n_layers, geometry.n_heads)
-    prompts: list[Hashable] = []
-    scale: list[Tensor] = []
-    add: list[Tensor] = []
-    source: list[int] = []
-    join: list[int] = []
-    copies: list[int] = []
-
-    def row(key: Hashable, scale_row: Tensor = zero, add_row: Tensor = zero, src: int = -1, at: int = 0,
-            copy: int | None = None) -> int:
-        prompts.append(key)
-        scale.append(scale_row)
-        add.append(add_row)
-        source.append(src)
-        join.append(at)
-        copies.append(len(copies) if copy is None else copy)
-        return len(prompts) - 1
-
-    out_row, question_row, owned = [], [], []
+    rows = _Rows(geometry)
     if not share:
-        for s, p, q in zip(streams, prompt_keys, question_keys):
-            if s.choice is not None:
-                raise ValueError("a choice of steerings is made at the prefill; decode the chosen stream")
-            scale_row, add_row = s.steering.scale_add(zero)
-            if s.steering.method == "juice":
-                clean = row(p)
-                rows = [clean, row(p, add_row=add_row, src=clean)]
-            elif s.contrast is not None:
-                rows = [row(q), row(p)]
-            else:
-                rows = [row(p, scale_row=scale_row)]
-            owned.append(rows)
-            out_row.append(rows[-1])
-            question_row.append(rows[0] if s.contrast is not None else -1)
-        return RowLayout(prompts, _plan(scale, add, source), out_row, question_row, owned, join, copies)
-
+        return _decoding_layout(rows, streams, prompt_keys, question_keys)
+    zero, row = rows.zero, rows.row
+    out_row, question_row, owned = [], [], []
     needed = {p for s, p in zip(streams, prompt_keys) if s.steering.method in ("original", "juice")}
     needed |= {q for s, q in zip(streams, question_keys) if s.contrast is not None or s.choice is not None}
     needed |= {p for s, p in zip(streams, prompt_keys) if s.choice is not None}
@@ -333,15 +302,63 @@ def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: S
             question_row.append(clean_row[q])
             continue
         options.append(None)
-        rows = [clean_row[q], clean_row[p]] if s.contrast is not None else rows_of(k, -1, s.steering)
-        owned.append(rows)
-        out_row.append(rows[-1])
-        question_row.append(rows[0] if s.contrast is not None else -1)
-    return RowLayout(prompts, _plan(scale, add, source), out_row, question_row, owned, join, copies, options)
+        own = [clean_row[q], clean_row[p]] if s.contrast is not None else rows_of(k, -1, s.steering)
+        owned.append(own)
+        out_row.append(own[-1])
+        question_row.append(own[0] if s.contrast is not None else -1)
+    return rows.layout(out_row, question_row, owned, options)
 
 
-def _plan(scale: list[Tensor], add: list[Tensor], source: list[int]) -> RowPlan:
-    return RowPlan(torch.stack(scale), torch.stack(add), torch.tensor(source, dtype=torch.long))
+class _Rows:
+    """A layout's rows as they are added (:func:`row_layout`): per row its prompt key, scale and
+    add rows (`[n_layers, n_heads]`), clean source row, join layer and the row it copies."""
+
+    def __init__(self, geometry: HeadGeometry):
+        self.zero = torch.zeros(geometry.n_layers, geometry.n_heads)
+        self.prompts: list[Hashable] = []
+        self.scale: list[Tensor] = []
+        self.add: list[Tensor] = []
+        self.source: list[int] = []
+        self.join: list[int] = []
+        self.copies: list[int] = []
+
+    def row(self, key: Hashable, scale_row: Tensor | None = None, add_row: Tensor | None = None, src: int = -1,
+            at: int = 0, copy: int | None = None) -> int:
+        """Add a row; returns its index."""
+        self.prompts.append(key)
+        self.scale.append(self.zero if scale_row is None else scale_row)
+        self.add.append(self.zero if add_row is None else add_row)
+        self.source.append(src)
+        self.join.append(at)
+        self.copies.append(len(self.copies) if copy is None else copy)
+        return len(self.prompts) - 1
+
+    def layout(self, out_row: list[int], question_row: list[int], owned: list[list[int]],
+               options: list | None = None) -> RowLayout:
+        plan = RowPlan(torch.stack(self.scale), torch.stack(self.add), torch.tensor(self.source, dtype=torch.long))
+        return RowLayout(self.prompts, plan, out_row, question_row, owned, self.join, self.copies,
+                         *([options] if options is not None else []))
+
+
+def _decoding_layout(rows: _Rows, streams: Sequence[Stream], prompt_keys: Sequence[Hashable],
+                     question_keys: Sequence[Hashable | None]) -> RowLayout:
+    """:func:`row_layout` without `share`: each stream owns its rows, in stream order."""
+    out_row, question_row, owned = [], [], []
+    for s, p, q in zip(streams, prompt_keys, question_keys):
+        if s.choice is not None:
+            raise ValueError("a choice of steerings is made at the prefill; decode the chosen stream")
+        scale_row, add_row = s.steering.scale_add(rows.zero)
+        if s.steering.method == "juice":
+            clean = rows.row(p)
+            own = [clean, rows.row(p, add_row=add_row, src=clean)]
+        elif s.contrast is not None:
+            own = [rows.row(q), rows.row(p)]
+        else:
+            own = [rows.row(p, scale_row=scale_row)]
+        owned.append(own)
+        out_row.append(own[-1])
+        question_row.append(own[0] if s.contrast is not None else -1)
+    return rows.layout(out_row, question_row, owned)
 
 
 __all__ = ["QUESTION_ALONE", "Choice", "ChoiceRule", "Contrast", "ContrastRule", "Generation", "QuestionAlone", "RowLayout",

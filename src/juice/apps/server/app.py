@@ -15,41 +15,13 @@ from juice.models import LoadedModel
 from juice.steering_request import ServedHeads
 
 
-def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | None = None,
-               limits: ServerLimits | None = None, aliases: Mapping[str, Mapping[str, Any]] | None = None,
-               default: Mapping[str, Any] | None = None):
-    """The FastAPI app (:mod:`juice.apps.server`).
-
-    Args:
-        lm: the model.
-        heads: heads artifacts (:func:`juice.load_heads`), at most one per direction.
-        model_name: the name clients use in `model` (default: the model's name).
-        limits: what the server admits (default :class:`ServerLimits`).
-        aliases: more model names, each with the `juice` options its requests get (a request's
-            own `juice` field overrides them key by key); :func:`juice.apps.server.parse_alias`
-            reads `juice serve --alias NAME=SPEC`.
-        default: the `juice` options of a request that sends none (`juice serve --default
-            SPEC`, :func:`juice.steering_request.parse_spec`); None: the protocol's rule.
-
-    Raises:
-        ValueError: two heads files for the same direction; an alias that is the model's name, or
-            an alias or default whose options the server cannot honour (the message says why).
-    """
-    from fastapi import FastAPI, Request
+def _error_handlers(app, metrics: ServerMetrics) -> None:
+    """Every error answered in OpenAI's shape (:func:`juice.apps.openai_schema.error_body`) and
+    counted: juice's :class:`ApiError`, FastAPI's validation errors (400), Starlette's HTTP errors
+    (404 for an unknown route, ...) and anything else (500)."""
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
-
-    limits = limits or ServerLimits()
-    metrics = ServerMetrics()
-    admission = Admission(lm, ServedHeads.of_artifacts(heads, lm.heads.geometry, default), limits,
-                          model_name or lm.name, aliases or {}, metrics.prompt_tokens.inc)
-    engine = Engine(lm, limits.max_rows, limits.max_queued, on_step=metrics.tokens.inc, on_finish=metrics.finished)
-    metrics.watch(engine)
-    responder = Responder(lm.tokenizer, engine)
-
-    app = FastAPI(title="juice", description="OpenAI-compatible completions with per-request head steering")
-    app.state.engine, app.state.limits, app.state.registry = engine, limits, metrics.registry
 
     def error_response(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
                        code: str | int | None = None, headers: dict | None = None) -> JSONResponse:
@@ -73,6 +45,43 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
     @app.exception_handler(Exception)
     async def server_error(request, exc: Exception):
         return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+
+
+def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | None = None,
+               limits: ServerLimits | None = None, aliases: Mapping[str, Mapping[str, Any]] | None = None,
+               default: Mapping[str, Any] | None = None):
+    """The FastAPI app (:mod:`juice.apps.server`).
+
+    Args:
+        lm: the model.
+        heads: heads artifacts (:func:`juice.load_heads`), at most one per direction.
+        model_name: the name clients use in `model` (default: the model's name).
+        limits: what the server admits (default :class:`ServerLimits`).
+        aliases: more model names, each with the `juice` options its requests get (a request's
+            own `juice` field overrides them key by key); :func:`juice.apps.server.parse_alias`
+            reads `juice serve --alias NAME=SPEC`.
+        default: the `juice` options of a request that sends none (`juice serve --default
+            SPEC`, :func:`juice.steering_request.parse_spec`); None: the protocol's rule.
+
+    Raises:
+        ValueError: two heads files for the same direction; an alias that is the model's name, or
+            an alias or default whose options the server cannot honour (the message says why).
+    """
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, Response
+
+    limits = limits or ServerLimits()
+    metrics = ServerMetrics()
+    admission = Admission(lm, ServedHeads.of_artifacts(heads, lm.heads.geometry, default), limits,
+                          model_name or lm.name, aliases or {}, metrics.prompt_tokens.inc)
+    engine = Engine(lm, limits.max_rows, limits.max_queued, on_step=metrics.tokens.inc, on_finish=metrics.finished)
+    metrics.watch(engine)
+    responder = Responder(lm.tokenizer, engine)
+
+    app = FastAPI(title="juice", description="OpenAI-compatible completions with per-request head steering")
+    app.state.engine, app.state.limits, app.state.registry = engine, limits, metrics.registry
+
+    _error_handlers(app, metrics)
 
     @app.get("/health")
     def health() -> Any:
