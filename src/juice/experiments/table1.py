@@ -41,30 +41,21 @@ from juice.eval.degeneration import correct_not_degenerate
 from juice.eval.report import degeneration_markdown, difference_markdown, interval_markdown, table1_columns
 from juice.eval.runner import evaluate, results_to_json, summary
 from juice.eval.tables import interval_table
-from juice.io import settings_key, write_json_atomic
+from juice.io import write_json_atomic
 from juice.methods import REGISTRY
 from juice.models import LoadedModel
 from juice.pipeline.domains import HEAD_DOMAIN, domain_sources, prepare_domains
 from juice.pipeline.run import (
-    SCORING_LABELS,
-    Progress,
     ReproduceConfig,
     ReproduceResult,
-    no_progress,
     run_key_base,
     scoring_title,
     selection_to_json,
     start_run,
     tuning_label,
 )
-from juice.pipeline.stages import (
-    domain_methods,
-    evaluation_stage,
-    heads_stage,
-    ph3_and_tuning,
-    ph3_scoring,
-    stage1_key,
-)
+from juice.pipeline.stages import domain_methods, evaluate_test_splits, ph3_scoring, protocol_stages, stage1_key
+from juice.progress import Progress, no_progress
 
 
 def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: LoadedModel | None = None) -> ReproduceResult:
@@ -76,8 +67,6 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
         FileNotFoundError: `cfg.data` is not a ParaConflict folder (raised before the model loads,
             as is a ValueError for a malformed data file).
     """
-    if cfg.scoring not in SCORING_LABELS:
-        raise ValueError(f"scoring must be exact, attribution or hybrid, not {cfg.scoring!r}")
     out = Path(cfg.out_dir)
     domain_sources(cfg)   # bad data fails here, in one line, before the model loads
     run, timings = start_run(cfg, lm, progress)
@@ -94,30 +83,14 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
                      f"{titles.get(head_domain, head_domain)}")
     timings["data_and_filter"] = time.perf_counter() - t
 
-    t = time.perf_counter()
     key_heads = stage1_key(base, cfg, head_set=[ex.to_json() for ex in dev.head_set])
-    selection, artifact_json = heads_stage(run, "heads", key_heads, dev.head_set, "parametric")
-    write_json_atomic(out / "heads.json", artifact_json)
-    timings["stage1_heads"] = time.perf_counter() - t
-
-    validation = {d: list(s.validation) for d, s in splits.items()}
-    ph3, choices, key_tuning = ph3_and_tuning(run, base, key_heads, selection, dev.ph3_dev, dev.head_set, validation,
-                                              "parametric", head_domain, timings)
-
-    t = time.perf_counter()
-    all_results = []
-    methods_order: list[str] = []
-    for domain, sp in splits.items():
-        methods = domain_methods(lm, selection, choices[domain], cfg.baselines, list(ph3))
-        methods_order += [m for m in methods if m not in methods_order]
-        key_eval = settings_key({"tuning": key_tuning, "choice": choices[domain], "methods": list(methods),
-                                 "test": [ex.to_json() for ex in sp.test], "items": [ex.uid for ex in sp.test]})
-        all_results += evaluation_stage(
-            run, f"eval_{domain}", key_eval, f"evaluate {titles.get(domain, domain)}",
-            len(sp.test) * len(CONFLICT_TYPES) * len(methods),
-            lambda advance, sp=sp, methods=methods: evaluate(lm, sp.test, methods, max_rows=cfg.max_rows,
-                                                             on_progress=advance))
-    timings["evaluation"] = time.perf_counter() - t
+    selection, ph3, choices, key_tuning = protocol_stages(run, base, key_heads, splits, head_domain, "parametric",
+                                                          out / "heads.json", timings)
+    all_results, methods_order = evaluate_test_splits(
+        run, splits, lambda d: domain_methods(lm, selection, choices[d], cfg.baselines, list(ph3)),
+        lambda d, sp, methods: {"tuning": key_tuning, "choice": choices[d], "methods": list(methods),
+                                "test": [ex.to_json() for ex in sp.test], "items": [ex.uid for ex in sp.test]},
+        "eval_{}", titles, len(CONFLICT_TYPES), evaluate, timings)
 
     known = {r.item_key for r in all_results
              if r.method == "Original" and r.conflict_type == "clean" and r.correct}

@@ -25,7 +25,6 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from juice.baselines.cad import ALPHA
 from juice.data.contextual import (
     CONTEXTUAL_DATASETS,
     CONTEXTUAL_TITLES,
@@ -41,25 +40,19 @@ from juice.eval.runner import Method, evaluate_contextual, results_to_json, summ
 from juice.eval.tables import interval_table
 from juice.io import settings_key
 from juice.pipeline.run import (
-    Progress,
     ReproduceConfig,
     ReproduceResult,
-    no_progress,
     run_key_base,
     scoring_title,
     selection_to_json,
     start_run,
     tuning_label,
 )
-from juice.pipeline.stages import (
-    domain_methods,
-    evaluation_stage,
-    heads_stage,
-    ph3_and_tuning,
-    ph3_scoring,
-    stage1_key,
-)
+from juice.pipeline.stages import (domain_methods, evaluate_test_splits, evaluation_stage, ph3_scoring, protocol_stages,
+                                   stage1_key)
+from juice.progress import Progress, no_progress
 from juice.io import write_json_atomic
+from juice.methods import REGISTRY, MethodInputs, build
 from juice.models import LoadedModel
 from juice.tokens import token_ids
 
@@ -160,33 +153,23 @@ def reproduce_contextual(
             max_prompt_tokens, ", ".join(f"{CONTEXTUAL_TITLES[d]} {n}" for d, n in dropped.items() if n)))
     timings["data"] = time.perf_counter() - t
 
-    t = time.perf_counter()
     key_heads = stage1_key(base, cfg)
-    selection, saved = heads_stage(run, "heads_contextual", key_heads, head.head_set, "contextual")
-    write_json_atomic(out / "heads_contextual.json", saved)
-    timings["stage1_heads"] = time.perf_counter() - t
+    selection, ph3, choices, key_tuning = protocol_stages(run, base, key_heads, splits, HEAD_DATASET, "contextual",
+                                                          out / "heads_contextual.json", timings)
 
-    validation = {d: list(s.validation) for d, s in splits.items()}
-    ph3, choices, key_tuning = ph3_and_tuning(run, base, key_heads, selection, head.ph3_dev, head.head_set, validation,
-                                              "contextual", HEAD_DATASET, timings)
-
-    t = time.perf_counter()
-    all_results = []
-    order: list[str] = []
-    for name, sp in splits.items():
+    def methods_of(name: str) -> dict[str, Method]:   # Original, Prompt, CAD, AdaCAD, then the rest
         methods = domain_methods(lm, selection, choices[name], cfg.baselines, list(ph3))
-        if cfg.baselines:
-            methods = {**{k: v for k, v in methods.items() if k in ("Original", "Prompt")},
-                       "CAD": Method(cad_alpha=ALPHA), "AdaCAD": Method(adacad=True),
-                       **{k: v for k, v in methods.items() if k not in ("Original", "Prompt")}}
-        order += [m for m in methods if m not in order]
-        key_eval = settings_key({"tuning": key_tuning, "choice": choices[name], "methods": list(methods),
-                                 "test": [ex.to_json() for ex in sp.test]})
-        all_results += evaluation_stage(
-            run, f"eval_contextual_{name}", key_eval, f"evaluate {CONTEXTUAL_TITLES[name]}", len(sp.test) * len(methods),
-            lambda advance, sp=sp, methods=methods: evaluate_contextual(lm, sp.test, methods, max_rows=cfg.max_rows,
-                                                                        on_progress=advance))
-    timings["evaluation"] = time.perf_counter() - t
+        if not cfg.baselines:
+            return methods
+        first = ("Original", "Prompt")
+        return {**{k: v for k, v in methods.items() if k in first}, **_cad_rows(lm),
+                **{k: v for k, v in methods.items() if k not in first}}
+
+    all_results, order = evaluate_test_splits(
+        run, splits, methods_of,
+        lambda d, sp, methods: {"tuning": key_tuning, "choice": choices[d], "methods": list(methods),
+                                "test": [ex.to_json() for ex in sp.test]},
+        "eval_contextual_{}", CONTEXTUAL_TITLES, 1, evaluate_contextual, timings)
 
     boot = dict(resamples=cfg.bootstrap_resamples, seed=cfg.seed)
     contexts = None
@@ -194,7 +177,7 @@ def reproduce_contextual(
         t = time.perf_counter()
         nq_methods = domain_methods(lm, selection, choices["nqswap"], cfg.baselines, list(ph3))
         if cfg.baselines:
-            nq_methods = {**nq_methods, "CAD": Method(cad_alpha=ALPHA), "AdaCAD": Method(adacad=True)}
+            nq_methods = {**nq_methods, **_cad_rows(lm)}
         nq_methods = {m: nq_methods[m] for m in order if m in nq_methods}
         items = nqswap_test_contexts(lm, root, [ex.uid for ex in splits["nqswap"].test], max_prompt_tokens, cfg.seed)
         key_ctx = settings_key({"tuning": key_tuning, "choice": choices["nqswap"], "methods": list(nq_methods),
@@ -219,6 +202,11 @@ def reproduce_contextual(
     )
     _write(result, all_results, out)
     return result
+
+
+def _cad_rows(lm: LoadedModel) -> dict[str, Method]:
+    """Table 2's contrastive baselines, CAD and AdaCAD, from the method registry."""
+    return {REGISTRY[m].title: build(m, MethodInputs(lm.heads.geometry)).method for m in ("cad", "adacad")}
 
 
 def _write(result: ReproduceResult, results, out: Path) -> None:

@@ -8,6 +8,7 @@ on (:mod:`juice.io`), so an interrupted run resumes where it stopped.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +86,20 @@ class ReproduceConfig:
     beta_minus_grid: tuple[float, ...] = BETA_MINUS_GRID  # of beta-; the authors' contextual script goes to -5
     degeneration_margin: float | None = None  # juice's option, not the paper's: tuning refuses settings whose
                                               # validation degeneration exceeds Original's by more (points)
+
+    def __post_init__(self) -> None:
+        """Raises:
+            ValueError: a Stage 1 scoring other than exact, hybrid or attribution; a
+                degeneration margin that is not a finite number >= 0; `max_rows` neither a
+                positive number nor "auto".
+        """
+        if self.scoring not in SCORING_LABELS:
+            raise ValueError(f"scoring must be exact, hybrid or attribution, not {self.scoring!r}")
+        margin = self.degeneration_margin
+        if margin is not None and not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin >= 0):
+            raise ValueError(f"degeneration_margin must be a number of percentage points >= 0, not {margin!r}")
+        if self.max_rows != "auto" and not (isinstance(self.max_rows, int) and self.max_rows > 0):
+            raise ValueError(f'max_rows must be a positive number of rows or "auto", not {self.max_rows!r}')
 
     def test_limit(self, direction: str) -> int | None:
         """Test items per domain (parametric) or dataset (contextual); None = all.

@@ -7,8 +7,9 @@ direction.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,7 +27,7 @@ from juice.data.records import CONFLICT_TYPES, ConflictExample
 from juice.eval.runner import ItemResult, Method, results_from_json, results_to_json
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
 from juice.interventions import Head, HeadSelection
-from juice.io import StageFiles, UnitCheckpoint, settings_key
+from juice.io import StageFiles, UnitCheckpoint, settings_key, write_json_atomic
 from juice.models import LoadedModel
 from juice.methods import REGISTRY, STEERINGS, MethodInputs, build
 from juice.pipeline.run import SCORING_LABELS, ReproduceConfig, StageRun
@@ -345,3 +346,62 @@ def ph3_and_tuning(
     choices = tuning_stage(run, key_tuning, validation, selection, ph3, direction, head_domain)
     timings["tuning"] = time.perf_counter() - t
     return ph3, choices, key_tuning
+
+
+def protocol_stages(
+    run: StageRun, base: dict[str, Any], key_heads: str, splits: Mapping[str, Any], head_domain: str, direction: str,
+    heads_file: Path, timings: dict[str, float],
+) -> tuple[HeadSelection, dict[str, Ph3Scores], dict[str, dict[str, Any]], str]:
+    """Stages 2 to 4 of either table, the paper's protocol before the test split: Stage 1 on the
+    head domain's set D (:func:`heads_stage`, stage file `heads_file`'s stem), the heads file
+    written to `heads_file`, then PH3's scores and every domain's tuning (:func:`ph3_and_tuning`);
+    wall times into `timings` ("stage1_heads", "ph3_heads", "tuning").
+
+    Args:
+        splits: domain (dataset) -> its split, with `head_set`, `ph3_dev` and `validation`.
+
+    Returns:
+        (the selection, PH3 row -> head scores, domain -> choice, the tuning's key).
+    """
+    t = time.perf_counter()
+    head = splits[head_domain]
+    selection, saved = heads_stage(run, heads_file.stem, key_heads, head.head_set, direction)
+    write_json_atomic(heads_file, saved)
+    timings["stage1_heads"] = time.perf_counter() - t
+    validation = {d: list(sp.validation) for d, sp in splits.items()}
+    ph3, choices, key_tuning = ph3_and_tuning(run, base, key_heads, selection, head.ph3_dev, head.head_set,
+                                              validation, direction, head_domain, timings)
+    return selection, ph3, choices, key_tuning
+
+
+def evaluate_test_splits(
+    run: StageRun, splits: Mapping[str, Any], methods_of: Callable[[str], dict[str, Method]],
+    key_of: Callable[[str, Any, dict[str, Method]], dict[str, Any]], stage: str, titles: Mapping[str, str],
+    units_per_item: int, evaluate_items: Callable[..., list[ItemResult]], timings: dict[str, float],
+) -> tuple[list[ItemResult], list[str]]:
+    """Stage 5 of either table: every domain's (dataset's) test split under its methods, one
+    resumable :func:`evaluation_stage` per domain; wall time into `timings["evaluation"]`.
+
+    Args:
+        methods_of: domain -> its rows (title -> method).
+        key_of: (domain, split, methods) -> the settings of its stage key.
+        stage: the stage file's name, `{}` standing for the domain.
+        units_per_item: progress units per test item and method (its prompts).
+        evaluate_items: :func:`juice.eval.runner.evaluate` or `evaluate_contextual`.
+
+    Returns:
+        (every item's results, the methods in table order).
+    """
+    t = time.perf_counter()
+    results: list[ItemResult] = []
+    order: list[str] = []
+    for domain, sp in splits.items():
+        methods = methods_of(domain)
+        order += [m for m in methods if m not in order]
+        results += evaluation_stage(
+            run, stage.format(domain), settings_key(key_of(domain, sp, methods)),
+            f"evaluate {titles.get(domain, domain)}", len(sp.test) * units_per_item * len(methods),
+            lambda advance, sp=sp, methods=methods: evaluate_items(run.lm, sp.test, methods, max_rows=run.cfg.max_rows,
+                                                                   on_progress=advance))
+    timings["evaluation"] = time.perf_counter() - t
+    return results, order

@@ -47,9 +47,12 @@ def identify(
     from juice.models import load_model
     from juice.userdata import load_rows
 
-    cfg = ReproduceConfig(model=model, k=k, scoring=scoring, shortlist=shortlist, head_set_size=head_set_size,
-                          seed=seed, data=data, domains=(domain,), validation_size=0, baselines=False,
-                          limit=0, device=device)
+    try:
+        cfg = ReproduceConfig(model=model, k=k, scoring=scoring, shortlist=shortlist, head_set_size=head_set_size,
+                              seed=seed, data=data, domains=(domain,), validation_size=0, baselines=False,
+                              limit=0, device=device)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
     if data is None and domain not in DOMAINS:
         raise typer.BadParameter(f"unknown domain {domain!r}; one of {', '.join(DOMAINS)}", param_hint="--domain")
     if (data is None or data.is_dir()) and direction.strip().lower() not in ("parametric", "memory"):

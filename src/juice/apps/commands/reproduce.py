@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Optional
@@ -61,21 +60,20 @@ def reproduce(
 
     if direction not in ("parametric", "contextual"):
         raise typer.BadParameter("direction must be parametric or contextual")
-    if scoring not in ("exact", "hybrid", "attribution"):
-        raise typer.BadParameter("scoring must be exact, hybrid or attribution")
     grid = parse_grid(beta_minus_grid, "--beta-minus-grid")
-    if degeneration_margin is not None and not (math.isfinite(degeneration_margin) and degeneration_margin >= 0):
-        raise typer.BadParameter("--degeneration-margin must be a number of percentage points >= 0")
-    cfg = ReproduceConfig(
-        model=model, out_dir=out, validation_size=None if full else validation_size,
-        limit=None if full else limit if limit is not None else "default",
-        k=k, scoring=scoring, shortlist=shortlist, seed=seed, data=data, filter=filter_items,
-        max_rows=max_rows if max_rows == "auto" else int(max_rows), device=device,
-        device_map=device_map, dtype=dtype, baselines=baselines, ph3_dev_size=200 if full else ph3_dev_size,
-        ph3_knockout=ph3_knockout, data_root=data_root,
-        validation_per_dataset=max(50, validation_per_dataset) if full else validation_per_dataset,
-        **({"beta_minus_grid": grid} if grid else {}), degeneration_margin=degeneration_margin,
-    )
+    try:   # the settings check themselves (ReproduceConfig), for the CLI and the Python API alike
+        cfg = ReproduceConfig(
+            model=model, out_dir=out, validation_size=None if full else validation_size,
+            limit=None if full else limit if limit is not None else "default",
+            k=k, scoring=scoring, shortlist=shortlist, seed=seed, data=data, filter=filter_items,
+            max_rows=max_rows if max_rows == "auto" else int(max_rows) if max_rows.isdigit() else max_rows,
+            device=device, device_map=device_map, dtype=dtype, baselines=baselines,
+            ph3_dev_size=200 if full else ph3_dev_size, ph3_knockout=ph3_knockout, data_root=data_root,
+            validation_per_dataset=max(50, validation_per_dataset) if full else validation_per_dataset,
+            **({"beta_minus_grid": grid} if grid else {}), degeneration_margin=degeneration_margin,
+        )
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
     start = time.perf_counter()
     with progress() as task:
         if direction == "parametric":
