@@ -156,6 +156,31 @@ class Study:
     timings: dict[str, float] = field(default_factory=dict)
     cross_validation: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    def headline(self) -> dict[str, Any]:
+        """The study in one record (`juice reproduce`'s results and terminal): the best static
+        method (chosen on validation), test means and paired differences of the mean over context
+        types under "use relevant context" (percent, [low, high]), auto's cross-validation verdicts
+        and the number of test questions."""
+        from juice.eval.contexts import MEAN
+
+        boot, best = self.test.summary["use_relevant"], self.test.best_static
+        auto = next((m for m in self.test.methods if m.startswith("auto")), None)
+
+        def pct(iv) -> list[float]:
+            return [round(100 * iv.mean, 2), round(100 * iv.low, 2), round(100 * iv.high, 2)]
+
+        out: dict[str, Any] = {"best_static": best, "questions": _questions(self.test),
+                               "means": {m: pct(c[MEAN]) for m, c in boot.cells.items()}}
+        for other in ([auto, ORACLE] if auto else [ORACLE]):
+            for base in (best, "Original"):
+                key = f"{other} - {base}"
+                if key in boot.differences:
+                    out[key] = pct(boot.differences[key][MEAN])
+        out["cross_validation"] = {k: {"qualified": v["qualified"],
+                                       "difference": [round(v[f], 2) for f in ("difference", "low", "high")]}
+                                   for k, v in self.cross_validation.items()}
+        return out
+
     def markdown(self) -> str:
         from juice.when_to_steer import TITLES
 

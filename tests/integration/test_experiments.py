@@ -189,7 +189,7 @@ def test_contextual_pipeline_runs_writes_table2_and_resumes(tiny_llama, tmp_path
     _write_contextual_data(tmp_path / "data")
     cfg = ReproduceConfig(out_dir=tmp_path / "out", data_root=tmp_path / "data", limit=2, validation_per_dataset=1,
                           ph3_dev_size=2, scoring="exact", alphas_positive=(1.0,), alphas_negative=(-1.0,), k=2,
-                          bootstrap_resamples=1000)
+                          bootstrap_resamples=1000, contexts=("nqswap",))
     first = rc.reproduce_contextual(cfg, lm=tiny_llama)
     results = json.loads((tmp_path / "out" / "results_contextual.json").read_text())
     methods = {"Original", "Prompt", "CAD", "AdaCAD", "PH3-l", "PH3-s", "JuNE", "JuICE"}
@@ -211,6 +211,16 @@ def test_contextual_pipeline_runs_writes_table2_and_resumes(tiny_llama, tmp_path
     assert {g: c["n"] for g, c in contexts["use_relevant"]["cells"]["JuICE"]["nqswap"].items()} == {
         "gold": 2, "conflicting": 2, "irrelevant": 2, "none": 2}
     assert "When to steer" in table and "trust memory" in table
+    # the when-to-steer study (issue 44, part 4): Table 2's heads with NQ-Swap's tuned betas, split by question
+    study = results["when_to_steer"]["nqswap"]
+    folder = tmp_path / "out" / "when-to-steer-nqswap"
+    assert study["study"] == str(folder / "study.md") and (folder / "study.md").is_file()
+    assert study["best_static"] in study["means"] and "oracle" in study["means"]
+    assert any(k.startswith("auto-ctx - ") for k in study) and study["questions"] >= 1
+    studied = json.loads((folder / "heads_table2.json").read_text())["tuned"]
+    assert {m: studied[m] for m in ("juice", "june")} == {
+        m: {k: results["choices"]["nqswap"]["betas"][m][k] for k in ("beta_plus", "beta_minus")} for m in ("juice", "june")}
+    assert "## When to steer, the study" in table and "nqswap:" in table
 
     (tmp_path / "out" / "state" / "eval_contextual_nqswap.json").unlink()
 
@@ -221,12 +231,14 @@ def test_contextual_pipeline_runs_writes_table2_and_resumes(tiny_llama, tmp_path
     mp.setattr(stages, "tune_per_domain", boom)
     mp.setattr(stages, "identify_heads", boom)
     mp.setattr(stages, "path_patching_effects", boom)
+    mp.setattr("juice.context_study.evaluate_context_types", boom)   # the study's decoding is cached
     try:
         second = rc.reproduce_contextual(cfg, lm=tiny_llama)
     finally:
         mp.undo()
     assert second.table.to_json() == first.table.to_json()
     assert {k: t.to_json() for k, t in second.contexts.items()} == {k: t.to_json() for k, t in first.contexts.items()}
+    assert second.studies == first.studies
 
 
 def test_contextual_pipeline_explains_missing_data(tiny_llama, tmp_path):

@@ -38,3 +38,16 @@ def test_the_cli_says_it_as_a_bad_parameter(tmp_path):
     assert result.exit_code == 2 and "max_rows must be" in result.output
     result = CliRunner().invoke(app, ["identify", "--scoring", "exactly", "--out", str(tmp_path / "heads.json")])
     assert result.exit_code == 2 and "scoring must be exact, hybrid or attribution" in result.output
+
+
+def test_the_when_to_steer_study_is_asked_for_by_known_datasets(tmp_path):
+    from typer.testing import CliRunner
+
+    from juice.apps.cli import app
+
+    with pytest.raises(ValueError, match="contexts: unknown dataset 'nq'; choose from nqswap, paraconflict"):
+        ReproduceConfig(contexts=("nq",))
+    with pytest.raises(ValueError, match="study_size must be default or published"):
+        ReproduceConfig(study_size="huge")
+    result = CliRunner().invoke(app, ["reproduce", "--contexts", "nqswap", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "runs after Table 2" in result.output

@@ -17,13 +17,20 @@ Stages (the shared stages of :mod:`juice.pipeline`, written atomically to `<out>
    conflicting, an irrelevant and no context (:mod:`juice.data.context_types`; passages from the
    rows within `max_prompt_tokens`), every method with NQ-Swap's tuned settings, under both
    objectives (:mod:`juice.eval.contexts`): what tuning on conflicting items costs elsewhere.
+7. the when-to-steer study, on the datasets of `cfg.contexts` (`juice reproduce --direction
+   contextual --contexts nqswap,paraconflict`): validation and test split by question, the best
+   static method and `auto` chosen on validation, everything compared on test, with Table 2's
+   heads and NQ-Swap's betas (:func:`when_to_steer_stage`, :mod:`juice.context_study`).
 """
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 from juice.data.contextual import (
     CONTEXTUAL_DATASETS,
@@ -40,8 +47,10 @@ from juice.eval.runner import Method, evaluate_contextual, results_to_json, summ
 from juice.eval.tables import interval_table
 from juice.io import settings_key
 from juice.pipeline.run import (
+    STUDY_SIZES,
     ReproduceConfig,
     ReproduceResult,
+    StageRun,
     run_key_base,
     scoring_title,
     selection_to_json,
@@ -52,7 +61,7 @@ from juice.pipeline.stages import (domain_methods, evaluate_test_splits, evaluat
                                    stage1_key)
 from juice.progress import Progress, no_progress
 from juice.io import write_json_atomic
-from juice.methods import REGISTRY, MethodInputs, build
+from juice.methods import REGISTRY, STEERINGS, MethodInputs, build
 from juice.models import LoadedModel
 from juice.tokens import token_ids
 
@@ -187,6 +196,7 @@ def reproduce_contextual(
             lambda advance: evaluate_context_types(lm, items, nq_methods, max_rows=cfg.max_rows, on_progress=advance))
         contexts = context_type_tables(ctx_results, list(nq_methods), **boot)
         timings["contexts"] = time.perf_counter() - t
+    studies = when_to_steer_stage(run, choices, root, timings)
     by_likelihood = [replace(r, correct=r.likelihood_correct) for r in all_results if r.likelihood_correct is not None]
     result = ReproduceResult(
         config=cfg, model=lm.fingerprint(), selection=selection, choices=choices,
@@ -198,10 +208,74 @@ def reproduce_contextual(
         likelihood=interval_table(by_likelihood, order, **boot) if by_likelihood else None,
         degeneration=interval_table(all_results, order, value=lambda r: r.degenerate, **boot),
         correct_not_degenerate=interval_table(all_results, order, value=correct_not_degenerate, **boot),
-        contexts=contexts,
+        contexts=contexts, studies=studies,
     )
     _write(result, all_results, out)
     return result
+
+
+STUDY_MAX_PROMPT_TOKENS = 256
+"""The when-to-steer study keeps NQ-Swap prompts of at most this many tokens (docs/when-to-steer.md)."""
+
+
+def table2_heads(heads: Mapping[str, Any], betas: Mapping[str, Mapping[str, float]], source: str) -> dict[str, Any]:
+    """A heads file's JSON (`heads_contextual.json`) with NQ-Swap's tuned JuICE and JuNE betas of
+    Table 2 (`choices["nqswap"]["betas"]`) as its tuned settings: the steerings the when-to-steer
+    study runs (the contextual protocol tunes no betas on ParaConflict; docs/when-to-steer.md)."""
+    tuned = {m: {"beta_plus": betas[m]["beta_plus"], "beta_minus": betas[m]["beta_minus"]} for m in STEERINGS}
+    return {**heads, "tuned": {**tuned, "data": {"from": f"{source}: NQ-Swap's tuned betas (Table 2)"}}}
+
+
+def when_to_steer_stage(run: StageRun, choices: Mapping[str, Any], root: Path,
+                        timings: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """The when-to-steer study (:func:`juice.context_study.run_study`) on each of `cfg.contexts`,
+    with Table 2's heads and NQ-Swap's tuned betas (:func:`table2_heads`), sized by
+    `cfg.study_size` (:data:`juice.pipeline.run.STUDY_SIZES`), in `<out>/when-to-steer-<dataset>/`
+    (resumable: decoding is cached per chunk there); NQ-Swap from `root`, ParaConflict from
+    `cfg.data` or the six built-in domains.
+
+    Returns:
+        dataset -> :meth:`juice.context_study.Study.headline` and the study's Markdown file.
+    """
+    from juice.context_study import run_study
+    from juice.stage1 import load_heads
+    from juice.when_to_steer import prompt_fits
+
+    cfg, lm, out = run.cfg, run.lm, Path(run.cfg.out_dir)
+    if not cfg.contexts:
+        return {}
+    if "nqswap" not in choices:
+        run.notes.append("when to steer: NQ-Swap is not in this run, so there are no Table 2 betas to study with")
+        return {}
+    heads = table2_heads(json.loads((out / "heads_contextual.json").read_text(encoding="utf-8")),
+                         choices["nqswap"]["betas"], str(out / "results_contextual.json"))
+    studies = {}
+    for dataset in cfg.contexts:
+        t = time.perf_counter()
+        folder = out / f"when-to-steer-{dataset}"
+        write_json_atomic(folder / "heads_table2.json", heads)
+        validation, test = STUDY_SIZES[dataset][cfg.study_size]
+        source, keep = ((root / "nqswap", prompt_fits(lm.tokenizer, STUDY_MAX_PROMPT_TOKENS)) if dataset == "nqswap"
+                        else (cfg.data, None))
+        study = run_study(lm, load_heads(folder / "heads_table2.json", lm), source, out=folder,
+                          validation_limit=validation, test_limit=test, keep=keep, seed=cfg.seed, max_rows=cfg.max_rows,
+                          resamples=cfg.bootstrap_resamples, progress=run.progress)
+        studies[dataset] = {**study.headline(), "study": str(folder / "study.md")}
+        timings[f"when_to_steer_{dataset}"] = time.perf_counter() - t
+    return studies
+
+
+def study_line(dataset: str, headline: Mapping[str, Any]) -> str:
+    """One line for a study (:func:`when_to_steer_stage`): auto and the oracle against the best
+    static method chosen on validation, on the test questions."""
+    best = headline["best_static"]
+    parts = [f"- {dataset}: {headline['questions']} test questions; best static method on validation {best}"]
+    for key, value in headline.items():
+        if " - " in key and key.endswith(f" - {best}"):
+            parts.append(f"{key} {value[0]:+.1f} [{value[1]:+.1f}, {value[2]:+.1f}]")
+    parts += [f"cross-validation ({k}): {'qualified' if v['qualified'] else 'not qualified'}, {v['difference'][0]:+.1f}"
+              for k, v in headline.get("cross_validation", {}).items()]
+    return "; ".join(parts) + f" ({headline['study']})"
 
 
 def _cad_rows(lm: LoadedModel) -> dict[str, Method]:
@@ -225,6 +299,7 @@ def _write(result: ReproduceResult, results, out: Path) -> None:
         "degeneration": result.degeneration.to_json() if result.degeneration else None,
         "correct_not_degenerate": result.correct_not_degenerate.to_json() if result.correct_not_degenerate else None,
         "contexts": {k: t.to_json() for k, t in result.contexts.items()} if result.contexts else None,
+        "when_to_steer": result.studies or None,
         "summary": result.summary, "timings_s": result.timings,
         "splits": result.splits, "notes": result.notes, "items": results_to_json(results),
     })
@@ -259,6 +334,9 @@ def _write(result: ReproduceResult, results, out: Path) -> None:
             ccols = [("Average", g) for g in CONTEXT_TYPES if g != "none" or name != "follows_context"]
             text += [f"### {TITLES[name]}\n", interval_markdown(table, methods, ccols, [g for _, g in ccols],
                                                                  bold=name not in ("follows_context", *LOWER_IS_BETTER))]
+    if result.studies:
+        text.append("\n## When to steer, the study (validation and test split by question; docs/when-to-steer.md)\n")
+        text += [study_line(d, h) for d, h in result.studies.items()]
     (out / "table2.md").write_text("\n".join(text), encoding="utf-8")
     for name, table, what in (("table2.png", result.table, "contextual answer accuracy"),
                               ("table2_correct_not_degenerate.png", result.correct_not_degenerate,

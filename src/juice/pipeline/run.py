@@ -47,6 +47,12 @@ class StageRun:
     notes: list[str] = field(default_factory=list)
 
 
+STUDY_SIZES = {"nqswap": {"default": (40, 40), "published": (300, 250)},
+               "paraconflict": {"default": (8, 8), "published": (55, 50)}}
+"""The when-to-steer study's distinct questions per source, (validation, test), by dataset and size
+(docs/when-to-steer.md: the published tables hold at least 250 test and 300 validation questions
+per dataset; ParaConflict's are per domain, six domains)."""
+
 DEFAULT_TEST_ITEMS = {"parametric": 30, "contextual": 20}
 """Test items per domain / dataset by default: as many as fit 20 minutes on 2 CPU cores (README)."""
 
@@ -86,6 +92,9 @@ class ReproduceConfig:
     beta_minus_grid: tuple[float, ...] = BETA_MINUS_GRID  # of beta-; the authors' contextual script goes to -5
     degeneration_margin: float | None = None  # juice's option, not the paper's: tuning refuses settings whose
                                               # validation degeneration exceeds Original's by more (points)
+    contexts: tuple[str, ...] = ()      # contextual: the when-to-steer study after Table 2, on "nqswap" and / or
+                                        # "paraconflict" (the six built-in domains, or `data`'s files)
+    study_size: str = "default"         # the study's questions: default | published (STUDY_SIZES)
 
     def __post_init__(self) -> None:
         """Raises:
@@ -98,6 +107,11 @@ class ReproduceConfig:
         margin = self.degeneration_margin
         if margin is not None and not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin >= 0):
             raise ValueError(f"degeneration_margin must be a number of percentage points >= 0, not {margin!r}")
+        unknown = [c for c in self.contexts if c not in STUDY_SIZES]
+        if unknown:
+            raise ValueError(f"contexts: unknown dataset {unknown[0]!r}; choose from {', '.join(STUDY_SIZES)}")
+        if self.study_size not in STUDY_SIZES["nqswap"]:
+            raise ValueError(f"study_size must be default or published, not {self.study_size!r}")
         if self.max_rows != "auto" and not (isinstance(self.max_rows, int) and self.max_rows > 0):
             raise ValueError(f'max_rows must be a positive number of rows or "auto", not {self.max_rows!r}')
 
@@ -136,6 +150,8 @@ class ReproduceResult:
     degeneration: IntervalTable | None = None   # share of degenerate outputs (juice.eval.degeneration)
     head_domain: str = "world_capital"          # whose D the heads come from
     contexts: dict[str, IntervalTable] | None = None   # contextual: NQ-Swap's test questions under every context type
+    studies: dict[str, dict[str, Any]] = field(default_factory=dict)   # contextual: the when-to-steer study's
+                                                                      # headline per dataset (cfg.contexts)
     correct_not_degenerate: IntervalTable | None = None   # exact match on a non-degenerate output
 
 

@@ -45,6 +45,10 @@ def reproduce(
     device_map: Optional[str] = typer.Option(None, help='e.g. "auto" to shard the model over GPUs (accelerate)'),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
     beta_minus_grid: Optional[str] = typer.Option(None, help=BETA_MINUS_GRID_HELP),
+    contexts: str = typer.Option("", help="contextual: after Table 2, the when-to-steer study on these datasets "
+                                           "(nqswap, paraconflict; comma-separated): validation and test split by "
+                                           "question, auto fitted on validation (docs/when-to-steer.md); --full: "
+                                           "the published size"),
     degeneration_margin: Optional[float] = typer.Option(
         None, help="NOT the paper's protocol (accuracy only): tuning refuses settings whose share of "
                           "degenerate validation outputs exceeds Original's by more than this many points "
@@ -60,6 +64,8 @@ def reproduce(
 
     if direction not in ("parametric", "contextual"):
         raise typer.BadParameter("direction must be parametric or contextual")
+    if contexts.strip() and direction != "contextual":
+        raise typer.BadParameter("--contexts runs after Table 2: use it with --direction contextual")
     grid = parse_grid(beta_minus_grid, "--beta-minus-grid")
     try:   # the settings check themselves (ReproduceConfig), for the CLI and the Python API alike
         cfg = ReproduceConfig(
@@ -71,6 +77,8 @@ def reproduce(
             ph3_dev_size=200 if full else ph3_dev_size, ph3_knockout=ph3_knockout, data_root=data_root,
             validation_per_dataset=max(50, validation_per_dataset) if full else validation_per_dataset,
             **({"beta_minus_grid": grid} if grid else {}), degeneration_margin=degeneration_margin,
+            contexts=tuple(c.strip().lower() for c in contexts.split(",") if c.strip()),
+            study_size="published" if full else "default",
         )
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
@@ -130,6 +138,11 @@ def _print_result(result, cfg, direction: str, out: Path, seconds: float) -> Non
         console.print(f"{result.titles.get(d, d)}{chosen}: " + ", ".join(
             f"{m} beta+={b['beta_plus']:g} beta-={b['beta_minus']:g}" for m, b in c["betas"].items())
             + "".join(f", {n} k={p['k']} ({', '.join(p['pruned']) or 'none'})" for n, p in c["prune"].items()))
+    if getattr(result, "studies", None):
+        from juice.experiments.table2 import study_line
+
+        for dataset, headline in result.studies.items():
+            console.print("when to steer " + study_line(dataset, headline).removeprefix("- "))
     console.print("time: " + ", ".join(f"{k} {v:.0f}s" for k, v in result.timings.items())
                   + f", total {seconds:.0f}s")
     for note in result.notes:
