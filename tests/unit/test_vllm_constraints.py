@@ -1,7 +1,7 @@
 """The vLLM configurations the plugin refuses at start (:mod:`juice.vllm.constraints`; issue 33):
 dual-batch overlap and micro-batching, whose micro-batches would read other requests' steering,
 and an attention backend without `query_start_loc` (FlashInfer's), each in one line naming the
-flag; full CUDA graphs, LoRA, speculative decoding and KV-sharing layers (issue 46). The checks import nothing of vLLM; the real backends' metadata is read from vLLM's sources
+flag; full CUDA graphs, LoRA, speculative decoding, KV-sharing layers and Model Runner V2 (issue 46). The checks import nothing of vLLM; the real backends' metadata is read from vLLM's sources
 where its environment is installed."""
 
 from __future__ import annotations
@@ -102,12 +102,12 @@ class _GraphMode(enum.Enum):
         return self in (_GraphMode.FULL, _GraphMode.FULL_DECODE_ONLY, _GraphMode.FULL_AND_PIECEWISE)
 
 
-def _gpu_config(mode, capture=(1, 2, 4), eager=False, lora=None, speculative=None):
+def _gpu_config(mode, capture=(1, 2, 4), eager=False, lora=None, speculative=None, v2=False):
     return SimpleNamespace(model_config=SimpleNamespace(enforce_eager=eager),
                            parallel_config=SimpleNamespace(enable_dbo=False, ubatch_size=0),
                            compilation_config=SimpleNamespace(mode=3, cudagraph_mode=mode,
                                                               cudagraph_capture_sizes=list(capture)),
-                           lora_config=lora, speculative_config=speculative)
+                           lora_config=lora, speculative_config=speculative, use_v2_model_runner=v2)
 
 
 def test_full_cuda_graphs_lora_and_speculative_decoding_are_refused_in_one_line():
@@ -147,3 +147,41 @@ def test_vllms_own_graph_modes_are_classified_as_the_refusal_expects():
     for name in full:
         with pytest.raises(PluginConfigError):
             check_engine_config(_gpu_config(_GraphMode[name]))
+
+
+def test_model_runner_v2_is_refused_and_the_launcher_pins_v1():
+    with pytest.raises(PluginConfigError, match="V1 model runner, not Model Runner V2.*VLLM_USE_V2_MODEL_RUNNER=0"):
+        check_engine_config(_gpu_config(_GraphMode.PIECEWISE, v2=True))
+    check_engine_config(_gpu_config(_GraphMode.PIECEWISE, v2=False))
+    from juice.vllm.launch import server_environment
+
+    assert server_environment([], base={})["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+
+
+@pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (run scripts/install-vllm.sh)")
+def test_vllms_own_runner_choice_follows_the_pin(tmp_path):
+    """vLLM's real `VllmConfig.use_v2_model_runner` under the launcher's environment: V1, which
+    passes. (V2 cannot be configured on vLLM's CPU build, "Model Runner V2 requires Triton"; its
+    refusal is tested above on a config object.)"""
+    import os
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from conftest import COMMON, make_tokenizer
+
+    config = AutoConfig.for_model("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, **COMMON)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "tiny")
+    make_tokenizer().save_pretrained(tmp_path / "tiny")
+    code = ("import sys\nfrom vllm.engine.arg_utils import EngineArgs\n"
+            "from juice.vllm.constraints import PluginConfigError, check_engine_config\n"
+            f"cfg = EngineArgs(model={str(tmp_path / 'tiny')!r}).create_engine_config()\n"
+            "try:\n    check_engine_config(cfg); print('RUNNER', cfg.use_v2_model_runner, 'passes')\n"
+            "except PluginConfigError as err:\n    print('RUNNER', cfg.use_v2_model_runner, 'refused')\n")
+    from juice.vllm.launch import server_environment
+
+    done = subprocess.run([VLLM_PYTHON, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=server_environment([], base=dict(os.environ)), cwd=tmp_path)
+    assert "RUNNER False passes" in done.stdout, done.stderr[-2000:]

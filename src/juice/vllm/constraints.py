@@ -21,6 +21,11 @@ one-line :class:`PluginConfigError` naming the flag, before any request is serve
   the dual run does not return what EAGLE-style drafts read;
 - no KV-sharing attention layers (`kv_sharing_target_layer_name`): run 1's clean attention would
   write its KV into another layer's cache.
+- vLLM's V1 model runner, the one whose contract (the persistent batch the logits processor
+  sees, the attention metadata the model reads) the plugin was built and tested against: Model
+  Runner V2 (`VllmConfig.use_v2_model_runner`; vLLM picks it by default where Triton works, e.g.
+  on a GPU) keeps its own request state and is refused until verified. `VLLM_USE_V2_MODEL_RUNNER=0`
+  pins V1; `juice serve --engine vllm` sets it (:func:`juice.vllm.launch.server_environment`).
 
 Kept apart from :mod:`juice.vllm.models` so that it imports nothing of vLLM: its checks take
 vLLM's config and backend classes as they are and are tested without vLLM installed.
@@ -46,7 +51,7 @@ def check_engine_config(vllm_config: Any) -> None:
     Args:
         vllm_config: vLLM's `VllmConfig` (reads `parallel_config.enable_dbo` and `.ubatch_size`,
             `compilation_config.cudagraph_mode` and `.cudagraph_capture_sizes`, `lora_config`,
-            `speculative_config`).
+            `speculative_config`, `use_v2_model_runner`).
 
     Raises:
         PluginConfigError: one line naming the flag to change.
@@ -67,6 +72,10 @@ def check_engine_config(vllm_config: Any) -> None:
     if getattr(vllm_config, "speculative_config", None) is not None:
         raise PluginConfigError("juice's vLLM plugin does not support speculative decoding (the draft model would "
                                 "be steered too): start vLLM without --speculative-config")
+    if getattr(vllm_config, "use_v2_model_runner", False) is True:
+        raise PluginConfigError("juice's vLLM plugin was built and tested on vLLM's V1 model runner, not Model "
+                                "Runner V2 (its request state and metadata are unverified): start vLLM with "
+                                "VLLM_USE_V2_MODEL_RUNNER=0")
 
 
 def full_cudagraph_mode(vllm_config: Any) -> str | None:

@@ -128,11 +128,14 @@ def server_environment(heads: Sequence[str | Path], dual_run: bool = True, base:
     leaves the model one: on 2 cores, Original's throughput at 32 clients rose from 79 to 140
     tokens/s when both ran the model (README, "Serving at scale with vLLM"). With 8 cores or more the
     reserved core is 1/8 of the machine or less, and vLLM's default stands. The GPU build ignores both.
+    `VLLM_USE_V2_MODEL_RUNNER=0` pins vLLM's V1 model runner, the one the plugin is verified on
+    (:func:`juice.vllm.constraints.check_engine_config` refuses V2).
     """
     env = dict(os.environ if base is None else base)
     env["JUICE_VLLM_HEADS"] = os.pathsep.join(str(Path(p).resolve()) for p in heads)
     env["JUICE_VLLM"] = "1"
     env["JUICE_VLLM_DUAL_RUN"] = "1" if dual_run else "0"
+    env["VLLM_USE_V2_MODEL_RUNNER"] = "0"   # the runner the plugin is verified on (juice.vllm.constraints)
     if geometry:
         env.setdefault("JUICE_VLLM_GEOMETRY", geometry)
     if default is not None:
