@@ -37,6 +37,28 @@ def test_the_site_builds_strictly(tmp_path):
     html = (tmp_path / "site" / "api" / "engine" / "index.html").read_text(encoding="utf-8")
     assert ":class:`" not in html and ":func:`" not in html   # Sphinx roles became links or code
     assert 'href="#juice.engine.session.DecodingSession"' in html
+    # the command-line reference, generated from the CLI: every command and sub-command has its heading
+    cli = (tmp_path / "site" / "cli" / "index.html").read_text(encoding="utf-8")
+    for name in _cli_commands():
+        assert f'id="{name}"' in cli, f"the CLI reference lacks `juice {name}`"
+
+
+def _cli_commands() -> list[str]:
+    """Every command of `juice` and of its groups (`analyze norm`: "norm"), from the typer app."""
+    import typer.main
+
+    from juice.apps.cli import app
+
+    group = typer.main.get_command(app)
+    names = []
+    for name, command in group.commands.items():
+        names.append(name)
+        names += list(getattr(command, "commands", {}))
+    return names
+
+
+def test_the_cli_reference_names_every_command():
+    assert {"reproduce", "identify", "tune", "evaluate", "generate", "serve", "norm"} <= set(_cli_commands())
 
 
 def test_links_resolve_and_nothing_points_outside_the_repository():
