@@ -1,6 +1,8 @@
 """Teacher forcing: the log-probabilities a (steered) model gives a continuation, in one batched
-forward without a cache (MemoTrap's likelihood comparison, PH3's logit differences, the
-server's log-probabilities). JuICE runs the clean and the steered row of each sequence together.
+forward without a cache: the uncached reference (:mod:`juice.reference`) for the engine's forced
+tokens, which the evaluation (MemoTrap's likelihood comparison) and the server's `echo`
+(:attr:`juice.engine.StepToken.prompt_logprobs`) use. JuICE runs the clean and the steered row of
+each sequence together.
 """
 
 from __future__ import annotations
@@ -67,28 +69,4 @@ def sequence_logits(
     return out
 
 
-def prompt_logprobs(
-    lm: LoadedModel, sequence: Sequence[int], steering: Steering = ORIGINAL, top: int = 0,
-) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
-    """Teacher-forced log-probabilities of every token of `sequence` after the first, under
-    `steering` (:func:`sequence_logits`): the server's `echo` (OpenAI's legacy completions,
-    whose first token has none).
-
-    Returns:
-        for tokens 1 .. T-1: (its log-probability in nats, the `top` most probable (token id,
-        log-probability) pairs at its position, most probable first).
-    """
-    if len(sequence) < 2:
-        return []
-    logprobs = sequence_logits(lm, [sequence], [len(sequence) - 1], steering)[0].log_softmax(-1)
-    targets = torch.tensor(list(sequence[1:]), device=logprobs.device)
-    chosen = logprobs.gather(1, targets[:, None])[:, 0].tolist()
-    if top:
-        values, ids = logprobs.topk(top, dim=-1)
-        tops = [tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
-    else:
-        tops = [()] * len(chosen)
-    return list(zip(chosen, tops))
-
-
-__all__ = ["continuation_ids", "prompt_logprobs", "sequence_logits"]
+__all__ = ["continuation_ids", "sequence_logits"]

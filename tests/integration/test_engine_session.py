@@ -5,6 +5,7 @@ their rows; stop predicates end a stream."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from juice.engine import DecodingSession
 from juice.engine import Stream, generate
@@ -121,3 +122,47 @@ def test_bad_streams_are_refused(tiny_llama):
     session.add(0, [1, 5], Stream(0), 3)
     with pytest.raises(ValueError, match="already in the session"):
         session.add(0, [1, 6], Stream(0), 3)
+
+
+def test_prompt_log_probabilities_come_from_the_prefill_and_equal_teacher_forcing(tiny):
+    """`prompt_logprobs` (the server's echo) read from a shared, padded prefill equal the uncached
+    teacher-forced reference (:func:`juice.likelihood.sequence_logits`) under every steering, for
+    a prompt prefilled beside longer and shorter ones and other steerings of itself."""
+    from juice.likelihood import sequence_logits
+
+    lm = tiny
+    steerings = [ORIGINAL, JuICE(lm, SEL, 3, -1), JuNE(lm, SEL, 1, -0.5)]
+    session = DecodingSession(lm)
+    asked = {}
+    for i, prompt in enumerate(PROMPTS):
+        ids = token_ids(lm.tokenizer, prompt)
+        steering = steerings[i % 3]
+        top = 3 if i % 2 else 0
+        session.add(("echo", i), ids, Stream(0, steering), 2, prompt_logprobs=top)
+        session.add(("plain", i), ids, Stream(0, steerings[(i + 1) % 3]), 2)   # shares the clean prefill
+        asked[i] = (ids, steering, top)
+    first = {t.key: t for t in session.step()}
+    for i, (ids, steering, top) in asked.items():
+        got = first["echo", i].prompt_logprobs
+        assert first["plain", i].prompt_logprobs is None
+        if len(ids) < 2:
+            assert got == ()
+            continue
+        want = sequence_logits(lm, [ids], [len(ids) - 1], steering)[0].log_softmax(-1)
+        chosen = want.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+        assert torch.allclose(torch.tensor([c for c, _ in got]), chosen, atol=1e-4), (i, steering.method)
+        for (c, pairs), row in zip(got, want):
+            assert len(pairs) == top
+            if top:   # the top values (their ids may swap where two are within float noise)
+                assert torch.allclose(torch.tensor([v for _, v in pairs]), row.topk(top).values, atol=1e-4)
+
+
+def test_prompt_log_probabilities_are_refused_with_a_choice(tiny_llama):
+    from juice.engine import Choice
+
+    lm = tiny_llama
+    ids = token_ids(lm.tokenizer, PROMPTS[0])
+    choice = Choice(question=1, candidates=(ORIGINAL, JuNE(lm, SEL, 1, 0)),
+                    rule=lambda logits, question: torch.zeros(logits.shape[0], dtype=torch.long))
+    with pytest.raises(ValueError, match="a choice is made after it"):
+        DecodingSession(lm).add("a", ids, Stream(0, choice=choice), 2, question_ids=ids[:2], prompt_logprobs=1)

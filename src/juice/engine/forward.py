@@ -29,20 +29,24 @@ def cache_keyword(model_class: type) -> str:
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
-def forward_last(lm: LoadedModel, input_ids: Tensor, mask: Tensor, positions: Tensor, past=None):
+def forward_last(lm: LoadedModel, input_ids: Tensor, mask: Tensor, positions: Tensor, past=None,
+                 every_position: bool = False):
     """One cached forward of the base model (no LM head).
 
     Args:
         input_ids, mask, positions: `[batch, seq]` (left padded; see :class:`juice.tokens.Batch`).
         past: the KV cache of the previous steps, or None.
+        every_position: return the hidden state of every position, not only the last (a
+            prefill whose prompt log-probabilities are asked for, the server's `echo`).
 
     Returns:
-        (`[batch, hidden]` last-position hidden state, the updated KV cache).
+        (`[batch, hidden]` last-position hidden state, or `[batch, seq, hidden]` with
+        `every_position`; the updated KV cache).
     """
     base = lm.model.base_model
     keyword = cache_keyword(type(base))
     out = base(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, **{keyword: past})
-    return out.last_hidden_state[:, -1], out[keyword]
+    return (out.last_hidden_state if every_position else out.last_hidden_state[:, -1]), out[keyword]
 
 
 _COMPILED: "weakref.WeakKeyDictionary[torch.nn.Module, Callable]" = weakref.WeakKeyDictionary()

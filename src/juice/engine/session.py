@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -75,6 +75,7 @@ class _Live:
     forced: list[int] | None = None
     probes: list[int] | None = None
     logprobs: int | None = None         # return the token's log-probability and this many top ones
+    prompt_logprobs: int | None = None  # at the first token, the prompt's log-probabilities and this many top ones
     tokens: list[int] = field(default_factory=list)
     sampler: tuple | None = None
     seen: Tensor | None = None          # [vocab] bool: tokens in the sequence (repetition penalty)
@@ -107,6 +108,10 @@ class StepToken:
         choice: at the first token of a stream with a :class:`~juice.engine.streams.Choice`,
             the index of the candidate it chose (its rule's pick, or the choice's
             `without_passage` for a request whose prompt is its question); else None.
+        prompt_logprobs: at the first token of a stream added with `prompt_logprobs`, for its
+            prompt's tokens 1 .. T-1: (the token's log-probability in nats under the stream's
+            steered model, teacher-forced, from the prefill itself; the `prompt_logprobs` most
+            probable (token id, log-probability) pairs at its position); else None.
     """
 
     key: Hashable
@@ -117,6 +122,7 @@ class StepToken:
     probes: Tensor | None = None
     forced_logprob: float | None = None
     choice: int | None = None
+    prompt_logprobs: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] | None = None
 
 
 class DecodingSession:
@@ -163,7 +169,7 @@ class DecodingSession:
             stop: Callable[[list[int]], bool] | None = None, logprobs: int | None = None, *,
             prompt_key: Hashable | None = None, question_ids: Sequence[int] | None = None,
             question_key: Hashable | None = None, forced: Sequence[int] | None = None,
-            probes: Sequence[int] | None = None) -> None:
+            probes: Sequence[int] | None = None, prompt_logprobs: int | None = None) -> None:
         """Queue a stream; it is prefilled at the next :meth:`step`.
 
         Args:
@@ -182,6 +188,10 @@ class DecodingSession:
             forced: `max_new_tokens` token ids to feed instead of choosing (teacher forcing;
                 their log-probabilities are returned).
             probes: token ids whose probabilities at the first step to return.
+            prompt_logprobs: return, with the first token, the prompt's teacher-forced
+                log-probabilities and the `prompt_logprobs` most probable tokens' at each
+                position (:class:`StepToken`), read from the prefill's own forward; None: none.
+                Not with a choice of steerings (chosen after the prompt).
         """
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -193,6 +203,8 @@ class DecodingSession:
             raise ValueError("a contrastive stream (CAD, AdaCAD) needs its question's token ids")
         if stream.choice is not None and not question_ids:
             raise ValueError("a stream with a choice of steerings (auto) needs its question's token ids")
+        if prompt_logprobs is not None and stream.choice is not None:
+            raise ValueError("prompt log-probabilities need the steering before the prompt; a choice is made after it")
         if forced is not None and len(forced) < max_new_tokens:
             raise ValueError(f"forced tokens: {len(forced)} for {max_new_tokens} new tokens")
         for steering in stream.steerings:
@@ -221,6 +233,7 @@ class DecodingSession:
             tuple(prompt_ids) if prompt_key is None else prompt_key, question,
             None if question is None else (tuple(question) if question_key is None else question_key),
             None if forced is None else list(forced), None if probes is None else list(probes), logprobs,
+            prompt_logprobs=prompt_logprobs,
             sampler=None if sm is None else (sm, torch.Generator().manual_seed(sm.seed)), preset=preset))
 
     def cancel(self, key: Hashable) -> None:
@@ -381,8 +394,12 @@ class DecodingSession:
             cache = StaticCache(config=self.lm.model.config,
                                 max_cache_len=ids.shape[1] + max(s.max_new_tokens for s in streams))
         joining = layout.copies[first:]
+        echo = [k for k, s in enumerate(streams) if s.prompt_logprobs is not None]
         with applier(self.lm.heads, layout.plan), grow_rows(self.lm.heads, first, joining, layout.join[first:]):
-            hidden, cache = fwd.forward_last(self.lm, ids, mask, positions, past=cache)
+            hidden, cache = fwd.forward_last(self.lm, ids, mask, positions, past=cache, every_position=bool(echo))
+        if echo:   # [rows, width, hidden]: the echoed prompts' positions, then the last position as usual
+            prompt_lps = {k: self._prompt_logprobs(streams[k], hidden[layout.out_row[k]]) for k in echo}
+            hidden = hidden[:, -1]
         n_rows = len(layout.prompts)
         for j in range(max(layout.join)):   # below its join layer a row holds its clean row's cache
             cache.layers[j].reorder_cache(torch.tensor(
@@ -396,6 +413,8 @@ class DecodingSession:
                 s.seen = torch.zeros(vocab, dtype=torch.bool, device=device)
                 s.seen[torch.tensor(s.ids, device=device)] = True
         out, picked = self._choose(streams, hidden, layout.out_row, layout.question_row, layout.options)
+        if echo:   # a prefill's streams have not finished, so out[k] is stream k's token
+            out = [replace(t, prompt_logprobs=prompt_lps[k]) if k in prompt_lps else t for k, t in enumerate(out)]
         for k, (s, c) in enumerate(zip(streams, picked)):   # a choosing stream keeps its candidate's rows
             if c is not None:
                 if s.stream.contrast is None:
@@ -409,6 +428,20 @@ class DecodingSession:
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], width)], dim=1)
         self._merge(streams, cache, mask, positions)
         return out
+
+    def _prompt_logprobs(self, live: _Live, hidden: Tensor) -> tuple:
+        """:attr:`StepToken.prompt_logprobs` of one stream from its out row's `[width, hidden]`
+        prefill hidden states (left padded: its T tokens are the last T positions)."""
+        ids = live.ids
+        if len(ids) < 2:
+            return ()
+        logprobs = self.lm.logits(hidden[hidden.shape[0] - len(ids): -1]).float().log_softmax(-1)   # [T-1, vocab]
+        chosen = logprobs.gather(1, torch.tensor(ids[1:], device=logprobs.device)[:, None])[:, 0].tolist()
+        k = live.prompt_logprobs
+        if not k:
+            return tuple((c, ()) for c in chosen)
+        values, index = logprobs.topk(k, dim=-1)
+        return tuple((c, tuple(zip(i, v))) for c, i, v in zip(chosen, index.tolist(), values.tolist()))
 
     def _merge(self, streams: list[_Live], cache, mask: Tensor, positions: Tensor) -> None:
         """Append the prefilled `streams` (their cache, `[rows, positions]` mask and `[rows]`

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 from juice.engine import DecodingSession
 from juice.engine import Stream
-from juice.likelihood import prompt_logprobs
 from juice.models import LoadedModel
 from juice.completion_text import cut_at_stop
 
@@ -41,9 +40,9 @@ class Job:
         logprobs: per new token, its log-probability and the `logprobs` most probable tokens'
             (`token_logprobs[k]`: (log-probability, ((token id, log-probability), ...)) per
             token of stream k; :class:`juice.engine.StepToken`); None: none.
-        echo: compute `prompt_logprobs[i]`, prompt i's teacher-forced log-probabilities under
-            the job's steering (:func:`juice.likelihood.prompt_logprobs`), before decoding;
-            with `max_new_tokens` 0 the job ends there.
+        echo: fill `prompt_logprobs[i]`, prompt i's teacher-forced log-probabilities under the
+            job's steering, from the engine's own prefill (:attr:`juice.engine.StepToken.prompt_logprobs`);
+            with `max_new_tokens` 0 the job ends at the prefill, its first token dropped.
         warning: a line for the client about the job's steering (untuned betas), or None.
     """
 
@@ -184,19 +183,13 @@ class Engine:
             self._jobs[job.id] = job
         rule = self._stop_rule(job)
         try:
-            if job.echo:   # one teacher-forced forward per prompt, under the job's steering
-                steering = job.streams[0].steering
-                job.prompt_logprobs = [prompt_logprobs(self.lm, ids, steering, job.logprobs or 0)
-                                       for ids in job.prompt_ids]
-            if job.max_new_tokens == 0:
-                job.reasons = ["length"] * len(job.streams)
-                job.first_token = time.monotonic()
-                self._finish(job, "ok")
-                return
-            for k, stream in enumerate(job.streams):
-                self.session.add((job.id, k), job.prompt_ids[stream.prompt], stream, job.max_new_tokens, rule,
-                                 job.logprobs, question_ids=None if stream.question is None
-                                 else job.prompt_ids[stream.question])
+            if job.echo:   # read from each stream's prefill, with its first token
+                job.prompt_logprobs = [[] for _ in job.prompt_ids]
+            for k, stream in enumerate(job.streams):   # max_new_tokens 0 (echo only): the prefill's token is dropped
+                self.session.add((job.id, k), job.prompt_ids[stream.prompt], stream, max(1, job.max_new_tokens),
+                                 rule, job.logprobs, question_ids=None if stream.question is None
+                                 else job.prompt_ids[stream.question],
+                                 prompt_logprobs=(job.logprobs or 0) if job.echo else None)
         except Exception as err:   # the job learns why; the engine goes on
             for k in range(len(job.streams)):
                 self.session.cancel((job.id, k))
@@ -243,6 +236,13 @@ class Engine:
                     continue
                 if job.first_token is None:
                     job.first_token = now
+                if event.prompt_logprobs is not None:
+                    job.prompt_logprobs[job.streams[k].prompt] = list(event.prompt_logprobs)
+                if job.max_new_tokens == 0:   # echo only: the prompt's log-probabilities were all it asked for
+                    job.reasons[k] = "length"
+                    if all(r is not None for r in job.reasons):
+                        self._finish(job, "ok")
+                    continue
                 job.tokens[k].append(event.token)
                 if event.logprob is not None:
                     job.token_logprobs[k].append((event.logprob, event.top))
