@@ -17,6 +17,15 @@ the contrastive streams whose question it is; steered rows join at their first s
 and decoded one token per row per step, each stream leaving at its end. The runtime guard
 (:mod:`juice.guard`) checks a chunk against one-at-a-time decoding where the backend is not yet
 verified. Logits are computed only at the last position and only for the rows whose tokens are read.
+
+KV caches: "dynamic" is Hugging Face's DynamicCache, growing by one position per step; "static" a
+StaticCache sized prompt + `max_new_tokens`, written in place, with a full-length attention mask,
+so that every decoding step has the same shapes, which CUDA graphs and
+`torch.compile(mode="reduce-overhead")` need. Both give the same tokens (tested on every tiny
+architecture); the static cache's speed on a GPU is unmeasured (README). `compile_step` runs the
+decoding step through `torch.compile` (mode "reduce-overhead", i.e. CUDA graphs, on CUDA; the
+default mode elsewhere): the first call per model compiles (about 30 s for a tiny model on 2 CPU
+cores), the tokens equal the uncompiled ones (tested on the CPU), its GPU speed is unmeasured.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -144,18 +154,11 @@ def generate(
             at its EOS. Evaluation (:func:`juice.eval.runner.decode_requests`), :class:`juice.Steerer`
             and the server turn it on; off, exactly `max_new_tokens` steps are decoded and the
             text keeps what follows an EOS.
-        kv_cache: "dynamic" (Hugging Face's DynamicCache, growing by one position per step; the
-            default), "static" (a StaticCache sized prompt + `max_new_tokens`, written in
-            place, with a full-length attention mask: every decoding step has the same shapes,
-            which CUDA graphs and `torch.compile(mode="reduce-overhead")` need). Both give the
-            same tokens (tested on every tiny architecture); the static cache's speed on a GPU
-            is unmeasured (README, issue 14); None: the model's default (`lm.kv_cache`, set by
-            `$JUICE_KV_CACHE`).
-        compile_step: run the decoding step through `torch.compile` (mode "reduce-overhead", i.e.
-            CUDA graphs, on CUDA; the default mode elsewhere); needs `kv_cache="static"`. The first
-            call per model compiles (about 30 s for a tiny model on 2 CPU cores); the tokens equal
-            the uncompiled ones (tested on the CPU). Its GPU speed is unmeasured. None: the
-            model's default (`lm.compile_step`, `$JUICE_COMPILE_STEP=1`).
+        kv_cache: "dynamic" (the default) or "static" (module docstring, "KV caches"); None:
+            the model's default (`lm.kv_cache`, set by `$JUICE_KV_CACHE`).
+        compile_step: run the decoding step through `torch.compile` (module docstring); needs
+            `kv_cache="static"`. None: the model's default (`lm.compile_step`,
+            `$JUICE_COMPILE_STEP=1`).
         apply_plan: how the per-row steering (a :class:`~juice.interventions.RowPlan`) is applied;
             None: by the steerings' site (:attr:`juice.steering.Steering.site`),
             :func:`juice.interventions.planned_rows` at the output projection's input (the
@@ -194,33 +197,44 @@ def generate(
                                  f"{limit - max_new_tokens} with {max_new_tokens} new tokens")
     max_rows = resolve_max_rows(max_rows, lm, max(map(len, ids), default=1) + max_new_tokens)
 
-    def prompts_of(stream: Stream) -> tuple[int, ...]:   # its prompt, and its contrast's or choice's question
-        return (stream.prompt,) if stream.question is None else (stream.prompt, stream.question)
-
-    def run(chunk: list[int]):
-        chunk_prompts = sorted({p for i in chunk for p in prompts_of(streams[i])})
-        probes = None if probe_tokens is None else probe_tokens[chunk]
-        forced = None if forced_tokens is None else forced_tokens[chunk]
-        step = None if on_token is None else (lambda ks, t, chunk=chunk: on_token([chunk[k] for k in ks], t))
-        contrasts = [None if (c := streams[i].contrast) is None else Contrast(chunk_prompts.index(c.question), c.rule)
-                     for i in chunk]
-        choices = [None if (c := streams[i].choice) is None else replace(c, question=chunk_prompts.index(c.question))
-                   for i in chunk]
-        return _generate_chunk(lm, [ids[p] for p in chunk_prompts], [chunk_prompts.index(streams[i].prompt) for i in chunk],
-                               [streams[i].steering for i in chunk], max_new_tokens, probes, forced,
-                               [streams[i].sampling for i in chunk], step,
-                               [streams[i].repetition_penalty for i in chunk],
-                               lm.tokenizer.eos_token_id if stop_at_eos and forced is None else None,
-                               static=kv_cache == "static", compiled=compile_step, apply_plan=apply_plan,
-                               contrasts=contrasts, stop_text=stop_text,
-                               choices=choices if any(c is not None for c in choices) else None)
-
     if apply_plan is None:
         apply_plan = plan_applier(t for s in streams for t in s.steerings)
+    run = partial(_run_chunk, lm, ids, streams, max_new_tokens, probe_tokens, forced_tokens, on_token, stop_at_eos,
+                  kv_cache == "static", compile_step, stop_text, apply_plan=apply_plan)
     return decode_chunks(lm, n, max_new_tokens, _chunks(streams, [len(i) for i in ids], max_rows), run,
-                         lambda i: tuple(len(ids[p]) for p in prompts_of(streams[i])), probe_tokens,
+                         lambda i: tuple(len(ids[p]) for p in _prompts_of(streams[i])), probe_tokens,
                          forced_tokens is not None, check=on_token is None, on_progress=on_progress,
                          eos=lm.tokenizer.eos_token_id if stop_at_eos and forced_tokens is None else None)
+
+
+def _prompts_of(stream: Stream) -> tuple[int, ...]:
+    """A stream's prompt index, and its contrast's or choice's question index."""
+    return (stream.prompt,) if stream.question is None else (stream.prompt, stream.question)
+
+
+def _run_chunk(lm: LoadedModel, ids: list[list[int]], streams: Sequence[Stream], max_new_tokens: int,
+               probe_tokens: Tensor | None, forced_tokens: Tensor | None,
+               on_token: Callable[[list[int], Tensor], None] | None, stop_at_eos: bool, static: bool,
+               compiled: bool, stop_text: Callable[[str], bool] | None, chunk: list[int], *,
+               apply_plan: Callable[[ModelHeads, RowPlan], AbstractContextManager]):
+    """:func:`generate`'s streams `chunk` (indices into `streams`) decoded in one session: their
+    prompts and questions renumbered within the chunk (:func:`_generate_chunk`'s result)."""
+    chunk_prompts = sorted({p for i in chunk for p in _prompts_of(streams[i])})
+    probes = None if probe_tokens is None else probe_tokens[chunk]
+    forced = None if forced_tokens is None else forced_tokens[chunk]
+    step = None if on_token is None else (lambda ks, t: on_token([chunk[k] for k in ks], t))
+    contrasts = [None if (c := streams[i].contrast) is None else Contrast(chunk_prompts.index(c.question), c.rule)
+                 for i in chunk]
+    choices = [None if (c := streams[i].choice) is None else replace(c, question=chunk_prompts.index(c.question))
+               for i in chunk]
+    return _generate_chunk(lm, [ids[p] for p in chunk_prompts], [chunk_prompts.index(streams[i].prompt) for i in chunk],
+                           [streams[i].steering for i in chunk], max_new_tokens, probes, forced,
+                           [streams[i].sampling for i in chunk], step,
+                           [streams[i].repetition_penalty for i in chunk],
+                           lm.tokenizer.eos_token_id if stop_at_eos and forced is None else None,
+                           static=static, compiled=compiled, apply_plan=apply_plan,
+                           contrasts=contrasts, stop_text=stop_text,
+                           choices=choices if any(c is not None for c in choices) else None)
 
 
 def decode_chunks(
