@@ -34,7 +34,7 @@ def evaluate(
                                                     "(NQ-Swap's table passages), unless --full"),
     contexts: Optional[str] = typer.Option(None, help=(
         "when to steer: evaluate on the same questions with these contexts, comma-separated from gold, conflicting, "
-        "irrelevant, none (README \"When to steer\")")),
+        "irrelevant, none (docs/when-to-steer.md)")),
     domain: Optional[str] = typer.Option(None, help="with --contexts: one built-in or authors' domain"),
     split: Optional[str] = typer.Option(None, help=(
         "with --contexts: the questions of one half, validation or test (by question, seeded: "
