@@ -85,8 +85,10 @@ def test_the_python_examples_run(tiny_llama, tmp_path, monkeypatch, capsys):
     tuned = {"juice": {"beta_plus": 3.0, "beta_minus": -1.0},
              "auto": AutoPolicy((0.05,), ("original", "juice"), {"juice": (3.0, -1.0)}).to_json()}
     for name, direction in (("heads.json", "parametric"), ("heads_contextual.json", "contextual")):
-        juice.save_heads(HeadsArtifact(tiny_llama.fingerprint(), direction, 1, [1.0], [-1.0], sel, tuned=tuned),
-                         tmp_path / name)
+        for folder in (tmp_path, tmp_path / "juice-output"):   # as the pages name them: beside, or juice reproduce's
+            folder.mkdir(exist_ok=True)
+            juice.save_heads(HeadsArtifact(tiny_llama.fingerprint(), direction, 1, [1.0], [-1.0], sel, tuned=tuned),
+                             folder / name)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(juice, "load_model", lambda *a, **k: tiny_llama)
     monkeypatch.setattr(tiny_llama.tokenizer, "chat_template",
