@@ -6,12 +6,14 @@ Eq. 1). An :class:`ArchitectureAdapter` says where the decoder layers are, which
 layer is that projection, and how its weight is laid out. Everything else (the number of query
 heads, `head_dim`) is read from the model's config.
 
-Adding an architecture is one call::
+Adding an architecture is one call:
 
-    from juice.architectures import ArchitectureAdapter, register_architecture
-    register_architecture(ArchitectureAdapter(
-        model_types=("my_model",), layers="model.decoder.blocks", output_projection="attn.out",
-    ))
+```python
+from juice.architectures import ArchitectureAdapter, register_architecture
+register_architecture(ArchitectureAdapter(
+    model_types=("my_model",), layers="model.decoder.blocks", output_projection="attn.out",
+))
+```
 """
 
 from __future__ import annotations

@@ -37,6 +37,10 @@ def test_the_site_builds_strictly(tmp_path):
     html = (tmp_path / "site" / "api" / "engine" / "index.html").read_text(encoding="utf-8")
     assert ":class:`" not in html and ":func:`" not in html   # Sphinx roles became links or code
     assert 'href="#juice.engine.session.DecodingSession"' in html
+    # the public API on its own page, an anchor per name, signatures formatted one parameter a line (ruff)
+    public = (tmp_path / "site" / "api" / "public" / "index.html").read_text(encoding="utf-8")
+    assert 'id="juice.steerer.Steerer"' in public and 'id="juice.models.load_model"' in public
+    assert re.search(r"generate\(\s*\n\s+prompts,", re.sub(r"<[^>]+>", "", public))
     # the command-line reference, generated from the CLI: every command and sub-command has its heading
     cli = (tmp_path / "site" / "cli" / "index.html").read_text(encoding="utf-8")
     for name in _cli_commands():

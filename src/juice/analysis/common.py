@@ -1,21 +1,23 @@
 """What every `juice analyze` study shares: options, the filtered World Capital items, output
 files and checkpoints (the commands are :mod:`juice.apps.analyze`).
 
-How to write an analysis module (`juice/analysis/<name>.py`)::
+How to write an analysis module (`juice/analysis/<name>.py`):
 
-    @dataclass
-    class NameResult:                     # what run_name returns
-        title: str                        # one line, e.g. "Fig. 3: knock-out per layer"
-        files: list[Path]                 # what write_outputs wrote (JSON first, then .md, .png)
-        wall_s: float                     # seconds, model loading excluded
-        ...                               # the numbers behind the table / figure
-        def to_json(self) -> dict: ...
+```python
+@dataclass
+class NameResult:                     # what run_name returns
+    title: str                        # one line, e.g. "Fig. 3: knock-out per layer"
+    files: list[Path]                 # what write_outputs wrote (JSON first, then .md, .png)
+    wall_s: float                     # seconds, model loading excluded
+    ...                               # the numbers behind the table / figure
+    def to_json(self) -> dict: ...
 
-    def run_name(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_progress) -> NameResult:
-        items = world_capital_items(lm, options, progress)   # filtered World Capital (cached)
-        ckpt = unit_checkpoint(lm, options, "name")          # per-prompt results: resumable
-        ...
-        files = write_outputs(options.out, "name", result.to_json(), markdown, figure)
+def run_name(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_progress) -> NameResult:
+    items = world_capital_items(lm, options, progress)   # filtered World Capital (cached)
+    ckpt = unit_checkpoint(lm, options, "name")          # per-prompt results: resumable
+    ...
+    files = write_outputs(options.out, "name", result.to_json(), markdown, figure)
+```
 
 Its command is one entry of `COMMANDS` in :mod:`juice.apps.analyze` (the shared options
 --model --out --quick --full --seed --device --max-rows, and any option of its own); the

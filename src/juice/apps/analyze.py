@@ -175,7 +175,7 @@ def run_all(model: ModelOption = DEFAULT_MODEL, out: OutOption = DEFAULT_OUT, qu
             full: FullOption = False, seed: SeedOption = 0, device: DeviceOption = "auto",
             max_rows: MaxRowsOption = "auto") -> None:
     """Run every analysis in order on one loaded model (their own options at their defaults) and
-    write <out>/report.md."""
+    write `<out>/report.md`."""
     console = make_console(width=200)
     options = cli_options(model, out, quick, full, seed, device, max_rows)
     lm = load_for(options)

@@ -110,9 +110,11 @@ def jsd_alpha(with_context: Tensor, without_context: Tensor, base: float = 2.0) 
 class CadPolicy:
     """CAD's decoding rule, as a :data:`juice.engine.ContrastRule` for a stream's
     :class:`~juice.engine.Contrast`: the with-context logits contrasted with the question-only
-    logits by :func:`contrast` at `alpha` (Eq. 2). AdaCAD of one prompt beside its Original run::
+    logits by :func:`contrast` at `alpha` (Eq. 2). AdaCAD of one prompt beside its Original run:
 
-        generate(lm, [prompt, question], [Stream(0), Stream(0, contrast=Contrast(1, CadPolicy(jsd_alpha)))])
+    ```python
+    generate(lm, [prompt, question], [Stream(0), Stream(0, contrast=Contrast(1, CadPolicy(jsd_alpha)))])
+    ```
 
     Attributes:
         alpha: CAD's weight (0 is plain greedy decoding of the prompt), or an :data:`AlphaRule`
