@@ -145,7 +145,7 @@ def instructed_context_item(item: ContextItem, direction: str, model_type: str |
       the question alone for none); ParaConflict: the completion instruction and a line break;
     - parametric: the authors' coherent-conflict form (`<instruction> Context: <prompt>`) for
       every prompt with a passage, gold, conflicting (substitution and coherent alike) and
-      irrelevant; a prompt without one unchanged. This differs from the paper's Table 1
+      irrelevant; a prompt without one unchanged. This differs from Table 1 (the paper's Table 3)
       (:func:`instructed_parametric`), whose substitution prompts get the substitution
       instruction: there the conflict type is the table's column, known by construction.
 

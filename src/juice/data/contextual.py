@@ -1,4 +1,4 @@
-"""The five contextual datasets of the paper's Table 2 and their seeded splits (Sec. 2.2, 4.2).
+"""The five contextual datasets of Table 2 (the paper's Table 4) and their seeded splits (Sec. 2.2, 4.2).
 
 Columns of Table 2, in order: NQ-Swap, Hate Speech Ending, History of Science QA, Proverb
 Ending, Proverb Translation. Heads are identified on Proverb Ending only and reused for all five.

@@ -133,7 +133,7 @@ DOMAINS: dict[str, Domain] = {
         ),
     )
 }
-"""The six domains, in the column order of the paper's Table 1."""
+"""The six domains, in the column order of Table 1 (the paper's Table 3)."""
 
 
 @dataclass(frozen=True)

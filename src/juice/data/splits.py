@@ -1,7 +1,7 @@
 """Seeded splits: head identification set D, validation, test (paper Sec. 4, App. D.1).
 
-The test split is carved first and does not depend on the model (reported unfiltered, as in the
-paper's Table 1). The rest is the development pool; per model it is *filtered* to the items the
+The test split is carved first and does not depend on the model (reported unfiltered, as in
+Table 1, the paper's Table 3). The rest is the development pool; per model it is *filtered* to the items the
 model answers correctly on the clean prompt, and D and the validation split come from that.
 """
 

@@ -1,4 +1,4 @@
-"""The main job: the paper's Table 1 (parametric direction) on one model, by the paper's protocol
+"""The main job: Table 1 (the paper's Table 3) (parametric direction) on one model, by the paper's protocol
 (`../shared/docs/protocol.md`), end to end.
 
 Stages (each written atomically to `<out>/state/` under a key derived from everything it
@@ -152,7 +152,7 @@ def write_outputs(result: ReproduceResult, results, out: Path) -> None:
     text = [f"# Table 1 layout: {result.model['name']}\n",
             f"Heads: {scoring_title(result.config)} on {result.titles.get(result.head_domain, result.head_domain)}'s D; + {', '.join(map(str, result.selection.positive))}; "
             f"- {', '.join(map(str, result.selection.negative))}. Per-domain (beta+, beta-) and PH3 k: {betas}.\n",
-            "## Unfiltered test split (the paper's Table 1)\n", interval_markdown(result.table, methods, cols, headers),
+            "## Unfiltered test split (Table 1, the paper's Table 3)\n", interval_markdown(result.table, methods, cols, headers),
             "\nAccuracy (%), exact match, ± the half-width of the 95% bootstrap interval "
             f"({result.config.bootstrap_resamples} resamples); bold only where the best interval excludes the "
             "runner-up's. Conflict types: 1 = clean, 2 = substitution, 3 = coherent.\n",

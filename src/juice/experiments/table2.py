@@ -1,4 +1,4 @@
-"""The contextual direction end to end: the paper's Table 2 on one model (Sec. 4.2).
+"""The contextual direction end to end: Table 2 (the paper's Table 4) on one model (Sec. 4.2).
 
 Stages (the shared stages of :mod:`juice.pipeline`, written atomically to `<out>/state/` and resumed):
 

@@ -1,4 +1,4 @@
-"""`juice reproduce`: the paper's Table 1 (parametric) or Table 2 (contextual) protocol, end to end."""
+"""`juice reproduce`: Table 1 (parametric; the paper's Table 3) or Table 2 (contextual; the paper's Table 4) protocol, end to end."""
 
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ def reproduce(
                           "degenerate validation outputs exceeds Original's by more than this many points "
                           "(juice tune's rule; 10 there)"),
 ):
-    """Run the paper's Table 1 (parametric) or Table 2 (contextual) protocol and print the tables.
+    """Run the protocol of Table 1 (parametric; the paper's Table 3) or Table 2 (contextual; the paper's
+    Table 4) and print the tables.
 
     Example: juice reproduce; juice reproduce --direction contextual; juice reproduce --full
     """
