@@ -189,7 +189,7 @@ def test_contextual_pipeline_runs_writes_table2_and_resumes(tiny_llama, tmp_path
     _write_contextual_data(tmp_path / "data")
     cfg = ReproduceConfig(out_dir=tmp_path / "out", data_root=tmp_path / "data", limit=2, validation_per_dataset=1,
                           ph3_dev_size=2, scoring="exact", alphas_positive=(1.0,), alphas_negative=(-1.0,), k=2,
-                          bootstrap_resamples=1000, contexts=("nqswap",))
+                          bootstrap_resamples=1000, contexts=("nqswap", "paraconflict"))
     first = rc.reproduce_contextual(cfg, lm=tiny_llama)
     results = json.loads((tmp_path / "out" / "results_contextual.json").read_text())
     methods = {"Original", "Prompt", "CAD", "AdaCAD", "PH3-l", "PH3-s", "JuNE", "JuICE"}
@@ -221,6 +221,8 @@ def test_contextual_pipeline_runs_writes_table2_and_resumes(tiny_llama, tmp_path
     assert {m: studied[m] for m in ("juice", "june")} == {
         m: {k: results["choices"]["nqswap"]["betas"][m][k] for k in ("beta_plus", "beta_minus")} for m in ("juice", "june")}
     assert "## When to steer, the study" in table and "nqswap:" in table
+    paraconflict = results["when_to_steer"]["paraconflict"]   # the six built-in domains, the same heads and betas
+    assert paraconflict["questions"] >= 6 and (tmp_path / "out" / "when-to-steer-paraconflict" / "study.md").is_file()
 
     (tmp_path / "out" / "state" / "eval_contextual_nqswap.json").unlink()
 
