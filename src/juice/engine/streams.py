@@ -336,8 +336,7 @@ class _Rows:
     def layout(self, out_row: list[int], question_row: list[int], owned: list[list[int]],
                options: list | None = None) -> RowLayout:
         plan = RowPlan(torch.stack(self.scale), torch.stack(self.add), torch.tensor(self.source, dtype=torch.long))
-        return RowLayout(self.prompts, plan, out_row, question_row, owned, self.join, self.copies,
-                         *([options] if options is not None else []))
+        return RowLayout(self.prompts, plan, out_row, question_row, owned, self.join, self.copies, options)
 
 
 def _decoding_layout(rows: _Rows, streams: Sequence[Stream], prompt_keys: Sequence[Hashable],

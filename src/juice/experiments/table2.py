@@ -184,10 +184,8 @@ def reproduce_contextual(
     contexts = None
     if "nqswap" in splits and splits["nqswap"].test:
         t = time.perf_counter()
-        nq_methods = domain_methods(lm, selection, choices["nqswap"], cfg.baselines, list(ph3))
-        if cfg.baselines:
-            nq_methods = {**nq_methods, **_cad_rows(lm)}
-        nq_methods = {m: nq_methods[m] for m in order if m in nq_methods}
+        nq_rows = methods_of("nqswap")
+        nq_methods = {m: nq_rows[m] for m in order if m in nq_rows}
         items = nqswap_test_contexts(lm, root, [ex.uid for ex in splits["nqswap"].test], max_prompt_tokens, cfg.seed)
         key_ctx = settings_key({"tuning": key_tuning, "choice": choices["nqswap"], "methods": list(nq_methods),
                                 "items": [asdict(i) for i in items], "stage": "contexts/2"})
