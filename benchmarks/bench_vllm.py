@@ -39,6 +39,7 @@ import openai
 from juice.interventions import Head, HeadSelection
 from juice.models import load_model
 from juice.stage1 import HeadsArtifact, save_heads
+from vllm_targets import verdict
 
 README_HEADS = HeadSelection(tuple(map(Head.parse, "L6H3 L10H0 L8H2 L8H3 L9H3".split())),
                              tuple(map(Head.parse, "L8H0 L3H3 L13H2 L16H3 L10H1".split())))
@@ -196,21 +197,25 @@ def main() -> None:
         return next((r["tok_per_s"] for r in rows if r["clients"] == clients and r["mix"] == mix), None)
 
     most = max(args.clients)
-    pairs = {"june/original in vLLM": (("vllm", "june"), ("vllm", "original")),
-             "juice/original in vLLM": (("vllm", "juice"), ("vllm", "original")),
-             "original, dual-run server / without": (("vllm", "original"), ("vllm-no-dual-run", "original")),
-             f"vLLM+plugin / juice serve, {most} clients, mixed": (("vllm", "mixed"), ("juice", "mixed")),
-             f"vLLM+plugin / juice serve, {most} clients, original": (("vllm", "original"), ("juice", "original"))}
-    report["ratios"] = {}
-    for key, (top, bottom) in pairs.items():
+    # label -> (numerator, denominator, the ratio's name in vllm_targets.TARGETS or None)
+    pairs = {"june/original in vLLM": (("vllm", "june"), ("vllm", "original"), "june / original"),
+             "juice/original in vLLM": (("vllm", "juice"), ("vllm", "original"), "juice / original"),
+             "original, dual-run server / without": (("vllm", "original"), ("vllm-no-dual-run", "original"), None),
+             f"vLLM+plugin / juice serve, {most} clients, mixed": (("vllm", "mixed"), ("juice", "mixed"),
+                                                                  "vllm / juice serve"),
+             f"vLLM+plugin / juice serve, {most} clients, original": (("vllm", "original"), ("juice", "original"),
+                                                                     "vllm / juice serve")}
+    report["ratios"], verdicts = {}, {}
+    for key, (top, bottom, name) in pairs.items():
         a, b = tps(top[0], most, top[1]), tps(bottom[0], most, bottom[1])
         if a is not None and b is not None:   # a server neither run nor reused has no ratio
             report["ratios"][key] = round(a / b, 3)
+            verdicts[key] = verdict(name, most, a / b) if name else ""
     kv = [report["runs"].get(name, {}).get("kv_cache_tokens") for name in ("vllm", "vllm-no-dual-run")]
     report["kv_cache_tokens"] = {"dual run": kv[0], "no dual run": kv[1]}
-    print(f"\nratios at {most} clients (targets: JuNE/Original >= 0.95, JuICE/Original >= 0.7, vLLM / juice serve >= 2):")
+    print(f"\nratios at {most} clients (targets: benchmarks/vllm_targets.py):")
     for key, value in report["ratios"].items():
-        print(f"  {key}: {value:.3f}")
+        print(f"  {key}: {value:.3f}" + (f"  [{verdicts[key]}]" if verdicts[key] else ""))
     print(f"KV cache (tokens, VLLM_CPU_KVCACHE_SPACE={os.environ.get('VLLM_CPU_KVCACHE_SPACE', '2')} GiB): "
           f"dual run {kv[0]}, without {kv[1]}")
     for name in ("vllm", "vllm-no-dual-run"):

@@ -1,11 +1,12 @@
 """juice: steer a language model toward its parametric memory or its context (JuICE, ICML 2025).
 
-The public names, in three lines:
+The public names, in four lines:
 
 ```python
 import juice
 lm = juice.load_model("gemma-3-270m")
-print(juice.Steerer(lm, "heads.json", method="juice").generate(["... prompt ..."], max_new_tokens=10))
+steerer = juice.Steerer(lm, "heads.json", method="juice")
+print(steerer.generate(["... prompt ..."], max_new_tokens=10))
 ```
 
 Your own data: `juice.identify(lm, "rows.jsonl", direction="context")` (Stage 1),

@@ -1,13 +1,17 @@
 """One object to steer with: a model, its heads and a method, with the generation options users
 know from Hugging Face (greedy or sampled, stop strings, EOS, chat templates, streaming).
 
-    steerer = juice.Steerer(lm, "heads.json", method="juice", beta_plus=2, beta_minus=0)
-    steerer.generate(["..."], max_new_tokens=64, temperature=0.7, top_p=0.9, seed=0, stop=["\\n\\n"])
+    steerer = juice.Steerer(lm, "heads.json", method="juice",
+                            beta_plus=2, beta_minus=0)
+    steerer.generate(["..."], max_new_tokens=64, temperature=0.7,
+                     top_p=0.9, seed=0, stop=["\\n\\n"])
     steerer.chat([{"role": "user", "content": "..."}])
     for piece in steerer.stream("..."):
         print(piece, end="")
-    auto = juice.Steerer(lm, "heads.json", method="auto")   # after `juice tune --methods auto`
-    auto.generate(["Context: ... Question: ...? Answer:"], questions=["Question: ...? Answer:"])
+    # method="auto" after `juice tune --methods auto`
+    auto = juice.Steerer(lm, "heads.json", method="auto")
+    auto.generate(["Context: ... Question: ...? Answer:"],
+                  questions=["Question: ...? Answer:"])
 
 Decoding is :func:`juice.engine.generate` (batched, left-padded, KV-cached; JuICE is the
 paper's dual run, Alg. 1; JuNE the single run, Alg. 4). Generation runs up to `max_new_tokens`

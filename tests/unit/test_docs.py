@@ -45,6 +45,22 @@ def test_the_site_builds_strictly(tmp_path):
     cli = (tmp_path / "site" / "cli" / "index.html").read_text(encoding="utf-8")
     for name in _cli_commands():
         assert f'id="{name}"' in cli, f"the CLI reference lacks `juice {name}`"
+    usages = re.findall(r"<code>([^<]*\[OPTIONS\][^<]*)</code>", cli)
+    assert usages and all(u.startswith("juice ") for u in usages), usages[:3]   # `juice analyze all [OPTIONS]`
+
+
+FIRST_PAGES = ["getting-started.md", "concepts.md", "faq.md"]
+CODE_WIDTH = 76   # characters of a code block that fit the content column of the site at 1280 px
+
+
+@pytest.mark.parametrize("name", FIRST_PAGES)
+def test_a_newcomers_pages_show_every_command_without_scrolling(name):
+    """Issue 47: on the pages a newcomer reads first, no code line is wider than the column (a
+    long command is wrapped with a backslash), so no command is cut off in a scrolling block."""
+    text = (ROOT / "docs" / name).read_text(encoding="utf-8")
+    blocks = [b for b in text.split("```")[1::2] if not b.startswith("mermaid")]
+    wide = [line for b in blocks for line in b.splitlines()[1:] if len(line) > CODE_WIDTH]
+    assert not wide, wide
 
 
 def _cli_commands() -> list[str]:
@@ -130,3 +146,16 @@ def test_no_page_is_left_out_of_the_site():
     listed = set(pages(nav))
     on_disk = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
     assert on_disk == listed, on_disk ^ listed
+
+
+HISTORY = re.compile(r"\bissues? #?\d+|\bno longer\b|\bused to\b|\bpreviously\b|\bformerly\b|what's new|"
+                     r"\bchange ?log\b|\bsince (?:version|release)\b", re.IGNORECASE)
+
+
+def test_no_page_tells_history():
+    """Issue 47: the pages say what juice does now; what changed and when is in CHANGELOG.md, and
+    no page cites the issue tracker."""
+    found = [f"{page.relative_to(ROOT)}: {m.group(0)!r}" for page in PAGES
+             for m in HISTORY.finditer(page.read_text(encoding="utf-8"))]
+    assert not found, found
+    assert (ROOT / "CHANGELOG.md").is_file()

@@ -355,13 +355,13 @@ def component_deltas(
 
 
 def knockout_figure(result: KnockoutResult):
-    """Three panels (whole layer, attention, MLP): mean change per layer, one line per conflict
+    """Three panels stacked (whole layer, attention, MLP): mean change per layer, one line per conflict
     type, the standard deviation over items shaded (paper Fig. 3)."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(13, 3.8))
-    axes = fig.subplots(1, len(KINDS), sharey=True)
+    fig = Figure(figsize=(7.5, 3.0 * len(KINDS) + 0.8))
+    axes = fig.subplots(len(KINDS), 1, sharex=True, sharey=True)
     layers = np.arange(result.deltas.shape[-1])
     colours = {"clean": "tab:green", "substitution": "tab:orange", "coherent": "tab:blue"}
     for ki, (ax, kind) in enumerate(zip(axes, KINDS)):
@@ -371,15 +371,16 @@ def knockout_figure(result: KnockoutResult):
             ax.fill_between(layers, m - s, m + s, color=colours.get(t), alpha=0.15)
         ax.axhline(0, color="black", lw=0.6)
         count, lo, hi = result.counts[kind]
-        ax.set_title(f"{KIND_TITLES[kind]} knocked out\nhelps in all 3 types: {count} of {len(layers)} "
-                     f"(95% CI {lo:.0f}-{hi:.0f}; Gemma-2b: {PAPER_COUNTS[kind]} of 26)", fontsize=9)
-        ax.set_xlabel("layer")
+        ax.set_title(f"{KIND_TITLES[kind]} knocked out: helps in all 3 types in {count} of {len(layers)} "
+                     f"layers (95% CI {lo:.0f}-{hi:.0f}; Gemma-2b: {PAPER_COUNTS[kind]} of 26)", fontsize=10)
+        ax.set_ylabel("change of P")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("change of P(first token of parametric answer)")
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"{result.model.get('name', '')}: knock-out per layer on filtered World Capital "
-                 f"(n = {len(result.subjects)} items; shaded: ±1 sd over items)", fontsize=10)
+    axes[-1].set_xlabel("layer (counted from 0)")
+    axes[0].legend(fontsize=9, ncol=len(result.conflict_types), loc="upper left")
+    fig.suptitle(f"{result.model.get('name', '')}: knock-out per layer on filtered World Capital\n"
+                 f"P = probability of the parametric answer's first token; n = {len(result.subjects)} items; "
+                 "shaded: ±1 sd over items", fontsize=10)
     fig.tight_layout()
     return fig
 

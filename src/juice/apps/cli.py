@@ -8,7 +8,7 @@ import typer
 
 from juice.apps.commands import COMMANDS
 
-app = typer.Typer(add_completion=False, help="Steer a language model toward its parametric memory or its context (JuICE).")
+app = typer.Typer(name="juice", add_completion=False, help="Steer a language model toward its parametric memory or its context (JuICE).")
 
 
 def _add_analyze() -> None:
