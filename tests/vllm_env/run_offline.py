@@ -4,7 +4,8 @@ and, where the file asks, in turn ("sequence", one after another on one engine, 
 cache) and arriving while others decode ("arrivals": request i joins at engine step
 `arrive[i]`). Each request is built with `juice.vllm.offline_request` (its steering's KV cache
 salt). Usage: python run_offline.py IN.json OUT.json (the plugin's set-up comes from the
-environment: JUICE_VLLM_HEADS, JUICE_VLLM_DUAL_RUN)."""
+environment: JUICE_VLLM_HEADS, JUICE_VLLM_DUAL_RUN; with "heads_in_config", the workers get it
+from vLLM's additional_config and find no heads file)."""
 
 import json
 import sys
@@ -20,8 +21,23 @@ def main() -> None:
     options = {"dtype": "float32", "enforce_eager": True, "enable_prefix_caching": False, "seed": 0,
                "max_model_len": spec.get("max_model_len", 256), "max_num_seqs": spec.get("max_num_seqs", 32),
                "gpu_memory_utilization": 0.5, **spec.get("llm", {})}
+    hidden = []
+    if spec.get("heads_in_config"):   # as on another node: the workers have no heads file, only vLLM's config
+        import os
+
+        from juice.vllm.options import config_entry, plugin_heads
+
+        options["additional_config"] = {"juice": config_entry()}
+        plugin_heads()   # admission (this process) read the files before they went away
+        for path in os.environ["JUICE_VLLM_HEADS"].split(os.pathsep):
+            os.rename(path, path + ".hidden")
+            hidden.append(path)
     started = time.perf_counter()
-    llm = LLM(model=spec["model"], **options)
+    try:
+        llm = LLM(model=spec["model"], **options)
+    finally:
+        for path in hidden:
+            os.rename(path + ".hidden", path)
     load_s = time.perf_counter() - started
 
     def request(r):

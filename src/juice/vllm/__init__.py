@@ -32,11 +32,14 @@ def offline_request(prompt, juice=None, *, cache_salt=None, server=None):
 def register() -> None:
     """vLLM's general plugin hook: register the steered classes when the plugin is on.
 
-    Runs in every vLLM process and may run more than once (registering again is harmless).
+    Runs in every vLLM process and may run more than once (registering again is harmless). Reads
+    only the on-switch (:func:`juice.vllm.options.plugin_enabled`), no heads file: a worker on
+    another node reads the heads from vLLM's config (`juice serve --engine vllm` has Ray copy the
+    `JUICE_` variables to its workers, :func:`juice.vllm.launch.server_environment`).
     """
-    from juice.vllm.options import plugin_heads
+    from juice.vllm.options import plugin_enabled
 
-    if not plugin_heads().enabled:
+    if not plugin_enabled():
         return
     from vllm import ModelRegistry
 

@@ -7,14 +7,17 @@ self-checked safetensors copy), checks the heads files before anything starts, a
 
     <vllm python> -m vllm.entrypoints.openai.api_server --model FOLDER --served-model-name NAME
         --middleware juice.vllm.middleware.JuiceFieldMiddleware
-        --dtype float32 ...
+        --dtype float32 --additional-config '{"juice": ...}' ...
 
-with `JUICE_VLLM_HEADS` (and `JUICE_VLLM_DUAL_RUN`) in its environment (:mod:`juice.vllm.options`).
+with `JUICE_VLLM_HEADS` (and `JUICE_VLLM_DUAL_RUN`) in its environment, for the API server's
+admission, and the same set-up in `additional_config`, for the workers wherever they run
+(:mod:`juice.vllm.options`).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shlex
 import sys
@@ -99,10 +102,21 @@ refused (:func:`juice.vllm.constraints.check_engine_config`)."""
 
 
 def server_command(python: str, folder: str, name: str, *, host: str, port: int, max_model_len: int | None = None,
-                   extra: Sequence[str] = (), gpu: bool = False) -> list[str]:
+                   extra: Sequence[str] = (), gpu: bool = False, config: dict | None = None) -> list[str]:
     """The command line of vLLM's OpenAI server with the plugin's requirements (module docstring);
     with `gpu`, piecewise CUDA graphs (:data:`PIECEWISE_GRAPHS`) unless `extra` sets a compilation
-    configuration or `--enforce-eager`."""
+    configuration or `--enforce-eager`; with `config` (:func:`juice.vllm.options.config_entry`),
+    `--additional-config` carrying it under `"juice"` (merged into one that `extra` gives), so that
+    every worker, on every node, steers with the same heads.
+
+    Raises:
+        ValueError: `extra`'s `--additional-config` is not a JSON object.
+    """
+    from juice.vllm.options import CONFIG_KEY
+
+    extra = list(extra)
+    if config is not None:
+        extra = _with_additional_config(extra, CONFIG_KEY, config)
     command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--served-model-name", name,
                "--host", host, "--port", str(port), "--middleware", "juice.vllm.middleware.JuiceFieldMiddleware"]
     if max_model_len:
@@ -113,6 +127,32 @@ def server_command(python: str, folder: str, name: str, *, host: str, port: int,
     if gpu and not any(a.split("=")[0] in own or a.startswith("-O") for a in extra):
         command += PIECEWISE_GRAPHS
     return command + list(extra)
+
+
+def _with_additional_config(extra: list[str], key: str, value: dict) -> list[str]:
+    """`extra` with `--additional-config` holding `value` at `key`, merged into the one it has."""
+    found, out, i = {}, [], 0
+    while i < len(extra):
+        arg = extra[i]
+        if arg == "--additional-config" and i + 1 < len(extra):
+            text, i = extra[i + 1], i + 2
+        elif arg.startswith("--additional-config="):
+            text, i = arg.split("=", 1)[1], i + 1
+        else:
+            out.append(arg)
+            i += 1
+            continue
+        try:
+            found = json.loads(text)
+        except ValueError:
+            found = None
+        if not isinstance(found, dict):
+            raise ValueError(f"--additional-config {text!r} is not a JSON object")
+    return [*out, "--additional-config", json.dumps({**found, key: value}, sort_keys=True)]
+
+
+RAY_PREFIXES = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
+"""vLLM's variable naming more prefixes of the variables its Ray executor copies to its workers."""
 
 
 def server_environment(heads: Sequence[str | Path], dual_run: bool = True, base: dict | None = None,
@@ -129,13 +169,18 @@ def server_environment(heads: Sequence[str | Path], dual_run: bool = True, base:
     tokens/s when both ran the model (README, "Serving at scale with vLLM"). With 8 cores or more the
     reserved core is 1/8 of the machine or less, and vLLM's default stands. The GPU build ignores both.
     `VLLM_USE_V2_MODEL_RUNNER=0` pins vLLM's V1 model runner, the one the plugin is verified on
-    (:func:`juice.vllm.constraints.check_engine_config` refuses V2).
+    (:func:`juice.vllm.constraints.check_engine_config` refuses V2). `JUICE_` is added to
+    `VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY`, so that vLLM's Ray executor gives the plugin's
+    on-switch to workers on other nodes (it copies only `VLLM_`, `HF_`, `NCCL_`... variables by
+    default); the heads themselves travel in vLLM's config (:func:`server_command`'s `config`).
     """
     env = dict(os.environ if base is None else base)
     env["JUICE_VLLM_HEADS"] = os.pathsep.join(str(Path(p).resolve()) for p in heads)
     env["JUICE_VLLM"] = "1"
     env["JUICE_VLLM_DUAL_RUN"] = "1" if dual_run else "0"
     env["VLLM_USE_V2_MODEL_RUNNER"] = "0"   # the runner the plugin is verified on (juice.vllm.constraints)
+    prefixes = [p.strip() for p in env.get(RAY_PREFIXES, "").split(",") if p.strip()]
+    env[RAY_PREFIXES] = ",".join(prefixes if "JUICE_" in prefixes else [*prefixes, "JUICE_"])
     if geometry:
         env.setdefault("JUICE_VLLM_GEOMETRY", geometry)
     if default is not None:
@@ -161,10 +206,10 @@ def usable_cpus() -> set[int]:
 
 def describe(command: Sequence[str], env: dict[str, str]) -> str:
     """The command as a shell line with the plugin's variables, to print or copy."""
-    keys = ("JUICE_VLLM_HEADS", "JUICE_VLLM", "JUICE_VLLM_DUAL_RUN", "JUICE_VLLM_GEOMETRY",
-            "VLLM_CPU_NUM_OF_RESERVED_CPU")
+    keys = ("JUICE_VLLM_HEADS", "JUICE_VLLM", "JUICE_VLLM_DUAL_RUN", "JUICE_VLLM_GEOMETRY", "JUICE_VLLM_DEFAULT",
+            RAY_PREFIXES, "VLLM_USE_V2_MODEL_RUNNER", "VLLM_CPU_NUM_OF_RESERVED_CPU")
     return " ".join([*(f"{k}={shlex.quote(env[k])}" for k in keys if k in env), *map(shlex.quote, command)])
 
 
-__all__ = ["FEW_CPUS", "REPO_VENV", "VllmNotFoundError", "describe", "find_vllm_python", "folder_geometry",
-           "server_command", "server_environment", "served_folder", "usable_cpus"]
+__all__ = ["FEW_CPUS", "RAY_PREFIXES", "REPO_VENV", "VllmNotFoundError", "describe", "find_vllm_python",
+           "folder_geometry", "server_command", "server_environment", "served_folder", "usable_cpus"]

@@ -70,7 +70,7 @@ from juice.models import fingerprint_mismatch, weights_digest
 from juice.vllm import ARCHITECTURES
 from juice.vllm.constraints import (ROW_FIELD, PluginConfigError, check_attention_backend, check_engine_config,
                                     check_kv_sharing, compiled_mode, missing_rows_message, note_compiled_structure)
-from juice.vllm.options import ENV_GEOMETRY, PluginHeads, head_slots, plugin_heads
+from juice.vllm.options import ENV_GEOMETRY, PluginHeads, head_slots, served_heads
 from juice.vllm.processor import BATCH
 
 
@@ -125,7 +125,7 @@ class SteerableMixin:
             super().__init__(vllm_config=vllm_config, prefix=prefix)
         finally:
             undo()
-        self.juice_plugin: PluginHeads = plugin_heads()
+        self.juice_plugin: PluginHeads = served_heads(vllm_config)
         check_engine_config(vllm_config)
         for layer in self.model.layers:
             check_attention_backend(layer.self_attn.attn.attn_backend)

@@ -1,8 +1,11 @@
 """What a vLLM server with juice's plugin steers, and what one request asks for (no vLLM import).
 
-The server's side comes from the environment, read the same way in every vLLM process (the API
-server validating a request, each worker building the model), so a multi-node deployment needs
-the same variables on every node:
+The server's side comes from the environment of the process that admits requests (vLLM's API
+server or offline `LLM`), and reaches the workers in vLLM's config: `juice serve --engine vllm`
+puts the heads files' content and the variables below in `additional_config["juice"]`
+(:func:`config_entry`), which vLLM sends to every worker, Ray-distributed and multi-node ones
+included, and each worker builds its steered model from it (:func:`served_heads`; without the
+entry, from its own environment). The variables:
 
 - `JUICE_VLLM_HEADS`: heads files (`juice identify` / `tune` / `reproduce`), separated by
   `os.pathsep`, at most one per direction. Setting it turns the plugin on.
@@ -96,12 +99,24 @@ def read_heads_file(path: str) -> tuple[str, HeadSelection, dict, dict]:
     Raises:
         ValueError: not a juice heads file (one line naming the file).
     """
+    return heads_document(_heads_json(path), path)
+
+
+def _heads_json(path: str) -> Any:
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        return json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as err:
         raise ValueError(f"{path}: cannot read the heads file ({err.strerror})") from None
     except (ValueError, RecursionError):
         raise ValueError(f"{path} is not a juice heads file: not JSON") from None
+
+
+def heads_document(data: Any, path: str) -> tuple[str, HeadSelection, dict, dict]:
+    """:func:`read_heads_file` of a heads file's parsed JSON (`path` names it in errors).
+
+    Raises:
+        ValueError: not a juice heads file (one line naming the file).
+    """
     if not isinstance(data, dict) or data.get("format") != "juice-heads/1" or not isinstance(data.get("model"), dict):
         raise ValueError(f"{path} is not a juice heads file (no 'format': 'juice-heads/1' with its model)")
     try:
@@ -128,6 +143,70 @@ def plugin_heads(environ: Mapping[str, str] | None = None) -> PluginHeads:
                          env.get(ENV_GEOMETRY, ""), env.get(ENV_DEFAULT, ""))
 
 
+def plugin_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the environment turns the plugin on (`JUICE_VLLM_HEADS` or `JUICE_VLLM=1`), without
+    reading any heads file (on another node the files may not exist; the model reads them from
+    vLLM's config, :func:`served_heads`)."""
+    env = os.environ if environ is None else environ
+    return bool(env.get(ENV_HEADS, "").strip(os.pathsep + " ")) or env.get(ENV_ON, "").strip() not in ("", "0")
+
+
+CONFIG_KEY = "juice"
+"""The key of the server's set-up in vLLM's `additional_config` (:func:`config_entry`)."""
+
+
+def config_entry(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The set-up the environment names, as a JSON object for vLLM's `additional_config`
+    (`{"juice": <this>}`): the heads files' content (not their paths), the dual run, the geometry
+    and the default steering. vLLM sends its config to every worker, Ray-distributed and
+    multi-node ones included, and hashes `additional_config` into its compile cache key, so every
+    worker builds the same steered model from it (:func:`served_heads`) whether or not the files or
+    the `JUICE_VLLM_*` variables exist there. Of each file it keeps what the workers read (format,
+    model fingerprint, direction, heads, tuned settings), not Stage 1's scores.
+
+    Raises:
+        ValueError: what :func:`plugin_heads` refuses.
+    """
+    env = os.environ if environ is None else environ
+    plugin_heads(env)   # refuse a bad set-up here, in one line, before vLLM starts
+    paths = [p for p in env.get(ENV_HEADS, "").split(os.pathsep) if p.strip()]
+    kept = ("format", "model", "direction", "positive_heads", "negative_heads", "tuned")   # what the workers read
+    heads = {path: {k: v for k, v in _heads_json(path).items() if k in kept} for path in paths}
+    return {"heads": heads, "on": plugin_enabled(env),
+            "dual_run": env.get(ENV_DUAL, "1"), "geometry": env.get(ENV_GEOMETRY, ""),
+            "default": env.get(ENV_DEFAULT, "")}
+
+
+def served_heads(vllm_config: Any, environ: Mapping[str, str] | None = None) -> PluginHeads:
+    """The set-up a worker steers with: `vllm_config.additional_config["juice"]` where the launcher
+    put it (:func:`config_entry`), else the environment (:func:`plugin_heads`).
+
+    Raises:
+        ValueError: a malformed entry; or an entry whose heads, betas, default or dual run differ
+            from the heads files the environment names here (admission reads the environment: the
+            two would disagree).
+    """
+    extra = getattr(vllm_config, "additional_config", None)
+    entry = extra.get(CONFIG_KEY) if isinstance(extra, Mapping) else None
+    if entry is None:
+        return plugin_heads(environ)
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("heads"), Mapping):
+        raise ValueError(f"additional_config[{CONFIG_KEY!r}] is not juice's set-up (juice.vllm.options.config_entry)")
+    server = _build_plugin_heads([(str(k), v) for k, v in entry["heads"].items()], "1" if entry.get("on") else "",
+                                 str(entry.get("dual_run", "1")), str(entry.get("geometry") or ""),
+                                 str(entry.get("default") or ""))
+    env = os.environ if environ is None else environ
+    paths = [p for p in env.get(ENV_HEADS, "").split(os.pathsep) if p.strip()]
+    if paths and all(Path(p).is_file() for p in paths):
+        here = plugin_heads(env)
+        if (here.selections, here.tuned, here.default, here.dual_run) != (server.selections, server.tuned,
+                                                                          server.default, server.dual_run):
+            raise ValueError(f"additional_config[{CONFIG_KEY!r}] and {ENV_HEADS} name different heads, betas, "
+                             "default or dual run; start vLLM with both from the same files (juice serve --engine "
+                             "vllm does)")
+    return server
+
+
 def parse_geometry(text: str) -> HeadGeometry:
     """`JUICE_VLLM_GEOMETRY`'s value, `<n_layers>x<n_heads>` (e.g. `18x4`), as a geometry (head_dim 0).
 
@@ -143,9 +222,16 @@ def parse_geometry(text: str) -> HeadGeometry:
 @lru_cache(maxsize=8)
 def _plugin_heads(heads: str, on: str, dual: str, geometry_text: str = "", default: str = "") -> PluginHeads:
     paths = [p for p in heads.split(os.pathsep) if p.strip()]
+    return _build_plugin_heads([(path, _heads_json(path)) for path in paths], on, dual, geometry_text, default)
+
+
+def _build_plugin_heads(documents: list[tuple[str, Any]], on: str, dual: str, geometry_text: str,
+                        default: str) -> PluginHeads:
+    """The set-up of heads files given as (path, parsed JSON) and the variables' values."""
+    paths = [path for path, _ in documents]
     selections, tuned, fingerprints, files = {}, {}, {}, {}
-    for path in paths:
-        direction, selection, tuned_settings, fingerprint = read_heads_file(path)
+    for path, data in documents:
+        direction, selection, tuned_settings, fingerprint = heads_document(data, path)
         if direction in selections:
             raise ValueError(f"two heads files for the {direction} direction: {files[direction]} and {path}")
         selections[direction], tuned[direction], fingerprints[direction], files[direction] = (
@@ -327,7 +413,8 @@ def parse_request(fields: Mapping[str, Any] | None, server: PluginHeads, geometr
     return RequestSteering(ask.method, scale, add, ask.warning)
 
 
-__all__ = ["SALT_KEY", "SALT_MISSING", "check_salt", "offline_request", "request_cache_salt", "steering_salt",
+__all__ = ["CONFIG_KEY", "SALT_KEY", "SALT_MISSING", "check_salt", "config_entry", "heads_document",
+           "plugin_enabled", "served_heads", "offline_request", "request_cache_salt", "steering_salt",
            "ENV_DEFAULT", "ENV_DUAL", "ENV_GEOMETRY", "ENV_HEADS", "ENV_ON", "RequestSteering", "PluginHeads",
            "SteeringRequestError", "head_slots", "parse_geometry", "parse_request", "read_heads_file", "request_ask",
            "request_fields", "plugin_heads"]

@@ -18,8 +18,8 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 from juice.architectures import config_geometry
 from juice.vllm import ARCHITECTURES
 from juice.vllm.constraints import PluginConfigError
-from juice.vllm.options import (RequestSteering, SteeringRequestError, check_salt, parse_request, request_fields,
-                                plugin_heads)
+from juice.vllm.options import (RequestSteering, SteeringRequestError, check_salt, parse_request, plugin_heads,
+                                request_fields, served_heads)
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,11 @@ class JuiceSteeringProcessor(LogitsProcessor):
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
         """Raises: PluginConfigError: the plugin is on and the served architecture has no steered
-        class (:data:`juice.vllm.ARCHITECTURES`): its requests would be served unsteered."""
-        self.server = plugin_heads()
+        class (:data:`juice.vllm.ARCHITECTURES`): its requests would be served unsteered.
+
+        The worker's set-up comes from vLLM's config where the launcher put it there
+        (:func:`juice.vllm.options.served_heads`), as the steered model's does."""
+        self.server = served_heads(vllm_config)
         served = list(getattr(vllm_config.model_config.hf_config, "architectures", None) or [])
         if self.server.enabled and not any(a in ARCHITECTURES for a in served):
             raise PluginConfigError(f"juice's vLLM plugin steers {', '.join(sorted(ARCHITECTURES))}; this model is "

@@ -104,7 +104,7 @@ def _serve_vllm(model: str, heads: list[Path], host: str, port: int, max_total_t
 
     from juice.vllm.launch import (describe, find_vllm_python, folder_geometry, server_command, server_environment,
                                    served_folder)
-    from juice.vllm.options import plugin_heads
+    from juice.vllm.options import config_entry, plugin_heads
 
     python = find_vllm_python()
     try:   # malformed heads files, two for one direction, or a default they cannot honour: one line
@@ -116,8 +116,11 @@ def _serve_vllm(model: str, heads: list[Path], host: str, port: int, max_total_t
     env = server_environment(heads, dual_run, geometry=folder_geometry(folder), default=default)
     if not torch.cuda.is_available() and not any(a.startswith("--gpu-memory-utilization") for a in extra):
         extra = ["--gpu-memory-utilization", "0.5", *extra]   # the CPU build reserves this share of memory
-    command = server_command(python, folder, model, host=host, port=port, max_model_len=max_total_tokens or None,
-                             extra=extra, gpu=torch.cuda.is_available())
+    try:
+        command = server_command(python, folder, model, host=host, port=port, max_model_len=max_total_tokens or None,
+                                 extra=extra, gpu=torch.cuda.is_available(), config=config_entry(env))
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--vllm-arg") from None
     console.print(f"starting vLLM with juice's plugin ({', '.join(sorted(plugin_heads(env).selections)) or 'no heads'}"
                   f"{', dual run' if dual_run and heads else ''}): {describe(command, env)}")
     os.execve(python, command, env)
