@@ -66,11 +66,11 @@ def steering(mix: str, i: int) -> dict | None:
 def child(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
 
-    from juice.vllm import offline_request
+    from juice.vllm import llm_options, offline_request
 
     started = time.perf_counter()
     llm = LLM(model=spec["folder"], dtype="float32", seed=0, max_model_len=1024, max_num_seqs=32,
-              gpu_memory_utilization=0.5, **spec["llm"])
+              gpu_memory_utilization=0.5, **spec["llm"], **(llm_options() if spec["plugin"] else {}))
     out: dict = {"load_s": round(time.perf_counter() - started, 1), "rows": [], "prefix": []}
     tokenizer = llm.get_tokenizer()
 

@@ -496,6 +496,17 @@ def test_a_heads_file_for_another_model_stops_vllm_at_start_in_one_line(tmp_path
 
 
 @needs_vllm
+def test_a_steered_vllm_without_the_logits_processor_stops_at_start_in_one_line(tmp_path):
+    """Issue 46: the logits processor is named, not loaded from an entry point; a steered model
+    whose engine does not name it stops vLLM before any request is served unsteered."""
+    lm, folder = tiny_llama_dir(tmp_path)
+    files = [write_heads(tmp_path / "p.json", lm.fingerprint(), "parametric", PARAMETRIC)]
+    ask = {"prompt_token_ids": token_ids(lm.tokenizer, "japan tokyo spain"), "juice": None, "max_tokens": 2}
+    log = run_vllm(folder, [ask], files, tmp_path, fails=True, llm={"logits_processors": []})
+    assert "needs its logits processor, which carries each request's steering to the model" in log
+
+
+@needs_vllm
 def test_the_plugin_without_heads_files_needs_the_geometry_and_says_its_value(tmp_path):
     lm, folder = tiny_llama_dir(tmp_path)
     prompt = "japan tokyo spain"
@@ -700,6 +711,7 @@ def test_the_launch_line_carries_the_plugins_requirements(tmp_path):
                              max_model_len=1024, extra=["--tensor-parallel-size=2"])
     for flag in ("--dtype", "juice.vllm.middleware.JuiceFieldMiddleware", "--tensor-parallel-size=2"):
         assert flag in command
+    assert command[command.index("--logits-processors") + 1] == "juice.vllm.processor:JuiceSteeringProcessor"
     assert "--enforce-eager" not in command and "--no-enable-prefix-caching" not in command   # vLLM's defaults
     assert "--dtype" not in server_command("p", "f", "n", host="h", port=1, extra=["--dtype=bfloat16"])
     assert "--compilation-config" not in command   # the CPU build captures no CUDA graph

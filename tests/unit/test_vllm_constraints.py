@@ -17,8 +17,8 @@ from typing import Generic, TypeVar
 
 import pytest
 
-from juice.vllm.constraints import (PluginConfigError, check_attention_backend, check_engine_config, check_kv_sharing,
-                                    metadata_fields)
+from juice.vllm.constraints import (PROCESSOR_NAME, PluginConfigError, check_attention_backend, check_engine_config,
+                                    check_kv_sharing, check_logits_processor, metadata_fields)
 from juice.vllm.launch import find_vllm_python
 
 VLLM_PYTHON = find_vllm_python(required=False)
@@ -28,6 +28,26 @@ def _config(eager=True, prefix=False, dbo=False, ubatch=0):
     return SimpleNamespace(model_config=SimpleNamespace(enforce_eager=eager),
                            cache_config=SimpleNamespace(enable_prefix_caching=prefix),
                            parallel_config=SimpleNamespace(enable_dbo=dbo, ubatch_size=ubatch))
+
+
+def test_a_steered_model_without_juices_logits_processor_is_refused_naming_the_flag():
+    """Issue 46: the logits processor loads only where it is named (no entry point), so a vLLM
+    without juice's heads runs none of juice's code; a steered model whose engine does not name
+    it would serve every request unsteered, and is refused."""
+    def named(*processors):
+        return SimpleNamespace(model_config=SimpleNamespace(logits_processors=list(processors)))
+
+    check_logits_processor(named(PROCESSOR_NAME))
+    check_logits_processor(named("other.module:Processor", PROCESSOR_NAME))
+    fake = type("JuiceSteeringProcessor", (), {"__module__": "juice.vllm.processor"})
+    check_logits_processor(named(fake))   # the class itself, as LLM(logits_processors=[cls]) passes it
+    for bad in (named(), named("other.module:Processor"), SimpleNamespace(model_config=SimpleNamespace())):
+        with pytest.raises(PluginConfigError, match="--logits-processors juice.vllm.processor:JuiceSteeringProcessor"):
+            check_logits_processor(bad)
+    import juice.vllm
+    assert juice.vllm.LOGITS_PROCESSOR == PROCESSOR_NAME
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text(encoding="utf-8")
+    assert "vllm.logits_processors" not in pyproject and "vllm.general_plugins" in pyproject
 
 
 def test_engine_configurations_that_would_mix_requests_steering_are_refused_naming_the_flag():

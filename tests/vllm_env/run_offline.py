@@ -18,16 +18,20 @@ def main() -> None:
 
     from juice.vllm import offline_request
 
+    from juice.vllm import LOGITS_PROCESSOR
+
     options = {"dtype": "float32", "enforce_eager": True, "enable_prefix_caching": False, "seed": 0,
+               "logits_processors": [LOGITS_PROCESSOR],
                "max_model_len": spec.get("max_model_len", 256), "max_num_seqs": spec.get("max_num_seqs", 32),
                "gpu_memory_utilization": 0.5, **spec.get("llm", {})}
     hidden = []
     if spec.get("heads_in_config"):   # as on another node: the workers have no heads file, only vLLM's config
         import os
 
-        from juice.vllm.options import config_entry, plugin_heads
+        from juice.vllm import llm_options
+        from juice.vllm.options import plugin_heads
 
-        options["additional_config"] = {"juice": config_entry()}
+        options.update(llm_options())
         plugin_heads()   # admission (this process) read the files before they went away
         for path in os.environ["JUICE_VLLM_HEADS"].split(os.pathsep):
             os.rename(path, path + ".hidden")

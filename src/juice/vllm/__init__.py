@@ -1,12 +1,15 @@
 """juice inside vLLM: per-request JuNE, JuICE (dual run) and PH3 pruning as a vLLM plugin.
 
-Installed with juice into vLLM's environment, two entry points load it in every vLLM process
-(workers and other nodes included): `vllm.general_plugins` -> :func:`register`, which puts the
-steered model classes (:mod:`juice.vllm.models`) in vLLM's registry under the architectures' names
-when the plugin is on (`JUICE_VLLM_HEADS` or `JUICE_VLLM=1`, :mod:`juice.vllm.options`), and
-`vllm.logits_processors` -> :class:`juice.vllm.processor.JuiceSteeringProcessor`, which carries
-each request's `juice` fields to the model and refuses bad ones at admission (HTTP 400). vLLM
-itself is not a dependency of juice's core: this package imports it only when vLLM loads it.
+Installed with juice into vLLM's environment, its `vllm.general_plugins` entry point runs
+:func:`register` in every vLLM process (workers and other nodes included), which puts the steered
+model classes (:mod:`juice.vllm.models`) in vLLM's registry under the architectures' names when
+the plugin is on (`JUICE_VLLM_HEADS` or `JUICE_VLLM=1`, :mod:`juice.vllm.options`). The logits
+processor :class:`juice.vllm.processor.JuiceSteeringProcessor`, which carries each request's
+`juice` fields to the model and refuses bad ones at admission (HTTP 400), is loaded only where it
+is named (:data:`LOGITS_PROCESSOR`: `--logits-processors`, which `juice serve --engine vllm`
+passes, or :func:`llm_options` offline), so a vLLM without juice's heads runs no juice code; the
+steered model refuses to start without it. vLLM itself is not a dependency of juice's core:
+this package imports it only when vLLM loads it.
 README, "Serving at scale with vLLM".
 """
 
@@ -19,6 +22,24 @@ ARCHITECTURES = {"Gemma3ForCausalLM": "JuiceGemma3ForCausalLM", "Gemma2ForCausal
 """vLLM architecture name -> its steered class in :mod:`juice.vllm.models`. OLMo 2 is not among them:
 vLLM 0.32 serves it through its Transformers backend, whose layers the plugin does not drive
 (the plugin refuses to start on it, :class:`juice.vllm.processor.JuiceSteeringProcessor`)."""
+
+
+LOGITS_PROCESSOR = "juice.vllm.processor:JuiceSteeringProcessor"
+"""The logits processor's fully qualified name, as vLLM's `--logits-processors` /
+`logits_processors=[...]` take it."""
+
+
+def llm_options(environ=None) -> dict:
+    """The options juice's plugin needs in vLLM's offline `LLM(model, **llm_options(), ...)`: the
+    logits processor (:data:`LOGITS_PROCESSOR`) and the set-up the environment names in
+    `additional_config` (:func:`juice.vllm.options.config_entry`), read by every worker.
+
+    Raises:
+        ValueError: what :func:`juice.vllm.options.plugin_heads` refuses.
+    """
+    from juice.vllm.options import CONFIG_KEY, config_entry
+
+    return {"logits_processors": [LOGITS_PROCESSOR], "additional_config": {CONFIG_KEY: config_entry(environ)}}
 
 
 def offline_request(prompt, juice=None, *, cache_salt=None, server=None):
@@ -47,4 +68,4 @@ def register() -> None:
         ModelRegistry.register_model(architecture, f"juice.vllm.models:{name}")
 
 
-__all__ = ["ARCHITECTURES", "offline_request", "register"]
+__all__ = ["ARCHITECTURES", "LOGITS_PROCESSOR", "llm_options", "offline_request", "register"]

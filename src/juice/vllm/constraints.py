@@ -21,6 +21,9 @@ one-line :class:`PluginConfigError` naming the flag, before any request is serve
   the dual run does not return what EAGLE-style drafts read;
 - no KV-sharing attention layers (`kv_sharing_target_layer_name`): run 1's clean attention would
   write its KV into another layer's cache.
+- juice's logits processor named in vLLM's `logits_processors` (`--logits-processors
+  juice.vllm.processor:JuiceSteeringProcessor`): it carries each request's steering to the model;
+  without it every request would be served unsteered;
 - vLLM's V1 model runner, the one whose contract (the persistent batch the logits processor
   sees, the attention metadata the model reads) the plugin was built and tested against: Model
   Runner V2 (`VllmConfig.use_v2_model_runner`; vLLM picks it by default where Triton works, e.g.
@@ -76,6 +79,33 @@ def check_engine_config(vllm_config: Any) -> None:
         raise PluginConfigError("juice's vLLM plugin was built and tested on vLLM's V1 model runner, not Model "
                                 "Runner V2 (its request state and metadata are unverified): start vLLM with "
                                 "VLLM_USE_V2_MODEL_RUNNER=0")
+
+
+PROCESSOR_NAME = "juice.vllm.processor:JuiceSteeringProcessor"
+"""The logits processor's fully qualified name (:data:`juice.vllm.LOGITS_PROCESSOR`)."""
+
+PROCESSOR_MISSING = ("juice's vLLM plugin needs its logits processor, which carries each request's steering to the "
+                     f"model: start vLLM with --logits-processors {PROCESSOR_NAME} (juice serve --engine vllm passes "
+                     "it; offline: LLM(..., **juice.vllm.llm_options()))")
+
+
+def check_logits_processor(vllm_config: Any) -> None:
+    """Refuse a steered model whose engine does not load juice's logits processor (module docstring).
+
+    Args:
+        vllm_config: vLLM's `VllmConfig` (reads `model_config.logits_processors`: names as
+            `module:Class` or classes).
+
+    Raises:
+        PluginConfigError: :data:`PROCESSOR_MISSING`.
+    """
+    named = getattr(vllm_config.model_config, "logits_processors", None) or []
+    module, _, name = PROCESSOR_NAME.partition(":")
+    for entry in named:
+        if entry == PROCESSOR_NAME or (isinstance(entry, type) and (entry.__module__, entry.__qualname__) == (module,
+                                                                                                             name)):
+            return
+    raise PluginConfigError(PROCESSOR_MISSING)
 
 
 def full_cudagraph_mode(vllm_config: Any) -> str | None:

@@ -7,6 +7,7 @@ self-checked safetensors copy), checks the heads files before anything starts, a
 
     <vllm python> -m vllm.entrypoints.openai.api_server --model FOLDER --served-model-name NAME
         --middleware juice.vllm.middleware.JuiceFieldMiddleware
+        --logits-processors juice.vllm.processor:JuiceSteeringProcessor
         --dtype float32 --additional-config '{"juice": ...}' ...
 
 with `JUICE_VLLM_HEADS` (and `JUICE_VLLM_DUAL_RUN`) in its environment, for the API server's
@@ -112,13 +113,15 @@ def server_command(python: str, folder: str, name: str, *, host: str, port: int,
     Raises:
         ValueError: `extra`'s `--additional-config` is not a JSON object.
     """
+    from juice.vllm import LOGITS_PROCESSOR
     from juice.vllm.options import CONFIG_KEY
 
     extra = list(extra)
     if config is not None:
         extra = _with_additional_config(extra, CONFIG_KEY, config)
     command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--served-model-name", name,
-               "--host", host, "--port", str(port), "--middleware", "juice.vllm.middleware.JuiceFieldMiddleware"]
+               "--host", host, "--port", str(port), "--middleware", "juice.vllm.middleware.JuiceFieldMiddleware",
+               "--logits-processors", LOGITS_PROCESSOR]
     if max_model_len:
         command += ["--max-model-len", str(max_model_len)]
     if not any(a.startswith("--dtype") for a in extra):

@@ -69,6 +69,7 @@ from juice.architectures import config_geometry
 from juice.models import fingerprint_mismatch, weights_digest
 from juice.vllm import ARCHITECTURES
 from juice.vllm.constraints import (ROW_FIELD, PluginConfigError, check_attention_backend, check_engine_config,
+                                    check_logits_processor,
                                     check_kv_sharing, compiled_mode, missing_rows_message, note_compiled_structure)
 from juice.vllm.options import ENV_GEOMETRY, PluginHeads, head_slots, served_heads
 from juice.vllm.processor import BATCH
@@ -127,6 +128,7 @@ class SteerableMixin:
             undo()
         self.juice_plugin: PluginHeads = served_heads(vllm_config)
         check_engine_config(vllm_config)
+        check_logits_processor(vllm_config)
         for layer in self.model.layers:
             check_attention_backend(layer.self_attn.attn.attn_backend)
             check_kv_sharing(layer.self_attn.attn, getattr(layer.self_attn.attn, "layer_name", ""))
