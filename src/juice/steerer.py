@@ -51,9 +51,12 @@ class Steerer:
             first step from how much the context moves the model's prediction; needs a heads
             file tuned with `juice tune --methods auto` and each prompt's question, the prompt
             without its context: `generate(..., questions=...)`).
-        beta_plus, beta_minus: the betas; by default the heads file's tuned values for the method
-            (`juice tune`), else 2 and 0 with an :class:`~juice.steering.UntunedBetasWarning`
-            (defaults can break a small model's text). Not for "auto" (its policy holds its own).
+        beta_plus: beta+, the strength added to (JuICE) or scaling (JuNE) the heads that help
+            when scaled up (S+); None: the heads file's tuned value for the method (`juice
+            tune`), else 2 with an :class:`~juice.steering.UntunedBetasWarning` (defaults can
+            break a small model's text). Not for "auto" (its policy holds its own).
+        beta_minus: beta-, the same for the heads that help when scaled down (S-); None: the
+            tuned value, else 0.
 
     Raises:
         ValueError: an unknown method, steering without heads, auto without a tuned policy or
