@@ -40,6 +40,8 @@ import dataclasses
 import typing
 from typing import Any
 
+from juice.vllm import LOGITS_PROCESSOR
+
 ROW_FIELD = "query_start_loc"
 """The attention metadata field the steered model reads each request's token rows from."""
 
@@ -81,7 +83,7 @@ def check_engine_config(vllm_config: Any) -> None:
                                 "VLLM_USE_V2_MODEL_RUNNER=0")
 
 
-PROCESSOR_NAME = "juice.vllm.processor:JuiceSteeringProcessor"
+PROCESSOR_NAME = LOGITS_PROCESSOR
 """The logits processor's fully qualified name (:data:`juice.vllm.LOGITS_PROCESSOR`)."""
 
 PROCESSOR_MISSING = ("juice's vLLM plugin needs its logits processor, which carries each request's steering to the "
