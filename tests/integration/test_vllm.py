@@ -744,10 +744,10 @@ def test_the_heads_travel_in_vllms_config_and_ray_copies_the_on_switch(tmp_path,
            "JUICE_VLLM_DEFAULT": "method:june,direction:memory",
            "JUICE_VLLM_DUAL_RUN": "0"}
     entry = json.loads(json.dumps(config_entry(env)))   # as vLLM's config carries it
+    expected = plugin_heads(env)   # what admission reads (cached, as before the files go away)
     for path in two_files.files.values():
         Path(path).rename(path + ".gone")
     here = served_heads(SimpleNamespace(additional_config={"juice": entry}), environ={})
-    expected = plugin_heads(env)   # cached before the files went away: what admission reads
     assert (here.selections, here.tuned, here.default, here.dual_run, here.fingerprints, here.geometry) == (
         expected.selections, expected.tuned, expected.default, expected.dual_run, expected.fingerprints,
         expected.geometry)

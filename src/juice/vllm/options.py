@@ -148,7 +148,12 @@ def plugin_enabled(environ: Mapping[str, str] | None = None) -> bool:
     reading any heads file (on another node the files may not exist; the model reads them from
     vLLM's config, :func:`served_heads`)."""
     env = os.environ if environ is None else environ
-    return bool(env.get(ENV_HEADS, "").strip(os.pathsep + " ")) or env.get(ENV_ON, "").strip() not in ("", "0")
+    return bool(_heads_paths(env.get(ENV_HEADS, ""))) or env.get(ENV_ON, "").strip() not in ("", "0")
+
+
+def _heads_paths(heads: str) -> list[str]:
+    """`JUICE_VLLM_HEADS`'s paths (separated by `os.pathsep`, blanks skipped)."""
+    return [p for p in heads.split(os.pathsep) if p.strip()]
 
 
 CONFIG_KEY = "juice"
@@ -168,10 +173,11 @@ def config_entry(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         ValueError: what :func:`plugin_heads` refuses.
     """
     env = os.environ if environ is None else environ
-    plugin_heads(env)   # refuse a bad set-up here, in one line, before vLLM starts
-    paths = [p for p in env.get(ENV_HEADS, "").split(os.pathsep) if p.strip()]
+    documents = [(path, _heads_json(path)) for path in _heads_paths(env.get(ENV_HEADS, ""))]
+    _build_plugin_heads(documents, env.get(ENV_ON, ""), env.get(ENV_DUAL, "1"), env.get(ENV_GEOMETRY, ""),
+                        env.get(ENV_DEFAULT, ""))   # refuse a bad set-up here, in one line, before vLLM starts
     kept = ("format", "model", "direction", "positive_heads", "negative_heads", "tuned")   # what the workers read
-    heads = {path: {k: v for k, v in _heads_json(path).items() if k in kept} for path in paths}
+    heads = {path: {k: v for k, v in data.items() if k in kept} for path, data in documents}
     return {"heads": heads, "on": plugin_enabled(env),
             "dual_run": env.get(ENV_DUAL, "1"), "geometry": env.get(ENV_GEOMETRY, ""),
             "default": env.get(ENV_DEFAULT, "")}
@@ -196,7 +202,7 @@ def served_heads(vllm_config: Any, environ: Mapping[str, str] | None = None) -> 
                                  str(entry.get("dual_run", "1")), str(entry.get("geometry") or ""),
                                  str(entry.get("default") or ""))
     env = os.environ if environ is None else environ
-    paths = [p for p in env.get(ENV_HEADS, "").split(os.pathsep) if p.strip()]
+    paths = _heads_paths(env.get(ENV_HEADS, ""))
     if paths and all(Path(p).is_file() for p in paths):
         here = plugin_heads(env)
         if (here.selections, here.tuned, here.default, here.dual_run) != (server.selections, server.tuned,
@@ -221,8 +227,8 @@ def parse_geometry(text: str) -> HeadGeometry:
 
 @lru_cache(maxsize=8)
 def _plugin_heads(heads: str, on: str, dual: str, geometry_text: str = "", default: str = "") -> PluginHeads:
-    paths = [p for p in heads.split(os.pathsep) if p.strip()]
-    return _build_plugin_heads([(path, _heads_json(path)) for path in paths], on, dual, geometry_text, default)
+    return _build_plugin_heads([(path, _heads_json(path)) for path in _heads_paths(heads)], on, dual, geometry_text,
+                               default)
 
 
 def _build_plugin_heads(documents: list[tuple[str, Any]], on: str, dual: str, geometry_text: str,
