@@ -17,8 +17,9 @@ from typing import Generic, TypeVar
 
 import pytest
 
-from juice.vllm.constraints import (PROCESSOR_NAME, PluginConfigError, check_attention_backend, check_engine_config,
-                                    check_kv_sharing, check_logits_processor, metadata_fields)
+from juice.vllm.constraints import (CLEAN_RUN_OP, COMPILE_KEY, PROCESSOR_NAME, PluginConfigError,
+                                    check_attention_backend, check_engine_config, check_kv_sharing,
+                                    check_logits_processor, metadata_fields, note_compiled_structure, split_at_run1)
 from juice.vllm.launch import find_vllm_python
 
 VLLM_PYTHON = find_vllm_python(required=False)
@@ -205,3 +206,44 @@ def test_vllms_own_runner_choice_follows_the_pin(tmp_path):
     done = subprocess.run([VLLM_PYTHON, "-c", code], capture_output=True, text=True, timeout=300,
                           env=server_environment([], base=dict(os.environ)), cwd=tmp_path)
     assert "RUNNER False passes" in done.stdout, done.stderr[-2000:]
+
+
+def test_run_1_is_a_split_point_of_piecewise_compilation_and_keys_the_compile_cache():
+    """JuICE's run 1 is a call (CLEAN_RUN_OP) inside the compiled forward: with vLLM's piecewise
+    splitting ops (a GPU's default) it is added to them once, so it runs eagerly between the
+    captured pieces; with none (vLLM's CPU build, one Inductor graph) the list stays empty."""
+    piecewise = SimpleNamespace(compilation_config=SimpleNamespace(splitting_ops=["vllm::unified_attention"]))
+    split_at_run1(piecewise)
+    split_at_run1(piecewise)
+    assert piecewise.compilation_config.splitting_ops == ["vllm::unified_attention", CLEAN_RUN_OP]
+    whole = SimpleNamespace(compilation_config=SimpleNamespace(splitting_ops=[]))
+    split_at_run1(whole)
+    assert whole.compilation_config.splitting_ops == []
+    config = SimpleNamespace(additional_config={})
+    note_compiled_structure(config, SimpleNamespace(n_layers=4, n_heads=2), [(1, 0)], (1, 2))
+    assert config.additional_config[COMPILE_KEY]["run1"] == CLEAN_RUN_OP   # a graph without the call is not reused
+
+
+@pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (run scripts/install-vllm.sh)")
+def test_vllms_own_graph_splitter_puts_run_1_in_a_piece_of_its_own():
+    """vLLM's `split_graph` (what piecewise compilation and CUDA graph capture use) on a traced
+    forward that calls run 1's op between two layers' arithmetic: the op is a splitting piece
+    alone (run eagerly), with compiled pieces before and after it."""
+    code = ("import torch\nfrom torch import fx\nfrom vllm.compilation.backends import split_graph\n"
+            "import juice.vllm.models\nfrom juice.vllm.constraints import CLEAN_RUN_OP\n"
+            "class F(torch.nn.Module):\n"
+            "    def forward(self, h, pos, clean):\n"
+            "        h = h * 2\n"
+            "        torch.ops.juice.clean_run(h, None, pos, clean, 'model.layers.1.self_attn.attn')\n"
+            "        return h + clean[: h.shape[0], 0].sum(-1, keepdim=True)\n"
+            "gm = fx.symbolic_trace(F())\n"
+            "_, items = split_graph(gm, ['vllm::unified_attention_with_output', CLEAN_RUN_OP])\n"
+            "for item in items:\n"
+            "    ops = [str(n.target) for n in item.graph.graph.nodes if n.op == 'call_function']\n"
+            "    print('PIECE', item.is_splitting_graph, '|'.join(ops))\n")
+    done = subprocess.run([VLLM_PYTHON, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    pieces = [line.split(" ", 2)[1:] for line in done.stdout.splitlines() if line.startswith("PIECE")]
+    assert [p[0] for p in pieces] == ["False", "True", "False"], done.stdout
+    assert "juice.clean_run" in pieces[1][1] and "|" not in pieces[1][1]
+    assert "juice.clean_run" not in pieces[0][1] + pieces[2][1]

@@ -147,6 +147,25 @@ def compiled_mode(vllm_config: Any) -> bool:
     return mode is None or int(mode) != 0   # CompilationMode.NONE == 0
 
 
+CLEAN_RUN_OP = "juice::clean_run"
+"""The custom op through which JuICE's run 1 runs inside vLLM's compiled forward
+(:mod:`juice.vllm.models`): `(hidden, residual, positions, clean, model) -> ()`, writing run 1's
+head outputs into `clean`."""
+
+
+def split_at_run1(vllm_config: Any) -> None:
+    """Make :data:`CLEAN_RUN_OP` a split point of vLLM's piecewise compilation (append it to
+    `compilation_config.splitting_ops` when that list is not empty), so that run 1, which runs
+    vLLM's attention and Python between the layers, runs eagerly between the compiled (on a GPU,
+    CUDA-graph captured) pieces, as vLLM's attention does. With no splitting ops (vLLM's CPU
+    build compiles the whole forward with Inductor), Inductor calls the op from its code.
+    Called in the model's constructor, before vLLM compiles its first forward (vLLM reads the
+    list when it compiles)."""
+    ops = vllm_config.compilation_config.splitting_ops
+    if ops and CLEAN_RUN_OP not in ops:
+        ops.append(CLEAN_RUN_OP)
+
+
 COMPILE_KEY = "juice_vllm"
 """The key of juice's entry in vLLM's `additional_config` (part of vLLM's compile cache key)."""
 
@@ -164,7 +183,7 @@ def note_compiled_structure(vllm_config: Any, geometry: Any, slots: list[tuple[i
     if not isinstance(extra, dict):
         raise PluginConfigError("juice's vLLM plugin in compiled mode needs additional_config to be a JSON object "
                                 "(it keys the compile cache by the steered heads); or start vLLM with --enforce-eager")
-    extra[COMPILE_KEY] = {"version": __version__, "slots": [list(s) for s in slots],
+    extra[COMPILE_KEY] = {"version": __version__, "run1": CLEAN_RUN_OP, "slots": [list(s) for s in slots],
                           "dual": list(dual) if dual else None, "layers": geometry.n_layers,
                           "heads": geometry.n_heads}
 

@@ -18,21 +18,28 @@ architectures' names. What the mixin adds:
 - JuICE's dual run (paper Alg. 1): a second attention module (`self_attn.attn_clean`, built from
   the same arguments as `self_attn.attn`, so vLLM gives it its own KV cache) on each layer from
   the first to the last layer the heads files steer. When a batch holds a JuICE request, run 1
-  (the unmodified model for JuICE rows) runs first, eagerly, outside the compiled region: the
-  layers below the first dual-run layer with vLLM's attention (a JuICE row is not steered there),
-  then the clean attention modules up to the last layer the batch adds to, saving the outputs of
-  the heads JuICE adds to (`juice_clean`). Run 2 is then vLLM's own (compiled) forward, whose
-  hooks add beta times them. Whether a batch has a run 1 is decided in Python before the
-  compiled forward, so the compiled graph is one, with no branch on the batch. (In eager mode,
-  run 2 starts at the first dual-run layer from run 1's hidden state: the layers below run once.)
-  A batch without JuICE requests has no run 1, and the clean KV of its requests is never read.
+  (the unmodified model for JuICE rows) starts at the first dual-run layer from run 2's input to
+  that layer (a JuICE row is not steered below it, so the two runs agree there and the layers
+  below run once), takes the JuICE requests' tokens through the clean attention modules up to the
+  last layer the batch adds to, and saves the outputs of the heads JuICE adds to (`juice_clean`);
+  run 2 goes on from the same layer, its hooks adding beta times them. A batch without JuICE
+  requests has no run 1, and the clean KV of its requests is never read.
 
-Compiled mode (vLLM's default): the graph depends on the heads files (which heads have slots
-in `juice_clean`), so the model puts them in vLLM's `additional_config`, part of vLLM's compile
-cache key (:func:`juice.vllm.constraints.note_compiled_structure`). On a GPU the same tables are
-what piecewise CUDA graphs need (fixed addresses, no branch on the batch); run 1 then runs outside
-the captured graphs (eagerly). Full CUDA graphs would replay without the Python that fills the
-tables: they are refused at start (:func:`juice.vllm.constraints.check_engine_config`). Measured on the CPU only (README, "Serving at scale with vLLM").
+Run 1 is a custom op, :data:`juice.vllm.constraints.CLEAN_RUN_OP`, called by a pre-hook of the
+first dual-run layer, in eager and compiled mode alike. In compiled mode (vLLM's default) vLLM's
+compiled forward (run 2) has the call at that point, traced once; at run time the op runs run 1
+eagerly (vLLM's layers called one by one) when the batch has JuICE rows and returns at once
+when it has none. On vLLM's CPU build,
+which compiles the whole forward with Inductor, Inductor calls the op from its code; with
+piecewise compilation (a GPU) the op is one of vLLM's splitting ops
+(:func:`juice.vllm.constraints.split_at_run1`), so it runs between the compiled pieces and
+outside piecewise CUDA graphs, as vLLM's attention does. Full CUDA graphs would replay without
+the Python that fills the tables and runs run 1: they are refused at start
+(:func:`juice.vllm.constraints.check_engine_config`). The graph depends on the heads files
+(which heads have slots in `juice_clean`) and on the op, so the model puts both in vLLM's
+`additional_config`, part of vLLM's compile cache key
+(:func:`juice.vllm.constraints.note_compiled_structure`). Measured on the CPU only (README,
+"Serving at scale with vLLM").
 
 Prefix caching (vLLM's default) is correct because every steered request carries its steering's
 `cache_salt` (:func:`juice.vllm.options.steering_salt`; juice's middleware adds it, offline
@@ -56,6 +63,7 @@ to build, naming the value to set.
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Callable, Iterable
 
 import torch
@@ -68,9 +76,9 @@ from vllm.model_executor.layers.attention import Attention
 from juice.architectures import config_geometry
 from juice.models import fingerprint_mismatch, weights_digest
 from juice.vllm import ARCHITECTURES
-from juice.vllm.constraints import (ROW_FIELD, PluginConfigError, check_attention_backend, check_engine_config,
-                                    check_logits_processor,
-                                    check_kv_sharing, compiled_mode, missing_rows_message, note_compiled_structure)
+from juice.vllm.constraints import (CLEAN_RUN_OP, ROW_FIELD, PluginConfigError, check_attention_backend,
+                                    check_engine_config, check_kv_sharing, check_logits_processor, compiled_mode,
+                                    missing_rows_message, note_compiled_structure, split_at_run1)
 from juice.vllm.options import ENV_GEOMETRY, PluginHeads, head_slots, served_heads
 from juice.vllm.processor import BATCH
 
@@ -78,6 +86,20 @@ from juice.vllm.processor import BATCH
 
 class _CleanRunDone(Exception):
     """Raised by the last dual-run layer's hook: run 1 has what run 2 needs."""
+
+
+_STEERED: "weakref.WeakValueDictionary[str, SteerableMixin]" = weakref.WeakValueDictionary()
+"""This process's steered models, by their first dual-run layer's attention name (a name that
+is the same in every process, so a compiled graph cached on disk finds its model)."""
+
+
+def _clean_run_op(hidden: Tensor, residual: Tensor | None, positions: Tensor, clean: Tensor, model: str) -> None:
+    _STEERED[model].juice_run1(hidden, residual, positions, clean)
+
+
+torch.library.custom_op(CLEAN_RUN_OP, _clean_run_op, mutates_args=("clean",),
+                        schema="(Tensor hidden, Tensor? residual, Tensor positions, Tensor(a!) clean, str model) -> ()"
+                        ).register_fake(lambda hidden, residual, positions, clean, model: None)
 
 
 class _Pass:
@@ -88,7 +110,7 @@ class _Pass:
     def __init__(self, scaled: set[int], added: set[int], juice_rows: Tensor, starts: Tensor) -> None:
         self.scaled, self.added = scaled, added
         self.clean = False
-        self.bottom = False   # run 1's own pass through the layers below the dual run (compiled mode)
+        self.clean_out: Tensor | None = None   # where run 1 writes its head outputs (None: juice_clean)
         self.last_added = max(self.added) if self.added else -1
         self.juice_rows, self.starts = juice_rows, starts   # the JuICE requests' batch indices; query_start_loc
         self.tokens: Tensor | None = None   # the token rows run 1 computes (None: all of them)
@@ -166,8 +188,14 @@ class SteerableMixin:
                 arguments = dict(records[attention.attn.layer_name])
                 arguments["prefix"] = attention.attn.layer_name + "_clean"
                 attention.attn_clean = type(attention.attn)(**arguments)
+        if self.juice_dual is not None:   # run 1: a call (CLEAN_RUN_OP) at the first dual-run layer's input
+            layer = self.juice_layers[self.juice_dual[0]]
+            key = layer.self_attn.attn.layer_name
+            _STEERED[key] = self
+            layer.register_forward_pre_hook(self._juice_run1_hook(key))
         if self.juice_compiled:   # the compiled graph depends on the slots: key vLLM's compile cache by them
             note_compiled_structure(vllm_config, self.juice_geometry, self.juice_slots, self.juice_dual)
+            split_at_run1(vllm_config)
 
     def _juice_tables(self, vllm_config) -> None:
         """The persistent per-token tables the hooks read, filled in place before each forward
@@ -212,16 +240,15 @@ class SteerableMixin:
             if state is not None and state.clean:
                 if slots and layer in state.added:
                     h = x.view(x.shape[0], self.juice_local_heads, -1)
+                    clean = model.juice_clean if state.clean_out is None else state.clean_out
                     for slot, local in slots:
                         if state.tokens is None:
-                            model.juice_clean[: x.shape[0], slot].copy_(h[:, local])
+                            clean[: x.shape[0], slot].copy_(h[:, local])
                         else:   # run 1 on the JuICE requests' tokens only: back to their rows
-                            model.juice_clean[:, slot].index_copy_(0, state.tokens, h[:, local])
+                            clean[:, slot].index_copy_(0, state.tokens, h[:, local])
                 if layer == state.last_added:
                     raise _CleanRunDone
                 return None
-            if state is not None and state.bottom:
-                return None   # run 1 below the dual run: JuICE rows are not steered there
             if not compiled and (state is None or (layer not in state.scaled and layer not in state.added)):
                 return None   # eager: a layer no request steers is left alone
             # Run 2, branch-free over the batch (the tables hold 1 and 0 where a row is not steered):
@@ -300,25 +327,46 @@ class SteerableMixin:
         if state is None:
             return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
         self.juice_pass = state
-        try:
-            if not state.added:   # JuNE and pruning: one run
-                return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
-            if self.juice_compiled:   # run 1 eagerly, then vLLM's compiled forward as run 2
-                self._clean_run(input_ids, positions, inputs_embeds, state)
-                return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
-            return self._dual_run(input_ids, positions, inputs_embeds, state)
+        try:   # JuICE's run 1 runs inside, at the first dual-run layer's input (CLEAN_RUN_OP)
+            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
         finally:
             self.juice_pass = None
 
-    def _clean_run(self, input_ids, positions, inputs_embeds, state: _Pass, hidden: Tensor | None = None,
-                   residual: Tensor | None = None) -> None:
+    def _juice_run1_hook(self, key: str):
+        """The first dual-run layer's forward pre-hook: calls :data:`CLEAN_RUN_OP` with the
+        layer's input, so a compiled forward has run 1's call at that point (traced once, with no
+        branch on the batch: the op decides at run time whether the batch has JuICE rows)."""
+        model = self.model
+
+        def hook(module: nn.Module, args: tuple):
+            positions, hidden = args[0], args[1]
+            residual = args[2] if len(args) > 2 else None
+            torch.ops.juice.clean_run(hidden, residual, positions, model.juice_clean, key)
+            return None
+
+        return hook
+
+    def juice_run1(self, hidden: Tensor, residual: Tensor | None, positions: Tensor, clean: Tensor) -> None:
+        """:data:`CLEAN_RUN_OP`'s body: run 1 from the first dual-run layer's input of run 2
+        (the same for a JuICE row, which run 2 does not steer below it), writing the head
+        outputs JuICE adds into `clean` (the op's argument, `juice_clean` or the compiler's copy
+        of it); nothing when the forward has no JuICE row."""
+        state = self.juice_pass
+        if state is None or not state.added or state.clean:   # state.clean: run 1's own pass through the layer
+            return
+        state.clean_out = clean
+        try:
+            self._clean_run(positions, state, hidden, residual)
+        finally:
+            state.clean_out = None
+
+    def _clean_run(self, positions: Tensor, state: _Pass, hidden: Tensor, residual: Tensor | None) -> None:
         """Run 1 on the JuICE requests' tokens only (:meth:`_juice_sub_batch`; all tokens where the
-        attention backend's metadata cannot be sliced): from the first dual-run layer's input
-        `hidden`/`residual` (eager mode: run 2's, the same for a JuICE row), or, without it, from
-        the embedding through the layers below the dual run (vLLM's attention; a JuICE row is not
-        steered there, so the KV it writes is run 2's too); then the clean attention modules up to
-        the last layer this batch adds to, saving the head outputs JuICE adds (`juice_clean`). The
-        layer loop is vLLM's own (`embed_input_ids`, `layer(positions, hidden, residual)`)."""
+        attention backend's metadata cannot be sliced), from the first dual-run layer's input
+        `hidden`/`residual` `[tokens, hidden_size]` (run 2's, the same for a JuICE row): the clean
+        attention modules up to the last layer this batch adds to, saving the head outputs JuICE
+        adds (`juice_clean`). The layer loop is vLLM's own (`layer(positions, hidden, residual)`),
+        run eagerly; the inputs are not modified."""
         first, last = self.juice_dual
         if not state.added <= set(range(first, last + 1)):
             raise RuntimeError("juice: JuICE coefficients outside the dual-run layers")   # admission prevents it
@@ -330,22 +378,11 @@ class SteerableMixin:
             index = tokens.to(positions.device)
             state.tokens = tokens.to(self.model.juice_clean.device)
             positions = positions[..., index]
-            if hidden is not None:
-                hidden, residual = hidden[index], None if residual is None else residual[index]
-            elif inputs_embeds is not None:
-                inputs_embeds = inputs_embeds[index]
-            else:
-                input_ids = input_ids[index]
+            hidden, residual = hidden[index], None if residual is None else residual[index]
+        else:
+            hidden, residual = hidden.clone(), None if residual is None else residual.clone()
         swapped: list[nn.Module] = []
         try:
-            if hidden is None:
-                state.bottom = True
-                hidden = inputs_embeds if inputs_embeds is not None else self.model.embed_input_ids(input_ids)
-                for layer in self.juice_layers[:first]:
-                    hidden, residual = layer(positions, hidden, residual)
-                state.bottom = False
-            else:
-                hidden, residual = hidden.clone(), None if residual is None else residual.clone()
             for layer in self.juice_layers[first: state.last_added + 1]:
                 attention = layer.self_attn
                 attention._modules["attn"], attention._modules["attn_clean"] = attention.attn_clean, attention.attn
@@ -356,26 +393,11 @@ class SteerableMixin:
         except _CleanRunDone:
             pass
         finally:
-            state.clean = state.bottom = False
+            state.clean = False
             state.tokens = None
             context.attn_metadata, context.slot_mapping = saved
             for attention in swapped:
                 attention._modules["attn"], attention._modules["attn_clean"] = attention.attn_clean, attention.attn
-
-    def _dual_run(self, input_ids, positions, inputs_embeds, state: _Pass) -> Tensor:
-        """Eager mode: the layers below the first dual-run layer once (run 2's, which for a JuICE
-        row are run 1's too), run 1 from there (:meth:`_clean_run`), then run 2 on, and the final
-        fused norm."""
-        first = self.juice_dual[0]
-        hidden = inputs_embeds if inputs_embeds is not None else self.model.embed_input_ids(input_ids)
-        residual = None
-        for layer in self.juice_layers[:first]:
-            hidden, residual = layer(positions, hidden, residual)
-        self._clean_run(input_ids, positions, inputs_embeds, state, hidden, residual)
-        for layer in self.juice_layers[first:]:
-            hidden, residual = layer(positions, hidden, residual)
-        hidden, _ = self.model.norm(hidden, residual)
-        return hidden
 
     # --- run 1 on the JuICE requests' tokens ----------------------------------------------------
     def _juice_sub_batch(self, state: _Pass) -> tuple[Tensor, dict, dict] | None:
