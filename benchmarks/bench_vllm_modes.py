@@ -167,17 +167,28 @@ def main() -> None:
         rows = report["configs"].get(name, {}).get("rows", [])
         return next((r["tok_per_s"] for r in rows if r["batch"] == batch and r["mix"] == mix), None)
 
+    def runs(name: str, batch: int, mix: str) -> list[float]:
+        rows = report["configs"].get(name, {}).get("rows", [])
+        return next((r["runs"] for r in rows if r["batch"] == batch and r["mix"] == mix), [])
+
+    def spread(a: list[float], b: list[float]) -> list[float] | None:
+        """The ratio's run-to-run spread: the extremes of each side's runs paired (low: a's
+        slowest over b's fastest; high: a's fastest over b's slowest)."""
+        return [round(min(a) / max(b), 3), round(max(a) / min(b), 3)] if a and b else None
+
     ratios = []
     for batch in args.batches:
         for mode in ("eager", "compiled"):
             plugin, stock = f"plugin-{mode}", f"stock-{mode}"
-            pairs = [("original / stock", tps(plugin, batch, "original"), tps(stock, batch, "original"))]
+            pairs = [("original / stock", (plugin, "original"), (stock, "original"))]
             for mix in ("june", "juice", "mixed", "k4", "k16"):
-                pairs.append((f"{mix} / original", tps(plugin, batch, mix), tps(plugin, batch, "original")))
-            for label, a, b in pairs:
+                pairs.append((f"{mix} / original", (plugin, mix), (plugin, "original")))
+            for label, top, bottom in pairs:
+                a, b = tps(top[0], batch, top[1]), tps(bottom[0], batch, bottom[1])
                 if a is not None and b is not None:
                     bound = target(label, batch) if label in TARGETS else None
                     ratios.append({"batch": batch, "mode": mode, "ratio": label, "value": round(a / b, 3),
+                                   "spread": spread(runs(top[0], batch, top[1]), runs(bottom[0], batch, bottom[1])),
                                    "target": bound})
     for batch in args.batches:
         a, b = tps("stock-compiled", batch, "original"), tps("stock-eager", batch, "original")
@@ -193,13 +204,14 @@ def main() -> None:
             ratios.append({"batch": 8, "mode": "compiled", "ratio": f"shared prefix {mix}: time off / on",
                            "value": round(off[mix] / on[mix], 3), "target": 1.0})
     report["ratios"] = ratios
-    print("\n| batch | mode | ratio | value | target (vllm_targets.py) |\n|---|---|---|---|---|")
+    print("\n| batch | mode | ratio | value | spread (low-high) | target (vllm_targets.py) |\n|---|---|---|---|---|---|")
     for r in ratios:
         if "off / on" in r["ratio"]:
             mark = "> 1, met" if r["value"] > 1 else "> 1, missed"
         else:
             mark = "" if r["target"] is None else f">= {r['target']}, {'met' if r['value'] >= r['target'] else 'missed'}"
-        print(f"| {r['batch']} | {r['mode']} | {r['ratio']} | {r['value']:.3f} | {mark} |")
+        low_high = "" if not r.get("spread") else f"{r['spread'][0]:.3f}-{r['spread'][1]:.3f}"
+        print(f"| {r['batch']} | {r['mode']} | {r['ratio']} | {r['value']:.3f} | {low_high} | {mark} |")
     args.out.write_text(json.dumps(report, indent=1))
     print(f"wrote {args.out}")
 

@@ -10,6 +10,8 @@ there is none. The request-side checks of :mod:`juice.vllm.options` need no vLLM
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import shutil
@@ -574,26 +576,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory):
-    """`juice serve --engine vllm` on a tiny Llama with the request-protocol table's heads files,
-    in vLLM's default mode (compiled, prefix caching on): (base URL, lm, folder, files)."""
+@contextlib.contextmanager
+def juice_serve_vllm(tmp_path: Path, folder: str, files: list[str], *vllm_args: str):
+    """`juice serve --engine vllm` on `folder` with the heads `files` (and `--vllm-arg` for each
+    of `vllm_args`), up and healthy: its base URL."""
     import time
     import urllib.request
 
-    from request_protocol import write_heads_files
-
-    if VLLM_PYTHON is None:
-        pytest.skip("no vLLM environment (run scripts/install-vllm.sh, or set JUICE_VLLM_PYTHON)")
-    tmp_path = tmp_path_factory.mktemp("vllm-server")
-    lm, folder = tiny_llama_dir(tmp_path)
-    files = write_heads_files(tmp_path, lm.fingerprint())   # the protocol table's: JuNE tuned on parametric
     port = _free_port()
     log = open(tmp_path / "server.log", "w")
-    server = subprocess.Popen([sys.executable, "-m", "juice.apps.console", "serve", "--engine", "vllm", "--model",
-                               folder, "--heads", files[0], "--heads", files[1], "--port", str(port),
-                               "--max-total-tokens", "256"],
-                              stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    command = [sys.executable, "-m", "juice.apps.console", "serve", "--engine", "vllm", "--model", folder,
+               *[a for f in files for a in ("--heads", f)], "--port", str(port), "--max-total-tokens", "256",
+               *[f"--vllm-arg={a}" for a in vllm_args]]
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                              env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
     try:
         deadline = time.monotonic() + 600
         while True:
@@ -606,7 +602,7 @@ def vllm_server(tmp_path_factory):
             assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "vLLM did not come up in 600 s"
             time.sleep(2)
-        yield f"http://127.0.0.1:{port}", lm, folder, files
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.terminate()
         try:
@@ -614,6 +610,21 @@ def vllm_server(tmp_path_factory):
         except subprocess.TimeoutExpired:
             server.kill()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory):
+    """`juice serve --engine vllm` on a tiny Llama with the request-protocol table's heads files,
+    in vLLM's default mode (compiled, prefix caching on): (base URL, lm, folder, files)."""
+    from request_protocol import write_heads_files
+
+    if VLLM_PYTHON is None:
+        pytest.skip("no vLLM environment (run scripts/install-vllm.sh, or set JUICE_VLLM_PYTHON)")
+    tmp_path = tmp_path_factory.mktemp("vllm-server")
+    lm, folder = tiny_llama_dir(tmp_path)
+    files = write_heads_files(tmp_path, lm.fingerprint())   # the protocol table's: JuNE tuned on parametric
+    with juice_serve_vllm(tmp_path, folder, files) as base:
+        yield base, lm, folder, files
 
 
 @needs_vllm
@@ -667,6 +678,34 @@ def test_juice_serve_engine_vllm_answers_the_openai_client_with_per_request_stee
         assert answers(juice_base, folder, prompt) == table
     check_table(table)
     assert complete({"juice": asks[1]}).choices[0].token_ids == expected[1]   # still serving
+
+
+@needs_vllm
+def test_data_parallel_2_over_http_gives_the_same_tokens(tmp_path):
+    """`juice serve --engine vllm --vllm-arg=--data-parallel-size=2`: two engine cores, each with
+    its own steered model built from vLLM's config, behind one API server; every steering's
+    tokens, on each engine core (vLLM's `X-data-parallel-rank` header), equal juice's `generate`."""
+    import openai
+
+    lm, folder = tiny_llama_dir(tmp_path)
+    selections = {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}
+    files = [write_heads(tmp_path / f"{d}.json", lm.fingerprint(), d, s) for d, s in selections.items()]
+    prompt = token_ids(lm.tokenizer, "the capital of france is paris")
+    asks = [a for a in STEERINGS if a is None or a["method"] != "prune"]
+    expected = generate(lm, ["the capital of france is paris"], [Stream(0, _steering(lm, selections, a)) for a in asks],
+                        max_new_tokens=8).tokens.tolist()
+    with juice_serve_vllm(tmp_path, folder, files, "--data-parallel-size=2") as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+
+        def complete(ask, rank: int):
+            return client.completions.create(model=folder, prompt=prompt, max_tokens=8, temperature=0,
+                                             extra_headers={"X-data-parallel-rank": str(rank)},   # vLLM's routing
+                                             extra_body={"ignore_eos": True, "return_token_ids": True,
+                                                         **({"juice": ask} if ask else {})}).choices[0].token_ids
+
+        got = {rank: [complete(ask, rank) for ask in asks] for rank in (0, 1)}
+    assert len({tuple(t) for t in expected}) >= 4, "the steerings should change the tokens"
+    assert got == {0: expected, 1: expected}
 
 
 FUZZED = {"count": 0}

@@ -208,10 +208,13 @@ class SteerableMixin:
 
         A slot is a head of a heads file on this rank (:func:`head_slots`): only those heads can
         be added to. They are buffers of the compiled module (`self.model`), so torch.compile lifts
-        them as graph inputs rather than constants."""
+        them as graph inputs rather than constants. `max_tokens` is the largest forward vLLM runs:
+        `max_num_batched_tokens` or the largest CUDA graph capture size, rounded up to a multiple
+        of the tensor-parallel size (sequence parallelism's padding)."""
         scheduler = vllm_config.scheduler_config
         sizes = list(getattr(vllm_config.compilation_config, "cudagraph_capture_sizes", None) or [])
-        self.juice_max_tokens = max([int(scheduler.max_num_batched_tokens), *sizes])
+        tp = get_tensor_model_parallel_world_size()   # sequence parallelism pads a forward to a multiple of it
+        self.juice_max_tokens = -(-max([int(scheduler.max_num_batched_tokens), *sizes]) // tp) * tp
         device, dtype = self.juice_device_dtype()
         n, g = self.juice_max_tokens, self.juice_geometry
         head_dim = self.juice_layers[0].self_attn.o_proj.input_size // g.n_heads
