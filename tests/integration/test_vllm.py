@@ -694,7 +694,8 @@ def test_data_parallel_2_over_http_gives_the_same_tokens(tmp_path):
     asks = [a for a in STEERINGS if a is None or a["method"] != "prune"]
     expected = generate(lm, ["the capital of france is paris"], [Stream(0, _steering(lm, selections, a)) for a in asks],
                         max_new_tokens=8).tokens.tolist()
-    with juice_serve_vllm(tmp_path, folder, files, "--data-parallel-size=2") as base:
+    # eager: what is tested is that each engine core steers; compiling twice would double the start
+    with juice_serve_vllm(tmp_path, folder, files, "--data-parallel-size=2", "--enforce-eager") as base:
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
 
         def complete(ask, rank: int):
