@@ -11,7 +11,6 @@ there is none. The request-side checks of :mod:`juice.vllm.options` need no vLLM
 from __future__ import annotations
 
 import contextlib
-
 import json
 import os
 import shutil
