@@ -110,7 +110,7 @@ class _Pass:
     def __init__(self, scaled: set[int], added: set[int], juice_rows: Tensor, starts: Tensor) -> None:
         self.scaled, self.added = scaled, added
         self.clean = False
-        self.clean_out: Tensor | None = None   # where run 1 writes its head outputs (None: juice_clean)
+        self.clean_out: Tensor | None = None   # where run 1 writes its head outputs (the op's `clean`)
         self.last_added = max(self.added) if self.added else -1
         self.juice_rows, self.starts = juice_rows, starts   # the JuICE requests' batch indices; query_start_loc
         self.tokens: Tensor | None = None   # the token rows run 1 computes (None: all of them)
@@ -243,7 +243,7 @@ class SteerableMixin:
             if state is not None and state.clean:
                 if slots and layer in state.added:
                     h = x.view(x.shape[0], self.juice_local_heads, -1)
-                    clean = model.juice_clean if state.clean_out is None else state.clean_out
+                    clean = state.clean_out
                     for slot, local in slots:
                         if state.tokens is None:
                             clean[: x.shape[0], slot].copy_(h[:, local])
@@ -357,18 +357,15 @@ class SteerableMixin:
         state = self.juice_pass
         if state is None or not state.added or state.clean:   # state.clean: run 1's own pass through the layer
             return
-        state.clean_out = clean
-        try:
-            self._clean_run(positions, state, hidden, residual)
-        finally:
-            state.clean_out = None
+        self._clean_run(positions, state, hidden, residual, clean)
 
-    def _clean_run(self, positions: Tensor, state: _Pass, hidden: Tensor, residual: Tensor | None) -> None:
+    def _clean_run(self, positions: Tensor, state: _Pass, hidden: Tensor, residual: Tensor | None,
+                   clean: Tensor) -> None:
         """Run 1 on the JuICE requests' tokens only (:meth:`_juice_sub_batch`; all tokens where the
         attention backend's metadata cannot be sliced), from the first dual-run layer's input
         `hidden`/`residual` `[tokens, hidden_size]` (run 2's, the same for a JuICE row): the clean
         attention modules up to the last layer this batch adds to, saving the head outputs JuICE
-        adds (`juice_clean`). The layer loop is vLLM's own (`layer(positions, hidden, residual)`),
+        adds into `clean`. The layer loop is vLLM's own (`layer(positions, hidden, residual)`),
         run eagerly; the inputs are not modified."""
         first, last = self.juice_dual
         if not state.added <= set(range(first, last + 1)):
@@ -379,7 +376,7 @@ class SteerableMixin:
         if sub is not None:
             tokens, context.attn_metadata, context.slot_mapping = sub
             index = tokens.to(positions.device)
-            state.tokens = tokens.to(self.model.juice_clean.device)
+            state.tokens = tokens.to(clean.device)
             positions = positions[..., index]
             hidden, residual = hidden[index], None if residual is None else residual[index]
         else:
@@ -390,13 +387,13 @@ class SteerableMixin:
                 attention = layer.self_attn
                 attention._modules["attn"], attention._modules["attn_clean"] = attention.attn_clean, attention.attn
                 swapped.append(attention)
-            state.clean = True
+            state.clean, state.clean_out = True, clean
             for layer in self.juice_layers[first:]:
                 hidden, residual = layer(positions, hidden, residual)
         except _CleanRunDone:
             pass
         finally:
-            state.clean = False
+            state.clean, state.clean_out = False, None
             state.tokens = None
             context.attn_metadata, context.slot_mapping = saved
             for attention in swapped:
