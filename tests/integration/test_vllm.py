@@ -189,9 +189,7 @@ def test_the_middleware_refuses_what_juice_serve_refuses_before_vllm_coerces_it(
 def test_a_steered_request_gets_its_steerings_cache_salt_and_original_none(two_files):
     """Prefix caching (issue 36): the salt names the resolved steering, so equal steerings share
     cached blocks and different ones never do; Original keeps no salt (it shares with stock vLLM)."""
-    from juice.vllm.middleware import salted_body
-    from juice.vllm.options import (SALT_KEY, check_salt, offline_request, request_ask, request_cache_salt,
-                                    steering_salt)
+    from juice.vllm.options import offline_request, request_ask, request_cache_salt, steering_salt
 
     def salt(fields):
         return steering_salt(request_ask(fields, two_files), two_files)
@@ -204,21 +202,13 @@ def test_a_steered_request_gets_its_steerings_cache_salt_and_original_none(two_f
     assert len({salt(june), *others}) == 6 and all(s.startswith("juice-") and len(s) <= 128 for s in others)
     assert request_cache_salt(salt(june), None) == salt(june)
     assert request_cache_salt(salt(june), "tenant") not in (salt(june), request_cache_salt(salt(june), "other"))
-    prompt, extra = offline_request([1, 5, 6], june, server=two_files)
-    assert prompt == {"prompt_token_ids": [1, 5, 6], "cache_salt": salt(june)} and extra[SALT_KEY] == salt(june)
-    check_salt(extra, two_files)   # admitted
-    with pytest.raises(SteeringRequestError, match="needs its KV cache salt"):
-        check_salt({"juice": june}, two_files)
-    with pytest.raises(SteeringRequestError, match="needs its KV cache salt"):
-        check_salt({**extra, "juice": {**june, "beta_plus": 3.0}}, two_files)   # another steering's mark
-    check_salt(None, two_files)   # Original: no salt needed
+    assert offline_request([1, 5, 6], june, server=two_files) == ({"prompt_token_ids": [1, 5, 6]}, {"juice": june})
     assert offline_request("text", None, cache_salt="mine", server=two_files) == ({"prompt": "text",
                                                                                   "cache_salt": "mine"}, {})
-    body = salted_body({"prompt": "x", "cache_salt": "tenant", "vllm_xargs": {"juice_method": "prune"}}, salt(june))
-    assert body["cache_salt"] == request_cache_salt(salt(june), "tenant")
-    assert body["vllm_xargs"] == {"juice_method": "prune", SALT_KEY: salt(june)}
-    assert salted_body({"prompt": "x"}, None) == {"prompt": "x"}
-    assert request_fields({"juice_method": "june", SALT_KEY: "s"}) == {"method": "june"}   # not a steering field
+    with pytest.raises(SteeringRequestError, match="juice.method must be one of"):
+        offline_request("text", {"method": "jucie"}, server=two_files)
+    with pytest.raises(SteeringRequestError, match="unknown juice field 'cache_salt'"):
+        request_fields({"juice_method": "june", "juice_cache_salt": "s"})   # the old mark is no field
 
 
 # --- through vLLM --------------------------------------------------------------------------------
@@ -313,15 +303,13 @@ def test_vllm_tokens_equal_juice_generate_on_a_tiny_llama_mixed_and_alone(tmp_pa
     case = equality_case(lm, folder, tmp_path, prompts, {"parametric": PARAMETRIC, "contextual": CONTEXTUAL},
                          STEERINGS, max_tokens=12, llm=MODES[mode],
                          bad=[{"method": "jucie"}, {"method": "juice", "direction": "parametric", "beta_plus": 1e9},
-                              {"method": "prune", "heads": ["L1H1", "L9H0"]},
-                              {"method": "june", "direction": "parametric"}])
+                              {"method": "prune", "heads": ["L1H1", "L9H0"]}])
     assert case["mixed"] == case["expected"]
     assert case["alone"] == case["expected"]
     assert len({tuple(t) for t in case["expected"]}) >= 4, "the steerings should change the tokens"
     assert case["bad"][0] is not None and "juice.method must be one of" in case["bad"][0]
     assert case["bad"][1] is not None and "|beta| <= 100" in case["bad"][1]
     assert case["bad"][2] is not None and "head L9H0 is out of range" in case["bad"][2]
-    assert case["bad"][3] is not None and "needs its KV cache salt" in case["bad"][3]   # built without the helper
     assert case["after_bad"] == case["expected"][0]
 
 
@@ -408,7 +396,9 @@ def test_prefix_caching_reuses_a_block_only_for_the_steering_that_computed_it_an
     """One long shared prefix sent with Original, JuNE and JuICE in turn, then again, then mixed
     (vLLM's defaults: compiled, prefix caching on): each request's tokens equal juice's `generate`
     alone; vLLM's prefix cache counters show a hit for the later requests of each steering and
-    none for a steering's first (its salt keeps it off the others' blocks). Seeded sampling too."""
+    none for a steering's first (its salt keeps it off the others' blocks), whether the request
+    was built with `offline_request` or by hand (the salt is set in the engine core: a JuICE request
+    built by hand after Original never reuses Original's blocks). Seeded sampling too."""
     lm, folder = tiny_llama_dir(tmp_path)
     selections = {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}
     files = [write_heads(tmp_path / f"{d}.json", lm.fingerprint(), d, s) for d, s in selections.items()]
@@ -416,8 +406,10 @@ def test_prefix_caching_reuses_a_block_only_for_the_steering_that_computed_it_an
     tails = ["japan tokyo", "who wrote", "france is"]
     prompts = [f"{LONG} {LONG} {tail}" for tail in tails]
     order = [(p, s) for p in range(len(prompts)) for s in range(len(steerings))]   # prompt 0's four, then 1's, ...
-    requests = [{"prompt_token_ids": token_ids(lm.tokenizer, prompts[p]), "juice": steerings[s], "max_tokens": 8}
-                for p, s in order]
+    # half built by hand (a plain prompt, a steered request's extra_args: issue 46's reuse case), half with
+    # offline_request; juice's scheduler salts both the same way, so they share blocks with each other only
+    requests = [{"prompt_token_ids": token_ids(lm.tokenizer, prompts[p]), "juice": steerings[s], "max_tokens": 8,
+                 "plain": (p + s) % 2 == 1} for p, s in order]
     expected = generate(lm, prompts, [Stream(p, _steering(lm, selections, steerings[s])) for p, s in order],
                         max_new_tokens=8).tokens.tolist()
     assert len(requests[0]["prompt_token_ids"]) >= 70
@@ -505,6 +497,18 @@ def test_a_steered_vllm_without_the_logits_processor_stops_at_start_in_one_line(
     ask = {"prompt_token_ids": token_ids(lm.tokenizer, "japan tokyo spain"), "juice": None, "max_tokens": 2}
     log = run_vllm(folder, [ask], files, tmp_path, fails=True, llm={"logits_processors": []})
     assert "needs its logits processor, which carries each request's steering to the model" in log
+
+
+@needs_vllm
+def test_a_steered_vllm_with_prefix_caching_and_another_scheduler_stops_at_start_in_one_line(tmp_path):
+    """Issue 46, part 2: without juice's scheduler no steered request would get its KV cache salt."""
+    lm, folder = tiny_llama_dir(tmp_path)
+    files = [write_heads(tmp_path / "p.json", lm.fingerprint(), "parametric", PARAMETRIC)]
+    ask = {"prompt_token_ids": token_ids(lm.tokenizer, "japan tokyo spain"), "juice": None, "max_tokens": 2}
+    log = run_vllm(folder, [ask], files, tmp_path, fails=True,
+                   llm={"scheduler_cls": None, "enable_prefix_caching": True})
+    assert "with prefix caching needs juice's scheduler, which gives each steered request its steering's KV " \
+           "cache salt: start vLLM with --scheduler-cls juice.vllm.scheduler.salting_scheduler" in log
 
 
 @needs_vllm
@@ -663,6 +667,27 @@ def test_juice_serve_engine_vllm_answers_the_openai_client_with_per_request_stee
     assert again == expected[::-1]
     salted = complete({"juice": asks[2], "cache_salt": "tenant-a"}).choices[0].token_ids   # the client's own salt kept
     assert salted == expected[2]
+    # the reuse case over HTTP: a long prompt sent as Original, then as JuICE through vLLM's own
+    # `vllm_xargs` with no salt: the engine core salts it by its steering, so it reuses none of
+    # Original's blocks (whose clean layers run 1 never wrote); sent again, it reuses its own; an
+    # Original request that names JuICE's salt as its own is re-keyed and reuses none of JuICE's
+    from juice.vllm.options import request_ask, steering_salt
+
+    long_text = " ".join([LONG] * 4)   # 154 tokens: a full block at vLLM's CPU block sizes
+    long_prompt = token_ids(lm.tokenizer, long_text)
+    long_expected = generate(lm, [long_text], [Stream(0, _steering(lm, selections, a)) for a in (None, asks[2])],
+                             max_new_tokens=8).tokens.tolist()
+    server = plugin_heads({"JUICE_VLLM_HEADS": os.pathsep.join(files)})
+    juice_salt = steering_salt(request_ask(asks[2], server), server)
+    xargs = {"vllm_xargs": {f"juice_{k}": v for k, v in asks[2].items()}}
+    hits = [prefix_cache_hits(base)]
+    for extra, want in [({}, 0), (xargs, 1), (xargs, 1), ({"cache_salt": juice_salt}, 0)]:
+        got_long = client.completions.create(model=folder, prompt=long_prompt, max_tokens=8, temperature=0,
+                                             extra_body={"ignore_eos": True, "return_token_ids": True, **extra})
+        assert got_long.choices[0].token_ids == long_expected[want]
+        hits.append(prefix_cache_hits(base))
+    new_hits = [b - a for a, b in zip(hits, hits[1:])]
+    assert new_hits[1] == 0 and new_hits[2] >= 64 and new_hits[3] == 0, new_hits
     streamed = "".join(c.choices[0].text for c in complete({"juice": asks[2]}, stream=True))
     assert streamed == complete({"juice": asks[2]}).choices[0].text
     for bad, message in [({"vllm_xargs": {"juice_method": "june", "juice_direction": "sideways"}}, "direction"),
@@ -677,6 +702,16 @@ def test_juice_serve_engine_vllm_answers_the_openai_client_with_per_request_stee
         assert answers(juice_base, folder, prompt) == table
     check_table(table)
     assert complete({"juice": asks[1]}).choices[0].token_ids == expected[1]   # still serving
+
+
+def prefix_cache_hits(base: str) -> float:
+    """vLLM's prefix cache hits so far (tokens), from the server's Prometheus `/metrics`."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:prefix_cache_hits_total"))
 
 
 @needs_vllm
@@ -751,6 +786,9 @@ def test_the_launch_line_carries_the_plugins_requirements(tmp_path):
     for flag in ("--dtype", "juice.vllm.middleware.JuiceFieldMiddleware", "--tensor-parallel-size=2"):
         assert flag in command
     assert command[command.index("--logits-processors") + 1] == "juice.vllm.processor:JuiceSteeringProcessor"
+    assert command[command.index("--scheduler-cls") + 1] == "juice.vllm.scheduler.salting_scheduler"
+    own = server_command("p", "f", "n", host="h", port=1, extra=["--scheduler-cls=mine.Scheduler"])
+    assert own.count("--scheduler-cls") == 0 and "--scheduler-cls=mine.Scheduler" in own   # refused at start, not hidden
     assert "--enforce-eager" not in command and "--no-enable-prefix-caching" not in command   # vLLM's defaults
     assert "--dtype" not in server_command("p", "f", "n", host="h", port=1, extra=["--dtype=bfloat16"])
     assert "--compilation-config" not in command   # the CPU build captures no CUDA graph

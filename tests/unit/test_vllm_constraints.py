@@ -19,7 +19,8 @@ import pytest
 
 from juice.vllm.constraints import (CLEAN_RUN_OP, COMPILE_KEY, PROCESSOR_NAME, PluginConfigError,
                                     check_attention_backend, check_engine_config, check_kv_sharing,
-                                    check_logits_processor, metadata_fields, note_compiled_structure, split_at_run1)
+                                    check_logits_processor, check_scheduler, metadata_fields,
+                                    note_compiled_structure, split_at_run1)
 from juice.vllm.launch import find_vllm_python
 
 VLLM_PYTHON = find_vllm_python(required=False)
@@ -49,6 +50,27 @@ def test_a_steered_model_without_juices_logits_processor_is_refused_naming_the_f
     assert juice.vllm.LOGITS_PROCESSOR == PROCESSOR_NAME
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text(encoding="utf-8")
     assert "vllm.logits_processors" not in pyproject and "vllm.general_plugins" in pyproject
+
+
+def test_prefix_caching_without_juices_scheduler_is_refused_naming_the_flag():
+    """Issue 46, part 2: the steering's KV cache salt is set by juice's scheduler in the engine
+    core; with prefix caching on and another scheduler, a steered request would reuse KV another
+    steering computed, so the model refuses to start. Without prefix caching no salt is needed."""
+    import juice.vllm
+    from juice.vllm.scheduler import salting_scheduler
+
+    def config(prefix, scheduler):
+        return SimpleNamespace(cache_config=SimpleNamespace(enable_prefix_caching=prefix),
+                               scheduler_config=SimpleNamespace(scheduler_cls=scheduler))
+
+    check_scheduler(config(True, juice.vllm.SCHEDULER))
+    check_scheduler(config(True, salting_scheduler))   # the function itself, as LLM(scheduler_cls=...) may pass it
+    check_scheduler(config(False, None))
+    for other in (None, "vllm.v1.core.sched.scheduler.Scheduler", print):
+        with pytest.raises(PluginConfigError, match="--scheduler-cls juice.vllm.scheduler.salting_scheduler"):
+            check_scheduler(config(True, other))
+    assert juice.vllm.llm_options({})["scheduler_cls"] == juice.vllm.SCHEDULER
+    assert juice.vllm.SCHEDULER.rsplit(".", 1) == [salting_scheduler.__module__, salting_scheduler.__name__]
 
 
 def test_engine_configurations_that_would_mix_requests_steering_are_refused_naming_the_flag():

@@ -2,8 +2,9 @@
 JSON file through vLLM's offline `LLM` with juice's plugin, all in one batch ("mixed"), each alone,
 and, where the file asks, in turn ("sequence", one after another on one engine, for the prefix
 cache) and arriving while others decode ("arrivals": request i joins at engine step
-`arrive[i]`). Each request is built with `juice.vllm.offline_request` (its steering's KV cache
-salt). Usage: python run_offline.py IN.json OUT.json (the plugin's set-up comes from the
+`arrive[i]`). Each request is built with `juice.vllm.offline_request`, or by hand where it says
+`"plain"` (a plain prompt and `extra_args={"juice": ...}`: juice's scheduler salts both the same
+way). Usage: python run_offline.py IN.json OUT.json (the plugin's set-up comes from the
 environment: JUICE_VLLM_HEADS, JUICE_VLLM_DUAL_RUN; with "heads_in_config", the workers get it
 from vLLM's additional_config and find no heads file)."""
 
@@ -16,12 +17,10 @@ def main() -> None:
     spec = json.load(open(sys.argv[1]))
     from vllm import LLM, SamplingParams
 
-    from juice.vllm import offline_request
-
-    from juice.vllm import LOGITS_PROCESSOR
+    from juice.vllm import LOGITS_PROCESSOR, SCHEDULER, offline_request
 
     options = {"dtype": "float32", "enforce_eager": True, "enable_prefix_caching": False, "seed": 0,
-               "logits_processors": [LOGITS_PROCESSOR],
+               "logits_processors": [LOGITS_PROCESSOR], "scheduler_cls": SCHEDULER,
                "max_model_len": spec.get("max_model_len", 256), "max_num_seqs": spec.get("max_num_seqs", 32),
                "gpu_memory_utilization": 0.5, **spec.get("llm", {})}
     hidden = []
@@ -45,7 +44,10 @@ def main() -> None:
     load_s = time.perf_counter() - started
 
     def request(r):
-        prompt, extra = offline_request({"prompt_token_ids": r["prompt_token_ids"]}, r.get("juice"))
+        if r.get("plain"):
+            prompt, extra = {"prompt_token_ids": r["prompt_token_ids"]}, {"juice": r["juice"]} if r.get("juice") else {}
+        else:
+            prompt, extra = offline_request({"prompt_token_ids": r["prompt_token_ids"]}, r.get("juice"))
         sampling = {"temperature": 0.0, "ignore_eos": True, **r.get("sampling", {})}
         return prompt, SamplingParams(max_tokens=r["max_tokens"], extra_args=extra or None, **sampling)
 
@@ -69,7 +71,7 @@ def main() -> None:
         elif mode == "arrivals":
             out["arrivals"] = arrivals(llm, prompts, params, spec["arrive"])
     errors = []
-    for bad in spec.get("bad", []):   # sent as they are (no salt): vLLM's admission answers
+    for bad in spec.get("bad", []):   # sent as they are: vLLM's admission answers
         try:
             extra = {"juice": bad} if bad is not None else None
             llm.generate(prompts[:1], [SamplingParams(max_tokens=2, extra_args=extra)], use_tqdm=False)

@@ -8,7 +8,9 @@ processor :class:`juice.vllm.processor.JuiceSteeringProcessor`, which carries ea
 `juice` fields to the model and refuses bad ones at admission (HTTP 400), is loaded only where it
 is named (:data:`LOGITS_PROCESSOR`: `--logits-processors`, which `juice serve --engine vllm`
 passes, or :func:`llm_options` offline), so a vLLM without juice's heads runs no juice code; the
-steered model refuses to start without it. vLLM itself is not a dependency of juice's core:
+steered model refuses to start without it. With prefix caching, juice's scheduler
+(:data:`SCHEDULER`, :mod:`juice.vllm.scheduler`) gives each steered request its steering's KV
+cache salt in the engine core; the steered model refuses to start with prefix caching on without it. vLLM itself is not a dependency of juice's core:
 this package imports it only when vLLM loads it.
 README, "Serving at scale with vLLM".
 """
@@ -28,23 +30,29 @@ LOGITS_PROCESSOR = "juice.vllm.processor:JuiceSteeringProcessor"
 """The logits processor's fully qualified name, as vLLM's `--logits-processors` /
 `logits_processors=[...]` take it."""
 
+SCHEDULER = "juice.vllm.scheduler.salting_scheduler"
+"""juice's scheduler (:func:`juice.vllm.scheduler.salting_scheduler`) as vLLM's `--scheduler-cls` /
+`scheduler_cls=` take it: vLLM's own, which also sets each steered request's KV cache salt."""
+
 
 def llm_options(environ=None) -> dict:
     """The options juice's plugin needs in vLLM's offline `LLM(model, **llm_options(), ...)`: the
-    logits processor (:data:`LOGITS_PROCESSOR`) and the set-up the environment names in
-    `additional_config` (:func:`juice.vllm.options.config_entry`), read by every worker.
+    logits processor (:data:`LOGITS_PROCESSOR`), the scheduler that salts steered requests'
+    KV cache (:data:`SCHEDULER`) and the set-up the environment names in `additional_config`
+    (:func:`juice.vllm.options.config_entry`), read by every worker.
 
     Raises:
         ValueError: what :func:`juice.vllm.options.plugin_heads` refuses.
     """
     from juice.vllm.options import CONFIG_KEY, config_entry
 
-    return {"logits_processors": [LOGITS_PROCESSOR], "additional_config": {CONFIG_KEY: config_entry(environ)}}
+    return {"logits_processors": [LOGITS_PROCESSOR], "scheduler_cls": SCHEDULER,
+            "additional_config": {CONFIG_KEY: config_entry(environ)}}
 
 
 def offline_request(prompt, juice=None, *, cache_salt=None, server=None):
     """:func:`juice.vllm.options.offline_request`: a prompt and `extra_args` for vLLM's offline
-    `LLM.generate`, with the steering's KV cache salt."""
+    `LLM.generate`, the juice fields checked."""
     from juice.vllm.options import offline_request as make
 
     return make(prompt, juice, cache_salt=cache_salt, server=server)
@@ -68,4 +76,4 @@ def register() -> None:
         ModelRegistry.register_model(architecture, f"juice.vllm.models:{name}")
 
 
-__all__ = ["ARCHITECTURES", "LOGITS_PROCESSOR", "llm_options", "offline_request", "register"]
+__all__ = ["ARCHITECTURES", "LOGITS_PROCESSOR", "SCHEDULER", "llm_options", "offline_request", "register"]

@@ -24,6 +24,10 @@ one-line :class:`PluginConfigError` naming the flag, before any request is serve
 - juice's logits processor named in vLLM's `logits_processors` (`--logits-processors
   juice.vllm.processor:JuiceSteeringProcessor`): it carries each request's steering to the model;
   without it every request would be served unsteered;
+- with prefix caching on, juice's scheduler named in vLLM's `scheduler_cls` (`--scheduler-cls
+  juice.vllm.scheduler.salting_scheduler`): it sets each steered request's KV cache salt from its
+  steering (:mod:`juice.vllm.scheduler`); without it a steered request would reuse KV that
+  another steering, or Original, computed;
 - vLLM's V1 model runner, the one whose contract (the persistent batch the logits processor
   sees, the attention metadata the model reads) the plugin was built and tested against: Model
   Runner V2 (`VllmConfig.use_v2_model_runner`; vLLM picks it by default where Triton works, e.g.
@@ -40,7 +44,7 @@ import dataclasses
 import typing
 from typing import Any
 
-from juice.vllm import LOGITS_PROCESSOR
+from juice.vllm import LOGITS_PROCESSOR, SCHEDULER
 
 ROW_FIELD = "query_start_loc"
 """The attention metadata field the steered model reads each request's token rows from."""
@@ -108,6 +112,32 @@ def check_logits_processor(vllm_config: Any) -> None:
                                                                                                              name)):
             return
     raise PluginConfigError(PROCESSOR_MISSING)
+
+
+SCHEDULER_MISSING = ("juice's vLLM plugin with prefix caching needs juice's scheduler, which gives each steered "
+                     "request its steering's KV cache salt: start vLLM with --scheduler-cls "
+                     f"{SCHEDULER} (juice serve --engine vllm passes it; offline: LLM(..., **juice.vllm.llm_options())) "
+                     "or with --no-enable-prefix-caching")
+
+
+def check_scheduler(vllm_config: Any) -> None:
+    """Refuse a steered model whose engine caches prefixes without juice's scheduler (module docstring).
+
+    Args:
+        vllm_config: vLLM's `VllmConfig` (reads `cache_config.enable_prefix_caching` and
+            `scheduler_config.scheduler_cls`: the name :data:`juice.vllm.SCHEDULER` or the function).
+
+    Raises:
+        PluginConfigError: :data:`SCHEDULER_MISSING`.
+    """
+    if not getattr(vllm_config.cache_config, "enable_prefix_caching", False):
+        return
+    named = getattr(vllm_config.scheduler_config, "scheduler_cls", None)
+    if named == SCHEDULER or (callable(named) and (getattr(named, "__module__", None), getattr(named, "__qualname__",
+                                                                                               None))
+                              == tuple(SCHEDULER.rsplit(".", 1))):
+        return
+    raise PluginConfigError(SCHEDULER_MISSING)
 
 
 def full_cudagraph_mode(vllm_config: Any) -> str | None:

@@ -8,6 +8,7 @@ self-checked safetensors copy), checks the heads files before anything starts, a
     <vllm python> -m vllm.entrypoints.openai.api_server --model FOLDER --served-model-name NAME
         --middleware juice.vllm.middleware.JuiceFieldMiddleware
         --logits-processors juice.vllm.processor:JuiceSteeringProcessor
+        --scheduler-cls juice.vllm.scheduler.salting_scheduler
         --dtype float32 --additional-config '{"juice": ...}' ...
 
 with `JUICE_VLLM_HEADS` (and `JUICE_VLLM_DUAL_RUN`) in its environment, for the API server's
@@ -113,7 +114,7 @@ def server_command(python: str, folder: str, name: str, *, host: str, port: int,
     Raises:
         ValueError: `extra`'s `--additional-config` is not a JSON object.
     """
-    from juice.vllm import LOGITS_PROCESSOR
+    from juice.vllm import LOGITS_PROCESSOR, SCHEDULER
     from juice.vllm.options import CONFIG_KEY
 
     extra = list(extra)
@@ -122,6 +123,8 @@ def server_command(python: str, folder: str, name: str, *, host: str, port: int,
     command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--served-model-name", name,
                "--host", host, "--port", str(port), "--middleware", "juice.vllm.middleware.JuiceFieldMiddleware",
                "--logits-processors", LOGITS_PROCESSOR]
+    if not any(a.split("=")[0] == "--scheduler-cls" for a in extra):   # another is refused at start
+        command += ["--scheduler-cls", SCHEDULER]
     if max_model_len:
         command += ["--max-model-len", str(max_model_len)]
     if not any(a.startswith("--dtype") for a in extra):

@@ -11,14 +11,13 @@ of strings, numbers and lists. This middleware
    servers; vLLM's request model would have turned `true` into 1 before the plugin saw it;
 2. moves the `juice` object into `vllm_xargs` as `juice_method`, ... (:func:`juice.vllm.options.request_fields`
    reads both forms);
-3. gives a steered request its KV cache salt (`cache_salt`, combined with the client's own, and
-   the mark the plugin checks at admission: :func:`salted_body`), so that with prefix caching a
-   cached block serves only requests of the same steering; Original requests keep sharing theirs;
-4. adds the request's steering warning (untuned betas) to the response in the
+3. adds the request's steering warning (untuned betas) to the response in the
    :data:`juice.steering_request.WARNING_HEADER` header, as `juice serve` does.
 
 Bodies that are not JSON objects pass through unchanged (vLLM answers those). Loaded by vLLM's
-`--middleware juice.vllm.middleware.JuiceFieldMiddleware` (the launcher adds it).
+`--middleware juice.vllm.middleware.JuiceFieldMiddleware` (the launcher adds it). A steered
+request's KV cache salt is not set here but in the engine core, from the request's own steering
+(:mod:`juice.vllm.scheduler`), so a request that reaches vLLM by another way is salted too.
 """
 
 from __future__ import annotations
@@ -52,34 +51,17 @@ def check_body(body: dict[str, Any]) -> str | None:
     Raises:
         SteeringRequestError: the body's juice fields are wrong (the one-line message).
     """
-    return _ask(body)[0].warning
+    return _ask(body).warning
 
 
 def _ask(body: dict[str, Any]):
-    from juice.vllm.options import request_ask, request_fields, plugin_heads, steering_salt
+    from juice.vllm.options import plugin_heads, request_ask, request_fields
 
     xargs = body.get("vllm_xargs")
     extra = dict(xargs) if isinstance(xargs, dict) else {}
     if "juice" in body and body["juice"] is not None:
         extra["juice"] = body["juice"]
-    server = plugin_heads()
-    ask = request_ask(request_fields(extra), server)
-    return ask, steering_salt(ask, server)
-
-
-def salted_body(body: dict[str, Any], salt: str | None) -> dict[str, Any]:
-    """The body with its steering's KV cache salt (:func:`juice.vllm.options.steering_salt`):
-    `cache_salt` (combined with the client's own) and the mark in `vllm_xargs` the plugin checks
-    at admission. Unchanged for Original (no salt: it shares the cache with unsteered requests)."""
-    from juice.vllm.options import SALT_KEY, request_cache_salt
-
-    if salt is None:
-        return body
-    out = dict(body)
-    user = out.get("cache_salt")
-    out["cache_salt"] = request_cache_salt(salt, user if isinstance(user, str) else None)
-    out["vllm_xargs"] = {**(out.get("vllm_xargs") if isinstance(out.get("vllm_xargs"), dict) else {}), SALT_KEY: salt}
-    return out
+    return request_ask(request_fields(extra), plugin_heads())
 
 
 def error_body(message: str) -> bytes:
@@ -114,8 +96,7 @@ class JuiceFieldMiddleware:
         warning = None
         if isinstance(data, dict):
             try:
-                ask, salt = _ask(data)
-                warning = ask.warning
+                warning = _ask(data).warning
             except SteeringRequestError as err:
                 payload = error_body(str(err))
                 await send({"type": "http.response.start", "status": 400,
@@ -123,8 +104,8 @@ class JuiceFieldMiddleware:
                                         (b"content-length", str(len(payload)).encode())]})
                 await send({"type": "http.response.body", "body": payload})
                 return None
-            if "juice" in data or salt is not None:
-                body = json.dumps(salted_body(juice_field_to_xargs(data), salt)).encode()
+            if "juice" in data:
+                body = json.dumps(juice_field_to_xargs(data)).encode()
                 headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-length"]
                 scope = {**scope, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
         if warning is not None:
@@ -153,4 +134,4 @@ def _replay(messages: list[dict], receive):
     return replay
 
 
-__all__ = ["JuiceFieldMiddleware", "check_body", "juice_field_to_xargs", "salted_body"]
+__all__ = ["JuiceFieldMiddleware", "check_body", "juice_field_to_xargs"]

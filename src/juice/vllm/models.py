@@ -41,11 +41,11 @@ the Python that fills the tables and runs run 1: they are refused at start
 (:func:`juice.vllm.constraints.note_compiled_structure`). Measured on the CPU only (README,
 "Serving at scale with vLLM").
 
-Prefix caching (vLLM's default) is correct because every steered request carries its steering's
-`cache_salt` (:func:`juice.vllm.options.steering_salt`; juice's middleware adds it, offline
-callers use :func:`juice.vllm.options.offline_request`, and admission refuses a steered request
-without it): a cached block is reused only by requests whose steering computed the same KV, and
-a JuICE request's blocks hold the clean KV run 1 wrote for them. Original requests keep no salt
+Prefix caching (vLLM's default) is correct because every steered request is cached under its
+steering's `cache_salt` (:func:`juice.vllm.options.steering_salt`), which juice's scheduler sets
+in the engine core from the request's own fields (:mod:`juice.vllm.scheduler`; the model refuses
+to start with prefix caching on without it): a cached block is reused only by requests whose
+steering computed the same KV, and a JuICE request's blocks hold the clean KV run 1 wrote for them. Original requests keep no salt
 and share their blocks with every unsteered request.
 
 Constraints, checked when the model is built (one-line errors, :mod:`juice.vllm.constraints`):
@@ -77,8 +77,8 @@ from juice.architectures import config_geometry
 from juice.models import fingerprint_mismatch, weights_digest
 from juice.vllm import ARCHITECTURES
 from juice.vllm.constraints import (CLEAN_RUN_OP, ROW_FIELD, PluginConfigError, check_attention_backend,
-                                    check_engine_config, check_kv_sharing, check_logits_processor, compiled_mode,
-                                    missing_rows_message, note_compiled_structure, split_at_run1)
+                                    check_engine_config, check_kv_sharing, check_logits_processor, check_scheduler,
+                                    compiled_mode, missing_rows_message, note_compiled_structure, split_at_run1)
 from juice.vllm.options import ENV_GEOMETRY, PluginHeads, head_slots, served_heads
 from juice.vllm.processor import BATCH
 
@@ -151,6 +151,7 @@ class SteerableMixin:
         self.juice_plugin: PluginHeads = served_heads(vllm_config)
         check_engine_config(vllm_config)
         check_logits_processor(vllm_config)
+        check_scheduler(vllm_config)
         for layer in self.model.layers:
             check_attention_backend(layer.self_attn.attn.attn_backend)
             check_kv_sharing(layer.self_attn.attn, getattr(layer.self_attn.attn, "layer_name", ""))

@@ -278,20 +278,12 @@ def request_fields(extra_args: Mapping[str, Any] | None) -> dict[str, Any] | Non
     if "juice_invalid" in extra_args:   # the middleware's mark for a `juice` body field that is not an object
         raise SteeringRequestError(NOT_AN_OBJECT)
     for key, value in extra_args.items():
-        if key.startswith("juice_") and key != SALT_KEY:
+        if key.startswith("juice_"):
             fields[key[len("juice_"):]] = value
     unknown = sorted(set(fields) - set(FIELDS))
     if unknown:
         raise SteeringRequestError(f"unknown juice field {unknown[0]!r}; the fields are {', '.join(FIELDS)}")
     return fields if ("juice" in extra_args or fields) else None
-
-
-SALT_KEY = "juice_cache_salt"
-"""The `extra_args` key that carries a steered request's KV cache salt (:func:`steering_salt`)."""
-
-SALT_MISSING = ("a steered request needs its KV cache salt (with prefix caching, another steering's cached KV "
-                "would serve it): send it through juice's middleware (juice serve --engine vllm adds it), or build "
-                "it with juice.vllm.offline_request(prompt, juice)")
 
 
 def steering_salt(ask: SteeringAsk, server: PluginHeads) -> str | None:
@@ -312,36 +304,26 @@ def steering_salt(ask: SteeringAsk, server: PluginHeads) -> str | None:
 
 
 def request_cache_salt(salt: str, user_salt: str | None) -> str:
-    """The `cache_salt` a steered request is sent with: its steering's salt, combined with the
-    client's own salt where it sent one (both must match for a block to be reused)."""
+    """The `cache_salt` a steered request is cached under (set in the engine core,
+    :mod:`juice.vllm.scheduler`): its steering's salt, combined with the client's own salt where
+    it sent one (both must match for a block to be reused)."""
     if not user_salt:
         return salt
     return "juice-" + hashlib.sha256(f"{user_salt}|{salt}".encode()).hexdigest()[:32]
 
 
-def check_salt(extra_args: Mapping[str, Any] | None, server: PluginHeads) -> None:
-    """Refuse a steered request without its salt mark (`extra_args[SALT_KEY]` equal to
-    :func:`steering_salt`): the mark says its `cache_salt` was set by juice's middleware or
-    :func:`offline_request`. Original requests need none.
-
-    Raises:
-        SteeringRequestError: :data:`SALT_MISSING`, or what :func:`request_ask` refuses.
-    """
-    salt = steering_salt(request_ask(request_fields(extra_args), server), server)
-    if salt is not None and (extra_args or {}).get(SALT_KEY) != salt:
-        raise SteeringRequestError(SALT_MISSING)
-
-
 def offline_request(prompt: str | list[int] | Mapping[str, Any], juice: Mapping[str, Any] | None = None, *,
                     cache_salt: str | None = None, server: PluginHeads | None = None
                     ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A request for vLLM's offline `LLM.generate` with juice's steering: (the prompt, with the
-    steering's `cache_salt`; the `extra_args` for its `SamplingParams`).
+    """A request for vLLM's offline `LLM.generate` with juice's steering, its fields checked here:
+    (the prompt dict, with the caller's `cache_salt` where given; the `extra_args` for its
+    `SamplingParams`). The steering's KV cache salt is set in the engine core
+    (:mod:`juice.vllm.scheduler`), so a request built by hand is served the same way.
 
     Args:
         prompt: text, token ids, or a prompt dict (`{"prompt": ...}` / `{"prompt_token_ids": ...}`).
         juice: the request's juice fields (None: the server's default steering).
-        cache_salt: the caller's own salt, kept (combined with the steering's).
+        cache_salt: the caller's own salt (the engine combines it with the steering's).
         server: the plugin's set-up (default: from the environment, as vLLM's processes read it).
 
     Raises:
@@ -355,13 +337,9 @@ def offline_request(prompt: str | list[int] | Mapping[str, Any], juice: Mapping[
     else:
         out = {"prompt_token_ids": list(prompt)}
     extra: dict[str, Any] = {} if juice is None else {"juice": dict(juice)}
-    salt = steering_salt(request_ask(request_fields(extra or None), server), server)
-    user = cache_salt if cache_salt is not None else out.get("cache_salt")
-    if salt is not None:
-        extra[SALT_KEY] = salt
-        out["cache_salt"] = request_cache_salt(salt, user)
-    elif user:
-        out["cache_salt"] = user
+    request_ask(request_fields(extra or None), server)
+    if cache_salt is not None:
+        out["cache_salt"] = cache_salt
     return out, extra
 
 
@@ -419,7 +397,7 @@ def parse_request(fields: Mapping[str, Any] | None, server: PluginHeads, geometr
     return RequestSteering(ask.method, scale, add, ask.warning)
 
 
-__all__ = ["CONFIG_KEY", "SALT_KEY", "SALT_MISSING", "check_salt", "config_entry", "heads_document",
+__all__ = ["CONFIG_KEY", "config_entry", "heads_document",
            "plugin_enabled", "served_heads", "offline_request", "request_cache_salt", "steering_salt",
            "ENV_DEFAULT", "ENV_DUAL", "ENV_GEOMETRY", "ENV_HEADS", "ENV_ON", "RequestSteering", "PluginHeads",
            "SteeringRequestError", "head_slots", "parse_geometry", "parse_request", "read_heads_file", "request_ask",

@@ -18,8 +18,8 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 from juice.architectures import config_geometry
 from juice.vllm import ARCHITECTURES
 from juice.vllm.constraints import PluginConfigError
-from juice.vllm.options import (RequestSteering, SteeringRequestError, check_salt, parse_request, plugin_heads,
-                                request_fields, served_heads)
+from juice.vllm.options import (RequestSteering, SteeringRequestError, parse_request, plugin_heads,
+                                request_ask, request_fields, served_heads)
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +45,14 @@ class JuiceSteeringProcessor(LogitsProcessor):
     @classmethod
     def validate_params(cls, sampling_params) -> None:
         """Refuse a request whose juice fields are wrong (:func:`juice.vllm.options.request_ask`,
-        which :func:`~juice.vllm.options.parse_request` applies in the worker), or a steered request
-        without its KV cache salt (:func:`juice.vllm.options.check_salt`, which reads the fields first: vLLM's
-        prefix cache is on by default, and an unsalted steered request would reuse another steering's
-        KV; the processor cannot see the request's `cache_salt` itself, only the mark juice's
-        middleware and :func:`juice.vllm.options.offline_request` put beside it).
+        which :func:`~juice.vllm.options.parse_request` applies in the worker). Its KV cache salt
+        is set in the engine core from the same fields (:mod:`juice.vllm.scheduler`).
 
         Raises:
             ValueError: the one-line reason (vLLM answers HTTP 400 with it).
         """
         try:
-            check_salt(sampling_params.extra_args, plugin_heads())   # reads and checks the fields first
+            request_ask(request_fields(sampling_params.extra_args), plugin_heads())
         except SteeringRequestError as err:
             raise ValueError(str(err)) from None
 

@@ -1,0 +1,113 @@
+"""Each steered request's KV cache salt, set in vLLM's engine core from the request's own steering.
+
+vLLM's prefix cache keys a block by its tokens and its request's `cache_salt`. A steered
+request's KV is not the unmodified model's (JuNE and pruning change every layer above the
+first steered head; JuICE's blocks also hold the clean KV of the dual run), so a steered request
+must never reuse a block another steering, or Original, computed. The salt is therefore the
+steering's own (:func:`juice.vllm.options.steering_salt`, combined with the client's salt where it
+sent one), and it is set here, where the prefix cache reads it: the scheduler's `add_request`
+reads the request's `juice` fields from its `SamplingParams.extra_args`, resolves them against the
+served heads (the server's default steering included), sets `request.cache_salt` and recomputes
+the request's block hashes before vLLM looks anything up. A request cannot carry the wrong salt
+however it was built (offline with a plain prompt, over HTTP with `vllm_xargs`, a salt copied
+from another request): the salt is derived, never trusted.
+
+Original requests keep their client's salt (they share blocks with unsteered vLLM), except a
+client salt that starts with `juice-` (the prefix of every steering's salt), which is re-keyed
+so that no client can name a steered request's blocks.
+
+vLLM takes the scheduler as `--scheduler-cls` (:data:`juice.vllm.SCHEDULER`, a function that
+builds vLLM's own scheduler class with this `add_request`, synchronous or asynchronous as the
+engine's `async_scheduling` says); `juice serve --engine vllm` and :func:`juice.vllm.llm_options`
+pass it, and the steered model refuses to start with prefix caching on without it
+(:func:`juice.vllm.constraints.check_scheduler`). vLLM logs that a custom scheduler's interface is
+not public: the plugin relies on `Scheduler.add_request`, `Request.cache_salt`,
+`Request.block_hashes` and `Request.update_block_hashes` (vLLM 0.32).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from typing import Any
+
+from juice.steering_request import SteeringRequestError
+from juice.vllm.options import PluginHeads, request_ask, request_cache_salt, request_fields, steering_salt
+
+STEERING_SALT_PREFIX = "juice-"
+"""The prefix of every salt :func:`juice.vllm.options.steering_salt` and
+:func:`juice.vllm.options.request_cache_salt` make."""
+
+
+def effective_salt(extra_args: dict[str, Any] | None, client_salt: str | None, server: PluginHeads) -> str | None:
+    """The `cache_salt` a request is cached under: its steering's salt combined with the
+    client's (:func:`juice.vllm.options.request_cache_salt`) for a steered request; the client's
+    own for Original, re-keyed when it starts with :data:`STEERING_SALT_PREFIX` (module docstring).
+
+    Args:
+        extra_args: the request's `SamplingParams.extra_args` (its juice fields; None: the
+            server's default steering).
+        client_salt: the `cache_salt` the request arrived with.
+        server: the served heads (:func:`juice.vllm.options.served_heads`).
+
+    Raises:
+        SteeringRequestError: the fields are wrong (vLLM's admission refuses such a request before
+            it reaches the engine: :class:`juice.vllm.processor.JuiceSteeringProcessor`).
+    """
+    salt = steering_salt(request_ask(request_fields(extra_args), server), server)
+    if salt is not None:
+        return request_cache_salt(salt, client_salt)
+    if client_salt and client_salt.startswith(STEERING_SALT_PREFIX):
+        return "client-" + hashlib.sha256(client_salt.encode()).hexdigest()[:32]
+    return client_salt
+
+
+class SaltsSteeredRequests:
+    """The `add_request` juice's scheduler adds to vLLM's (module docstring). Mixed in before
+    vLLM's `Scheduler` or `AsyncScheduler` by :func:`salting_scheduler`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from juice.vllm.options import served_heads
+
+        super().__init__(*args, **kwargs)
+        self.juice_server = served_heads(kwargs["vllm_config"] if "vllm_config" in kwargs else args[0])
+
+    def add_request(self, request: Any) -> None:
+        if request.request_id not in self.requests:   # a new request, not a streaming session's next chunk
+            salt_request(request, self.juice_server)
+        super().add_request(request)
+
+
+def salt_request(request: Any, server: PluginHeads) -> None:
+    """Set a vLLM `Request`'s `cache_salt` to :func:`effective_salt` and recompute its block hashes
+    (vLLM hashed its blocks with the salt it arrived with). A request whose fields are wrong is
+    left as it is: vLLM's admission refused it already, and the steered model refuses it again."""
+    params = getattr(request, "sampling_params", None)
+    try:
+        salt = effective_salt(getattr(params, "extra_args", None), request.cache_salt, server)
+    except SteeringRequestError:
+        return
+    if salt != request.cache_salt:
+        request.cache_salt = salt
+        request.block_hashes.clear()
+        request.update_block_hashes()
+
+
+@functools.cache
+def _scheduler_class(asynchronous: bool) -> type:
+    if asynchronous:
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler as base
+    else:
+        from vllm.v1.core.sched.scheduler import Scheduler as base
+    return type(f"Juice{base.__name__}", (SaltsSteeredRequests, base), {"__module__": __name__})
+
+
+def salting_scheduler(*args: Any, **kwargs: Any) -> Any:
+    """vLLM's scheduler (`AsyncScheduler` when the engine schedules asynchronously, else
+    `Scheduler`) with :class:`SaltsSteeredRequests`' `add_request`; vLLM's engine core calls it
+    as it would call its scheduler class (its `--scheduler-cls`, :data:`juice.vllm.SCHEDULER`)."""
+    vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
+    return _scheduler_class(bool(vllm_config.scheduler_config.async_scheduling))(*args, **kwargs)
+
+
+__all__ = ["STEERING_SALT_PREFIX", "SaltsSteeredRequests", "effective_salt", "salt_request", "salting_scheduler"]
