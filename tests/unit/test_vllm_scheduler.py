@@ -15,8 +15,8 @@ import pytest
 from juice.interventions import Head, HeadSelection
 from juice.stage1.heads_file import HeadsArtifact, save_heads
 from juice.vllm.launch import find_vllm_python
-from juice.vllm.options import plugin_heads, request_ask, request_cache_salt, steering_salt
-from juice.vllm.scheduler import STEERING_SALT_PREFIX, SaltsSteeredRequests, effective_salt, salt_request
+from juice.vllm.options import SALT_PREFIX, plugin_heads, request_ask, request_cache_salt, steering_salt
+from juice.vllm.scheduler import SaltsSteeredRequests, effective_salt, salt_request
 
 VLLM_PYTHON = find_vllm_python(required=False)
 MODEL = {"name": "m", "model_type": "llama", "n_layers": 4, "n_heads": 4, "head_dim": 32}
@@ -75,7 +75,7 @@ def test_original_keeps_the_clients_salt_unless_it_could_name_a_steered_block(se
         salt_request(request, server)
         assert request.cache_salt == arrived and len(request.block_hashes) == 2
     copied = salt_of(JUICE, server)
-    assert copied.startswith(STEERING_SALT_PREFIX)
+    assert copied.startswith(SALT_PREFIX)
     request = FakeRequest(None, copied)   # an Original request trying a JuICE request's salt
     salt_request(request, server)
     assert request.cache_salt != copied and request.block_hashes[0] == ("block", 0, request.cache_salt)

@@ -10,8 +10,9 @@ is named (:data:`LOGITS_PROCESSOR`: `--logits-processors`, which `juice serve --
 passes, or :func:`llm_options` offline), so a vLLM without juice's heads runs no juice code; the
 steered model refuses to start without it. With prefix caching, juice's scheduler
 (:data:`SCHEDULER`, :mod:`juice.vllm.scheduler`) gives each steered request its steering's KV
-cache salt in the engine core; the steered model refuses to start with prefix caching on without it. vLLM itself is not a dependency of juice's core:
-this package imports it only when vLLM loads it.
+cache salt in the engine core; the steered model refuses to start with prefix caching on
+without it. vLLM itself is not a dependency of juice's core: this package imports it only when
+vLLM loads it.
 README, "Serving at scale with vLLM".
 """
 

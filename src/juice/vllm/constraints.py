@@ -133,9 +133,9 @@ def check_scheduler(vllm_config: Any) -> None:
     if not getattr(vllm_config.cache_config, "enable_prefix_caching", False):
         return
     named = getattr(vllm_config.scheduler_config, "scheduler_cls", None)
-    if named == SCHEDULER or (callable(named) and (getattr(named, "__module__", None), getattr(named, "__qualname__",
-                                                                                               None))
-                              == tuple(SCHEDULER.rsplit(".", 1))):
+    if callable(named):   # the function itself, as LLM(scheduler_cls=...) may pass it
+        named = f"{getattr(named, '__module__', '')}.{getattr(named, '__qualname__', '')}"
+    if named == SCHEDULER:
         return
     raise PluginConfigError(SCHEDULER_MISSING)
 

@@ -286,6 +286,10 @@ def request_fields(extra_args: Mapping[str, Any] | None) -> dict[str, Any] | Non
     return fields if ("juice" in extra_args or fields) else None
 
 
+SALT_PREFIX = "juice-"
+"""The prefix of every salt :func:`steering_salt` and :func:`request_cache_salt` make."""
+
+
 def steering_salt(ask: SteeringAsk, server: PluginHeads) -> str | None:
     """The KV cache salt of a steering: None for Original (its KV is the unmodified model's, shared
     with every unsteered request), else `juice-` and 32 hex digits of a hash of the resolved
@@ -300,7 +304,7 @@ def steering_salt(ask: SteeringAsk, server: PluginHeads) -> str | None:
            "files": {d: f.get("weights_sha256_16") for d, f in sorted((server.fingerprints or {}).items())},
            "selections": {d: [[str(h) for h in s.positive], [str(h) for h in s.negative]]
                           for d, s in sorted(server.selections.items())}}
-    return "juice-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    return SALT_PREFIX + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def request_cache_salt(salt: str, user_salt: str | None) -> str:
@@ -309,7 +313,7 @@ def request_cache_salt(salt: str, user_salt: str | None) -> str:
     it sent one (both must match for a block to be reused)."""
     if not user_salt:
         return salt
-    return "juice-" + hashlib.sha256(f"{user_salt}|{salt}".encode()).hexdigest()[:32]
+    return SALT_PREFIX + hashlib.sha256(f"{user_salt}|{salt}".encode()).hexdigest()[:32]
 
 
 def offline_request(prompt: str | list[int] | Mapping[str, Any], juice: Mapping[str, Any] | None = None, *,
@@ -397,7 +401,7 @@ def parse_request(fields: Mapping[str, Any] | None, server: PluginHeads, geometr
     return RequestSteering(ask.method, scale, add, ask.warning)
 
 
-__all__ = ["CONFIG_KEY", "config_entry", "heads_document",
+__all__ = ["CONFIG_KEY", "SALT_PREFIX", "config_entry", "heads_document",
            "plugin_enabled", "served_heads", "offline_request", "request_cache_salt", "steering_salt",
            "ENV_DEFAULT", "ENV_DUAL", "ENV_GEOMETRY", "ENV_HEADS", "ENV_ON", "RequestSteering", "PluginHeads",
            "SteeringRequestError", "head_slots", "parse_geometry", "parse_request", "read_heads_file", "request_ask",

@@ -32,17 +32,14 @@ import hashlib
 from typing import Any
 
 from juice.steering_request import SteeringRequestError
-from juice.vllm.options import PluginHeads, request_ask, request_cache_salt, request_fields, steering_salt
-
-STEERING_SALT_PREFIX = "juice-"
-"""The prefix of every salt :func:`juice.vllm.options.steering_salt` and
-:func:`juice.vllm.options.request_cache_salt` make."""
+from juice.vllm.options import (SALT_PREFIX, PluginHeads, request_ask, request_cache_salt, request_fields,
+                                steering_salt)
 
 
 def effective_salt(extra_args: dict[str, Any] | None, client_salt: str | None, server: PluginHeads) -> str | None:
     """The `cache_salt` a request is cached under: its steering's salt combined with the
     client's (:func:`juice.vllm.options.request_cache_salt`) for a steered request; the client's
-    own for Original, re-keyed when it starts with :data:`STEERING_SALT_PREFIX` (module docstring).
+    own for Original, re-keyed when it starts with :data:`juice.vllm.options.SALT_PREFIX` (module docstring).
 
     Args:
         extra_args: the request's `SamplingParams.extra_args` (its juice fields; None: the
@@ -57,7 +54,7 @@ def effective_salt(extra_args: dict[str, Any] | None, client_salt: str | None, s
     salt = steering_salt(request_ask(request_fields(extra_args), server), server)
     if salt is not None:
         return request_cache_salt(salt, client_salt)
-    if client_salt and client_salt.startswith(STEERING_SALT_PREFIX):
+    if client_salt and client_salt.startswith(SALT_PREFIX):
         return "client-" + hashlib.sha256(client_salt.encode()).hexdigest()[:32]
     return client_salt
 
@@ -110,4 +107,4 @@ def salting_scheduler(*args: Any, **kwargs: Any) -> Any:
     return _scheduler_class(bool(vllm_config.scheduler_config.async_scheduling))(*args, **kwargs)
 
 
-__all__ = ["STEERING_SALT_PREFIX", "SaltsSteeredRequests", "effective_salt", "salt_request", "salting_scheduler"]
+__all__ = ["SaltsSteeredRequests", "effective_salt", "salt_request", "salting_scheduler"]
