@@ -116,8 +116,8 @@ def check_logits_processor(vllm_config: Any) -> None:
 
 SCHEDULER_MISSING = ("juice's vLLM plugin with prefix caching needs juice's scheduler, which gives each steered "
                      "request its steering's KV cache salt: start vLLM with --scheduler-cls "
-                     f"{SCHEDULER} (juice serve --engine vllm passes it; offline: LLM(..., **juice.vllm.llm_options())) "
-                     "or with --no-enable-prefix-caching")
+                     f"{SCHEDULER} (juice serve --engine vllm passes it; offline: "
+                     "LLM(..., **juice.vllm.llm_options())) or with --no-enable-prefix-caching")
 
 
 def check_scheduler(vllm_config: Any) -> None:

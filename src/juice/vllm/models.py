@@ -45,8 +45,9 @@ Prefix caching (vLLM's default) is correct because every steered request is cach
 steering's `cache_salt` (:func:`juice.vllm.options.steering_salt`), which juice's scheduler sets
 in the engine core from the request's own fields (:mod:`juice.vllm.scheduler`; the model refuses
 to start with prefix caching on without it): a cached block is reused only by requests whose
-steering computed the same KV, and a JuICE request's blocks hold the clean KV run 1 wrote for them. Original requests keep no salt
-and share their blocks with every unsteered request.
+steering computed the same KV, and a JuICE request's blocks hold the clean KV run 1 wrote for
+them. Original requests keep the client's salt (or none) and share their blocks with every
+unsteered request.
 
 Constraints, checked when the model is built (one-line errors, :mod:`juice.vllm.constraints`):
 no dual-batch overlap or micro-batching (a micro-batch's `query_start_loc` counts its requests

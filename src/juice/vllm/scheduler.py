@@ -33,13 +33,14 @@ from typing import Any
 
 from juice.steering_request import SteeringRequestError
 from juice.vllm.options import (SALT_PREFIX, PluginHeads, request_ask, request_cache_salt, request_fields,
-                                steering_salt)
+                                served_heads, steering_salt)
 
 
 def effective_salt(extra_args: dict[str, Any] | None, client_salt: str | None, server: PluginHeads) -> str | None:
     """The `cache_salt` a request is cached under: its steering's salt combined with the
     client's (:func:`juice.vllm.options.request_cache_salt`) for a steered request; the client's
-    own for Original, re-keyed when it starts with :data:`juice.vllm.options.SALT_PREFIX` (module docstring).
+    own for Original, re-keyed when it starts with :data:`juice.vllm.options.SALT_PREFIX`
+    (module docstring).
 
     Args:
         extra_args: the request's `SamplingParams.extra_args` (its juice fields; None: the
@@ -64,10 +65,8 @@ class SaltsSteeredRequests:
     vLLM's `Scheduler` or `AsyncScheduler` by :func:`salting_scheduler`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        from juice.vllm.options import served_heads
-
         super().__init__(*args, **kwargs)
-        self.juice_server = served_heads(kwargs["vllm_config"] if "vllm_config" in kwargs else args[0])
+        self.juice_server = served_heads(_vllm_config(args, kwargs))
 
     def add_request(self, request: Any) -> None:
         if request.request_id not in self.requests:   # a new request, not a streaming session's next chunk
@@ -103,8 +102,13 @@ def salting_scheduler(*args: Any, **kwargs: Any) -> Any:
     """vLLM's scheduler (`AsyncScheduler` when the engine schedules asynchronously, else
     `Scheduler`) with :class:`SaltsSteeredRequests`' `add_request`; vLLM's engine core calls it
     as it would call its scheduler class (its `--scheduler-cls`, :data:`juice.vllm.SCHEDULER`)."""
-    vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
-    return _scheduler_class(bool(vllm_config.scheduler_config.async_scheduling))(*args, **kwargs)
+    asynchronous = bool(_vllm_config(args, kwargs).scheduler_config.async_scheduling)
+    return _scheduler_class(asynchronous)(*args, **kwargs)
+
+
+def _vllm_config(args: tuple, kwargs: dict) -> Any:
+    """The `vllm_config` of vLLM's scheduler constructor call (a keyword, or the first argument)."""
+    return kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
 
 
 __all__ = ["SaltsSteeredRequests", "effective_salt", "salt_request", "salting_scheduler"]
