@@ -117,6 +117,14 @@ class _Pass:
         self.tokens: Tensor | None = None   # the token rows run 1 computes (None: all of them)
 
 
+def _to_device(host: Tensor, device: torch.device, dtype: torch.dtype | None = None) -> Tensor:
+    """`host` copied to `device` without the host waiting for it (pinned first on a GPU, so the
+    copy is asynchronous and its memory is kept until the copy is done)."""
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, dtype, non_blocking=True)
+
+
 def _record_attention_arguments() -> tuple[dict[str, dict], Callable[[], None]]:
     """Patch `Attention.__init__` to record each module's arguments by prefix; returns the
     records and the function that undoes the patch."""
@@ -270,7 +278,14 @@ class SteerableMixin:
 
     # --- per-forward tables ----------------------------------------------------------------------
     def _juice_plan(self, n_tokens: int) -> _Pass | None:
-        """Fill the tables for this forward's tokens; the layers it steers, or None (nothing)."""
+        """Fill the tables for this forward's tokens; the layers it steers, or None (nothing).
+
+        No value is read back from the device: the coefficients are built on the host per request
+        (from :data:`juice.vllm.processor.BATCH`, with one more row, not steering, for padding
+        tokens), copied to the device without waiting, and spread over the tokens there, each
+        token taking the row of the request whose `query_start_loc` range holds it
+        (`searchsorted`). So a step whose batch needs no sub-batch for run 1 makes no host
+        synchronisation on a GPU (issue 46, part 7); :meth:`_juice_sub_batch` makes one."""
         if n_tokens > self.juice_max_tokens:
             raise RuntimeError(f"juice: a forward of {n_tokens} tokens, more than the tables' "
                                f"{self.juice_max_tokens} (max_num_batched_tokens)")
@@ -286,11 +301,10 @@ class SteerableMixin:
         first = next(iter(metadata.values()))
         if not hasattr(first, ROW_FIELD):   # a backend whose metadata check_attention_backend could not read
             raise PluginConfigError(missing_rows_message(type(first).__name__))
-        starts = first.query_start_loc.to("cpu")
-        counts = starts.diff()
-        n_requests = counts.shape[0]
+        starts = first.query_start_loc   # [requests + 1], on the model's device
+        n_requests = starts.shape[0] - 1
         g = self.juice_geometry
-        scale = torch.zeros(n_requests, g.n_layers, g.n_heads)
+        scale = torch.zeros(n_requests + 1, g.n_layers, g.n_heads)   # the last row: tokens of no request
         add = torch.zeros_like(scale)
         for index, steering in BATCH.rows.items():
             if index < n_requests:
@@ -301,17 +315,17 @@ class SteerableMixin:
         if not (scaled or added):
             self._juice_reset()
             return None
-        actual = int(starts[-1])
-        local = self.juice_head_slice
         model = self.model
-        factor = (1 + scale[:, :, local]).repeat_interleave(counts, dim=0)[:, :, :, None]
-        self._juice_reset(upto=max(self.juice_dirty, n_tokens))
-        model.juice_factor[:actual].copy_(factor)
+        device, dtype = model.juice_factor.device, model.juice_factor.dtype
+        tokens = torch.arange(n_tokens, device=starts.device, dtype=starts.dtype)
+        owner = torch.searchsorted(starts[1:], tokens, right=True).to(device)   # n_requests: padding
+        local = self.juice_head_slice
+        model.juice_factor[:n_tokens].copy_(_to_device(1 + scale[:, :, local], device, dtype)[owner][..., None])
         if self.juice_slots:
             rows = torch.stack([add[:, layer, local.start + head] for layer, head in self.juice_slots], dim=1)
-            model.juice_add[:actual].copy_(rows.repeat_interleave(counts, dim=0)[:, :, None])
-        self.juice_dirty = actual
-        juice_rows = torch.nonzero(add.ne(0).flatten(1).any(1)).flatten()
+            model.juice_add[:n_tokens].copy_(_to_device(rows, device, dtype)[owner][..., None])
+        self.juice_dirty = max(self.juice_dirty, n_tokens)
+        juice_rows = torch.nonzero(add[:n_requests].ne(0).flatten(1).any(1)).flatten()
         return _Pass(scaled, added, juice_rows, starts)
 
     def _juice_reset(self, upto: int | None = None) -> None:
@@ -377,10 +391,9 @@ class SteerableMixin:
         saved = context.attn_metadata, context.slot_mapping
         if sub is not None:
             tokens, context.attn_metadata, context.slot_mapping = sub
-            index = tokens.to(positions.device)
             state.tokens = tokens.to(clean.device)
-            positions = positions[..., index]
-            hidden, residual = hidden[index], None if residual is None else residual[index]
+            positions = positions[..., tokens.to(positions.device)]
+            hidden, residual = hidden[tokens], None if residual is None else residual[tokens]
         else:
             hidden, residual = hidden.clone(), None if residual is None else residual.clone()
         swapped: list[nn.Module] = []
@@ -403,19 +416,23 @@ class SteerableMixin:
 
     # --- run 1 on the JuICE requests' tokens ----------------------------------------------------
     def _juice_sub_batch(self, state: _Pass) -> tuple[Tensor, dict, dict] | None:
-        """The token rows of the batch's JuICE requests, and the forward context's attention
-        metadata and slot mappings for them alone (each KV cache group's metadata rebuilt by its
-        backend's own builder from the sliced common metadata), so that run 1 costs in proportion
-        to the JuICE share of a mixed batch. None (run 1 on every row, as correct and slower)
-        when every request is JuICE, or the backend's metadata lacks a field this reads."""
-        rows, starts = state.juice_rows, state.starts
-        if rows.numel() == starts.numel() - 1:
+        """The token rows of the batch's JuICE requests (on the model's device), and the forward
+        context's attention metadata and slot mappings for them alone (each KV cache group's
+        metadata rebuilt by its backend's own builder from the sliced common metadata), so that
+        run 1 costs in proportion to the JuICE share of a mixed batch. None (run 1 on every row, as
+        correct and slower) when every request is JuICE, or the backend's metadata lacks a field
+        this reads. The sub-batch's size depends on `query_start_loc`, so this reads it to the host:
+        one host synchronisation on a GPU, for steps that mix JuICE with other requests only."""
+        rows = state.juice_rows
+        if rows.numel() == state.starts.numel() - 1:
             return None
         context = get_forward_context()
         metadata, slots = context.attn_metadata, context.slot_mapping
         if not isinstance(metadata, dict) or not isinstance(slots, dict):
             return None
-        tokens = torch.cat([torch.arange(int(starts[i]), int(starts[i + 1])) for i in rows.tolist()])
+        starts = state.starts.to("cpu")
+        host = torch.cat([torch.arange(int(starts[i]), int(starts[i + 1])) for i in rows.tolist()])
+        tokens = _to_device(host, state.starts.device)
         built: dict[int, object] = {}
         sub_metadata = {}
         for name, meta in metadata.items():
@@ -429,6 +446,11 @@ class SteerableMixin:
         return tokens, sub_metadata, sub_slots
 
     def _juice_slice_metadata(self, group: list[str], meta, rows: Tensor, starts: Tensor, tokens: Tensor):
+        """One KV cache group's attention metadata for the JuICE requests `rows` (host batch
+        indices) alone, `starts` being the batch's `query_start_loc` on the host and `tokens`
+        their token rows on the device. The longest sequence is the batch's (`max_seq_len`, an
+        upper bound the backends take as one) where the metadata has it, so nothing more is read
+        from the device."""
         from vllm.v1.attention.backend import CommonAttentionMetadata
 
         table = getattr(meta, "block_table", None)
@@ -447,14 +469,17 @@ class SteerableMixin:
             self.juice_builders[key] = builder
         device = meta.query_start_loc.device
         counts = starts.diff()[rows]
-        starts_cpu = torch.zeros(rows.numel() + 1, dtype=meta.query_start_loc.dtype)
-        starts_cpu[1:] = counts.cumsum(0)
-        seq_lens = meta.seq_lens[rows.to(meta.seq_lens.device)]
+        starts_host = torch.zeros(rows.numel() + 1, dtype=meta.query_start_loc.dtype)
+        starts_host[1:] = counts.cumsum(0)
+        index = _to_device(rows, device)
+        seq_lens = meta.seq_lens[index.to(meta.seq_lens.device)]
+        longest = getattr(meta, "max_seq_len", None)
         causal = getattr(meta, "causal", True)
         common = CommonAttentionMetadata(
-            query_start_loc=starts_cpu.to(device), query_start_loc_cpu=starts_cpu, seq_lens=seq_lens,
-            num_reqs=int(rows.numel()), num_actual_tokens=int(starts_cpu[-1]), max_query_len=int(counts.max()),
-            max_seq_len=int(seq_lens.max()), block_table_tensor=table[rows.to(table.device)],
+            query_start_loc=_to_device(starts_host, device), query_start_loc_cpu=starts_host, seq_lens=seq_lens,
+            num_reqs=int(rows.numel()), num_actual_tokens=int(starts_host[-1]), max_query_len=int(counts.max()),
+            max_seq_len=int(seq_lens.max()) if longest is None else int(longest),
+            block_table_tensor=table[index.to(table.device)],
             slot_mapping=meta.slot_mapping[tokens.to(meta.slot_mapping.device)],
             causal=causal if isinstance(causal, bool) else True)
         return builder.build(0, common)
