@@ -285,7 +285,7 @@ class SteerableMixin:
         tokens), copied to the device without waiting, and spread over the tokens there, each
         token taking the row of the request whose `query_start_loc` range holds it
         (`searchsorted`). So a step whose batch needs no sub-batch for run 1 makes no host
-        synchronisation on a GPU (issue 46, part 7); :meth:`_juice_sub_batch` makes one."""
+        synchronisation on a GPU; :meth:`_juice_sub_batch` makes one."""
         if n_tokens > self.juice_max_tokens:
             raise RuntimeError(f"juice: a forward of {n_tokens} tokens, more than the tables' "
                                f"{self.juice_max_tokens} (max_num_batched_tokens)")
