@@ -104,14 +104,16 @@ def tiny_device() -> torch.device:
 TIERS = ("unit", "integration", "slow")
 """The test folders, each its tier's marker: `unit` (no model: `pytest -m unit`, seconds),
 `integration` (tiny random models: `pytest -m "not slow"`, minutes), `slow` (the embedded models,
-vLLM); a test marked `slow` (or `integration`) in a faster folder keeps its own marker."""
+vLLM); a test marked `slow` (or `integration`) in a faster folder keeps its own marker. A test
+marked `long` (minutes each: exhaustive matrices, exact Stage 1 on a real model) is also `slow`
+and is left out of `pytest` unless asked for (`pytest -m long`; pyproject's addopts)."""
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tiers, as TransformerLens has them, by folder (:data:`TIERS`); `pytest` runs them all
-    (the README's test command)."""
+    """Tiers, as TransformerLens has them, by folder (:data:`TIERS`); `pytest` runs them all but
+    the `long` tests (the README's test command, CI)."""
     for item in items:
-        if item.get_closest_marker("vllm") is not None:
+        if item.get_closest_marker("vllm") is not None or item.get_closest_marker("long") is not None:
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("slow") is not None or item.get_closest_marker("integration") is not None:
             continue

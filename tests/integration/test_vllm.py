@@ -313,9 +313,18 @@ def test_vllm_tokens_equal_juice_generate_on_a_tiny_llama_mixed_and_alone(tmp_pa
     assert case["after_bad"] == case["expected"][0]
 
 
+ARCHITECTURE_MODES = [pytest.param(mode, model_type, marks=() if (mode == "compiled") == compiled else pytest.mark.long)
+                      for model_type, compiled in [("qwen2", False), ("gemma2", True), ("qwen3", True),
+                                                   ("mistral", False), ("phi3", True)]
+                      for mode in MODES]
+"""Every registered architecture in both modes; the README's tests (CI) run each once, in vLLM's
+default compiled mode where its attention differs from Llama's (gemma2: sliding window and
+soft-capping; qwen3: query/key norms; phi3: fused projections) and eagerly where it does not
+(qwen2, mistral); the other half is `long` (pytest -m long)."""
+
+
 @needs_vllm
-@pytest.mark.parametrize("model_type", ["qwen2", "gemma2", "qwen3", "mistral", "phi3"])
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("mode, model_type", ARCHITECTURE_MODES)
 def test_vllm_tokens_equal_juice_generate_on_the_other_registered_architectures(tmp_path, model_type, mode):
     lm, folder = tiny_llama_dir(tmp_path, model_type)
     case = equality_case(lm, folder, tmp_path, ["the capital of france is paris", "who wrote the book ? answer :"],
@@ -517,12 +526,14 @@ def test_the_plugin_without_heads_files_needs_the_geometry_and_says_its_value(tm
     prompt = "japan tokyo spain"
     ask = {"prompt_token_ids": token_ids(lm.tokenizer, prompt), "juice": {"method": "prune", "heads": ["L1H1"]},
            "max_tokens": 6}
-    log = run_vllm(folder, [ask], [], tmp_path, fails=True, env={"JUICE_VLLM": "1"})
+    eager = MODES["eager"]   # the geometry is read before the model is built; compiling adds nothing here
+    log = run_vllm(folder, [ask], [], tmp_path, fails=True, env={"JUICE_VLLM": "1"}, llm=eager)
     assert "without heads files needs JUICE_VLLM_GEOMETRY=4x4 (this model's layers x heads)" in log
-    log = run_vllm(folder, [ask], [], tmp_path, fails=True, env={"JUICE_VLLM": "1", "JUICE_VLLM_GEOMETRY": "4x8"})
+    log = run_vllm(folder, [ask], [], tmp_path, fails=True, env={"JUICE_VLLM": "1", "JUICE_VLLM_GEOMETRY": "4x8"},
+                   llm=eager)
     assert "JUICE_VLLM_GEOMETRY=4x8, but the served model has 4 layers x 4 heads" in log
     out = run_vllm(folder, [ask], [], tmp_path, env={"JUICE_VLLM": "1", "JUICE_VLLM_GEOMETRY": "4x4"},
-                   bad=[{"method": "prune", "heads": ["L4H0"]}])
+                   bad=[{"method": "prune", "heads": ["L4H0"]}], llm=eager)
     expected = generate(lm, [prompt], [Stream(0, Prune(lm, [Head(1, 1)]))], max_new_tokens=6).tokens.tolist()
     assert out["mixed"] == out["alone"] == expected
     assert out["bad"][0] is not None and "L4H0 is out of range" in out["bad"][0]
@@ -546,7 +557,7 @@ def test_tensor_parallel_2_gives_the_same_tokens(tmp_path):
 
 @needs_vllm
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("mode", [pytest.param("eager", marks=pytest.mark.long), "compiled"])
 def test_vllm_tokens_equal_juice_generate_on_the_embedded_gemma_mixed_and_alone(real_model, tmp_path, mode):
     from juice.models import cache_dir
 

@@ -2,8 +2,9 @@
 a multiple-choice MemoTrap task whose accuracy equals juice's own likelihood metric on the same
 items, and the tasks `juice tasks` writes (NQ-Swap, MemoTrap as the paper scores it, the
 context types) whose figures equal juice's own evaluation item by item, with the same outputs,
-for Original and for JuICE chosen by a served-model alias. The tasks are local YAMLs over
-../shared/data (the harness cannot download here)."""
+for Original and for JuICE chosen by a served-model alias (the generative tasks for Original are
+`long`: the README's tests run them for JuICE, the same plumbing with steering). The tasks are
+local YAMLs over ../shared/data (the harness cannot download here)."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def _steering(lm, model):
     return ORIGINAL if model == "gemma+original" else JuICE(lm, HEADS, JUICE["beta_plus"], JUICE["beta_minus"])
 
 
-@pytest.mark.parametrize("model", ["gemma+original", "gemma+juice"])
+@pytest.mark.parametrize("model", [pytest.param("gemma+original", marks=pytest.mark.long), "gemma+juice"])
 def test_juice_tasks_nqswap_and_memotrap_in_the_harness_equal_juices_evaluation(harness, model):
     """`juice tasks`' NQ-Swap and MemoTrap (as the paper scores it): the harness's outputs and
     exact match equal juice's evaluation (evaluate_contextual) item by item."""
@@ -120,7 +121,7 @@ def test_juice_tasks_nqswap_and_memotrap_in_the_harness_equal_juices_evaluation(
         assert exact == pytest.approx(sum(r.correct for r in results) / len(results))
 
 
-@pytest.mark.parametrize("model", ["gemma+original", "gemma+juice"])
+@pytest.mark.parametrize("model", [pytest.param("gemma+original", marks=pytest.mark.long), "gemma+juice"])
 def test_juice_tasks_context_types_in_the_harness_equal_juices_evaluation(harness, model):
     """The context-type tasks: per item, the harness's use-relevant, trust-memory and follow
     verdicts equal juice's (evaluate_context_types), NQ-Swap and ParaConflict."""
