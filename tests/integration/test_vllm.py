@@ -319,8 +319,8 @@ ARCHITECTURE_MODES = [pytest.param(mode, model_type, marks=() if (mode == "compi
                       for mode in MODES]
 """Every registered architecture in both modes; the README's tests (CI) run each once, in vLLM's
 default compiled mode where its attention differs from Llama's (gemma2: sliding window and
-soft-capping; qwen3: query/key norms; phi3: fused projections) and eagerly where it does not
-(qwen2, mistral); the other half is `long` (pytest -m long)."""
+soft-capping; qwen3: query/key norms; phi3: fused query/key/value and gate/up weights in its
+checkpoint) and eagerly where it does not (qwen2, mistral: Llama's layers); the other half is `long` (pytest -m long)."""
 
 
 @needs_vllm
