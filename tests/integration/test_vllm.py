@@ -313,10 +313,9 @@ def test_vllm_tokens_equal_juice_generate_on_a_tiny_llama_mixed_and_alone(tmp_pa
     assert case["after_bad"] == case["expected"][0]
 
 
-ARCHITECTURE_MODES = [pytest.param(mode, model_type, marks=() if (mode == "compiled") == compiled else pytest.mark.long)
-                      for model_type, compiled in [("qwen2", False), ("gemma2", True), ("qwen3", True),
-                                                   ("mistral", False), ("phi3", True)]
-                      for mode in MODES]
+CI_MODE = {"qwen2": "eager", "gemma2": "compiled", "qwen3": "compiled", "mistral": "eager", "phi3": "compiled"}
+ARCHITECTURE_MODES = [pytest.param(mode, model_type, marks=() if mode == ci_mode else pytest.mark.long)
+                      for model_type, ci_mode in CI_MODE.items() for mode in MODES]
 """Every registered architecture in both modes; the README's tests (CI) run each once, in vLLM's
 default compiled mode where its attention differs from Llama's (gemma2: sliding window and
 soft-capping; qwen3: query/key norms; phi3: fused query/key/value and gate/up weights in its

@@ -35,6 +35,8 @@ N_MEMOTRAP, N_NQSWAP = 8, 4
 HEADS = HeadSelection(tuple(map(Head.parse, "L6H3 L10H0 L8H2 L8H3 L9H3".split())),
                       tuple(map(Head.parse, "L8H0 L3H3 L13H2 L16H3 L10H1".split())))
 JUICE = {"direction": "contextual", "method": "juice", "beta_plus": 2.0, "beta_minus": -1.0}
+GENERATIVE_MODELS = [pytest.param("gemma+original", marks=pytest.mark.long), "gemma+juice"]
+"""The served names the generative tasks run for; Original's are `long` (the same plumbing as JuICE's)."""
 
 @pytest.fixture(scope="module")
 def harness(real_model, tmp_path_factory):
@@ -105,7 +107,7 @@ def _steering(lm, model):
     return ORIGINAL if model == "gemma+original" else JuICE(lm, HEADS, JUICE["beta_plus"], JUICE["beta_minus"])
 
 
-@pytest.mark.parametrize("model", [pytest.param("gemma+original", marks=pytest.mark.long), "gemma+juice"])
+@pytest.mark.parametrize("model", GENERATIVE_MODELS)
 def test_juice_tasks_nqswap_and_memotrap_in_the_harness_equal_juices_evaluation(harness, model):
     """`juice tasks`' NQ-Swap and MemoTrap (as the paper scores it): the harness's outputs and
     exact match equal juice's evaluation (evaluate_contextual) item by item."""
@@ -121,7 +123,7 @@ def test_juice_tasks_nqswap_and_memotrap_in_the_harness_equal_juices_evaluation(
         assert exact == pytest.approx(sum(r.correct for r in results) / len(results))
 
 
-@pytest.mark.parametrize("model", [pytest.param("gemma+original", marks=pytest.mark.long), "gemma+juice"])
+@pytest.mark.parametrize("model", GENERATIVE_MODELS)
 def test_juice_tasks_context_types_in_the_harness_equal_juices_evaluation(harness, model):
     """The context-type tasks: per item, the harness's use-relevant, trust-memory and follow
     verdicts equal juice's (evaluate_context_types), NQ-Swap and ParaConflict."""
