@@ -19,8 +19,8 @@ quiet machine (NOTES.md: two cores shared with another job moved vLLM's ratios b
     python benchmarks/bench_vllm_modes.py                 # about 15 minutes on 2 cores
     python benchmarks/bench_vllm_modes.py --batches 8 --repeats 1
 
-"stock" is vLLM with juice installed and the plugin off (no JUICE_VLLM_HEADS): vLLM still loads
-juice's logits processor from its entry point, which then returns the logits untouched.
+"stock" is vLLM with juice installed and the plugin off (no JUICE_VLLM_HEADS, no juice logits
+processor or scheduler named): none of juice's code runs.
 """
 
 from __future__ import annotations
