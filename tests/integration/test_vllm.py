@@ -381,11 +381,12 @@ def _ray_on_cpu(folder: Path) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)}
 
 
+@contextlib.contextmanager
 def _ray_head(ranks: int):
     """A local Ray head started as a separate node would be: from an environment without any
     `JUICE_` variable. Yields the environment a vLLM process needs to use it (its address; on
     vLLM's CPU platform, :data:`RAY_ON_CPU`'s plugin, the head declaring `ranks` "GPU"
-    resources); stops it after."""
+    resources); stops it after. Skips where vLLM's environment has no Ray."""
     found = subprocess.run([VLLM_PYTHON, "-c", "import ray; from vllm.platforms import current_platform as p; "
                             "print(p.device_name, p.ray_device_key)"], capture_output=True, text=True)
     if found.returncode:
@@ -426,19 +427,15 @@ def test_tensor_parallel_2_over_ray_steers_with_workers_that_have_neither_files_
     through `VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY`) and the heads through `additional_config`,
     and the tokens equal juice's. On vLLM's CPU build the Ray workers are placed by
     :data:`RAY_ON_CPU`'s platform plugin."""
-    head = _ray_head(2)
-    ray_env = next(head)
-    try:
-        lm, folder = tiny_llama_dir(tmp_path)
+    lm, folder = tiny_llama_dir(tmp_path)
+    with _ray_head(2) as ray_env:
         case = equality_case(lm, folder, tmp_path, ["the capital of france is paris", "japan tokyo spain"],
                              {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}, STEERINGS, max_tokens=6,
                              llm={**MODES["eager"], "tensor_parallel_size": 2, "distributed_executor_backend": "ray"},
                              heads_in_config=True, env={**ray_env, **RAY_EXECUTORS[executor],
                                                         "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY": "JUICE_"})
-        assert case["mixed"] == case["expected"]
-        assert len({tuple(t) for t in case["expected"]}) >= 4, "the steerings should change the tokens"
-    finally:
-        next(head, None)
+    assert case["mixed"] == case["expected"]
+    assert len({tuple(t) for t in case["expected"]}) >= 4, "the steerings should change the tokens"
 
 
 @needs_vllm
@@ -447,19 +444,15 @@ def test_ray_workers_left_without_the_on_switch_stop_vllm_at_start_in_one_line(t
     variable, so vLLM's plugin loading leaves them on vLLM's own model while the config carries
     juice's heads; before this refusal they served every request unsteered (measured: the TP 2
     case above gave unsteered tokens). Now the engine stops at start, naming the variable."""
-    head = _ray_head(2)
-    ray_env = next(head)
-    try:
-        lm, folder = tiny_llama_dir(tmp_path)
-        files = [write_heads(tmp_path / "p.json", lm.fingerprint(), "parametric", PARAMETRIC)]
-        ask = {"prompt_token_ids": token_ids(lm.tokenizer, "japan tokyo spain"), "juice": None, "max_tokens": 2}
+    lm, folder = tiny_llama_dir(tmp_path)
+    files = [write_heads(tmp_path / "p.json", lm.fingerprint(), "parametric", PARAMETRIC)]
+    ask = {"prompt_token_ids": token_ids(lm.tokenizer, "japan tokyo spain"), "juice": None, "max_tokens": 2}
+    with _ray_head(2) as ray_env:
         log = run_vllm(folder, [ask], files, tmp_path, fails=True, heads_in_config=True,
                        llm={**MODES["eager"], "tensor_parallel_size": 2, "distributed_executor_backend": "ray"},
-                       env={**ray_env, **RAY_EXECUTORS["legacy"]})
-        assert "is in vLLM's config (additional_config) but off in this worker's environment" in log
-        assert "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY=JUICE_" in log
-    finally:
-        next(head, None)
+                       env={**ray_env, **RAY_EXECUTORS["legacy"], "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY": ""})
+    assert "is in vLLM's config (additional_config) but off in this worker's environment" in log
+    assert "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY=JUICE_" in log
 
 
 LONG = ("the capital of france is paris and the capital of spain is madrid ; japan tokyo spain who wrote "
