@@ -334,11 +334,14 @@ def test_vllm_tokens_equal_juice_generate_on_the_other_registered_architectures(
 
 
 @needs_vllm
+@pytest.mark.long
 def test_the_workers_steer_from_vllms_config_without_the_heads_files(tmp_path):
     """Issue 46: the heads travel in vLLM's `additional_config` (`juice serve --engine vllm` puts
     them there), so a worker that has no heads file, as on another node, builds the same steered
     model: the files are moved away before vLLM starts its engine, and the tokens are still
-    juice's (compiled, prefix caching on)."""
+    juice's (compiled, prefix caching on). `long`: the README's tests run the same with the files
+    moved away over Ray (eager, TP 2), and compiled workers read the heads from the config in
+    `juice serve --engine vllm`'s tests (the launcher puts them there; the files stay)."""
     lm, folder = tiny_llama_dir(tmp_path)
     case = equality_case(lm, folder, tmp_path, ["the capital of france is paris", "japan tokyo spain"],
                          {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}, STEERINGS, max_tokens=8,
