@@ -10,7 +10,7 @@ A request carries a `juice` object (HTTP body field; vLLM also takes the same ke
 | `method` | string, one of `original`, `june`, `juice`, `prune`, `auto` (any case) | Original; JuNE (paper Alg. 4); JuICE (Alg. 1); PH3's pruning of `heads`; juice's per-request choice (:mod:`juice.auto`; juice's own engine only) | the method the direction's heads file holds tuned betas for (JuICE first), else `juice`; `original` on a server without heads files |
 | `direction` | string, read by :meth:`juice.data.records.Direction.parse` (`parametric`/`memory`, `contextual`/`context`, any case) | which heads file steers | the only heads file's; an error where the server has two |
 | `beta_plus`, `beta_minus` | JSON number (not a boolean, not a string), finite, \\|beta\\| <= 100 | the betas | the heads file's tuned betas for the method (`juice tune`), else 2 and 0 with a warning |
-| `heads` | list of head names (`"L11H2"`) or one string of names separated by commas or spaces | the heads `prune` zeroes | an error for `prune`; refused with any other method |
+| `heads` | `prune`: a list of head names (`"L11H2"`) or one string of names separated by commas or spaces; `june`, `juice`: per-head coefficients, an object `{"L11H2": 0.5}` (or, flat in `vllm_xargs`, a list of `"L11H2=0.5"` strings), finite, \\|c\\| <= 100 | `prune`: the heads it zeroes; `june`, `juice`: explicit coefficients instead of a heads file's heads and betas (JuNE: the live output becomes `(1 + c) H`; JuICE: `c` times run 1's output is added; the vLLM plugin adds only to its heads files' heads) | an error for `prune`; `june`, `juice`: the heads file's heads and betas; refused with any other method |
 | `question` | non-empty string | for `auto`: the question without its context (completions: the question's prompt text; chat: the last user message's content without the context); equal to the prompt: no passage, decoded as Original) | an error for `auto`; refused with any other method |
 
 A request without the field (or with an empty object) gets the operator's default steering
@@ -20,9 +20,11 @@ a request that did not ask (issue 38). Every refusal is a :class:`SteeringReques
 one-line message both servers send with HTTP 400; a steering with untuned betas carries a
 warning that both servers send in the :data:`WARNING_HEADER` response header.
 
-Decided once for both servers (issue 34): booleans are not numbers (`"beta_plus": true` is
-refused); directions are read as :meth:`Direction.parse` reads them; `prune` takes explicit
-heads on both engines; an unknown field is refused.
+Decided once for both servers: booleans are not numbers (`"beta_plus": true` is refused);
+directions are read as :meth:`Direction.parse` reads them; `prune` takes explicit heads on both
+engines; `june` and `juice` with per-head coefficients (Stage 1's single-head scalings, a
+pipeline's own steerings: :mod:`juice.engine.vllm_engine`) take no direction and no betas; an
+unknown field is refused.
 """
 
 from __future__ import annotations
@@ -108,6 +110,11 @@ class ServedHeads:
     def __post_init__(self) -> None:
         object.__setattr__(self, "tuned", {d: TunedSettings.of(t) for d, t in self.tuned.items()})
 
+    def addable(self, head: Head) -> bool:
+        """Whether JuICE can add to `head` with per-head coefficients: anywhere on juice's own
+        engine (its run 1 keeps every head's output); the vLLM plugin overrides it."""
+        return True
+
     def tuned_of(self, direction: str | None) -> TunedSettings:
         """The tuned settings of the heads file of `direction` (empty where it holds none)."""
         return self.tuned.get(direction) or TunedSettings()
@@ -137,6 +144,8 @@ class SteeringAsk:
         heads: the heads `prune` zeroes (empty otherwise).
         warning: one line for the client (untuned betas), or None.
         question: auto's question without its context (None otherwise).
+        per_head: JuNE's or JuICE's explicit (head, coefficient) pairs, sorted by head, in
+            place of a heads file's heads and betas (empty otherwise).
     """
 
     method: str
@@ -146,6 +155,7 @@ class SteeringAsk:
     heads: tuple[Head, ...] = ()
     warning: str | None = None
     question: str | None = None
+    per_head: tuple[tuple[Head, float], ...] = ()
 
     def coefficients(self, geometry: HeadGeometry, served: ServedHeads) -> Tensor:
         """`[n_layers, n_heads]`: JuICE's or JuNE's betas at the direction's heads
@@ -159,10 +169,13 @@ class SteeringAsk:
         try:
             if self.method == "prune":
                 return head_coefficients(geometry, {h: -1.0 for h in self.heads})
+            if self.per_head:
+                return head_coefficients(geometry, dict(self.per_head))
             return steering_coefficients(geometry, served.selections[self.direction], self.beta_plus,
                                          self.beta_minus, self.method)
         except IndexError as err:
-            where = "juice.heads" if self.method == "prune" else served.files.get(self.direction, "the heads file")
+            where = ("juice.heads" if self.method == "prune" or self.per_head
+                     else served.files.get(self.direction, "the heads file"))
             raise SteeringRequestError(f"{where}: {err}") from None
 
     def steering(self, geometry: HeadGeometry, served: ServedHeads) -> Steering:
@@ -229,6 +242,47 @@ def _beta(fields: Mapping[str, Any], key: str) -> float | None:
     return beta
 
 
+def _per_head(value: Any, method: str, served: ServedHeads) -> tuple[tuple[Head, float], ...]:
+    """`june`'s or `juice`'s explicit coefficients: an object {head name: number} or a list of
+    "NAME=NUMBER" strings (the flat `vllm_xargs` form), sorted by head."""
+    form = "an object of head names and coefficients, e.g. {\"L11H2\": 0.5}"
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    elif isinstance(value, (list, tuple)) and value and all(isinstance(v, str) and "=" in v for v in value):
+        pairs = []
+        for item in value:
+            name, _, number = item.partition("=")
+            try:
+                pairs.append((name, float(number)))
+            except ValueError:
+                raise SteeringRequestError(f"juice.heads: {item!r} is not NAME=NUMBER") from None
+    else:
+        raise SteeringRequestError(f"juice.method {method} takes juice.heads as {form}, not {value!r}")
+    if not pairs:
+        raise SteeringRequestError(f"juice.heads is empty; send {form}")
+    out: dict[Head, float] = {}
+    for name, number in pairs:
+        if not isinstance(name, str):
+            raise SteeringRequestError(f"juice.heads: {name!r} is not a head name like 'L11H2'")
+        key = f"heads.{name}"
+        beta = _beta({key: number}, key)
+        if beta is None:
+            raise SteeringRequestError(f"juice.{key} must be a number, not None")
+        try:
+            head = Head.parse(name)
+            if served.geometry is not None:
+                check_heads([head], served.geometry)
+        except (ValueError, IndexError) as err:
+            raise SteeringRequestError(f"juice.heads: {err}") from None
+        if head in out:
+            raise SteeringRequestError(f"juice.heads names {head} twice")
+        if method == "juice" and beta and not served.addable(head):
+            raise SteeringRequestError(f"juice.heads: JuICE adds only to heads whose run-1 outputs this server keeps "
+                                       f"(its heads files' heads); {head} is not one")
+        out[head] = float(beta)
+    return tuple(sorted(out.items()))
+
+
 def _heads(value: Any, geometry: HeadGeometry | None) -> tuple[Head, ...]:
     names = [n for n in value.replace(",", " ").split() if n] if isinstance(value, str) else value
     if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) for n in names):
@@ -277,8 +331,8 @@ def steering_ask(fields: Mapping[str, Any], served: ServedHeads) -> SteeringAsk:
     method = _text(fields, "method", "one of " + ", ".join(METHODS))
     if method is not None and method not in METHODS:
         raise SteeringRequestError(f"juice.method must be one of {', '.join(METHODS)}, not {fields['method']!r}")
-    if "heads" in fields and method != "prune":
-        raise SteeringRequestError("juice.heads is for method prune (juice and june use the heads file's heads)")
+    if "heads" in fields and method not in ("prune", "june", "juice"):
+        raise SteeringRequestError("juice.heads is for methods prune, june and juice (per-head coefficients)")
     if "question" in fields and method != "auto":
         raise SteeringRequestError("juice.question is for method auto")
     if method == "auto" and not served.auto:
@@ -289,6 +343,14 @@ def steering_ask(fields: Mapping[str, Any], served: ServedHeads) -> SteeringAsk:
         return SteeringAsk("original")
     if method == "prune":
         return SteeringAsk("prune", heads=_heads(fields.get("heads"), served.geometry))
+    if "heads" in fields:   # june or juice with explicit per-head coefficients
+        if {"direction", "beta_plus", "beta_minus"} & set(fields):
+            raise SteeringRequestError("juice.heads with coefficients replaces the heads file's heads and betas: "
+                                       "send no direction or betas")
+        if method == "juice" and not served.dual_run:
+            raise SteeringRequestError("juice.method juice needs the dual run; this server was started without it "
+                                       "(JUICE_VLLM_DUAL_RUN=0); use june")
+        return SteeringAsk(method, per_head=_per_head(fields["heads"], method, served))
     given = _text(fields, "direction", "parametric (memory) or contextual (context)")
     if given is None:
         if len(served.selections) != 1:

@@ -115,7 +115,8 @@ def test_a_request_becomes_the_tables_juice_generate_applies(two_files):
     ({"method": "prune"}, "needs juice.heads"),
     ({"method": "prune", "heads": ["L9H0"]}, "juice.heads"),
     ({"method": "prune", "heads": ["head six"]}, "juice.heads"),
-    ({"method": "june", "direction": "context", "heads": ["L1H1"]}, "juice.heads is for method prune"),
+    ({"method": "june", "direction": "context", "heads": ["L1H1"]}, "send no direction or betas"),
+    ({"method": "juice", "heads": {"L0H0": 1.0}}, "JuICE adds only to heads whose run-1 outputs this server keeps"),
 ])
 def test_bad_steering_is_refused_in_one_line(two_files, fields, message):
     with pytest.raises(SteeringRequestError, match=message.replace("|", r"\|")) as err:

@@ -10,7 +10,7 @@ of strings, numbers and lists. This middleware
    `juice serve` uses), so a body gets the same status and the same one-line message from both
    servers; vLLM's request model would have turned `true` into 1 before the plugin saw it;
 2. moves the `juice` object into `vllm_xargs` as `juice_method`, ... (:func:`juice.vllm.options.request_fields`
-   reads both forms);
+   reads both forms; per-head coefficients `{"L1H2": 0.5}` become `["L1H2=0.5"]`);
 3. adds the request's steering warning (untuned betas) to the response in the
    :data:`juice.steering_request.WARNING_HEADER` header, as `juice serve` does.
 
@@ -38,6 +38,8 @@ def juice_field_to_xargs(body: dict[str, Any]) -> dict[str, Any]:
     xargs = dict(out.get("vllm_xargs") or {})
     if isinstance(fields, dict):
         for key, value in fields.items():
+            if key == "heads" and isinstance(value, dict):   # per-head coefficients: vllm_xargs holds no objects
+                value = [f"{name}={number!r}" for name, number in value.items()]
             xargs[f"juice_{key}"] = value
     elif fields is not None:
         xargs["juice_invalid"] = str(fields)

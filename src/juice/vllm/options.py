@@ -76,6 +76,11 @@ class PluginHeads(ServedHeads):
     fingerprints: Mapping[str, Mapping[str, Any]] | None = None
     geometry_from: str = ""
 
+    def addable(self, head: Head) -> bool:
+        """JuICE adds only to the heads files' heads: run 1 keeps only their outputs (each has a
+        slot of the steered model's `juice_clean` table, :func:`head_slots`)."""
+        return self.dual_run and any(head in (*s.positive, *s.negative) for s in self.selections.values())
+
     def dual_run_layers(self) -> tuple[int, int] | None:
         """(first, last) layer that JuICE may steer (over every heads file), or None."""
         layers = [h.layer for s in self.selections.values() for h in (*s.positive, *s.negative)]
@@ -301,6 +306,7 @@ def steering_salt(ask: SteeringAsk, server: PluginHeads) -> str | None:
         return None
     key = {"method": ask.method, "direction": ask.direction, "beta_plus": float(ask.beta_plus),
            "beta_minus": float(ask.beta_minus), "heads": sorted(str(h) for h in ask.heads),
+           "per_head": [[str(h), float(c)] for h, c in ask.per_head],
            "files": {d: f.get("weights_sha256_16") for d, f in sorted((server.fingerprints or {}).items())},
            "selections": {d: [[str(h) for h in s.positive], [str(h) for h in s.negative]]
                           for d, s in sorted(server.selections.items())}}
