@@ -16,7 +16,8 @@ from dataclasses import replace
 import torch
 
 from juice.data.records import ConflictExample
-from juice.engine import Stream, generate
+from juice.engine import Stream
+from juice.engine.backend import Engine, engine_or_default
 from juice.models import LoadedModel
 from juice.text import contains_answer, first_words
 from juice.tokens import answer_first_token
@@ -64,12 +65,14 @@ def with_answer_first(example: ConflictExample, alias: str) -> ConflictExample:
 
 
 def prefer_aliases(
-    lm: LoadedModel, examples: Sequence[ConflictExample], outputs: Sequence[str], *, max_rows: int | str = 64
+    lm: LoadedModel, examples: Sequence[ConflictExample], outputs: Sequence[str], *, max_rows: int | str = 64,
+    engine: Engine | None = None,
 ) -> list[ConflictExample]:
     """Every example with the model's preferred alias first (:func:`preferred_alias`).
 
     Args:
         outputs: the greedy clean-prompt continuation of each example (10 new tokens).
+        engine: what computes the probabilities (:mod:`juice.engine.backend`; None: juice's own).
 
     Returns:
         The examples in the same order; first-token probabilities are computed (one batched
@@ -86,8 +89,8 @@ def prefer_aliases(
                   for i, p in zip(need, prompts)]
         width = max(map(len, tokens))
         padded = torch.tensor([t + [t[0]] * (width - len(t)) for t in tokens])
-        gen = generate(lm, prompts, [Stream(j) for j in range(len(need))], 1, probe_tokens=padded,
-                       max_rows=max_rows)
+        gen = engine_or_default(engine).generate(lm, prompts, [Stream(j) for j in range(len(need))], 1,
+                                                 probe_tokens=padded, max_rows=max_rows)
         probs = {i: gen.first_probs[j, : len(tokens[j])].tolist() for j, i in enumerate(need)}
     return [with_answer_first(ex, preferred_alias(out, ex.answers, probs.get(i)))
             for i, (ex, out) in enumerate(zip(examples, outputs))]

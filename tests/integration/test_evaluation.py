@@ -186,18 +186,20 @@ def test_rows_that_stop_at_the_sixth_word_keep_every_verdict_and_probability(tin
     assert any(len(c.output) < len(f.output) for f, c in zip(full, cut))
 
 
-def test_requests_that_are_the_same_computation_are_decoded_once(tiny_llama, monkeypatch):
+def test_requests_that_are_the_same_computation_are_decoded_once(tiny_llama):
     """decode_requests decodes a repeated request, and a steering of all-zero coefficients
     (JuICE or JuNE at (0, 0)), once, as Original; every request still gets its result."""
-    import juice.eval.runner as runner
+    from juice.engine.backend import JuiceEngine
     from juice.eval.runner import DecodeRequest, decode_requests
 
     lm = tiny_llama
     g = lm.heads.geometry
     seen = []
-    real = runner.generate
-    monkeypatch.setattr(runner, "generate", lambda lm, prompts, streams, *a, **k: seen.append(len(streams))
-                        or real(lm, prompts, streams, *a, **k))
+
+    class Counting(JuiceEngine):   # juice's engine, counting the streams it is asked to decode
+        def generate(self, lm, prompts, streams, *a, **k):
+            seen.append(len(streams))
+            return super().generate(lm, prompts, streams, *a, **k)
     juice = Method(Steering("juice", steering_coefficients(g, SELECTION, 2.0, -1.0)))
     requests = [DecodeRequest("the capital of", Method(), [1]),
                 DecodeRequest("the capital of", Method(Steering("juice", steering_coefficients(g, SELECTION, 0, 0))), [1]),
@@ -205,7 +207,7 @@ def test_requests_that_are_the_same_computation_are_decoded_once(tiny_llama, mon
                 DecodeRequest("the capital of", juice, [1]), DecodeRequest("the capital of", juice, [1]),
                 DecodeRequest("the capital of", Method(), [2])]   # another probe: its own request
     progress = []
-    out = decode_requests(lm, requests, 5, on_progress=progress.append)
+    out = decode_requests(lm, requests, 5, on_progress=progress.append, engine=Counting())
     assert seen == [3] and sum(progress) == len(requests)
     alone = [decode_requests(lm, [r], 5)[0] for r in requests]
     assert [t for t, _ in out] == [t for t, _ in alone]

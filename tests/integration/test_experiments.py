@@ -95,7 +95,7 @@ def test_filtering_gives_known_disjoint_splits_and_stops_decoding_early(tiny_lla
     and the pool is decoded only until enough known items are found."""
     decoded = []
 
-    def fake_clean_outputs(lm, examples, max_rows, on_progress=None):
+    def fake_clean_outputs(lm, examples, max_rows, on_progress=None, engine=None):
         decoded.extend(ex.subject for ex in examples)
         return [f" {ex.answers[0]} is it" if sum(map(ord, ex.subject)) % 3 == 0 else " no idea" for ex in examples]
 
@@ -128,7 +128,7 @@ def test_the_authors_files_give_the_authors_splits_refiltered_for_the_model(shar
     head_file = json.loads((data / "world_capital" / "head_finding_set_size_4.json").read_text())
     unknown = {head_file[0]["Subject"]} | {ex["Subject"] for ex in json.loads(
         (data / "world_capital" / "filtered_validation.json").read_text())[1::3]}
-    monkeypatch.setattr(domains, "clean_outputs", lambda lm, exs, max_rows, on_progress=None:
+    monkeypatch.setattr(domains, "clean_outputs", lambda lm, exs, max_rows, on_progress=None, engine=None:
                         [" no idea" if ex.subject in unknown else f" {ex.answers[0]}" for ex in exs])
     monkeypatch.setattr(domains, "prefer_aliases", lambda lm, exs, outs, **kw: list(exs))
     cfg = ReproduceConfig(out_dir=tmp_path, data=data, limit=2, validation_size=3, ph3_dev_size=2)
@@ -255,7 +255,7 @@ def test_filter_state_is_keyed_on_the_model_and_the_seed(tiny_llama, tiny_gemma3
     model in the same folder reused the first model's items and `--seed 1` raised KeyError)."""
     calls = []
 
-    def fake_clean_outputs(lm, examples, max_rows, on_progress=None):
+    def fake_clean_outputs(lm, examples, max_rows, on_progress=None, engine=None):
         calls.append(lm.name)
         return [f" {ex.answers[0]}" for ex in examples]   # this fake model knows everything
 
@@ -276,7 +276,7 @@ def test_filter_state_is_keyed_on_the_model_and_the_seed(tiny_llama, tiny_gemma3
 
 def test_full_splits_the_head_domains_known_items_between_validation_and_ph3(tiny_llama, tmp_path, monkeypatch):
     """Under --full (validation_size None) PH3-l still gets known development items."""
-    monkeypatch.setattr(domains, "clean_outputs", lambda lm, exs, max_rows, on_progress=None:
+    monkeypatch.setattr(domains, "clean_outputs", lambda lm, exs, max_rows, on_progress=None, engine=None:
                         [f" {ex.answers[0]}" if sum(map(ord, ex.subject)) % 2 else " no" for ex in exs])
     monkeypatch.setattr(domains, "prefer_aliases", lambda lm, exs, outs, **kw: list(exs))
     cfg = ReproduceConfig(out_dir=tmp_path, domains=("world_capital",), limit=2, validation_size=None,
@@ -287,7 +287,7 @@ def test_full_splits_the_head_domains_known_items_between_validation_and_ph3(tin
 
 
 def test_too_few_known_items_in_the_head_domain_is_a_clear_error(tiny_llama, tmp_path, monkeypatch):
-    monkeypatch.setattr(domains, "clean_outputs", lambda lm, exs, max_rows, on_progress=None: [" no idea"] * len(exs))
+    monkeypatch.setattr(domains, "clean_outputs", lambda lm, exs, max_rows, on_progress=None, engine=None: [" no idea"] * len(exs))
     cfg = ReproduceConfig(out_dir=tmp_path, domains=("world_capital",), limit=2, validation_size=2)
     with pytest.raises(ValueError, match="answered correctly on the clean prompt"):
         domains.prepare_domains(run_mod.StageRun(tiny_llama, cfg, run_mod.StageFiles(tmp_path / "s")), {"seed": 0})
@@ -298,7 +298,7 @@ def test_identify_needs_only_d_and_too_few_known_items_name_the_options(tiny_lla
     few is one line naming --head-set-size (with a size that fits), --data and another domain."""
     known = {ex.subject for ex in domains.domain_sources(ReproduceConfig(domains=("world_capital",)))[0][
         "world_capital"].pool[:4]}
-    monkeypatch.setattr(domains, "clean_outputs", lambda lm, exs, max_rows, on_progress=None:
+    monkeypatch.setattr(domains, "clean_outputs", lambda lm, exs, max_rows, on_progress=None, engine=None:
                         [f" {ex.answers[0]}" if ex.subject in known else " no idea" for ex in exs])
     monkeypatch.setattr(domains, "prefer_aliases", lambda lm, exs, outs, **kw: list(exs))
     identify = ReproduceConfig(out_dir=tmp_path, domains=("world_capital",), limit=0, validation_size=0,
@@ -328,7 +328,7 @@ def test_without_the_filter_the_items_used_still_get_the_preferred_alias(tiny_ll
     are decoded and get the model's preferred alias (PROTOCOL.md, "answer alias")."""
     decoded = []
 
-    def fake_clean_outputs(lm, examples, max_rows, on_progress=None):
+    def fake_clean_outputs(lm, examples, max_rows, on_progress=None, engine=None):
         decoded.extend(examples)
         return [" no idea"] * len(examples)
 
@@ -347,7 +347,7 @@ def test_the_filter_stage_is_keyed_on_the_items_content(tiny_llama, tmp_path, mo
     """An alias added to a data file changes the key: the saved answers are not reused."""
     calls = []
 
-    def fake_clean_outputs(lm, examples, max_rows, on_progress=None):
+    def fake_clean_outputs(lm, examples, max_rows, on_progress=None, engine=None):
         calls.append(len(examples))
         return [f" {ex.answers[0]}" for ex in examples]
 

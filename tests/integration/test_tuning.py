@@ -34,7 +34,7 @@ def test_per_domain_tuning_picks_each_domains_betas_from_its_own_validation_only
 
     best_of = {"A": grid_name("juice", 1, 0), "B": grid_name("juice", 3, -2)}
 
-    def fake_run(lm, items, steerings, direction, conflict_types, max_rows, on_progress):
+    def fake_run(lm, items, steerings, direction, conflict_types, max_rows, on_progress, engine):
         out = []
         for ex in items:
             for t in conflict_types:
@@ -69,7 +69,7 @@ def test_a_degeneration_margin_refuses_the_most_accurate_setting_when_it_breaks_
 
     broken, fluent = grid_name("juice", 5, 0), grid_name("juice", 2, 0)
 
-    def fake_run(lm, items, steerings, direction, conflict_types, max_rows, on_progress):
+    def fake_run(lm, items, steerings, direction, conflict_types, max_rows, on_progress, engine):
         out = []
         for ex in items:
             for t in conflict_types:

@@ -57,6 +57,7 @@ import torch
 from torch import Tensor
 
 from juice.engine import Contrast, Generation, Stream, generate
+from juice.engine.backend import Engine, engine_or_default
 from juice.likelihood import continuation_ids
 from juice.models import LoadedModel
 from juice.progress import OnProgress
@@ -150,6 +151,7 @@ def cad_generate(
     max_rows: int | str = 64,
     on_progress: OnProgress | None = None,
     forced_tokens: Tensor | None = None,
+    engine: Engine | None = None,
 ) -> Generation:
     """Greedy context-aware decoding of every (prompt, question) pair: one contrastive stream each
     (:class:`CadPolicy`) of :func:`juice.engine.generate`, batched, with its chunking, KV cache
@@ -165,6 +167,8 @@ def cad_generate(
         max_rows: most rows per batch (each item takes two, one per branch), or "auto".
         forced_tokens: `[n, max_new_tokens]` tokens to feed instead of the greedy choice; their
             log-probabilities under the contrasted distribution are returned (teacher forcing).
+        engine: what decodes (:mod:`juice.engine.backend`; None: juice's own engine; vLLM's hands
+            contrastive streams back to it).
 
     Returns:
         :class:`~juice.engine.Generation`, one entry per prompt.
@@ -181,8 +185,8 @@ def cad_generate(
     index = {t: i for i, t in enumerate(texts)}
     policy = CadPolicy(alpha)
     streams = [Stream(index[p], contrast=Contrast(index[q], policy)) for p, q in zip(prompts, questions)]
-    return generate(lm, texts, streams, max_new_tokens, probe_tokens=probe_tokens, max_rows=max_rows,
-                    on_progress=on_progress, forced_tokens=forced_tokens)
+    return engine_or_default(engine).generate(lm, texts, streams, max_new_tokens, probe_tokens=probe_tokens,
+                                              max_rows=max_rows, on_progress=on_progress, forced_tokens=forced_tokens)
 
 
 def cad_continuation_logprobs(

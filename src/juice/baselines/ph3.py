@@ -87,7 +87,8 @@ from juice.data.records import ConflictExample, ContextualExample, Direction
 from juice.interventions import Head, check_heads, projection_input_hooks
 from juice.io import UnitCheckpoint
 from juice.models import LoadedModel
-from juice.sweeps import grow_batch, intervention_readout
+from juice.engine.backend import Engine, engine_or_default
+from juice.sweeps import grow_batch
 from juice.tokens import answer_first_token, encode
 from juice.progress import OnProgress
 
@@ -135,12 +136,15 @@ def logit_difference_effects(
     max_rows: int | str = 256,
     on_progress: OnProgress | None = None,
     checkpoint: UnitCheckpoint | None = None,
+    engine: Engine | None = None,
 ) -> Ph3Scores:
     """Zero-ablate every head alone on every prompt and record the change of LD (module docstring).
 
     Cost: one batched forward per prompt holding `n_layers * n_heads` ablation rows (the
     growing batch of :func:`juice.sweeps.intervention_readout`). With `checkpoint`, each
-    prompt's result is saved as soon as it is computed (an interrupted sweep resumes).
+    prompt's result is saved as soon as it is computed (an interrupted sweep resumes). `engine`
+    computes the logit differences (:meth:`juice.engine.backend.Engine.intervention_logit_differences`;
+    None: juice's own engine).
 
     Raises:
         ValueError: no prompts.
@@ -149,12 +153,11 @@ def logit_difference_effects(
         raise ValueError("PH3 needs at least one development prompt")
     g = lm.heads.geometry
     interventions = [(Head(l, h), -1.0) for l in range(g.n_layers) for h in range(g.n_heads)]
+    engine = engine_or_default(engine)
 
     def measure(cp: ConflictPrompt) -> tuple[float, Tensor]:
-        pair = torch.tensor([cp.parametric_token, cp.context_token])
-        clean, values = intervention_readout(
-            lm, cp.prompt, interventions, lambda logits: logits[:, pair.to(logits.device)], max_rows)
-        return float(clean[0] - clean[1]), (values[:, 0] - values[:, 1]).double()
+        return engine.intervention_logit_differences(lm, cp.prompt, (cp.parametric_token, cp.context_token),
+                                                     interventions, max_rows)
 
     return _mean_effects(lm, prompts, "ph3", measure, checkpoint, on_progress)
 

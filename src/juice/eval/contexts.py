@@ -31,6 +31,7 @@ from juice.data.context_types import CONTEXT_TYPES, ContextItem
 from juice.eval.degeneration import correct_not_degenerate
 from juice.eval.metrics import context_verdicts
 from juice.eval.stats import Interval, _check
+from juice.engine.backend import Engine
 from juice.eval.runner import DecodeRequest, ItemResult, Method, as_method, decode_requests, exact_match_decided
 from juice.eval.tables import IntervalTable, interval_table
 from juice.models import LoadedModel
@@ -73,6 +74,7 @@ def evaluate_context_types(
     *,
     max_rows: int | str = 64,
     on_progress: OnProgress | None = None,
+    engine: Engine | None = None,
 ) -> list[ItemResult]:
     """Decode and score every item x method (module docstring).
 
@@ -82,6 +84,7 @@ def evaluate_context_types(
         methods: name -> :class:`~juice.eval.runner.Method` (or a steering); an instructed
             method uses its `instruction` (default "contextual").
         on_progress: called with the number of (prompt, method) streams finished.
+        engine: what decodes (:mod:`juice.engine.backend`); None: juice's own engine.
 
     Returns:
         one :class:`~juice.eval.runner.ItemResult` per item and method, in item order.
@@ -107,7 +110,8 @@ def evaluate_context_types(
         if not requests:
             continue
         decoded = decode_requests(lm, requests, new_tokens, max_rows=max_rows, on_progress=on_progress,
-                                  stop_text=exact_match_decided(lm.tokenizer) if metric == "first_words" else None)
+                                  stop_text=exact_match_decided(lm.tokenizer) if metric == "first_words" else None,
+                                  engine=engine)
         for (i, item, name), (text, probs) in zip(meta, decoded):
             verdicts = context_verdicts(item, text)
             results[(i, name)] = ItemResult(

@@ -35,7 +35,8 @@ from juice.baselines.cad import AlphaRule, CadPolicy, cad_generate, jsd_alpha
 from juice.baselines.prompt import contextual_prompt, parametric_prompt
 from juice.eval.degeneration import is_degenerate
 from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample
-from juice.engine import Choice, Contrast, QuestionAlone, Stream, generate
+from juice.engine import Choice, Contrast, QuestionAlone, Stream
+from juice.engine.backend import Engine, engine_or_default
 from juice.likelihood import continuation_ids
 from juice.eval.metrics import N_WORDS, contextual_correct, is_correct, memotrap_match, nqswap_match
 from juice.models import LoadedModel
@@ -96,6 +97,21 @@ class Method:
 
 def as_method(value: "Method | Steering") -> Method:
     return value if isinstance(value, Method) else Method(steering=value)
+
+
+def method_engine(method: "Method | Steering", engine: Engine | None = None) -> str:
+    """Which engine decodes a method's rows: `engine`'s name, or "juice (<reason>)" where
+    `engine` hands the method's streams to juice's own (:meth:`juice.engine.backend.Engine.decodes`);
+    for the results' `protocol.engine`."""
+    method, engine = as_method(method), engine_or_default(engine)
+    if method.contrastive is not None:
+        stream = Stream(0, contrast=Contrast(1, CadPolicy(method.contrastive)))
+    elif method.choice is not None:
+        stream = Stream(0, choice=replace(method.choice, question=1))
+    else:
+        stream = Stream(0, method.steering)
+    reason = engine.decodes(stream)
+    return engine.name if reason is None else f"juice ({reason})"
 
 
 @dataclass(frozen=True)
@@ -176,6 +192,7 @@ def _request_key(r: DecodeRequest) -> tuple:
 def decode_requests(
     lm: LoadedModel, requests: Sequence[DecodeRequest], max_new_tokens: int, *, max_rows: int | str = 64,
     on_progress: OnProgress | None = None, stop_text: Callable[[str], bool] | None = None,
+    engine: Engine | None = None,
 ) -> list[tuple[str, Tensor]]:
     """Greedy decoding of every request in one :func:`juice.engine.generate` call per
     intervention site (:attr:`juice.steering.Steering.site`; Original and CAD requests go with
@@ -196,6 +213,7 @@ def decode_requests(
     Args:
         on_progress: called with the number of requests finished after each batch (and once
             with the number of duplicates at the end).
+        engine: what decodes (:mod:`juice.engine.backend`); None: juice's own engine.
 
     Returns:
         Per request, in order: (decoded text, `[len(probe)]` first-step probe probabilities).
@@ -209,7 +227,7 @@ def decode_requests(
     if len(unique) < len(requests):
         position = {u: k for k, u in enumerate(unique)}
         decoded = decode_requests(lm, [requests[i] for i in unique], max_new_tokens, max_rows=max_rows,
-                                  on_progress=on_progress, stop_text=stop_text)
+                                  on_progress=on_progress, stop_text=stop_text, engine=engine)
         if on_progress:
             on_progress(len(requests) - len(unique))   # the duplicates, done with their originals
         return [decoded[position[c]] for c in copy_of]
@@ -244,9 +262,9 @@ def decode_requests(
             else:
                 question = texts.setdefault(r.question, len(texts))
                 streams.append(Stream(prompt, contrast=Contrast(question, CadPolicy(r.method.contrastive))))
-        gen = generate(lm, list(texts), streams, max_new_tokens,
-                       probe_tokens=torch.tensor([list(requests[i].probe) for i in idx]),
-                       max_rows=max_rows, on_progress=on_progress, stop_at_eos=True, stop_text=stop_text)
+        gen = engine_or_default(engine).generate(
+            lm, list(texts), streams, max_new_tokens, probe_tokens=torch.tensor([list(requests[i].probe) for i in idx]),
+            max_rows=max_rows, on_progress=on_progress, stop_at_eos=True, stop_text=stop_text)
         for i, text, probs in zip(idx, gen.texts, gen.first_probs):
             out[i] = (text, probs)
     return out
@@ -270,6 +288,7 @@ def evaluate(
     max_rows: int | str = 64,
     on_progress: OnProgress | None = None,
     full_outputs: bool = False,
+    engine: Engine | None = None,
 ) -> list[ItemResult]:
     """Generate for every example x conflict type x method in shared batches and score them.
 
@@ -284,6 +303,7 @@ def evaluate(
         methods: name -> :class:`Method` (or a bare steering); names label the results (e.g.
             "Original", "Prompt", "PH3-l", "JuICE").
         on_progress: called with the number of (prompt, method) streams finished.
+        engine: what decodes (:mod:`juice.engine.backend`); None: juice's own engine.
 
     Raises:
         EmptyAnswerError: an answer tokenizes to nothing.
@@ -305,7 +325,7 @@ def evaluate(
     if not requests:
         return []
     decoded = decode_requests(lm, requests, max_new_tokens, max_rows=max_rows, on_progress=on_progress,
-                              stop_text=None if full_outputs else exact_match_decided(lm.tokenizer))
+                              stop_text=None if full_outputs else exact_match_decided(lm.tokenizer), engine=engine)
     results = []
     for (ex, t, name), (text, probs) in zip(meta, decoded):
         results.append(ItemResult(
@@ -325,6 +345,7 @@ def evaluate_contextual(
     likelihood: bool = True,
     max_rows: int | str = 64,
     on_progress: OnProgress | None = None,
+    engine: Engine | None = None,
 ) -> list[ItemResult]:
     """Contextual-direction evaluation (module docstring): every example x method, generation
     batched per metric (10 new tokens for MemoTrap, 20 for NQ-Swap); CAD and AdaCAD as contrastive
@@ -333,6 +354,7 @@ def evaluate_contextual(
 
     Results use `domain` = dataset, `subject` = uid, `conflict_type` = "context"; `correct` means
     the contextual answer. With `likelihood`, MemoTrap items also get the likelihood comparison.
+    `engine` decodes (:mod:`juice.engine.backend`; None: juice's own engine).
 
     Raises:
         EmptyAnswerError: an answer tokenizes to nothing.
@@ -351,7 +373,8 @@ def evaluate_contextual(
                          answer_first_token(lm.tokenizer, prompt, ex.context_answer)]
                 meta.append((i, ex, name))
                 requests.append(DecodeRequest(prompt, method, probe, ex.question))
-        decoded = decode_requests(lm, requests, new_tokens, max_rows=max_rows, on_progress=on_progress)
+        decoded = decode_requests(lm, requests, new_tokens, max_rows=max_rows, on_progress=on_progress,
+                                  engine=engine)
         for (i, ex, name), (text, probs) in zip(meta, decoded):
             correct = contextual_correct(ex, text, ex.context_answers)
             results[(i, name)] = ItemResult(
@@ -362,7 +385,7 @@ def evaluate_contextual(
             )
     if likelihood:
         memo = [(i, ex) for i, ex in enumerate(examples) if ex.metric == "memotrap"]
-        wins = likelihood_wins(lm, [ex for _, ex in memo], methods, max_rows=max_rows)
+        wins = likelihood_wins(lm, [ex for _, ex in memo], methods, max_rows=max_rows, engine=engine)
         for name in methods:
             for (i, _), win in zip(memo, wins[name]):
                 r = results[(i, name)]
@@ -372,7 +395,7 @@ def evaluate_contextual(
 
 def likelihood_wins(
     lm: LoadedModel, examples: Sequence[ContextualExample], methods: Mapping[str, "Method | Steering"], *,
-    max_rows: int | str = 64,
+    max_rows: int | str = 64, engine: Engine | None = None,
 ) -> dict[str, list[bool]]:
     """MemoTrap's classification metric: for each method and example, whether the contextual
     continuation has a higher summed log-probability than the memorised one (teacher forcing).
@@ -380,7 +403,7 @@ def likelihood_wins(
     Both continuations of every method are scored by forced decoding in shared batches
     (:func:`juice.engine.generate` with `forced_tokens`; CAD and AdaCAD by
     :func:`juice.baselines.cad.cad_generate` with `forced_tokens`, under the contrasted
-    distribution), so a prompt's clean prefill is computed once.
+    distribution), so a prompt's clean prefill is computed once. `engine` decodes (None: juice's).
 
     Returns:
         method name -> one bool per example.
@@ -413,13 +436,14 @@ def likelihood_wins(
 
     if streams:
         tokens, width = forced(conts)
-        gen = generate(lm, list(prompts), streams, width, max_rows=max_rows, forced_tokens=tokens)
+        gen = engine_or_default(engine).generate(lm, list(prompts), streams, width, max_rows=max_rows,
+                                                 forced_tokens=tokens)
         for key, cont, lp in zip(owners, conts, gen.forced_logprobs):
             logprob[key] = float(lp[: len(cont)].sum())
     for alpha, items in cad.items():
         tokens, width = forced([it[5] for it in items])
         gen = cad_generate(lm, [it[3] for it in items], [it[4] for it in items], width, alpha, max_rows=max_rows,
-                           forced_tokens=tokens)
+                           forced_tokens=tokens, engine=engine)
         for it, lp in zip(items, gen.forced_logprobs):
             logprob[it[:3]] = float(lp[: len(it[5])].sum())
     return {name: [logprob[(name, j, 0)] > logprob[(name, j, 1)] for j in range(len(examples))] for name in methods}
@@ -468,7 +492,7 @@ def results_from_json(rows: Sequence[dict]) -> list[ItemResult]:
 
 
 __all__ = [
-    "ItemResult", "Method", "as_method", "contextual_correct", "evaluate", "evaluate_contextual",
+    "ItemResult", "Method", "as_method", "method_engine", "contextual_correct", "evaluate", "evaluate_contextual",
     "is_correct", "likelihood_table", "likelihood_wins", "memotrap_match", "nqswap_match", "results_from_json",
     "results_to_json", "summary",
 ]

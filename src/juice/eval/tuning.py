@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from juice.baselines.ph3 import PRUNE_K, Ph3Scores, heads_to_prune
 from juice.data.records import CONFLICT_TYPES, ConflictExample, ContextualExample, Direction
+from juice.engine.backend import Engine
 from juice.eval.runner import ItemResult, evaluate, evaluate_contextual
 from juice.interventions import HeadSelection
 from juice.models import LoadedModel
@@ -76,11 +77,12 @@ def grid_name(method: str, beta_plus: float, beta_minus: float) -> str:
     return GridSetting(method, beta_plus, beta_minus).label
 
 
-def _run(lm, validation, steerings, direction, conflict_types, max_rows, on_progress) -> list[ItemResult]:
+def _run(lm, validation, steerings, direction, conflict_types, max_rows, on_progress, engine) -> list[ItemResult]:
     if Direction.parse(direction) == Direction.CONTEXTUAL:
         return evaluate_contextual(lm, validation, steerings, likelihood=False, max_rows=max_rows,
-                                   on_progress=on_progress)
-    return evaluate(lm, validation, steerings, conflict_types, max_rows=max_rows, on_progress=on_progress)
+                                   on_progress=on_progress, engine=engine)
+    return evaluate(lm, validation, steerings, conflict_types, max_rows=max_rows, on_progress=on_progress,
+                    engine=engine)
 
 
 def grid_points(
@@ -162,6 +164,7 @@ def tune_per_domain(
     on_progress: OnProgress | None = None,
     site: str = "o_proj_input",
     degeneration_margin: float | None = None,
+    engine: Engine | None = None,
 ) -> dict[str, DomainChoice]:
     """JuICE's and JuNE's (beta+, beta-) and PH3's k, chosen per domain on that domain's own
     validation split (docs/protocol.md, "Hyperparameters per domain"; paper App. D.1).
@@ -181,6 +184,7 @@ def tune_per_domain(
         degeneration_margin: percentage points of degenerate validation outputs a chosen setting
             (betas or k) may add to Original's on the same domain (module docstring); None: the
             paper's criterion, accuracy only.
+        engine: what decodes (:mod:`juice.engine.backend`); None: juice's own engine.
 
     Returns:
         domain -> :class:`DomainChoice`.
@@ -204,7 +208,7 @@ def tune_per_domain(
             steerings[setting.label] = build("ph3", MethodInputs(
                 lm, pruned=heads_to_prune(scores, direction, k))).method.steering
     items = [ex for exs in validation.values() for ex in exs]
-    results = _run(lm, items, steerings, direction, conflict_types, max_rows, on_progress) if items else []
+    results = _run(lm, items, steerings, direction, conflict_types, max_rows, on_progress, engine) if items else []
     out = {}
     for domain, exs in validation.items():
         if not exs:

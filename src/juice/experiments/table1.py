@@ -37,6 +37,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from juice.data.records import CONFLICT_TYPES
+from juice.engine.backend import Engine
 from juice.eval.degeneration import correct_not_degenerate
 from juice.eval.report import degeneration_markdown, difference_markdown, interval_markdown, table1_columns
 from juice.eval.runner import evaluate, results_to_json, summary
@@ -58,9 +59,12 @@ from juice.pipeline.stages import domain_methods, evaluate_test_splits, ph3_scor
 from juice.progress import Progress, no_progress
 
 
-def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: LoadedModel | None = None) -> ReproduceResult:
+def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: LoadedModel | None = None,
+              engine: Engine | None = None) -> ReproduceResult:
     """Run the whole pipeline (module docstring) and write `results.json`, `table.md`,
-    `table.png`, `table_known.png` and `heads.json` to `cfg.out_dir`.
+    `table.png`, `table_known.png` and `heads.json` to `cfg.out_dir`. `engine` runs the stages
+    (:mod:`juice.engine.backend`; None: juice's own; `cfg.engine` must name it: `juice reproduce
+    --engine vllm` passes :class:`juice.vllm.engine.VllmEngine`).
 
     Raises:
         ValueError: too few known items for D and validation in the head domain; bad settings.
@@ -69,7 +73,7 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
     """
     out = Path(cfg.out_dir)
     domain_sources(cfg)   # bad data fails here, in one line, before the model loads
-    run, timings = start_run(cfg, lm, progress)
+    run, timings = start_run(cfg, lm, progress, engine)
     lm, notes = run.lm, run.notes
     # each stage's key adds the content of the items it reads, so sizes and folders need not be in it:
     # a larger --limit re-runs only the filter and the evaluation, not Stage 1, PH3 or the tuning
@@ -108,6 +112,7 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
                     **{f"{part}_ids": [ex.uid for ex in getattr(s, part)]
                        for part in ("head_set", "validation", "ph3_dev", "test")}} for d, s in splits.items()},
         domains=list(splits), titles=titles, notes=notes, methods=tuple(methods_order), head_domain=head_domain,
+        engines=run.engine_record(),
     )
     write_outputs(result, all_results, out)
     return result
@@ -127,7 +132,7 @@ def write_outputs(result: ReproduceResult, results, out: Path) -> None:
                      "ph3_scoring": ph3_scoring(result.choices),
                      "beta_grid": {"beta_plus": list(result.config.beta_plus_grid),
                                    "beta_minus": list(result.config.beta_minus_grid)},
-                     "heads_from": f"{result.head_domain} D"},
+                     "heads_from": f"{result.head_domain} D", "engine": result.engines},
         "model": result.model,
         "heads": selection_to_json(result.selection),
         "choices": result.choices,

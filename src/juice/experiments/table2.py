@@ -40,6 +40,7 @@ from juice.data.contextual import (
     contextual_splits,
     load_contextual,
 )
+from juice.engine.backend import Engine
 from juice.eval.degeneration import correct_not_degenerate
 from juice.eval.report import degeneration_markdown, difference_markdown, interval_markdown, table2_columns
 from juice.eval.contexts import context_type_tables, evaluate_context_types
@@ -135,10 +136,11 @@ def nqswap_test_contexts(lm: LoadedModel, root: Path, test_uids: list[str], max_
 
 def reproduce_contextual(
     cfg: ReproduceConfig, progress: Progress = no_progress, lm: LoadedModel | None = None,
-    max_prompt_tokens: int | None = 256,
+    max_prompt_tokens: int | None = 256, engine: Engine | None = None,
 ) -> ReproduceResult:
     """Run the contextual pipeline (module docstring) and write `results_contextual.json`,
-    `table2.md`, `table2.png` and `heads_contextual.json` to `cfg.out_dir`.
+    `table2.md`, `table2.png` and `heads_contextual.json` to `cfg.out_dir`. `engine` runs the
+    stages (:mod:`juice.engine.backend`; None: juice's own; `cfg.engine` must name it).
 
     Raises:
         FileNotFoundError: the contextual data are not found (see :func:`resolve_data_root`).
@@ -149,7 +151,7 @@ def reproduce_contextual(
     root = resolve_data_root(cfg)
     for name in CONTEXTUAL_DATASETS:   # bad data fails here, in one line, before the model loads
         load_contextual(name, root)
-    run, timings = start_run(cfg, lm, progress)
+    run, timings = start_run(cfg, lm, progress, engine)
     lm, notes = run.lm, run.notes
 
     t = time.perf_counter()
@@ -191,7 +193,9 @@ def reproduce_contextual(
                                 "items": [asdict(i) for i in items], "stage": "contexts/2"})
         ctx_results = evaluation_stage(
             run, "contexts_nqswap", key_ctx, "when to steer: NQ-Swap x 4 contexts", len(items) * len(nq_methods),
-            lambda advance: evaluate_context_types(lm, items, nq_methods, max_rows=cfg.max_rows, on_progress=advance))
+            lambda advance: evaluate_context_types(lm, items, nq_methods, max_rows=cfg.max_rows, on_progress=advance,
+                                                   engine=run.engine))
+        run.ran("contexts")
         contexts = context_type_tables(ctx_results, list(nq_methods), **boot)
         timings["contexts"] = time.perf_counter() - t
     studies = when_to_steer_stage(run, choices, root, timings)
@@ -206,7 +210,7 @@ def reproduce_contextual(
         likelihood=interval_table(by_likelihood, order, **boot) if by_likelihood else None,
         degeneration=interval_table(all_results, order, value=lambda r: r.degenerate, **boot),
         correct_not_degenerate=interval_table(all_results, order, value=correct_not_degenerate, **boot),
-        contexts=contexts, studies=studies,
+        contexts=contexts, studies=studies, engines=run.engine_record(),
     )
     _write(result, all_results, out)
     return result
@@ -242,6 +246,8 @@ def when_to_steer_stage(run: StageRun, choices: Mapping[str, Any], root: Path,
     cfg, lm, out = run.cfg, run.lm, Path(run.cfg.out_dir)
     if not cfg.contexts:
         return {}
+    run.ran("when to steer study", "auto decides per request from a second, question-only sequence, which a "
+                                   "vLLM request cannot carry")
     if "nqswap" not in choices:
         run.notes.append("when to steer: NQ-Swap is not in this run, so there are no Table 2 betas to study with")
         return {}
@@ -291,7 +297,7 @@ def _write(result: ReproduceResult, results, out: Path) -> None:
                      "ph3_scoring": ph3_scoring(result.choices),
                      "beta_grid": {"beta_plus": list(result.config.beta_plus_grid),
                                    "beta_minus": list(result.config.beta_minus_grid)},
-                     "heads_from": "proverb_ending D"},
+                     "heads_from": "proverb_ending D", "engine": result.engines},
         "choices": result.choices, "table": result.table.to_json(), "accuracy": result.table.means(),
         "likelihood": result.likelihood.to_json() if result.likelihood else None,
         "degeneration": result.degeneration.to_json() if result.degeneration else None,

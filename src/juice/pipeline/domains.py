@@ -20,6 +20,7 @@ from juice.data.paraconflict import DOMAINS, build_domain
 from juice.data.records import ConflictExample
 from juice.data.splits import DomainPool, Splits, load_paper_domains, split_test
 from juice.eval.metrics import is_correct
+from juice.engine.backend import Engine
 from juice.eval.runner import evaluate
 from juice.io import settings_key
 from juice.models import LoadedModel
@@ -52,9 +53,11 @@ def domain_sources(cfg: ReproduceConfig) -> tuple[dict[str, DomainPool], dict[st
 
 
 def clean_outputs(lm: LoadedModel, examples: Sequence[ConflictExample], max_rows: int | str,
-                  on_progress: OnProgress | None = None) -> list[str]:
-    """The unmodified model's greedy continuation (10 new tokens) of each clean prompt."""
-    results = evaluate(lm, examples, {"Original": Steering()}, ("clean",), max_rows=max_rows, on_progress=on_progress)
+                  on_progress: OnProgress | None = None, engine: Engine | None = None) -> list[str]:
+    """The unmodified model's greedy continuation (10 new tokens) of each clean prompt, decoded
+    by `engine` (None: juice's own)."""
+    results = evaluate(lm, examples, {"Original": Steering()}, ("clean",), max_rows=max_rows, on_progress=on_progress,
+                       engine=engine)
     return [r.output for r in results]
 
 
@@ -74,30 +77,31 @@ def filter_domain(
     Returns:
         (known pool items, test items, counts: pool, decoded, known).
     """
-    lm, cfg, state, progress = run.lm, run.cfg, run.state, run.progress
+    lm, cfg, state, progress, engine = run.lm, run.cfg, run.state, run.progress, run.engine
+    run.ran("data and filter")
     stage = f"filter_{domain}_{key}"   # one file per model, data and seed: several can share a folder
     saved = state.load(stage, key)
     if saved is None:
         test = list(source.test)
         advance = progress(f"{domain}: clean prompts of the test split (answer aliases)", len(test))
-        saved = {"test_outputs": clean_outputs(lm, test, cfg.max_rows, advance) if test else [], "pool_outputs": []}
+        saved = {"test_outputs": clean_outputs(lm, test, cfg.max_rows, advance, engine) if test else [], "pool_outputs": []}
         if cfg.filter:
             advance = progress(f"{domain}: filter the {part} (clean prompts)", len(source.pool))
             outputs: list[str] = []
             known = 0
             while len(outputs) < len(source.pool) and (need is None or known < need):
                 chunk = list(source.pool[len(outputs): len(outputs) + FILTER_CHUNK])
-                new = clean_outputs(lm, chunk, cfg.max_rows, advance)
+                new = clean_outputs(lm, chunk, cfg.max_rows, advance, engine)
                 known += sum(is_correct(o, ex.answers) for o, ex in zip(new, chunk))
                 outputs += new
             saved["pool_outputs"] = outputs
         else:   # no filter: the items used (the first `need`) still get the preferred alias
             used = list(source.pool if need is None else source.pool[:need])
             advance = progress(f"{domain}: clean prompts of the {part}'s items (answer aliases)", len(used))
-            outputs = clean_outputs(lm, used, cfg.max_rows, advance) if used else []
-            used = prefer_aliases(lm, used, outputs, max_rows=cfg.max_rows) if used else []
+            outputs = clean_outputs(lm, used, cfg.max_rows, advance, engine) if used else []
+            used = prefer_aliases(lm, used, outputs, max_rows=cfg.max_rows, engine=engine) if used else []
             saved["pool_outputs"], saved["pool_answers"] = outputs, [list(ex.answers) for ex in used]
-        test_items = prefer_aliases(lm, test, saved["test_outputs"], max_rows=cfg.max_rows) if test else []
+        test_items = prefer_aliases(lm, test, saved["test_outputs"], max_rows=cfg.max_rows, engine=engine) if test else []
         saved["test_answers"] = [list(ex.answers) for ex in test_items]
         state.save(stage, key, saved)
     test_items = [replace(ex, answers=tuple(a)) for ex, a in zip(source.test, saved["test_answers"])]

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from juice.data.paraconflict import DOMAINS
+from juice.engine.backend import JUICE_ENGINE, Engine
 from juice.eval.tables import IntervalTable
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID
 from juice.interventions import HeadSelection
@@ -37,7 +38,10 @@ SCORING_LABELS = {
 @dataclass
 class StageRun:
     """What every stage of a run shares: the model, the configuration, the stage files under
-    `<out>/state/`, the progress callback, and the notes the report will carry (stages append).
+    `<out>/state/`, the progress callback, the notes the report will carry (stages append), the
+    engine the stages ask (:mod:`juice.engine.backend`; juice's own by default) and where each
+    stage ran (`engines`: stage -> engine name, or the reason it ran on juice's engine) and where
+    each table row was decoded (`row_engines`, the same for the test evaluation's rows).
     """
 
     lm: LoadedModel
@@ -45,6 +49,29 @@ class StageRun:
     state: StageFiles
     progress: Progress = no_progress
     notes: list[str] = field(default_factory=list)
+    engine: Engine = JUICE_ENGINE
+    engines: dict[str, str] = field(default_factory=dict)
+    row_engines: dict[str, str] = field(default_factory=dict)
+
+    def ran(self, stage: str, where: str | None = None) -> None:
+        """Record that `stage` ran on the run's engine, or, with `where`, on juice's engine for
+        that reason (said once in the notes)."""
+        if where is None or self.engine.name == "juice":
+            self.engines[stage] = self.engine.name
+            return
+        self.engines[stage] = f"juice ({where})"
+        note = f"{stage} ran on juice's engine: {where}"
+        if note not in self.notes:
+            self.notes.append(note)
+
+    def engine_record(self) -> dict[str, Any]:
+        """results.json's `protocol.engine`: the run's engine, where each stage ran and where each
+        table row was decoded."""
+        record = {"name": self.engine.name, "stages": dict(self.engines), "rows": dict(self.row_engines)}
+        starts = getattr(self.engine, "starts", None)
+        if starts is not None:   # vLLM: its server's starts, within the stages' times
+            record["server_starts_s"] = [round(s, 1) for s in starts]
+        return record
 
 
 STUDY_SIZES = {"nqswap": {"default": (40, 40), "published": (300, 250)},
@@ -52,6 +79,10 @@ STUDY_SIZES = {"nqswap": {"default": (40, 40), "published": (300, 250)},
 """The when-to-steer study's distinct questions per source, (validation, test), by dataset and size
 (docs/when-to-steer.md: the published tables hold at least 250 test and 300 validation questions
 per dataset; ParaConflict's are per domain, six domains)."""
+
+ENGINES = ("juice", "vllm")
+"""What runs the stages (:mod:`juice.engine.backend`): juice's own engine in this process, or vLLM's
+OpenAI server with juice's plugin (:class:`juice.vllm.engine.VllmEngine`)."""
 
 DEFAULT_TEST_ITEMS = {"parametric": 30, "contextual": 20}
 """Test items per domain / dataset by default: as many as fit 20 minutes on 2 CPU cores (README)."""
@@ -95,12 +126,15 @@ class ReproduceConfig:
     contexts: tuple[str, ...] = ()      # contextual: the when-to-steer study after Table 2, on "nqswap" and / or
                                         # "paraconflict" (the six built-in domains, or `data`'s files)
     study_size: str = "default"         # the study's questions: default | published (STUDY_SIZES)
+    engine: str = "juice"               # juice (this process) | vllm (vLLM's server with juice's plugin)
+    vllm_args: tuple[str, ...] = ()     # engine vllm: more arguments for vLLM's server (e.g. --tensor-parallel-size=2)
 
     def __post_init__(self) -> None:
         """Raises:
             ValueError: a Stage 1 scoring other than exact, hybrid or attribution; a
                 degeneration margin that is not a finite number >= 0; `max_rows` neither a
-                positive number nor "auto".
+                positive number nor "auto"; an engine other than juice or vllm; `vllm_args`
+                without engine vllm.
         """
         if self.scoring not in SCORING_LABELS:
             raise ValueError(f"scoring must be exact, hybrid or attribution, not {self.scoring!r}")
@@ -114,6 +148,11 @@ class ReproduceConfig:
             raise ValueError(f"study_size must be default or published, not {self.study_size!r}")
         if self.max_rows != "auto" and not (isinstance(self.max_rows, int) and self.max_rows > 0):
             raise ValueError(f'max_rows must be a positive number of rows or "auto", not {self.max_rows!r}')
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be {' or '.join(ENGINES)}, not {self.engine!r}")
+        self.vllm_args = tuple(self.vllm_args)
+        if self.vllm_args and self.engine != "vllm":
+            raise ValueError("vllm_args are for engine vllm")
 
     def test_limit(self, direction: str) -> int | None:
         """Test items per domain (parametric) or dataset (contextual); None = all.
@@ -153,6 +192,7 @@ class ReproduceResult:
     studies: dict[str, dict[str, Any]] = field(default_factory=dict)   # contextual: the when-to-steer study's
                                                                       # headline per dataset (cfg.contexts)
     correct_not_degenerate: IntervalTable | None = None   # exact match on a non-degenerate output
+    engines: dict[str, Any] | None = None   # protocol.engine: the engine, where each stage and row ran
 
 
 def tuning_label(cfg: ReproduceConfig, unit: str) -> str:
@@ -165,19 +205,33 @@ def tuning_label(cfg: ReproduceConfig, unit: str) -> str:
 
 
 def start_run(cfg: ReproduceConfig, lm: LoadedModel | None, progress: Progress = no_progress,
-              ) -> tuple[StageRun, dict[str, float]]:
+              engine: Engine | None = None) -> tuple[StageRun, dict[str, float]]:
     """The run's shared context (the model, loaded unless given; the stage files under
-    `<out>/state/`) and the timings with the load time."""
+    `<out>/state/`; the engine, given or juice's own) and the timings with the load time.
+
+    Raises:
+        ValueError: `engine` is not the engine `cfg.engine` names (an engine other than juice's
+            is made and closed by the caller: :func:`juice.vllm.engine.open_engine`).
+    """
+    engine = engine or JUICE_ENGINE
+    if engine.name != cfg.engine:
+        raise ValueError(f"the configuration names engine {cfg.engine}, but the {engine.name} engine was given "
+                         "(juice.vllm.engine.open_engine makes vLLM's)")
     t = time.perf_counter()
     lm = lm or load_model(cfg.model, dtype=getattr(torch, cfg.dtype), device_map=cfg.device_map, device=cfg.device)
-    return StageRun(lm, cfg, StageFiles(Path(cfg.out_dir) / "state"), progress), {"load_model": time.perf_counter() - t}
+    engine.check(lm)
+    return (StageRun(lm, cfg, StageFiles(Path(cfg.out_dir) / "state"), progress, engine=engine),
+            {"load_model": time.perf_counter() - t})
 
 
 def run_key_base(lm: LoadedModel, cfg: ReproduceConfig, **extra: Any) -> dict[str, Any]:
-    """What every stage key holds: the model (weights, tokenizer), the juice version, the seed."""
+    """What every stage key holds: the model (weights, tokenizer), the juice version, the seed,
+    and the engine where it is not juice's own (its floats differ in the last bits, so a run
+    resumed on another engine recomputes; juice's own keeps the keys it always had)."""
     from juice import __version__
 
-    return {"model": lm.fingerprint(), "juice": __version__, "seed": cfg.seed, **extra}
+    engine = {} if cfg.engine == "juice" else {"engine": cfg.engine}
+    return {"model": lm.fingerprint(), "juice": __version__, "seed": cfg.seed, **engine, **extra}
 
 
 def scoring_title(cfg: ReproduceConfig) -> str:

@@ -24,7 +24,8 @@ from juice.baselines.ph3 import (
     ph3_patching_prompts,
 )
 from juice.data.records import CONFLICT_TYPES, ConflictExample
-from juice.eval.runner import ItemResult, Method, results_from_json, results_to_json
+from juice.engine.backend import Engine, engine_or_default
+from juice.eval.runner import ItemResult, Method, method_engine, results_from_json, results_to_json
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
 from juice.interventions import Head, HeadSelection
 from juice.io import StageFiles, UnitCheckpoint, settings_key, write_json_atomic
@@ -52,18 +53,19 @@ PH3_CONFLICT_TYPES = ("substitution", "coherent")
 
 def identify_heads(
     lm: LoadedModel, cfg: ReproduceConfig, head_set: Sequence, progress: Progress,
-    direction: str = "parametric", checkpoint: UnitCheckpoint | None = None,
+    direction: str = "parametric", checkpoint: UnitCheckpoint | None = None, engine: Engine | None = None,
 ):
     """Stage 1 with the configured scoring method. Returns (scores, selection).
 
     With `checkpoint`, each prompt's scores are saved as soon as they are computed, so an
-    interrupted Stage 1 resumes at the next prompt.
+    interrupted Stage 1 resumes at the next prompt. `engine` computes the exact scores
+    (:meth:`juice.engine.backend.Engine.intervention_probs`; None: juice's own engine).
     """
-    return score_prompts(lm, cfg, scoring_prompts(lm, head_set, direction), progress, checkpoint)
+    return score_prompts(lm, cfg, scoring_prompts(lm, head_set, direction), progress, checkpoint, engine)
 
 
 def identify_on_domain(lm: LoadedModel, cfg: ReproduceConfig, state: StageFiles, progress: Progress = no_progress,
-                       **key: Any) -> HeadsArtifact:
+                       engine: Engine | None = None, **key: Any) -> HeadsArtifact:
     """`juice identify` without a data file: Stage 1 (paper Alg. 2-3) on the D of `cfg`'s head
     domain (World Capital unless `cfg.domains` names another built-in domain, or `cfg.data`'s
     head-finding file), filtered for `lm`. Only D's items need be known (no validation split).
@@ -72,6 +74,7 @@ def identify_on_domain(lm: LoadedModel, cfg: ReproduceConfig, state: StageFiles,
         cfg: the settings (`k`, `scoring`, `head_set_size`, `seed`, `data`, `domains`);
             `validation_size`, `baselines` and `limit` are ignored (0, off, 0).
         state: where the filter's stage files go (keyed on the model, the data and the seed).
+        engine: what decodes and scores (:mod:`juice.engine.backend`; None: juice's own engine).
         key: more of the stage keys' common part (e.g. the command).
 
     Returns:
@@ -87,18 +90,20 @@ def identify_on_domain(lm: LoadedModel, cfg: ReproduceConfig, state: StageFiles,
 
     cfg = replace(cfg, validation_size=0, baselines=False, limit=0)
     base = run_key_base(lm, cfg, data=str(cfg.data), head_set_size=cfg.head_set_size, **key)
-    splits, _, head_domain, _ = prepare_domains(StageRun(lm, cfg, state, progress), base)
+    splits, _, head_domain, _ = prepare_domains(StageRun(lm, cfg, state, progress, engine=engine_or_default(engine)),
+                                                base)
     head_set = splits[head_domain].head_set
-    scores, selection = identify_heads(lm, cfg, head_set, progress)
+    scores, selection = identify_heads(lm, cfg, head_set, progress, engine=engine)
     artifact = make_artifact(lm, scores, selection, cfg.k, "parametric", head_set)
     artifact.data = {"folder": str(cfg.data) if cfg.data else "built-in", "domain": head_domain, "rows": len(head_set)}
     return artifact
 
 
 def score_prompts(lm: LoadedModel, cfg: ReproduceConfig, prompts: Sequence, progress: Progress = no_progress,
-                  checkpoint: UnitCheckpoint | None = None):
+                  checkpoint: UnitCheckpoint | None = None, engine: Engine | None = None):
     """Stage 1 (cfg.scoring: exact, attribution or hybrid) on ready scoring prompts, then Alg. 3's
-    selection of cfg.k heads per sign. Returns (scores, selection).
+    selection of cfg.k heads per sign. Returns (scores, selection). Exact scores come from
+    `engine` (None: juice's own); the approximations (gradients) from juice's engine always.
 
     Raises:
         ValueError: an unknown scoring method.
@@ -114,7 +119,8 @@ def score_prompts(lm: LoadedModel, cfg: ReproduceConfig, prompts: Sequence, prog
     elif cfg.scoring == "exact":
         advance = progress("stage 1: exact head scores", len(prompts))
         scores = score_heads(lm, prompts, cfg.alphas_positive, cfg.alphas_negative, max_rows=_scoring_rows(cfg),
-                             on_progress=advance, checkpoint=checkpoint)
+                             on_progress=advance, checkpoint=checkpoint,
+                             probs=engine_or_default(engine).intervention_probs)
     else:
         raise ValueError(f"scoring must be exact, attribution or hybrid, not {cfg.scoring!r}")
     return scores, select_heads(scores, cfg.k)
@@ -135,10 +141,14 @@ def heads_stage(
         (selection, the heads artifact as JSON, with the scoring method and its label).
     """
     lm, cfg, state = run.lm, run.cfg, run.state
+    if cfg.scoring == "exact":
+        run.ran("stage 1")
+    else:
+        run.ran("stage 1", "attribution patching needs gradients, which vLLM does not give")
     saved = state.load(stage, key)
     if saved is None:
         scores, selection = identify_heads(lm, cfg, head_set, run.progress, direction=direction,
-                                           checkpoint=UnitCheckpoint(state.folder / "units.json", lm.fingerprint()))
+                                           checkpoint=units(run), engine=run.engine)
         saved = make_artifact(lm, scores, selection, cfg.k, direction, head_set).to_json()
         saved["scoring"] = cfg.scoring
         saved["scoring_label"] = SCORING_LABELS[cfg.scoring]
@@ -176,14 +186,19 @@ def ph3_scores_stage(
     stem = name.lower().replace("-", "_").replace(" ", "_").replace("(", "").replace(")", "")
     stage = f"ph3_{direction}_{stem}"   # both directions may share an output folder
     lm, cfg, state, progress = run.lm, run.cfg, run.state, run.progress
+    if knockout:
+        run.ran(name)
+    else:
+        run.ran(name, "path patching replaces a head's output with its output on another prompt, which a vLLM "
+                      "request cannot ask for")
     saved = state.load(stage, key)
     if saved is None:
-        checkpoint = UnitCheckpoint(state.folder / "units.json", lm.fingerprint())
+        checkpoint = units(run)
         if knockout:
             prompts = ph3_prompts(lm, dev_set)
             advance = progress(f"{name}: knock out each head on {len(prompts)} development prompts", len(prompts))
             scores = logit_difference_effects(lm, prompts, max_rows=_scoring_rows(cfg),
-                                              on_progress=advance, checkpoint=checkpoint)
+                                              on_progress=advance, checkpoint=checkpoint, engine=run.engine)
         else:
             prompts = ph3_patching_prompts(lm, dev_set)
             advance = progress(f"{name}: path patching on {len(prompts)} development prompts", len(prompts))
@@ -229,6 +244,7 @@ def tuning_stage(
         "prune": PH3 row -> {k, accuracy, per_k, pruned}, "chosen_on": domain, "n_validation", "grid"}.
     """
     state = run.state
+    run.ran("tuning")
     saved = state.load(f"tuning_{direction}", key)
     if saved is None:
         per_item = len(CONFLICT_TYPES) if direction == "parametric" else 1
@@ -239,7 +255,7 @@ def tuning_stage(
         choices = tune_per_domain(run.lm, validation, selection, ph3, direction=direction,
                                   beta_plus_grid=cfg.beta_plus_grid, beta_minus_grid=cfg.beta_minus_grid,
                                   max_rows=run.cfg.max_rows, on_progress=advance,
-                                  degeneration_margin=cfg.degeneration_margin)
+                                  degeneration_margin=cfg.degeneration_margin, engine=run.engine)
         saved = {}
         for domain, c in choices.items():
             saved[domain] = {
@@ -297,6 +313,14 @@ def evaluation_stage(
         rows = results_to_json(evaluate_items(run.progress(description, total)))
         run.state.save(stage, key, rows)
     return results_from_json(rows)
+
+
+def units(run: StageRun) -> UnitCheckpoint:
+    """The run's per-prompt checkpoint of its sweeps (`<out>/state/units.json`), scoped to the
+    model and, where it is not juice's own, the engine."""
+    scope = run.lm.fingerprint()
+    return UnitCheckpoint(run.state.folder / "units.json",
+                          scope if run.engine.name == "juice" else {**scope, "engine": run.engine.name})
 
 
 def ph3_scoring(choices: dict[str, dict[str, Any]]) -> dict[str, str]:
@@ -395,13 +419,21 @@ def evaluate_test_splits(
     t = time.perf_counter()
     results: list[ItemResult] = []
     order: list[str] = []
+    run.ran("evaluation")
     for domain, sp in splits.items():
         methods = methods_of(domain)
         order += [m for m in methods if m not in order]
+        for title, method in methods.items():
+            where = method_engine(method, run.engine)
+            run.row_engines[title] = where
+            if where != run.engine.name:
+                note = f"{title} ran on juice's engine: {where[len('juice ('):-1]}"
+                if note not in run.notes:
+                    run.notes.append(note)
         results += evaluation_stage(
             run, stage.format(domain), settings_key(key_of(domain, sp, methods)),
             f"evaluate {titles.get(domain, domain)}", len(sp.test) * units_per_item * len(methods),
             lambda advance, sp=sp, methods=methods: evaluate_items(run.lm, sp.test, methods, max_rows=run.cfg.max_rows,
-                                                                   on_progress=advance))
+                                                                   on_progress=advance, engine=run.engine))
     timings["evaluation"] = time.perf_counter() - t
     return results, order

@@ -1,0 +1,124 @@
+"""What the pipeline asks of an engine, and juice's own engine behind that interface.
+
+The paper's stages (Stage 1's head scores, PH3's knock-out scores, the tuning, the test and the
+context-type evaluations; :mod:`juice.pipeline`) ask an engine for three things:
+
+- steered generation: :meth:`Engine.generate`, the signature of :func:`juice.engine.generate`
+  (streams under a steering, greedy, with first-step probabilities of probe tokens, a stop rule,
+  or forced tokens whose log-probabilities are returned);
+- the probability of a target token at a prompt's last position, clean and under single-head
+  scalings `H <- H + alpha * H` (:meth:`Engine.intervention_probs`; Stage 1, paper Alg. 2);
+- the logit difference of two tokens there, clean and under the same scalings
+  (:meth:`Engine.intervention_logit_differences`; PH3's knock-out scorer).
+
+:data:`JUICE_ENGINE` answers them with this package's decoding loop and :mod:`juice.sweeps`'
+growing batch, in this process; :class:`juice.vllm.engine.VllmEngine` answers them with steered
+requests to vLLM's OpenAI server (juice's plugin), which does the batching, placement and
+parallelism. A stage receives an engine and never asks which one it is; an engine says which
+streams it decodes itself (:meth:`Engine.decodes`), so the results can record it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+from torch import Tensor
+
+from juice.engine.batch import generate
+from juice.engine.streams import Generation, Stream
+from juice.interventions import Head
+from juice.models import LoadedModel
+from juice.progress import OnProgress
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """An engine the pipeline's stages run on (module docstring).
+
+    Attributes:
+        name: "juice" (this process's engine) or "vllm" (vLLM's server with juice's plugin),
+            recorded in the results (`protocol.engine`).
+    """
+
+    name: str
+
+    def check(self, lm: LoadedModel) -> None:
+        """Refuse, before any stage runs, a model or set-up this engine cannot serve (one line
+        naming the fix)."""
+
+    def decodes(self, stream: Stream) -> str | None:
+        """None where this engine decodes `stream` itself; else the one-line reason it hands the
+        stream to juice's own engine (e.g. CAD's two distributions per step on vLLM)."""
+
+    def generate(self, lm: LoadedModel, prompts: Sequence[str], streams: Sequence[Stream], max_new_tokens: int = 10,
+                 *, probe_tokens: Tensor | None = None, max_rows: int | str = 64,
+                 on_progress: OnProgress | None = None, forced_tokens: Tensor | None = None,
+                 stop_at_eos: bool = False, stop_text: Callable[[str], bool] | None = None) -> Generation:
+        """:func:`juice.engine.generate`'s contract: one entry per stream, in order (texts,
+        `[n_streams, max_new_tokens]` tokens, `[n_streams, k]` first-step probe probabilities,
+        `[n_streams, max_new_tokens]` forced log-probabilities in nats)."""
+
+    def intervention_probs(self, lm: LoadedModel, prompt: str, target_token: int,
+                           interventions: Sequence[tuple[Head, float]], max_rows: int | str = 256
+                           ) -> tuple[float, Tensor]:
+        """The softmax probability of `target_token` at `prompt`'s last position, clean and under
+        each intervention (one head scaled alone at every position, `H <- H + alpha * H`).
+
+        Returns:
+            (clean probability, `[len(interventions)]` probabilities, float64 or float32)."""
+
+    def intervention_logit_differences(self, lm: LoadedModel, prompt: str, pair: tuple[int, int],
+                                       interventions: Sequence[tuple[Head, float]], max_rows: int | str = 256
+                                       ) -> tuple[float, Tensor]:
+        """`logit(pair[0]) - logit(pair[1])` at the last position, clean and under each
+        intervention (PH3's logit difference, :func:`juice.baselines.ph3.logit_difference_effects`).
+
+        Returns:
+            (clean difference, `[len(interventions)]` differences, float64)."""
+
+
+class JuiceEngine:
+    """juice's own engine: :func:`juice.engine.generate` and the growing-batch sweeps of
+    :mod:`juice.sweeps`, in this process, on the loaded model's device."""
+
+    name = "juice"
+
+    def check(self, lm: LoadedModel) -> None:
+        return None
+
+    def decodes(self, stream: Stream) -> str | None:
+        return None
+
+    def generate(self, lm, prompts, streams, max_new_tokens=10, **options) -> Generation:
+        return generate(lm, prompts, streams, max_new_tokens, **options)
+
+    def intervention_probs(self, lm, prompt, target_token, interventions, max_rows=256):
+        from juice.sweeps import intervention_probs
+
+        return intervention_probs(lm, prompt, target_token, interventions, max_rows=max_rows)
+
+    def intervention_logit_differences(self, lm, prompt, pair, interventions, max_rows=256):
+        import torch
+
+        from juice.sweeps import intervention_readout
+
+        tokens = torch.tensor(list(pair))
+        clean, values = intervention_readout(lm, prompt, interventions,
+                                             lambda logits: logits[:, tokens.to(logits.device)], max_rows)
+        return float(clean[0] - clean[1]), (values[:, 0] - values[:, 1]).double()
+
+    def __repr__(self) -> str:
+        return "JuiceEngine()"
+
+
+JUICE_ENGINE = JuiceEngine()
+"""juice's own engine, the default of every stage."""
+
+
+def engine_or_default(engine: Engine | None) -> Engine:
+    """`engine`, or :data:`JUICE_ENGINE` where None."""
+    return JUICE_ENGINE if engine is None else engine
+
+
+__all__ = ["Engine", "JUICE_ENGINE", "JuiceEngine", "engine_or_default"]
