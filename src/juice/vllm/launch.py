@@ -210,6 +210,42 @@ def usable_cpus() -> set[int]:
         return set(range(os.cpu_count() or 1))
 
 
+def launch_plan(model: str, heads: Sequence[str | Path], *, host: str = "127.0.0.1", port: int = 8000,
+                dual_run: bool = True, extra: Sequence[str] = (), default: str | None = None,
+                max_model_len: int | None = None, geometry: str | None = None,
+                ) -> tuple[str, list[str], dict[str, str]]:
+    """How to start vLLM's OpenAI server with juice's plugin on `model` and `heads`: (the Python
+    that runs vLLM, the command, its environment). `juice serve --engine vllm` runs it in place of
+    itself; the pipeline's engine (:class:`juice.vllm.engine.VllmEngine`) as a child process.
+
+    The model is the folder vLLM reads (:func:`served_folder`); the geometry comes from its config
+    (:func:`folder_geometry`) unless given; without a GPU the CPU build reserves half the memory
+    (`--gpu-memory-utilization 0.5`) unless `extra` says otherwise; with a GPU, piecewise CUDA
+    graphs (:func:`server_command`); the heads files' content goes into vLLM's config.
+
+    Raises:
+        VllmNotFoundError: no Python with vLLM (:func:`find_vllm_python`).
+        ValueError: malformed heads files, two for one direction, a default they cannot honour
+            (messages naming `JUICE_VLLM_DEFAULT` are the default's), or `extra`'s
+            `--additional-config` not a JSON object.
+    """
+    import torch
+
+    from juice.vllm.options import config_entry, plugin_heads
+
+    python = find_vllm_python()
+    plugin_heads(server_environment(heads, dual_run, default=default))   # bad heads or default: one line, first
+    folder = served_folder(model)
+    env = server_environment(heads, dual_run, geometry=geometry or folder_geometry(folder), default=default)
+    extra = list(extra)
+    gpu = torch.cuda.is_available()
+    if not gpu and not any(a.startswith("--gpu-memory-utilization") for a in extra):
+        extra = ["--gpu-memory-utilization", "0.5", *extra]   # the CPU build reserves this share of memory
+    command = server_command(python, folder, model, host=host, port=port, max_model_len=max_model_len, extra=extra,
+                             gpu=gpu, config=config_entry(env))
+    return python, command, env
+
+
 def describe(command: Sequence[str], env: dict[str, str]) -> str:
     """The command as a shell line with the plugin's variables, to print or copy."""
     keys = ("JUICE_VLLM_HEADS", "JUICE_VLLM", "JUICE_VLLM_DUAL_RUN", "JUICE_VLLM_GEOMETRY", "JUICE_VLLM_DEFAULT",
@@ -218,4 +254,4 @@ def describe(command: Sequence[str], env: dict[str, str]) -> str:
 
 
 __all__ = ["FEW_CPUS", "RAY_PREFIXES", "REPO_VENV", "VllmNotFoundError", "describe", "find_vllm_python",
-           "folder_geometry", "server_command", "server_environment", "served_folder", "usable_cpus"]
+           "folder_geometry", "launch_plan", "server_command", "server_environment", "served_folder", "usable_cpus"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from typing import Optional
 
 import typer
@@ -17,6 +18,30 @@ every method on the embedded model); `--full` evaluates every item."""
 
 BETA_MINUS_GRID_HELP = ("tuning grid of beta-, comma-separated (default the paper's 0,-1,-2,-3; the authors' "
                         "contextual script: 0,-1,-2,-3,-4,-5)")
+
+
+ENGINE_HELP = ("what runs the stages: juice (this process) | vllm (vLLM's OpenAI server with juice's plugin, "
+               "started from vLLM's environment; docs/reproducing.md, \"On vLLM\")")
+VLLM_ARG_HELP = ("--engine vllm: one more argument for vLLM's server (repeat), e.g. --vllm-arg=--tensor-parallel-size=2, "
+                 "--vllm-arg=--data-parallel-size=2, --vllm-arg=--distributed-executor-backend=ray")
+
+
+@contextmanager
+def engine_for(name: str, model: str, workdir, vllm_args):
+    """The engine a command runs on (:func:`juice.vllm.engine.open_engine`), closed (its vLLM
+    server stopped) on exit; a usage error for a bad combination."""
+    from juice.vllm.engine import open_engine
+
+    try:
+        engine = open_engine(name, model, workdir, list(vllm_args), log=lambda line: console.print(f"[dim]{line}[/dim]"))
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--engine") from None
+    try:
+        yield engine
+    finally:
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
 
 
 def progress():
@@ -37,4 +62,5 @@ def parse_grid(text: Optional[str], option: str) -> Optional[tuple[float, ...]]:
     return values
 
 
-__all__ = ["BETA_MINUS_GRID_HELP", "CONTEXT_LIMIT", "console", "parse_grid", "progress"]
+__all__ = ["BETA_MINUS_GRID_HELP", "CONTEXT_LIMIT", "ENGINE_HELP", "VLLM_ARG_HELP", "console", "engine_for",
+           "parse_grid", "progress"]

@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from juice.apps.commands.common import BETA_MINUS_GRID_HELP, console, parse_grid, progress
+from juice.apps.commands.common import (BETA_MINUS_GRID_HELP, ENGINE_HELP, VLLM_ARG_HELP, console, engine_for,
+                                       parse_grid, progress)
 from juice.models import DEFAULT_MODEL
 
 
@@ -53,11 +54,14 @@ def reproduce(
         None, help="NOT the paper's protocol (accuracy only): tuning refuses settings whose share of "
                           "degenerate validation outputs exceeds Original's by more than this many points "
                           "(juice tune's rule; 10 there)"),
+    engine: str = typer.Option("juice", help=ENGINE_HELP),
+    vllm_arg: list[str] = typer.Option([], help=VLLM_ARG_HELP),
 ):
     """Run the protocol of Table 1 (parametric; the paper's Table 3) or Table 2 (contextual; the paper's
     Table 4) and print the tables.
 
-    Example: juice reproduce; juice reproduce --direction contextual; juice reproduce --full
+    Example: juice reproduce; juice reproduce --direction contextual; juice reproduce --full;
+    juice reproduce --engine vllm --vllm-arg=--tensor-parallel-size=2
     """
     from juice.pipeline.run import ReproduceConfig
     from juice.experiments.table1 import reproduce as run_parametric
@@ -79,16 +83,17 @@ def reproduce(
             validation_per_dataset=max(50, validation_per_dataset) if full else validation_per_dataset,
             **({"beta_minus_grid": grid} if grid else {}), degeneration_margin=degeneration_margin,
             contexts=tuple(c.strip().lower() for c in contexts.split(",") if c.strip()),
-            study_size="published" if full else "default",
+            study_size="published" if full else "default", engine=engine, vllm_args=tuple(vllm_arg),
         )
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     start = time.perf_counter()
-    with progress() as task:
+    with engine_for(engine, model, out / "vllm", vllm_arg) as runner, progress() as task:
         if direction == "parametric":
-            result = run_parametric(cfg, progress=task)
+            result = run_parametric(cfg, progress=task, engine=runner)
         else:
-            result = reproduce_contextual(cfg, progress=task, max_prompt_tokens=None if full else max_prompt_tokens)
+            result = reproduce_contextual(cfg, progress=task, max_prompt_tokens=None if full else max_prompt_tokens,
+                                          engine=runner)
     _print_result(result, cfg, direction, out, time.perf_counter() - start)
 
 

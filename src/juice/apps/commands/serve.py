@@ -100,27 +100,16 @@ def _serve_vllm(model: str, heads: list[Path], host: str, port: int, max_total_t
     """`juice serve --engine vllm`: replace this process with vLLM's OpenAI server (:mod:`juice.vllm.launch`)."""
     import os
 
-    import torch
+    from juice.vllm.launch import describe, launch_plan
+    from juice.vllm.options import plugin_heads
 
-    from juice.vllm.launch import (describe, find_vllm_python, folder_geometry, server_command, server_environment,
-                                   served_folder)
-    from juice.vllm.options import config_entry, plugin_heads
-
-    python = find_vllm_python()
-    try:   # malformed heads files, two for one direction, or a default they cannot honour: one line
-        plugin_heads(server_environment(heads, dual_run, default=default))
+    try:   # malformed heads files, two for one direction, a default they cannot honour, a bad --vllm-arg: one line
+        python, command, env = launch_plan(model, heads, host=host, port=port, dual_run=dual_run, extra=extra,
+                                           default=default, max_model_len=max_total_tokens or None)
     except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--default" if "JUICE_VLLM_DEFAULT" in str(err)
-                                 else "--heads") from None
-    folder = served_folder(model)
-    env = server_environment(heads, dual_run, geometry=folder_geometry(folder), default=default)
-    if not torch.cuda.is_available() and not any(a.startswith("--gpu-memory-utilization") for a in extra):
-        extra = ["--gpu-memory-utilization", "0.5", *extra]   # the CPU build reserves this share of memory
-    try:
-        command = server_command(python, folder, model, host=host, port=port, max_model_len=max_total_tokens or None,
-                                 extra=extra, gpu=torch.cuda.is_available(), config=config_entry(env))
-    except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--vllm-arg") from None
+        hint = ("--default" if "JUICE_VLLM_DEFAULT" in str(err) else "--vllm-arg" if "--additional-config" in str(err)
+                else "--heads")
+        raise typer.BadParameter(str(err), param_hint=hint) from None
     console.print(f"starting vLLM with juice's plugin ({', '.join(sorted(plugin_heads(env).selections)) or 'no heads'}"
                   f"{', dual run' if dual_run and heads else ''}): {describe(command, env)}")
     os.execve(python, command, env)
