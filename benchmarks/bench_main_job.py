@@ -1,17 +1,30 @@
 """The main job's stage times: `juice reproduce` with its defaults (the README's main command) on
 the embedded Gemma 3 270M, the model already converted, in a fresh output folder (no stage read
-from a saved state). Prints each stage's wall time, their sum against the 1,200 s target (issue
-23: 20 minutes of stages on 2 CPU cores), and, with --reference, whether every table cell,
-choice and item verdict equals an earlier run's results.json (juice.pipeline.compare).
+from a saved state). Prints each stage's wall time, their sum against the 1,200 s target (20
+minutes of stages on 2 CPU cores), and, with --reference, whether every table cell, choice and
+item verdict equals an earlier run's results.json (juice.pipeline.compare).
+
+With --engine vllm it runs the job twice in this one process, on juice's engine and on vLLM's
+(`juice reproduce --engine vllm`, :class:`juice.vllm.engine.VllmEngine`; --vllm-arg passes on vLLM's
+server arguments), and prints each stage's time on both side by side (vLLM's server starts, which
+fall within its first stages, on their own line), the whole job's ratio against the goal (vLLM at
+least 1.5x faster, under 600 s of stages), Stage 1's largest score difference (goal 1e-4), the
+heads of both, and every table cell and item that differs, with both probabilities. With
+--record FILE it writes that comparison as a compact JSON file (benchmarks/results/: the numbers
+docs/reproducing.md quotes, with the command and commit).
 
 Run: python benchmarks/bench_main_job.py [--out DIR] [--reference OLD/results.json]
-Not a test: it takes about 20 minutes on 2 cores. Run it with nothing else on the machine.
+     python benchmarks/bench_main_job.py --engine vllm [--vllm-arg=--enforce-eager] [--record FILE]
+Not a test: about 20 minutes per engine on 2 cores. Run it with nothing else on the machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,41 +33,149 @@ import torch
 
 from juice.experiments.table1 import reproduce
 from juice.models import load_model
-from juice.pipeline.compare import compare_files
+from juice.pipeline.compare import ENGINE_RECORD, compare_files
 from juice.pipeline.run import ReproduceConfig
 
 TARGET_S = 1200.0
+VLLM_GOAL = {"speed-up": 1.5, "stages_s": 600.0, "stage1_score_difference": 1e-4}
+"""The vLLM engine's goals on this machine (docs/reproducing.md, "On vLLM")."""
+P_TOLERANCE = 1e-4
+"""A first-token probability may differ this much between the engines (their fp32 kernels round
+differently); cells, choices, outputs and verdicts may not."""
+
+
+def _run(out: Path, lm, engine: str, vllm_args: list[str]) -> tuple[dict, list[float]]:
+    cfg = ReproduceConfig(out_dir=out, engine=engine, vllm_args=tuple(vllm_args))
+    if engine == "juice":
+        result = reproduce(cfg, lm=lm)
+        return {k: v for k, v in result.timings.items() if k != "load_model"}, []
+    from juice.vllm.engine import VllmEngine
+
+    with VllmEngine(cfg.model, out / "vllm", vllm_args) as runner:
+        result = reproduce(cfg, lm=lm, engine=runner)
+    return {k: v for k, v in result.timings.items() if k != "load_model"}, list(runner.starts)
+
+
+def _scores(path: Path) -> dict[str, float]:
+    scores = json.loads(path.read_text())["scores"]
+    return {f"{sign} {head} {t}": v for sign in ("positive", "negative")
+            for head, by_type in scores[sign].items() for t, v in by_type.items()}
+
+
+def _items(path: Path) -> dict[tuple, dict]:
+    return {(r["domain"], r["item"], r["conflict_type"], r["method"]): r
+            for r in json.loads(path.read_text())["items"]}
+
+
+def _average_cells(path: Path) -> dict[str, dict[str, float]]:
+    cells = json.loads(path.read_text())["table"]["cells"]
+    return {m: {t: round(c["mean"], 1) for t, c in by_domain["Average"].items()} for m, by_domain in cells.items()}
+
+
+def compare_engines(a: Path, b: Path, times: dict[str, dict], starts: list[float], vllm_args: list[str]) -> dict:
+    """The compact record of two engines' runs (module docstring)."""
+    ra, rb = json.loads((a / "results.json").read_text()), json.loads((b / "results.json").read_text())
+    sa, sb = _scores(a / "heads.json"), _scores(b / "heads.json")
+    ia, ib = _items(a / "results.json"), _items(b / "results.json")
+    differing_items = [{"item": list(k), "juice": {f: ia[k][f] for f in ("output", "correct", "p_parametric")},
+                        "vllm": {f: ib[k][f] for f in ("output", "correct", "p_parametric")}}
+                       for k in ia if (ia[k]["output"], ia[k]["correct"]) != (ib[k]["output"], ib[k]["correct"])]
+    cells = 0
+    differing_cells = []
+    for m, by_domain in ra["table"]["cells"].items():
+        for d, by_type in by_domain.items():
+            for t, c in by_type.items():
+                cells += 1
+                other = rb["table"]["cells"][m][d][t]
+                if c["mean"] != other["mean"]:
+                    differing_cells.append({"cell": [m, d, t], "juice": c["mean"], "vllm": other["mean"]})
+    compared = compare_files(a / "results.json", b / "results.json", p_tolerance=P_TOLERANCE, skip=ENGINE_RECORD)
+    total = {e: sum(t.values()) for e, t in times.items()}
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parent).stdout.strip()
+    return {
+        "command": " ".join(["python", "benchmarks/bench_main_job.py", "--engine", "vllm",
+                             *[f"--vllm-arg={x}" for x in vllm_args], "--record", "FILE"]),
+        "commit": commit, "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{os.cpu_count()} CPU cores, torch {torch.__version__}",
+        "model": ra["model"]["name"],
+        "stages_s": {e: {k: round(v, 1) for k, v in t.items()} for e, t in times.items()},
+        "total_s": {e: round(v, 1) for e, v in total.items()},
+        "vllm_server_starts_s": [round(s, 1) for s in starts],
+        "speed_up": round(total["juice"] / total["vllm"], 3),
+        "goal": VLLM_GOAL,
+        "stage1_max_score_difference": max(abs(sa[k] - sb[k]) for k in sa),
+        "heads": {"juice": ra["heads"], "vllm": rb["heads"]},
+        "same_heads": ra["heads"] == rb["heads"],
+        "cells": cells, "differing_cells": differing_cells,
+        "items": len(ia), "differing_items": differing_items,
+        "max_p_difference": compared.max_p_difference,
+        "other_differences": [d for d in compared.differences if "/items/" not in d and "/table/" not in d][:50],
+        "table1_average": {"juice": _average_cells(a / "results.json"), "vllm": _average_cells(b / "results.json")},
+        "protocol_engine": rb["protocol"]["engine"],
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: a new temporary one)")
     parser.add_argument("--reference", type=Path, default=None, help="an earlier run's results.json")
+    parser.add_argument("--engine", choices=("juice", "vllm"), default="juice",
+                        help="vllm: run on both engines and compare them")
+    parser.add_argument("--vllm-arg", action="append", default=[], help="one more argument for vLLM's server")
+    parser.add_argument("--record", type=Path, default=None, help="with --engine vllm: write the comparison here")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="juice-main-job-"))
-    if (out / "state").exists():
+    if (out / "state").exists() or (out / "juice" / "state").exists():
         raise SystemExit(f"{out} holds a saved state: the stages would be read, not run; give a new folder")
-    cfg = ReproduceConfig(out_dir=out)
     t = time.perf_counter()
-    lm = load_model(cfg.model)   # converted once, on first use; not a stage
+    lm = load_model(ReproduceConfig().model)   # converted once, on first use; not a stage
     load_s = time.perf_counter() - t
-    result = reproduce(cfg, lm=lm)
     print(f"machine: {os.cpu_count()} CPU cores, torch {torch.__version__} ({torch.get_num_threads()} threads)")
     print(f"model load: {load_s:.0f} s (not counted)")
-    stages = {k: v for k, v in result.timings.items() if k != "load_model"}
-    for name, seconds in stages.items():
-        print(f"  {name:<16} {seconds:8.1f} s")
-    total = sum(stages.values())
-    print(f"stages: {total:.0f} s = {total / TARGET_S:.2f}x the {TARGET_S:.0f} s target "
-          f"({'within' if total <= TARGET_S else 'over'})")
-    print(f"results: {out / 'results.json'}")
-    if args.reference:
-        c = compare_files(args.reference, out / "results.json")
-        print(f"against {args.reference}: {'every table cell, choice and verdict equal' if c.same else 'DIFFERENT'}"
-              f" ({c.compared} values; largest probability difference {c.max_p_difference:.1e}; "
-              f"{c.shortened_outputs} outputs end at their sixth word)")
-        for line in c.differences[:20]:
-            print(f"  {line}")
+    if args.engine == "juice":
+        stages, _ = _run(out, lm, "juice", [])
+        for name, seconds in stages.items():
+            print(f"  {name:<16} {seconds:8.1f} s")
+        total = sum(stages.values())
+        print(f"stages: {total:.0f} s = {total / TARGET_S:.2f}x the {TARGET_S:.0f} s target "
+              f"({'within' if total <= TARGET_S else 'over'})")
+        print(f"results: {out / 'results.json'}")
+        if args.reference:
+            c = compare_files(args.reference, out / "results.json")
+            print(f"against {args.reference}: {'every table cell, choice and verdict equal' if c.same else 'DIFFERENT'}"
+                  f" ({c.compared} values; largest probability difference {c.max_p_difference:.1e}; "
+                  f"{c.shortened_outputs} outputs end at their sixth word)")
+            for line in c.differences[:20]:
+                print(f"  {line}")
+        return
+    times, starts = {}, []
+    for engine in ("juice", "vllm"):
+        print(f"--- {engine} ---", flush=True)
+        times[engine], mine = _run(out / engine, lm, engine, args.vllm_arg)
+        starts += mine
+    record = compare_engines(out / "juice", out / "vllm", times, starts, args.vllm_arg)
+    print(f"{'stage':<18}{'juice (s)':>10}{'vLLM (s)':>10}")
+    for name in times["juice"]:
+        print(f"{name:<18}{times['juice'][name]:10.1f}{times['vllm'].get(name, float('nan')):10.1f}")
+    print(f"{'all stages':<18}{record['total_s']['juice']:10.1f}{record['total_s']['vllm']:10.1f}")
+    print(f"vLLM server starts (within its stages): {', '.join(f'{s:.0f} s' for s in starts)}")
+    print(f"juice / vLLM: {record['speed_up']:.2f}x (goal >= {VLLM_GOAL['speed-up']}x; vLLM's stages "
+          f"{record['total_s']['vllm']:.0f} s, goal < {VLLM_GOAL['stages_s']:.0f} s)")
+    print(f"Stage 1: largest score difference {record['stage1_max_score_difference']:.2e} (goal <= 1e-4); "
+          f"heads {'the same, same order' if record['same_heads'] else 'DIFFERENT'}: {record['heads']['vllm']}")
+    print(f"Table 1: {len(record['differing_cells'])} of {record['cells']} cells differ; "
+          f"{len(record['differing_items'])} of {record['items']} items differ in output or verdict; "
+          f"largest probability difference {record['max_p_difference']:.1e}")
+    for d in record["differing_items"]:
+        print(f"  {d['item']}: juice {d['juice']} | vLLM {d['vllm']}")
+    for d in record["other_differences"]:
+        print(f"  {d}")
+    if args.record:
+        args.record.parent.mkdir(parents=True, exist_ok=True)
+        args.record.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {args.record}")
+    print(f"runs: {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

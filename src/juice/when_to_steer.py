@@ -37,6 +37,7 @@ from typing import Any
 
 from juice.data.context_types import (CONTEXT_TYPES, SPLITS, ContextItem, ContextItems, nqswap_context_items,
                                       paraconflict_context_items, user_context_items)
+from juice.engine.backend import Engine
 from juice.eval.contexts import (MEAN, QuestionBootstrap, context_type_means, context_type_tables,
                                  evaluate_context_types, question_bootstrap)
 from juice.eval.runner import ItemResult, Method, results_to_json
@@ -373,13 +374,16 @@ def summarize(results: Sequence[ItemResult], methods: Sequence[str], best_static
 def evaluate_contexts(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], items: ContextItems | Sequence[ContextItem],
                       names: Sequence[str], *, data: Mapping[str, Any] | None = None, max_rows: int | str = 64,
                       resamples: int = 2000, seed: int = 0, progress: Progress = no_progress,
-                      validation: Mapping[str, Any] | None = None) -> ContextsEvaluation:
+                      validation: Mapping[str, Any] | None = None, engine: Engine | None = None,
+                      ) -> ContextsEvaluation:
     """Evaluate `names` (:data:`juice.methods.REGISTRY`) on context-type items (module docstring).
 
     Args:
         validation: a validation run's `contexts.json` (other questions: `split="validation"`):
             the best static method is chosen there (:func:`best_static_method`) and every method
             is compared with it here; None: compared with Original only.
+        engine: what decodes (:mod:`juice.engine.backend`; None: juice's own; vLLM's hands CAD,
+            AdaCAD and auto to juice's).
 
     Raises:
         ValueError: see :func:`context_methods`; no items; a validation run without means.
@@ -389,7 +393,7 @@ def evaluate_contexts(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], items
         raise ValueError("no context-type items to evaluate")
     methods, settings = context_methods(lm, artifacts, names)
     advance = progress(f"contexts: {len(methods)} methods x {len(items)} items", len(methods) * len(items))
-    results = evaluate_context_types(lm, items, methods, max_rows=max_rows, on_progress=advance)
+    results = evaluate_context_types(lm, items, methods, max_rows=max_rows, on_progress=advance, engine=engine)
     titles = list(methods)
     focus = next((t for t in titles if t.startswith("auto")), next((t for t in titles if t.startswith("JuICE")), titles[0]))
     tables = context_type_tables(results, titles, focus=focus, resamples=resamples, seed=seed)

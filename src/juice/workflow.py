@@ -41,6 +41,7 @@ from typing import Any
 from juice.baselines.ph3 import PRUNE_K, ConflictPrompt, Ph3Scores, heads_to_prune, logit_difference_effects
 from juice.baselines.prompt import CONTEXTUAL_COMPLETION, instructed_parametric
 from juice.data.records import Direction
+from juice.engine.backend import Engine
 from juice.eval.degeneration import DEGENERATION_MARGIN, correct_not_degenerate
 from juice.eval.metrics import is_correct
 from juice.eval.runner import (
@@ -99,6 +100,7 @@ def _rows(data: str | Path | Sequence[ConflictRow], direction: str,
 def identify(
     lm: LoadedModel, data: str | Path | Sequence[ConflictRow], *, direction: str = "parametric", k: int = 5,
     scoring: str = "exact", shortlist: int = 12, max_rows: int | str = 128, progress: Progress = no_progress,
+    engine: Engine | None = None,
 ) -> HeadsArtifact:
     """Stage 1 (paper Sec. 3.2, Alg. 2-3) on every row of `data`: score each head by the change
     of the target's first-token probability under `H <- H + a*H`, keep heads non-negative for every
@@ -109,6 +111,7 @@ def identify(
         direction: which answer the ParaConflict / NQ-Swap / MemoTrap rows promote (your own rows
             promote their `target` either way); recorded in the heads file.
         scoring: "exact" (the paper), "attribution" or "hybrid" (approximations, README).
+        engine: what computes the exact scores (:mod:`juice.engine.backend`; None: juice's own).
 
     Returns:
         The heads artifact (save with :func:`juice.save_heads`); its `data` records the file.
@@ -125,7 +128,7 @@ def identify(
     prompts = [ScoringPrompt(r.prompt, answer_first_token(lm.tokenizer, r.prompt, r.target), r.conflict_type)
                for r in rows]
     cfg = ReproduceConfig(model=lm.name, k=k, scoring=scoring, shortlist=shortlist, max_rows=max_rows)
-    scores, selection = score_prompts(lm, cfg, prompts, progress)
+    scores, selection = score_prompts(lm, cfg, prompts, progress, engine=engine)
     artifact = make_artifact(lm, scores, selection, k, direction, rows)
     artifact.data = where
     return artifact
@@ -146,12 +149,13 @@ def instructed_prompt(row: ConflictRow, direction: str, model_type: str | None =
 def evaluate_rows(
     lm: LoadedModel, rows: Sequence[ConflictRow], methods: Mapping[str, Method | Any], *, direction: str = "parametric",
     max_new_tokens: int = MAX_NEW_TOKENS, max_rows: int | str = 64, on_progress: OnProgress | None = None,
-    full_outputs: bool = True,
+    full_outputs: bool = True, engine: Engine | None = None,
 ) -> list[ItemResult]:
     """Decode every row x method in shared batches (each distinct prompt's clean prefill once;
     CAD/AdaCAD in their own batches) and score by exact match against `target` and its aliases.
     With `full_outputs` False (the tuning's), a row stops once its first five words are final
-    (:func:`juice.eval.runner.evaluate`): the same verdicts, outputs cut there.
+    (:func:`juice.eval.runner.evaluate`): the same verdicts, outputs cut there. `engine` decodes
+    (:mod:`juice.engine.backend`; None: juice's own).
 
     Results: `domain` = the row's `conflict_type` label (a table column), `subject` = the row's
     index, `conflict_type` = "all"; `p_parametric` / `p_context` = first-step probability of the
@@ -176,7 +180,8 @@ def evaluate_rows(
             probe = [target, other] if direction == "parametric" else [other, target]
             requests.append(DecodeRequest(prompt, method, probe, row.question))
     decoded = iter(decode_requests(lm, requests, max_new_tokens, max_rows=max_rows, on_progress=on_progress,
-                                   stop_text=None if full_outputs else exact_match_decided(lm.tokenizer)))
+                                   stop_text=None if full_outputs else exact_match_decided(lm.tokenizer),
+                                   engine=engine))
     results = []
     for i, row in enumerate(rows):
         for name in methods:
@@ -249,7 +254,7 @@ def tune(
     lm: LoadedModel, artifact: HeadsArtifact, data: str | Path | Sequence[ConflictRow], *,
     methods: Sequence[str] = TUNED_STEERINGS, beta_plus_grid: Sequence[float] = BETA_PLUS_GRID,
     beta_minus_grid: Sequence[float] = BETA_MINUS_GRID, ks: Sequence[int] = PRUNE_K, limit: int | None = None,
-    max_rows: int | str = 64, progress: Progress = no_progress,
+    max_rows: int | str = 64, progress: Progress = no_progress, engine: Engine | None = None,
 ) -> dict[str, TunedSetting]:
     """Choose (beta+, beta-) for JuICE and JuNE (and PH3's k, with "ph3" in `methods`) on your
     validation rows (paper App. D.1; module docstring), and record them in `artifact.tuned`
@@ -261,7 +266,8 @@ def tune(
     never chosen (where every setting does, the least degenerate ones compete).
 
     All settings decode in one batched run sharing each prompt's clean prefill. `limit`: use the
-    first rows only.
+    first rows only. `engine` decodes and scores PH3's heads (:mod:`juice.engine.backend`; None:
+    juice's own).
 
     Returns:
         method -> :class:`TunedSetting`.
@@ -279,7 +285,7 @@ def tune(
                                               beta_minus=s.beta_minus)).method.steering for s in settings}
     ph3_order: tuple = ()
     if "ph3" in methods:
-        scores = ph3_knockout_scores(lm, rows, direction, max_rows=max_rows, progress=progress)
+        scores = ph3_knockout_scores(lm, rows, direction, max_rows=max_rows, progress=progress, engine=engine)
         for k in ks:
             settings.append(GridSetting("ph3", k=k))
             steerings[settings[-1].label] = build("ph3", MethodInputs(
@@ -288,7 +294,7 @@ def tune(
     steerings[ORIGINAL_LABEL] = ORIGINAL   # the degeneration guard's reference (decoded once with JuICE (0, 0))
     advance = progress(f"tuning: {len(steerings)} settings x {len(rows)} rows", len(steerings) * len(rows))
     results = evaluate_rows(lm, rows, steerings, direction=direction, max_rows=max_rows, on_progress=advance,
-                            full_outputs=False)   # grid points keep verdicts and probabilities only
+                            full_outputs=False, engine=engine)   # grid points keep verdicts and probabilities only
 
     def degeneration(label: str) -> float:
         mine = [r for r in results if r.method == label]
@@ -360,7 +366,7 @@ def _finite(x: float) -> float:
 
 
 def ph3_knockout_scores(lm: LoadedModel, rows: Sequence[ConflictRow], direction: str, *, max_rows: int | str = 128,
-                        progress: Progress = no_progress) -> Ph3Scores:
+                        progress: Progress = no_progress, engine: Engine | None = None) -> Ph3Scores:
     """PH3's head effects on your rows with `other` (knock-out scorer, :func:`juice.baselines.ph3.
     logit_difference_effects`): LD = logit(parametric) - logit(context) at the last position.
 
@@ -377,7 +383,7 @@ def ph3_knockout_scores(lm: LoadedModel, rows: Sequence[ConflictRow], direction:
     if not prompts:
         raise ValueError("PH3 needs rows with `other` (the answer to suppress) to score heads")
     advance = progress(f"PH3: knock out each head on {len(prompts)} rows", len(prompts))
-    return logit_difference_effects(lm, prompts, max_rows=max_rows, on_progress=advance)
+    return logit_difference_effects(lm, prompts, max_rows=max_rows, on_progress=advance, engine=engine)
 
 
 # ---------------------------------------------------------------- evaluation
@@ -448,11 +454,12 @@ def evaluate_file(
     methods: Sequence[str] = ("original", *TUNED_STEERINGS), *, direction: str | None = None,
     beta_plus: float | None = None, beta_minus: float | None = None, limit: int | None = None,
     max_rows: int | str = 64, resamples: int = 2000, seed: int = 0, progress: Progress = no_progress,
+    engine: Engine | None = None,
 ) -> RowsEvaluation:
     """Evaluate `methods` (names in :data:`juice.methods.REGISTRY`) on every row of `data`, with 95%
     bootstrap intervals per label, the mean over labels, and paired differences (JuICE vs every
     method, every method vs Original) (:func:`juice.eval.tables.interval_table`). `limit`: the first
-    rows only.
+    rows only. `engine` decodes (:mod:`juice.engine.backend`; None: juice's own).
 
     Raises:
         ValueError: see :func:`evaluation_methods` and :func:`evaluate_rows`.
@@ -461,7 +468,8 @@ def evaluate_file(
     rows, where = _rows(data, direction, limit)
     table_methods, settings = evaluation_methods(lm, artifact, methods, beta_plus=beta_plus, beta_minus=beta_minus)
     advance = progress(f"evaluation: {len(table_methods)} methods x {len(rows)} rows", len(table_methods) * len(rows))
-    results = evaluate_rows(lm, rows, table_methods, direction=direction, max_rows=max_rows, on_progress=advance)
+    results = evaluate_rows(lm, rows, table_methods, direction=direction, max_rows=max_rows, on_progress=advance,
+                            engine=engine)
     names = list(table_methods)
     table = interval_table(results, names, resamples=resamples, seed=seed)
     degeneration = interval_table(results, names, value=lambda r: r.degenerate, resamples=resamples, seed=seed)

@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 SKIPPED = {("timings_s",), ("config", "out_dir")}
 """Paths of results.json that may differ between two runs of the same computation."""
+
+ENGINE_RECORD = {("config", "engine"), ("config", "vllm_args"), ("protocol", "engine"), ("notes",)}
+"""Paths that say which engine ran (and its notes: which stages it handed to juice's engine): skipped
+when two engines' runs are compared (`juice reproduce` against `juice reproduce --engine vllm`)."""
 
 
 @dataclass
@@ -46,7 +51,8 @@ def _is_probability(path: tuple) -> bool:
     return bool(path) and isinstance(path[-1], str) and path[-1].startswith("p_")
 
 
-def compare_results(before: dict[str, Any], after: dict[str, Any], p_tolerance: float = 1e-5) -> Comparison:
+def compare_results(before: dict[str, Any], after: dict[str, Any], p_tolerance: float = 1e-5,
+                    skip: Collection[tuple] = ()) -> Comparison:
     """Compare two results.json documents (:func:`juice.experiments.table1.reproduce`'s, or the
     contextual table's) value by value.
 
@@ -54,14 +60,17 @@ def compare_results(before: dict[str, Any], after: dict[str, Any], p_tolerance: 
         before, after: the parsed files.
         p_tolerance: largest accepted absolute difference of a probability field (`p_*`: the
             items' first-token probabilities, a grid point's `p_answer`, the summary's means).
+        skip: more paths not compared (e.g. :data:`ENGINE_RECORD`).
 
     Returns:
         :class:`Comparison`; `same` when every table, choice and verdict is equal.
     """
     out = Comparison()
 
+    skipped = SKIPPED | set(skip)
+
     def walk(a: Any, b: Any, path: tuple) -> None:
-        if path in SKIPPED:
+        if path in skipped:
             return
         where = "/".join(map(str, path)) or "(root)"
         if isinstance(a, dict) and isinstance(b, dict):
@@ -100,10 +109,11 @@ def compare_results(before: dict[str, Any], after: dict[str, Any], p_tolerance: 
     return out
 
 
-def compare_files(before: str | Path, after: str | Path, p_tolerance: float = 1e-5) -> Comparison:
+def compare_files(before: str | Path, after: str | Path, p_tolerance: float = 1e-5,
+                  skip: Collection[tuple] = ()) -> Comparison:
     """:func:`compare_results` on two results.json files."""
     return compare_results(json.loads(Path(before).read_text("utf-8")), json.loads(Path(after).read_text("utf-8")),
-                           p_tolerance)
+                           p_tolerance, skip)
 
 
-__all__ = ["Comparison", "compare_files", "compare_results"]
+__all__ = ["ENGINE_RECORD", "Comparison", "compare_files", "compare_results"]

@@ -53,7 +53,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,13 @@ from juice.tokens import PromptTooLongError, context_length, token_ids
 MAX_MODEL_LEN = 8192
 """The server's context (`--max-model-len`) unless the caller's vLLM arguments set one: the paper's
 prompts are short, and the model's full context would make vLLM reserve its KV cache for it."""
+
+COMPILATION_ARGS = ("--enforce-eager", "--compilation-config", "-cc")
+"""vLLM arguments that choose how the model runs (compiled or eager). Where the caller gives none,
+the engine runs vLLM eagerly on a CPU, whose compiled start costs more than it saves in a main job
+(measured on 2 cores with the embedded Gemma: the server up in 48 s eager against 99 s compiled,
+134 s with a cold compile cache, twice per main job; compiled decoding 1.09x to 1.24x faster,
+docs/vllm.md), and in vLLM's default mode (piecewise CUDA graphs) on a GPU."""
 
 PROMPTS_PER_REQUEST = 32
 """Prompts sent in one HTTP request where they share their steering and settings (vLLM schedules
@@ -118,6 +125,8 @@ class VllmEngine:
             `--data-parallel-size=2`, `--distributed-executor-backend=ray`, `--enforce-eager`.
         log: called with one line per event (server start, a stage handed to juice's engine).
         start_timeout: seconds the server may take to answer `/health`.
+        env: more environment variables for the server (e.g. `RAY_ADDRESS`; the server also
+            inherits this process's environment).
 
     Attributes:
         starts: seconds each server start took, in order.
@@ -126,9 +135,10 @@ class VllmEngine:
     name = "vllm"
 
     def __init__(self, model: str, workdir: str | Path, vllm_args: Sequence[str] = (), *,
-                 log: Callable[[str], None] = print, start_timeout: float = 1800.0) -> None:
+                 log: Callable[[str], None] = print, start_timeout: float = 1800.0,
+                 env: Mapping[str, str] | None = None) -> None:
         self.model, self.workdir, self.vllm_args = model, Path(workdir), list(vllm_args)
-        self.log, self.start_timeout = log, start_timeout
+        self.log, self.start_timeout, self.env = log, start_timeout, dict(env or {})
         self.server: _Server | None = None
         self.starts: list[float] = []
         self._said: set[str] = set()
@@ -157,7 +167,7 @@ class VllmEngine:
         from juice.vllm import ARCHITECTURES
         from juice.vllm.launch import find_vllm_python
 
-        served = list(getattr(lm.model.config, "architectures", None) or [])
+        served = list(getattr(lm.model.config, "architectures", None) or [type(lm.model).__name__])
         if not any(a in ARCHITECTURES for a in served):
             raise VllmEngineError(f"juice's vLLM plugin steers {', '.join(sorted(ARCHITECTURES))}; this model is "
                                   f"{', '.join(served) or 'of an unknown architecture'}: run with --engine juice")
@@ -192,6 +202,9 @@ class VllmEngine:
                                                       "outputs"}), path)
             heads.append(path)
         extra = list(self.vllm_args)
+        if not torch.cuda.is_available() and not any(a.split("=")[0] in COMPILATION_ARGS or a.startswith("-O")
+                                                     for a in extra):
+            extra.append("--enforce-eager")   # on a CPU the compiled start costs more than it saves
         if not any(a.split("=")[0] == "--dtype" for a in extra):
             extra += ["--dtype", str(lm.model.dtype).removeprefix("torch.")]   # the heads file's checksum is at it
         own_length = any(a.split("=")[0] == "--max-model-len" for a in extra)
@@ -201,7 +214,7 @@ class VllmEngine:
         python, command, env = launch_plan(self.model, heads, port=port, extra=extra,
                                            max_model_len=None if own_length else min(limit or MAX_MODEL_LEN,
                                                                                      MAX_MODEL_LEN),
-                                           geometry=f"{g.n_layers}x{g.n_heads}")
+                                           geometry=f"{g.n_layers}x{g.n_heads}", base={**os.environ, **self.env})
         log_path = self.workdir / "vllm-server.log"
         what = f"JuICE adds to {', '.join(map(str, sorted(slots)))}" if slots else "no heads files"
         self.log(f"vLLM: starting its OpenAI server with juice's plugin ({what}); log {log_path}")

@@ -212,7 +212,7 @@ def usable_cpus() -> set[int]:
 
 def launch_plan(model: str, heads: Sequence[str | Path], *, host: str = "127.0.0.1", port: int = 8000,
                 dual_run: bool = True, extra: Sequence[str] = (), default: str | None = None,
-                max_model_len: int | None = None, geometry: str | None = None,
+                max_model_len: int | None = None, geometry: str | None = None, base: dict | None = None,
                 ) -> tuple[str, list[str], dict[str, str]]:
     """How to start vLLM's OpenAI server with juice's plugin on `model` and `heads`: (the Python
     that runs vLLM, the command, its environment). `juice serve --engine vllm` runs it in place of
@@ -221,7 +221,9 @@ def launch_plan(model: str, heads: Sequence[str | Path], *, host: str = "127.0.0
     The model is the folder vLLM reads (:func:`served_folder`); the geometry comes from its config
     (:func:`folder_geometry`) unless given; without a GPU the CPU build reserves half the memory
     (`--gpu-memory-utilization 0.5`) unless `extra` says otherwise; with a GPU, piecewise CUDA
-    graphs (:func:`server_command`); the heads files' content goes into vLLM's config.
+    graphs (:func:`server_command`); the heads files' content goes into vLLM's config. The
+    environment is `base` (default this process's) with the plugin's variables
+    (:func:`server_environment`).
 
     Raises:
         VllmNotFoundError: no Python with vLLM (:func:`find_vllm_python`).
@@ -236,7 +238,7 @@ def launch_plan(model: str, heads: Sequence[str | Path], *, host: str = "127.0.0
     python = find_vllm_python()
     plugin_heads(server_environment(heads, dual_run, default=default))   # bad heads or default: one line, first
     folder = served_folder(model)
-    env = server_environment(heads, dual_run, geometry=geometry or folder_geometry(folder), default=default)
+    env = server_environment(heads, dual_run, base=base, geometry=geometry or folder_geometry(folder), default=default)
     extra = list(extra)
     gpu = torch.cuda.is_available()
     if not gpu and not any(a.startswith("--gpu-memory-utilization") for a in extra):

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from juice.apps.commands.common import CONTEXT_LIMIT, console, progress
+from juice.apps.commands.common import CONTEXT_LIMIT, ENGINE_HELP, VLLM_ARG_HELP, console, engine_for, progress
 from juice.models import DEFAULT_MODEL
 
 
@@ -52,6 +52,8 @@ def evaluate(
                                                             "(with --contexts: contexts.json, .md, .png)"),
     model: str = typer.Option(DEFAULT_MODEL),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
+    engine: str = typer.Option("juice", help=ENGINE_HELP + "; not with --study (auto's fit runs on juice's engine)"),
+    vllm_arg: list[str] = typer.Option([], help=VLLM_ARG_HELP),
 ):
     """Evaluate methods on your test rows: exact match per conflict-type label and their mean,
     with n and 95% bootstrap intervals, and paired differences; printed and saved. With
@@ -65,6 +67,9 @@ def evaluate(
     With --contexts the default is the first 40 items per source whose prompts hold at most
     --max-prompt-tokens tokens (about 15 minutes on 2 cores); --full runs them all.
     """
+    if study and engine != "juice":
+        raise typer.BadParameter("--study fits auto, which decides per request from a second, question-only "
+                                 "sequence that vLLM cannot run: drop --engine vllm", param_hint="--engine")
     if contexts is not None and study:
         _study(data, heads, methods, domain, None if full else (limit or CONTEXT_LIMIT),
                None if full else (validation_limit or limit or CONTEXT_LIMIT), out, model, device,
@@ -74,14 +79,16 @@ def evaluate(
         raise typer.BadParameter("--study is for the context-type evaluation: add --contexts", param_hint="--study")
     if contexts is not None:
         _evaluate_contexts(data, heads, methods, contexts, domain, None if full else (limit or CONTEXT_LIMIT),
-                           out, model, device, None if full else max_prompt_tokens, split, validation)
+                           out, model, device, None if full else max_prompt_tokens, split, validation, engine,
+                           vllm_arg)
         return
-    _evaluate_rows(data, heads, methods, direction, beta_plus, beta_minus, limit, out, model, device)
+    _evaluate_rows(data, heads, methods, direction, beta_plus, beta_minus, limit, out, model, device, engine,
+                   vllm_arg)
 
 
 def _evaluate_rows(data: Optional[Path], heads: list[Path], methods: Optional[str], direction: Optional[str],
                    beta_plus: Optional[float], beta_minus: Optional[float], limit: Optional[int], out: Path,
-                   model: str, device: str) -> None:
+                   model: str, device: str, engine: str = "juice", vllm_args: list[str] = ()) -> None:
     """`juice evaluate` on your test rows (:func:`juice.workflow.evaluate_file`)."""
     from juice.apps.terminal import interval_rich
     from juice.eval.report import degeneration_markdown, difference_markdown, interval_markdown
@@ -102,9 +109,10 @@ def _evaluate_rows(data: Optional[Path], heads: list[Path], methods: Optional[st
     check_methods(names, artifact)
     lm = load_model(model, device=device)
     artifact = load_heads(heads[0], lm) if heads else None
-    with progress() as task:
+    with engine_for(engine, model, out / "vllm", vllm_args) as runner, progress() as task:
+        runner.check(lm)
         report = evaluate_file(lm, artifact, data, names, direction=chosen, beta_plus=beta_plus,
-                               beta_minus=beta_minus, limit=limit, progress=task)
+                               beta_minus=beta_minus, limit=limit, progress=task, engine=runner)
     columns = report.columns()
     headers = [c for c, _ in columns]
     console.print(interval_rich(report.table, report.methods, columns, headers,
@@ -163,7 +171,7 @@ def _study(data: Optional[Path], heads: list[Path], methods: Optional[str], doma
 def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optional[str], contexts: str, domain: Optional[str],
                        limit: Optional[int], out: Path, model: str, device: str,
                        max_prompt_tokens: Optional[int] = None, split: Optional[str] = None,
-                       validation: Optional[Path] = None) -> None:
+                       validation: Optional[Path] = None, engine: str = "juice", vllm_args: list[str] = ()) -> None:
     """`juice evaluate --contexts` (:mod:`juice.when_to_steer`)."""
     from juice.apps.terminal import interval_rich
     from juice.io import write_json_atomic
@@ -195,8 +203,10 @@ def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optiona
         where["max_prompt_tokens"] = max_prompt_tokens
     artifacts = [load_heads(path, lm) for path in heads]
     try:
-        with progress() as task:
-            report = evaluate_contexts(lm, artifacts, items, names, data=where, progress=task, validation=chosen_on)
+        with engine_for(engine, model, out / "vllm", vllm_args) as runner, progress() as task:
+            runner.check(lm)
+            report = evaluate_contexts(lm, artifacts, items, names, data=where, progress=task, validation=chosen_on,
+                                       engine=runner)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--validation" if "validation" in str(err) else "--methods") from None
     columns = report.columns()

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from juice.apps.commands.common import console, progress
+from juice.apps.commands.common import ENGINE_HELP, VLLM_ARG_HELP, console, engine_for, progress
 from juice.models import DEFAULT_MODEL
 
 
@@ -31,6 +31,8 @@ def identify(
     direction: str = typer.Option("parametric", help="with a data file: parametric | contextual (which answer the "
                                                      "ParaConflict, NQ-Swap and MemoTrap rows promote)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
+    engine: str = typer.Option("juice", help=ENGINE_HELP),
+    vllm_arg: list[str] = typer.Option([], help=VLLM_ARG_HELP),
 ):
     """Stage 1 only: identify the heads on your examples (--data FILE) or on World Capital's D
     (filtered for the model: only D's items need be known), and write a heads JSON file that
@@ -50,7 +52,7 @@ def identify(
     try:
         cfg = ReproduceConfig(model=model, k=k, scoring=scoring, shortlist=shortlist, head_set_size=head_set_size,
                               seed=seed, data=data, domains=(domain,), validation_size=0, baselines=False,
-                              limit=0, device=device)
+                              limit=0, device=device, engine=engine, vllm_args=tuple(vllm_arg))
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     if data is None and domain not in DOMAINS:
@@ -65,15 +67,18 @@ def identify(
 
         load_rows(data, parse_direction(direction))   # bad data fails before the model loads
         lm = load_model(model, device=device)
-        with progress() as task:
+        with engine_for(engine, model, out.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:
+            runner.check(lm)
             artifact = identify_rows(lm, data, direction=direction, k=k, scoring=scoring, shortlist=shortlist,
-                                     progress=task)
+                                     progress=task, engine=runner)
         selection = artifact.selection
     else:
         domain_sources(cfg)   # bad data fails before the model loads
         lm = load_model(model, device=device)
-        with progress() as task:
-            artifact = identify_on_domain(lm, cfg, StageFiles(out.parent / ".juice-state"), task, command="identify")
+        with engine_for(engine, model, out.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:
+            runner.check(lm)
+            artifact = identify_on_domain(lm, cfg, StageFiles(out.parent / ".juice-state"), task, engine=runner,
+                                          command="identify")
         selection = artifact.selection
     save_heads(artifact, out)
     console.print(f"positive: {', '.join(map(str, selection.positive))}")

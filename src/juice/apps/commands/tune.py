@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from juice.apps.commands.common import BETA_MINUS_GRID_HELP, console, parse_grid, progress
+from juice.apps.commands.common import (BETA_MINUS_GRID_HELP, ENGINE_HELP, VLLM_ARG_HELP, console, engine_for,
+                                       parse_grid, progress)
 from juice.models import DEFAULT_MODEL
 
 
@@ -26,6 +27,8 @@ def tune(
     model: str = typer.Option(DEFAULT_MODEL),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
     beta_minus_grid: Optional[str] = typer.Option(None, help=BETA_MINUS_GRID_HELP),
+    engine: str = typer.Option("juice", help=ENGINE_HELP + "; auto's policy is fitted on juice's engine"),
+    vllm_arg: list[str] = typer.Option([], help=VLLM_ARG_HELP),
 ):
     """Choose (beta+, beta-) for JuICE and JuNE (and PH3's k) on validation rows, and write them
     into the heads file with the grid's accuracies: a tuned heads file alone is enough to steer
@@ -62,9 +65,10 @@ def tune(
     lm = load_model(model, device=device)
     artifact = load_heads(heads, lm)
     chosen = {}
-    with progress() as task:
+    with engine_for(engine, model, heads.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:
+        runner.check(lm)
         if grid_names:
-            chosen = tune_rows(lm, artifact, data, methods=grid_names, limit=limit, progress=task,
+            chosen = tune_rows(lm, artifact, data, methods=grid_names, limit=limit, progress=task, engine=runner,
                                **({"beta_minus_grid": grid} if grid else {}))
         if "auto" in names:
             from juice.auto import candidate_betas, tune_auto

@@ -1,0 +1,139 @@
+"""The paper's pipeline on vLLM (:mod:`juice.vllm.engine`): `reproduce(..., engine=VllmEngine(...))` on a tiny
+Llama gives juice's own engine's Table 1, stage by stage (Stage 1's scores to 1e-4, the same heads
+in the same order, the same betas, k and pruned heads, every item's output and verdict, every table
+cell), on one vLLM engine and scaled out (data parallel 2 in CI; tensor parallel 2 and Ray `long`);
+a set-up the plugin refuses stops the run in one line. vLLM runs in its own environment (skipped
+without it, as tests/integration/test_vllm.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from juice.experiments.table1 import ReproduceConfig, reproduce
+from juice.pipeline.compare import ENGINE_RECORD, compare_files
+from juice.vllm.engine import VllmEngine, VllmEngineError
+
+from test_vllm import _ray_head, needs_vllm, tiny_llama_dir  # noqa: E402
+
+TINY = dict(limit=2, validation_size=2, filter=False, alphas_positive=(1.0, 3.0), alphas_negative=(-1.0,), k=2,
+            ph3_dev_size=3, bootstrap_resamples=1000, domains=("world_capital", "athlete_sport"))
+"""A Table 1 that runs every stage in seconds on the tiny model: two domains, two test items each."""
+
+P_TOLERANCE = 1e-4
+"""Largest difference of a first-token probability between the engines: vLLM's CPU kernels (oneDNN
+matrix products, its own attention) round fp32 differently from PyTorch's; measured up to 8.3e-6
+on this tiny model, whose logits are large (initializer range 0.3). Outputs, verdicts, choices and
+table cells must be equal."""
+
+
+@pytest.fixture(scope="module")
+def juice_table(tmp_path_factory):
+    """The tiny model's folder, its juice-engine run: (lm, folder, results.json, heads.json)."""
+    tmp = tmp_path_factory.mktemp("juice-engine")
+    lm, folder = tiny_llama_dir(tmp)
+    reproduce(ReproduceConfig(model=folder, out_dir=tmp / "out", **TINY), lm=lm)
+    return lm, folder, tmp / "out" / "results.json", tmp / "out" / "heads.json"
+
+
+def _vllm_table(lm, folder: str, out: Path, args: tuple[str, ...], env: dict | None = None):
+    with VllmEngine(folder, out / "vllm", args, env={"VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})},
+                    log=lambda line: None) as engine:
+        reproduce(ReproduceConfig(model=folder, out_dir=out, engine="vllm", vllm_args=args, **TINY), lm=lm,
+                  engine=engine)
+    return engine
+
+
+def _scores(path: Path) -> dict[str, float]:
+    scores = json.loads(path.read_text())["scores"]
+    return {f"{sign}/{head}/{t}": v for sign in ("positive", "negative")
+            for head, by_type in scores[sign].items() for t, v in by_type.items()}
+
+
+def assert_same_table(juice_results: Path, juice_heads: Path, out: Path) -> None:
+    """The vLLM run in `out` against juice's: Stage 1's scores to 1e-4, then everything else."""
+    mine, theirs = _scores(juice_heads), _scores(out / "heads.json")
+    assert mine.keys() == theirs.keys()
+    assert max(abs(mine[k] - theirs[k]) for k in mine) <= 1e-4
+    compared = compare_files(juice_results, out / "results.json", p_tolerance=P_TOLERANCE, skip=ENGINE_RECORD)
+    assert compared.same, compared.differences[:10]
+    assert compared.compared > 1000
+
+
+@needs_vllm
+def test_reproduce_on_vllm_equals_juices_engine_stage_by_stage(juice_table, tmp_path):
+    lm, folder, results, heads = juice_table
+    engine = _vllm_table(lm, folder, tmp_path, ("--enforce-eager",))
+    assert_same_table(results, heads, tmp_path)
+    record = json.loads((tmp_path / "results.json").read_text())["protocol"]["engine"]
+    assert record["name"] == "vllm" and len(record["server_starts_s"]) == 2 == len(engine.starts)
+    assert {record["stages"][s] for s in ("data and filter", "stage 1", "tuning", "evaluation")} == {"vllm"}
+    assert record["stages"]["PH3-l"].startswith("juice (path patching")
+    assert set(record["rows"].values()) == {"vllm"}
+    assert engine.server is None   # stopped on exit
+
+
+SCALE_OUT = {"data parallel 2": ("--enforce-eager", "--data-parallel-size=2"),
+             "tensor parallel 2": ("--enforce-eager", "--tensor-parallel-size=2"),
+             "tensor parallel 2 over Ray": ("--enforce-eager", "--tensor-parallel-size=2",
+                                            "--distributed-executor-backend=ray")}
+"""vLLM's ways to scale out, as `juice reproduce --engine vllm --vllm-arg=...` passes them."""
+
+
+@needs_vllm
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two engines or ranks on the CPU need a core each")
+@pytest.mark.parametrize("scale", [pytest.param("data parallel 2"),
+                                   pytest.param("tensor parallel 2", marks=pytest.mark.long),
+                                   pytest.param("tensor parallel 2 over Ray", marks=pytest.mark.long)])
+def test_the_same_table_scaled_out(juice_table, tmp_path, scale):
+    """The same Table 1 from vLLM's data parallelism (two engine cores behind one server), tensor
+    parallelism (each rank steers its heads' slice) and Ray (a local head started without juice's
+    variables, as another node would be)."""
+    lm, folder, results, heads = juice_table
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"} if "tensor" in scale else {}
+    if "Ray" in scale:
+        with _ray_head(2) as ray_env:
+            _vllm_table(lm, folder, tmp_path, SCALE_OUT[scale], {**env, **ray_env})
+    else:
+        _vllm_table(lm, folder, tmp_path, SCALE_OUT[scale], env)
+    assert_same_table(results, heads, tmp_path)
+
+
+@needs_vllm
+def test_a_set_up_the_plugin_refuses_stops_the_run_in_one_line(juice_table, tmp_path):
+    lm, folder, *_ = juice_table
+    with pytest.raises(VllmEngineError) as err:
+        _vllm_table(lm, folder, tmp_path, ("--enforce-eager", "--enable-lora"))
+    message = str(err.value)
+    assert "\n" not in message and "start vLLM without --enable-lora" in message
+
+
+def test_an_architecture_the_plugin_does_not_steer_is_refused_before_any_stage(tmp_path):
+    from conftest import build_tiny
+
+    lm = build_tiny("gpt2")
+    with pytest.raises(VllmEngineError, match="this model is GPT2LMHeadModel: run with --engine juice"):
+        reproduce(ReproduceConfig(out_dir=tmp_path, engine="vllm", **TINY), lm=lm,
+                  engine=VllmEngine("m", tmp_path / "vllm"))
+    assert not (tmp_path / "state").exists()
+
+
+def test_without_vllm_the_run_says_how_to_install_it(tiny_llama, tmp_path, monkeypatch):
+    from juice.vllm.launch import VllmNotFoundError
+
+    monkeypatch.setenv("JUICE_VLLM_PYTHON", str(tmp_path / "no-such-python"))
+    with pytest.raises(VllmNotFoundError, match="is not a file"):
+        reproduce(ReproduceConfig(out_dir=tmp_path, engine="vllm", **TINY), lm=tiny_llama,
+                  engine=VllmEngine("m", tmp_path / "vllm"))
+
+
+def test_the_configuration_and_the_engine_must_agree(tiny_llama, tmp_path):
+    with pytest.raises(ValueError, match="names engine vllm, but the juice engine was given"):
+        reproduce(ReproduceConfig(out_dir=tmp_path, engine="vllm", **TINY), lm=tiny_llama)
+    with pytest.raises(ValueError, match="vllm_args are for engine vllm"):
+        ReproduceConfig(vllm_args=("--enforce-eager",))
+    with pytest.raises(ValueError, match="engine must be juice or vllm"):
+        ReproduceConfig(engine="sglang")

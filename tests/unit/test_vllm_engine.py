@@ -1,0 +1,112 @@
+"""The pipeline's vLLM engine without vLLM (:mod:`juice.vllm.engine`): a steering becomes the request
+protocol's per-head coefficients and back without a bit lost, the returned tokens are cut where
+juice's engine stops, what vLLM cannot run is handed back with its reason, a server's refusal is
+read from its log in one line, and a bad set-up is refused before anything starts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import make_tokenizer
+from juice.architectures import HeadGeometry
+from juice.engine import Choice, Contrast, Stream
+from juice.interventions import Head, HeadSelection
+from juice.sampling import Sampling
+from juice.steering import ORIGINAL, JuICE, JuNE, Prune, Steering
+from juice.steering_request import ServedHeads, read_steering
+from juice.vllm.engine import VllmEngine, _cut, _steering_xargs, _why, open_engine
+from juice.vllm.options import PluginHeads, request_fields
+
+GEOMETRY = HeadGeometry(4, 4, 8)
+SELECTION = HeadSelection((Head(1, 0), Head(2, 3)), (Head(1, 2), Head(2, 3)))
+
+
+def _read_back(xargs: dict, served: ServedHeads) -> torch.Tensor:
+    """The coefficients a server applies for a request's flat `vllm_xargs` (what the plugin does)."""
+    return read_steering(request_fields(xargs), served).steering(GEOMETRY, served).coefficients
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3),
+                          st.floats(-100, 100, width=32).filter(lambda x: x != 0)), min_size=1, max_size=6),
+       st.sampled_from(["june", "juice"]))
+def test_a_steering_reaches_the_server_with_every_coefficient_exact(cells, method):
+    """The engine sends a steering as per-head coefficients (`"L1H2=0.1"`, the flat form): read
+    back by the request protocol they are the same float tensor, bit for bit."""
+    coefficients = torch.zeros(4, 4)
+    for layer, head, value in cells:
+        coefficients[layer, head] = value
+    steering = Steering(method, coefficients)
+    served = ServedHeads(geometry=GEOMETRY)
+    assert torch.equal(_read_back(_steering_xargs(steering), served), coefficients)
+
+
+def test_the_presets_and_original_become_the_methods_the_plugin_applies():
+    juice, june = JuICE(GEOMETRY, SELECTION, 2.0, -1.0), JuNE(GEOMETRY, SELECTION, 3.0, -0.5)
+    assert _steering_xargs(ORIGINAL) == {"juice_method": "original"} == _steering_xargs(None)
+    assert _steering_xargs(JuICE(GEOMETRY, SELECTION, 0.0, 0.0)) == {"juice_method": "original"}   # = Original
+    assert _steering_xargs(juice)["juice_method"] == "juice" and _steering_xargs(june)["juice_method"] == "june"
+    assert _steering_xargs(Prune(GEOMETRY, [Head(3, 1)])) == {"juice_method": "june", "juice_heads": ["L3H1=-1.0"]}
+    plugin = PluginHeads(selections={"parametric": SELECTION}, geometry=GEOMETRY, enabled=True)
+    assert torch.equal(_read_back(_steering_xargs(juice), plugin), juice.coefficients)
+    assert torch.equal(_read_back(_steering_xargs(june), plugin), june.coefficients)   # a head in both sets
+
+
+def test_the_plugin_refuses_juice_on_a_head_whose_run_1_output_it_does_not_keep():
+    from juice.steering_request import SteeringRequestError
+
+    plugin = PluginHeads(selections={"parametric": SELECTION}, geometry=GEOMETRY, enabled=True)
+    outside = JuICE(GEOMETRY, HeadSelection((Head(0, 0),), ()), 1.0, 0.0)
+    with pytest.raises(SteeringRequestError, match="L0H0 is not one"):
+        _read_back(_steering_xargs(outside), plugin)
+    assert _read_back(_steering_xargs(JuNE(GEOMETRY, HeadSelection((Head(0, 0),), ()), 1.0, 0.0)), plugin)[0, 0] == 1
+
+
+def test_returned_tokens_are_cut_where_juices_engine_stops():
+    """EOS ends a row (kept in its tokens, not in its text); a stop rule on the text is checked
+    after every token, as :func:`juice.engine.generate` checks it."""
+    tok = make_tokenizer()
+    ids = tok(" w10 w11 w12 w13 w14", add_special_tokens=False)["input_ids"]
+    eos = tok.eos_token_id
+    assert _cut(ids, None, None, tok) == ids
+    assert _cut(ids[:2] + [eos] + ids[2:], eos, None, tok) == ids[:2] + [eos]
+    three_words = lambda text: len(text.split()) >= 3   # noqa: E731
+    assert _cut(ids, eos, three_words, tok) == ids[:3]
+    assert _cut(ids[:1] + [eos] + ids[1:], eos, three_words, tok) == ids[:1] + [eos]
+
+
+def test_what_vllm_cannot_run_is_handed_to_juices_engine_with_its_reason(tmp_path):
+    engine = VllmEngine("m", tmp_path)
+    assert engine.decodes(Stream(0)) is None
+    assert engine.decodes(Stream(0, JuICE(GEOMETRY, SELECTION, 1.0, 0.0))) is None
+    assert "two distributions" in engine.decodes(Stream(0, contrast=Contrast(1, lambda a, b: a)))
+    choice = Choice(1, (ORIGINAL,), lambda a, b: a.argmax(-1) * 0)
+    assert "question-only" in engine.decodes(Stream(0, choice=choice))
+    assert "random generator" in engine.decodes(Stream(0, sampling=Sampling(temperature=0.7)))
+    assert "repetition penalty" in engine.decodes(Stream(0, repetition_penalty=1.2))
+    post_norm = Steering("june", torch.ones(4, 4), site="post_norm")
+    assert "post_norm" in engine.decodes(Stream(0, post_norm))
+
+
+def test_a_server_that_stops_at_start_is_explained_by_its_refusal_line(tmp_path):
+    log = tmp_path / "vllm-server.log"
+    log.write_text("=== an earlier start\nValueError: old\n=== 2026-11-27 start\nINFO starting\n"
+                   "(EngineCore) juice.vllm.constraints.PluginConfigError: juice's vLLM plugin does not support LoRA "
+                   "(...): start vLLM without --enable-lora\nRuntimeError: Engine core initialization failed\n")
+    assert _why(log).endswith("start vLLM without --enable-lora")
+    log.write_text("=== start\nINFO\nsomething odd happened\n")
+    assert _why(log) == "something odd happened"
+
+
+def test_open_engine_refuses_what_does_not_fit_in_one_line(tmp_path):
+    from juice.engine.backend import JUICE_ENGINE
+
+    assert open_engine("juice", "m", tmp_path) is JUICE_ENGINE
+    with pytest.raises(ValueError, match="--vllm-arg is for --engine vllm"):
+        open_engine("juice", "m", tmp_path, ["--enforce-eager"])
+    with pytest.raises(ValueError, match="engine must be juice or vllm"):
+        open_engine("sglang", "m", tmp_path)
+    assert isinstance(open_engine("vllm", "m", tmp_path), VllmEngine)
