@@ -14,7 +14,8 @@ heads of both, and every table cell and item that differs, with both probabiliti
 docs/reproducing.md quotes, with the command and commit).
 
 Run: python benchmarks/bench_main_job.py [--out DIR] [--reference OLD/results.json]
-     python benchmarks/bench_main_job.py --engine vllm [--vllm-arg=--enforce-eager] [--record FILE]
+     python benchmarks/bench_main_job.py --engine vllm [--vllm-arg=...] [--out DIR] [--record FILE]
+     python benchmarks/bench_main_job.py --engine vllm --from-runs DIR --record FILE   (no run: DIR's two)
 Not a test: about 20 minutes per engine on 2 cores. Run it with nothing else on the machine.
 """
 
@@ -69,7 +70,7 @@ def _items(path: Path) -> dict[tuple, dict]:
 
 def _average_cells(path: Path) -> dict[str, dict[str, float]]:
     cells = json.loads(path.read_text())["table"]["cells"]
-    return {m: {t: round(c["mean"], 1) for t, c in by_domain["Average"].items()} for m, by_domain in cells.items()}
+    return {m: {t: round(100 * c["mean"], 1) for t, c in by_domain["Average"].items()} for m, by_domain in cells.items()}
 
 
 def compare_engines(a: Path, b: Path, times: dict[str, dict], starts: list[float], vllm_args: list[str]) -> dict:
@@ -116,6 +117,40 @@ def compare_engines(a: Path, b: Path, times: dict[str, dict], starts: list[float
     }
 
 
+STAGE_TITLES = {"data_and_filter": "data and filter (vLLM: its first start within)", "stage1_heads": "Stage 1",
+                "ph3_heads": "PH3's heads (path patching: juice's engine in both)",
+                "tuning": "tuning (vLLM: its second start within)", "evaluation": "evaluation"}
+
+
+def engines_markdown(record: dict) -> str:
+    """The record as docs/reproducing.md shows it ("On vLLM"; tests/unit/test_published_results.py
+    keeps the page equal to benchmarks/results/main-job-engines.json)."""
+    stages, total = record["stages_s"], record["total_s"]
+    rows = ["| stage | juice's engine (s) | vLLM (s) |", "|---|---|---|"]
+    rows += [f"| {STAGE_TITLES.get(k, k)} | {v:.0f} | {stages['vllm'][k]:.0f} |" for k, v in stages["juice"].items()]
+    rows.append(f"| all stages | {total['juice']:.0f} | {total['vllm']:.0f} |")
+    goal = record["goal"]
+    met = record["speed_up"] >= goal["speed-up"] and total["vllm"] < goal["stages_s"]
+    heads = record["heads"]["vllm"]
+    text = ["\n".join(rows), "",
+            f"vLLM's server started in {' s and '.join(f'{s:.0f}' for s in record['vllm_server_starts_s'])} s "
+            f"(within its stages). juice's engine / vLLM: {record['speed_up']:.2f}x (the goal, vLLM at least "
+            f"{goal['speed-up']:g}x faster and under {goal['stages_s']:.0f} s of stages: {'met' if met else 'missed'}). "
+            f"Stage 1's largest score difference: {record['stage1_max_score_difference']:.1e} (goal "
+            f"{goal['stage1_score_difference']:.0e}); the heads "
+            f"{'the same, in the same order' if record['same_heads'] else 'DIFFER'}: + {', '.join(heads['positive'])}; "
+            f"- {', '.join(heads['negative'])}. Table 1: {len(record['differing_cells'])} of {record['cells']} "
+            f"cells and {len(record['differing_items'])} of {record['items']} item rows differ (output or verdict); "
+            f"the largest first-token probability difference is {record['max_p_difference']:.1e}. Average over "
+            "the six domains (exact match %), juice's engine / vLLM:", ""]
+    average = record["table1_average"]
+    types = list(next(iter(average["juice"].values())))
+    table = ["| Method | " + " | ".join(types) + " |", "|---|" + "---|" * len(types)]
+    table += [f"| {m} | " + " | ".join(f"{cells[t]:.1f} / {average['vllm'][m][t]:.1f}" for t in types) + " |"
+              for m, cells in average["juice"].items()]
+    return "\n".join(text + table) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: a new temporary one)")
@@ -124,7 +159,20 @@ def main() -> None:
                         help="vllm: run on both engines and compare them")
     parser.add_argument("--vllm-arg", action="append", default=[], help="one more argument for vLLM's server")
     parser.add_argument("--record", type=Path, default=None, help="with --engine vllm: write the comparison here")
+    parser.add_argument("--from-runs", type=Path, default=None,
+                        help="with --engine vllm: compare the two runs an earlier --out DIR holds, without running")
     args = parser.parse_args()
+    if args.from_runs is not None:
+        runs = {e: json.loads((args.from_runs / e / "results.json").read_text()) for e in ("juice", "vllm")}
+        times = {e: {k: v for k, v in r["timings_s"].items() if k != "load_model"} for e, r in runs.items()}
+        record = compare_engines(args.from_runs / "juice", args.from_runs / "vllm", times,
+                                 runs["vllm"]["protocol"]["engine"].get("server_starts_s", []),
+                                 list(runs["vllm"]["config"]["vllm_args"]))
+        print(engines_markdown(record))
+        if args.record:
+            args.record.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+            print(f"wrote {args.record}")
+        return
     out = args.out or Path(tempfile.mkdtemp(prefix="juice-main-job-"))
     if (out / "state").exists() or (out / "juice" / "state").exists():
         raise SystemExit(f"{out} holds a saved state: the stages would be read, not run; give a new folder")
@@ -171,6 +219,7 @@ def main() -> None:
         print(f"  {d['item']}: juice {d['juice']} | vLLM {d['vllm']}")
     for d in record["other_differences"]:
         print(f"  {d}")
+    print(engines_markdown(record))
     if args.record:
         args.record.parent.mkdir(parents=True, exist_ok=True)
         args.record.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")

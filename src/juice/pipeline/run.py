@@ -218,7 +218,11 @@ def start_run(cfg: ReproduceConfig, lm: LoadedModel | None, progress: Progress =
         raise ValueError(f"the configuration names engine {cfg.engine}, but the {engine.name} engine was given "
                          "(juice.vllm.engine.open_engine makes vLLM's)")
     t = time.perf_counter()
-    lm = lm or load_model(cfg.model, dtype=getattr(torch, cfg.dtype), device_map=cfg.device_map, device=cfg.device)
+    if lm is None:
+        from juice.vllm.engine import local_device
+
+        lm = load_model(cfg.model, dtype=getattr(torch, cfg.dtype), device_map=cfg.device_map,
+                        device=local_device(cfg.engine, cfg.device))
     engine.check(lm)
     return (StageRun(lm, cfg, StageFiles(Path(cfg.out_dir) / "state"), progress, engine=engine),
             {"load_model": time.perf_counter() - t})

@@ -534,6 +534,14 @@ def _stop(process: subprocess.Popen) -> None:
         pass
 
 
+def local_device(engine: str, device: str) -> str:
+    """Where juice's own process puts its copy of the model (its tokenizer, the heads file's
+    fingerprint, and the stages vLLM cannot run: PH3's path patching, CAD, AdaCAD, `auto`): with
+    engine vllm and device "auto", the CPU, so that vLLM's server has the GPUs to itself (it
+    takes 90% of a GPU's memory by default); otherwise `device` as given."""
+    return "cpu" if engine == "vllm" and device == "auto" else device
+
+
 def open_engine(name: str, model: str, workdir: str | Path, vllm_args: Sequence[str] = (),
                 log: Callable[[str], None] = print):
     """The engine a command runs its stages on: :data:`juice.engine.backend.JUICE_ENGINE` for
@@ -551,4 +559,5 @@ def open_engine(name: str, model: str, workdir: str | Path, vllm_args: Sequence[
     raise ValueError(f"engine must be juice or vllm, not {name!r}")
 
 
-__all__ = ["IN_FLIGHT", "MAX_MODEL_LEN", "PROMPTS_PER_REQUEST", "VllmEngine", "VllmEngineError", "open_engine"]
+__all__ = ["COMPILATION_ARGS", "IN_FLIGHT", "MAX_MODEL_LEN", "PROMPTS_PER_REQUEST", "VllmEngine", "VllmEngineError",
+           "local_device", "open_engine"]

@@ -22,8 +22,9 @@ BETA_MINUS_GRID_HELP = ("tuning grid of beta-, comma-separated (default the pape
 
 ENGINE_HELP = ("what runs the stages: juice (this process) | vllm (vLLM's OpenAI server with juice's plugin, "
                "started from vLLM's environment; docs/reproducing.md, \"On vLLM\")")
-VLLM_ARG_HELP = ("--engine vllm: one more argument for vLLM's server (repeat), e.g. --vllm-arg=--tensor-parallel-size=2, "
-                 "--vllm-arg=--data-parallel-size=2, --vllm-arg=--distributed-executor-backend=ray")
+VLLM_ARG_HELP = ("--engine vllm: one more argument for vLLM's server (repeat), e.g. "
+                 "--vllm-arg=--tensor-parallel-size=2, --vllm-arg=--data-parallel-size=2, "
+                 "--vllm-arg=--distributed-executor-backend=ray")
 
 
 @contextmanager
@@ -33,7 +34,8 @@ def engine_for(name: str, model: str, workdir, vllm_args):
     from juice.vllm.engine import open_engine
 
     try:
-        engine = open_engine(name, model, workdir, list(vllm_args), log=lambda line: console.print(f"[dim]{line}[/dim]"))
+        engine = open_engine(name, model, workdir, list(vllm_args),
+                             log=lambda line: console.print(f"[dim]{line}[/dim]"))
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--engine") from None
     try:
@@ -42,6 +44,13 @@ def engine_for(name: str, model: str, workdir, vllm_args):
         close = getattr(engine, "close", None)
         if close is not None:
             close()
+
+
+def model_device(engine: str, device: str) -> str:
+    """Where the command loads juice's copy of the model (:func:`juice.vllm.engine.local_device`)."""
+    from juice.vllm.engine import local_device
+
+    return local_device(engine, device)
 
 
 def progress():
@@ -62,5 +71,5 @@ def parse_grid(text: Optional[str], option: str) -> Optional[tuple[float, ...]]:
     return values
 
 
-__all__ = ["BETA_MINUS_GRID_HELP", "CONTEXT_LIMIT", "ENGINE_HELP", "VLLM_ARG_HELP", "console", "engine_for",
+__all__ = ["BETA_MINUS_GRID_HELP", "CONTEXT_LIMIT", "ENGINE_HELP", "VLLM_ARG_HELP", "console", "engine_for", "model_device",
            "parse_grid", "progress"]

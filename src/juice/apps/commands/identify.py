@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from juice.apps.commands.common import ENGINE_HELP, VLLM_ARG_HELP, console, engine_for, progress
+from juice.apps.commands.common import (ENGINE_HELP, VLLM_ARG_HELP, console, engine_for, model_device,
+                                       progress)
 from juice.models import DEFAULT_MODEL
 
 
@@ -66,7 +67,7 @@ def identify(
         from juice.workflow import parse_direction
 
         load_rows(data, parse_direction(direction))   # bad data fails before the model loads
-        lm = load_model(model, device=device)
+        lm = load_model(model, device=model_device(engine, device))
         with engine_for(engine, model, out.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:
             runner.check(lm)
             artifact = identify_rows(lm, data, direction=direction, k=k, scoring=scoring, shortlist=shortlist,
@@ -74,7 +75,7 @@ def identify(
         selection = artifact.selection
     else:
         domain_sources(cfg)   # bad data fails before the model loads
-        lm = load_model(model, device=device)
+        lm = load_model(model, device=model_device(engine, device))
         with engine_for(engine, model, out.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:
             runner.check(lm)
             artifact = identify_on_domain(lm, cfg, StageFiles(out.parent / ".juice-state"), task, engine=runner,

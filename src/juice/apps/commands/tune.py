@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from juice.apps.commands.common import (BETA_MINUS_GRID_HELP, ENGINE_HELP, VLLM_ARG_HELP, console, engine_for,
-                                       parse_grid, progress)
+                                       model_device, parse_grid, progress)
 from juice.models import DEFAULT_MODEL
 
 
@@ -62,7 +62,7 @@ def tune(
     if grid_names or not names:
         load_rows(data, artifact.direction)
         check_tune_methods(grid_names)
-    lm = load_model(model, device=device)
+    lm = load_model(model, device=model_device(engine, device))
     artifact = load_heads(heads, lm)
     chosen = {}
     with engine_for(engine, model, heads.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:
