@@ -763,10 +763,13 @@ def prefix_cache_hits(base: str) -> float:
 
 
 @needs_vllm
+@pytest.mark.long
 def test_data_parallel_2_over_http_gives_the_same_tokens(tmp_path):
     """`juice serve --engine vllm --vllm-arg=--data-parallel-size=2`: two engine cores, each with
     its own steered model built from vLLM's config, behind one API server; every steering's
-    tokens, on each engine core (vLLM's `X-data-parallel-rank` header), equal juice's `generate`."""
+    tokens, on each engine core (vLLM's `X-data-parallel-rank` header), equal juice's `generate`.
+    `long`: CI runs data parallel 2 through the pipeline (tests/integration/test_reproduce_on_vllm.py),
+    thousands of steered requests balanced over both engine cores, every value equal."""
     import openai
 
     lm, folder = tiny_llama_dir(tmp_path)

@@ -1,8 +1,8 @@
 """The paper's pipeline on vLLM (:mod:`juice.vllm.engine`): `reproduce(..., engine=VllmEngine(...))` on a tiny
 Llama gives juice's own engine's Table 1, stage by stage (Stage 1's scores to 1e-4, the same heads
 in the same order, the same betas, k and pruned heads, every item's output and verdict, every table
-cell), on one vLLM engine and scaled out (data parallel 2 in CI; tensor parallel 2 and Ray `long`);
-a set-up the plugin refuses stops the run in one line. vLLM runs in its own environment (skipped
+cell), on one vLLM engine and scaled out (data parallel 2 in CI; one engine, tensor parallel 2 and
+tensor parallel 2 over Ray `long`); a set-up the plugin refuses stops the run in one line. vLLM runs in its own environment (skipped
 without it, as tests/integration/test_vllm.py)."""
 
 from __future__ import annotations
@@ -63,50 +63,47 @@ def assert_same_table(juice_results: Path, juice_heads: Path, out: Path) -> None
     assert compared.compared > 1000
 
 
+SCALE_OUT = {"one engine": (), "data parallel 2": ("--data-parallel-size=2",),
+             "tensor parallel 2": ("--tensor-parallel-size=2",),
+             "tensor parallel 2 over Ray": ("--tensor-parallel-size=2", "--distributed-executor-backend=ray")}
+"""vLLM's ways to run, as `juice reproduce --engine vllm --vllm-arg=...` passes them (eager: the engine's
+default on a CPU)."""
+
+
 @needs_vllm
-def test_reproduce_on_vllm_equals_juices_engine_stage_by_stage(juice_table, tmp_path):
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two engines or ranks on the CPU need a core each")
+@pytest.mark.parametrize("scale", [pytest.param("data parallel 2"),
+                                   pytest.param("one engine", marks=pytest.mark.long),
+                                   pytest.param("tensor parallel 2", marks=pytest.mark.long),
+                                   pytest.param("tensor parallel 2 over Ray", marks=pytest.mark.long)])
+def test_reproduce_on_vllm_equals_juices_engine_stage_by_stage(juice_table, tmp_path, scale):
+    """The same Table 1 from vLLM on one engine, with data parallelism (two engine cores behind one
+    server, vLLM balancing the requests: every value equal means both steer), tensor parallelism
+    (each rank steers its heads' slice) and tensor parallelism over Ray (a local head started
+    without juice's variables, as another node would be). CI runs data parallel 2, which covers
+    the one engine's path; the others are `long` (docs/development.md)."""
     lm, folder, results, heads = juice_table
-    engine = _vllm_table(lm, folder, tmp_path, ("--enforce-eager",))
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"} if "tensor" in scale else {}
+    if "Ray" in scale:
+        with _ray_head(2) as ray_env:
+            engine = _vllm_table(lm, folder, tmp_path, SCALE_OUT[scale], {**env, **ray_env})
+    else:
+        engine = _vllm_table(lm, folder, tmp_path, SCALE_OUT[scale], env)
     assert_same_table(results, heads, tmp_path)
     record = json.loads((tmp_path / "results.json").read_text())["protocol"]["engine"]
-    assert record["name"] == "vllm" and len(record["server_starts_s"]) == 2 == len(engine.starts)
+    assert record["name"] == "vllm" and len(record["server_starts_s"]) == 2 == len(engine.starts)   # before and
+    # after Stage 1's heads are known
     assert {record["stages"][s] for s in ("data and filter", "stage 1", "tuning", "evaluation")} == {"vllm"}
     assert record["stages"]["PH3-l"].startswith("juice (path patching")
     assert set(record["rows"].values()) == {"vllm"}
     assert engine.server is None   # stopped on exit
 
 
-SCALE_OUT = {"data parallel 2": ("--enforce-eager", "--data-parallel-size=2"),
-             "tensor parallel 2": ("--enforce-eager", "--tensor-parallel-size=2"),
-             "tensor parallel 2 over Ray": ("--enforce-eager", "--tensor-parallel-size=2",
-                                            "--distributed-executor-backend=ray")}
-"""vLLM's ways to scale out, as `juice reproduce --engine vllm --vllm-arg=...` passes them."""
-
-
-@needs_vllm
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two engines or ranks on the CPU need a core each")
-@pytest.mark.parametrize("scale", [pytest.param("data parallel 2"),
-                                   pytest.param("tensor parallel 2", marks=pytest.mark.long),
-                                   pytest.param("tensor parallel 2 over Ray", marks=pytest.mark.long)])
-def test_the_same_table_scaled_out(juice_table, tmp_path, scale):
-    """The same Table 1 from vLLM's data parallelism (two engine cores behind one server), tensor
-    parallelism (each rank steers its heads' slice) and Ray (a local head started without juice's
-    variables, as another node would be)."""
-    lm, folder, results, heads = juice_table
-    env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"} if "tensor" in scale else {}
-    if "Ray" in scale:
-        with _ray_head(2) as ray_env:
-            _vllm_table(lm, folder, tmp_path, SCALE_OUT[scale], {**env, **ray_env})
-    else:
-        _vllm_table(lm, folder, tmp_path, SCALE_OUT[scale], env)
-    assert_same_table(results, heads, tmp_path)
-
-
 @needs_vllm
 def test_a_set_up_the_plugin_refuses_stops_the_run_in_one_line(juice_table, tmp_path):
     lm, folder, *_ = juice_table
     with pytest.raises(VllmEngineError) as err:
-        _vllm_table(lm, folder, tmp_path, ("--enforce-eager", "--enable-lora"))
+        _vllm_table(lm, folder, tmp_path, ("--enable-lora",))
     message = str(err.value)
     assert "\n" not in message and "start vLLM without --enable-lora" in message
 
