@@ -2,7 +2,8 @@
 Llama gives juice's own engine's Table 1, stage by stage (Stage 1's scores to 1e-4, the same heads
 in the same order, the same betas, k and pruned heads, every item's output and verdict, every table
 cell), on one vLLM engine and scaled out (data parallel 2 in CI; one engine, tensor parallel 2 and
-tensor parallel 2 over Ray `long`); a set-up the plugin refuses stops the run in one line. vLLM runs in its own environment (skipped
+tensor parallel 2 over Ray `long`), and each of the engine's answers against juice's on one server;
+a set-up the plugin refuses stops the run in one line; Table 2 on vLLM (`long`). vLLM runs in its own environment (skipped
 without it, as tests/integration/test_vllm.py)."""
 
 from __future__ import annotations
@@ -100,7 +101,11 @@ def test_reproduce_on_vllm_equals_juices_engine_stage_by_stage(juice_table, tmp_
 
 
 @needs_vllm
+@pytest.mark.long
 def test_a_set_up_the_plugin_refuses_stops_the_run_in_one_line(juice_table, tmp_path):
+    """vLLM's server stops at start with the plugin's refusal (LoRA), and the run with it, in that
+    line. `long` for CI's time: the refusals themselves are tested without vLLM
+    (tests/unit/test_vllm_constraints.py), the line's extraction in tests/unit/test_vllm_engine.py."""
     lm, folder, *_ = juice_table
     with pytest.raises(VllmEngineError) as err:
         _vllm_table(lm, folder, tmp_path, ("--enable-lora",))
@@ -134,3 +139,60 @@ def test_the_configuration_and_the_engine_must_agree(tiny_llama, tmp_path):
         ReproduceConfig(vllm_args=("--enforce-eager",))
     with pytest.raises(ValueError, match="engine must be juice or vllm"):
         ReproduceConfig(engine="sglang")
+
+
+@needs_vllm
+def test_each_question_the_stages_ask_gets_juices_answer_from_one_server(juice_table, tmp_path):
+    """The engine's three answers against juice's engine, on one server: greedy continuations
+    with first-step probe probabilities, juice's EOS and the five-word stop (texts cut where juice
+    cuts them), teacher-forced log-probabilities (MemoTrap's likelihood comparison), Stage 1's
+    probabilities under single-head scalings and PH3's knock-out logit differences."""
+    import torch
+
+    from juice.engine import Stream
+    from juice.engine.backend import JUICE_ENGINE
+    from juice.eval.runner import exact_match_decided
+    from juice.interventions import Head, HeadSelection
+    from juice.steering import JuNE, Prune
+
+    lm, folder, *_ = juice_table
+    prompts = ["the capital of france is paris", "who wrote the book ? answer :", "japan tokyo spain"]
+    selection = HeadSelection((Head(1, 0), Head(2, 3)), (Head(1, 2),))
+    streams = [Stream(0), Stream(1, JuNE(lm, selection, 2.0, -1.0)), Stream(2, Prune(lm, [Head(3, 1)])), Stream(1)]
+    probes = torch.tensor([[5, 9], [7, 3], [11, 4], [2, 6]])
+    forced = torch.tensor([[5, 9, 12], [7, 3, 3], [11, 4, 8], [2, 6, 2]])
+    with VllmEngine(folder, tmp_path / "vllm", env={"VLLM_CPU_KVCACHE_SPACE": "1"}, log=lambda line: None) as vllm:
+        for options in ({"probe_tokens": probes}, {"probe_tokens": probes, "stop_at_eos": True,
+                                                  "stop_text": exact_match_decided(lm.tokenizer)}):
+            mine, theirs = (e.generate(lm, prompts, streams, 8, **options) for e in (JUICE_ENGINE, vllm))
+            assert mine.texts == theirs.texts and torch.equal(mine.tokens, theirs.tokens)
+            assert torch.allclose(mine.first_probs, theirs.first_probs, rtol=0, atol=P_TOLERANCE)
+        mine, theirs = (e.generate(lm, prompts, streams, 3, forced_tokens=forced) for e in (JUICE_ENGINE, vllm))
+        assert torch.allclose(mine.forced_logprobs, theirs.forced_logprobs, rtol=0, atol=1e-4)
+        scalings = [(Head(layer, head), alpha) for layer in range(4) for head in range(4) for alpha in (3.0, -1.0)]
+        for measure, target in (("intervention_probs", 5), ("intervention_logit_differences", (5, 9))):
+            (c1, v1), (c2, v2) = (getattr(e, measure)(lm, prompts[0], target, scalings) for e in (JUICE_ENGINE, vllm))
+            assert abs(c1 - c2) <= 1e-4 and torch.allclose(v1.double(), v2.double(), rtol=0, atol=1e-4)
+        assert len(vllm.starts) == 1   # no JuICE: one server for all of it
+
+
+@needs_vllm
+@pytest.mark.long
+def test_table_2_on_vllm_equals_juices_engine(tmp_path):
+    """The contextual direction (Table 2) on vLLM: MemoTrap's likelihood comparison from vLLM's
+    prompt log-probabilities, CAD and AdaCAD handed to juice's engine in the same run."""
+    from juice.experiments.table2 import reproduce_contextual
+    from test_experiments import _write_contextual_data
+
+    lm, folder = tiny_llama_dir(tmp_path)
+    _write_contextual_data(tmp_path / "data")
+    common = dict(model=folder, data_root=tmp_path / "data", limit=2, validation_per_dataset=1, ph3_dev_size=2,
+                  alphas_positive=(1.0,), alphas_negative=(-1.0,), k=2, bootstrap_resamples=1000)
+    reproduce_contextual(ReproduceConfig(out_dir=tmp_path / "juice", **common), lm=lm)
+    with VllmEngine(folder, tmp_path / "vllm", env={"VLLM_CPU_KVCACHE_SPACE": "1"}, log=lambda line: None) as engine:
+        reproduce_contextual(ReproduceConfig(out_dir=tmp_path / "out", engine="vllm", **common), lm=lm, engine=engine)
+    compared = compare_files(tmp_path / "juice" / "results_contextual.json", tmp_path / "out" / "results_contextual.json",
+                             p_tolerance=P_TOLERANCE, skip=ENGINE_RECORD)
+    assert compared.same, compared.differences[:10]
+    record = json.loads((tmp_path / "out" / "results_contextual.json").read_text())["protocol"]["engine"]
+    assert record["rows"]["CAD"].startswith("juice (CAD and AdaCAD") and record["rows"]["JuICE"] == "vllm"
