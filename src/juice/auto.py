@@ -47,6 +47,7 @@ chosen (`juice tune`'s rule). The result is written to the heads file
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,64 +80,85 @@ THRESHOLD_GRID = 16
 
 
 RELEVANCE = "question_words_in_passage"
-"""The gate's signal: the share of the question's content words that the passage holds."""
+"""The gate's lexical signal: the share of the question's content words that the passage holds."""
 
 MIN_WORD = 4
-"""A content word: a token that is letters only, at least this long (after its space marker)."""
+"""A content word: letters only, at least this long."""
 
-_VOCABULARY: dict[int, tuple[tuple[str, ...], tuple[bool, ...]]] = {}
+SCAFFOLD_WORDS = frozenset({"context", "question", "answer"})
+"""The words of the prompt formats juice builds (NQ-Swap's and your rows' `Context: ...\nQuestion:
+...\nAnswer:`, :mod:`juice.data.nqswap`): never one of the question's own words, so never counted."""
 
-
-def vocabulary_words(tokenizer) -> tuple[tuple[str, ...], tuple[bool, ...]]:
-    """(per token id, its text lower-cased without the space marker; whether it is a content
-    word: letters only, at least :data:`MIN_WORD` long), computed once per tokenizer."""
-    key = id(tokenizer)
-    if key not in _VOCABULARY:
-        pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-        words = tuple((p or "").replace("\u2581", "").replace("\u0120", "").strip().lower() for p in pieces)
-        _VOCABULARY[key] = (words, tuple(w.isalpha() and len(w) >= MIN_WORD for w in words))
-    return _VOCABULARY[key]
+_WORD = re.compile(r"[^\W\d_]+")
 
 
-def passage_relevance(prompt_ids: Sequence[int], question_ids: Sequence[int], words: Sequence[str],
-                      content: Sequence[bool]) -> float:
-    """The share (in [0, 1]) of the question's distinct content words (:func:`vocabulary_words`)
-    that occur among the passage's words. The passage is the prompt before the longest token
-    suffix it shares with the question (the question's tail, whatever its first token merged
-    with). 1.0 where the question has no content word (nothing to judge by).
+def content_words(text: str) -> set[str]:
+    """The distinct content words of `text`: runs of letters (any script), lower-cased, at least
+    :data:`MIN_WORD` long, wherever they stand (the first word of a text counts as any other), the
+    prompt formats' :data:`SCAFFOLD_WORDS` left out.
 
-    A lexical relevance score, as a retriever's: a passage about another subject (another
-    question's passage) shares few of the question's words (juice's signal; issue 44).
+    >>> sorted(content_words("Question: Michael Jordan plays which sport?\\nAnswer:"))
+    ['jordan', 'michael', 'plays', 'sport', 'which']
     """
+    return {w for w in (m.group(0).lower() for m in _WORD.finditer(text))
+            if len(w) >= MIN_WORD and w not in SCAFFOLD_WORDS}
+
+
+def passage_of(prompt: str, question: str) -> str:
+    """The passage of a prompt: the prompt without its question, which ends it in every format
+    juice builds; else the prompt without the longest ending it shares with the question."""
+    if prompt.endswith(question):
+        return prompt[: len(prompt) - len(question)]
     k = 0
-    while k < min(len(prompt_ids), len(question_ids)) and prompt_ids[-1 - k] == question_ids[-1 - k]:
+    while k < min(len(prompt), len(question)) and prompt[-1 - k] == question[-1 - k]:
         k += 1
-    passage = {words[i] for i in prompt_ids[: len(prompt_ids) - k]}
-    asked = {words[i] for i in question_ids if content[i]}
-    return len(asked & passage) / len(asked) if asked else 1.0
+    return prompt[: len(prompt) - k]
+
+
+def passage_relevance(prompt: str, question: str) -> float:
+    """The share (in [0, 1]) of the question's distinct content words (:func:`content_words`)
+    that occur among the passage's (:func:`passage_of`). 1.0 where the question has no content
+    word (nothing to judge by). Read from the texts, so a word counts the same at the start of a
+    text as after a space (a tokenizer gives "Michael" and " Michael" different tokens).
+
+    A lexical relevance score, as a retriever's: a passage about another subject shares few of
+    the question's words (juice's signal, :class:`RelevanceGate`).
+
+    >>> passage_relevance("Paris is the capital of France. The capital of France is", "The capital of France is")
+    1.0
+    >>> passage_relevance("Berlin is the capital of Germany. The capital of France is", "The capital of France is")
+    0.5
+    """
+    asked = content_words(question)
+    return len(asked & content_words(passage_of(prompt, question))) / len(asked) if asked else 1.0
 
 
 @dataclass(frozen=True, eq=False)
 class RelevanceGate:
     """A :class:`juice.engine.Choice`'s gate: candidate `pick` for a request whose passage
-    holds less than `threshold` of its question's words (:func:`passage_relevance`), else None."""
+    holds less than `threshold` of its question's words (:func:`passage_relevance` of the texts
+    the tokenizer decodes from the request's token ids), else None."""
 
     threshold: float
     pick: int
-    words: tuple[str, ...]
-    content: tuple[bool, ...]
+    tokenizer: Any
 
     def __call__(self, prompt_ids: Sequence[int], question_ids: Sequence[int]) -> int | None:
-        return self.pick if passage_relevance(prompt_ids, question_ids, self.words, self.content) < self.threshold else None
+        decode = self.tokenizer.decode
+        share = passage_relevance(decode(list(prompt_ids), skip_special_tokens=True),
+                                  decode(list(question_ids), skip_special_tokens=True))
+        return self.pick if share < self.threshold else None
 
 
 def relevance(lm: LoadedModel, prompts: Sequence[str], questions: Sequence[str]) -> list[float]:
-    """Per request, :func:`passage_relevance` of its prompt and question texts (1.0 without a
-    passage)."""
+    """Per request, :func:`passage_relevance` of its prompt and question texts as the gate reads
+    them (decoded from their token ids), 1.0 without a passage."""
     from juice.tokens import token_ids
 
-    words, content = vocabulary_words(lm.tokenizer)
-    return [passage_relevance(token_ids(lm.tokenizer, p), token_ids(lm.tokenizer, q), words, content)
+    gate = RelevanceGate(0.0, 0, lm.tokenizer)
+    decode = gate.tokenizer.decode
+    return [passage_relevance(decode(token_ids(lm.tokenizer, p), skip_special_tokens=True),
+                              decode(token_ids(lm.tokenizer, q), skip_special_tokens=True))
             for p, q in zip(prompts, questions)]
 
 
@@ -214,7 +236,7 @@ class AutoPolicy:
                 "june": lambda: JuNE(lm, selection, *self.betas["june"])}
         steerings = tuple(make[n]() for n in names)
         gate = None if self.relevance is None else RelevanceGate(
-            float(self.relevance), names.index(self.irrelevant), *vocabulary_words(lm.tokenizer))
+            float(self.relevance), names.index(self.irrelevant), lm.tokenizer)
         return Choice(-1, steerings, AutoRule(tuple(float(t) for t in self.thresholds),
                                               tuple(names.index(p) for p in self.picks)),
                       without_passage=names.index("original"), gate=gate)
@@ -643,4 +665,4 @@ def verdict_table(items: Sequence[ContextItem], results: Sequence, titles: Mappi
 
 __all__ = ["AutoFit", "AutoPolicy", "AutoRule", "CANDIDATES", "RELEVANCE", "SIGNAL", "RelevanceGate",
            "candidate_betas", "candidate_methods", "cross_validate", "first_step_signal", "fit_from_results", "fit_policy",
-           "passage_relevance", "policy_picks", "relevance", "request_features", "verdict_table", "vocabulary_words", "has_passage", "policy_of", "tune_auto"]
+           "passage_of", "passage_relevance", "policy_picks", "relevance", "request_features", "verdict_table", "content_words", "has_passage", "policy_of", "tune_auto"]

@@ -50,3 +50,26 @@ def test_cached_juice_equals_naive_rerun_on_the_real_model(real_model):
     cached = greedy_generate(real_model, [ex.prompts["substitution"]], 6, steering)
     naive = greedy_generate_naive(real_model, ex.prompts["substitution"], 6, steering)
     assert torch.equal(cached.tokens[0], naive)
+
+
+def test_the_relevance_gate_reads_the_words_a_real_tokenizer_splits_differently_at_the_start(real_model):
+    """`auto`'s lexical relevance on Gemma's tokenizer, as the engine's gate reads it (decoded from
+    the request's token ids): the question's first word, which this tokenizer writes "Michael" at
+    the start of a text and " Michael" after a space, counts only where the passage holds it, and
+    NQ-Swap's prompt words do not count."""
+    from juice.auto import RelevanceGate, passage_relevance, relevance
+    from juice.data.nqswap import context_prompt, question_prompt
+    from juice.tokens import token_ids
+
+    tok = real_model.tokenizer
+    question = "Michael Jordan plays the sport of"
+    assert tok.convert_ids_to_tokens(token_ids(tok, question))[1] == "Michael"
+    assert "▁Michael" in tok.convert_ids_to_tokens(token_ids(tok, f"Tiger Woods plays golf. {question}"))
+    prompts = [f"Tiger Woods plays golf. {question}", f"Michael Jordan retired twice. {question}",
+               context_prompt("Homer is said to have written it.", "who wrote the iliad"),
+               context_prompt("The Iliad, by Homer, tells of the war at Troy.", "who wrote the iliad")]
+    questions = [question, question, question_prompt("who wrote the iliad"), question_prompt("who wrote the iliad")]
+    shares = relevance(real_model, prompts, questions)
+    assert shares == [0.25, 0.5, 0.0, 0.5] == [passage_relevance(p, q) for p, q in zip(prompts, questions)]
+    gate = RelevanceGate(0.3, 1, tok)
+    assert [gate(token_ids(tok, p), token_ids(tok, q)) for p, q in zip(prompts, questions)] == [1, None, 1, None]
