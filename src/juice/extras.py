@@ -7,6 +7,8 @@ decoding, the baselines, evaluation and the pipelines as Python functions. The r
 - `cli`: the `juice` command (typer, rich);
 - `plots`: PNG figures (matplotlib); without it, commands write JSON and Markdown only;
 - `server`: `juice serve` (FastAPI, uvicorn);
+- `contexts`: the distractor context type of the when-to-steer evaluation (BM25, `bm25s`);
+- `vllm`: the pipeline on vLLM (`--engine vllm`: the `openai` client of vLLM's server);
 - `all`: every one of them (the README's commands install it).
 
 The `juice` command (:mod:`juice.apps.console`) says in one line which extra it needs.
@@ -21,6 +23,8 @@ EXTRAS = {
     "cli": ("typer", "rich"),
     "plots": ("matplotlib",),
     "server": ("fastapi", "uvicorn", "prometheus_client"),
+    "contexts": ("bm25s",),
+    "vllm": ("openai",),
 }
 
 

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from juice.data.context_types import (CONTEXT_TYPES, SPLITS, ContextItem, ContextItems, nqswap_context_items,
-                                      paraconflict_context_items, user_context_items)
+from juice.data.context_types import (CONTEXT_TYPES, RELATED_DOMAINS, SPLITS, ContextItem, ContextItems,
+                                      nqswap_context_items, paraconflict_context_items, user_context_items)
 from juice.engine.backend import Engine
 from juice.eval.contexts import (MEAN, QuestionBootstrap, context_type_means, context_type_tables,
                                  evaluate_context_types, question_bootstrap)
@@ -134,7 +134,10 @@ def context_items(source: str | Path | None = None, *, domain: str | None = None
 
         names = [domain] if domain else list(DOMAINS)
         examples = [ex for name in names for ex in cut(build_domain(name))]
-        built, where["source"] = paraconflict_context_items(examples, seed, split), f"built-in {', '.join(names)}"
+        related = [ex for name in {RELATED_DOMAINS.get(n) for n in names} - set(names) - {None}
+                   for ex in build_domain(name)]
+        built = paraconflict_context_items(examples, seed, split, related)
+        where["source"] = f"built-in {', '.join(names)}"
     else:
         path = Path(source)
         if not path.exists():
@@ -144,15 +147,18 @@ def context_items(source: str | Path | None = None, *, domain: str | None = None
         elif (path.is_dir() and (path / "nqswap.jsonl").is_file()) or path.suffix == ".jsonl":
             built, where["source"] = nqswap_context_items(cut(read_records(path)), seed, split), f"NQ-Swap {path}"
         elif path.is_dir():
-            found = find_paper_domains(path)
-            if domain:
-                found = {k: v for k, v in found.items() if k == domain}
+            every = find_paper_domains(path)
+            found = {k: v for k, v in every.items() if k == domain} if domain else every
             if not found:
                 raise ValueError(f"{path}: no NQ-Swap file and no domain folder of the authors' layout"
                                  f"{f' named {domain}' if domain else ''}")
             examples = [ex for name, folder in found.items()
                         for ex in cut(load_paraconflict_json(folder / "unfiltered_test.json", name))]
-            built, where["source"] = paraconflict_context_items(examples, seed, split), f"ParaConflict {path}"
+            related = [ex for name, folder in every.items()
+                       if name not in found and name in {RELATED_DOMAINS.get(n) for n in found}
+                       for ex in load_paraconflict_json(folder / "unfiltered_test.json", name)]
+            built = paraconflict_context_items(examples, seed, split, related)
+            where["source"] = f"ParaConflict {path}"
         else:
             built = paraconflict_context_items(cut(load_paraconflict_json(path, domain)), seed, split)
             where["source"] = f"ParaConflict {path}"

@@ -9,6 +9,7 @@ import torch
 
 from juice.auto import AutoPolicy, AutoRule, fit_policy, first_step_signal, passage_relevance, policy_picks
 from juice.baselines.cad import CadPolicy, jsd_alpha
+from juice.data.context_types import CONTEXT_TYPES
 from juice.engine import QUESTION_ALONE, Choice, Contrast, Stream, generate
 from juice.interventions import Head, HeadSelection
 from juice.steering import ORIGINAL, JuICE, JuNE
@@ -357,8 +358,7 @@ def test_juice_tune_methods_auto_from_the_command_line(tmp_path, capsys):
                      "--model", str(folder), "--device", "cpu"]) == 0
     assert "auto:" in capsys.readouterr().out
     saved = json.loads(heads.read_text())["tuned"]["auto"]
-    assert saved["signal"] == "jsd_bits" and saved["data"]["counts"] == {t: 3 for t in
-                                                                        ("gold", "conflicting", "irrelevant", "none")}
+    assert saved["signal"] == "jsd_bits" and saved["data"]["counts"] == {t: 3 for t in CONTEXT_TYPES}
     assert set(saved["validation"]["static"]) == {"original", "question", "juice", "juice/2", "adacad"}
     out = tmp_path / "out"
     assert cli.main(["evaluate", "--contexts", "gold,conflicting,irrelevant,none", "--data", str(data), "--heads",

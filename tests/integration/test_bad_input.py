@@ -74,7 +74,7 @@ CASES = [
     ("identify: contextual without a data file", lambda tmp, sd: ["identify", "--direction", "contextual"],
      "for the contextual direction give --data"),
     ("evaluate --contexts: an unknown context type", lambda tmp, sd: ["evaluate", "--contexts", "gold,golden"],
-     "--contexts takes gold, conflicting, irrelevant, none, not golden"),
+     "--contexts takes gold, conflicting, irrelevant, distractor, none, not golden"),
     ("evaluate --contexts: no such source", lambda tmp, sd: ["evaluate", "--contexts", "gold", "--data",
                                                              str(tmp / "nope")], "does not exist"),
     ("generate: the heads file does not exist", lambda tmp, sd: ["generate", "x", "--heads", str(tmp / "h.json")],

@@ -203,13 +203,13 @@ def test_contextual_pipeline_runs_writes_table2_and_resumes(tiny_llama, tmp_path
     assert "NQ-Swap" in table and "Proverb Translation" in table and "likelihood" in table
     assert "## Degenerate outputs" in table and "## Correct and not degenerate" in table
     assert set(results["correct_not_degenerate"]["cells"]) == methods
-    # when to steer (issue 35): NQ-Swap's 2 test questions under 4 context types, every method
+    # when to steer: NQ-Swap's 2 test questions under every context type, every method
     contexts = results["contexts"]
     assert set(contexts) == {"use_relevant", "trust_memory", "follows_context", "use_relevant_not_degenerate",
                             "degenerate"}
     assert set(contexts["use_relevant"]["cells"]) == methods
     assert {g: c["n"] for g, c in contexts["use_relevant"]["cells"]["JuICE"]["nqswap"].items()} == {
-        "gold": 2, "conflicting": 2, "irrelevant": 2, "none": 2}
+        "gold": 2, "conflicting": 2, "irrelevant": 2, "distractor": 2, "none": 2}
     assert "When to steer" in table and "trust memory" in table
     # the when-to-steer study (issue 44, part 4): Table 2's heads with NQ-Swap's tuned betas, split by question
     study = results["when_to_steer"]["nqswap"]

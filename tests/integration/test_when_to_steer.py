@@ -27,12 +27,13 @@ def test_items_come_from_every_source(tmp_path, shared_data):
     assert items.counts() == {t: 3 for t in CONTEXT_TYPES} and where["source"].startswith("NQ-Swap")
     folder = shared_data / "paraconflict"
     items, where = context_items(folder, domain="world_capital", limit=4, contexts=["gold", "none"])
-    assert where["counts"] == items.counts() == {"gold": 4, "conflicting": 0, "irrelevant": 0, "none": 4}
+    assert where["counts"] == items.counts() == {"gold": 4, "conflicting": 0, "irrelevant": 0, "distractor": 0,
+                                                 "none": 4}
     items, _ = context_items(folder / "world_capital" / "unfiltered_test.json", limit=2)
     assert items.counts()["conflicting"] == 4
     items, where = context_items(None, domain="book_author", limit=2)
     assert items.counts()["irrelevant"] == 2 and "built-in book_author" in where["source"]
-    with pytest.raises(ValueError, match="--contexts takes gold, conflicting, irrelevant, none, not golden"):
+    with pytest.raises(ValueError, match="--contexts takes gold, conflicting, irrelevant, distractor, none, not golden"):
         context_items(None, contexts=["golden"])
     with pytest.raises(FileNotFoundError, match="no such file or folder"):
         context_items(tmp_path / "nowhere")
@@ -59,7 +60,7 @@ def test_the_report_has_every_table(tiny_llama, tmp_path):
     context = HeadsArtifact(tiny_llama.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL,
                             tuned={"june": {"beta_plus": 1.0, "beta_minus": 0.0}})
     report = evaluate_contexts(tiny_llama, [context], items, ["original", "june"], data=where, resamples=1000)
-    assert report.methods == ["Original", "JuNE-ctx"] and len(report.results) == 2 * 8
+    assert report.methods == ["Original", "JuNE-ctx"] and len(report.results) == 2 * 2 * len(CONTEXT_TYPES)
     data = report.to_json()
     assert set(data["tables"]) == {"use_relevant", "trust_memory", "follows_context", "use_relevant_not_degenerate",
                             "degenerate"}
@@ -89,7 +90,7 @@ def test_juice_evaluate_contexts_from_the_command_line(tmp_path, capsys):
     assert "use relevant context" in printed and "trust memory" in printed and "contexts.json" in printed
     saved = json.loads((out / "contexts.json").read_text())
     assert saved["methods"] == ["Original", "CAD", "JuICE-mem", "JuICE-ctx"]
-    assert saved["data"]["counts"] == {t: 2 for t in CONTEXT_TYPES}
+    assert saved["data"]["counts"] == {**{t: 2 for t in CONTEXT_TYPES}, "distractor": 0}   # not asked for
     assert (out / "contexts.md").is_file()
     assert cli.main(["evaluate", "--contexts", "gold,golden", "--model", str(folder)]) != 0
     assert "--contexts takes" in capsys.readouterr().err
@@ -137,7 +138,7 @@ def test_your_own_jsonl_and_csv_rows_are_a_source(tmp_path):
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     items, where = context_items(jsonl)
     assert where["source"] == f"rows {jsonl}" and items.counts() == {"gold": 3, "conflicting": 0, "irrelevant": 3,
-                                                                     "none": 3}
+                                                                     "distractor": 3, "none": 3}
     csv_file = tmp_path / "mine.csv"
     csv_file.write_text("question,context,answer,context_answer\nwho wrote book 0,Book 0 was written by Orwell.,"
                         "Tolstoy|Leo Tolstoy,Orwell\n", encoding="utf-8")

@@ -1,8 +1,9 @@
-"""The four context types of a question (:mod:`juice.data.context_types`): built as described
-from NQ-Swap rows and ParaConflict items (one item per distinct question, gold holds the true
-answer and not the distractor, an irrelevant passage states its recorded context answer and never
-the item's own, skips are counted), split by question, and scored under both objectives
-(:func:`juice.eval.metrics.context_verdicts`)."""
+"""The context types of a question (:mod:`juice.data.context_types`): built as described from
+NQ-Swap rows and ParaConflict items (one item per distinct question, gold holds the true answer
+and not the distractor, an irrelevant passage states its recorded context answer and never the
+item's own, a distractor is the passage BM25 ranks highest or one about the same subject and
+another relation or one stating no answer, skips are counted), split by question, and scored under
+both objectives (:func:`juice.eval.metrics.context_verdicts`)."""
 
 from __future__ import annotations
 
@@ -24,13 +25,14 @@ ROWS = [{"question": f"who wrote book {i}", "org_context": f"<P> Book {i} was wr
                                     ("Dante", "Goethe"), ("Austen", "Kafka")])]
 
 
-def test_nqswap_rows_give_the_four_context_types():
+def test_nqswap_rows_give_every_context_type():
     built = nqswap_context_items(ROWS, seed=0)
     assert built.counts() == {t: 5 for t in CONTEXT_TYPES} and not any(built.skipped.values())
     by = {(i.uid, i.context_type): i for i in built.items}
     for k, row in enumerate(ROWS):
         uid = str(k)
-        gold, conflict, irrelevant, none = (by[uid, t] for t in CONTEXT_TYPES)
+        gold, conflict, irrelevant, distractor, none = (by[uid, t] for t in CONTEXT_TYPES)
+        assert distractor.partner != uid and distractor.variant == "bm25"
         assert strip_markup(row["org_context"]) in gold.prompt and gold.context_answers == tuple(row["org_answer"])
         assert strip_markup(row["sub_context"]) in conflict.prompt
         assert conflict.context_answers == tuple(row["sub_answer"]) and conflict.memory_answers == tuple(row["org_answer"])
@@ -47,6 +49,7 @@ def test_partners_are_seeded_and_an_item_without_one_is_counted():
     same = [dict(r, org_answer=["Austen"]) for r in ROWS]
     built = nqswap_context_items(same)
     assert built.skipped["irrelevant"] == ["0", "1", "2", "3", "4"] and built.counts()["irrelevant"] == 0
+    assert built.skipped["distractor"] == ["0", "1", "2", "3", "4"] and built.counts()["distractor"] == 0
     with pytest.raises(ValueError, match="NQ-Swap row 0: missing field 'org_context'"):
         nqswap_context_items([{k: v for k, v in ROWS[0].items() if k != "org_context"}])
 
@@ -205,6 +208,13 @@ def test_verdicts_follow_the_two_objectives():
     assert v(irrelevant, " Berlin.") == {"use_relevant": False, "trust_memory": False, "follows_context": True}
     assert v(irrelevant, " Paris.") == {"use_relevant": True, "trust_memory": True, "follows_context": False}
     assert v(none, " Paris") == {"use_relevant": True, "trust_memory": True, "follows_context": None}
+    distractor = ContextItem(context_type="distractor", prompt="p", context_answers=("French",), **common)
+    silent = ContextItem(context_type="distractor", prompt="p", **common)   # a passage stating no answer
+    assert v(distractor, " French.") == {"use_relevant": False, "trust_memory": False, "follows_context": True}
+    assert v(distractor, " Paris.") == {"use_relevant": True, "trust_memory": True, "follows_context": False}
+    assert v(silent, " Paris.") == {"use_relevant": True, "trust_memory": True, "follows_context": False}
+    with pytest.raises(ValueError, match="s/0: an irrelevant item needs a context answer"):
+        ContextItem(context_type="irrelevant", prompt="p", **common)
     with pytest.raises(ValueError, match="a none item has no context answer"):
         ContextItem(context_type="none", prompt="Q:", context_answers=("x",), **common)
     with pytest.raises(ValueError, match="objective must be one of"):
@@ -235,3 +245,56 @@ def test_your_own_rows_get_the_context_types():
         user_context_items([rows[0], {"question": "q", "answer": "a"}])
     with pytest.raises(ValueError, match="row 1: answer must be non-empty"):
         user_context_items([{"question": "q", "context": "c", "answer": ""}])
+
+
+DISTRACTOR_ROWS = [
+    {"question": "who wrote the iliad", "org_context": "<P> The Iliad is an epic by Homer about Troy . </P>",
+     "org_answer": ["Homer"], "sub_context": "<P> The Iliad is an epic by Virgil . </P>", "sub_answer": ["Virgil"]},
+    {"question": "who wrote the odyssey", "org_context": "<P> The Odyssey , like the Iliad , is an epic by Homer . </P>",
+     "org_answer": ["Homer"], "sub_context": "<P> The Odyssey is by Ovid . </P>", "sub_answer": ["Ovid"]},
+    {"question": "who wrote the aeneid epic about troy", "org_context": "<P> The Aeneid , an epic of Troy , is "
+     "by Virgil . </P>", "org_answer": ["Virgil"], "sub_context": "<P> The Aeneid is by Homer . </P>",
+     "sub_answer": ["Homer"]},
+    {"question": "what is the capital of peru", "org_context": "<P> Lima is the capital of Peru . </P>",
+     "org_answer": ["Lima"], "sub_context": "<P> Cusco is the capital of Peru . </P>", "sub_answer": ["Cusco"]},
+]
+
+
+def test_an_nqswap_distractor_is_the_passage_bm25_ranks_highest_that_does_not_answer():
+    """The Iliad's question ranks the Odyssey's passage first (it names the Iliad), but that
+    passage states Homer, the Iliad's own answer: the distractor is the next, the Aeneid's (an epic
+    of Troy, stating Virgil); the Aeneid's question gets the Iliad's passage (Troy, an epic)."""
+    built = nqswap_context_items(DISTRACTOR_ROWS, seed=0)
+    distractors = {i.uid: i for i in built.of_type("distractor")}
+    assert distractors["0"].partner == "2" and distractors["0"].context_answers == ("Virgil",)
+    assert distractors["2"].partner == "0" and distractors["2"].context_answers == ("Homer",)
+    for item in distractors.values():
+        passage = item.prompt[len("Context: "): -len(item.question) - 1]
+        assert contains_answer(passage, item.context_answers) and not contains_answer(passage, item.memory_answers)
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_a_paraconflict_distractor_is_about_the_same_subject_or_states_no_answer(domain):
+    from juice.data.context_types import NO_ANSWER, RELATED_DOMAINS, gold_passage
+
+    examples = build_domain(domain)
+    related = build_domain(RELATED_DOMAINS[domain]) if domain in RELATED_DOMAINS else []
+    built = paraconflict_context_items(examples, seed=0, related=related)
+    by_variant = {v: [i for i in built.of_type("distractor") if i.variant == v] for v in ("other_relation", "no_answer")}
+    assert len(by_variant["no_answer"]) == len(examples)   # always: the question restated, no answer
+    for item in by_variant["no_answer"]:
+        assert item.prompt == f"{NO_ANSWER.format(question=item.question)} {item.question}"
+        assert item.context_answers == () and item.partner == ""
+    other = by_variant["other_relation"]
+    assert len(other) + len(built.skipped["distractor"]) == len(examples)
+    if domain not in RELATED_DOMAINS:
+        assert not other   # Athlete Sport and Book Author: no domain with the same subjects
+        return
+    assert len(other) > len(examples) / 3
+    lenders = {f"{e.domain}/{e.uid}": e for e in related}
+    for item in other:
+        lender, ex = lenders[item.partner], next(e for e in examples if e.uid == item.uid)
+        assert lender.subject == ex.subject and item.prompt == f"{gold_passage(lender)} {ex.prompts['clean']}"
+        passage = gold_passage(lender)
+        assert contains_answer(passage, lender.answers) and not contains_answer(passage, [lender.context_answer])
+        assert item.context_answers == lender.answers and not contains_answer(passage, ex.answers)

@@ -19,6 +19,10 @@ From NQ-Swap rows (:func:`nqswap_context_items`):
 - *irrelevant*: another question's `org_context` with this row's question; the right answer is
   `org_answer`, and the answer that passage states (the other row's `org_answer`) counts as
   "followed the context";
+- *distractor*: the other question's `org_context` that BM25 (`bm25s`, the question against every
+  other passage of the same half) ranks highest among those that state neither this row's answer nor
+  any alias, with this row's question: the passage a retriever would return and get wrong; the right
+  answer is `org_answer`, the passage's own answer counts as "followed the context";
 - *none*: the question alone.
 
 From ParaConflict items (:func:`paraconflict_context_items`; built-in domains or the authors' files):
@@ -32,6 +36,13 @@ From ParaConflict items (:func:`paraconflict_context_items`; built-in domains or
   before its last "Question:") before this item's clean prompt; the passage states the other
   item's *distractor*, so that is the irrelevant item's context answer; skipped (and counted)
   where no item fits.
+- *distractor* (two items, `variant` says which, counted as one question like the conflicting
+  pair): "other_relation", a true passage about the same subject and another relation (the
+  related domain's item for the same subject, :data:`RELATED_DOMAINS`: its coherent passage with its
+  distractor replaced by its true answer, stating that answer; skipped and counted for Athlete
+  Sport and Book Author, which have no related domain, and where the passage states this item's
+  answer); "no_answer", :data:`NO_ANSWER`, which restates the question's subject and relation and
+  states no answer (no context answer).
 
 The partner of an irrelevant item (the item lending its passage) is drawn with a seeded generator
 among those that ask another question, whose passage states its own answer (the one recorded as
@@ -41,8 +52,8 @@ answer that normalizes like one of them: copying an irrelevant passage must neve
 true answer.
 
 Two objectives score an output (:func:`juice.eval.metrics.context_verdicts`): **use relevant
-context** (gold and conflicting: the context's answer; irrelevant and none: the memory answer)
-and **trust memory** (the memory answer everywhere).
+context** (gold and conflicting: the context's answer; irrelevant, distractor and none: the
+memory answer) and **trust memory** (the memory answer everywhere).
 """
 
 from __future__ import annotations
@@ -57,8 +68,25 @@ from juice.data.nqswap import context_prompt, question_prompt, strip_markup
 from juice.data.records import ConflictExample
 from juice.text import contains_answer, normalize_answer
 
-CONTEXT_TYPES: tuple[str, ...] = ("gold", "conflicting", "irrelevant", "none")
-"""The four contexts a question can come with, in the order of the tables."""
+CONTEXT_TYPES: tuple[str, ...] = ("gold", "conflicting", "irrelevant", "distractor", "none")
+"""The contexts a question can come with, in the order of the tables."""
+
+RELATED_DOMAINS: dict[str, str] = {"world_capital": "official_language", "official_language": "world_capital",
+                                   "company_headquarter": "company_founder", "company_founder": "company_headquarter"}
+"""ParaConflict domains whose subjects are the other's (a country: its capital, its language; a
+company: its headquarters, its founder): a distractor about the same subject and another relation
+comes from there. Athlete Sport and Book Author have none."""
+
+NO_ANSWER = 'Readers often ask how to complete the sentence "{question} ...", and it comes up in quizzes.'
+"""The distractor that restates a ParaConflict question's subject and relation and states no answer
+(`{question}`: the clean prompt)."""
+
+DISTRACTOR_DEPTH = 100
+"""BM25's ranks read per question for a distractor that states neither its answer nor an alias."""
+
+RELEVANT_TYPES: tuple[str, ...] = ("gold", "conflicting")
+"""The context types whose passage answers the question (use it); the others' (irrelevant,
+distractor) do not (ignore it: the memory answer is right)."""
 
 OBJECTIVES: tuple[str, ...] = ("use_relevant", "trust_memory")
 """What an output is scored against: the relevant context's answer (CUB's objective), or memory."""
@@ -76,11 +104,14 @@ class ContextItem:
         question: the prompt without any context (CAD's second branch; equal to `prompt` for none).
         memory_answers: the true (parametric) answer and its aliases.
         context_answers: the answer the passage gives (gold: the true one; conflicting: the
-            substituted one; irrelevant: the other passage's); empty for none.
+            substituted one; irrelevant and distractor: the other passage's); empty for none and
+            for a distractor that states no answer.
         metric: "first_words" (the paper's exact match in the first 5 words, ParaConflict) or
             "nqswap" (normalized substring, NQ-Swap).
-        variant: for ParaConflict's conflicting items, "substitution" or "coherent"; else "".
-        partner: for an irrelevant item, the uid of the item whose passage it carries; else "".
+        variant: for ParaConflict's conflicting items, "substitution" or "coherent"; for a
+            distractor, "bm25", "other_relation" or "no_answer"; else "".
+        partner: for an irrelevant or distractor item, the uid of the item whose passage it
+            carries (a related domain's item: "<domain>/<uid>"); else "".
     """
 
     source: str
@@ -101,9 +132,11 @@ class ContextItem:
             raise ValueError(f"metric must be first_words or nqswap, not {self.metric!r}")
         if not self.memory_answers or not all(a.strip() for a in self.memory_answers):
             raise ValueError(f"{self.source}/{self.uid}: empty memory answer")
-        if (self.context_type == "none") != (not self.context_answers):
-            raise ValueError(f"{self.source}/{self.uid}: a {self.context_type} item "
-                             f"{'has no' if self.context_type == 'none' else 'needs a'} context answer")
+        if self.context_type == "none" and self.context_answers:
+            raise ValueError(f"{self.source}/{self.uid}: a none item has no context answer")
+        if self.context_type not in ("none", "distractor") and not self.context_answers:
+            article = "an" if self.context_type[0] in "aeiou" else "a"
+            raise ValueError(f"{self.source}/{self.uid}: {article} {self.context_type} item needs a context answer")
 
     def target(self, objective: str) -> tuple[str, ...]:
         """The answers that count as right under `objective` (:data:`OBJECTIVES`).
@@ -112,7 +145,7 @@ class ContextItem:
             ValueError: an unknown objective.
         """
         if objective == "use_relevant":
-            return self.context_answers if self.context_type in ("gold", "conflicting") else self.memory_answers
+            return self.context_answers if self.context_type in RELEVANT_TYPES else self.memory_answers
         if objective == "trust_memory":
             return self.memory_answers
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, not {objective!r}")
@@ -218,6 +251,34 @@ def _partners(takers: Sequence[tuple[str, tuple[str, ...]]], lenders: Sequence[_
     return out
 
 
+def _bm25_partners(takers: Sequence[tuple[str, str, tuple[str, ...]]],
+                   lenders: Sequence[_Lender | None]) -> list[_Lender | None]:
+    """Per taker (question key, question text, true answers), the lender whose passage BM25 ranks
+    highest for the question (`bm25s`'s Okapi BM25, English stop words dropped) among those that
+    fit the module docstring's rule (another question; states neither the answer nor an alias),
+    within the first :data:`DISTRACTOR_DEPTH` ranks; None if none fits there."""
+    from juice.extras import require
+
+    require("contexts", "the distractor context type (BM25)")
+    import bm25s
+
+    usable = [lend for lend in lenders if lend is not None and contains_answer(lend.passage, lend.states)]
+    if not usable or not takers:
+        return [None] * len(takers)
+    index = bm25s.BM25()
+    index.index(bm25s.tokenize([lend.passage for lend in usable], stopwords="en", show_progress=False),
+                show_progress=False)
+    ranked, _ = index.retrieve(bm25s.tokenize([q for _, q, _ in takers], stopwords="en", show_progress=False),
+                               k=min(DISTRACTOR_DEPTH, len(usable)), show_progress=False)
+    out: list[_Lender | None] = []
+    for (key, _, answers), row in zip(takers, ranked):
+        mine = _normalized(answers)
+        out.append(next((usable[int(j)] for j in row if usable[int(j)].key != key
+                         and not (_normalized(usable[int(j)].states) & mine)
+                         and not contains_answer(usable[int(j)].passage, answers)), None))
+    return out
+
+
 def _in_split(question: str, split: str | None, seed: int) -> bool:
     if split is not None and split not in SPLITS:
         raise ValueError(f"--split takes {' or '.join(SPLITS)}, not {split!r}")
@@ -257,8 +318,9 @@ def nqswap_context_items(records: Sequence[Mapping], seed: int = 0, split: str |
     lenders = [_Lender(uid, key, strip_markup(org_context), org)
                for (uid, _, org_context, _, org, _), key in zip(rows, keys)]
     partners = _partners([(keys[k], rows[k][4]) for k in kept], lenders, seed)
+    distractors = _bm25_partners([(keys[k], rows[k][1], rows[k][4]) for k in kept], lenders)
     out = ContextItems()
-    for k, partner in zip(kept, partners):
+    for k, partner, distractor in zip(kept, partners, distractors):
         uid, question, org_context, sub_context, org, sub = rows[k]
         common = dict(source="nqswap", uid=uid, question=question_prompt(question), memory_answers=org,
                       metric="nqswap")
@@ -266,18 +328,22 @@ def nqswap_context_items(records: Sequence[Mapping], seed: int = 0, split: str |
                                      context_answers=org, **common))
         out.items.append(ContextItem(context_type="conflicting", prompt=context_prompt(sub_context, question),
                                      context_answers=sub, **common))
-        _irrelevant_and_none(out, question, partner, common)
+        _irrelevant_distractor_and_none(out, question, partner, distractor, common)
     return out
 
 
-def _irrelevant_and_none(out: "ContextItems", question: str, partner: _Lender | None, common: dict) -> None:
+def _irrelevant_distractor_and_none(out: "ContextItems", question: str, partner: _Lender | None,
+                                    distractor: _Lender | None, common: dict) -> None:
     """Append a question-and-passage item's irrelevant item (the partner's passage before this
-    question; skipped and counted without a partner) and its none item, in NQ-Swap's prompt format."""
-    if partner is None:
-        out.skipped["irrelevant"].append(common["uid"])
-    else:
-        out.items.append(ContextItem(context_type="irrelevant", prompt=context_prompt(partner.passage, question),
-                                     context_answers=partner.states, partner=partner.uid, **common))
+    question), its distractor (BM25's passage; each skipped and counted without one) and its none
+    item, in NQ-Swap's prompt format."""
+    for kind, lender, variant in (("irrelevant", partner, ""), ("distractor", distractor, "bm25")):
+        if lender is None:
+            out.skipped[kind].append(common["uid"])
+        else:
+            out.items.append(ContextItem(context_type=kind, prompt=context_prompt(lender.passage, question),
+                                         context_answers=lender.states, partner=lender.uid, variant=variant,
+                                         **common))
     out.items.append(ContextItem(context_type="none", prompt=question_prompt(question), **common))
 
 
@@ -295,7 +361,8 @@ def user_context_items(rows: Sequence[Mapping], seed: int = 0, source: str = "ro
     (what the passage says, where it contradicts `answer`). The row's passage is *gold* when it
     has no `context_answer` (or one equal to `answer`), else *conflicting*; *irrelevant* is
     another question's passage (drawn, seeded, by the module docstring's rule; it states that
-    row's `context_answer`, else its `answer`) with this question; *none* the question alone.
+    row's `context_answer`, else its `answer`) with this question; *distractor* the other
+    question's passage BM25 ranks highest for it (NQ-Swap's rule); *none* the question alone.
     One item per distinct question (:func:`one_per_question`). Prompts are NQ-Swap's format
     (`Context: ...\nQuestion: ...\nAnswer:`), scored by NQ-Swap's normalized substring match;
     row i's uid is "i". `split` keeps one half's questions, as :func:`nqswap_context_items`.
@@ -323,15 +390,16 @@ def user_context_items(rows: Sequence[Mapping], seed: int = 0, source: str = "ro
     lenders = [_Lender(uid, key, strip_markup(context), said)
                for (uid, _, context, _, said, _), key in zip(parsed, keys)]
     partners = _partners([(keys[k], parsed[k][3]) for k in kept], lenders, seed)
+    distractors = _bm25_partners([(keys[k], parsed[k][1], parsed[k][3]) for k in kept], lenders)
     out = ContextItems()
-    for k, partner in zip(kept, partners):
+    for k, partner, distractor in zip(kept, partners, distractors):
         uid, question, context, true, said, kind = parsed[k]
         common = dict(source=source, uid=uid, question=question_prompt(question), memory_answers=true,
                       metric="nqswap")
         out.items.append(ContextItem(context_type=kind, prompt=context_prompt(context, question),
                                      context_answers=said, **common))
         out.skipped["conflicting" if kind == "gold" else "gold"].append(uid)
-        _irrelevant_and_none(out, question, partner, common)
+        _irrelevant_distractor_and_none(out, question, partner, distractor, common)
     return out
 
 
@@ -349,6 +417,20 @@ def coherent_passage(example: ConflictExample) -> str | None:
     return None
 
 
+def gold_passage(example: ConflictExample) -> str | None:
+    """The coherent passage (:func:`coherent_passage`) with the distractor replaced by the true
+    answer on word boundaries: a true passage about the item's subject and relation; None where
+    there is no passage or the distractor does not occur in it (or survives the replacement)."""
+    passage = coherent_passage(example)
+    if passage is None:
+        return None
+    pattern = re.compile(rf"(?<!\w){re.escape(example.context_answer)}(?!\w)")
+    if not pattern.search(passage):
+        return None
+    gold = pattern.sub(lambda _: example.answer, passage)
+    return None if pattern.search(gold) else gold
+
+
 def gold_prompt(example: ConflictExample) -> str | None:
     """The coherent prompt with every word-bounded occurrence of the distractor replaced by the
     true answer; None where the distractor does not occur, or still occurs afterwards."""
@@ -361,16 +443,19 @@ def gold_prompt(example: ConflictExample) -> str | None:
 
 
 def paraconflict_context_items(examples: Sequence[ConflictExample], seed: int = 0,
-                               split: str | None = None) -> ContextItems:
-    """The four context types of ParaConflict items (module docstring), one domain or several
-    (a partner passage comes from the same domain); one item per distinct clean prompt.
+                               split: str | None = None, related: Sequence[ConflictExample] = ()) -> ContextItems:
+    """The context types of ParaConflict items (module docstring), one domain or several (an
+    irrelevant passage comes from the same domain, a distractor about another relation from the
+    related domain, :data:`RELATED_DOMAINS`); one item per distinct clean prompt.
 
     Args:
         examples: the items (:func:`juice.data.paraconflict.build_domain`,
             :func:`juice.data.paraconflict.load_paraconflict_json`).
         seed: draws the item kept per question and the irrelevant passages, and splits.
         split: one half's questions (:func:`split_of` of the clean prompt), as
-            :func:`nqswap_context_items`.
+            :func:`nqswap_context_items`; a related domain's passage comes from the same half.
+        related: more items that only lend their passages as distractors (the related domains
+            of `examples`' domains, where those are not among `examples`).
 
     Raises:
         ValueError: an unknown split.
@@ -380,6 +465,10 @@ def paraconflict_context_items(examples: Sequence[ConflictExample], seed: int = 
     for ex in examples:
         if _in_split(ex.prompts["clean"], split, seed):
             by_domain.setdefault(ex.domain, []).append(ex)
+    about: dict[tuple[str, str], ConflictExample] = {}   # (domain, subject) -> an item lending its gold passage
+    for ex in [*examples, *related]:
+        if _in_split(ex.prompts["clean"], split, seed):
+            about.setdefault((ex.domain, ex.subject), ex)
     for domain, every in by_domain.items():
         keys = [question_key(ex.prompts["clean"]) for ex in every]
         lenders = [None if (p := coherent_passage(ex)) is None else _Lender(ex.uid, key, p, (ex.context_answer,))
@@ -402,10 +491,21 @@ def paraconflict_context_items(examples: Sequence[ConflictExample], seed: int = 
             else:
                 out.items.append(ContextItem(context_type="irrelevant", prompt=f"{partner.passage} {ex.prompts['clean']}",
                                              context_answers=partner.states, partner=partner.uid, **common))
+            other = about.get((RELATED_DOMAINS.get(domain, ""), ex.subject))
+            passage = None if other is None else gold_passage(other)
+            if passage is None or contains_answer(passage, ex.answers):
+                out.skipped["distractor"].append(ex.uid)   # the "other_relation" variant
+            else:
+                out.items.append(ContextItem(context_type="distractor", prompt=f"{passage} {ex.prompts['clean']}",
+                                             context_answers=other.answers, variant="other_relation",
+                                             partner=f"{other.domain}/{other.uid}", **common))
+            out.items.append(ContextItem(context_type="distractor", variant="no_answer", **common,
+                                         prompt=f"{NO_ANSWER.format(question=ex.prompts['clean'])} {ex.prompts['clean']}"))
             out.items.append(ContextItem(context_type="none", prompt=ex.prompts["clean"], **common))
     return out
 
 
-__all__ = ["CONTEXT_TYPES", "OBJECTIVES", "ContextItem", "ContextItems", "coherent_passage", "gold_prompt",
+__all__ = ["CONTEXT_TYPES", "DISTRACTOR_DEPTH", "NO_ANSWER", "OBJECTIVES", "RELATED_DOMAINS", "ContextItem",
+           "ContextItems", "coherent_passage", "gold_passage", "gold_prompt",
            "nqswap_context_items", "one_per_question", "SPLITS", "split_of", "paraconflict_context_items", "question_key",
            "user_context_items"]

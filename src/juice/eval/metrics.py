@@ -62,16 +62,25 @@ def contextual_correct(example: ContextualExample, output: str, answers: Sequenc
 
 
 def context_match(item: ContextItem, output: str, answers: Sequence[str]) -> bool:
-    """Whether `output` gives one of `answers` under the item's metric (the paper's: exact match
-    in the first 5 words for ParaConflict, normalized substring for NQ-Swap)."""
-    return is_correct(output, answers) if item.metric == "first_words" else nqswap_match(output, answers)
+    """Whether `output` gives one of `answers` under the item's metric: exact match in the first 5
+    words for ParaConflict (the paper's); for NQ-Swap items a normalized answer found in the
+    normalized output **on word boundaries** (juice's evaluation, not Table 2's substring match: a
+    passage answering "24" must not score as the true answer "2").
+
+    >>> from juice.data.context_types import ContextItem
+    >>> item = ContextItem("nqswap", "0", "irrelevant", "Context: ...", "Question: ...", ("2",), ("24",), "nqswap")
+    >>> context_match(item, " 24 of them", ["2"]), nqswap_match(" 24 of them", ["2"])
+    (False, True)
+    """
+    return is_correct(output, answers) if item.metric == "first_words" else contains_answer(output, answers)
 
 
 def context_verdicts(item: ContextItem, output: str) -> dict[str, bool | None]:
     """An output's verdicts on a context-type item (:mod:`juice.data.context_types`): one per
     objective (:data:`juice.data.context_types.OBJECTIVES`: `use_relevant`, `trust_memory`), and
-    `follows_context`, whether it gives the passage's answer (None without a passage)."""
+    `follows_context`, whether it gives the passage's answer (None without a passage; False for a
+    passage that states no answer)."""
     out: dict[str, bool | None] = {o: context_match(item, output, item.target(o)) for o in OBJECTIVES}
-    out["follows_context"] = None if item.context_type == "none" else context_match(item, output,
-                                                                                     item.context_answers)
+    out["follows_context"] = (None if item.context_type == "none" else
+                              bool(item.context_answers) and context_match(item, output, item.context_answers))
     return out

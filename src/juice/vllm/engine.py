@@ -163,9 +163,13 @@ class VllmEngine:
         Raises:
             VllmEngineError: the model's architecture has no steered class in juice's plugin.
             juice.vllm.launch.VllmNotFoundError: no Python with vLLM.
+            juice.extras.MissingExtraError: no `openai` client (the vllm extra).
         """
+        from juice.extras import require
         from juice.vllm import ARCHITECTURES
         from juice.vllm.launch import find_vllm_python
+
+        require("vllm", "--engine vllm")
 
         served = list(getattr(lm.model.config, "architectures", None) or [type(lm.model).__name__])
         if not any(a in ARCHITECTURES for a in served):
