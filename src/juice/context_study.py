@@ -235,7 +235,8 @@ def _questions(evaluation) -> int:
 
 
 def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | None, *, out: str | Path,
-              names: Sequence[str] = ("original", "prompt", "cad", "adacad", "june", "juice"), auto: bool = True,
+              names: Sequence[str] = ("original", "prompt", "cad", "adacad", "ckplug", "june", "juice"),
+              auto: bool = True,
               validation_limit: int | None = None, test_limit: int | None = None,
               keep: Callable[[ContextItem], bool] | None = None, domain: str | None = None, seed: int = 0,
               max_rows: int | str = 64, resamples: int = 2000, progress: Progress = no_progress) -> Study:

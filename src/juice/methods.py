@@ -13,6 +13,7 @@ in :mod:`juice.steering`, a baseline in :mod:`juice.baselines`, a choice in :mod
 | `prompt` | Prompt | App. D.1 (an instruction before the prompt) | nothing |
 | `cad` | CAD | Shi et al. 2024, alpha = 1 | a passage (contextual) |
 | `adacad` | AdaCAD | Wang et al. 2025, alpha = JSD in bits | a passage (contextual) |
+| `ckplug` | CK-PLUG | Bi et al., ICLR 2026, adaptive (:mod:`juice.baselines.ckplug`) | a passage (contextual) |
 | `ph3` (`prune`) | PH3 | Jin et al. 2024: zero k heads | heads file with PH3's tuned k, or explicit heads |
 | `june` | JuNE | Alg. 4 (one run) | heads file; betas (tuned, given, else :data:`~juice.steering.DEFAULT_BETAS`) |
 | `juice` | JuICE | Alg. 1 (dual run) | heads file; betas (as JuNE) |
@@ -145,6 +146,10 @@ def _adacad(x: MethodInputs) -> Built:
     return Built(_method(adacad=True), {"alpha": "JSD (bits)"})
 
 
+def _ckplug(x: MethodInputs) -> Built:
+    return Built(_method(ckplug=True), {"mode": "adaptive"})
+
+
 def _ph3(x: MethodInputs) -> Built:
     if x.pruned is not None:
         heads = list(x.pruned)
@@ -184,6 +189,8 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
                summary="an instruction to follow the context or memory before the prompt (App. D.1)"),
     MethodSpec("cad", "CAD", _cad, summary="context-aware decoding, alpha 1 (Shi et al. 2024)"),
     MethodSpec("adacad", "AdaCAD", _adacad, summary="CAD with alpha = the branches' JSD in bits (Wang et al. 2025)"),
+    MethodSpec("ckplug", "CK-PLUG", _ckplug, aliases=("ck-plug",),
+               summary="adaptive CK-PLUG: parametric and context logits blended by entropy (Bi et al. 2026)"),
     MethodSpec("ph3", "PH3", _ph3, aliases=("prune",), protocol="prune", heads=True, tuned="k", tune=True,
                engine="june", summary="zero k heads, k tuned on validation (Jin et al. 2024)"),
     MethodSpec("june", "JuNE", _steering("june", JuNE), protocol="june", heads=True, tuned="betas", tune=True,

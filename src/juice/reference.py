@@ -112,7 +112,14 @@ def cad_generate_naive(
         (`[max_new_tokens]` new token ids, `[vocab]` float32 first-step probabilities under the
         contrasted logits), on the CPU.
     """
-    policy = CadPolicy(alpha)
+    return contrast_generate_naive(lm, prompt, question, max_new_tokens, CadPolicy(alpha))
+
+
+@torch.inference_mode()
+def contrast_generate_naive(lm: LoadedModel, prompt: str, question: str, max_new_tokens: int,
+                            policy) -> tuple[Tensor, Tensor]:
+    """:func:`cad_generate_naive` for any contrast rule (`policy`: with-context logits,
+    question-only logits -> logits; e.g. :class:`juice.baselines.ckplug.CkPlugPolicy`)."""
     branches = [encode(lm.tokenizer, [text]).input_ids.to(lm.device) for text in (prompt, question)]
     new, first = [], None
     for _ in range(max_new_tokens):

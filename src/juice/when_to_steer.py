@@ -1,5 +1,5 @@
-"""When to steer, end to end (issue 35; `juice evaluate --contexts`): the same questions with a
-gold, a conflicting, an irrelevant and no context, every method (both steering directions where
+"""When to steer, end to end (`juice evaluate --contexts`): the same questions with a gold, a
+conflicting, an irrelevant, a distracting and no context (:mod:`juice.data.context_types`), every method (both steering directions where
 both heads files are given), both objectives, with n, intervals and paired differences, saved as
 JSON, Markdown and a figure.
 
@@ -15,10 +15,11 @@ own JSONL or CSV rows with `question`, `context`, `answer` and optionally `conte
 (:func:`juice.data.context_types.user_context_items`); a ParaConflict JSON file (the authors'
 item lists); a folder of the authors' domains (each domain's `unfiltered_test.json`); or, with
 no source, juice's built-in domains. `limit` keeps the
-first N underlying items of each source (each with its four context types).
+first N underlying items of each source (each with its context types).
 
 Methods: `original`, `prompt` (both instructions: "Prompt-mem" ignores the context,
-"Prompt-ctx" follows it), `cad`, `adacad`, and per heads file `juice`, `june`, `ph3` (named with
+"Prompt-ctx" follows it), `cad`, `adacad`, `ckplug` (CK-PLUG's adaptive mode, Bi et al. 2026,
+:mod:`juice.baselines.ckplug`), and per heads file `juice`, `june`, `ph3` (named with
 the file's direction: "JuICE-ctx", "JuNE-mem", "PH3-ctx", ...), each with the file's tuned
 settings: the betas the paper's protocol tunes on conflicting validation items, so the table
 shows what that tuning costs on gold, irrelevant and missing context; and `auto` ("auto-ctx",

@@ -500,7 +500,78 @@ def test_a_method_is_cad_or_adacad_and_unsteered():
     from juice.steering import Steering
 
     assert Method(adacad=True).contrastive is not None and Method(cad_alpha=1.0).contrastive == 1.0
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="not two of them"):
         Method(cad_alpha=1.0, adacad=True)
+    with pytest.raises(ValueError, match="not two of them"):
+        Method(adacad=True, ckplug=True)
     with pytest.raises(ValueError, match="unsteered"):
         Method(Steering("june", torch.ones(2, 2)), adacad=True)
+
+
+def _ck_plug_as_the_authors_wrote_it(ctx: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """The adaptive branch of the authors' `_ck_decoding` (github.com/byronBBL/CK-PLUG), for one
+    row, transcribed: `relative_top_filter(relative_top=0.01, min_tokens_to_keep=10)`, entropies,
+    `e = -1`, the blend."""
+    import numpy as np
+
+    ctx, base = ctx.clone()[None].float(), base.clone()[None].float()
+    lc, lb = ctx.log_softmax(-1), base.log_softmax(-1)
+    thresh = torch.min(torch.sort(lc, descending=True).values[..., 9], lc.max(-1).values + np.log(0.01))[..., None]
+    thresh_b = torch.min(torch.sort(lb, descending=True).values[..., 9], lb.max(-1).values + np.log(0.01))[..., None]
+    mask = (lc < thresh) & (lb < thresh_b)
+    ctx[mask], base[mask] = -1e10, -1e10
+    probs, probs_b = ctx.softmax(-1), base.softmax(-1)
+    entropy = -torch.sum(probs * torch.log(probs + 1e-9), dim=-1).item()
+    entropy_b = -torch.sum(probs_b * torch.log(probs_b + 1e-9), dim=-1).item()
+    if not (entropy_b - entropy) + abs(entropy) * -1.0 < 0:
+        return ctx[0]
+    base[mask] = -1e3
+    logits_context = ctx - base
+    base[mask] = -1e10
+    norm = 1 + abs(entropy - entropy_b) / (entropy + entropy_b)
+    base = 2 * base * entropy / (entropy + entropy_b * norm)
+    logits_context = 2 * logits_context * entropy_b / (entropy + entropy_b * norm)
+    return (base + logits_context)[0]
+
+
+def test_ck_plug_is_the_authors_rule_row_by_row():
+    """CK-PLUG's adaptive rule (:class:`juice.baselines.ckplug.CkPlugPolicy`) on a batch equals the
+    authors' code on each row: rows that it adjusts (a context that leaves the model unsure) and
+    rows it leaves alone (a context that makes it sure)."""
+    from juice.baselines.ckplug import CkPlugPolicy, confidence_gain
+
+    torch.manual_seed(0)
+    ctx, base = torch.randn(6, 50) * 2, torch.randn(6, 50) * 2
+    ctx[0, 3] += 30.0   # the context makes the model sure: left alone
+    got = CkPlugPolicy()(ctx, base)
+    for row in range(6):
+        torch.testing.assert_close(got[row], _ck_plug_as_the_authors_wrote_it(ctx[row], base[row]), rtol=1e-5, atol=1e-3)
+    gain, h, _ = confidence_gain(ctx, base)
+    adjusted = gain - h.abs() < 0
+    assert not adjusted[0] and adjusted[1:].any()
+    assert torch.equal(got[0].argmax(), ctx[0].argmax())
+
+
+def test_ck_plug_streams_equal_a_naive_run_and_each_stream_alone(tiny_llama):
+    """CK-PLUG through the engine (a contrastive stream beside Original and AdaCAD in one batch)
+    equals a naive re-run of both branches at every step (tokens, first-step probabilities), and
+    each stream alone."""
+    from juice.baselines.cad import CadPolicy, jsd_alpha
+    from juice.baselines.ckplug import CkPlugPolicy
+    from juice.engine import Contrast, Stream, generate
+    from juice.reference import contrast_generate_naive
+
+    lm = tiny_llama
+    texts = ["w5 w6 w7 the capital of france is", "the capital of france is", "w9 w8 who wrote the book ?",
+             "who wrote the book ?"]
+    streams = [Stream(0, contrast=Contrast(1, CkPlugPolicy())), Stream(0),
+               Stream(2, contrast=Contrast(3, CkPlugPolicy())), Stream(2, contrast=Contrast(3, CadPolicy(jsd_alpha)))]
+    probes = torch.tensor([[5, 7]] * 4)
+    batch = generate(lm, texts, streams, 6, probe_tokens=probes)
+    for k, (p, q) in enumerate([(0, 1), (2, 3)]):
+        tokens, first = contrast_generate_naive(lm, texts[p], texts[q], 6, CkPlugPolicy())
+        row = 2 * k
+        assert batch.tokens[row].tolist() == tokens.tolist()
+        torch.testing.assert_close(batch.first_probs[row], first[probes[row]], rtol=0, atol=1e-5)
+        alone = generate(lm, texts, [streams[row]], 6)
+        assert alone.tokens[0].tolist() == tokens.tolist()

@@ -35,7 +35,8 @@ def test_names_aliases_and_the_request_protocol_come_from_the_table():
     assert steerer.METHODS == ("original", "june", "juice", "auto")
     assert methods.names(tune=True) == ("ph3", "june", "juice")
     assert methods.TUNED_STEERINGS == ("juice", "june")
-    assert [s.title for s in REGISTRY.values()] == ["Original", "Prompt", "CAD", "AdaCAD", "PH3", "JuNE", "JuICE", "auto"]
+    assert [s.title for s in REGISTRY.values()] == ["Original", "Prompt", "CAD", "AdaCAD", "CK-PLUG", "PH3", "JuNE",
+                                                   "JuICE", "auto"]
 
 
 def test_building_a_method_is_the_preset_it_names(tiny_llama):

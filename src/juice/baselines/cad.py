@@ -140,6 +140,36 @@ class CadPolicy:
         return contrast(with_context, without_context, weight)
 
 
+def contrast_generate(
+    lm: LoadedModel,
+    prompts: Sequence[str],
+    questions: Sequence[str],
+    max_new_tokens: int,
+    rule: "Callable[[Tensor, Tensor], Tensor]",
+    *,
+    probe_tokens: Tensor | None = None,
+    max_rows: int | str = 64,
+    on_progress: OnProgress | None = None,
+    forced_tokens: Tensor | None = None,
+    engine: Engine | None = None,
+) -> Generation:
+    """Greedy decoding of every (prompt, question) pair as one contrastive stream each, its
+    tokens chosen by `rule` from the two branches' logits (a :data:`juice.engine.ContrastRule`:
+    :class:`CadPolicy`, :class:`juice.baselines.ckplug.CkPlugPolicy`); :func:`cad_generate`'s
+    arguments otherwise, each distinct text prefilled once.
+
+    Raises:
+        as :func:`cad_generate`.
+    """
+    if len(prompts) != len(questions):
+        raise ValueError("one question per prompt")
+    texts = list(dict.fromkeys([*prompts, *questions]))   # each distinct text once: shared prefills
+    index = {t: i for i, t in enumerate(texts)}
+    streams = [Stream(index[p], contrast=Contrast(index[q], rule)) for p, q in zip(prompts, questions)]
+    return engine_or_default(engine).generate(lm, texts, streams, max_new_tokens, probe_tokens=probe_tokens,
+                                              max_rows=max_rows, on_progress=on_progress, forced_tokens=forced_tokens)
+
+
 def cad_generate(
     lm: LoadedModel,
     prompts: Sequence[str],
@@ -179,14 +209,8 @@ def cad_generate(
         juice.guard.BatchingMismatchError: batched decoding is not exact on this backend (the first
             padded chunk is checked against one-at-a-time decoding, as in :func:`juice.engine.generate`).
     """
-    if len(prompts) != len(questions):
-        raise ValueError("one question per prompt")
-    texts = list(dict.fromkeys([*prompts, *questions]))   # each distinct text once: shared prefills
-    index = {t: i for i, t in enumerate(texts)}
-    policy = CadPolicy(alpha)
-    streams = [Stream(index[p], contrast=Contrast(index[q], policy)) for p, q in zip(prompts, questions)]
-    return engine_or_default(engine).generate(lm, texts, streams, max_new_tokens, probe_tokens=probe_tokens,
-                                              max_rows=max_rows, on_progress=on_progress, forced_tokens=forced_tokens)
+    return contrast_generate(lm, prompts, questions, max_new_tokens, CadPolicy(alpha), probe_tokens=probe_tokens,
+                             max_rows=max_rows, on_progress=on_progress, forced_tokens=forced_tokens, engine=engine)
 
 
 def cad_continuation_logprobs(

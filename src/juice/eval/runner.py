@@ -31,11 +31,12 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from torch import Tensor
 
-from juice.baselines.cad import AlphaRule, CadPolicy, cad_generate, jsd_alpha
+from juice.baselines.cad import AlphaRule, CadPolicy, contrast_generate, jsd_alpha
+from juice.baselines.ckplug import CkPlugPolicy
 from juice.baselines.prompt import contextual_prompt, parametric_prompt
 from juice.eval.degeneration import is_degenerate
 from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample
-from juice.engine import Choice, Contrast, QuestionAlone, Stream
+from juice.engine import Choice, Contrast, ContrastRule, QuestionAlone, Stream
 from juice.engine.backend import Engine, engine_or_default
 from juice.likelihood import continuation_ids
 from juice.eval.metrics import N_WORDS, contextual_correct, is_correct, memotrap_match, nqswap_match
@@ -60,6 +61,8 @@ class Method:
         adacad: decode with AdaCAD instead: CAD whose alpha is, per item and step, the
             Jensen-Shannon divergence in bits of the two branches' next-token distributions
             (:func:`juice.baselines.cad.jsd_alpha`; contextual direction only).
+        ckplug: decode with CK-PLUG's adaptive rule instead (:mod:`juice.baselines.ckplug`;
+            contextual direction only).
         instruction: which Prompt instruction an instructed method uses where the evaluation
             does not say: "parametric" or "contextual" (the context-type evaluation,
             :mod:`juice.eval.contexts`); None: the evaluation's direction.
@@ -68,8 +71,8 @@ class Method:
             is ignored (each request's own question is used).
 
     Raises:
-        ValueError: both `cad_alpha` and `adacad`, CAD/AdaCAD with a steering, a choice with
-            either, or an unknown instruction.
+        ValueError: two of `cad_alpha`, `adacad` and `ckplug`; a contrastive method with a
+            steering; a choice with either; an unknown instruction.
     """
 
     steering: Steering = ORIGINAL
@@ -78,21 +81,33 @@ class Method:
     adacad: bool = False
     instruction: str | None = None
     choice: Choice | None = None
+    ckplug: bool = False
 
     def __post_init__(self) -> None:
         if self.instruction not in (None, "parametric", "contextual"):
             raise ValueError(f"instruction must be parametric or contextual, not {self.instruction!r}")
-        if self.adacad and self.cad_alpha is not None:
-            raise ValueError("a method is CAD (cad_alpha) or AdaCAD (adacad), not both")
+        if self.adacad + (self.cad_alpha is not None) + self.ckplug > 1:
+            raise ValueError("a method is CAD (cad_alpha), AdaCAD (adacad) or CK-PLUG (ckplug), not two of them")
         if self.contrastive is not None and self.steering.method != "original":
-            raise ValueError("CAD and AdaCAD decode the unsteered model; the steering would be ignored")
+            raise ValueError("CAD, AdaCAD and CK-PLUG decode the unsteered model; the steering would be ignored")
         if self.choice is not None and (self.contrastive is not None or self.steering.method != "original"):
-            raise ValueError("a choosing method (auto) takes no steering and no CAD of its own")
+            raise ValueError("a choosing method (auto) takes no steering and no contrast of its own")
 
     @property
-    def contrastive(self) -> "float | AlphaRule | None":
-        """CAD's alpha, AdaCAD's rule (:func:`juice.baselines.cad.jsd_alpha`), or None."""
+    def contrastive(self) -> "float | AlphaRule | CkPlugPolicy | None":
+        """CAD's alpha, AdaCAD's alpha rule (:func:`juice.baselines.cad.jsd_alpha`), CK-PLUG's
+        policy (:class:`juice.baselines.ckplug.CkPlugPolicy`), or None (not a contrastive method)."""
+        if self.ckplug:
+            return CkPlugPolicy()
         return jsd_alpha if self.adacad else self.cad_alpha
+
+    @property
+    def contrast(self) -> "ContrastRule | None":
+        """The rule a contrastive method chooses each token by, from the prompt's and the
+        question's logits (a :class:`juice.engine.Contrast`'s): :class:`juice.baselines.cad.CadPolicy`
+        at CAD's or AdaCAD's alpha, CK-PLUG's policy; None for the others."""
+        rule = self.contrastive
+        return rule if rule is None or isinstance(rule, CkPlugPolicy) else CadPolicy(rule)
 
 
 def as_method(value: "Method | Steering") -> Method:
@@ -105,7 +120,7 @@ def method_engine(method: "Method | Steering", engine: Engine | None = None) -> 
     for the results' `protocol.engine`."""
     method, engine = as_method(method), engine_or_default(engine)
     if method.contrastive is not None:
-        stream = Stream(0, contrast=Contrast(1, CadPolicy(method.contrastive)))
+        stream = Stream(0, contrast=Contrast(1, method.contrast))
     elif method.choice is not None:
         stream = Stream(0, choice=replace(method.choice, question=1))
     else:
@@ -261,7 +276,7 @@ def decode_requests(
                 streams.append(Stream(prompt, r.method.steering))
             else:
                 question = texts.setdefault(r.question, len(texts))
-                streams.append(Stream(prompt, contrast=Contrast(question, CadPolicy(r.method.contrastive))))
+                streams.append(Stream(prompt, contrast=Contrast(question, r.method.contrast)))
         gen = engine_or_default(engine).generate(
             lm, list(texts), streams, max_new_tokens, probe_tokens=torch.tensor([list(requests[i].probe) for i in idx]),
             max_rows=max_rows, on_progress=on_progress, stop_at_eos=True, stop_text=stop_text)
@@ -311,7 +326,7 @@ def evaluate(
     """
     methods = {name: as_method(m) for name, m in methods.items()}
     if any(m.contrastive is not None for m in methods.values()):
-        raise ValueError("CAD and AdaCAD apply to the contextual direction; use evaluate_contextual")
+        raise ValueError("CAD, AdaCAD and CK-PLUG apply to the contextual direction; use evaluate_contextual")
     meta, requests = [], []
     model_type = lm.model.config.model_type
     for ex in examples:
@@ -419,7 +434,7 @@ def likelihood_wins(
             for c, text in enumerate((ex.context_answer, ex.parametric_answer)):
                 cont = continuation_ids(lm.tokenizer, prompt, text)[1]
                 if method.contrastive is not None:
-                    cad.setdefault(method.contrastive, []).append((name, j, c, prompt, ex.question, cont))
+                    cad.setdefault(method.contrast, []).append((name, j, c, prompt, ex.question, cont))
                     continue
                 # each distinct prompt once, so its streams share one clean prefill
                 streams.append(Stream(prompts.setdefault(prompt, len(prompts)), method.steering))
@@ -440,10 +455,10 @@ def likelihood_wins(
                                                  forced_tokens=tokens)
         for key, cont, lp in zip(owners, conts, gen.forced_logprobs):
             logprob[key] = float(lp[: len(cont)].sum())
-    for alpha, items in cad.items():
+    for rule, items in cad.items():
         tokens, width = forced([it[5] for it in items])
-        gen = cad_generate(lm, [it[3] for it in items], [it[4] for it in items], width, alpha, max_rows=max_rows,
-                           forced_tokens=tokens, engine=engine)
+        gen = contrast_generate(lm, [it[3] for it in items], [it[4] for it in items], width, rule,
+                                max_rows=max_rows, forced_tokens=tokens, engine=engine)
         for it, lp in zip(items, gen.forced_logprobs):
             logprob[it[:3]] = float(lp[: len(it[5])].sum())
     return {name: [logprob[(name, j, 0)] > logprob[(name, j, 1)] for j in range(len(examples))] for name in methods}

@@ -21,10 +21,10 @@ def evaluate(
     heads: list[Path] = typer.Option([], exists=True, dir_okay=False, help=(
         "a heads file (needed for juice, june, ph3); with --contexts one per direction (repeat)")),
     methods: Optional[str] = typer.Option(None, help=(
-        "comma-separated: original, prompt, juice, june, cad, adacad (rows need question), ph3 (after `juice tune "
-        "--methods ph3`), auto (with --contexts, after `juice tune --methods auto`); default original,prompt,juice,"
-        "june (with --contexts: original,prompt,cad,adacad,june,juice, and ph3 and auto where a heads file holds "
-        "them)")),
+        "comma-separated: original, prompt, juice, june, cad, adacad, ckplug (rows need question), ph3 (after "
+        "`juice tune --methods ph3`), auto (with --contexts, after `juice tune --methods auto`); default original,"
+        "prompt,juice,june (with --contexts: original,prompt,cad,adacad,ckplug,june,juice, and ph3 and auto where a "
+        "heads file holds them)")),
     direction: Optional[str] = typer.Option(None, help="parametric | contextual (default: the heads file's)"),
     beta_plus: Optional[float] = typer.Option(None, help="override the heads file's tuned beta+"),
     beta_minus: Optional[float] = typer.Option(None, help="override the heads file's tuned beta-"),
@@ -150,7 +150,8 @@ def _study(data: Optional[Path], heads: list[Path], methods: Optional[str], doma
         context_items(data, domain=domain, limit=1, split="test")
     except (ValueError, FileNotFoundError) as err:
         raise typer.BadParameter(str(err), param_hint="--data") from None
-    names = [m.strip().lower() for m in (methods or "original,prompt,cad,adacad,june,juice,auto").split(",") if m.strip()]
+    names = [m.strip().lower() for m in (methods or "original,prompt,cad,adacad,ckplug,june,juice,auto").split(",")
+             if m.strip()]
     load_heads(heads[0])
     lm = load_model(model, device=device)
     artifact = load_heads(heads[0], lm)
@@ -192,7 +193,7 @@ def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optiona
         raise typer.BadParameter(f"{validation}: not JSON ({err.msg})", param_hint="--validation") from None
     files = [load_heads(path) for path in heads]
     if methods is None:   # every method; PH3 and auto where a heads file holds them tuned
-        methods = ("original,prompt,cad,adacad" + (",ph3" if any(f.tuned.ph3 for f in files) else "")
+        methods = ("original,prompt,cad,adacad,ckplug" + (",ph3" if any(f.tuned.ph3 for f in files) else "")
                    + ",june,juice" + (",auto" if any(f.tuned.auto for f in files) else ""))
     names = [m.strip().lower() for m in methods.split(",") if m.strip()]
     lm = load_model(model, device=model_device(engine, device))
