@@ -470,6 +470,45 @@ def test_cross_validation_holds_each_question_out_once_and_chooses_static_on_tra
         cross_validate(verdicts, static, signal, types, ["s"] * n, [0] * n, {})
 
 
+@pytest.mark.parametrize("folds", [3, 0], ids=["3-fold", "one-source-out"])
+def test_cross_validation_never_fits_on_the_fold_it_holds_out(monkeypatch, folds):
+    """Each fold's policy is fitted on items none of which it is then applied to (every item's
+    signal is its own, so the fit's items and the held-out ones can be told apart)."""
+    import juice.auto as auto_module
+    from juice.auto import cross_validate
+
+    n = 24
+    types = ["gold", "conflicting", "irrelevant", "none"] * (n // 4)
+    sources = [f"s{k % 3}" for k in range(n // 4) for _ in range(4)]
+    groups = sources if folds == 0 else [k // 4 for k in range(n)]
+    signal = [0.01 * (k + 1) for k in range(n)]
+    verdicts = {"original": [k % 3 == 0 for k in range(n)], "question": [k % 2 == 0 for k in range(n)]}
+    fitted, applied, fitting = [], [], []
+    real_fit, real_picks = auto_module.fit_policy, auto_module.policy_picks
+
+    def fit(verdicts, signal, *args, **kwargs):
+        fitted.append(set(signal))
+        fitting.append(True)
+        try:
+            return real_fit(verdicts, signal, *args, **kwargs)
+        finally:
+            fitting.pop()
+
+    def picks(policy, signal, *args, **kwargs):
+        if not fitting:   # the fit's own picks on its training items are not an application
+            applied.append(set(signal))
+        return real_picks(policy, signal, *args, **kwargs)
+
+    monkeypatch.setattr(auto_module, "fit_policy", fit)
+    monkeypatch.setattr(auto_module, "policy_picks", picks)
+    held = cross_validate(verdicts, {"Original": verdicts["original"]}, signal, types, sources, groups, {},
+                          folds=folds)
+    assert len(fitted) == len(applied) == held["folds"] == 3
+    for train, out in zip(fitted, applied):
+        assert not train & out and train | out == set(signal)
+    assert set().union(*applied) == set(signal) and sum(map(len, applied)) == n
+
+
 @pytest.mark.parametrize("policy", [AutoPolicy((), ("question",)),
                                     AutoPolicy((), ("june",), {"june": (1.0, 0.0)}, relevance=2.0)],
                          ids=["bins-pick-question", "gate-picks-question"])

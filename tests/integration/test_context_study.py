@@ -72,3 +72,46 @@ def test_juice_evaluate_contexts_study_from_the_command_line(tmp_path, rows_file
     assert saved["methods"] == ["Original", "AdaCAD", "JuICE-ctx", "Question-only", "auto-ctx", "oracle"]
     assert saved["data"]["split"] == "test" and len({r["subject"] for r in saved["results"]}) == 3
     assert cli.main(["evaluate", "--study", "--data", str(rows_file), "--heads", str(heads)]) == 2
+
+
+def _rigged(decode, right: str):
+    """`decode_cached` whose second call (the test half) scores `right` right on every item and every
+    other method wrong: what a study that read its test verdicts would follow."""
+    from dataclasses import replace
+
+    calls = []
+
+    def wrapped(lm, items, methods, *args, **kwargs):
+        results = decode(lm, items, methods, *args, **kwargs)
+        calls.append(len(items))
+        if len(calls) == 1:
+            return results
+        return [replace(r, correct=r.method == right, follows_parametric=r.method == right) for r in results]
+
+    return wrapped
+
+
+def test_no_test_verdict_moves_the_best_static_method_autos_policy_or_its_cross_validation(
+        tiny_llama, rows_file, tmp_path, monkeypatch):
+    """The leak paths of a study: the best static method chosen on test, and auto's fit (the study's
+    own, `_fit_auto`) reading a test item. Two studies whose test verdicts favour two different
+    methods must choose and fit the same, and the test tables must show the rigging."""
+    import juice.context_study as study_module
+    from juice.context_study import run_study
+    from juice.when_to_steer import MEAN, best_static_method
+
+    lm, real = tiny_llama, study_module.decode_cached
+    names = ("original", "prompt", "cad", "adacad", "juice")
+    studies = {}
+    for right in ("JuICE-ctx", "AdaCAD"):
+        monkeypatch.setattr(study_module, "decode_cached", _rigged(real, right))
+        studies[right] = run_study(lm, _tiny_heads(lm), rows_file, out=tmp_path / "s", names=names, resamples=1000)
+    a, b = studies.values()
+    static = [*a.validation.methods[:6], "Question-only"]
+    chosen = best_static_method({"means": a.validation.means(), "methods": static}, among=static)
+    assert a.test.best_static == b.test.best_static == chosen
+    assert a.fit.policy == b.fit.policy and a.fit.to_json() == b.fit.to_json()
+    assert a.cross_validation == b.cross_validation
+    for right, study in studies.items():   # the rigging reached the test tables
+        cells = study.test.summary["use_relevant"].cells
+        assert cells[right][MEAN].mean == 1.0 and cells["Original"][MEAN].mean == 0.0
