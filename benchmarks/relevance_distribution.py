@@ -1,10 +1,12 @@
-"""The relevance gate's signal per context type: `auto`'s lexical relevance
-(:func:`juice.auto.relevance`, the share of the question's content words the passage holds) on
-every item of NQ-Swap and of the six built-in ParaConflict domains, with the embedded Gemma 3's
-tokenizer; prints the median and the 5th-95th percentiles per dataset and context type, and how
-many items of each type a gate at THRESHOLD would send to the question alone.
+"""The relevance gate's signals per context type (:data:`juice.auto.GATE_SIGNALS`): the lexical
+share of the question's content words the passage holds (:func:`juice.auto.relevance`) on every
+item, and the model-based ones (CK-PLUG's confidence gain, CoCoA's contextual peakedness:
+:func:`juice.auto.first_step_features`) on the first `--questions` questions of each source, with
+the embedded Gemma 3, for NQ-Swap and the six built-in ParaConflict domains; prints n, the median
+and the 5th-95th percentiles per dataset, signal and context type, and the share of items a gate at
+`--threshold` (lexical only) would send to the question alone.
 
-Run: python benchmarks/relevance_distribution.py [--threshold 0.708] [--data ../shared/data]
+Run: python benchmarks/relevance_distribution.py [--threshold 0.708] [--questions 40] [--data ../shared/data]
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from juice.auto import relevance
+from juice.auto import GATE_SIGNALS, RELEVANCE, first_step_features, relevance
 from juice.data.context_types import CONTEXT_TYPES
 from juice.models import load_model
 from juice.when_to_steer import context_items
@@ -22,22 +24,29 @@ from juice.when_to_steer import context_items
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threshold", type=float, default=0.708, help="a gate to count items under")
+    parser.add_argument("--threshold", type=float, default=0.708, help="a lexical gate to count items under")
+    parser.add_argument("--questions", type=int, default=40, help="questions per source for the model-based signals")
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     args = parser.parse_args()
     lm = load_model("gemma-3-270m")
     sources = {"NQ-Swap": args.data / "nqswap", "ParaConflict (built-in)": None}
-    print(f"{'dataset':<26}{'type':<13}{'n':>6}{'median':>9}{'5%':>8}{'95%':>8}  under {args.threshold:g}")
+    print(f"{'dataset':<26}{'signal':<21}{'type':<13}{'n':>6}{'median':>9}{'5%':>8}{'95%':>8}"
+          f"  under {args.threshold:g}")
     for name, source in sources.items():
-        items, _ = context_items(source)
-        for kind in CONTEXT_TYPES:
-            mine = [i for i in items.items if i.context_type == kind and i.prompt != i.question]
-            if not mine:
-                continue
-            values = np.array(relevance(lm, [i.prompt for i in mine], [i.question for i in mine]))
-            low, mid, high = np.percentile(values, [5, 50, 95])
-            under = float((values < args.threshold).mean())
-            print(f"{name:<26}{kind:<13}{len(values):>6}{mid:>9.3f}{low:>8.3f}{high:>8.3f}  {100 * under:5.1f}%")
+        every, _ = context_items(source)
+        few, _ = context_items(source, limit=args.questions)
+        for signal in GATE_SIGNALS:
+            items = every if signal == RELEVANCE else few
+            for kind in CONTEXT_TYPES:
+                mine = [i for i in items.items if i.context_type == kind and i.prompt != i.question]
+                if not mine:
+                    continue
+                prompts, questions = [i.prompt for i in mine], [i.question for i in mine]
+                values = np.array(relevance(lm, prompts, questions) if signal == RELEVANCE
+                                  else first_step_features(lm, prompts, questions)[signal].tolist())
+                low, mid, high = np.percentile(values, [5, 50, 95])
+                under = f"  {100 * float((values < args.threshold).mean()):5.1f}%" if signal == RELEVANCE else ""
+                print(f"{name:<26}{signal:<21}{kind:<13}{len(values):>6}{mid:>9.3f}{low:>8.3f}{high:>8.3f}{under}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,15 @@ request **with a passage** into at most three bins by thresholds and names a can
 - "adacad": AdaCAD (Wang et al. 2025), the contrast with the question-only row that the choice's
   prefill already holds.
 
+Before the bins, a **relevance gate** may send a request with a passage to one candidate (the
+question alone, typically) when a signal of the passage's relevance is below a threshold: the
+share of the question's words the passage holds (:func:`passage_relevance`, decided from the
+request's tokens before any forward), CK-PLUG's confidence gain (Bi et al., ICLR 2026: the entropy
+the passage removes at the first step) or CoCoA's contextual peakedness (Khandelwal et al., EMNLP
+2025: the margin of the two most probable tokens with the passage), the last two read from the
+same first step as the JSD (:data:`GATE_SIGNALS`). The fit chooses the signal on validation with
+the rest.
+
 A request **without a passage** (its prompt is its question: the same token ids) is decoded with
 Original, decided by that structure (:attr:`juice.engine.Choice.without_passage`), never by the
 signal: its JSD is 0 in exact arithmetic, but the two rows are computed at different places in a
@@ -33,7 +42,7 @@ same two unmodified rows) (tested: a policy that always picks
 gives each request's tokens alone). The decision is per request, not per step.
 
 Tuning (:func:`tune_auto`, `juice tune --methods auto`) reads validation items only: each
-candidate is decoded on the validation items of the four context types
+candidate is decoded on the validation items of every context type
 (:mod:`juice.data.context_types`), the signal is computed for each, and the thresholds (from the
 signal's quantiles) and the candidate per bin are chosen to maximize the **use relevant context**
 objective (gold and conflicting: the context's answer; irrelevant and none: the memory answer),
@@ -90,6 +99,21 @@ SCAFFOLD_WORDS = frozenset({"context", "question", "answer"})
 ...\nAnswer:`, :mod:`juice.data.nqswap`): never one of the question's own words, so never counted."""
 
 _WORD = re.compile(r"[^\W\d_]+")
+
+CONFIDENCE_GAIN = "confidence_gain"
+"""A model-based gate signal: CK-PLUG's confidence gain (Bi et al., ICLR 2026), the entropy the
+passage removes from the first step's next-token distribution, `H(question alone) - H(with the
+passage)` in nats over CK-PLUG's plausible tokens (:func:`juice.baselines.ckplug.confidence_gain`;
+CoCoA's entropy gap, Khandelwal et al., EMNLP 2025, is the same difference without the filter)."""
+
+CONTEXT_PEAKEDNESS = "context_peakedness"
+"""A model-based gate signal: CoCoA's contextual peakedness (Khandelwal et al., EMNLP 2025), the
+margin between the two most probable next tokens with the passage (a probability in [0, 1])."""
+
+GATE_SIGNALS = (RELEVANCE, CONFIDENCE_GAIN, CONTEXT_PEAKEDNESS)
+"""The relevance gate's signals, each higher for a passage the model should read: the lexical one
+(:func:`passage_relevance`, read from the request's words) and two model-based ones (read from the
+first step's two distributions of the unmodified model). The fit tries each; ties go to the first."""
 
 
 def content_words(text: str) -> set[str]:
@@ -170,13 +194,39 @@ class AutoRule:
 
     thresholds: tuple[float, ...]
     picks: tuple[int, ...]
+    gate: str | None = None
+    gate_threshold: float = 0.0
+    gate_pick: int = 0
 
     def __call__(self, with_context: Tensor, question: Tensor) -> Tensor:
-        """`[rows]` long candidate indices of `[rows, vocab]` with-context and question-only logits."""
+        """`[rows]` long candidate indices of `[rows, vocab]` with-context and question-only logits;
+        with a model-based `gate` (:data:`GATE_SIGNALS`), a row whose gate signal is below
+        `gate_threshold` takes `gate_pick` whatever its bin."""
         signal = jsd_alpha(with_context, question)
         edges = torch.tensor(self.thresholds, dtype=signal.dtype, device=signal.device)
         bins = torch.bucketize(signal, edges, right=True)
-        return torch.tensor(self.picks, dtype=torch.long, device=signal.device)[bins]
+        picks = torch.tensor(self.picks, dtype=torch.long, device=signal.device)[bins]
+        if self.gate is None:
+            return picks
+        below = gate_signal(self.gate, with_context, question) < self.gate_threshold
+        return torch.where(below, torch.full_like(picks, self.gate_pick), picks)
+
+
+def gate_signal(name: str, with_context: Tensor, question: Tensor) -> Tensor:
+    """`[rows]` float: a model-based gate signal (:data:`CONFIDENCE_GAIN`, :data:`CONTEXT_PEAKEDNESS`)
+    of `[rows, vocab]` first-step logits with the passage and of the question alone.
+
+    Raises:
+        ValueError: another name (the lexical signal is read from the texts: :func:`passage_relevance`).
+    """
+    from juice.baselines.ckplug import confidence_gain
+
+    if name == CONFIDENCE_GAIN:
+        return confidence_gain(with_context, question)[0]
+    if name == CONTEXT_PEAKEDNESS:
+        top = with_context.float().softmax(-1).topk(2, dim=-1).values
+        return top[..., 0] - top[..., 1]
+    raise ValueError(f"auto: {name!r} is not a model-based gate signal ({', '.join(GATE_SIGNALS[1:])})")
 
 
 @dataclass(frozen=True)
@@ -187,10 +237,13 @@ class AutoPolicy:
         thresholds: ascending JSD values (bits), at most :data:`MAX_THRESHOLDS`.
         picks: a candidate name (:data:`CANDIDATES`) per bin: `len(thresholds) + 1` of them.
         betas: candidate name -> (beta+, beta-) for the steered candidates picked.
-        relevance: the relevance gate's threshold (:func:`passage_relevance`, a share in
-            [0, 1]): a request whose passage holds a smaller share of its question's words is
-            decoded with `irrelevant` and never reaches the bins; None: no gate.
+        relevance: the relevance gate's threshold on its signal `gate`: a request with a
+            passage whose signal is smaller is decoded with `irrelevant` and never reaches the
+            bins; None: no gate.
         irrelevant: the candidate below the gate.
+        gate: the gate's signal (:data:`GATE_SIGNALS`): the share of the question's words the
+            passage holds (:func:`passage_relevance`, decided from the request's tokens before
+            any forward), or a model-based one read at the first step (:func:`gate_signal`).
 
     Raises:
         ValueError: thresholds not ascending, a pick count that does not match, an unknown
@@ -202,8 +255,11 @@ class AutoPolicy:
     betas: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     relevance: float | None = None
     irrelevant: str = "question"
+    gate: str = RELEVANCE
 
     def __post_init__(self) -> None:
+        if self.gate not in GATE_SIGNALS:
+            raise ValueError(f"auto: unknown gate signal {self.gate!r}; choose from {', '.join(GATE_SIGNALS)}")
         if list(self.thresholds) != sorted(self.thresholds) or len(self.thresholds) > MAX_THRESHOLDS:
             raise ValueError(f"auto: thresholds must be ascending, at most {MAX_THRESHOLDS}, got {list(self.thresholds)}")
         if len(self.picks) != len(self.thresholds) + 1:
@@ -235,17 +291,29 @@ class AutoPolicy:
                 "juice/2": lambda: JuICE(lm, selection, *self.betas["juice/2"]),
                 "june": lambda: JuNE(lm, selection, *self.betas["june"])}
         steerings = tuple(make[n]() for n in names)
-        gate = None if self.relevance is None else RelevanceGate(
-            float(self.relevance), names.index(self.irrelevant), lm.tokenizer)
+        lexical = self.relevance is not None and self.gate == RELEVANCE
+        gate = RelevanceGate(float(self.relevance), names.index(self.irrelevant), lm.tokenizer) if lexical else None
+        model_gate = (() if self.relevance is None or lexical
+                      else (self.gate, float(self.relevance), names.index(self.irrelevant)))
         return Choice(-1, steerings, AutoRule(tuple(float(t) for t in self.thresholds),
-                                              tuple(names.index(p) for p in self.picks)),
+                                              tuple(names.index(p) for p in self.picks), *model_gate),
                       without_passage=names.index("original"), gate=gate)
+
+    def describe(self) -> str:
+        """The policy in one line: "no passage -> original; <gate>; <bins>"."""
+        units = {RELEVANCE: "of the question's words in the passage", CONFIDENCE_GAIN: "nats of confidence gain",
+                 CONTEXT_PEAKEDNESS: "contextual peakedness"}
+        gate = ("" if self.relevance is None else f"{self.relevance:.3g} {units[self.gate]} -> below: "
+                f"{self.irrelevant}; ")
+        bins = " | ".join(f"{'' if i == 0 else f'JSD >= {self.thresholds[i - 1]:.3g}: '}{name}"
+                          for i, name in enumerate(self.picks))
+        return f"no passage -> original; {gate}{bins}"
 
     def to_json(self) -> dict[str, Any]:
         out = {"signal": SIGNAL, "thresholds": list(self.thresholds), "picks": list(self.picks),
                "betas": {k: {"beta_plus": v[0], "beta_minus": v[1]} for k, v in self.betas.items()}}
         if self.relevance is not None:
-            out["gate"] = {"signal": RELEVANCE, "threshold": self.relevance, "pick": self.irrelevant}
+            out["gate"] = {"signal": self.gate, "threshold": self.relevance, "pick": self.irrelevant}
         return out
 
     @classmethod
@@ -254,13 +322,14 @@ class AutoPolicy:
         if data.get("signal", SIGNAL) != SIGNAL:
             raise ValueError(f"auto: unknown signal {data.get('signal')!r} (this juice reads {SIGNAL})")
         gate = data.get("gate")
-        if gate is not None and (not isinstance(gate, Mapping) or gate.get("signal") != RELEVANCE):
-            raise ValueError(f"auto: unknown gate {gate!r} (this juice reads {RELEVANCE})")
+        if gate is not None and (not isinstance(gate, Mapping) or gate.get("signal") not in GATE_SIGNALS):
+            raise ValueError(f"auto: unknown gate {gate!r} (this juice reads {', '.join(GATE_SIGNALS)})")
         try:
             betas = {k: (float(v["beta_plus"]), float(v["beta_minus"])) for k, v in data.get("betas", {}).items()}
             return cls(tuple(float(t) for t in data["thresholds"]), tuple(str(p) for p in data["picks"]), betas,
                        None if gate is None else float(gate["threshold"]),
-                       "question" if gate is None else str(gate["pick"]))
+                       "question" if gate is None else str(gate["pick"]),
+                       RELEVANCE if gate is None else str(gate["signal"]))
         except (KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"auto: malformed policy in the heads file ({err!r})") from None
 
@@ -303,7 +372,6 @@ def has_passage(lm: LoadedModel, prompts: Sequence[str], questions: Sequence[str
     return [token_ids(lm.tokenizer, p) != token_ids(lm.tokenizer, q) for p, q in zip(prompts, questions)]
 
 
-@torch.inference_mode()
 def first_step_signal(lm: LoadedModel, prompts: Sequence[str], questions: Sequence[str], *, batch: int = 16) -> Tensor:
     """`[n]` first-step JSD (bits) between each prompt's and its question's next-token
     distributions under the unmodified model (the policy's signal), batched (left padding).
@@ -315,13 +383,27 @@ def first_step_signal(lm: LoadedModel, prompts: Sequence[str], questions: Sequen
     Raises:
         ValueError: `prompts` and `questions` of different lengths.
     """
+    return first_step_features(lm, prompts, questions, batch=batch)[SIGNAL]
+
+
+@torch.inference_mode()
+def first_step_features(lm: LoadedModel, prompts: Sequence[str], questions: Sequence[str], *, batch: int = 16
+                        ) -> dict[str, Tensor]:
+    """The first step's signals of each request from one batched pass: :data:`SIGNAL` (the bins'
+    JSD, :func:`first_step_signal`) and the model-based gate signals (:func:`gate_signal`), each
+    `[n]`, 0 for a request without a passage (not computed; never gated: module docstring).
+
+    Raises:
+        ValueError: `prompts` and `questions` of different lengths.
+    """
     from juice.engine import forward_last
     from juice.tokens import pad_left, token_ids
 
     passage = has_passage(lm, prompts, questions)
     rows = [k for k, p in enumerate(passage) if p]
     texts = [prompts[k] for k in rows] + [questions[k] for k in rows]
-    out = torch.zeros(len(prompts))
+    names = (SIGNAL, *GATE_SIGNALS[1:])
+    out = {name: torch.zeros(len(prompts)) for name in names}
     if not texts:
         return out
     logits = []
@@ -332,7 +414,10 @@ def first_step_signal(lm: LoadedModel, prompts: Sequence[str], questions: Sequen
                                  b.position_ids.to(lm.device))
         logits.append(lm.logits(hidden).float().cpu())
     both = torch.cat(logits)
-    out[torch.tensor(rows)] = jsd_alpha(both[:len(rows)], both[len(rows):]).to(out.dtype)
+    with_context, question, at = both[:len(rows)], both[len(rows):], torch.tensor(rows)
+    out[SIGNAL][at] = jsd_alpha(with_context, question).to(torch.float32)
+    for name in GATE_SIGNALS[1:]:
+        out[name][at] = gate_signal(name, with_context, question).to(torch.float32)
     return out
 
 
@@ -380,15 +465,30 @@ def _weights(types: Sequence[str], sources: Sequence[str]) -> tuple["np.ndarray"
     return np.array([100.0 / (len(present) * per_type_sources[t] * count[t, src]) for t, src in zip(types, sources)]), present
 
 
+GateValues = Mapping[str, Sequence[float]] | Sequence[float]
+"""Per item, the gate signals: gate signal name (:data:`GATE_SIGNALS`) -> per item, its value; a
+plain sequence is the lexical one (:func:`passage_relevance`)."""
+
+
+def _gate_values(relevance) -> dict[str, list[float]]:
+    if relevance is None:
+        return {}
+    if isinstance(relevance, Mapping):
+        return {name: [float(v) for v in values] for name, values in relevance.items()}
+    return {RELEVANCE: [float(v) for v in relevance]}
+
+
 def policy_picks(policy: AutoPolicy, signal: Sequence[float], passage: Sequence[bool],
-                 relevance: Sequence[float] | None = None) -> list[str]:
+                 relevance: GateValues | None = None) -> list[str]:
     """Per item, the candidate `policy` decodes it with: Original without a passage, the gate's
-    pick below its threshold, else the bin's (as :class:`juice.engine.Choice` decides)."""
+    pick below its threshold on its signal (`relevance[policy.gate]`), else the bin's (as
+    :class:`juice.engine.Choice` decides)."""
+    gate = _gate_values(relevance).get(policy.gate)
     out = []
     for k, (x, has) in enumerate(zip(signal, passage)):
         if not has:
             out.append("original")
-        elif policy.relevance is not None and relevance is not None and relevance[k] < policy.relevance:
+        elif policy.relevance is not None and gate is not None and gate[k] < policy.relevance:
             out.append(policy.irrelevant)
         else:
             out.append(policy.picks[sum(x >= e for e in policy.thresholds)])
@@ -398,13 +498,13 @@ def policy_picks(policy: AutoPolicy, signal: Sequence[float], passage: Sequence[
 def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], types: Sequence[str],
                sources: Sequence[str], betas: Mapping[str, tuple[float, float]],
                passage: Sequence[bool] | None = None, degenerate: Mapping[str, Sequence[bool]] | None = None,
-               margin: float = DEGENERATION_MARGIN, relevance: Sequence[float] | None = None) -> AutoFit:
+               margin: float = DEGENERATION_MARGIN, relevance: GateValues | None = None) -> AutoFit:
     """Choose a relevance gate, thresholds and a candidate per bin (module docstring) from
-    validation outcomes: every gate (none, or a threshold among :data:`GATE_GRID` quantiles of the
-    validation relevance with each candidate below it) and every set of at most
-    :data:`MAX_THRESHOLDS` thresholds among :data:`THRESHOLD_GRID` quantiles of the signal, with
-    the best candidate per bin; the highest mean wins, ties going to no gate, fewer bins and
-    less steered candidates.
+    validation outcomes: every gate (none, or, for each gate signal given, a threshold among
+    :data:`GATE_GRID` quantiles of its validation values with each candidate below it) and every
+    set of at most :data:`MAX_THRESHOLDS` thresholds among :data:`THRESHOLD_GRID` quantiles of the
+    signal, with the best candidate per bin; the highest mean wins, ties going to no gate, fewer
+    bins, less steered candidates and the earlier gate signal in :data:`GATE_SIGNALS`.
 
     Args:
         verdicts: candidate name -> per item, its use-relevant verdict ("original" required).
@@ -417,7 +517,8 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
             and never moves a threshold.
         degenerate: candidate name -> per item, whether its output is degenerate; a candidate
             whose share exceeds Original's by more than `margin` points is never picked.
-        relevance: per item, :func:`passage_relevance`; None: no gate is tried.
+        relevance: the gate signals to try (:data:`GateValues`: name -> per item; a plain
+            sequence is :func:`passage_relevance`); None: no gate is tried.
 
     Returns:
         the :class:`AutoFit`: the objective is the mean over context types of the accuracy
@@ -431,7 +532,7 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
     n = len(signal)
     passage = [t != "none" for t in types] if passage is None else [bool(p) for p in passage]
     if (not n or any(len(v) != n for v in verdicts.values()) or len(types) != n or len(sources) != n
-            or len(passage) != n or (relevance is not None and len(relevance) != n)):
+            or len(passage) != n or any(len(v) != n for v in _gate_values(relevance).values())):
         raise ValueError("auto: one verdict, signal, type, source, passage flag and relevance per validation item")
     if "original" not in verdicts:
         raise ValueError("auto: the fit needs Original's verdicts (the choice without a passage)")
@@ -444,39 +545,46 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
     x = np.array([float(v) for v in signal])
     score = np.stack([weight * np.array([bool(v) for v in verdicts[c]]) * has for c in names])   # [cands, n]
     fixed = float((weight * np.array([bool(v) for v in verdicts["original"]]))[~has].sum())
-    rel = None if relevance is None else np.array([float(r) for r in relevance])
+    values = {name: np.array(v) for name, v in _gate_values(relevance).items()}
+    unknown = [name for name in values if name not in GATE_SIGNALS]
+    if unknown:
+        raise ValueError(f"auto: unknown gate signal {unknown[0]!r}; choose from {', '.join(GATE_SIGNALS)}")
 
     cuts = _midpoints(x[has], THRESHOLD_GRID)
-    gates: list[tuple[float | None, int | None]] = [(None, None)]
-    if rel is not None and has.any():
-        gates += [(g, j) for g in _midpoints(rel[has], GATE_GRID) for j in range(len(names))]
-    steer_rank = [CANDIDATES.index(c) for c in names]
+    splits = []   # (k, edges, [n, k + 1] one-hot bins): the same for every gate
+    for k in range(MAX_THRESHOLDS + 1):
+        for edges in itertools.combinations(cuts, k):
+            onehot = np.zeros((n, k + 1))
+            onehot[np.arange(n), np.searchsorted(np.array(edges), x, side="right") if k else 0] = 1.0
+            splits.append((k, edges, onehot))
+    gates: list[tuple[str | None, float | None, int | None]] = [(None, None, None)]
+    if has.any():
+        gates += [(name, g, j) for name in GATE_SIGNALS if name in values
+                  for g in _midpoints(values[name][has], GATE_GRID) for j in range(len(names))]
+    steer_rank = np.array([CANDIDATES.index(c) for c in names])
     best: tuple | None = None
     tried = 0
-    for gate, gate_pick in gates:
-        below = np.zeros(n, dtype=bool) if gate is None else has & (rel < gate)
+    for gate_name, gate, gate_pick in gates:
+        below = np.zeros(n, dtype=bool) if gate is None else has & (values[gate_name] < gate)
         gated = 0.0 if gate is None else float(score[gate_pick][below].sum())
         live = score * ~below   # [cands, n]: items that reach the bins
-        for k in range(MAX_THRESHOLDS + 1):
-            for edges in itertools.combinations(cuts, k):
-                bins = np.searchsorted(np.array(edges), x, side="right") if k else np.zeros(n, dtype=int)
-                onehot = np.zeros((n, k + 1))
-                onehot[np.arange(n), bins] = 1.0
-                per_bin = live @ onehot   # [cands, bins]
-                picks = [max(range(len(names)), key=lambda i: (round(per_bin[i, b], 9), -i)) for b in range(k + 1)]
-                total = fixed + gated + sum(per_bin[j, b] for b, j in enumerate(picks))
-                tried += 1
-                key = (round(total, 9), gate is None, -k, -sum(steer_rank[j] for j in picks))
-                if best is None or key > best[0]:
-                    best = (key, gate, gate_pick, edges, tuple(names[j] for j in picks))
-    _, gate, gate_pick, edges, picks = best
+        rank = 0 if gate_name is None else GATE_SIGNALS.index(gate_name)
+        for k, edges, onehot in splits:
+            per_bin = live @ onehot   # [cands, bins]
+            picks = np.round(per_bin, 9).argmax(0)   # the best candidate per bin, ties to the less steered
+            total = fixed + gated + float(per_bin[picks, np.arange(k + 1)].sum())
+            tried += 1
+            key = (round(total, 9), gate is None, -k, -int(steer_rank[picks].sum()), -rank)
+            if best is None or key > best[0]:
+                best = (key, gate_name, gate, gate_pick, edges, tuple(names[j] for j in picks))
+    _, gate_name, gate, gate_pick, edges, picks = best
     if len(set(picks)) == 1:   # one candidate everywhere: no thresholds needed
         edges, picks = (), picks[:1]
     irrelevant = "question" if gate is None else names[gate_pick]
     used = set(picks) | ({irrelevant} if gate is not None else set())
     policy = AutoPolicy(tuple(float(e) for e in edges), tuple(picks),
                         {c: tuple(betas[c]) for c in used if c not in UNSTEERED},
-                        None if gate is None else float(gate), irrelevant)
+                        None if gate is None else float(gate), irrelevant, gate_name or RELEVANCE)
     chosen_names = policy_picks(policy, signal, passage, relevance)
     chosen = [verdicts[c][i] for i, c in enumerate(chosen_names)]
     static = {c: sum(_type_means(verdicts[c], types, sources, present).values()) / len(present)
@@ -509,7 +617,7 @@ def _type_means(values: Sequence[bool], types: Sequence[str], sources: Sequence[
 def cross_validate(verdicts: Mapping[str, Sequence[bool]], static: Mapping[str, Sequence[bool]],
                    signal: Sequence[float], types: Sequence[str], sources: Sequence[str], groups: Sequence[Any],
                    betas: Mapping[str, tuple[float, float]], *, passage: Sequence[bool] | None = None,
-                   degenerate: Mapping[str, Sequence[bool]] | None = None, relevance: Sequence[float] | None = None,
+                   degenerate: Mapping[str, Sequence[bool]] | None = None, relevance: GateValues | None = None,
                    folds: int = 5, seed: int = 0, margin: float = DEGENERATION_MARGIN) -> dict[str, Any]:
     """Cross-validate the fit (:func:`fit_policy`) against the best static method, grouped: the
     items of one group (a question, or a whole source for leave-one-domain-out) are never split
@@ -540,6 +648,7 @@ def cross_validate(verdicts: Mapping[str, Sequence[bool]], static: Mapping[str, 
     random.Random(seed).shuffle(order)
     fold_of = {g: i % k for i, g in enumerate(order)}
     passage = [t != "none" for t in types] if passage is None else list(passage)
+    gates = _gate_values(relevance)
     auto = [False] * len(signal)
     best = [False] * len(signal)
     chosen = []
@@ -549,13 +658,13 @@ def cross_validate(verdicts: Mapping[str, Sequence[bool]], static: Mapping[str, 
         pick = lambda seq: [seq[i] for i in train]   # noqa: E731
         fit = fit_policy({c: pick(v) for c, v in verdicts.items()}, pick(signal), pick(types), pick(sources), betas,
                          pick(passage), None if degenerate is None else {c: pick(v) for c, v in degenerate.items()},
-                         margin, None if relevance is None else pick(relevance))
+                         margin, {name: pick(v) for name, v in gates.items()} if gates else None)
         train_w, _ = _weights(pick(types), pick(sources))
         name = max(static, key=lambda m: (round(float(sum(w * bool(static[m][i]) for w, i in zip(train_w, train))), 9),
                                           -list(static).index(m)))
         chosen.append(name)
         picks = policy_picks(fit.policy, [signal[i] for i in held], [passage[i] for i in held],
-                             None if relevance is None else [relevance[i] for i in held])
+                             {name: [v[i] for i in held] for name, v in gates.items()})
         for i, c in zip(held, picks):
             auto[i] = bool(verdicts[c][i])
             best[i] = bool(static[name][i])
@@ -628,17 +737,21 @@ def fit_from_results(lm: LoadedModel, items: Sequence[ContextItem], results: Seq
         ValueError: a candidate without a result for some item, or no "original".
     """
     verdicts, degenerate = verdict_table(items, results, titles)
-    signal, rel, passage = request_features(lm, items)
+    signal, gates, passage = request_features(lm, items)
     return fit_policy(verdicts, signal, [i.context_type for i in items], [i.source for i in items], betas,
-                      passage, degenerate, margin, rel if gate else None)
+                      passage, degenerate, margin, gates if gate else None)
 
 
-def request_features(lm: LoadedModel, items: Sequence[ContextItem]) -> tuple[list[float], list[float], list[bool]]:
-    """Per item, what the policy reads: the first-step JSD (:func:`first_step_signal`), the
-    passage's relevance (:func:`relevance`) and whether it has a passage (:func:`has_passage`)."""
+def request_features(lm: LoadedModel, items: Sequence[ContextItem]
+                     ) -> tuple[list[float], dict[str, list[float]], list[bool]]:
+    """Per item, what the policy reads: the first-step JSD (:func:`first_step_signal`), the gate
+    signals (:data:`GATE_SIGNALS` -> per item: the passage's lexical relevance, :func:`relevance`,
+    and the model-based ones, :func:`first_step_features`) and whether it has a passage
+    (:func:`has_passage`)."""
     prompts, questions = [i.prompt for i in items], [i.question for i in items]
-    return (first_step_signal(lm, prompts, questions).tolist(), relevance(lm, prompts, questions),
-            has_passage(lm, prompts, questions))
+    features = first_step_features(lm, prompts, questions)
+    gates = {RELEVANCE: relevance(lm, prompts, questions), **{n: features[n].tolist() for n in GATE_SIGNALS[1:]}}
+    return features[SIGNAL].tolist(), gates, has_passage(lm, prompts, questions)
 
 
 def verdict_table(items: Sequence[ContextItem], results: Sequence, titles: Mapping[str, str]
@@ -663,6 +776,7 @@ def verdict_table(items: Sequence[ContextItem], results: Sequence, titles: Mappi
     return verdicts, degenerate
 
 
-__all__ = ["AutoFit", "AutoPolicy", "AutoRule", "CANDIDATES", "RELEVANCE", "SIGNAL", "RelevanceGate",
+__all__ = ["AutoFit", "AutoPolicy", "AutoRule", "CANDIDATES", "CONFIDENCE_GAIN", "CONTEXT_PEAKEDNESS", "GATE_SIGNALS",
+           "GateValues", "RELEVANCE", "SIGNAL", "RelevanceGate", "first_step_features", "gate_signal",
            "candidate_betas", "candidate_methods", "cross_validate", "first_step_signal", "fit_from_results", "fit_policy",
            "passage_of", "passage_relevance", "policy_picks", "relevance", "request_features", "verdict_table", "content_words", "has_passage", "policy_of", "tune_auto"]

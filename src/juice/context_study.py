@@ -190,12 +190,7 @@ class Study:
                  f"({_questions(t)} questions); no question in both. Best static method on validation "
                  f"(use relevant context): **{t.best_static}**.\n"]
         if self.fit is not None:
-            p = self.fit.policy
-            bins = " | ".join(f"{'' if i == 0 else f'JSD >= {p.thresholds[i - 1]:.3g}: '}{name}"
-                              for i, name in enumerate(p.picks))
-            gate = ("" if p.relevance is None else
-                    f"passage holding < {p.relevance:.3g} of the question's words -> {p.irrelevant}; ")
-            parts.append(f"auto's policy (fitted on validation): no passage -> original; {gate}{bins}. Validation mean "
+            parts.append(f"auto's policy (fitted on validation): {self.fit.policy.describe()}. Validation mean "
                          f"{self.fit.mean:.1f}% against " + ", ".join(f"{c} {x:.1f}%" for c, x in self.fit.static.items())
                          + ".\n")
         for label, c in self.cross_validation.items():
@@ -342,25 +337,29 @@ def _fit_auto(lm: LoadedModel, artifact: HeadsArtifact, items: Sequence[ContextI
               ) -> tuple[Any, dict[str, dict[str, float]]]:
     """auto fitted on the validation half's decoded candidates, written into the heads file
     (`out/heads_auto.json`), and its cross-validated gain over the best static method, 5-fold by
-    question and, with several sources, leaving one source out."""
-    from juice.auto import cross_validate, fit_policy, request_features, verdict_table
+    question and, with several sources, leaving one source out: with every gate signal tried (as
+    the fit), with each alone, and with none."""
+    from juice.auto import GATE_SIGNALS, cross_validate, fit_policy, request_features, verdict_table
     from juice.stage1 import save_heads
 
     verdicts, degenerate = verdict_table(items, results, candidates)
-    signal, rel, passage = request_features(lm, items)
+    signal, gates, passage = request_features(lm, items)
     types, sources = [i.context_type for i in items], [i.source for i in items]
-    fit = fit_policy(verdicts, signal, types, sources, betas, passage, degenerate, relevance=rel)
+    fit = fit_policy(verdicts, signal, types, sources, betas, passage, degenerate, relevance=gates)
     artifact.tuned = artifact.tuned.with_record("auto", {**fit.policy.to_json(), "validation": fit.to_json(),
                                                          "data": where})
     save_heads(artifact, out / "heads_auto.json")
     every_static, _ = verdict_table(items, results, {m: m for m in static_names})
-    schemes = {"5-fold, grouped by question": ([(i.source, i.uid) for i in items], 5)}
+    schemes = {"5-fold, grouped by question": ([(i.source, i.uid) for i in items], 5, gates)}
     if len({i.source for i in items}) > 1:
-        schemes["leave one source out"] = (sources, 0)
+        schemes["leave one source out"] = (sources, 0, gates)
+        for name in GATE_SIGNALS:   # does each gate signal transfer to a source the fit has not seen?
+            schemes[f"leave one source out, gate on {name} only"] = (sources, 0, {name: gates[name]})
+        schemes["leave one source out, no gate"] = (sources, 0, None)
     cv = {}
-    for label, (groups, folds) in schemes.items():
+    for label, (groups, folds, tried) in schemes.items():
         held = cross_validate(verdicts, every_static, signal, types, sources, groups, betas, passage=passage,
-                              degenerate=degenerate, relevance=rel, folds=folds, seed=seed)
+                              degenerate=degenerate, relevance=tried, folds=folds, seed=seed)
         cv[label] = _cv_summary(items, held, resamples, seed)
     return fit, cv
 

@@ -453,6 +453,51 @@ def test_a_relevance_gate_decodes_the_question_alone_in_the_engine(tiny):
     assert torch.equal(alone.tokens[0], want.tokens[0])
 
 
+@pytest.mark.parametrize("name", ["confidence_gain", "context_peakedness"])
+def test_a_model_gate_decodes_below_its_threshold_as_its_pick_in_the_engine(tiny, name):
+    """A model-based gate is read at the first step from the two unmodified rows: a request whose
+    signal (the batched features') is below the threshold decodes its pick (here the question
+    alone), the others the rule's bin; in a batch as alone."""
+    from juice.auto import first_step_features
+
+    cands = _candidates(tiny)
+    values = first_step_features(tiny, [TEXTS[0], TEXTS[1]], [TEXTS[2], TEXTS[3]])[name]
+    assert values[0] != values[1]
+    threshold = float(values.mean())
+    rule = AutoRule((), (1,), name, threshold, 4)
+    streams = [Stream(0, choice=Choice(2, cands, rule)), Stream(1, choice=Choice(3, cands, rule))]
+    got = generate(tiny, TEXTS, streams, 6)
+    alone = [Stream(k + 2) if v < threshold else Stream(k, cands[1]) for k, v in enumerate(values)]
+    want = generate(tiny, TEXTS, alone, 6)
+    assert torch.equal(got.tokens, want.tokens)
+    for k in range(2):
+        assert torch.equal(generate(tiny, TEXTS, streams[k:k + 1], 6).tokens[0], want.tokens[k])
+
+
+def test_fit_policy_chooses_the_gate_signal_that_separates_on_validation():
+    """Where the lexical share cannot tell the irrelevant passages (it is equal everywhere) and
+    the confidence gain can, the fit gates on the gain; where both can, on the lexical share
+    (the first in GATE_SIGNALS); the policy round-trips with its signal and says it in one line."""
+    from juice.auto import CONFIDENCE_GAIN, RELEVANCE
+
+    signal = [0.6, 0.6, 0.6, 0.6, 0.0, 0.6]
+    types = ["irrelevant", "irrelevant", "conflicting", "conflicting", "none", "gold"]
+    verdicts = {"original": [False, False, True, True, True, True], "question": [True, True, False, False, True, False]}
+    gain = [-0.5, 0.1, 1.2, 0.9, 0.0, 1.0]
+    flat = {RELEVANCE: [0.5] * 6, CONFIDENCE_GAIN: gain}
+    fit = fit_policy(verdicts, signal, types, ["s"] * 6, {}, relevance=flat)
+    assert fit.policy.gate == CONFIDENCE_GAIN and 0.1 < fit.policy.relevance < 0.9 and fit.mean == 100.0
+    assert policy_picks(fit.policy, signal, [t != "none" for t in types], flat)[:2] == ["question", "question"]
+    assert policy_picks(fit.policy, signal, [t != "none" for t in types], {RELEVANCE: [0.0] * 6}) == [
+        "original", "original", "original", "original", "original", "original"]   # the gain's values, not another's
+    both = {RELEVANCE: [0.0, 0.1, 0.8, 0.9, 1.0, 0.7], CONFIDENCE_GAIN: gain}
+    assert fit_policy(verdicts, signal, types, ["s"] * 6, {}, relevance=both).policy.gate == RELEVANCE
+    assert AutoPolicy.from_json(fit.policy.to_json()) == fit.policy
+    assert "nats of confidence gain -> below: question" in fit.policy.describe()
+    with pytest.raises(ValueError, match="unknown gate signal"):
+        AutoPolicy(relevance=0.1, gate="bm25")
+
+
 def test_cross_validation_holds_each_question_out_once_and_chooses_static_on_training_folds():
     from juice.auto import cross_validate
 

@@ -98,7 +98,7 @@ class ContextItem:
 
     Attributes:
         source: "nqswap", a ParaConflict domain (e.g. "world_capital"), or your dataset's label.
-        uid: the underlying item's id (the same for its four context types).
+        uid: the underlying item's id (the same for each of its context types).
         context_type: one of :data:`CONTEXT_TYPES`.
         prompt: the full prompt, ending right before the answer.
         question: the prompt without any context (CAD's second branch; equal to `prompt` for none).
@@ -286,7 +286,7 @@ def _in_split(question: str, split: str | None, seed: int) -> bool:
 
 
 def nqswap_context_items(records: Sequence[Mapping], seed: int = 0, split: str | None = None) -> ContextItems:
-    """The four context types of NQ-Swap rows (module docstring): one item per distinct question.
+    """The context types of NQ-Swap rows (module docstring): one item per distinct question.
 
     Args:
         records: NQ-Swap rows (`question`, `org_context`, `org_answer`, `sub_context`,

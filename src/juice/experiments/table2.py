@@ -109,7 +109,7 @@ def prepare_contextual(lm: LoadedModel, cfg: ReproduceConfig, max_prompt_tokens:
 
 def nqswap_test_contexts(lm: LoadedModel, root: Path, test_uids: list[str], max_prompt_tokens: int | None,
                          seed: int) -> list:
-    """The four context types of NQ-Swap's test questions (`test_uids`: row numbers; one item per
+    """The context types of NQ-Swap's test questions (`test_uids`: row numbers; one item per
     distinct question among them, :func:`juice.data.context_types.nqswap_context_items`), partners
     drawn among the rows whose original and substituted prompts fit `max_prompt_tokens`."""
     from juice.data.context_types import nqswap_context_items, question_key
@@ -192,7 +192,7 @@ def reproduce_contextual(
         key_ctx = settings_key({"tuning": key_tuning, "choice": choices["nqswap"], "methods": list(nq_methods),
                                 "items": [asdict(i) for i in items], "stage": "contexts/2"})
         ctx_results = evaluation_stage(
-            run, "contexts_nqswap", key_ctx, "when to steer: NQ-Swap x 4 contexts", len(items) * len(nq_methods),
+            run, "contexts_nqswap", key_ctx, "when to steer: NQ-Swap x its context types", len(items) * len(nq_methods),
             lambda advance: evaluate_context_types(lm, items, nq_methods, max_rows=cfg.max_rows, on_progress=advance,
                                                    engine=run.engine))
         run.ran("contexts")

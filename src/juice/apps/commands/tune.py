@@ -19,7 +19,7 @@ def tune(
         "ParaConflict JSON, NQ-Swap JSONL or MemoTrap CSV")),
     methods: str = typer.Option("juice,june", help=(
         "comma-separated: juice, june, ph3 (PH3's k; needs rows with other), auto (the per-request policy, "
-        "on the four context types of --data: NQ-Swap JSONL or ParaConflict JSON; after juice's betas)")),
+        "on the context types of --data: NQ-Swap JSONL or ParaConflict JSON; after juice's betas)")),
     limit: Optional[int] = typer.Option(None, min=1, help="use the first N rows only (auto: N items per source)"),
     split: Optional[str] = typer.Option(None, help=(
         "auto: tune on the questions of this half only, validation or test (by question, seeded: "
@@ -78,11 +78,7 @@ def tune(
             fit = tune_auto(lm, artifact, items, where=where, on_progress=advance)
     save_heads(artifact, heads)
     if "auto" in names:
-        p = fit.policy
-        bins = (("" if p.relevance is None else f"passage with < {p.relevance:.3g} of the question's words: "
-                 f"{p.irrelevant} | ") + " | ".join(f"{'' if i == 0 else f'JSD >= {p.thresholds[i - 1]:.3g}: '}{name}"
-                                                    for i, name in enumerate(p.picks)))
-        console.print(f"auto: {bins}; validation mean {fit.mean:.1f}% (use relevant context, {n} items; "
+        console.print(f"auto: {fit.policy.describe()}; validation mean {fit.mean:.1f}% (use relevant context, {n} items; "
                       + ", ".join(f"{c} alone {v:.1f}%" for c, v in fit.static.items()) + ")")
     for name, setting in chosen.items():
         what = (f"k = {setting.k} ({', '.join(setting.pruned) or 'none'})" if setting.k is not None
