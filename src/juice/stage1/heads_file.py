@@ -92,29 +92,20 @@ def save_heads(artifact: HeadsArtifact, path: str | Path) -> None:
     write_json_atomic(path, artifact.to_json())
 
 
-def load_heads(path: str | Path, lm: LoadedModel | None = None) -> HeadsArtifact:
-    """Read a heads file; with `lm`, check that it was made for this model.
+def heads_from_json(data: Any, path: str | Path) -> HeadsArtifact:
+    """A heads file's parsed JSON as a :class:`HeadsArtifact`, without a model: the one reader of
+    the format, behind :func:`load_heads` and vLLM's plugin (:func:`juice.vllm.options.heads_document`),
+    so both refuse the same files with the same lines.
 
     Raises:
-        HeadsFileMismatchError: the file's model fingerprint differs from `lm`'s.
-        ValueError: not a juice heads file (not JSON, another format, a missing field, a head
-            name that does not parse, a malformed "tuned" object, :mod:`juice.tuned`); with `lm`,
-            a head outside the model.
+        ValueError: not a juice heads file (another format, no model fingerprint, a missing field,
+            a head name that does not parse, a direction that does not, a "tuned" that is not an
+            object or is malformed, :mod:`juice.tuned`); one line naming `path`.
     """
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, RecursionError) as err:
-        raise ValueError(f"{path} is not a juice heads file: not JSON ({type(err).__name__})") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path} is not a juice heads file: not UTF-8 text") from None
     if not isinstance(data, dict) or data.get("format") != "juice-heads/1":
         raise ValueError(f"{path} is not a juice heads file (no 'format': 'juice-heads/1')")
     if not isinstance(data.get("model"), dict):
         raise ValueError(f"{path}: a juice heads file without its model fingerprint")
-    if lm is not None:
-        mismatch = fingerprint_mismatch(data["model"], lm.fingerprint())
-        if mismatch is not None:
-            raise HeadsFileMismatchError(f"{path} {mismatch}")
     try:
         direction = Direction.parse(data.get("direction", ""))
     except ValueError as err:
@@ -130,7 +121,7 @@ def load_heads(path: str | Path, lm: LoadedModel | None = None) -> HeadsArtifact
         selection = HeadSelection(
             tuple(Head.parse(h) for h in data["positive_heads"]), tuple(Head.parse(h) for h in data["negative_heads"])
         )
-        artifact = HeadsArtifact(
+        return HeadsArtifact(
             data["model"], direction, data["k"], data["alphas_positive"], data["alphas_negative"],
             selection, data.get("head_set", []), data.get("scores", {}), data.get("data", {}), tuned,
         )
@@ -138,9 +129,39 @@ def load_heads(path: str | Path, lm: LoadedModel | None = None) -> HeadsArtifact
         raise ValueError(f"{path}: a juice heads file without the field {missing}") from None
     except (TypeError, AttributeError, ValueError):
         raise ValueError(f"{path}: heads must be lists of names like 'L6H3'") from None
+
+
+def read_heads_json(path: str | Path) -> Any:
+    """A heads file's JSON.
+
+    Raises:
+        ValueError: unreadable, not UTF-8 text, or not JSON (one line naming `path`).
+    """
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read the heads file ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a juice heads file: not UTF-8 text") from None
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise ValueError(f"{path} is not a juice heads file: not JSON ({type(err).__name__})") from None
+
+
+def load_heads(path: str | Path, lm: LoadedModel | None = None) -> HeadsArtifact:
+    """Read a heads file (:func:`heads_from_json`); with `lm`, check that it was made for this model.
+
+    Raises:
+        HeadsFileMismatchError: the file's model fingerprint differs from `lm`'s.
+        ValueError: not a juice heads file (:func:`read_heads_json`, :func:`heads_from_json`);
+            with `lm`, a head outside the model.
+    """
+    artifact = heads_from_json(read_heads_json(path), path)
     if lm is not None:
+        mismatch = fingerprint_mismatch(artifact.model, lm.fingerprint())
+        if mismatch is not None:
+            raise HeadsFileMismatchError(f"{path} {mismatch}")
         try:
-            check_heads(list(selection.positive) + list(selection.negative), lm.heads.geometry)
+            check_heads(list(artifact.selection.positive) + list(artifact.selection.negative), lm.heads.geometry)
         except IndexError as err:
             raise ValueError(f"{path}: {err}") from None
     return artifact

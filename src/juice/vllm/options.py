@@ -45,9 +45,8 @@ from typing import Any
 import torch
 
 from juice.architectures import HeadGeometry
-from juice.data.records import Direction
 from juice.interventions import Head, HeadSelection
-from juice.tuned import TunedSettings
+from juice.stage1.heads_file import heads_from_json, read_heads_json
 from juice.steering_request import (FIELDS, NOT_AN_OBJECT, ServedHeads, SteeringAsk, SteeringRequestError,
                                     parse_spec, read_steering)
 
@@ -104,37 +103,18 @@ def read_heads_file(path: str) -> tuple[str, HeadSelection, dict, dict]:
     Raises:
         ValueError: not a juice heads file (one line naming the file).
     """
-    return heads_document(_heads_json(path), path)
-
-
-def _heads_json(path: str) -> Any:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read the heads file ({err.strerror})") from None
-    except (ValueError, RecursionError):
-        raise ValueError(f"{path} is not a juice heads file: not JSON") from None
+    return heads_document(read_heads_json(path), path)
 
 
 def heads_document(data: Any, path: str) -> tuple[str, HeadSelection, dict, dict]:
-    """:func:`read_heads_file` of a heads file's parsed JSON (`path` names it in errors).
+    """:func:`read_heads_file` of a heads file's parsed JSON (`path` names it in errors), read by
+    juice's one reader of the format (:func:`juice.stage1.heads_file.heads_from_json`).
 
     Raises:
         ValueError: not a juice heads file (one line naming the file).
     """
-    if not isinstance(data, dict) or data.get("format") != "juice-heads/1" or not isinstance(data.get("model"), dict):
-        raise ValueError(f"{path} is not a juice heads file (no 'format': 'juice-heads/1' with its model)")
-    try:
-        direction = str(Direction.parse(data.get("direction", "")))
-        selection = HeadSelection(tuple(Head.parse(h) for h in data["positive_heads"]),
-                                  tuple(Head.parse(h) for h in data["negative_heads"]))
-    except (KeyError, TypeError, AttributeError, ValueError) as err:
-        raise ValueError(f"{path}: not a juice heads file ({err})") from None
-    try:
-        tuned = TunedSettings(data["tuned"] if isinstance(data.get("tuned"), dict) else {})
-    except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
-    return direction, selection, tuned, data["model"]
+    artifact = heads_from_json(data, path)
+    return str(artifact.direction), artifact.selection, artifact.tuned, artifact.model
 
 
 def plugin_heads(environ: Mapping[str, str] | None = None) -> PluginHeads:
@@ -172,16 +152,17 @@ def config_entry(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     multi-node ones included, and hashes `additional_config` into its compile cache key, so every
     worker builds the same steered model from it (:func:`served_heads`) whether or not the files or
     the `JUICE_VLLM_*` variables exist there. Of each file it keeps what the workers read (format,
-    model fingerprint, direction, heads, tuned settings), not Stage 1's scores.
+    model fingerprint, direction, k and alphas, heads, tuned settings), not Stage 1's scores.
 
     Raises:
         ValueError: what :func:`plugin_heads` refuses.
     """
     env = os.environ if environ is None else environ
-    documents = [(path, _heads_json(path)) for path in _heads_paths(env.get(ENV_HEADS, ""))]
+    documents = [(path, read_heads_json(path)) for path in _heads_paths(env.get(ENV_HEADS, ""))]
     _build_plugin_heads(documents, env.get(ENV_ON, ""), env.get(ENV_DUAL, "1"), env.get(ENV_GEOMETRY, ""),
                         env.get(ENV_DEFAULT, ""))   # refuse a bad set-up here, in one line, before vLLM starts
-    kept = ("format", "model", "direction", "positive_heads", "negative_heads", "tuned")   # what the workers read
+    kept = ("format", "model", "direction", "k", "alphas_positive", "alphas_negative", "positive_heads",
+            "negative_heads", "tuned")   # what the one reader needs (juice.stage1.heads_file.heads_from_json)
     heads = {path: {k: v for k, v in data.items() if k in kept} for path, data in documents}
     return {"heads": heads, "on": plugin_enabled(env),
             "dual_run": env.get(ENV_DUAL, "1"), "geometry": env.get(ENV_GEOMETRY, ""),
@@ -232,7 +213,7 @@ def parse_geometry(text: str) -> HeadGeometry:
 
 @lru_cache(maxsize=8)
 def _plugin_heads(heads: str, on: str, dual: str, geometry_text: str = "", default: str = "") -> PluginHeads:
-    return _build_plugin_heads([(path, _heads_json(path)) for path in _heads_paths(heads)], on, dual, geometry_text,
+    return _build_plugin_heads([(path, read_heads_json(path)) for path in _heads_paths(heads)], on, dual, geometry_text,
                                default)
 
 
