@@ -149,7 +149,8 @@ def test_no_page_is_left_out_of_the_site():
 
 
 HISTORY = re.compile(r"\bissues? #?\d+|\bno longer\b|\bused to\b|\bpreviously\b|\bformerly\b|what's new|"
-                     r"\bchange ?log\b|\bsince (?:version|release)\b", re.IGNORECASE)
+                     r"\bchange ?log\b|\bsince (?:version|release)\b|\bthis issue\b|\bthan today's\b|\btoday's protocol\b|"
+                     r"\beach version of\b|\bsaved before\b|\bas before\b|\bthe old name\b", re.IGNORECASE)
 
 
 def test_no_page_tells_history():

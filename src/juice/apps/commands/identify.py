@@ -16,9 +16,9 @@ def identify(
     model: str = typer.Option(DEFAULT_MODEL),
     out: Path = typer.Option(Path("heads.json"), help="where to write the heads file"),
     k: int = typer.Option(5),
-    scoring: str = typer.Option("exact", "--scoring", "--method", help=(
+    scoring: str = typer.Option("exact", "--scoring", help=(
         "Stage 1 scoring: exact (the paper's Alg. 2) | hybrid | attribution (approximations); as `juice reproduce "
-        "--scoring` (--method: the old name)")),
+        "--scoring`")),
     shortlist: int = typer.Option(12),
     head_set_size: int = typer.Option(4),
     seed: int = typer.Option(0),
