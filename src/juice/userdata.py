@@ -29,8 +29,6 @@ from pathlib import Path
 
 from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, Direction
 
-DIRECTIONS = tuple(d.value for d in Direction)
-
 
 @dataclass(frozen=True)
 class ConflictRow:
@@ -166,4 +164,4 @@ def file_digest(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
-__all__ = ["ConflictRow", "DIRECTIONS", "file_digest", "load_rows"]
+__all__ = ["ConflictRow", "file_digest", "load_rows"]

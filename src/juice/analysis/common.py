@@ -230,7 +230,6 @@ def write_outputs(out: str | Path, name: str, data: dict, markdown: str, figure:
 
 
 __all__ = [
-    "AnalysisOptions", "DEFAULT_OUT", "Progress", "WorldCapitalItems", "cut",
-    "no_progress", "reproduce_config", "save_figure", "unit_checkpoint", "world_capital_items",
+    "AnalysisOptions", "DEFAULT_OUT", "WorldCapitalItems", "cut", "reproduce_config", "save_figure", "unit_checkpoint", "world_capital_items",
     "write_outputs",
 ]

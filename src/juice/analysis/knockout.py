@@ -147,10 +147,6 @@ def knocked_out(heads: ModelHeads, rows_of: dict[Component, Callable[[int], Any]
             h.remove()
 
 
-def _all_rows(batch: int) -> slice:
-    return slice(None)
-
-
 @torch.inference_mode()
 def knockout_readout(
     lm: LoadedModel, prompt: str, components: Sequence[Component], readout: Callable[[Tensor], Tensor],

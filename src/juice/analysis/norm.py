@@ -49,7 +49,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from juice.analysis.common import AnalysisOptions, Progress, no_progress, write_outputs
+from juice.analysis.common import AnalysisOptions, write_outputs
+from juice.progress import Progress, no_progress
 from juice.data.records import CONFLICT_TYPES
 from juice.eval.runner import ItemResult, evaluate, results_from_json, results_to_json
 from juice.eval.tuning import tune_per_domain

@@ -20,7 +20,8 @@ from typing import Annotated, Any
 
 import typer
 
-from juice.analysis.common import DEFAULT_OUT, AnalysisOptions, Progress
+from juice.analysis.common import DEFAULT_OUT, AnalysisOptions
+from juice.progress import Progress
 from juice.apps.progress import make_console, progress_bars
 from juice.models import DEFAULT_MODEL, LoadedModel
 
@@ -83,8 +84,6 @@ COMMANDS: tuple[Command, ...] = (
 )
 """Every analysis, in the order `all` runs them."""
 
-ANALYSES: tuple[tuple[str, str], ...] = tuple((c.module, c.name) for c in COMMANDS)
-"""(module under juice.analysis, command name), in the order `all` runs them."""
 
 analyze_app = typer.Typer(add_completion=False, no_args_is_help=True,
                           help="The paper's mechanistic studies (Fig. 3, the superposition table, Table 3 / Fig. 6) "
@@ -192,5 +191,5 @@ def run_all(model: ModelOption = DEFAULT_MODEL, out: OutOption = DEFAULT_OUT, qu
     console.print(f"wrote {path}")
 
 
-__all__ = ["ANALYSES", "COMMANDS", "Command", "analyze_app", "cli_options", "load_for", "register_command",
+__all__ = ["COMMANDS", "Command", "analyze_app", "cli_options", "load_for", "register_command",
            "report_markdown", "run_all", "run_cli"]

@@ -66,7 +66,6 @@ from juice.methods import REGISTRY, STEERINGS, MethodInputs, build
 from juice.models import LoadedModel
 from juice.tokens import token_ids
 
-TABLE2_METHODS = ("Original", "Prompt", "CAD", "AdaCAD", "PH3-l", "PH3-s", "JuNE", "JuICE")
 DEFAULT_DATA_ROOT = Path("../shared/data")
 
 
