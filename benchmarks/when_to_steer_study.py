@@ -13,6 +13,16 @@ Sizes (distinct questions per source, validation / test): "default" 40 / 40 (NQ-
 per domain (ParaConflict); "published" 300 / 250 (NQ-Swap) and 55 / 50 per domain (330 / 300 over
 the six). NQ-Swap keeps prompts of at most 256 tokens. Resumable: decoding is cached per chunk
 in `<out>/cache`.
+
+`--record FILE --from-reproduced DIR` writes the compact record of a reproduction's studies
+(`DIR/when-to-steer-<dataset>/study.json`: the best static method, auto's policy and validation
+fit, the cross-validation, every summary table with n and intervals; the command and the commit):
+benchmarks/results/when-to-steer-<size>.json, whose tables docs/when-to-steer.md holds as
+:func:`record_markdown` renders them (a test keeps them equal).
+
+    juice reproduce --direction contextual --contexts nqswap,paraconflict --out juice-output
+    python benchmarks/when_to_steer_study.py --from-reproduced juice-output --size default \
+        --record benchmarks/results/when-to-steer-default.json
 """
 
 from __future__ import annotations
@@ -37,17 +47,88 @@ def heads_with_table2_betas(reproduced: Path, out: Path) -> Path:
     return out
 
 
+COMMAND = "juice reproduce --direction contextual --contexts nqswap,paraconflict"
+
+
+def record(reproduced: Path, size: str) -> dict:
+    """The compact record of a reproduction's when-to-steer studies (module docstring)."""
+    import subprocess
+
+    out = {"command": COMMAND + (" --full" if size == "published" else ""), "size": size,
+           "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                    cwd=Path(__file__).parent).stdout.strip(),
+           "date": time.strftime("%Y-%m-%d"), "model": "gemma-3-270m", "device": "cpu, fp32", "datasets": {}}
+    heads = json.loads((reproduced / "heads_contextual.json").read_text(encoding="utf-8"))
+    out["heads"] = {k: heads[k] for k in ("positive", "negative") if k in heads}
+    for folder in sorted(reproduced.glob("when-to-steer-*")):
+        study = json.loads((folder / "study.json").read_text(encoding="utf-8"))
+        tuned = json.loads((folder / "heads_table2.json").read_text(encoding="utf-8"))["tuned"]
+        out["datasets"][folder.name.removeprefix("when-to-steer-")] = {
+            "best_static": study["best_static"], "auto": study["auto"], "cross_validation": {
+                k: {f: v[f] for f in ("auto", "best_static", "difference", "low", "high", "standard_error",
+                                      "qualified", "chosen")} for k, v in study["cross_validation"].items()},
+            "betas": {m: tuned[m] for m in ("juice", "june") if m in tuned},
+            "test": study["test"], "validation": {"use_relevant": study["validation"]["use_relevant"]},
+            "seconds": {k: round(v) for k, v in study["timings_s"].items()}}
+    return out
+
+
+def record_markdown(rec: dict, dataset: str) -> str:
+    """A dataset's part of docs/when-to-steer.md from the record: the test table (use relevant
+    context, by question), auto's policy and its cross-validation, as the study writes them."""
+    from juice.auto import AutoPolicy
+    from juice.eval.contexts import QuestionBootstrap
+    from juice.when_to_steer import summary_table
+
+    part = rec["datasets"][dataset]
+    boot = QuestionBootstrap.from_json(part["test"]["use_relevant"])
+    lines = [summary_table(boot, list(boot.cells), part["best_static"], "the validation questions")]
+    if part["auto"] is not None:
+        fit = part["auto"]
+        lines.append(f"auto's policy (fitted on validation): {AutoPolicy.from_json(fit).describe()}; validation mean "
+                     f"{fit['mean']:.1f}% against " + ", ".join(f"{c} {x:.1f}%" for c, x in fit["static"].items()) + ".")
+    for label, c in part["cross_validation"].items():
+        lines.append(f"- cross-validation on validation ({label}): auto {c['auto']:.1f}%, best static "
+                     f"{c['best_static']:.1f}%, difference {c['difference']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}], "
+                     f"{'qualified' if c['qualified'] else 'not qualified'}")
+    return "\n".join(lines) + "\n"
+
+
+def headline(rec: dict, dataset: str) -> str:
+    """auto against the best static method chosen on validation on a dataset's test questions, as
+    the README and the home page quote it: "auto - <best> +x.x [low, high] on N test questions"."""
+    part = rec["datasets"][dataset]
+    best = part["best_static"]
+    key = next(k for k in part["test"]["use_relevant"]["differences"] if k.startswith("auto") and k.endswith(f" - {best}"))
+    mean = part["test"]["use_relevant"]["differences"][key]["mean"]
+    n = next(iter(part["test"]["use_relevant"]["cells"].values()))["mean"]["n"]
+    return (f"auto - {best} {100 * mean['mean']:+.1f} [{100 * mean['low']:+.1f}, {100 * mean['high']:+.1f}] "
+            f"on {n} test questions")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     from juice.pipeline.run import STUDY_SIZES
 
-    parser.add_argument("dataset", choices=sorted(STUDY_SIZES))
-    parser.add_argument("--reproduced", type=Path, required=True, help="a `juice reproduce --direction contextual` output")
+    parser.add_argument("dataset", nargs="?", choices=sorted(STUDY_SIZES))
+    parser.add_argument("--reproduced", type=Path, help="a `juice reproduce --direction contextual` output")
+    parser.add_argument("--from-reproduced", type=Path, help="with --record: a reproduction that ran --contexts")
+    parser.add_argument("--record", type=Path, help="write the compact record of --from-reproduced's studies")
     parser.add_argument("--data", type=Path, default=Path("../shared/data"), help="holds nqswap/ (NQ-Swap only)")
     parser.add_argument("--size", choices=["default", "published"], default="default")
     parser.add_argument("--out", type=Path, default=None, help="default: when-to-steer-<dataset>-<size>")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
+    if args.record is not None:
+        if args.from_reproduced is None:
+            parser.error("--record needs --from-reproduced")
+        rec = record(args.from_reproduced, args.size)
+        args.record.write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
+        for dataset in rec["datasets"]:
+            print(f"## {dataset}\n\n{record_markdown(rec, dataset)}")
+        return
+    if args.dataset is None or args.reproduced is None:
+        parser.error("give a dataset and --reproduced (or --record with --from-reproduced)")
 
     import torch
 

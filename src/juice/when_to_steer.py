@@ -23,7 +23,7 @@ Methods: `original`, `prompt` (both instructions: "Prompt-mem" ignores the conte
 the file's direction: "JuICE-ctx", "JuNE-mem", "PH3-ctx", ...), each with the file's tuned
 settings: the betas the paper's protocol tunes on conflicting validation items, so the table
 shows what that tuning costs on gold, irrelevant and missing context; and `auto` ("auto-ctx",
-:mod:`juice.auto`), the per-request choice tuned on validation items of all four context types
+:mod:`juice.auto`), the per-request choice tuned on validation items of every context type
 (`juice tune --methods auto`).
 """
 
@@ -279,39 +279,9 @@ class ContextsEvaluation:
                 "results": results_to_json(self.results)}
 
     def summary_markdown(self, objective: str = "use_relevant") -> str:
-        """The per-question table of `objective`: each context type and the mean (%, 95% interval),
-        n distinct questions, and the mean's paired differences against Original and the best
-        static method with the minimum detectable difference."""
-        boot = self.summary[objective]
-        types = [k for k in next(iter(boot.cells.values())) if k != MEAN]
-        against = ["Original"] + ([self.best_static] if self.best_static and self.best_static != "Original" else [])
-        head = ["Method", *types, "mean", *[f"- {b}" for b in against]]
-        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-
-        def pct(iv) -> str:
-            return "-" if math.isnan(iv.mean) else f"{100 * iv.mean:.1f} [{100 * iv.low:.1f}, {100 * iv.high:.1f}]"
-
-        def diff(iv) -> str:
-            return "-" if math.isnan(iv.mean) else f"{100 * iv.mean:+.1f} [{100 * iv.low:+.1f}, {100 * iv.high:+.1f}]"
-
-        for m in self.methods:
-            if m not in boot.cells:
-                continue
-            row = [m, *[pct(boot.cells[m][t]) for t in types], pct(boot.cells[m][MEAN])]
-            row += [diff(boot.differences[f"{m} - {b}"][MEAN]) if f"{m} - {b}" in boot.differences else "" for b in against]
-            lines.append("| " + " | ".join(row) + " |")
-        any_cell = next(iter(boot.cells.values()))
-        lines.append("| n (questions) | " + " | ".join(str(any_cell[t].n) for t in types) + f" | {any_cell[MEAN].n} |"
-                     + " |" * len(against))
-        detect = [v for v in boot.detectable.values() if not math.isnan(v)]
-        if detect:
-            lines.append(f"\nMinimum detectable paired difference of the mean (80% power, two-sided 5%, from the "
-                         f"observed spread): {100 * min(detect):.1f} to {100 * max(detect):.1f} points "
-                         f"(median {100 * float(sorted(detect)[len(detect) // 2]):.1f}).")
-        lines.append("Best static method: " + (f"{self.best_static} (chosen on validation: "
-                                               f"{self.data.get('best_static_from', 'given')})" if self.best_static
-                                               else "not given (pass a validation run's contexts.json)") + ".")
-        return "\n".join(lines) + "\n"
+        """The per-question table of `objective` (:func:`summary_table`)."""
+        return summary_table(self.summary[objective], self.methods, self.best_static,
+                             self.data.get("best_static_from", "given"))
 
     def markdown(self) -> str:
         """The report: one table per objective and the follow rate, n per cell, paired differences."""
@@ -344,6 +314,43 @@ class ContextsEvaluation:
 
         cells = {m: dict(self.tables["use_relevant"].cells[m][AVERAGE]) for m in self.methods}
         return interval_bar_chart(cells, path, title=f"use relevant context by context type ({self.data.get('source')})")
+
+
+def summary_table(boot, methods: Sequence[str], best_static: str | None, best_static_from: str = "given") -> str:
+    """A per-question table (Markdown) of one objective's summary (a :class:`juice.eval.contexts.
+    QuestionBootstrap`): each context type and the mean (%, 95% interval) for each of `methods` it
+    holds, n distinct questions, and the mean's paired differences against Original and
+    `best_static`, with the minimum detectable difference (a study's tables; a committed record's
+    in docs/when-to-steer.md)."""
+    types = [k for k in next(iter(boot.cells.values())) if k != MEAN]
+    against = ["Original"] + ([best_static] if best_static and best_static != "Original" else [])
+    head = ["Method", *types, "mean", *[f"- {b}" for b in against]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def pct(iv) -> str:
+        return "-" if math.isnan(iv.mean) else f"{100 * iv.mean:.1f} [{100 * iv.low:.1f}, {100 * iv.high:.1f}]"
+
+    def diff(iv) -> str:
+        return "-" if math.isnan(iv.mean) else f"{100 * iv.mean:+.1f} [{100 * iv.low:+.1f}, {100 * iv.high:+.1f}]"
+
+    for m in methods:
+        if m not in boot.cells:
+            continue
+        row = [m, *[pct(boot.cells[m][t]) for t in types], pct(boot.cells[m][MEAN])]
+        row += [diff(boot.differences[f"{m} - {b}"][MEAN]) if f"{m} - {b}" in boot.differences else "" for b in against]
+        lines.append("| " + " | ".join(row) + " |")
+    any_cell = next(iter(boot.cells.values()))
+    lines.append("| n (questions) | " + " | ".join(str(any_cell[t].n) for t in types) + f" | {any_cell[MEAN].n} |"
+                 + " |" * len(against))
+    detect = [v for v in boot.detectable.values() if not math.isnan(v)]
+    if detect:
+        lines.append(f"\nMinimum detectable paired difference of the mean (80% power, two-sided 5%, from the "
+                     f"observed spread): {100 * min(detect):.1f} to {100 * max(detect):.1f} points "
+                     f"(median {100 * float(sorted(detect)[len(detect) // 2]):.1f}).")
+    lines.append("Best static method: " + (f"{best_static} (chosen on validation: "
+                                           f"{best_static_from})" if best_static
+                                           else "not given (pass a validation run's contexts.json)") + ".")
+    return "\n".join(lines) + "\n"
 
 
 def best_static_method(validation: Mapping[str, Any], objective: str = "use_relevant",
@@ -416,4 +423,4 @@ def evaluate_contexts(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], items
                               summarize(results, titles, best, resamples=resamples, seed=seed), best)
 
 
-__all__ = ["MEAN", "SUMMARIZED", "ContextsEvaluation", "best_static_method", "summarize", "context_items", "context_methods", "prompt_fits", "evaluate_contexts"]
+__all__ = ["MEAN", "SUMMARIZED", "ContextsEvaluation", "best_static_method", "summarize", "summary_table", "context_items", "context_methods", "prompt_fits", "evaluate_contexts"]

@@ -212,6 +212,17 @@ class QuestionBootstrap:
                 "bootstrap": {"resamples": self.resamples, "confidence": self.confidence, "seed": self.seed,
                               "method": "percentile, whole questions resampled within each source"}}
 
+    @classmethod
+    def from_json(cls, data: dict) -> "QuestionBootstrap":
+        """The summary :meth:`to_json` wrote (a study's `study.json`, a committed record)."""
+        def table(part: dict) -> dict[str, dict[str, Interval]]:
+            return {m: {k: Interval.from_json(iv) for k, iv in c.items()} for m, c in part.items()}
+
+        b = data["bootstrap"]
+        return cls(table(data["cells"]), table(data["differences"]),
+                   {k: float(v) for k, v in data["minimum_detectable_difference"].items()},
+                   int(b["resamples"]), float(b["confidence"]), int(b["seed"]))
+
 
 def _type_means(weights: Mapping[str, np.ndarray], sums: Mapping[str, np.ndarray], counts: Mapping[str, np.ndarray]
                 ) -> np.ndarray:

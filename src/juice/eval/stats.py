@@ -41,6 +41,14 @@ class Interval:
 
         return {"mean": clean(self.mean), "low": clean(self.low), "high": clean(self.high), "n": self.n}
 
+    @classmethod
+    def from_json(cls, data: dict) -> "Interval":
+        """The interval :meth:`to_json` wrote (None: NaN)."""
+        def value(v: float | None) -> float:
+            return math.nan if v is None else float(v)
+
+        return cls(value(data["mean"]), value(data["low"]), value(data["high"]), int(data["n"]))
+
     @property
     def half_width(self) -> float:
         """The larger distance from the mean to a bound (the interval may be asymmetric)."""
