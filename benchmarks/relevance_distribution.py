@@ -30,7 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     lm = load_model("gemma-3-270m")
     sources = {"NQ-Swap": args.data / "nqswap", "ParaConflict (built-in)": None}
-    print(f"{'dataset':<26}{'signal':<21}{'type':<13}{'n':>6}{'median':>9}{'5%':>8}{'95%':>8}"
+    print(f"{'dataset':<26}{'signal':<27}{'type':<13}{'n':>6}{'median':>9}{'5%':>8}{'95%':>8}"
           f"  under {args.threshold:g}")
     for name, source in sources.items():
         every, _ = context_items(source)
@@ -46,7 +46,7 @@ def main() -> None:
                                   else first_step_features(lm, prompts, questions)[signal].tolist())
                 low, mid, high = np.percentile(values, [5, 50, 95])
                 under = f"  {100 * float((values < args.threshold).mean()):5.1f}%" if signal == RELEVANCE else ""
-                print(f"{name:<26}{signal:<21}{kind:<13}{len(values):>6}{mid:>9.3f}{low:>8.3f}{high:>8.3f}{under}")
+                print(f"{name:<26}{signal:<27}{kind:<13}{len(values):>6}{mid:>9.3f}{low:>8.3f}{high:>8.3f}{under}")
 
 
 if __name__ == "__main__":

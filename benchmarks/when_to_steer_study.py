@@ -68,7 +68,8 @@ def record(reproduced: Path, size: str) -> dict:
                 k: {f: v[f] for f in ("auto", "best_static", "difference", "low", "high", "standard_error",
                                       "qualified", "chosen")} for k, v in study["cross_validation"].items()},
             "betas": {m: tuned[m] for m in ("juice", "june") if m in tuned},
-            "test": study["test"], "validation": {"use_relevant": study["validation"]["use_relevant"]},
+            "test": {k: study["test"][k] for k in ("use_relevant", "trust_memory")},
+            "validation": {"use_relevant": study["validation"]["use_relevant"]},
             "seconds": {k: round(v) for k, v in study["timings_s"].items()}}
     return out
 

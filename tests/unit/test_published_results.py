@@ -21,3 +21,24 @@ def test_the_engines_comparison_on_the_reproducing_page_is_the_committed_record(
     page = (ROOT / "docs" / "reproducing.md").read_text(encoding="utf-8")
     assert bench_main_job.engines_markdown(record) in page
     assert f"`{record['command']}`" in page and record["commit"][:12] in page
+
+
+def test_the_when_to_steer_tables_and_claims_are_the_committed_record():
+    """docs/when-to-steer.md holds each dataset's test table, auto's policy and its cross-validation
+    as the record renders them, with the distractor column; the README and the home page quote
+    auto's result against the best static method from the same record."""
+    import when_to_steer_study
+
+    record = json.loads((ROOT / "benchmarks" / "results" / "when-to-steer-default.json").read_text(encoding="utf-8"))
+    assert record["command"] == when_to_steer_study.COMMAND and record["size"] == "default"
+    assert len(record["commit"]) == 40 and set(record["datasets"]) == {"nqswap", "paraconflict"}
+    page = (ROOT / "docs" / "when-to-steer.md").read_text(encoding="utf-8")
+    assert f"`{record['command']}`" in page and record["commit"][:12] in page
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    home = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    for dataset, part in record["datasets"].items():
+        assert when_to_steer_study.record_markdown(record, dataset) in page
+        for cells in part["test"]["use_relevant"]["cells"].values():
+            assert cells["distractor"]["n"] > 0
+        claim = when_to_steer_study.headline(record, dataset)
+        assert claim in page and claim in readme and claim in home
