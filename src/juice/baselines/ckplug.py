@@ -66,15 +66,22 @@ def plausible(with_context: Tensor, without_context: Tensor, relative_top: float
     return below(with_context) & below(without_context)
 
 
-def confidence_gain(with_context: Tensor, without_context: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(confidence gain `H(without) - H(with)`, `H(with)`, `H(without)`), each `[rows]` nats, over
-    the branches' plausible tokens (:func:`plausible`), as CK-PLUG computes them."""
+def _branches(with_context: Tensor, without_context: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dropped, filtered with-context logits, filtered without-context logits, `H(with)`,
+    `H(without)`): the two branches over their plausible tokens, as CK-PLUG computes them."""
     dropped = plausible(with_context, without_context)
     ctx = with_context.float().masked_fill(dropped, DROPPED)
     base = without_context.float().masked_fill(dropped, DROPPED)
     p, q = ctx.softmax(-1), base.softmax(-1)
     h = -(p * (p + 1e-9).log()).sum(-1)
     hb = -(q * (q + 1e-9).log()).sum(-1)
+    return dropped, ctx, base, h, hb
+
+
+def confidence_gain(with_context: Tensor, without_context: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(confidence gain `H(without) - H(with)`, `H(with)`, `H(without)`), each `[rows]` nats, over
+    the branches' plausible tokens (:func:`plausible`), as CK-PLUG computes them."""
+    _, _, _, h, hb = _branches(with_context, without_context)
     return hb - h, h, hb
 
 
@@ -85,11 +92,8 @@ class CkPlugPolicy:
     def __call__(self, with_context: Tensor, without_context: Tensor) -> Tensor:
         """`[rows, vocab]` logits to choose the next token from, given `[rows, vocab]` with- and
         without-context logits."""
-        dropped = plausible(with_context, without_context)
-        ctx = with_context.float().masked_fill(dropped, DROPPED)
-        base = without_context.float().masked_fill(dropped, DROPPED)
-        gain, h, hb = confidence_gain(with_context, without_context)
-        adjust = gain - h.abs() < 0
+        dropped, ctx, base, h, hb = _branches(with_context, without_context)   # once per step
+        adjust = (hb - h) - h.abs() < 0   # the confidence gain against the uncertainty with the context
         context_part = ctx - base.masked_fill(dropped, -1e3)
         total = (h + hb).clamp_min(1e-9)
         n = 1 + (h - hb).abs() / total
