@@ -35,19 +35,23 @@ def main() -> None:
     for name, source in sources.items():
         every, _ = context_items(source)
         few, _ = context_items(source, limit=args.questions)
+        values: dict[tuple[str, str], np.ndarray] = {}
+        for kind in CONTEXT_TYPES:   # each item set's first step computed once, for every model signal
+            mine = [i for i in every.items if i.context_type == kind and i.prompt != i.question]
+            if mine:
+                values[RELEVANCE, kind] = np.array(relevance(lm, [i.prompt for i in mine], [i.question for i in mine]))
+            mine = [i for i in few.items if i.context_type == kind and i.prompt != i.question]
+            if mine:
+                features = first_step_features(lm, [i.prompt for i in mine], [i.question for i in mine])
+                values.update({(signal, kind): features[signal].numpy() for signal in GATE_SIGNALS[1:]})
         for signal in GATE_SIGNALS:
-            items = every if signal == RELEVANCE else few
             for kind in CONTEXT_TYPES:
-                mine = [i for i in items.items if i.context_type == kind and i.prompt != i.question]
-                if not mine:
+                if (signal, kind) not in values:
                     continue
-                prompts, questions = [i.prompt for i in mine], [i.question for i in mine]
-                values = np.array(relevance(lm, prompts, questions) if signal == RELEVANCE
-                                  else first_step_features(lm, prompts, questions)[signal].tolist())
-                low, mid, high = np.percentile(values, [5, 50, 95])
-                under = f"  {100 * float((values < args.threshold).mean()):5.1f}%" if signal == RELEVANCE else ""
-                print(f"{name:<26}{signal:<27}{kind:<13}{len(values):>6}{mid:>9.3f}{low:>8.3f}{high:>8.3f}{under}")
-
+                v = values[signal, kind]
+                low, mid, high = np.percentile(v, [5, 50, 95])
+                under = f"  {100 * float((v < args.threshold).mean()):5.1f}%" if signal == RELEVANCE else ""
+                print(f"{name:<26}{signal:<27}{kind:<13}{len(v):>6}{mid:>9.3f}{low:>8.3f}{high:>8.3f}{under}")
 
 if __name__ == "__main__":
     main()
