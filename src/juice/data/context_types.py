@@ -417,29 +417,30 @@ def coherent_passage(example: ConflictExample) -> str | None:
     return None
 
 
+def _with_true_answer(text: str | None, example: ConflictExample) -> str | None:
+    """`text` with every word-bounded occurrence of the item's distractor replaced by its true
+    answer; None where there is no text, the distractor does not occur, or it still occurs
+    afterwards (a true answer that contains it)."""
+    if text is None:
+        return None
+    pattern = re.compile(rf"(?<!\w){re.escape(example.context_answer)}(?!\w)")
+    if not pattern.search(text):
+        return None
+    gold = pattern.sub(lambda _: example.answer, text)
+    return None if pattern.search(gold) else gold
+
+
 def gold_passage(example: ConflictExample) -> str | None:
     """The coherent passage (:func:`coherent_passage`) with the distractor replaced by the true
     answer on word boundaries: a true passage about the item's subject and relation; None where
     there is no passage or the distractor does not occur in it (or survives the replacement)."""
-    passage = coherent_passage(example)
-    if passage is None:
-        return None
-    pattern = re.compile(rf"(?<!\w){re.escape(example.context_answer)}(?!\w)")
-    if not pattern.search(passage):
-        return None
-    gold = pattern.sub(lambda _: example.answer, passage)
-    return None if pattern.search(gold) else gold
+    return _with_true_answer(coherent_passage(example), example)
 
 
 def gold_prompt(example: ConflictExample) -> str | None:
     """The coherent prompt with every word-bounded occurrence of the distractor replaced by the
     true answer; None where the distractor does not occur, or still occurs afterwards."""
-    coherent, distractor = example.prompts["coherent"], example.context_answer
-    pattern = re.compile(rf"(?<!\w){re.escape(distractor)}(?!\w)")
-    if not pattern.search(coherent):
-        return None
-    gold = pattern.sub(lambda _: example.answer, coherent)
-    return None if pattern.search(gold) else gold
+    return _with_true_answer(example.prompts["coherent"], example)
 
 
 def paraconflict_context_items(examples: Sequence[ConflictExample], seed: int = 0,
