@@ -29,7 +29,9 @@ from juice.completion_text import TextStream, chat_prompt, cut_at_stop, final_te
 from juice.engine import DecodingSession, Stream, generate
 from juice.sampling import Sampling
 from juice.interventions import HeadSelection
+from juice.data.records import Direction
 from juice.stage1 import HeadsArtifact, load_heads
+from juice.stage1.shipped import shipped_heads
 from juice.models import LoadedModel
 from juice.methods import MethodInputs, build, lookup, names
 from juice.steering import Steering
@@ -45,7 +47,9 @@ class Steerer:
     Args:
         lm: the model (:func:`juice.load_model`).
         heads: a :class:`HeadSelection`, a heads artifact, or the path of a heads file (checked
-            against `lm`); None only with method "original".
+            against `lm`); None: with method "original" none, else the heads juice ships for an
+            embedded model toward `direction` (:func:`juice.stage1.shipped.shipped_heads`, one
+            INFO line on the `juice` logger says which).
         method: "juice" (dual run), "june" (single run), "original" (steering off) or "auto"
             (:mod:`juice.auto`: per prompt, Original or a JuICE / JuNE strength, chosen at the
             first step from how much the context moves the model's prediction; needs a heads
@@ -57,24 +61,33 @@ class Steerer:
             break a small model's text). Not for "auto" (its policy holds its own).
         beta_minus: beta-, the same for the heads that help when scaled down (S-); None: the
             tuned value, else 0.
+        direction: with `heads` None, which shipped heads: "parametric" (toward memory, the
+            default) or "contextual" (toward the context); with a heads file or artifact, it
+            must be the file's direction.
 
     Raises:
-        ValueError: an unknown method, steering without heads, auto without a tuned policy or
-            with betas.
+        ValueError: an unknown method or direction, auto without a tuned policy or with betas,
+            a direction that is not the heads file's.
+        juice.stage1.shipped.NoShippedHeadsError: no heads given and none ships for this model
+            (the line says how to make them).
         juice.stage1.HeadsFileMismatchError: the heads file was made for another model.
     """
 
     def __init__(self, lm: LoadedModel, heads: HeadSelection | HeadsArtifact | str | Path | None = None, *,
-                 method: str = "juice", beta_plus: float | None = None, beta_minus: float | None = None):
+                 method: str = "juice", beta_plus: float | None = None, beta_minus: float | None = None,
+                 direction: str | None = None):
         spec = lookup(method, names(steerer=True))
-        if isinstance(heads, (str, Path)):
+        if heads is None and spec.heads:
+            heads = shipped_heads(lm, direction or "parametric")
+        elif isinstance(heads, (str, Path)):
             heads = load_heads(heads, lm)
         tuned: dict = {}
         if isinstance(heads, HeadsArtifact):
+            if direction is not None and Direction.parse(direction) != Direction.parse(heads.direction):
+                raise ValueError(f"the heads are {heads.direction} and direction={direction!r}: "
+                                 "pass the other heads file, or leave direction out")
             tuned = heads.tuned
             heads = heads.selection
-        if spec.heads and heads is None:
-            raise ValueError(f"method {method!r} needs heads (a HeadSelection, a heads file or its artifact)")
         built = build(spec.name, MethodInputs(lm, heads, tuned, beta_plus, beta_minus))
         self.lm, self.heads, self.method = lm, heads, spec.name
         self.steering: Steering = built.method.steering

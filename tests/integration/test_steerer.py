@@ -8,6 +8,8 @@ import pytest
 import juice
 from juice.engine import Stream, generate, greedy_generate
 from juice.sampling import Sampling
+from juice.stage1 import HeadsArtifact
+from juice.stage1.shipped import NoShippedHeadsError
 from juice.steerer import Steerer, cut_at_stop
 
 PROMPTS = ["the capital of france is", "the name of the capital city of japan is"]
@@ -69,8 +71,14 @@ def test_chat_uses_the_template_without_a_second_bos(tiny_llama):
 def test_bad_construction(tiny_llama):
     with pytest.raises(ValueError, match="unknown method .both.; choose from original, june, juice, auto"):
         Steerer(tiny_llama, SEL, method="both")
-    with pytest.raises(ValueError, match="needs heads"):
-        Steerer(tiny_llama, None, method="juice")
+    with pytest.raises(NoShippedHeadsError, match=r"no parametric heads file ships for .*`juice reproduce --model"):
+        Steerer(tiny_llama, None, method="juice")   # no heads, and none ship for this model: how to make them
+    with pytest.raises(NoShippedHeadsError, match="--direction contextual"):
+        Steerer(tiny_llama, method="june", direction="context")
+    artifact = HeadsArtifact(tiny_llama.fingerprint(), "parametric", 1, [1.0], [-1.0], SEL)
+    with pytest.raises(ValueError, match="the heads are parametric and direction='contextual'"):
+        Steerer(tiny_llama, artifact, method="juice", direction="contextual", beta_plus=1, beta_minus=0)
+    assert Steerer(tiny_llama, artifact, method="juice", direction="memory", beta_plus=1, beta_minus=0).heads == SEL
 
 
 def test_a_stream_closed_early_leaves_no_decoding_running(tiny_llama):

@@ -99,6 +99,7 @@ def test_the_python_examples_run(tiny_llama, tmp_path, monkeypatch, capsys):
     tiny model with tuned heads files in the working directory; the server clients are skipped
     (SKIP says why)."""
     from juice.auto import AutoPolicy
+    from juice.data.records import Direction
     from juice.stage1 import HeadsArtifact
 
     sel = juice.HeadSelection((juice.Head(1, 2),), (juice.Head(0, 1),))
@@ -111,6 +112,10 @@ def test_the_python_examples_run(tiny_llama, tmp_path, monkeypatch, capsys):
                              folder / name)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(juice, "load_model", lambda *a, **k: tiny_llama)
+    monkeypatch.setattr("juice.steerer.shipped_heads",   # the heads juice ships, for the tiny model
+                        lambda lm, direction: juice.load_heads(
+                            "heads.json" if Direction.parse(direction) == "parametric" else "heads_contextual.json",
+                            lm))
     monkeypatch.setattr(tiny_llama.tokenizer, "chat_template",
                         "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}is", raising=False)
     ran = 0

@@ -204,7 +204,9 @@ def reproduce_contextual(
         table=interval_table(all_results, order, **boot), table_known=None,
         summary=summary(all_results), timings=timings,
         splits={d: {"head_set": len(s.head_set), "validation": len(s.validation), "ph3_dev": len(s.ph3_dev),
-                    "test": len(s.test)} for d, s in splits.items()},
+                    "test": len(s.test), **{f"{part}_ids": [ex.uid for ex in getattr(s, part)]
+                                            for part in ("head_set", "validation", "ph3_dev", "test")}}
+                for d, s in splits.items()},
         domains=list(splits), titles=dict(CONTEXTUAL_TITLES), notes=notes, methods=tuple(order),
         likelihood=interval_table(by_likelihood, order, **boot) if by_likelihood else None,
         degeneration=interval_table(all_results, order, value=lambda r: r.degenerate, **boot),

@@ -13,8 +13,11 @@ from juice.models import DEFAULT_MODEL
 
 def generate(
     prompt: str = typer.Argument(..., help="the prompt to continue"),
-    heads: Path = typer.Option(..., exists=True, dir_okay=False,
-                               help="a heads file from `juice identify` or `juice reproduce`"),
+    heads: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
+                                         help="a heads file from `juice identify` or `juice reproduce` (default: "
+                                              "the heads juice ships for an embedded model, toward --direction)"),
+    direction: str = typer.Option("parametric", help="without --heads: parametric (toward memory) | contextual "
+                                                     "(toward the context)"),
     beta_plus: Optional[float] = typer.Option(None, help="default: the heads file's tuned betas for each method, "
                                               "else juice.steering.DEFAULT_BETAS (with a warning)"),
     beta_minus: Optional[float] = typer.Option(None),
@@ -23,17 +26,33 @@ def generate(
 ):
     """Print the original, JuNE and JuICE continuations of a prompt.
 
+    Example: juice generate "The capital of France is Rome. The capital of France is"
+
     Example: juice generate --heads heads.json --beta-plus 2 --beta-minus -1 "The capital of France is Rome. The capital of France is"
     """
+    from juice.data.records import Direction
     from juice.engine import Stream
     from juice.engine import generate as run
     from juice.methods import REGISTRY, STEERINGS, MethodInputs, build
-    from juice.stage1 import load_heads
     from juice.models import load_model
+    from juice.stage1 import load_heads
+    from juice.stage1.shipped import NoShippedHeadsError, describe, shipped_files, shipped_heads
 
-    load_heads(heads)   # a malformed file fails before the model loads
+    try:
+        wanted = Direction.parse(direction)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--direction") from None
+    if heads is not None:
+        load_heads(heads)   # a malformed file fails before the model loads
     lm = load_model(model)
-    artifact = load_heads(heads, lm)
+    if heads is None:
+        try:
+            artifact = shipped_heads(lm, wanted)
+        except NoShippedHeadsError as err:
+            raise typer.BadParameter(str(err), param_hint="--heads") from None
+        console.print(describe(shipped_files(lm)[wanted]), highlight=False, markup=False)
+    else:
+        artifact = load_heads(heads, lm)
     inputs = MethodInputs(lm, artifact.selection, artifact.tuned, beta_plus, beta_minus)
     shown = ("original", *STEERINGS)
     streams = [Stream(0, build(name, inputs).method.steering) for name in shown]

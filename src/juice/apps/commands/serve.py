@@ -14,7 +14,8 @@ from juice.models import DEFAULT_MODEL
 def serve(
     model: str = typer.Option(DEFAULT_MODEL, help="embedded alias, .gguf file, model directory or hub id"),
     heads: list[Path] = typer.Option([], exists=True, dir_okay=False,
-                                     help="a heads file (repeat: one per direction, e.g. parametric and contextual)"),
+                                     help="a heads file (repeat: one per direction, e.g. parametric and contextual); "
+                                          "none: the heads juice ships for an embedded model, both directions"),
     host: str = typer.Option("127.0.0.1"),
     port: int = typer.Option(8000),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
@@ -42,6 +43,8 @@ def serve(
     """OpenAI-compatible server (/v1/models, /v1/completions, /v1/chat/completions, /health,
     /metrics) with per-request steering in the body's "juice" field (needs the server extra:
     FastAPI, uvicorn, prometheus-client). Requests join the running batch at the next decoding step.
+
+    Example: juice serve --port 8000   (an embedded model: juice's shipped heads, both directions)
 
     Example: juice serve --heads heads.json --heads heads_contextual.json --port 8000
     """
@@ -76,18 +79,19 @@ def serve(
     for path in heads:
         load_heads(path)   # malformed files fail before the model loads
     lm = load_model(model, device=device)
+    paths = list(heads) or _shipped(lm)
+    artifacts = [load_heads(path, lm) for path in paths]
     try:
-        app_ = create_app(lm, [load_heads(path, lm) for path in heads], limits=limits, aliases=aliases,
-                          default=default_options)
+        app_ = create_app(lm, artifacts, limits=limits, aliases=aliases, default=default_options)
     except ValueError as err:   # an alias or default the heads cannot honour
         raise typer.BadParameter(str(err), param_hint="--default" if str(err).startswith("--default")
                                  else "--alias") from None
     console.print(f"serving {lm.name}{''.join(f', {a}' for a in aliases)} on http://{host}:{port}/v1 with heads for "
-                  f"{', '.join(sorted(str(load_heads(p).direction) for p in heads)) or 'no direction (Original only)'}")
+                  f"{', '.join(sorted(str(a.direction) for a in artifacts)) or 'no direction (Original only)'}")
     from juice.methods import TUNED_STEERINGS
     from juice.steering import DEFAULT_BETAS
 
-    untuned = [str(p) for p in heads if not any(load_heads(p).tuned.betas(m) for m in TUNED_STEERINGS)]
+    untuned = [str(p) for p, a in zip(paths, artifacts) if not any(a.tuned.betas(m) for m in TUNED_STEERINGS)]
     if untuned and default_options is None:
         console.print(f"[yellow]note:[/yellow] {', '.join(untuned)} holds no tuned betas (`juice tune`): a request "
                       "without a juice field gets Original there, and one asking for JuICE or JuNE without betas "
@@ -95,13 +99,32 @@ def serve(
     uvicorn.run(app_, host=host, port=port, log_level="info")
 
 
+def _shipped(lm) -> list[Path]:
+    """Without --heads: the heads files juice ships for this model (one line each), else a line on how
+    to make them (the server then runs Original only)."""
+    from juice.data.records import Direction
+    from juice.stage1.shipped import describe, how_to_make, shipped_files
+
+    found = shipped_files(lm)
+    for path in found.values():
+        console.print(describe(path), highlight=False, markup=False)
+    if not found:
+        console.print(how_to_make(lm.name, Direction.PARAMETRIC), highlight=False, markup=False)
+    return list(found.values())
+
+
 def _serve_vllm(model: str, heads: list[Path], host: str, port: int, max_total_tokens: int, dual_run: bool,
                 extra: list[str], default: str | None = None) -> None:
     """`juice serve --engine vllm`: replace this process with vLLM's OpenAI server (:mod:`juice.vllm.launch`)."""
     import os
 
+    from juice.data.records import Direction
+    from juice.stage1.shipped import shipped_path
     from juice.vllm.launch import describe, launch_plan
     from juice.vllm.options import plugin_heads
+
+    if not heads:   # an embedded alias: its shipped heads (the plugin checks them against the served model)
+        heads = [path for d in Direction if (path := shipped_path(model, d)).is_file()]
 
     try:   # malformed heads files, two for one direction, a default they cannot honour, a bad --vllm-arg: one line
         python, command, env = launch_plan(model, heads, host=host, port=port, dual_run=dual_run, extra=extra,
