@@ -317,15 +317,13 @@ class ContextsEvaluation:
 
 
 def summary_table(boot, methods: Sequence[str], best_static: str | None, best_static_from: str = "given") -> str:
-    """A per-question table (Markdown) of one objective's summary (a :class:`juice.eval.contexts.
-    QuestionBootstrap`): each context type and the mean (%, 95% interval) for each of `methods` it
-    holds, n distinct questions, and the mean's paired differences against Original and
-    `best_static`, with the minimum detectable difference (a study's tables; a committed record's
-    in docs/when-to-steer.md)."""
+    """Two per-question tables (Markdown) of one objective's summary (a :class:`juice.eval.contexts.
+    QuestionBootstrap`), each narrow enough for a page: first the headline, each method's mean over
+    the context types (%, 95% interval) and its paired differences against Original and
+    `best_static`; then the mean per context type; n distinct questions in both, and the minimum
+    detectable difference (a study's tables; a committed record's in docs/when-to-steer.md)."""
     types = [k for k in next(iter(boot.cells.values())) if k != MEAN]
     against = ["Original"] + ([best_static] if best_static and best_static != "Original" else [])
-    head = ["Method", *types, "mean", *[f"- {b}" for b in against]]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def pct(iv) -> str:
         return "-" if math.isnan(iv.mean) else f"{100 * iv.mean:.1f} [{100 * iv.low:.1f}, {100 * iv.high:.1f}]"
@@ -333,15 +331,19 @@ def summary_table(boot, methods: Sequence[str], best_static: str | None, best_st
     def diff(iv) -> str:
         return "-" if math.isnan(iv.mean) else f"{100 * iv.mean:+.1f} [{100 * iv.low:+.1f}, {100 * iv.high:+.1f}]"
 
-    for m in methods:
-        if m not in boot.cells:
-            continue
-        row = [m, *[pct(boot.cells[m][t]) for t in types], pct(boot.cells[m][MEAN])]
-        row += [diff(boot.differences[f"{m} - {b}"][MEAN]) if f"{m} - {b}" in boot.differences else "" for b in against]
-        lines.append("| " + " | ".join(row) + " |")
+    def table(head: list[str], rows: list[list[str]]) -> list[str]:
+        return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+
+    shown = [m for m in methods if m in boot.cells]
     any_cell = next(iter(boot.cells.values()))
-    lines.append("| n (questions) | " + " | ".join(str(any_cell[t].n) for t in types) + f" | {any_cell[MEAN].n} |"
-                 + " |" * len(against))
+    headline = [[m, pct(boot.cells[m][MEAN]),
+                 *[diff(boot.differences[f"{m} - {b}"][MEAN]) if f"{m} - {b}" in boot.differences else ""
+                   for b in against]] for m in shown]
+    headline.append(["n (questions)", str(any_cell[MEAN].n), *[""] * len(against)])
+    per_type = [[m, *[pct(boot.cells[m][t]) for t in types]] for m in shown]
+    per_type.append(["n (questions)", *[str(any_cell[t].n) for t in types]])
+    lines = table(["Method", "mean over the types", *[f"- {b}" for b in against]], headline)
+    lines += ["", "Per context type:", ""] + table(["Method", *types], per_type)
     detect = [v for v in boot.detectable.values() if not math.isnan(v)]
     if detect:
         lines.append(f"\nMinimum detectable paired difference of the mean (80% power, two-sided 5%, from the "

@@ -47,6 +47,53 @@ def test_the_site_builds_strictly(tmp_path):
         assert f'id="{name}"' in cli, f"the CLI reference lacks `juice {name}`"
     usages = re.findall(r"<code>([^<]*\[OPTIONS\][^<]*)</code>", cli)
     assert usages and all(u.startswith("juice ") for u in usages), usages[:3]   # `juice analyze all [OPTIONS]`
+    _check_tables_fit(tmp_path / "site")
+    _check_offline(tmp_path / "site")
+
+
+NARROW_PAGES = ["index", "getting-started", "concepts", "steering", "results", "when-to-steer"]
+COLUMN_PX = 720   # the content column of the site at 1280 px (Material: 61rem grid less both sidebars)
+
+
+def table_min_width(table_html: str) -> float:
+    """A table's narrowest rendering in Material's theme, in px: each column at least its header's
+    min-width (5rem = 100 px) and its longest unbreakable word (12.8 px text, ~7 px a character)
+    plus the cell padding (2 x 1.25em = 32 px); the 10-column Table 1 that overflowed measured
+    1,036 px in Chromium, which this gives within 4%."""
+    import html
+
+    longest: dict[int, int] = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", table_html, re.S):
+        for k, cell in enumerate(re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row, re.S)):
+            words = html.unescape(re.sub(r"<[^>]+>", "", cell)).split()
+            longest[k] = max(longest.get(k, 0), max((len(w) for w in words), default=0))
+    return sum(max(100.0, 32 + 7.0 * n) for n in longest.values())
+
+
+def test_table_min_width_sees_the_overflow_it_guards_against():
+    cells = "".join(f"<th>correct and not degenerate {i}</th>" for i in range(10))
+    assert table_min_width(f"<table><tr>{cells}</tr></table>") > 1000
+    narrow = "<table><tr><th>Method</th><th>clean</th><th>substitution</th><th>coherent</th></tr></table>"
+    assert table_min_width(narrow) < COLUMN_PX
+
+
+def _check_tables_fit(site: Path) -> None:
+    """Issue 63: the tables a newcomer reads (results, when to steer) fit the column at 1280 px."""
+    for name in NARROW_PAGES:
+        page = (site / name / "index.html") if name != "index" else site / "index.html"
+        for table in re.findall(r"<table>(.*?)</table>", page.read_text(encoding="utf-8"), re.S):
+            first_row = re.sub(r"<[^>]+>", " ", re.search(r"<tr>(.*?)</tr>", table, re.S).group(1))
+            assert table_min_width(table) <= COLUMN_PX, f"{name}: a table wider than the column: {' '.join(first_row.split())}"
+
+
+def _check_offline(site: Path) -> None:
+    """Nothing the site shows loads from another host: no Mermaid (Material would fetch it from
+    unpkg), the Stage 2 diagram a pre-rendered SVG served with the site."""
+    for page in site.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        assert 'class="mermaid"' not in text and "unpkg.com" not in text, page
+    concepts = (site / "concepts" / "index.html").read_text(encoding="utf-8")
+    assert 'src="../assets/juice-stage2.svg"' in concepts and (site / "assets" / "juice-stage2.svg").is_file()
 
 
 FIRST_PAGES = ["getting-started.md", "concepts.md", "faq.md"]
@@ -58,7 +105,7 @@ def test_a_newcomers_pages_show_every_command_without_scrolling(name):
     """Issue 47: on the pages a newcomer reads first, no code line is wider than the column (a
     long command is wrapped with a backslash), so no command is cut off in a scrolling block."""
     text = (ROOT / "docs" / name).read_text(encoding="utf-8")
-    blocks = [b for b in text.split("```")[1::2] if not b.startswith("mermaid")]
+    blocks = text.split("```")[1::2]
     wide = [line for b in blocks for line in b.splitlines()[1:] if len(line) > CODE_WIDTH]
     assert not wide, wide
 
