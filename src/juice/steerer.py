@@ -37,8 +37,6 @@ from juice.methods import MethodInputs, build, lookup, names
 from juice.steering import Steering
 from juice.tokens import PromptTooLongError, context_length, token_ids
 
-METHODS: tuple[str, ...] = names(steerer=True)
-"""The methods a Steerer runs (:data:`juice.methods.REGISTRY`'s with `steerer=True`)."""
 
 
 class Steerer:
@@ -207,6 +205,14 @@ class Steerer:
                     yield piece
         if rest := text.rest():
             yield rest
+
+
+def __getattr__(name: str):
+    """`METHODS`: the methods a Steerer runs, read from :data:`juice.methods.REGISTRY` (entries with
+    `steerer=True`) when asked, so an entry added later is one of them (no copy at import)."""
+    if name == "METHODS":
+        return names(steerer=True)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["METHODS", "Steerer", "cut_at_stop", "stop_prefix_length"]

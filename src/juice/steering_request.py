@@ -47,9 +47,6 @@ from juice.tuned import TunedSettings
 FIELDS: tuple[str, ...] = ("method", "direction", "beta_plus", "beta_minus", "heads", "question")
 """The keys of a request's `juice` object."""
 
-METHODS: tuple[str, ...] = protocol_names()
-"""What a request may ask for."""
-
 MAX_ABS_BETA = 100.0
 """Largest |beta| a request may ask for (the paper's grids stay within 5); far beyond, head
 outputs swamp the residual stream and the output is noise."""
@@ -138,7 +135,7 @@ class SteeringAsk:
     """One request's steering, checked and with its defaults filled in.
 
     Attributes:
-        method: one of :data:`METHODS`.
+        method: one of :func:`juice.methods.protocol_names`.
         direction: the heads file's direction for JuICE and JuNE, else None.
         beta_plus, beta_minus: the betas JuICE and JuNE run with (0 otherwise).
         heads: the heads `prune` zeroes (empty otherwise).
@@ -328,9 +325,10 @@ def steering_ask(fields: Mapping[str, Any], served: ServedHeads) -> SteeringAsk:
         SteeringRequestError: as :func:`read_steering`, after the object and key checks.
     """
     fields = fields or juice_fields(served.default_fields())
-    method = _text(fields, "method", "one of " + ", ".join(METHODS))
-    if method is not None and method not in METHODS:
-        raise SteeringRequestError(f"juice.method must be one of {', '.join(METHODS)}, not {fields['method']!r}")
+    allowed = protocol_names()
+    method = _text(fields, "method", "one of " + ", ".join(allowed))
+    if method is not None and method not in allowed:
+        raise SteeringRequestError(f"juice.method must be one of {', '.join(allowed)}, not {fields['method']!r}")
     if "heads" in fields and method not in ("prune", "june", "juice"):
         raise SteeringRequestError("juice.heads is for methods prune, june and juice (per-head coefficients)")
     if "question" in fields and method != "auto":
@@ -409,6 +407,14 @@ def parse_spec(spec: str, label: str = "--default") -> dict[str, Any]:
         else:
             options[key] = value
     return options
+
+
+def __getattr__(name: str):
+    """`METHODS`: what a request may ask for, read from :data:`juice.methods.REGISTRY` when asked
+    (:func:`juice.methods.protocol_names`; no copy at import)."""
+    if name == "METHODS":
+        return protocol_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["FIELDS", "MAX_ABS_BETA", "METHODS", "NOT_AN_OBJECT", "ServedHeads", "SteeringAsk", "SteeringRequestError",

@@ -80,7 +80,6 @@ def test_a_new_method_is_one_entry(tiny_llama, monkeypatch):
 
     entry = MethodSpec("juice-half", "JuICE/2", half_juice, heads=True, tuned="betas", steerer=True, engine="juice")
     monkeypatch.setitem(REGISTRY, entry.name, entry)
-    monkeypatch.setattr("juice.steerer.METHODS", methods.names(steerer=True))
     heads = artifact({"juice": {"beta_plus": 4.0, "beta_minus": -2.0}})
     rows, settings = evaluation_methods(tiny_llama, heads, ["original", "juice-half"])
     assert list(rows) == ["Original", "JuICE/2"] and settings["JuICE/2"] == {"beta_plus": 2.0, "beta_minus": -1.0}
@@ -89,3 +88,6 @@ def test_a_new_method_is_one_entry(tiny_llama, monkeypatch):
     assert list(contexts) == ["JuICE/2-ctx"]
     assert torch.equal(Steerer(tiny_llama, heads, method="juice-half").steering.coefficients,
                        rows["JuICE/2"].steering.coefficients)
+    from juice import steerer, steering_request
+
+    assert "juice-half" in steerer.METHODS and "juice-half" not in steering_request.METHODS   # read when asked
