@@ -1,7 +1,7 @@
 """The heads files shipped for the embedded models (:mod:`juice.stage1.shipped`): each one a valid
 heads file with tuned betas and its provenance, one per embedded model and direction; and the maker
 (:mod:`juice.experiments.shipped_heads`) turning a `juice reproduce` folder into one. That they fit
-the models' weights is tests/slow/test_shipped_heads.py (it loads the models)."""
+the models' weights is tests/slow/test_shipped_heads_on_models.py (it loads the models)."""
 
 from __future__ import annotations
 
