@@ -84,6 +84,17 @@ class Steering:
         if self.method != "original" and (self.coefficients is None or self.coefficients.dim() != 2):
             raise ValueError(f"{self.method} needs coefficients of shape [n_layers, n_heads]")
 
+    @property
+    def steers(self) -> bool:
+        """The run changes head outputs (JuNE, JuICE, pruning); False for Original."""
+        return self.method != "original"
+
+    @property
+    def dual_run(self) -> bool:
+        """The paper's dual run (JuICE, Alg. 1): a clean run 1 whose head outputs run 2 adds, so a
+        decoding engine gives the stream two rows; JuNE and Original run once."""
+        return self.method == "juice"
+
     def scale_add(self, zero: Tensor) -> tuple[Tensor, Tensor]:
         """(scale, add), each `[n_layers, n_heads]`: the rule the forward applies at a head's
         slice of the output projection's input, `H * (1 + scale) + add * H_clean`

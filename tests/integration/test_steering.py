@@ -51,3 +51,17 @@ def test_disjoint_sets_give_the_same_coefficients_to_both_methods(tiny_llama):
     assert june[2, 0].item() == torch.tensor(-0.1).item() and june[0, 1].item() == torch.tensor(0.3).item()
     with pytest.raises(ValueError, match="juice or june"):
         steering_coefficients(g, sel, 3.0, -1.0, "prune")
+
+
+def test_the_run_kind_is_the_steerings_not_a_name_the_engine_compares(tiny_llama):
+    """The engine asks a steering how it runs (`dual_run`, `steers`), never its method's name."""
+    from juice.engine import Stream
+    from juice.steering import ORIGINAL, Prune
+
+    sel = HeadSelection((Head(1, 2),), (Head(0, 1),))
+    juice_, june = JuICE(tiny_llama, sel, 2.0, -1.0), JuNE(tiny_llama, sel, 2.0, -1.0)
+    assert juice_.dual_run and juice_.steers
+    assert not june.dual_run and june.steers
+    assert not ORIGINAL.dual_run and not ORIGINAL.steers
+    assert not Prune(tiny_llama, [Head(0, 1)]).dual_run
+    assert [Stream(0, s).rows for s in (ORIGINAL, june, juice_)] == [1, 1, 2]

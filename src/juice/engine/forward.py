@@ -83,7 +83,7 @@ def plan_applier(steerings: Iterable[Steering]) -> Callable[[ModelHeads, RowPlan
     Raises:
         ValueError: the steerings act at different sites (decode each site in its own call).
     """
-    sites = {s.site for s in steerings if s.method != "original"}
+    sites = {s.site for s in steerings if s.steers}
     if len(sites) > 1:
         raise ValueError(f"the steered streams of one call must share a site, got {sorted(sites)}")
     return post_norm_rows if sites == {"post_norm"} else planned_rows

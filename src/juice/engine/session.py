@@ -208,7 +208,7 @@ class DecodingSession:
         if forced is not None and len(forced) < max_new_tokens:
             raise ValueError(f"forced tokens: {len(forced)} for {max_new_tokens} new tokens")
         for steering in stream.steerings:
-            if steering.method == "original":
+            if not steering.steers:
                 continue
             if self._site not in (None, steering.site):
                 raise ValueError(f"this session steers at {self._site}, not {steering.site}")

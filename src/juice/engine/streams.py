@@ -112,7 +112,7 @@ class Choice:
             raise ValueError("a choice needs at least one candidate steering")
         if not 0 <= self.without_passage < len(self.candidates):
             raise ValueError(f"without_passage {self.without_passage} is not one of the {len(self.candidates)} candidates")
-        if len({c.site for c in self.candidates if isinstance(c, Steering) and c.method != "original"}) > 1:
+        if len({c.site for c in self.candidates if isinstance(c, Steering) and c.steers}) > 1:
             raise ValueError("a choice's candidate steerings must share a site")
 
 
@@ -143,10 +143,10 @@ class Stream:
     def __post_init__(self) -> None:
         if not self.repetition_penalty > 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if self.contrast is not None and self.steering.method != "original":
+        if self.contrast is not None and self.steering.steers:
             raise ValueError("a contrastive stream (CAD, AdaCAD) decodes the unmodified model; "
                              f"it takes no {self.steering.method} steering")
-        if self.choice is not None and (self.contrast is not None or self.steering.method != "original"):
+        if self.choice is not None and (self.contrast is not None or self.steering.steers):
             raise ValueError("a stream with a choice of steerings takes no steering and no contrast of its own")
 
     @property
@@ -154,9 +154,9 @@ class Stream:
         """Decoding rows the stream owns: two for JuICE (clean copy, steered row) and for a
         contrast (question row, prompt row), else one; with a choice, the most any candidate owns."""
         if self.choice is not None:
-            return max(2 if isinstance(c, Contrast) or (isinstance(c, Steering) and c.method == "juice") else 1
+            return max(2 if isinstance(c, Contrast) or (isinstance(c, Steering) and c.dual_run) else 1
                        for c in self.choice.candidates)
-        return 2 if self.steering.method == "juice" or self.contrast is not None else 1
+        return 2 if self.steering.dual_run or self.contrast is not None else 1
 
     @property
     def question(self) -> int | None:
@@ -263,14 +263,14 @@ def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: S
         return _decoding_layout(rows, streams, prompt_keys, question_keys)
     zero, row = rows.zero, rows.row
     out_row, question_row, owned = [], [], []
-    needed = {p for s, p in zip(streams, prompt_keys) if s.steering.method in ("original", "juice")}
+    needed = {p for s, p in zip(streams, prompt_keys) if s.steering.dual_run or not s.steering.steers}
     needed |= {q for s, q in zip(streams, question_keys) if s.contrast is not None or s.choice is not None}
     needed |= {p for s, p in zip(streams, prompt_keys) if s.choice is not None}
     clean_row = {p: row(p) for p in sorted(needed)}
     # (stream, candidate) for every steered row: a stream's own steering is candidate -1
     steered = [(k, c) for k, s in enumerate(streams)
                for c, st in (enumerate(s.choice.candidates) if s.choice is not None else [(-1, s.steering)])
-               if isinstance(st, Steering) and st.method != "original"]
+               if isinstance(st, Steering) and st.steers]
 
     def steering_of(k: int, c: int) -> Steering:
         return streams[k].steering if c < 0 else streams[k].choice.candidates[c]
@@ -281,7 +281,7 @@ def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: S
     for k, c in sorted(steered, key=lambda kc: joins[kc]):   # stable: rows in the order they join
         st, p = steering_of(k, c), prompt_keys[k]
         scale_row, add_row = st.scale_add(zero)
-        own_row[k, c] = row(p, scale_row, add_row, clean_row[p] if st.method == "juice" else -1, joins[k, c],
+        own_row[k, c] = row(p, scale_row, add_row, clean_row[p] if st.dual_run else -1, joins[k, c],
                             clean_row[p] if joins[k, c] else None)
 
     def rows_of(k: int, c: int, st: "Steering | Contrast | QuestionAlone") -> list[int]:
@@ -290,8 +290,8 @@ def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: S
             return [clean_row[question_keys[k]], clean_row[p]]
         if isinstance(st, QuestionAlone):
             return [clean_row[question_keys[k]]]
-        return ([clean_row[p], own_row[k, c]] if st.method == "juice" else
-                [clean_row[p]] if st.method == "original" else [own_row[k, c]])
+        return ([clean_row[p], own_row[k, c]] if st.dual_run else
+                [clean_row[p]] if not st.steers else [own_row[k, c]])
 
     options: list[list[list[int]] | None] = []
     for k, (s, p, q) in enumerate(zip(streams, prompt_keys, question_keys)):
@@ -347,7 +347,7 @@ def _decoding_layout(rows: _Rows, streams: Sequence[Stream], prompt_keys: Sequen
         if s.choice is not None:
             raise ValueError("a choice of steerings is made at the prefill; decode the chosen stream")
         scale_row, add_row = s.steering.scale_add(rows.zero)
-        if s.steering.method == "juice":
+        if s.steering.dual_run:
             clean = rows.row(p)
             own = [clean, rows.row(p, add_row=add_row, src=clean)]
         elif s.contrast is not None:
