@@ -3,9 +3,12 @@
 Prints: library files spelling the literal "june"; call sites building a Steering (the JuICE /
 JuNE presets, `Steering(...)` with a method, `steering_coefficients(...)`) per file; library files
 reading a heads file's `tuned` by key; functions over 100 lines; the CLI module's lines; test
-folders.
+folders; and for issue 64: comparisons of a steering's method to a method name (`x.method ==
+"juice"`, `x.method in (...)`) per file; modules parsing a heads file's fields (the constant
+"positive_heads" in code); modules importing from `juice` at import time that copy the
+registry's names into a module constant; the when-to-steer modules and their lines.
 
-Run: python benchmarks/code_counts.py
+Run: python benchmarks/code_counts.py [ROOT]   (ROOT: another checkout, e.g. a worktree of an older commit)
 """
 
 from __future__ import annotations
@@ -14,8 +17,32 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import sys
+
+ROOT = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "juice"
+METHOD_NAMES = {"original", "june", "juice", "prune", "ph3", "auto", "prompt", "cad", "adacad", "ckplug"}
+WHEN_TO_STEER = ["data/context_types.py", "eval/contexts.py", "when_to_steer.py", "context_study.py", "auto.py"]
+
+
+def _method_comparisons(tree: ast.AST) -> int:
+    """`<expr>.method == "juice"` / `!=` / `in ("original", "juice")`: a method's name compared in code."""
+    n = 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "method":
+            for right in node.comparators:
+                values = ([right.value] if isinstance(right, ast.Constant) else
+                          [e.value for e in getattr(right, "elts", []) if isinstance(e, ast.Constant)])
+                n += any(v in METHOD_NAMES for v in values)
+    return n
+
+
+def _name_copies(tree: ast.AST) -> int:
+    """Module-level constants assigned from the registry's name functions at import
+    (`METHODS = names(steerer=True)`, `= protocol_names()`)."""
+    return sum(1 for node in getattr(tree, "body", []) if isinstance(node, (ast.Assign, ast.AnnAssign))
+               and isinstance(node.value, ast.Call)
+               and getattr(node.value.func, "id", "") in ("names", "protocol_names"))
 
 
 def _code_strings(text: str) -> set[str]:
@@ -56,6 +83,11 @@ def main() -> None:
             builds[str(f.relative_to(SRC))] = n
         if re.search(r"\.tuned(\.get)?[\[(]\s*[\"']", text) or re.search(r"tuned\[[\"']", text):
             tuned.append(f)
+    compares = {str(f.relative_to(SRC)): c for f in files if (c := _method_comparisons(ast.parse(f.read_text())))}
+    parsers = [str(f.relative_to(SRC)) for f in files if "positive_heads" in _code_strings(f.read_text())
+               and "data[\"positive_heads\"]" in f.read_text()]
+    copies = [str(f.relative_to(SRC)) for f in files if _name_copies(ast.parse(f.read_text()))]
+    room = [(m, len((SRC / m).read_text().splitlines())) for m in WHEN_TO_STEER if (SRC / m).is_file()]
     cli = sorted(SRC.glob("apps/**/*.py"))
     folders = sorted({p.parent.relative_to(ROOT) for p in (ROOT / "tests").rglob("test_*.py")})
     print(f'library files spelling "june": {len(june)} (as a string in code, docstrings and comments aside: '
@@ -67,6 +99,12 @@ def main() -> None:
     print(f"functions over 100 lines: {len(long)}  " + ", ".join(long))
     print("CLI modules: " + ", ".join(f"{f.relative_to(SRC)} ({len(f.read_text().splitlines())})" for f in cli))
     print(f"test folders: {len(folders)}  " + ", ".join(map(str, folders)))
+    print(f"a steering's method compared to a method name: {sum(compares.values())} in {len(compares)} files  "
+          + ", ".join(f"{k} ({v})" for k, v in sorted(compares.items())))
+    print(f"modules parsing a heads file's fields: {len(parsers)}  " + ", ".join(parsers))
+    print(f"modules copying the registry's names at import: {len(copies)}  " + ", ".join(copies))
+    print(f"when-to-steer modules: {len(room)}, {sum(n for _, n in room)} lines  "
+          + ", ".join(f"{m} ({n})" for m, n in room))
 
 
 if __name__ == "__main__":
