@@ -99,3 +99,13 @@ def test_the_shipped_files_are_what_the_documented_command_makes(model, tmp_path
         shipped = json.loads(shipped_path(model, direction).read_text(encoding="utf-8"))
         for key in ("model", "positive_heads", "negative_heads", "tuned", "head_set"):
             assert made[key] == shipped[key], (direction, key)
+
+
+def test_juice_serve_without_heads_serves_both_shipped_directions(real_model, tiny_llama, capsys):
+    from juice.apps.commands.serve import _shipped
+
+    assert _shipped(real_model) == [shipped_path("gemma-3-270m", d) for d in Direction]
+    out = capsys.readouterr().out
+    assert "the shipped parametric heads of gemma-3-270m" in out and "the shipped contextual heads" in out
+    assert _shipped(tiny_llama) == []   # another model: Original only, and the line that says how to make heads
+    assert "no parametric heads file ships for" in capsys.readouterr().out
