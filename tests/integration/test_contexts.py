@@ -11,7 +11,8 @@ from juice.baselines.prompt import instructed_context_item
 from juice.data.context_types import CONTEXT_TYPES, nqswap_context_items, paraconflict_context_items
 from juice.data.paraconflict import build_domain
 from juice.engine import greedy_generate
-from juice.eval.contexts import NEW_TOKENS, context_type_means, context_type_tables, evaluate_context_types
+from juice.eval.metrics import new_tokens
+from juice.eval.contexts import context_type_means, context_type_tables, evaluate_context_types
 from juice.eval.metrics import context_verdicts
 from juice.eval.runner import Method
 from juice.interventions import Head, HeadSelection
@@ -35,7 +36,7 @@ def _methods(lm):
 
 def _naive(lm, item, method) -> str:
     """One prompt at a time, to the end of its new tokens, with no stop rule."""
-    n = NEW_TOKENS[item.metric]
+    n = new_tokens(item.metric)
     if method.contrastive is not None:
         return cad_generate(lm, [item.prompt], [item.question], n, method.contrastive).texts[0]
     prompt = item.prompt if not method.instructed else instructed_context_item(
@@ -178,7 +179,7 @@ def test_question_only_equals_decoding_the_question_alone(tiny_llama):
     alone = question_only_results(items, results)
     assert len(alone) == len(items) and {r.method for r in alone} == {QUESTION_ONLY}
     for item, r in zip(items, alone):
-        text = greedy_generate(tiny_llama, [item.question], NEW_TOKENS[item.metric], ORIGINAL, stop_at_eos=True).texts[0]
+        text = greedy_generate(tiny_llama, [item.question], new_tokens(item.metric), ORIGINAL, stop_at_eos=True).texts[0]
         v = context_verdicts(item, text)
         assert r.output.startswith(text) or text.startswith(r.output)   # the evaluation may stop after 5 words
         assert (r.correct, r.follows_parametric) == (v["use_relevant"], v["trust_memory"]), item

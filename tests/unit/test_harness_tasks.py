@@ -68,3 +68,24 @@ def test_a_context_document_round_trips_to_its_item():
     doc = json.loads(json.dumps(context_doc(item)))
     assert ContextItem(**{k: tuple(v) if isinstance(v, list) else v for k, v in doc["item"].items()}) == item
     assert doc["target"] == "Rome"
+
+
+def test_the_tasks_budgets_are_the_metric_tables(tmp_path, monkeypatch):
+    """A metric's new-token budget lives in juice.eval.metrics.METRICS only: changed there, the
+    lm-evaluation-harness tasks decode that many tokens (as juice's own evaluation does)."""
+    import dataclasses
+
+    from juice.eval import metrics
+
+    root = tmp_path / "data"
+    (root / "nqswap").mkdir(parents=True)
+    (root / "nqswap" / "nqswap.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS), encoding="utf-8")
+    for budget in (20, 7):
+        monkeypatch.setitem(metrics.METRICS, "nqswap", dataclasses.replace(metrics.METRICS["nqswap"], new_tokens=budget))
+        write_tasks(tmp_path / f"tasks{budget}", root)
+        yaml = (tmp_path / f"tasks{budget}" / "juice_nqswap.yaml").read_text(encoding="utf-8")
+        assert f"max_gen_toks: {budget}\n" in yaml
+        paraconflict = (tmp_path / f"tasks{budget}" / "juice_contexts_paraconflict_gold.yaml").read_text(encoding="utf-8")
+        assert f"max_gen_toks: {metrics.new_tokens('first_words')}\n" in paraconflict
+    with pytest.raises(ValueError, match="unknown metric 'bleu'"):
+        metrics.new_tokens("bleu")

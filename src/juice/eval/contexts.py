@@ -29,7 +29,7 @@ import numpy as np
 from juice.baselines.prompt import instructed_context_item
 from juice.data.context_types import CONTEXT_TYPES, ContextItem
 from juice.eval.degeneration import correct_not_degenerate
-from juice.eval.metrics import context_verdicts
+from juice.eval.metrics import METRICS, context_verdicts
 from juice.eval.stats import Interval, _check
 from juice.engine.backend import Engine
 from juice.eval.runner import DecodeRequest, ItemResult, Method, as_method, decode_requests, exact_match_decided
@@ -39,8 +39,6 @@ from juice.steering import Steering
 from juice.tokens import answer_first_token
 from juice.progress import OnProgress
 
-NEW_TOKENS = {"first_words": 10, "nqswap": 20}
-"""New tokens per metric: the paper's for Table 1 (10) and NQ-Swap (20)."""
 
 TABLES: dict[str, Callable[[ItemResult], bool]] = {
     "use_relevant": lambda r: r.correct,
@@ -95,7 +93,8 @@ def evaluate_context_types(
     methods = {name: as_method(m) for name, m in methods.items()}
     model_type = lm.model.config.model_type
     results: dict[tuple[int, str], ItemResult] = {}
-    for metric, new_tokens in NEW_TOKENS.items():
+    for metric in ("first_words", "nqswap"):   # the context types' metrics
+        new_tokens = METRICS[metric].new_tokens
         meta, requests = [], []
         for i, item in enumerate(items):
             if item.metric != metric:
@@ -335,5 +334,5 @@ def question_bootstrap(results: Sequence[ItemResult], methods: Sequence[str], pa
     return QuestionBootstrap(cells, differences, detectable, resamples, confidence, seed)
 
 
-__all__ = ["LOWER_IS_BETTER", "MEAN", "POWER_Z", "QUESTION_ONLY", "question_only_results", "QuestionBootstrap", "question_bootstrap", "question_draws", "NEW_TOKENS", "TABLES", "context_type_means", "context_type_tables", "evaluate_context_types",
+__all__ = ["LOWER_IS_BETTER", "MEAN", "POWER_Z", "QUESTION_ONLY", "question_only_results", "QuestionBootstrap", "question_bootstrap", "question_draws", "TABLES", "context_type_means", "context_type_tables", "evaluate_context_types",
            "result_id"]

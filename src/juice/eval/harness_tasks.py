@@ -36,9 +36,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from juice.data.context_types import CONTEXT_TYPES, ContextItem
+from juice.eval.metrics import new_tokens
 
-NEW_TOKENS = {"nqswap": 20, "memotrap": 10, "first_words": 10}
-"""New tokens per metric, as juice's evaluation decodes them (paper: 20 for NQ-Swap, 10 otherwise)."""
 
 UTILS = '''"""Written by `juice tasks`: the harness's scores are juice's own metrics."""
 
@@ -131,7 +130,7 @@ def write_tasks(out: str | Path, data_root: str | Path | None = None, *, seed: i
     if nqswap is not None and nqswap.is_file():
         rows = [{"id": ex.uid, "prompt": ex.prompt, "target": ex.context_answers[0], "answers": list(ex.context_answers),
                  "memory_answers": list(ex.parametric_answers)} for ex in load_nqswap(nqswap)]
-        task("juice_nqswap", rows, "nqswap", NEW_TOKENS["nqswap"], ["exact_match", "follows_memory"])
+        task("juice_nqswap", rows, "nqswap", new_tokens("nqswap"), ["exact_match", "follows_memory"])
         contexts["nqswap"] = nqswap_context_items(read_records(nqswap), seed).items
     memotrap = None if root is None else root / "memotrap"
     if memotrap is not None and memotrap.is_dir():
@@ -140,7 +139,7 @@ def write_tasks(out: str | Path, data_root: str | Path | None = None, *, seed: i
                 continue
             rows = [{"id": ex.uid, "prompt": ex.prompt, "target": ex.context_answers[0],
                      "answers": list(ex.context_answers)} for ex in load_memotrap(memotrap, subtask)]
-            task(f"juice_memotrap_{subtask}", rows, "memotrap", NEW_TOKENS["memotrap"], ["exact_match"],
+            task(f"juice_memotrap_{subtask}", rows, "memotrap", new_tokens("memotrap"), ["exact_match"],
                  "juice_memotrap")
     contexts["paraconflict"] = paraconflict_context_items(
         [ex for d in DOMAINS for ex in build_domain(d)], seed).items
@@ -149,8 +148,8 @@ def write_tasks(out: str | Path, data_root: str | Path | None = None, *, seed: i
             mine = [context_doc(i) for i in items if i.context_type == context_type]
             metrics = ["use_relevant", "trust_memory"] + (["follows_context"] if context_type != "none" else [])
             task(f"juice_contexts_{source}_{context_type}", mine, "contexts",
-                 NEW_TOKENS[items[0].metric], metrics, "juice_contexts")
+                 new_tokens(items[0].metric), metrics, "juice_contexts")
     return names
 
 
-__all__ = ["NEW_TOKENS", "context_doc", "write_tasks"]
+__all__ = ["context_doc", "write_tasks"]

@@ -16,12 +16,50 @@ from __future__ import annotations
 
 import string
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from juice.data.context_types import OBJECTIVES, ContextItem
 from juice.data.records import ContextualExample
 from juice.text import contains_answer, first_words, normalize_answer
 
 N_WORDS = 5
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric's facts, read by every evaluation that decodes for it (juice's tables, the
+    context-type evaluation and the lm-evaluation-harness tasks `juice tasks` writes, so their
+    scores stay equal).
+
+    Attributes:
+        name: the metric's name in records (`ContextualExample.metric`, `ContextItem.metric`).
+        new_tokens: greedy new tokens decoded before scoring (the paper's: 20 for NQ-Swap,
+            10 otherwise; Sec. 4, App. D).
+        source: where it comes from.
+    """
+
+    name: str
+    new_tokens: int
+    source: str
+
+
+METRICS: dict[str, Metric] = {m.name: m for m in (
+    Metric("first_words", 10, "exact match in the first 5 words (paper Sec. 4, Table 1; ParaConflict, your rows)"),
+    Metric("memotrap", 10, "MemoTrap's continuation match (paper Sec. 4.2, Table 2)"),
+    Metric("nqswap", 20, "NQ-Swap's substring match (paper Sec. 4.2, Table 2)"),
+)}
+"""Every metric, by name: the one place its new-token budget lives."""
+
+
+def new_tokens(metric: str) -> int:
+    """The new-token budget of `metric` (:data:`METRICS`).
+
+    Raises:
+        ValueError: an unknown metric.
+    """
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; one of {', '.join(METRICS)}")
+    return METRICS[metric].new_tokens
 
 
 def is_correct(output: str, answers: Sequence[str], n_words: int = N_WORDS) -> bool:

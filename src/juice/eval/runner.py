@@ -39,15 +39,15 @@ from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, Co
 from juice.engine import Choice, Contrast, ContrastRule, QuestionAlone, Stream
 from juice.engine.backend import Engine, engine_or_default
 from juice.likelihood import continuation_ids
-from juice.eval.metrics import N_WORDS, contextual_correct, is_correct, memotrap_match, nqswap_match
+from juice.eval.metrics import METRICS, N_WORDS, contextual_correct, is_correct, memotrap_match, nqswap_match
 from juice.models import LoadedModel
 from juice.steering import ORIGINAL, Steering
 from juice.text import first_words_final
 from juice.tokens import answer_first_token
 from juice.progress import OnProgress
 
-MAX_NEW_TOKENS = 10
-NEW_TOKENS_BY_METRIC = {"memotrap": 10, "nqswap": 20}
+MAX_NEW_TOKENS = METRICS["first_words"].new_tokens
+"""The paper's exact match decodes this many new tokens (:data:`juice.eval.metrics.METRICS`)."""
 
 
 @dataclass(frozen=True)
@@ -376,7 +376,8 @@ def evaluate_contextual(
     """
     methods = {name: as_method(m) for name, m in methods.items()}
     results: dict[tuple[int, str], ItemResult] = {}
-    for metric, new_tokens in NEW_TOKENS_BY_METRIC.items():
+    for metric in ("memotrap", "nqswap"):
+        new_tokens = METRICS[metric].new_tokens
         group = [(i, ex) for i, ex in enumerate(examples) if ex.metric == metric]
         if not group:
             continue
