@@ -54,23 +54,25 @@ def test_a_steerer_without_heads_uses_the_shipped_ones_and_logs_one_line(real_mo
     assert juice.Steerer(real_model).heads == load_heads(shipped_path("gemma-3-270m", "parametric")).selection
 
 
-def _quick_start(page: str) -> tuple[str, str]:
-    """The page's ten-line quick start (the Python block that loops over the directions) and the
-    output block after it."""
+def _examples_with_output(page: str) -> list[tuple[str, str]]:
+    """Every Python block of the page that is followed by a text block: (code, what it prints)."""
     text = (ROOT / page).read_text(encoding="utf-8")
-    found = re.search(r"```python\n(import juice\n.*?for method, direction in runs:.*?)```\s*```text\n(.*?)```",
-                      text, re.S)
-    assert found, f"{page} has no quick start with its output"
-    return found.group(1), found.group(2)
+    return re.findall(r"```python\n(.*?)```\s*```text\n(.*?)```", text, re.S)
 
 
 @pytest.mark.parametrize("page", QUICK_START_PAGES)
-def test_the_quick_start_prints_what_the_page_shows(page, real_model, monkeypatch, capsys):
-    code, shown = _quick_start(page)
-    assert len(code.strip().splitlines()) <= 10
+def test_every_example_with_its_output_prints_it_on_the_embedded_model(page, real_model, monkeypatch, capsys):
+    """The quick start (ten lines at most) and, on Steering from Python, the RAG loop: run on the
+    embedded Gemma with the shipped heads, they print exactly what the page shows."""
+    examples = _examples_with_output(page)
+    quick = [code for code, _ in examples if "for method, direction in runs:" in code]
+    assert len(quick) == 1 and len(quick[0].strip().splitlines()) <= 10, f"{page}: no ten-line quick start"
     monkeypatch.setattr(juice, "load_model", lambda *a, **k: real_model)   # loaded once for the module
-    exec(compile(code, page, "exec"), {})
-    assert capsys.readouterr().out == shown
+    for code, shown in examples:
+        exec(compile(code, page, "exec"), {})
+        assert capsys.readouterr().out == shown, code[:200]
+    if page == "docs/steering.md":
+        assert len(examples) == 2   # the quick start and the RAG loop
 
 
 def test_juice_generate_without_heads_prints_the_shipped_line(real_model, monkeypatch):

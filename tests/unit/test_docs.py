@@ -96,7 +96,7 @@ def _check_offline(site: Path) -> None:
     assert 'src="../assets/juice-stage2.svg"' in concepts and (site / "assets" / "juice-stage2.svg").is_file()
 
 
-FIRST_PAGES = ["getting-started.md", "concepts.md", "faq.md", "when-to-steer.md", "troubleshooting.md"]
+FIRST_PAGES = ["getting-started.md", "concepts.md", "faq.md", "steering.md", "when-to-steer.md", "troubleshooting.md"]
 CODE_WIDTH = 76   # characters of a code block that fit the content column of the site at 1280 px
 
 
@@ -150,7 +150,7 @@ def test_the_python_examples_run(tiny_llama, tmp_path, monkeypatch, capsys):
     from juice.stage1 import HeadsArtifact
 
     sel = juice.HeadSelection((juice.Head(1, 2),), (juice.Head(0, 1),))
-    tuned = {"juice": {"beta_plus": 3.0, "beta_minus": -1.0},
+    tuned = {"juice": {"beta_plus": 3.0, "beta_minus": -1.0}, "june": {"beta_plus": 1.0, "beta_minus": 0.0},
              "auto": AutoPolicy((0.05,), ("original", "juice"), {"juice": (3.0, -1.0)}).to_json()}
     for name, direction in (("heads.json", "parametric"), ("heads_contextual.json", "contextual")):
         for folder in (tmp_path, tmp_path / "juice-output"):   # as the pages name them: beside, or juice reproduce's
