@@ -38,7 +38,6 @@ from juice.steering import Steering
 from juice.tokens import PromptTooLongError, context_length, token_ids
 
 
-
 class Steerer:
     """A loaded model steered by one method on one set of heads.
 
