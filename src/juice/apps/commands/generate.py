@@ -36,7 +36,7 @@ def generate(
     from juice.methods import REGISTRY, STEERINGS, MethodInputs, build
     from juice.models import load_model
     from juice.stage1 import load_heads
-    from juice.stage1.shipped import NoShippedHeadsError, describe, shipped_files, shipped_heads
+    from juice.stage1.shipped import describe, how_to_make, shipped_files
 
     try:
         wanted = Direction.parse(direction)
@@ -45,14 +45,12 @@ def generate(
     if heads is not None:
         load_heads(heads)   # a malformed file fails before the model loads
     lm = load_model(model)
-    if heads is None:
-        try:
-            artifact = shipped_heads(lm, wanted)
-        except NoShippedHeadsError as err:
-            raise typer.BadParameter(str(err), param_hint="--heads") from None
-        console.print(describe(shipped_files(lm)[wanted]), highlight=False, markup=False)
-    else:
-        artifact = load_heads(heads, lm)
+    if heads is None:   # the shipped file, found once by the model's fingerprint
+        heads = shipped_files(lm).get(wanted)
+        if heads is None:
+            raise typer.BadParameter(how_to_make(lm.name, wanted), param_hint="--heads")
+        console.print(describe(heads), highlight=False, markup=False)
+    artifact = load_heads(heads, lm)
     inputs = MethodInputs(lm, artifact.selection, artifact.tuned, beta_plus, beta_minus)
     shown = ("original", *STEERINGS)
     streams = [Stream(0, build(name, inputs).method.steering) for name in shown]
