@@ -328,7 +328,7 @@ def _config_and_attention(source: str, extra: dict) -> tuple[Any, str | None]:
     """The model's config and the adapter's attention implementation; "eager" whenever the config
     soft-caps attention logits (Gemma 2: the sdpa path drops the cap). The config is passed on to
     the tokenizer's and the model's loading, so a GGUF file's metadata (its whole vocabulary) is
-    not parsed again for it (the first load of the embedded Gemma: 78 s -> 62 s on 2 cores,
+    not parsed again for it (a parse of the embedded Gemma's costs about 13 s on 2 cores,
     benchmarks/bench_quick_start.py)."""
     from transformers import AutoConfig
 
