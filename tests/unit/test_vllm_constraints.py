@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import enum
+import re
 import subprocess
 import types
 from pathlib import Path
@@ -169,11 +170,17 @@ class _GraphMode(enum.Enum):
         return self in (_GraphMode.FULL, _GraphMode.FULL_DECODE_ONLY, _GraphMode.FULL_AND_PIECEWISE)
 
 
-def _gpu_config(mode, capture=(1, 2, 4), eager=False, lora=None, speculative=None, v2=False):
+ATTENTION_SPLIT = ["vllm::unified_attention_with_output"]
+
+
+def _gpu_config(mode, capture=(1, 2, 4), eager=False, lora=None, speculative=None, v2=False, level=3,
+                splitting=ATTENTION_SPLIT, partition=False):
     return SimpleNamespace(model_config=SimpleNamespace(enforce_eager=eager),
                            parallel_config=SimpleNamespace(enable_dbo=False, ubatch_size=0),
-                           compilation_config=SimpleNamespace(mode=3, cudagraph_mode=mode,
-                                                              cudagraph_capture_sizes=list(capture)),
+                           compilation_config=SimpleNamespace(mode=level, cudagraph_mode=mode,
+                                                              cudagraph_capture_sizes=list(capture),
+                                                              splitting_ops=list(splitting),
+                                                              use_inductor_graph_partition=partition),
                            lora_config=lora, speculative_config=speculative, use_v2_model_runner=v2)
 
 
@@ -193,6 +200,121 @@ def test_full_cuda_graphs_lora_and_speculative_decoding_are_refused_in_one_line(
         with pytest.raises(PluginConfigError) as err:
             check_engine_config(bad)
         assert "\n" not in str(err.value)
+
+
+def test_cuda_graphs_are_allowed_only_under_piecewise_compilation_with_run_1_split_out():
+    """Issue 65: where graphs are captured, only VLLM_COMPILE + PIECEWISE + breakable graphs off +
+    FX splitting with splitting ops passes; each other way is refused in one line naming the flag.
+    Stock torch.compile is refused with or without graphs; nothing captured (eager, NONE, no
+    capture sizes) always passes the graph rules."""
+    piecewise = _GraphMode.PIECEWISE
+    check_engine_config(_gpu_config(piecewise), breakable=False)
+    refused = {
+        "VLLM_USE_BREAKABLE_CUDAGRAPH=0": (_gpu_config(piecewise, level=0), True),
+        "compilation mode NONE, cudagraph_mode FULL_DECODE_ONLY.*-cc.cudagraph_mode=NONE":
+            (_gpu_config(_GraphMode.FULL_DECODE_ONLY, level=0), False),
+        "compilation mode DYNAMO_TRACE_ONCE": (_gpu_config(_GraphMode.FULL, level=2), False),
+        "stock torch.compile.*without -cc.mode=1": (_gpu_config(_GraphMode.FULL_DECODE_ONLY, level=1), False),
+        "Inductor's graph partition.*use_inductor_graph_partition=false": (_gpu_config(piecewise, partition=True),
+                                                                             False),
+        r"no splitting ops \(-cc.splitting_ops=\[\]": (_gpu_config(piecewise, splitting=()), False),
+    }
+    for message, (config, breakable) in refused.items():
+        with pytest.raises(PluginConfigError, match=message) as err:
+            check_engine_config(config, breakable=breakable)
+        assert "\n" not in str(err.value) and ("--enforce-eager" in str(err.value))
+    with pytest.raises(PluginConfigError, match="stock torch.compile"):   # no graphs (vLLM's CPU build) either
+        check_engine_config(_gpu_config(_GraphMode.NONE, level=1, capture=()), breakable=False)
+    for nothing_captured in (_gpu_config(_GraphMode.NONE, level=0), _gpu_config(piecewise, level=2, capture=()),
+                             _gpu_config(_GraphMode.FULL, level=0, eager=True)):
+        check_engine_config(nothing_captured, breakable=True)
+
+
+def test_the_breakable_switch_is_read_as_vllm_reads_it_and_the_launcher_turns_it_off():
+    from juice.vllm.constraints import BREAKABLE_ENV, breakable_cuda_graphs
+    from juice.vllm.launch import server_environment
+
+    assert [breakable_cuda_graphs({BREAKABLE_ENV: v}) for v in ("1", "0", "true", "")] == [True, False, False, False]
+    assert breakable_cuda_graphs({}) is False
+    assert server_environment([], base={})[BREAKABLE_ENV] == "0"   # so VLLM_BATCH_INVARIANT=1 keeps piecewise
+    assert server_environment([], base={BREAKABLE_ENV: "1"})[BREAKABLE_ENV] == "1"   # the user's: refused at start
+
+
+GPU_SETTINGS = {
+    # name: (environment, EngineArgs keywords, what juice says: a refusal's words or None)
+    "vLLM's default (FULL_AND_PIECEWISE)": ({}, {}, "full CUDA graphs .cudagraph_mode FULL_AND_PIECEWISE"),
+    "juice serve's PIECEWISE": ({}, {"compilation_config": {"cudagraph_mode": "PIECEWISE"}}, None),
+    "TORCH_COMPILE_DISABLE=1": ({"TORCH_COMPILE_DISABLE": "1"}, {},
+                                "compilation mode NONE, cudagraph_mode FULL_DECODE_ONLY"),
+    "-cc.mode=none": ({}, {"compilation_config": {"mode": 0}}, "compilation mode NONE, cudagraph_mode FULL_DECODE_ONLY"),
+    "-cc.mode=none, PIECEWISE (vLLM: no graphs)": ({}, {"compilation_config": {"mode": 0, "cudagraph_mode": "PIECEWISE"}},
+                                                   None),
+    "VLLM_USE_BREAKABLE_CUDAGRAPH=1": ({"VLLM_USE_BREAKABLE_CUDAGRAPH": "1"},
+                                       {"compilation_config": {"cudagraph_mode": "PIECEWISE"}}, "breakable CUDA graphs"),
+    "VLLM_BATCH_INVARIANT=1, bf16 on Hopper": ({"VLLM_BATCH_INVARIANT": "1"},
+                                               {"dtype": "bfloat16", "compilation_config": {"cudagraph_mode": "PIECEWISE"}},
+                                               "breakable CUDA graphs"),
+    "VLLM_BATCH_INVARIANT=1 under juice serve's environment": ({"VLLM_BATCH_INVARIANT": "1",
+                                                                "VLLM_USE_BREAKABLE_CUDAGRAPH": "0"},
+                                                               {"dtype": "bfloat16",
+                                                                "compilation_config": {"cudagraph_mode": "PIECEWISE"}},
+                                                               None),
+    "-cc.mode=1": ({}, {"compilation_config": {"mode": 1}}, "stock torch.compile"),
+    "-cc.mode=1, no graphs": ({}, {"compilation_config": {"mode": 1, "cudagraph_mode": "NONE"}}, "stock torch.compile"),
+    "-cc.mode=2": ({}, {"compilation_config": {"mode": 2}}, "compilation mode DYNAMO_TRACE_ONCE"),
+    "-cc.mode=2, no graphs (the CPU build's mode)": ({}, {"compilation_config": {"mode": 2, "cudagraph_mode": "NONE"}},
+                                                    None),
+    "PIECEWISE, splitting_ops=[] (vLLM: no graphs)": ({}, {"compilation_config": {"cudagraph_mode": "PIECEWISE",
+                                                                                "splitting_ops": []}}, None),
+    "FULL_AND_PIECEWISE, splitting_ops=[] (vLLM: FULL)": ({}, {"compilation_config": {"splitting_ops": []}},
+                                                          "full CUDA graphs .cudagraph_mode FULL:"),
+    "Inductor graph partition": ({}, {"compilation_config": {"cudagraph_mode": "PIECEWISE",
+                                                             "use_inductor_graph_partition": True}},
+                                 "Inductor's graph partition"),
+    "--enforce-eager": ({}, {"enforce_eager": True}, None),
+}
+
+
+@pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (run scripts/install-vllm.sh)")
+def test_vllms_own_gpu_engine_configs_get_the_verdicts_the_rules_say(tmp_path):
+    """Issue 65: vLLM 0.32's own `EngineArgs(...).create_engine_config()` as an H100 gets it (vLLM's
+    CUDA platform class told capability 9.0; tests/vllm_env/gpu_engine_configs.py), under each
+    setting a user can start with: the graph mode vLLM settles on, and juice's verdict. Shows the
+    paths that were silent before (compilation off -> one FULL_DECODE_ONLY graph; breakable graphs,
+    also switched on by VLLM_BATCH_INVARIANT for a bf16 model whose output projection is a Hopper-tuned
+    2048 x 2048) refused, juice serve's own settings passing, and vLLM itself turning piecewise graphs
+    with no splitting ops into none."""
+    import json
+
+    from transformers import AutoConfig
+
+    from conftest import COMMON, make_tokenizer
+
+    model = tmp_path / "hopper-shaped"   # a config only: building an engine config reads no weights
+    AutoConfig.for_model("llama", hidden_size=2048, intermediate_size=6144, num_hidden_layers=1,
+                         num_attention_heads=16, num_key_value_heads=8, head_dim=128, torch_dtype="bfloat16",
+                         **COMMON).save_pretrained(model)
+    make_tokenizer().save_pretrained(model)
+    settings = {name: {"env": {"VLLM_USE_V2_MODEL_RUNNER": "0", **env}, "args": args}
+                for name, (env, args, _) in GPU_SETTINGS.items()}
+    (tmp_path / "settings.json").write_text(json.dumps(settings))
+    script = Path(__file__).resolve().parents[1] / "vllm_env" / "gpu_engine_configs.py"
+    done = subprocess.run([VLLM_PYTHON, str(script), str(model), str(tmp_path / "settings.json"),
+                           str(tmp_path / "out.json")], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads((tmp_path / "out.json").read_text())
+    for name, (_, _, expected) in GPU_SETTINGS.items():
+        result = got[name]
+        assert result["breakable_juice"] == result["breakable_vllm"], (name, result)
+        if expected is None:
+            assert result["refusal"] is None, (name, result)
+        else:
+            assert result["refusal"] is not None and re.search(expected, result["refusal"]), (name, result)
+            assert "\n" not in result["refusal"]
+    assert got["TORCH_COMPILE_DISABLE=1"]["cudagraph_mode"] == "FULL_DECODE_ONLY"   # the silent path, now refused
+    assert got["VLLM_BATCH_INVARIANT=1, bf16 on Hopper"]["breakable_vllm"] is True
+    assert got["juice serve's PIECEWISE"]["capture_sizes"] > 0 and got["juice serve's PIECEWISE"]["splitting_ops"]
+    assert got["PIECEWISE, splitting_ops=[] (vLLM: no graphs)"]["cudagraph_mode"] == "NONE"
 
 
 def test_attention_layers_sharing_a_kv_cache_are_refused():

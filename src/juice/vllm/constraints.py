@@ -10,11 +10,21 @@ one-line :class:`PluginConfigError` naming the flag, before any request is serve
   requests' coefficients;
 - an attention backend whose metadata has `query_start_loc` (FlashInfer's has none, and would
   crash on the first steered batch): `--attention-backend` picks another;
-- no full CUDA graphs (`cudagraph_mode` FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE, vLLM's
-  default on a GPU, wherever graphs are captured): a replayed full graph runs no Python, so the
-  steering's per-step tables would keep the last eager step's rows and JuICE would add a stale
-  run 1. Piecewise graphs call the model's Python between pieces and are what the plugin is
-  built for (`juice serve --engine vllm` passes `cudagraph_mode=PIECEWISE` on a GPU);
+- CUDA graphs only where the steering provably runs on every step (:func:`cuda_graph_refusal`):
+  vLLM's piecewise compilation (compilation mode VLLM_COMPILE) with `cudagraph_mode` PIECEWISE,
+  breakable graphs off, FX graph splitting (not Inductor's graph partition) and splitting ops to
+  which juice's run-1 op is added (:func:`split_at_run1`). Any other way of capturing graphs
+  would replay steps without the Python that fills the steering's per-step tables and runs
+  JuICE's run 1: full graphs (FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE, vLLM's default on a
+  GPU; and what vLLM 0.32 captures when compilation is off, `TORCH_COMPILE_DISABLE=1` or
+  `-cc.mode=NONE`: the whole model as one FULL_DECODE_ONLY graph, so every pure-decode step
+  would be served unsteered), breakable graphs (`VLLM_USE_BREAKABLE_CUDAGRAPH=1`, which
+  `VLLM_BATCH_INVARIANT=1` turns on for bf16 on Hopper: the whole model stream-captured with only
+  attention breaking out). `juice serve --engine vllm` passes `cudagraph_mode=PIECEWISE` on a GPU;
+  `--enforce-eager` or `cudagraph_mode=NONE` capture nothing and always pass;
+- not stock torch.compile (`-cc.mode=STOCK_TORCH_COMPILE`): vLLM compiles the whole model with
+  `fullgraph=True`, the steering's per-step plan (host reads, `.tolist()`, the batch's Python
+  state) included, which that mode cannot trace faithfully;
 - no LoRA (`--enable-lora`): vLLM's LoRA layers call the output projection's weights directly,
   so the steering hook would never fire;
 - no speculative decoding (`--speculative-config`): the draft model would be steered too, and
@@ -46,6 +56,7 @@ vLLM's config and backend classes as they are and are tested without vLLM instal
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from typing import Any
 
@@ -59,13 +70,15 @@ class PluginConfigError(ValueError):
     """vLLM was started in a way the steering cannot run in (the message says how to start it)."""
 
 
-def check_engine_config(vllm_config: Any) -> None:
+def check_engine_config(vllm_config: Any, breakable: bool | None = None) -> None:
     """Refuse an engine configuration the steering would be wrong in (module docstring).
 
     Args:
         vllm_config: vLLM's `VllmConfig` (reads `parallel_config.enable_dbo` and `.ubatch_size`,
-            `compilation_config.cudagraph_mode` and `.cudagraph_capture_sizes`, `lora_config`,
-            `speculative_config`, `use_v2_model_runner`).
+            `compilation_config` (:func:`cuda_graph_refusal`), `lora_config`, `speculative_config`,
+            `use_v2_model_runner`).
+        breakable: whether vLLM uses breakable CUDA graphs; None reads this process's environment
+            as vLLM does (:func:`breakable_cuda_graphs`).
 
     Raises:
         PluginConfigError: one line naming the flag to change.
@@ -75,11 +88,9 @@ def check_engine_config(vllm_config: Any) -> None:
         raise PluginConfigError("juice's vLLM plugin does not support dual-batch overlap or micro-batching "
                                 "(each micro-batch would read other requests' steering): start vLLM without "
                                 "--enable-dbo and --ubatch-size")
-    mode = full_cudagraph_mode(vllm_config)
-    if mode is not None:
-        raise PluginConfigError(f"juice's vLLM plugin cannot steer under full CUDA graphs (cudagraph_mode {mode}: a "
-                                "replayed graph skips the steering, so JuICE would add a stale run 1): start vLLM "
-                                "with --compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}' or --enforce-eager")
+    refusal = cuda_graph_refusal(vllm_config, breakable_cuda_graphs() if breakable is None else breakable)
+    if refusal is not None:
+        raise PluginConfigError(refusal)
     if getattr(vllm_config, "lora_config", None) is not None:
         raise PluginConfigError("juice's vLLM plugin does not support LoRA (vLLM's LoRA layers bypass the output "
                                 "projection's hook, so nothing would be steered): start vLLM without --enable-lora")
@@ -169,17 +180,91 @@ def check_scheduler(vllm_config: Any) -> None:
     raise PluginConfigError(SCHEDULER_MISSING)
 
 
-def full_cudagraph_mode(vllm_config: Any) -> str | None:
-    """The name of vLLM's CUDA graph mode where it captures full graphs (FULL, FULL_DECODE_ONLY,
-    FULL_AND_PIECEWISE) and graphs are captured at all (a compiled forward with capture sizes;
-    vLLM's CPU build captures none), else None."""
+COMPILATION_MODES = {0: "NONE", 1: "STOCK_TORCH_COMPILE", 2: "DYNAMO_TRACE_ONCE", 3: "VLLM_COMPILE"}
+"""vLLM's `CompilationMode` values and names (vLLM 0.32, `vllm.config.compilation`)."""
+
+BREAKABLE_ENV = "VLLM_USE_BREAKABLE_CUDAGRAPH"
+"""The environment variable that turns vLLM's breakable CUDA graphs on (vLLM's own config sets it
+when `VLLM_BATCH_INVARIANT=1` serves bf16 on Hopper, or for some architectures by default)."""
+
+
+def breakable_cuda_graphs(environ: Any = None) -> bool:
+    """Whether vLLM captures breakable CUDA graphs in this process: :data:`BREAKABLE_ENV` is "1",
+    read as `vllm.envs` reads it (the engine's config has set it by the time the model is built).
+
+    Args:
+        environ: the environment to read (default `os.environ`)."""
+    return (os.environ if environ is None else environ).get(BREAKABLE_ENV, "0") == "1"
+
+
+def captures_cuda_graphs(vllm_config: Any) -> bool:
+    """Whether vLLM will capture CUDA graphs of the forward: a `cudagraph_mode` other than NONE
+    and capture sizes (vLLM's CPU build and `--enforce-eager` leave none)."""
     compilation = getattr(vllm_config, "compilation_config", None)
     mode = getattr(compilation, "cudagraph_mode", None)
-    if mode is None or not compiled_mode(vllm_config) or not getattr(compilation, "cudagraph_capture_sizes", None):
+    if mode is None or getattr(mode, "name", str(mode)) == "NONE" or vllm_config.model_config.enforce_eager:
+        return False
+    return bool(getattr(compilation, "cudagraph_capture_sizes", None))
+
+
+def cuda_graph_refusal(vllm_config: Any, breakable: bool) -> str | None:
+    """The one-line refusal of a compilation and CUDA graph set-up in which some steps would run
+    unsteered or with a stale run 1 (module docstring), or None where the steering runs on every
+    step. Where graphs are captured, steering provably runs only under compilation mode
+    VLLM_COMPILE, `cudagraph_mode` PIECEWISE, breakable graphs off, FX graph splitting, and a
+    non-empty `splitting_ops` (juice's run-1 op joins it, :func:`split_at_run1`): pieces
+    between splitting ops are replayed, the hooks' arithmetic in them reads the tables at fixed
+    addresses, and the splitting ops (attention, run 1) run eagerly. Stock torch.compile is
+    refused with or without graphs.
+
+    Args:
+        vllm_config: vLLM's `VllmConfig` after its own normalisation (reads `model_config.enforce_eager`,
+            `compilation_config.mode`, `.cudagraph_mode`, `.cudagraph_capture_sizes`, `.splitting_ops`,
+            `.use_inductor_graph_partition`).
+        breakable: whether vLLM uses breakable CUDA graphs (:func:`breakable_cuda_graphs`).
+
+    Source: vLLM 0.32's `VllmConfig.__post_init__` (`config/vllm.py`: compilation off turns
+    FULL_AND_PIECEWISE into FULL_DECODE_ONLY; breakable graphs set mode NONE and keep piecewise),
+    `GPUModelRunner.load_model` (the wrappers), `CompilationConfig.set_splitting_ops_for_v1`.
+    """
+    compilation = getattr(vllm_config, "compilation_config", None)
+    if compilation is None:
         return None
-    full = getattr(mode, "has_full_cudagraphs", None)
-    name = getattr(mode, "name", str(mode))
-    return name if (full() if callable(full) else "FULL" in str(name).upper()) else None
+    level = getattr(compilation, "mode", None)
+    level = None if level is None else int(level)
+    if level == 1 and not vllm_config.model_config.enforce_eager:
+        return ("juice's vLLM plugin cannot steer under stock torch.compile (compilation mode STOCK_TORCH_COMPILE "
+                "compiles the whole model with fullgraph=True, the steering's per-step plan included): start vLLM "
+                "without -cc.mode=1 (vLLM's default, VLLM_COMPILE, steers) or with --enforce-eager")
+    if not captures_cuda_graphs(vllm_config):
+        return None
+    graph = compilation.cudagraph_mode
+    graph = getattr(graph, "name", str(graph))
+    if breakable:
+        return (f"juice's vLLM plugin cannot steer under breakable CUDA graphs ({BREAKABLE_ENV}=1, also set by "
+                f"VLLM_BATCH_INVARIANT=1 for bf16 on Hopper: the whole model is captured and only attention breaks "
+                f"out, so replayed steps skip the steering and run 1): start vLLM with {BREAKABLE_ENV}=0, or with "
+                "--enforce-eager")
+    if level != 3:
+        name = COMPILATION_MODES.get(level, str(level))
+        return (f"juice's vLLM plugin cannot steer under CUDA graphs without vLLM's piecewise compilation "
+                f"(compilation mode {name}, cudagraph_mode {graph}: the whole model is one captured graph, so "
+                "replayed decode steps would run unsteered): start vLLM with -cc.cudagraph_mode=NONE, or compiled "
+                "(no TORCH_COMPILE_DISABLE=1, -cc.mode=VLLM_COMPILE) with -cc.cudagraph_mode=PIECEWISE, or with "
+                "--enforce-eager")
+    if graph != "PIECEWISE":
+        return (f"juice's vLLM plugin cannot steer under full CUDA graphs (cudagraph_mode {graph}: a replayed graph "
+                "skips the steering, so JuICE would add a stale run 1): start vLLM with --compilation-config "
+                "'{\"cudagraph_mode\": \"PIECEWISE\"}' or --enforce-eager")
+    if getattr(compilation, "use_inductor_graph_partition", False):
+        return ("juice's vLLM plugin has not been verified with Inductor's graph partition (run 1's split out of "
+                "the captured pieces is proven for vLLM's FX splitting only): start vLLM with "
+                "-cc.use_inductor_graph_partition=false, or with --enforce-eager")
+    if not getattr(compilation, "splitting_ops", None):
+        return ("juice's vLLM plugin cannot steer under piecewise CUDA graphs with no splitting ops "
+                "(-cc.splitting_ops=[]: run 1 would be captured inside a piece and replayed stale): leave "
+                "splitting_ops unset, or start vLLM with --enforce-eager")
+    return None
 
 
 def check_kv_sharing(attention: Any, layer_name: str) -> None:

@@ -26,6 +26,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from juice.vllm.constraints import BREAKABLE_ENV
+
 REPO_VENV = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
 """Where `scripts/install-vllm.sh` puts vLLM's environment in a checkout of juice."""
 
@@ -175,7 +177,9 @@ def server_environment(heads: Sequence[str | Path], dual_run: bool = True, base:
     tokens/s when both ran the model (README, "Serving at scale with vLLM"). With 8 cores or more the
     reserved core is 1/8 of the machine or less, and vLLM's default stands. The GPU build ignores both.
     `VLLM_USE_V2_MODEL_RUNNER=0` pins vLLM's V1 model runner, the one the plugin is verified on
-    (:func:`juice.vllm.constraints.check_engine_config` refuses V2). `JUICE_` is added to
+    (:func:`juice.vllm.constraints.check_engine_config` refuses V2); `VLLM_USE_BREAKABLE_CUDAGRAPH=0`
+    unless set, so that `VLLM_BATCH_INVARIANT=1` on a Hopper GPU serves with piecewise graphs
+    instead of turning on the breakable graphs the plugin refuses. `JUICE_` is added to
     `VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY`, so that vLLM's Ray executor gives the plugin's
     on-switch to workers on other nodes (it copies only `VLLM_`, `HF_`, `NCCL_`... variables by
     default); the heads themselves travel in vLLM's config (:func:`server_command`'s `config`).
@@ -185,6 +189,7 @@ def server_environment(heads: Sequence[str | Path], dual_run: bool = True, base:
     env["JUICE_VLLM"] = "1"
     env["JUICE_VLLM_DUAL_RUN"] = "1" if dual_run else "0"
     env["VLLM_USE_V2_MODEL_RUNNER"] = "0"   # the runner the plugin is verified on (juice.vllm.constraints)
+    env.setdefault(BREAKABLE_ENV, "0")   # else VLLM_BATCH_INVARIANT=1 would turn breakable graphs on (refused)
     prefixes = [p.strip() for p in env.get(RAY_PREFIXES, "").split(",") if p.strip()]
     env[RAY_PREFIXES] = ",".join(prefixes if "JUICE_" in prefixes else [*prefixes, "JUICE_"])
     if geometry:

@@ -33,9 +33,10 @@ when it has none. On vLLM's CPU build,
 which compiles the whole forward with Inductor, Inductor calls the op from its code; with
 piecewise compilation (a GPU) the op is one of vLLM's splitting ops
 (:func:`juice.vllm.constraints.split_at_run1`), so it runs between the compiled pieces and
-outside piecewise CUDA graphs, as vLLM's attention does. Full CUDA graphs would replay without
-the Python that fills the tables and runs run 1: they are refused at start
-(:func:`juice.vllm.constraints.check_engine_config`). The graph depends on the heads files
+outside piecewise CUDA graphs, as vLLM's attention does. Every other way of capturing graphs
+(full graphs, graphs with compilation off, breakable graphs) would replay steps without the
+Python that fills the tables and runs run 1: they are refused at start
+(:func:`juice.vllm.constraints.cuda_graph_refusal`). The graph depends on the heads files
 (which heads have slots in `juice_clean`) and on the op, so the model puts both in vLLM's
 `additional_config`, part of vLLM's compile cache key
 (:func:`juice.vllm.constraints.note_compiled_structure`). Measured on the CPU only (README,
