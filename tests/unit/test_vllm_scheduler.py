@@ -121,6 +121,22 @@ def test_the_scheduler_salts_new_requests_before_vllms_add_request_and_not_a_ses
     assert seen == [("a", june, ("block", 0, june)), ("a", "unchanged", ("block", 0, "unchanged"))]
 
 
+def test_a_streaming_sessions_chunk_changes_its_steering_only_when_the_resolved_steering_differs(server):
+    """Issue 65: what the scheduler refuses in a streaming session's later chunk (the refusal itself
+    runs in vLLM: tests/slow/test_vllm_streaming_input.py). Equal fields, or none where the first
+    chunk had none, are no change; another method, beta or direction is; a client salt is not
+    steering; fields vLLM's admission would refuse count as a change."""
+    from juice.vllm.scheduler import steering_changed
+
+    juice = FakeRequest({"juice": JUICE})
+    assert not steering_changed(juice, FakeRequest({"juice": dict(JUICE)}, "another client salt"), server)
+    assert not steering_changed(FakeRequest(None), FakeRequest(None), server)
+    for other in (None, {"juice": {**JUICE, "beta_plus": 3.0}}, {"juice": {**JUICE, "method": "june"}},
+                  {"juice": {**JUICE, "direction": "contextual"}}, {"juice": {"method": "jucie"}}):
+        assert steering_changed(juice, FakeRequest(other), server), other
+    assert steering_changed(FakeRequest(None), juice, server)
+
+
 @pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (run scripts/install-vllm.sh)")
 def test_vllms_own_request_is_rehashed_as_if_it_had_arrived_with_the_salt(server):
     """vLLM's `Request` with its prefix-cache block hasher: after :func:`salt_request`, a request
