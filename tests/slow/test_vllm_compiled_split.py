@@ -26,7 +26,7 @@ def test_run_1_is_a_splitting_piece_of_its_own_in_vllms_piecewise_compilation(tm
                          {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}, steerings, max_tokens=max_tokens,
                          llm={"enforce_eager": False, "enable_prefix_caching": False},
                          env={"JUICE_TEST_PIECEWISE_ON_CPU": "1"})
-    record = case["piecewise"]
+    record = case["compilation"]
     pieces = [piece for split in record["splits"] for piece in split]
     print("\n".join(f"splitting {'|'.join(ops)}" if splitting else f"compiled  {len(ops)} ops" for splitting, ops in pieces))
     holding = [(splitting, ops) for splitting, ops in pieces if any(RUN1 in op for op in ops)]

@@ -13,26 +13,80 @@ import sys
 import time
 
 
-def piecewise_on_cpu() -> dict:
-    """vLLM's piecewise compilation on its CPU build (issue 65; JUICE_TEST_PIECEWISE_ON_CPU=1): the
+def record_compilation() -> dict:
+    """What vLLM compiles and runs of the steered model (JUICE_TEST_RECORD=1; issue 65): each
+    `split_graph` call's pieces (whether a splitting piece, and the ops it calls), the forwards,
+    those whose batch had a JuICE row, the calls of run 1's body, the CUDA graph replays, and the
+    seconds spent building run 1's sub-batch (its host read of `query_start_loc`, on a GPU a
+    synchronisation) over the calls that built one. The engine core and worker run in this
+    process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the records reach it. Returns the record,
+    filled as vLLM runs."""
+    import os
+    import time
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import torch
+    import vllm.compilation.backends as backends
+
+    import juice.vllm.models as models
+
+    record = {"splits": [], "forwards": 0, "forwards_with_juice": 0, "run1": 0, "graph_replays": 0,
+              "sub_batches": 0, "sub_batch_s": 0.0}
+    split = backends.split_graph
+
+    def recording_split(graph, *args, **kwargs):
+        result = split(graph, *args, **kwargs)
+        record["splits"].append([[bool(item.is_splitting_graph),
+                                  [str(n.target) for n in item.graph.graph.nodes if n.op == "call_function"]]
+                                 for item in result[1]])
+        return result
+
+    backends.split_graph = recording_split
+    plan, clean_run, sub_batch = (models.SteerableMixin._juice_plan, models.SteerableMixin._clean_run,
+                                  models.SteerableMixin._juice_sub_batch)
+
+    def counting_plan(self, n_tokens):
+        state = plan(self, n_tokens)
+        record["forwards"] += 1
+        if state is not None and state.added:
+            record["forwards_with_juice"] += 1
+        return state
+
+    def counting_clean_run(self, *args, **kwargs):
+        record["run1"] += 1
+        return clean_run(self, *args, **kwargs)
+
+    def timed_sub_batch(self, state):
+        started = time.perf_counter()
+        built = sub_batch(self, state)
+        if built is not None:
+            record["sub_batches"] += 1
+            record["sub_batch_s"] += time.perf_counter() - started
+        return built
+
+    models.SteerableMixin._juice_plan, models.SteerableMixin._clean_run = counting_plan, counting_clean_run
+    models.SteerableMixin._juice_sub_batch = timed_sub_batch
+    if hasattr(torch.cuda, "CUDAGraph"):
+        replay = torch.cuda.CUDAGraph.replay
+
+        def counting_replay(graph, *args, **kwargs):
+            record["graph_replays"] += 1
+            return replay(graph, *args, **kwargs)
+
+        torch.cuda.CUDAGraph.replay = counting_replay
+    return record
+
+
+def piecewise_on_cpu() -> None:
+    """vLLM's piecewise compilation on its CPU build (JUICE_TEST_PIECEWISE_ON_CPU=1; issue 65): the
     CPU platform's compilation mode DYNAMO_TRACE_ONCE (one Inductor graph, no splitting ops) put
     back to VLLM_COMPILE after the platform's own check, so that vLLM splits the traced forward at
     its splitting ops (attention, and juice's run-1 op, which the model adds) into the pieces a
     GPU would capture as CUDA graphs. The pieces run through vLLM's eager backend (vLLM's
-    Inductor passes call its CUDA ops, absent from the CPU build). The engine core
-    and worker run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the records reach it:
-    each split's pieces (whether a splitting piece, and the ops it calls), the forwards whose
-    batch had a JuICE row, and the calls of run 1's body. Returns the record, filled as vLLM runs."""
-    import os
-
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    import vllm.compilation.backends as backends
+    Inductor passes call its CUDA ops, absent from the CPU build)."""
     from vllm.config import CompilationMode
     from vllm.platforms.cpu import CpuPlatform
 
-    import juice.vllm.models as models
-
-    record = {"splits": [], "forwards_with_juice": 0, "run1": 0}
     check = CpuPlatform.check_and_update_config.__func__
 
     def vllm_compile(cls, vllm_config):
@@ -44,37 +98,16 @@ def piecewise_on_cpu() -> dict:
                 vllm_config.compilation_config.compile_sizes = []
 
     CpuPlatform.check_and_update_config = classmethod(vllm_compile)
-    split = backends.split_graph
-
-    def recording_split(graph, *args, **kwargs):
-        result = split(graph, *args, **kwargs)
-        record["splits"].append([[bool(item.is_splitting_graph),
-                                  [str(n.target) for n in item.graph.graph.nodes if n.op == "call_function"]]
-                                 for item in result[1]])
-        return result
-
-    backends.split_graph = recording_split
-    plan, clean_run = models.SteerableMixin._juice_plan, models.SteerableMixin._clean_run
-
-    def counting_plan(self, n_tokens):
-        state = plan(self, n_tokens)
-        if state is not None and state.added:
-            record["forwards_with_juice"] += 1
-        return state
-
-    def counting_clean_run(self, *args, **kwargs):
-        record["run1"] += 1
-        return clean_run(self, *args, **kwargs)
-
-    models.SteerableMixin._juice_plan, models.SteerableMixin._clean_run = counting_plan, counting_clean_run
-    return record
 
 
 def main() -> None:
     spec = json.load(open(sys.argv[1]))
     import os
 
-    record = piecewise_on_cpu() if os.environ.get("JUICE_TEST_PIECEWISE_ON_CPU") == "1" else None
+    on_cpu = os.environ.get("JUICE_TEST_PIECEWISE_ON_CPU") == "1"
+    record = record_compilation() if on_cpu or os.environ.get("JUICE_TEST_RECORD") == "1" else None
+    if on_cpu:
+        piecewise_on_cpu()
     from vllm import LLM, SamplingParams
 
     from juice.vllm import LOGITS_PROCESSOR, SCHEDULER, offline_request
@@ -140,7 +173,7 @@ def main() -> None:
             errors.append(f"{type(err).__name__}: {err}")
     out["bad"] = errors
     if record is not None:
-        out["piecewise"] = record
+        out["compilation"] = record
     if spec.get("bad"):   # the engine still serves after refusing them
         out["after_bad"] = tokens(llm.generate(prompts[:1], params[:1], use_tqdm=False))[0]
     json.dump(out, open(sys.argv[2], "w"))
