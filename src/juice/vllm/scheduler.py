@@ -42,6 +42,7 @@ import hashlib
 import logging
 from typing import Any
 
+from juice.methods import by_protocol
 from juice.steering_request import SteeringRequestError
 from juice.vllm.options import (SALT_PREFIX, PluginHeads, request_ask, request_cache_salt, request_fields,
                                 served_heads, steering_salt)
@@ -160,7 +161,7 @@ def _steering_name(request: Any, server: PluginHeads) -> str:
         ask = request_ask(request_fields(getattr(params, "extra_args", None)), server)
     except SteeringRequestError as err:
         return f"invalid: {err}"
-    if ask.method in ("original", "prune"):
+    if by_protocol(ask.method).tuned != "betas":   # Original, pruning, auto: no direction and betas
         return ask.method
     return f"{ask.method} {ask.direction} ({ask.beta_plus:g}, {ask.beta_minus:g})"
 
