@@ -197,7 +197,8 @@ def stage1_rate(lm: LoadedModel, n_prompts: int, max_rows: int = 256) -> dict:
 def evaluation_rate(lm: LoadedModel, n_examples: int, batches: list[int]) -> list[dict]:
     """Batched evaluation (:func:`juice.eval.runner.evaluate`, Original and JuICE, three conflict
     types) at `max_rows` = each batch size: rows (item x type x method) per second."""
-    from juice.eval.runner import Method, evaluate
+    from juice.eval.runner import evaluate
+    from juice.recipe import Method
 
     examples = build_domain("world_capital")[:n_examples]
     methods = {"Original": Method(), "JuICE": Method(Steering("juice", steering_coefficients(

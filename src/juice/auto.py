@@ -707,9 +707,9 @@ def tune_auto(lm: LoadedModel, artifact, items: ContextItems | Sequence[ContextI
 
 
 def candidate_methods(lm: LoadedModel, artifact) -> dict[str, "Method"]:   # noqa: F821
-    """Candidate name -> its evaluation method (:class:`juice.eval.runner.Method`), at the heads
+    """Candidate name -> its evaluation method (:class:`juice.recipe.Method`), at the heads
     file's betas (:func:`candidate_betas`)."""
-    from juice.eval.runner import Method
+    from juice.recipe import Method
 
     betas = candidate_betas(artifact.tuned)
     steer = {"original": ORIGINAL, "juice": JuICE(lm, artifact.selection, *betas["juice"]),

@@ -33,7 +33,8 @@ from typing import Any
 
 from juice.data.context_types import ContextItem
 from juice.eval.contexts import evaluate_context_types, result_id
-from juice.eval.runner import ItemResult, Method, results_from_json, results_to_json
+from juice.eval.runner import ItemResult, results_from_json, results_to_json
+from juice.recipe import Method
 from juice.io import settings_key, write_json_atomic
 from juice.models import LoadedModel
 from juice.progress import OnProgress, Progress, no_progress

@@ -1,5 +1,5 @@
 """Every method juice runs, in one table: its name, aliases, table title, what it needs and how
-it becomes the recipe a table row is decoded with (:class:`juice.eval.runner.Method`).
+it becomes the recipe a table row is decoded with (:class:`juice.recipe.Method`).
 
 The Steerer (:class:`juice.Steerer`), `juice evaluate` (rows and `--contexts`), `juice tune`,
 `juice reproduce`'s tables, the context-type study and both servers' request protocol
@@ -25,16 +25,15 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from juice.architectures import HeadGeometry
 from juice.interventions import Head, HeadSelection
 from juice.models import LoadedModel
+from juice.auto import policy_of
+from juice.recipe import Method
 from juice.steering import ORIGINAL, JuICE, JuNE, Prune, UntunedBetasWarning, chosen_betas
 from juice.tuned import TunedSettings
-
-if TYPE_CHECKING:
-    from juice.eval.runner import Method
 
 SHORT = {"parametric": "mem", "contextual": "ctx"}
 """A direction's suffix on a heads method's title where both directions are evaluated ("JuICE-ctx")."""
@@ -53,7 +52,7 @@ class MethodInputs:
         pruned: PH3's heads to zero, given (per domain, or a request's `heads`); None: the
             heads file's tuned list.
         instruction: the Prompt baseline's instruction where the evaluation does not say it
-            ("parametric" | "contextual", :class:`juice.eval.runner.Method`).
+            ("parametric" | "contextual", :class:`juice.recipe.Method`).
     """
 
     model: LoadedModel | HeadGeometry | None = None
@@ -77,7 +76,7 @@ class Built:
     """A method ready to run: the recipe, the settings it ran with (for reports), and the
     one-line warning to show (untuned betas), or None."""
 
-    method: "Method"
+    method: Method
     settings: dict[str, Any] = field(default_factory=dict)
     warning: str | None = None
 
@@ -122,11 +121,7 @@ class MethodSpec:
     summary: str = ""
 
 
-def _method(*args, **kwargs) -> "Method":
-    # imported here: the request protocol (and so the vLLM plugin) reads the table without the
-    # evaluation runner
-    from juice.eval.runner import Method
-
+def _method(*args, **kwargs) -> Method:
     return Method(*args, **kwargs)
 
 
@@ -174,8 +169,6 @@ def _steering(name: str, preset: Callable) -> Callable[[MethodInputs], Built]:
 
 
 def _auto(x: MethodInputs) -> Built:
-    from juice.auto import policy_of
-
     if x.beta_plus is not None or x.beta_minus is not None:
         raise ValueError("auto chooses its own strength: give no betas")
     policy = policy_of(x.tuned)

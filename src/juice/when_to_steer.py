@@ -41,7 +41,8 @@ from juice.data.context_types import (CONTEXT_TYPES, RELATED_DOMAINS, SPLITS, Co
 from juice.engine.backend import Engine
 from juice.eval.contexts import (MEAN, QuestionBootstrap, context_type_means, context_type_tables,
                                  evaluate_context_types, question_bootstrap)
-from juice.eval.runner import ItemResult, Method, results_to_json
+from juice.eval.runner import ItemResult, results_to_json
+from juice.recipe import Method
 from juice.eval.tables import AVERAGE, IntervalTable
 from juice.models import LoadedModel
 from juice.progress import Progress, no_progress
@@ -198,7 +199,7 @@ def prompt_fits(tokenizer, max_tokens: int) -> Callable[[ContextItem], bool]:
 
 def context_methods(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], names: Sequence[str]
                     ) -> tuple[dict[str, Method], dict[str, Any]]:
-    """Table title -> :class:`~juice.eval.runner.Method` for `names` (any of
+    """Table title -> :class:`~juice.recipe.Method` for `names` (any of
     :data:`juice.methods.REGISTRY`), and the settings each uses. A heads method runs once per
     heads file, titled with the file's direction ("JuICE-ctx"); the Prompt baseline once per
     instruction ("Prompt-mem", "Prompt-ctx"); auto from the file that holds its policy.

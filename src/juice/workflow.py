@@ -48,8 +48,6 @@ from juice.eval.runner import (
     MAX_NEW_TOKENS,
     DecodeRequest,
     ItemResult,
-    Method,
-    as_method,
     decode_requests,
     exact_match_decided,
 )
@@ -59,6 +57,7 @@ from juice.stage1 import HeadsArtifact, ScoringPrompt, make_artifact
 from juice.models import LoadedModel
 from juice.methods import REGISTRY, TUNED_STEERINGS, MethodInputs, build, check, lookup, names as method_names
 from juice.progress import OnProgress, Progress, no_progress
+from juice.recipe import Method, as_method
 from juice.steering import ORIGINAL
 from juice.tokens import answer_first_token
 from juice.userdata import ConflictRow, file_digest, load_rows

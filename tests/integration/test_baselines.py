@@ -56,7 +56,8 @@ def test_phi_gets_the_authors_line_break_after_the_instruction(tiny_models, monk
     instruction and after the coherent form's "Context:" (src/inference_utils.py, lines
     1266-1269); every other model type the space. The evaluation and the row runner use it."""
     from conftest import build_tiny
-    from juice.eval.runner import Method, evaluate
+    from juice.eval.runner import evaluate
+    from juice.recipe import Method
 
     ex = build_domain("world_capital")[0]
     sub, coh = parametric_prompt(ex, "substitution", "phi"), parametric_prompt(ex, "coherent", "phi")
@@ -365,7 +366,8 @@ def _naive_adacad_logprob(lm, prompt: str, question: str, continuation: str) -> 
 
 
 def test_adacad_in_the_contextual_evaluation_equals_a_naive_one_item_reference(tiny_llama):
-    from juice.eval.runner import Method, evaluate, evaluate_contextual
+    from juice.eval.runner import evaluate, evaluate_contextual
+    from juice.recipe import Method
     from juice.tokens import answer_first_token
 
     lm = tiny_llama
@@ -496,7 +498,7 @@ def test_a_cad_stream_decodes_the_unmodified_model():
 
 
 def test_a_method_is_cad_or_adacad_and_unsteered():
-    from juice.eval.runner import Method
+    from juice.recipe import Method
     from juice.steering import Steering
 
     assert Method(adacad=True).contrastive is not None and Method(cad_alpha=1.0).contrastive == 1.0

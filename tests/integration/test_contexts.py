@@ -14,7 +14,7 @@ from juice.engine import greedy_generate
 from juice.eval.metrics import new_tokens
 from juice.eval.contexts import context_type_means, context_type_tables, evaluate_context_types
 from juice.eval.metrics import context_verdicts
-from juice.eval.runner import Method
+from juice.recipe import Method
 from juice.interventions import Head, HeadSelection
 from juice.steering import ORIGINAL, JuICE, JuNE
 from test_context_types import ROWS

@@ -7,7 +7,8 @@ import torch
 from juice.baselines.prompt import contextual_prompt
 from juice.data.paraconflict import build_domain
 from juice.data.records import ContextualExample
-from juice.eval.runner import Method, evaluate, evaluate_contextual, likelihood_table
+from juice.eval.runner import evaluate, evaluate_contextual, likelihood_table
+from juice.recipe import Method
 from juice.interventions import Head, HeadSelection, added_to_heads, captured_heads
 from juice.reference import continuation_logprobs
 from juice.steering import Steering, steering_coefficients

@@ -123,7 +123,8 @@ def test_evaluation_and_tuning_under_the_static_cache_give_the_dynamic_verdicts(
     from dataclasses import replace
 
     from juice.data.paraconflict import build_domain
-    from juice.eval.runner import Method, evaluate
+    from juice.eval.runner import evaluate
+    from juice.recipe import Method
     from juice.eval.tuning import tune_per_domain
 
     static = replace(tiny_llama, kv_cache="static")

@@ -13,7 +13,7 @@ from conftest import build_tiny
 from juice.baselines.ph3 import heads_to_prune
 from juice.engine import greedy_generate
 from juice.eval.metrics import is_correct
-from juice.eval.runner import Method
+from juice.recipe import Method
 from juice.pipeline.run import ReproduceConfig
 from juice.pipeline.stages import score_prompts
 from juice.stage1 import ScoringPrompt, load_heads, save_heads

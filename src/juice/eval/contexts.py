@@ -32,7 +32,8 @@ from juice.eval.degeneration import correct_not_degenerate
 from juice.eval.metrics import METRICS, context_verdicts
 from juice.eval.stats import Interval, _check
 from juice.engine.backend import Engine
-from juice.eval.runner import DecodeRequest, ItemResult, Method, as_method, decode_requests, exact_match_decided
+from juice.eval.runner import DecodeRequest, ItemResult, decode_requests, exact_match_decided
+from juice.recipe import Method, as_method
 from juice.eval.tables import IntervalTable, interval_table
 from juice.models import LoadedModel
 from juice.steering import Steering
@@ -79,7 +80,7 @@ def evaluate_context_types(
     Args:
         items: context-type items (:func:`juice.data.context_types.nqswap_context_items`,
             :func:`~juice.data.context_types.paraconflict_context_items`).
-        methods: name -> :class:`~juice.eval.runner.Method` (or a steering); an instructed
+        methods: name -> :class:`~juice.recipe.Method` (or a steering); an instructed
             method uses its `instruction` (default "contextual").
         on_progress: called with the number of (prompt, method) streams finished.
         engine: what decodes (:mod:`juice.engine.backend`); None: juice's own engine.

@@ -44,7 +44,8 @@ from juice.engine.backend import Engine
 from juice.eval.degeneration import correct_not_degenerate
 from juice.eval.report import degeneration_markdown, difference_markdown, interval_markdown, table2_columns
 from juice.eval.contexts import context_type_tables, evaluate_context_types
-from juice.eval.runner import Method, evaluate_contextual, results_to_json, summary
+from juice.eval.runner import evaluate_contextual, results_to_json, summary
+from juice.recipe import Method
 from juice.eval.tables import interval_table
 from juice.io import settings_key
 from juice.pipeline.run import (

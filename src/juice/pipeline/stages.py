@@ -25,7 +25,8 @@ from juice.baselines.ph3 import (
 )
 from juice.data.records import CONFLICT_TYPES, ConflictExample
 from juice.engine.backend import Engine, engine_or_default
-from juice.eval.runner import ItemResult, Method, method_engine, results_from_json, results_to_json
+from juice.eval.runner import ItemResult, method_engine, results_from_json, results_to_json
+from juice.recipe import Method
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
 from juice.interventions import Head, HeadSelection
 from juice.io import StageFiles, UnitCheckpoint, settings_key, write_json_atomic
