@@ -69,16 +69,56 @@ from juice.data.context_types import CONTEXT_TYPES, ContextItem, ContextItems
 from juice.engine import QUESTION_ALONE, Choice, Contrast
 from juice.eval.degeneration import DEGENERATION_MARGIN
 from juice.models import LoadedModel
-from juice.steering import ORIGINAL, JuICE, JuNE, chosen_betas
+from juice.steering import ORIGINAL, JuICE, JuNE, Steering, chosen_betas
 from juice.tuned import TunedSettings
 
 SIGNAL = "jsd_bits"
 """The policy's signal: first-step JSD (bits) between the with-context and question-only distributions."""
 
-CANDIDATES = ("original", "question", "juice", "juice/2", "june", "adacad")
+@dataclass(frozen=True)
+class Candidate:
+    """One of auto's choices (module docstring).
+
+    Attributes:
+        name: its name in a policy (`picks`, `irrelevant`, `betas`).
+        method: the method it decodes with, a name of :data:`juice.methods.REGISTRY` (whose title
+            names it in tables); None: the question alone (:data:`juice.engine.QUESTION_ALONE`).
+        betas: the fraction of the method's tuned betas it steers with (head steerings only).
+        required: it is a candidate whatever the heads file holds; a head steering other than
+            JuICE's is one only where the file has its tuned betas.
+    """
+
+    name: str
+    method: str | None
+    betas: float = 1.0
+    required: bool = True
+
+    @property
+    def steered(self) -> bool:
+        """It steers heads (its method is a head steering), so a policy holds its betas."""
+        return self.method in _PRESETS
+
+    @property
+    def label(self) -> str:
+        """The suffix its title adds to its method's ("/2" for half the betas; "" for all)."""
+        return "" if self.betas == 1 else f"/{1 / self.betas:g}"
+
+
+_PRESETS = {"juice": JuICE, "june": JuNE}
+"""The head steerings a candidate can run, by their registry names (:mod:`juice.steering`'s presets)."""
+
+CANDIDATE_TABLE: tuple[Candidate, ...] = (
+    Candidate("original", "original"), Candidate("question", None), Candidate("juice", "juice"),
+    Candidate("juice/2", "juice", 0.5), Candidate("june", "june", required=False), Candidate("adacad", "adacad"))
+"""auto's candidates, least steered first (the order ties are broken in)."""
+
+CANDIDATE = {c.name: c for c in CANDIDATE_TABLE}
+"""Candidate name -> :class:`Candidate`."""
+
+CANDIDATES = tuple(CANDIDATE)
 """Candidate names, least steered first (the order ties are broken in)."""
 
-UNSTEERED = ("original", "question", "adacad")
+UNSTEERED = tuple(c.name for c in CANDIDATE_TABLE if not c.steered)
 """Candidates without betas."""
 
 MAX_THRESHOLDS = 2
@@ -285,12 +325,7 @@ class AutoPolicy:
             IndexError: a head outside the model.
         """
         names = self.candidates
-        make = {"original": lambda: ORIGINAL, "question": lambda: QUESTION_ALONE,
-                "adacad": lambda: Contrast(-1, CadPolicy(jsd_alpha)),
-                "juice": lambda: JuICE(lm, selection, *self.betas["juice"]),
-                "juice/2": lambda: JuICE(lm, selection, *self.betas["juice/2"]),
-                "june": lambda: JuNE(lm, selection, *self.betas["june"])}
-        steerings = tuple(make[n]() for n in names)
+        steerings = tuple(candidate_option(CANDIDATE[n], lm, selection, self.betas) for n in names)
         lexical = self.relevance is not None and self.gate == RELEVANCE
         gate = RelevanceGate(float(self.relevance), names.index(self.irrelevant), lm.tokenizer) if lexical else None
         model_gate = (() if self.relevance is None or lexical
@@ -335,14 +370,48 @@ class AutoPolicy:
 
 
 def candidate_betas(tuned: TunedSettings | Mapping[str, Any] | None) -> dict[str, tuple[float, float]]:
-    """Candidate name -> (beta+, beta-): "juice" and "juice/2" from the file's tuned JuICE betas
-    (:func:`juice.steering.chosen_betas`, defaults where untuned), "june" where JuNE is tuned."""
+    """Steered candidate name -> (beta+, beta-): its fraction of its method's betas in the file
+    (:class:`Candidate`): a required candidate's from :func:`juice.steering.chosen_betas`
+    (defaults where untuned: "juice", "juice/2"), another's where the file has them ("june")."""
     tuned = TunedSettings.of(tuned)
-    bp, bm, _ = chosen_betas("juice", tuned)
-    out = {"juice": (bp, bm), "juice/2": (bp / 2, bm / 2)}
-    if (june := tuned.betas("june")) is not None:
-        out["june"] = (june.beta_plus, june.beta_minus)
+    out = {}
+    for c in CANDIDATE_TABLE:
+        if not c.steered:
+            continue
+        if c.required:
+            bp, bm, _ = chosen_betas(c.method, tuned)
+        elif (found := tuned.betas(c.method)) is not None:
+            bp, bm = found.beta_plus, found.beta_minus
+        else:
+            continue
+        out[c.name] = (bp * c.betas, bm * c.betas)
     return out
+
+
+def candidate_option(candidate: Candidate, lm: LoadedModel, selection,
+                     betas: Mapping[str, tuple[float, float]]) -> "Steering | Contrast":
+    """What the engine decodes a candidate with: a steering (:class:`juice.steering.Steering`:
+    Original, a head steering at the candidate's `betas`), the question alone
+    (:data:`juice.engine.QUESTION_ALONE`), or AdaCAD's contrast with the question-only row.
+
+    Raises:
+        KeyError: a steered candidate without betas in `betas`.
+        ValueError: a candidate whose method auto cannot run.
+        IndexError: a head outside the model.
+    """
+    if candidate.method is None:
+        return QUESTION_ALONE
+    if candidate.steered:
+        return _PRESETS[candidate.method](lm, selection, *betas[candidate.name])
+    recipe = _UNSTEERED_RECIPES.get(candidate.method)
+    if recipe is None:
+        raise ValueError(f"auto cannot run {candidate.method!r} as a candidate")
+    return recipe()
+
+
+_UNSTEERED_RECIPES = {"original": lambda: ORIGINAL, "adacad": lambda: Contrast(-1, CadPolicy(jsd_alpha))}
+"""The candidates' methods without heads, as the engine runs them inside a choice (AdaCAD: CAD at
+the JSD in bits, :func:`juice.baselines.cad.jsd_alpha`, against the question-only row)."""
 
 
 def policy_of(tuned: TunedSettings | Mapping[str, Any] | None) -> AutoPolicy:
@@ -712,11 +781,13 @@ def candidate_methods(lm: LoadedModel, artifact) -> dict[str, "Method"]:   # noq
     from juice.recipe import Method
 
     betas = candidate_betas(artifact.tuned)
-    steer = {"original": ORIGINAL, "juice": JuICE(lm, artifact.selection, *betas["juice"]),
-             "juice/2": JuICE(lm, artifact.selection, *betas["juice/2"])}
-    if "june" in betas:
-        steer["june"] = JuNE(lm, artifact.selection, *betas["june"])
-    return {c: Method(s) for c, s in steer.items()} | {"adacad": Method(adacad=True)}
+    out = {}
+    for c in CANDIDATE_TABLE:
+        if c.method is None or (c.steered and c.name not in betas):
+            continue   # the question alone is Original's output on the none item; an untuned JuNE is none
+        option = candidate_option(c, lm, artifact.selection, betas)
+        out[c.name] = Method(adacad=True) if isinstance(option, Contrast) else Method(option)
+    return out
 
 
 def fit_from_results(lm: LoadedModel, items: Sequence[ContextItem], results: Sequence, titles: Mapping[str, str],
@@ -776,7 +847,7 @@ def verdict_table(items: Sequence[ContextItem], results: Sequence, titles: Mappi
     return verdicts, degenerate
 
 
-__all__ = ["AutoFit", "AutoPolicy", "AutoRule", "CANDIDATES", "CONFIDENCE_GAIN", "CONTEXT_PEAKEDNESS", "GATE_SIGNALS",
+__all__ = ["AutoFit", "AutoPolicy", "AutoRule", "CANDIDATE", "CANDIDATES", "CANDIDATE_TABLE", "Candidate", "CONFIDENCE_GAIN", "CONTEXT_PEAKEDNESS", "GATE_SIGNALS",
            "GateValues", "RELEVANCE", "SIGNAL", "RelevanceGate", "first_step_features", "gate_signal",
-           "candidate_betas", "candidate_methods", "cross_validate", "first_step_signal", "fit_from_results", "fit_policy",
+           "candidate_betas", "candidate_option", "candidate_methods", "cross_validate", "first_step_signal", "fit_from_results", "fit_policy",
            "passage_of", "passage_relevance", "policy_picks", "relevance", "request_features", "verdict_table", "content_words", "has_passage", "policy_of", "tune_auto"]

@@ -39,7 +39,7 @@ from juice.io import settings_key, write_json_atomic
 from juice.models import LoadedModel
 from juice.progress import OnProgress, Progress, no_progress
 from juice.stage1 import HeadsArtifact
-from juice.methods import MethodInputs, build
+from juice.methods import REGISTRY, MethodInputs, build
 
 CHUNK = 40
 """Questions per cached decoding chunk."""
@@ -250,7 +250,7 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
         ValueError: see :func:`juice.when_to_steer.context_items` and
             :func:`juice.when_to_steer.context_methods`; a half without items.
     """
-    from juice.auto import candidate_betas
+    from juice.auto import CANDIDATE_TABLE, candidate_betas
     from juice.eval.contexts import QUESTION_ONLY, context_type_tables, question_only_results
     from juice.when_to_steer import SHORT, ContextsEvaluation, best_static_method, context_items, context_methods, summarize
 
@@ -266,15 +266,14 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
     static, settings = context_methods(lm, [artifact], [n for n in names if n != "auto"])
     settings = {**settings, QUESTION_ONLY: {"from": "Original's output on the question alone (the none item)"}}
     suffix = SHORT[str(artifact.direction)]
-    titles = {"original": "Original", "question": QUESTION_ONLY, "adacad": "AdaCAD", "juice": f"JuICE-{suffix}",
-              "june": f"JuNE-{suffix}", "juice/2": f"JuICE/2-{suffix}"}
+    titles = {c.name: candidate_title(c, suffix) for c in CANDIDATE_TABLE}
     betas = candidate_betas(artifact.tuned)
     extra: dict[str, Method] = {}
     if auto:   # auto's candidates that are not static methods of the table
-        for c in ("original", "adacad", "juice", "june", "juice/2"):
-            if titles[c] not in static and (c in betas or c in ("original", "adacad")):
-                extra[titles[c]] = auto_candidate(lm, artifact, c, betas)
-                settings = {**settings, titles[c]: {"candidate": c, "betas": betas.get(c)}}
+        for c in CANDIDATE_TABLE:
+            if c.method is not None and titles[c.name] not in static and (not c.steered or c.name in betas):
+                extra[titles[c.name]] = auto_candidate(lm, artifact, c.name, betas)
+                settings = {**settings, titles[c.name]: {"candidate": c.name, "betas": betas.get(c.name)}}
     decoded = {**static, **extra}
     candidates = {c: t for c, t in titles.items() if t in decoded or c == "question"}
     static_names = [*static, QUESTION_ONLY]
@@ -383,15 +382,34 @@ def _write_study(study: Study, out: Path) -> None:
     (out / "study.md").write_text(study.markdown(), encoding="utf-8")
 
 
+def candidate_title(candidate, suffix: str) -> str:
+    """The study's title of one of auto's candidates (:class:`juice.auto.Candidate`): its method's
+    title in :data:`juice.methods.REGISTRY` with the candidate's label ("/2"), and the heads file's
+    direction (`suffix`, "mem" or "ctx") after a head steering's; the question alone's is
+    :data:`juice.eval.contexts.QUESTION_ONLY`."""
+    from juice.eval.contexts import QUESTION_ONLY
+
+    if candidate.method is None:
+        return QUESTION_ONLY
+    spec = REGISTRY[candidate.method]
+    return f"{spec.title}{candidate.label}" + (f"-{suffix}" if spec.heads else "")
+
+
 def auto_candidate(lm: LoadedModel, artifact: HeadsArtifact, candidate: str, betas: Mapping[str, tuple[float, float]]
                    ) -> Method:
-    """The evaluation method of one of auto's candidates (:data:`juice.auto.CANDIDATES`)."""
-    from juice.auto import candidate_methods
+    """The evaluation method of one of auto's candidates (:data:`juice.auto.CANDIDATES`), built by
+    the registry at the candidate's betas (`betas`, :func:`juice.auto.candidate_betas`).
 
-    if candidate == "juice/2":
-        bp, bm = betas["juice/2"]
-        return build("juice", MethodInputs(lm, artifact.selection, beta_plus=bp, beta_minus=bm)).method
-    return candidate_methods(lm, artifact)[candidate]
+    Raises:
+        ValueError: the question alone (no method of its own: Original's output on the none item).
+    """
+    from juice.auto import CANDIDATE
+
+    c = CANDIDATE[candidate]
+    if c.method is None:
+        raise ValueError("the question alone is Original's output on the none item, not a method to decode")
+    bp, bm = betas[candidate] if c.steered else (None, None)
+    return build(c.method, MethodInputs(lm, artifact.selection, beta_plus=bp, beta_minus=bm), warn=False).method
 
 
-__all__ = ["CHUNK", "ORACLE", "Study", "auto_candidate", "decode_cached", "oracle_results", "run_study"]
+__all__ = ["CHUNK", "ORACLE", "Study", "auto_candidate", "candidate_title", "decode_cached", "oracle_results", "run_study"]
