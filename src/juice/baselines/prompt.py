@@ -16,8 +16,9 @@ prepended to the whole task prompt, in the forms the paper's authors apply
   break, `Question: <question>`, a line break and `Answer:`.
 
 The contextual form is picked by `example.dataset` (the names of :mod:`juice.data.contextual`);
-a dataset of another name gets the NQ-Swap form when its metric is "nqswap", and otherwise the
-form of its `kind` (completion or QA), the nearest of the authors' forms.
+a dataset of another name gets the NQ-Swap form when its metric's `prompt_form` is "nqswap"
+(:data:`juice.data.metrics.METRICS`), and otherwise the form of its `kind` (completion or QA), the
+nearest of the authors' forms.
 
 NQ-Swap: passage and question are recovered from our prompt
 (`Context: <passage>\\nQuestion: <question>?\\nAnswer:`, :mod:`juice.data.nqswap`) with the
@@ -31,6 +32,7 @@ from __future__ import annotations
 import re
 
 from juice.data.context_types import ContextItem
+from juice.data.metrics import METRICS
 from juice.data.records import ConflictExample, ContextualExample
 
 PARAMETRIC_SUBSTITUTION = (
@@ -126,7 +128,7 @@ def contextual_prompt(example: ContextualExample) -> str:
         return f"{CONTEXTUAL_COMPLETION}\n{example.prompt}"
     if example.dataset in QA_DATASETS:
         return f"{CONTEXTUAL_QA}{example.prompt}"
-    if example.dataset == NQSWAP_DATASET or example.metric == "nqswap":
+    if example.dataset == NQSWAP_DATASET or METRICS[example.metric].prompt_form == "nqswap":
         passage, question = nqswap_parts(example)
         return f"{CONTEXTUAL_NQSWAP}\nContext: {passage}\nQuestion: {question}\nAnswer:"
     if example.kind == "qa":
@@ -153,7 +155,7 @@ def instructed_context_item(item: ContextItem, direction: str, model_type: str |
         ValueError: a direction other than parametric or contextual.
     """
     if direction == "contextual":
-        head = CONTEXTUAL_NQSWAP if item.metric == "nqswap" else CONTEXTUAL_COMPLETION
+        head = CONTEXTUAL_NQSWAP if METRICS[item.metric].prompt_form == "nqswap" else CONTEXTUAL_COMPLETION
         return f"{head}\n{item.prompt}"
     if direction == "parametric":
         if item.prompt == item.question:

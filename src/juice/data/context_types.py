@@ -64,6 +64,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from juice.data.metrics import CONTEXT_ITEM, metric_named
 from juice.data.nqswap import context_prompt, question_prompt, strip_markup
 from juice.data.records import ConflictExample
 from juice.text import contains_answer, normalize_answer
@@ -106,8 +107,8 @@ class ContextItem:
         context_answers: the answer the passage gives (gold: the true one; conflicting: the
             substituted one; irrelevant and distractor: the other passage's); empty for none and
             for a distractor that states no answer.
-        metric: "first_words" (the paper's exact match in the first 5 words, ParaConflict) or
-            "nqswap" (normalized substring, NQ-Swap).
+        metric: a metric of :data:`juice.data.metrics.METRICS` for these items: "first_words" (the
+            paper's exact match in the first 5 words, ParaConflict) or "nqswap" (NQ-Swap).
         variant: for ParaConflict's conflicting items, "substitution" or "coherent"; for a
             distractor, "bm25", "other_relation" or "no_answer"; else "".
         partner: for an irrelevant or distractor item, the uid of the item whose passage it
@@ -128,8 +129,7 @@ class ContextItem:
     def __post_init__(self) -> None:
         if self.context_type not in CONTEXT_TYPES:
             raise ValueError(f"context type must be one of {', '.join(CONTEXT_TYPES)}, not {self.context_type!r}")
-        if self.metric not in ("first_words", "nqswap"):
-            raise ValueError(f"metric must be first_words or nqswap, not {self.metric!r}")
+        metric_named(self.metric, CONTEXT_ITEM)
         if not self.memory_answers or not all(a.strip() for a in self.memory_answers):
             raise ValueError(f"{self.source}/{self.uid}: empty memory answer")
         if self.context_type == "none" and self.context_answers:

@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field
 from enum import Enum
 
+from juice.data.metrics import CONTEXTUAL, metric_named
+
 
 class Direction(str, Enum):
     """Which answer steering promotes when context and memory conflict (paper Sec. 2): the
@@ -110,8 +112,8 @@ class ContextualExample:
         parametric_answers: the memorised answers (what the context overrides).
         kind: "completion" (sentence completion) or "qa" (question answering); picks the
             instruction of the Prompt baseline (paper App. D.1).
-        metric: "memotrap" (exact match of the continuation's words) or "nqswap" (normalized
-            substring match), see :mod:`juice.eval.runner`.
+        metric: a metric of :data:`juice.data.metrics.METRICS` for these records: "memotrap" (exact
+            match of the continuation's words) or "nqswap" (normalized substring match).
     """
 
     dataset: str
@@ -132,8 +134,10 @@ class ContextualExample:
             raise ValueError(f"{self.dataset}/{self.uid}: empty prompt or question")
         if self.kind not in ("completion", "qa"):
             raise ValueError(f"{self.dataset}/{self.uid}: kind must be 'completion' or 'qa', not {self.kind!r}")
-        if self.metric not in ("memotrap", "nqswap"):
-            raise ValueError(f"{self.dataset}/{self.uid}: unknown metric {self.metric!r}")
+        try:
+            metric_named(self.metric, CONTEXTUAL)
+        except ValueError as err:
+            raise ValueError(f"{self.dataset}/{self.uid}: {err}") from None
 
     @property
     def context_answer(self) -> str:

@@ -29,6 +29,7 @@ import numpy as np
 from juice.baselines.prompt import instructed_context_item
 from juice.data.context_types import CONTEXT_TYPES, ContextItem
 from juice.eval.degeneration import correct_not_degenerate
+from juice.data.metrics import CONTEXT_ITEM, metrics_for
 from juice.eval.metrics import METRICS, context_verdicts
 from juice.eval.stats import Interval, _check
 from juice.engine.backend import Engine
@@ -94,7 +95,7 @@ def evaluate_context_types(
     methods = {name: as_method(m) for name, m in methods.items()}
     model_type = lm.model.config.model_type
     results: dict[tuple[int, str], ItemResult] = {}
-    for metric in ("first_words", "nqswap"):   # the context types' metrics
+    for metric in metrics_for(CONTEXT_ITEM):   # the context types' metrics
         new_tokens = METRICS[metric].new_tokens
         meta, requests = [], []
         for i, item in enumerate(items):
@@ -110,7 +111,7 @@ def evaluate_context_types(
         if not requests:
             continue
         decoded = decode_requests(lm, requests, new_tokens, max_rows=max_rows, on_progress=on_progress,
-                                  stop_text=exact_match_decided(lm.tokenizer) if metric == "first_words" else None,
+                                  stop_text=exact_match_decided(lm.tokenizer) if METRICS[metric].first_words_only else None,
                                   engine=engine)
         for (i, item, name), (text, probs) in zip(meta, decoded):
             verdicts = context_verdicts(item, text)

@@ -38,6 +38,7 @@ from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, Co
 from juice.engine import Contrast, QuestionAlone, Stream
 from juice.engine.backend import Engine, engine_or_default
 from juice.likelihood import continuation_ids
+from juice.data.metrics import CONTEXTUAL, metrics_for
 from juice.eval.metrics import METRICS, N_WORDS, contextual_correct, is_correct, memotrap_match, nqswap_match
 from juice.models import LoadedModel
 from juice.steering import Steering
@@ -312,7 +313,7 @@ def evaluate_contextual(
     """
     methods = {name: as_method(m) for name, m in methods.items()}
     results: dict[tuple[int, str], ItemResult] = {}
-    for metric in ("memotrap", "nqswap"):
+    for metric in metrics_for(CONTEXTUAL):
         new_tokens = METRICS[metric].new_tokens
         group = [(i, ex) for i, ex in enumerate(examples) if ex.metric == metric]
         if not group:
@@ -336,7 +337,7 @@ def evaluate_contextual(
                 follows_parametric=contextual_correct(ex, text, ex.parametric_answers), item=ex.uid,
             )
     if likelihood:
-        memo = [(i, ex) for i, ex in enumerate(examples) if ex.metric == "memotrap"]
+        memo = [(i, ex) for i, ex in enumerate(examples) if METRICS[ex.metric].likelihood]
         wins = likelihood_wins(lm, [ex for _, ex in memo], methods, max_rows=max_rows, engine=engine)
         for name in methods:
             for (i, _), win in zip(memo, wins[name]):
