@@ -22,6 +22,7 @@ import sys
 ROOT = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "juice"
 METHOD_NAMES = {"original", "june", "juice", "prune", "ph3", "auto", "prompt", "cad", "adacad", "ckplug"}
+METRIC_NAMES = {"first_words", "memotrap", "nqswap"}
 WHEN_TO_STEER = ["data/context_types.py", "eval/contexts.py", "when_to_steer.py", "context_study.py", "auto.py"]
 
 
@@ -34,6 +35,26 @@ def _method_comparisons(tree: ast.AST) -> int:
                 values = ([right.value] if isinstance(right, ast.Constant) else
                           [e.value for e in getattr(right, "elts", []) if isinstance(e, ast.Constant)])
                 n += any(v in METHOD_NAMES for v in values)
+    return n
+
+
+def _metric_comparisons(tree: ast.AST) -> int:
+    """`<x>.metric == "nqswap"` / `metric in ("first_words", "nqswap")` / `for metric in ("memotrap",
+    "nqswap")`: a metric's name compared or listed in code outside the metric table."""
+    n = 0
+    for node in ast.walk(tree):
+        left, rights = None, []
+        if isinstance(node, ast.Compare):
+            left, rights = node.left, node.comparators
+        elif isinstance(node, ast.For):
+            left, rights = node.target, [node.iter]
+        name = getattr(left, "attr", getattr(left, "id", ""))
+        if name != "metric":
+            continue
+        for right in rights:
+            values = ([right.value] if isinstance(right, ast.Constant) else
+                      [e.value for e in getattr(right, "elts", []) if isinstance(e, ast.Constant)])
+            n += any(v in METRIC_NAMES for v in values)
     return n
 
 
@@ -84,6 +105,8 @@ def main() -> None:
         if re.search(r"\.tuned(\.get)?[\[(]\s*[\"']", text) or re.search(r"tuned\[[\"']", text):
             tuned.append(f)
     compares = {str(f.relative_to(SRC)): c for f in files if (c := _method_comparisons(ast.parse(f.read_text())))}
+    metric_compares = {str(f.relative_to(SRC)): c for f in files if f.name != "metrics.py" or f.parent.name != "data"
+                       if (c := _metric_comparisons(ast.parse(f.read_text())))}
     parsers = [str(f.relative_to(SRC)) for f in files if "positive_heads" in _code_strings(f.read_text())
                and "data[\"positive_heads\"]" in f.read_text()]
     copies = [str(f.relative_to(SRC)) for f in files if _name_copies(ast.parse(f.read_text()))]
@@ -101,6 +124,8 @@ def main() -> None:
     print(f"test folders: {len(folders)}  " + ", ".join(map(str, folders)))
     print(f"a steering's method compared to a method name: {sum(compares.values())} in {len(compares)} files  "
           + ", ".join(f"{k} ({v})" for k, v in sorted(compares.items())))
+    print(f"a metric's name compared or listed in code (outside data/metrics.py): {sum(metric_compares.values())} in "
+          f"{len(metric_compares)} files  " + ", ".join(f"{k} ({v})" for k, v in sorted(metric_compares.items())))
     print(f"modules parsing a heads file's fields: {len(parsers)}  " + ", ".join(parsers))
     print(f"modules copying the registry's names at import: {len(copies)}  " + ", ".join(copies))
     print(f"when-to-steer modules: {len(room)}, {sum(n for _, n in room)} lines  "
