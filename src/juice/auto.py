@@ -48,7 +48,7 @@ signal's quantiles) and the candidate per bin are chosen to maximize the **use r
 objective (gold and conflicting: the context's answer; irrelevant and none: the memory answer),
 averaged over the context types, ties going to fewer bins and to the less steered candidate. A
 candidate whose share of degenerate validation outputs (:mod:`juice.eval.degeneration`) exceeds
-Original's by more than :data:`juice.eval.degeneration.DEGENERATION_MARGIN` points is never
+Original's by more than :data:`juice.tuned.DEGENERATION_MARGIN` points is never
 chosen (`juice tune`'s rule). The result is written to the heads file
 (`tuned["auto"]`) like the betas.
 """
@@ -67,10 +67,9 @@ from torch import Tensor
 from juice.baselines.cad import CadPolicy, jsd_alpha
 from juice.data.context_types import CONTEXT_TYPES, ContextItem, ContextItems
 from juice.engine import QUESTION_ALONE, Choice, Contrast
-from juice.eval.degeneration import DEGENERATION_MARGIN
 from juice.models import LoadedModel
 from juice.steering import ORIGINAL, JuICE, JuNE, Steering, chosen_betas
-from juice.tuned import TunedSettings
+from juice.tuned import DEGENERATION_MARGIN, TunedSettings
 
 SIGNAL = "jsd_bits"
 """The policy's signal: first-step JSD (bits) between the with-context and question-only distributions."""

@@ -25,6 +25,11 @@ from typing import Any
 PROVENANCE = "data"
 """The key of the validation data's provenance (file, digest, rows) in the "tuned" object."""
 
+DEGENERATION_MARGIN = 10.0
+"""Percentage points of degenerate outputs (:mod:`juice.eval.degeneration`) a tuned setting may add
+to Original's: `juice tune` (:func:`juice.workflow.tune`) and auto's fit
+(:func:`juice.auto.fit_policy`) never choose one that adds more."""
+
 
 class TunedSettingsError(ValueError):
     """A heads file's "tuned" object is malformed (the message names the method and the field)."""

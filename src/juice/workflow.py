@@ -42,7 +42,7 @@ from juice.baselines.ph3 import PRUNE_K, ConflictPrompt, Ph3Scores, heads_to_pru
 from juice.baselines.prompt import CONTEXTUAL_COMPLETION, instructed_parametric
 from juice.data.records import Direction
 from juice.engine.backend import Engine
-from juice.eval.degeneration import DEGENERATION_MARGIN, correct_not_degenerate
+from juice.eval.degeneration import correct_not_degenerate
 from juice.eval.metrics import is_correct
 from juice.eval.runner import (
     MAX_NEW_TOKENS,
@@ -59,6 +59,7 @@ from juice.methods import REGISTRY, TUNED_STEERINGS, MethodInputs, build, check,
 from juice.progress import OnProgress, Progress, no_progress
 from juice.recipe import Method, as_method
 from juice.steering import ORIGINAL
+from juice.tuned import DEGENERATION_MARGIN
 from juice.tokens import answer_first_token
 from juice.userdata import ConflictRow, file_digest, load_rows
 
@@ -225,7 +226,7 @@ class TunedSetting:
             "degeneration" (percent of degenerate outputs), "eligible" (within the margin)}.
         degeneration: the chosen setting's percent of degenerate outputs.
         original_degeneration: Original's on the same rows; a setting is eligible while its
-            share exceeds it by at most :data:`juice.eval.degeneration.DEGENERATION_MARGIN` points.
+            share exceeds it by at most :data:`juice.tuned.DEGENERATION_MARGIN` points.
     """
 
     accuracy: float
@@ -261,7 +262,7 @@ def tune(
 
     Beyond the paper: every grid point records its share of degenerate outputs
     (:mod:`juice.eval.degeneration`), and a setting whose share exceeds Original's on the same
-    rows by more than :data:`~juice.eval.degeneration.DEGENERATION_MARGIN` percentage points is
+    rows by more than :data:`~juice.tuned.DEGENERATION_MARGIN` percentage points is
     never chosen (where every setting does, the least degenerate ones compete).
 
     All settings decode in one batched run sharing each prompt's clean prefill. `limit`: use the

@@ -33,7 +33,7 @@ second score, **correct and not degenerate** (:func:`correct_not_degenerate`: ex
 output that is not degenerate), with its paired differences: exact match reads the first five
 words, so " Richie Cunningham , Richie Cunningham , Richie Cunningham" counts as correct there
 and not here. `juice tune` never chooses a setting whose share on the tuning rows exceeds
-Original's by more than :data:`DEGENERATION_MARGIN` percentage points (:func:`juice.workflow.tune`);
+Original's by more than :data:`juice.tuned.DEGENERATION_MARGIN` percentage points (:func:`juice.workflow.tune`);
 `juice reproduce --degeneration-margin P` applies the same rule to the paper's per-domain grids
 (:func:`juice.eval.tuning.tune_per_domain`), an option: the paper's protocol reads accuracy only.
 """
@@ -42,14 +42,14 @@ from __future__ import annotations
 
 import re
 
+from juice.tuned import DEGENERATION_MARGIN  # noqa: F401  (re-exported: the margin the degeneration rule is applied with)
+
 NGRAM = 6
 """Characters per n-gram of :func:`repeated_share`."""
 DEGENERATE_AT = 0.3
 """A text whose repeated share is at least this is degenerate."""
 WORD_RUN = 3
 """A text in which one word (case ignored) follows itself this many times in a row is degenerate."""
-DEGENERATION_MARGIN = 10.0
-"""Percentage points of degenerate outputs a tuned setting may add to Original's (`juice tune`)."""
 
 _SPACE = re.compile(r"\s+")
 _WORD = re.compile(r"[\w']+")
