@@ -235,7 +235,8 @@ def main() -> int:
         lines.append(f"| {name} | {happened} | {'yes' if fine else 'NO'} | {result['seconds']} |")
         compilation = result.get("compilation")
         if compilation:
-            run1 = [(s, ops) for split in compilation["splits"] for s, ops in split if any("clean_run" in o for o in ops)]
+            run1 = [(s, ops) for split in compilation["splits"] for s, ops in split
+                    if any("clean_run" in o for o in ops)]
             split_alone = bool(run1) and all(s and len(ops) == 1 for s, ops in run1)
             counted = compilation["run1"] == compilation["forwards_with_juice"] > 0
             replayed = args.dry_run or compilation["graph_replays"] > 0

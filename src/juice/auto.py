@@ -74,6 +74,7 @@ from juice.tuned import DEGENERATION_MARGIN, TunedSettings
 SIGNAL = "jsd_bits"
 """The policy's signal: first-step JSD (bits) between the with-context and question-only distributions."""
 
+
 @dataclass(frozen=True)
 class Candidate:
     """One of auto's choices (module docstring).
@@ -846,7 +847,9 @@ def verdict_table(items: Sequence[ContextItem], results: Sequence, titles: Mappi
     return verdicts, degenerate
 
 
-__all__ = ["AutoFit", "AutoPolicy", "AutoRule", "CANDIDATE", "CANDIDATES", "CANDIDATE_TABLE", "Candidate", "CONFIDENCE_GAIN", "CONTEXT_PEAKEDNESS", "GATE_SIGNALS",
-           "GateValues", "RELEVANCE", "SIGNAL", "RelevanceGate", "first_step_features", "gate_signal",
-           "candidate_betas", "candidate_option", "candidate_methods", "cross_validate", "first_step_signal", "fit_from_results", "fit_policy",
-           "passage_of", "passage_relevance", "policy_picks", "relevance", "request_features", "verdict_table", "content_words", "has_passage", "policy_of", "tune_auto"]
+__all__ = ["AutoFit", "AutoPolicy", "AutoRule", "CANDIDATE", "CANDIDATES", "CANDIDATE_TABLE", "Candidate",
+           "CONFIDENCE_GAIN", "CONTEXT_PEAKEDNESS", "GATE_SIGNALS", "GateValues", "RELEVANCE", "SIGNAL",
+           "RelevanceGate", "first_step_features", "gate_signal", "candidate_betas", "candidate_option",
+           "candidate_methods", "cross_validate", "first_step_signal", "fit_from_results", "fit_policy", "passage_of",
+           "passage_relevance", "policy_picks", "relevance", "request_features", "verdict_table", "content_words",
+           "has_passage", "policy_of", "tune_auto"]
