@@ -412,4 +412,5 @@ def auto_candidate(lm: LoadedModel, artifact: HeadsArtifact, candidate: str, bet
     return build(c.method, MethodInputs(lm, artifact.selection, beta_plus=bp, beta_minus=bm), warn=False).method
 
 
-__all__ = ["CHUNK", "ORACLE", "Study", "auto_candidate", "candidate_title", "decode_cached", "oracle_results", "run_study"]
+__all__ = ["CHUNK", "ORACLE", "Study", "auto_candidate", "candidate_title", "decode_cached", "oracle_results",
+           "run_study"]

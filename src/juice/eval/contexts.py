@@ -111,7 +111,8 @@ def evaluate_context_types(
         if not requests:
             continue
         decoded = decode_requests(lm, requests, new_tokens, max_rows=max_rows, on_progress=on_progress,
-                                  stop_text=exact_match_decided(lm.tokenizer) if METRICS[metric].first_words_only else None,
+                                  stop_text=(exact_match_decided(lm.tokenizer) if METRICS[metric].first_words_only
+                                             else None),
                                   engine=engine)
         for (i, item, name), (text, probs) in zip(meta, decoded):
             verdicts = context_verdicts(item, text)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import re
 
-from juice.tuned import DEGENERATION_MARGIN  # noqa: F401  (re-exported: the margin the degeneration rule is applied with)
+from juice.tuned import DEGENERATION_MARGIN  # noqa: F401  (re-exported: the margin this rule is applied with)
 
 NGRAM = 6
 """Characters per n-gram of :func:`repeated_share`."""
