@@ -94,21 +94,13 @@ def _python() -> str:
 def model_and_reference(tmp: Path) -> dict:
     """The tiny Llama, its heads files and juice's own greedy tokens (mixed batch) for
     :data:`PROMPTS` x :data:`STEERINGS`."""
-    from juice.engine import Stream, generate
-    from juice.tokens import token_ids
     from test_vllm import CONTEXTUAL, PARAMETRIC, write_heads
-    from test_vllm_runs import _steering, tiny_llama_dir
+    from test_vllm_runs import reference_requests, tiny_llama_dir
 
     lm, folder = tiny_llama_dir(tmp)
     selections = {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}
     files = [write_heads(tmp / f"{d}.json", lm.fingerprint(), d, s) for d, s in selections.items()]
-    requests, streams = [], []
-    for i, prompt in enumerate(PROMPTS):
-        ids = token_ids(lm.tokenizer, prompt)
-        for juice in STEERINGS:
-            requests.append({"prompt_token_ids": ids, "juice": juice, "max_tokens": MAX_TOKENS})
-            streams.append(Stream(i, _steering(lm, selections, juice)))
-    expected = generate(lm, PROMPTS, streams, max_new_tokens=MAX_TOKENS).tokens.tolist()
+    requests, expected = reference_requests(lm, PROMPTS, selections, STEERINGS, MAX_TOKENS)
     return {"folder": folder, "files": files, "requests": requests, "expected": expected}
 
 
@@ -149,24 +141,9 @@ def pieces_text(record: dict) -> list[str]:
 def engine_config_verdicts(tmp: Path) -> dict:
     """vLLM's engine configuration for each of :data:`CONFIGS` as an H100 builds it, with juice's
     verdict (tests/vllm_env/gpu_engine_configs.py): what the GPU run will meet, checked on a CPU."""
-    from transformers import AutoConfig
+    from test_vllm_constraints import gpu_engine_configs
 
-    from conftest import COMMON, make_tokenizer
-
-    model = tmp / "hopper-shaped"
-    AutoConfig.for_model("llama", hidden_size=2048, intermediate_size=6144, num_hidden_layers=1,
-                         num_attention_heads=16, num_key_value_heads=8, head_dim=128, torch_dtype="bfloat16",
-                         **COMMON).save_pretrained(model)
-    make_tokenizer().save_pretrained(model)
-    settings = {name: {"env": {"VLLM_USE_V2_MODEL_RUNNER": "0", **env}, "args": llm}
-                for name, (env, llm, _) in CONFIGS.items()}
-    (tmp / "settings.json").write_text(json.dumps(settings))
-    done = subprocess.run([_python(), str(ROOT / "tests" / "vllm_env" / "gpu_engine_configs.py"), str(model),
-                           str(tmp / "settings.json"), str(tmp / "configs.json")], capture_output=True, text=True,
-                          timeout=600)
-    if done.returncode:
-        raise RuntimeError(done.stderr[-2000:])
-    return json.loads((tmp / "configs.json").read_text())
+    return gpu_engine_configs(_python(), tmp, CONFIGS)
 
 
 def main() -> int:

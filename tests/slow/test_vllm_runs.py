@@ -63,17 +63,24 @@ def run_vllm(model_dir: str, requests: list[dict], heads_files: list[str], tmp_p
     return json.loads((tmp_path / "out.json").read_text())
 
 
-def equality_case(lm, model_dir: str, tmp_path: Path, prompts: list[str], selections: dict[str, HeadSelection],
-                  steerings: list[dict | None], max_tokens: int, bad=(), llm: dict | None = None,
-                  heads_in_config: bool = False, env: dict | None = None) -> dict:
-    files = [write_heads(tmp_path / f"{d}.json", lm.fingerprint(), d, s) for d, s in selections.items()]
+def reference_requests(lm, prompts: list[str], selections: dict[str, HeadSelection], steerings: list[dict | None],
+                       max_tokens: int) -> tuple[list[dict], list[list[int]]]:
+    """Each prompt under each steering as a request to vLLM (token ids, `juice` fields, max_tokens),
+    and juice's own greedy tokens for them, all in one batch (`generate`)."""
     requests, streams = [], []
     for i, prompt in enumerate(prompts):
         ids = token_ids(lm.tokenizer, prompt)
         for juice in steerings:
             requests.append({"prompt_token_ids": ids, "juice": juice, "max_tokens": max_tokens})
             streams.append(Stream(i, _steering(lm, selections, juice)))
-    expected = generate(lm, prompts, streams, max_new_tokens=max_tokens).tokens.tolist()
+    return requests, generate(lm, prompts, streams, max_new_tokens=max_tokens).tokens.tolist()
+
+
+def equality_case(lm, model_dir: str, tmp_path: Path, prompts: list[str], selections: dict[str, HeadSelection],
+                  steerings: list[dict | None], max_tokens: int, bad=(), llm: dict | None = None,
+                  heads_in_config: bool = False, env: dict | None = None) -> dict:
+    files = [write_heads(tmp_path / f"{d}.json", lm.fingerprint(), d, s) for d, s in selections.items()]
+    requests, expected = reference_requests(lm, prompts, selections, steerings, max_tokens)
     out = run_vllm(model_dir, requests, files, tmp_path, bad=bad, llm=llm, heads_in_config=heads_in_config, env=env)
     return {"expected": expected, **out, "requests": requests}
 

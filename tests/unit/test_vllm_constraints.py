@@ -275,6 +275,37 @@ GPU_SETTINGS = {
 }
 
 
+def gpu_engine_configs(python: str, folder: Path, settings: dict) -> dict:
+    """vLLM's engine configuration for each of `settings` (name -> (environment, EngineArgs
+    keywords, ...)) as an H100 builds it, with juice's verdict (tests/vllm_env/gpu_engine_configs.py
+    run by `python`, vLLM's), on a config-only Llama whose output projection is a Hopper-tuned
+    2048 x 2048 (so VLLM_BATCH_INVARIANT=1 in bf16 really switches breakable graphs on); files in
+    `folder`. Every setting runs with VLLM_USE_V2_MODEL_RUNNER=0, as juice serve starts vLLM.
+
+    Raises:
+        RuntimeError: the script failed (its stderr's end)."""
+    import json
+
+    from transformers import AutoConfig
+
+    from conftest import COMMON, make_tokenizer
+
+    model = folder / "hopper-shaped"   # a config only: building an engine config reads no weights
+    AutoConfig.for_model("llama", hidden_size=2048, intermediate_size=6144, num_hidden_layers=1,
+                         num_attention_heads=16, num_key_value_heads=8, head_dim=128, torch_dtype="bfloat16",
+                         **COMMON).save_pretrained(model)
+    make_tokenizer().save_pretrained(model)
+    (folder / "settings.json").write_text(json.dumps({name: {"env": {"VLLM_USE_V2_MODEL_RUNNER": "0", **env},
+                                                             "args": args}
+                                                      for name, (env, args, *_) in settings.items()}))
+    script = Path(__file__).resolve().parents[1] / "vllm_env" / "gpu_engine_configs.py"
+    done = subprocess.run([python, str(script), str(model), str(folder / "settings.json"),
+                           str(folder / "out.json")], capture_output=True, text=True, timeout=600, cwd=folder)
+    if done.returncode:
+        raise RuntimeError(done.stderr[-3000:])
+    return json.loads((folder / "out.json").read_text())
+
+
 @pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (run scripts/install-vllm.sh)")
 def test_vllms_own_gpu_engine_configs_get_the_verdicts_the_rules_say(tmp_path):
     """Issue 65: vLLM 0.32's own `EngineArgs(...).create_engine_config()` as an H100 gets it (vLLM's
@@ -284,25 +315,7 @@ def test_vllms_own_gpu_engine_configs_get_the_verdicts_the_rules_say(tmp_path):
     also switched on by VLLM_BATCH_INVARIANT for a bf16 model whose output projection is a Hopper-tuned
     2048 x 2048) refused, juice serve's own settings passing, and vLLM itself turning piecewise graphs
     with no splitting ops into none."""
-    import json
-
-    from transformers import AutoConfig
-
-    from conftest import COMMON, make_tokenizer
-
-    model = tmp_path / "hopper-shaped"   # a config only: building an engine config reads no weights
-    AutoConfig.for_model("llama", hidden_size=2048, intermediate_size=6144, num_hidden_layers=1,
-                         num_attention_heads=16, num_key_value_heads=8, head_dim=128, torch_dtype="bfloat16",
-                         **COMMON).save_pretrained(model)
-    make_tokenizer().save_pretrained(model)
-    settings = {name: {"env": {"VLLM_USE_V2_MODEL_RUNNER": "0", **env}, "args": args}
-                for name, (env, args, _) in GPU_SETTINGS.items()}
-    (tmp_path / "settings.json").write_text(json.dumps(settings))
-    script = Path(__file__).resolve().parents[1] / "vllm_env" / "gpu_engine_configs.py"
-    done = subprocess.run([VLLM_PYTHON, str(script), str(model), str(tmp_path / "settings.json"),
-                           str(tmp_path / "out.json")], capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads((tmp_path / "out.json").read_text())
+    got = gpu_engine_configs(VLLM_PYTHON, tmp_path, GPU_SETTINGS)
     for name, (_, _, expected) in GPU_SETTINGS.items():
         result = got[name]
         assert result["breakable_juice"] == result["breakable_vllm"], (name, result)
