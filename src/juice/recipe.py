@@ -52,9 +52,9 @@ class Method:
             raise ValueError(f"instruction must be parametric or contextual, not {self.instruction!r}")
         if self.adacad + (self.cad_alpha is not None) + self.ckplug > 1:
             raise ValueError("a method is CAD (cad_alpha), AdaCAD (adacad) or CK-PLUG (ckplug), not two of them")
-        if self.contrastive is not None and self.steering.method != "original":
+        if self.contrastive is not None and self.steering.steers:
             raise ValueError("CAD, AdaCAD and CK-PLUG decode the unsteered model; the steering would be ignored")
-        if self.choice is not None and (self.contrastive is not None or self.steering.method != "original"):
+        if self.choice is not None and (self.contrastive is not None or self.steering.steers):
             raise ValueError("a choosing method (auto) takes no steering and no contrast of its own")
 
     @property

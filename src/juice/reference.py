@@ -53,7 +53,7 @@ def greedy_generate_naive(
     coefficients = steering.coefficients
     active = [] if coefficients is None else [int(i) for i in coefficients.ne(0).any(-1).nonzero().flatten()]
     for _ in range(max_new_tokens):
-        if steering.method == "juice":
+        if steering.dual_run:
             with captured_heads(lm.heads, active) as saved:
                 lm.model(input_ids=ids, use_cache=False)
             additions = {
@@ -61,7 +61,7 @@ def greedy_generate_naive(
                 for layer in active
             }
             context = added_to_heads(lm.heads, additions)
-        elif steering.method == "june":
+        elif steering.steers:
             context = scaled_heads(lm.heads, coefficients)
         else:
             context = nullcontext()
@@ -88,7 +88,7 @@ def continuation_logprobs(
     pairs = [continuation_ids(lm.tokenizer, p, c) for p, c in zip(prompts, continuations, strict=True)]
     out = torch.zeros(len(pairs), dtype=torch.float64)
     max_rows = resolve_max_rows(max_rows, lm, max((len(a) + len(b) for a, b in pairs), default=1))
-    step = max(1, max_rows // (2 if steering.method == "juice" else 1))
+    step = max(1, max_rows // (2 if steering.dual_run else 1))
     order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
     for start in range(0, len(order), step):
         chunk = order[start:start + step]
@@ -188,12 +188,12 @@ def greedy_generate_post_norm_naive(lm: LoadedModel, prompt: str, max_new_tokens
     ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
     zero = torch.zeros(1, lm.heads.geometry.n_layers, lm.heads.geometry.n_heads)
     for _ in range(max_new_tokens):
-        if steering.method == "juice":
+        if steering.dual_run:
             captured = _capture_contributions(lm, ids, steering.coefficients)
             with _added_contributions(lm, captured, steering.coefficients):
                 logits = lm.model(input_ids=ids, use_cache=False).logits[:, -1]
         else:
-            scale = zero if steering.method == "original" else steering.coefficients[None]
+            scale = zero if not steering.steers else steering.coefficients[None]
             with post_norm_rows(lm.heads, RowPlan(scale, zero, torch.tensor([-1]))):
                 logits = lm.model(input_ids=ids, use_cache=False).logits[:, -1]
         ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)

@@ -132,7 +132,7 @@ def _request_key(r: DecodeRequest) -> tuple:
             return ("contrast", s.rule)
         if isinstance(s, QuestionAlone):
             return ("question alone",)
-        return ("original",) if s.method == "original" or not bool(s.coefficients.ne(0).any()) else (
+        return ("original",) if not s.steers or not bool(s.coefficients.ne(0).any()) else (
             s.method, s.site, tuple(s.coefficients.shape), s.coefficients.detach().cpu().numpy().tobytes())
 
     c = r.method.choice
@@ -187,7 +187,7 @@ def decode_requests(
 
     def site_of(m: Method) -> str | None:
         sites = {s.site for s in (m.choice.candidates if m.choice is not None else (m.steering,))
-                 if isinstance(s, Steering) and s.method != "original"}
+                 if isinstance(s, Steering) and s.steers}
         return next(iter(sites)) if sites else None
 
     steered = {site_of(r.method) for r in requests} - {None}

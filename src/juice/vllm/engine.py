@@ -248,7 +248,7 @@ class VllmEngine:
             return "sampled decoding uses juice's random generator"
         if stream.repetition_penalty != 1.0:
             return "a repetition penalty is applied by juice's token choice"
-        if stream.steering.method != "original" and stream.steering.site != "o_proj_input":
+        if stream.steering.steers and stream.steering.site != "o_proj_input":
             return f"the plugin steers at the output projection's input, not at {stream.steering.site}"
         return None
 
@@ -321,7 +321,7 @@ class VllmEngine:
                 asks.append(_Ask(prompt, _steering_xargs(s.steering), max_new_tokens,
                                  () if eos is None else (int(eos),),
                                  () if probes is None else tuple(int(t) for t in probes[k].tolist())))
-        juice_heads = {h for s in streams if s.steering.method == "juice" for h in _nonzero(s.steering.coefficients)}
+        juice_heads = {h for s in streams if s.steering.dual_run for h in _nonzero(s.steering.coefficients)}
         self._run(lm, asks, juice_heads, on_progress)
         n = len(streams)
         fill = eos if eos is not None else tokenizer.pad_token_id
@@ -392,7 +392,7 @@ class VllmEngine:
 
 def _steering_xargs(steering) -> dict[str, Any]:
     """A steering as the request protocol's flat `vllm_xargs` (explicit per-head coefficients)."""
-    if steering is None or steering.method == "original" or not bool(steering.coefficients.ne(0).any()):
+    if steering is None or not steering.steers or not bool(steering.coefficients.ne(0).any()):
         return {"juice_method": "original"}
     values = [f"{Head(int(layer), int(head))}={float(steering.coefficients[layer, head])!r}"
               for layer, head in torch.nonzero(steering.coefficients).tolist()]
