@@ -1,4 +1,4 @@
-"""The when-to-steer numbers of docs/when-to-steer.md: `juice.context_study.run_study` on NQ-Swap
+"""The when-to-steer numbers of docs/when-to-steer.md: `juice.when_to_steer.study.run_study` on NQ-Swap
 or the six built-in ParaConflict domains, with the contextual heads and NQ-Swap's tuned betas of
 a `juice reproduce --direction contextual` run (Table 2, the paper's protocol).
 
@@ -78,7 +78,7 @@ def record_markdown(rec: dict, dataset: str) -> str:
     """A dataset's part of docs/when-to-steer.md from the record: the test table (use relevant
     context, by question), auto's policy and its cross-validation, as the study writes them."""
     from juice.auto import AutoPolicy
-    from juice.eval.contexts import QuestionBootstrap
+    from juice.when_to_steer.evaluation import QuestionBootstrap
     from juice.when_to_steer import summary_table
 
     part = rec["datasets"][dataset]
@@ -136,7 +136,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     import juice
-    from juice.context_study import run_study
+    from juice.when_to_steer.study import run_study
     from juice.experiments.table2 import STUDY_MAX_PROMPT_TOKENS
     from juice.when_to_steer import prompt_fits
 

@@ -29,7 +29,7 @@ class Method:
             contextual direction only).
         instruction: which Prompt instruction an instructed method uses where the evaluation
             does not say: "parametric" or "contextual" (the context-type evaluation,
-            :mod:`juice.eval.contexts`); None: the evaluation's direction.
+            :mod:`juice.when_to_steer.evaluation`); None: the evaluation's direction.
         choice: decode with a per-request choice among steerings instead (juice's `auto`,
             :data:`juice.methods.REGISTRY`'s `auto`): an :class:`~juice.engine.Choice` whose `question`
             is ignored (each request's own question is used).

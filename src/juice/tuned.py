@@ -1,5 +1,5 @@
 """A heads file's tuned settings (`juice tune`, :func:`juice.workflow.tune`,
-:func:`juice.auto.tune_auto`), read and written here only.
+:func:`juice.when_to_steer.auto_tuning.tune_auto`), read and written here only.
 
 On disk (the heads file's "tuned" object, unchanged since it was introduced; older files load):
 
@@ -28,7 +28,7 @@ PROVENANCE = "data"
 DEGENERATION_MARGIN = 10.0
 """Percentage points of degenerate outputs (:mod:`juice.eval.degeneration`) a tuned setting may add
 to Original's: `juice tune` (:func:`juice.workflow.tune`) and auto's fit
-(:func:`juice.auto.fit_policy`) never choose one that adds more."""
+(:func:`juice.when_to_steer.auto_tuning.fit_policy`) never choose one that adds more."""
 
 
 class TunedSettingsError(ValueError):

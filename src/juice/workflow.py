@@ -337,7 +337,7 @@ def tune(
 def check_tune_methods(methods: Sequence[str]) -> None:
     """Raise ValueError unless `methods` is a non-empty choice among the methods `juice tune`
     chooses settings for here (:func:`juice.methods.names` with `tune=True`: juice, june, ph3;
-    `juice tune` also takes "auto", :func:`juice.auto.tune_auto`, which this function does not)."""
+    `juice tune` also takes "auto", :func:`juice.when_to_steer.auto_tuning.tune_auto`, which this function does not)."""
     tunable = method_names(tune=True)
     unknown = [m for m in methods if m not in tunable]
     if unknown or not methods:

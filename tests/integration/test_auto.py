@@ -1,4 +1,4 @@
-"""`auto` (juice.auto): a per-request choice among steerings, made at the first step from the
+"""`auto` (juice.auto, tuned by juice.when_to_steer.auto_tuning): a per-request choice among steerings, made at the first step from the
 with-context and question-only distributions, decodes exactly as the chosen static method; its
 policy is fitted on validation items only."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from juice.auto import AutoPolicy, AutoRule, fit_policy, first_step_signal, passage_relevance, policy_picks
+from juice.auto import AutoPolicy, AutoRule, first_step_signal, passage_relevance
+from juice.when_to_steer.auto_tuning import fit_policy, policy_picks
 from juice.baselines.cad import CadPolicy, jsd_alpha
 from juice.data.context_types import CONTEXT_TYPES
 from juice.engine import QUESTION_ALONE, Choice, Contrast, Stream, generate
@@ -270,8 +271,9 @@ def test_tuning_reads_validation_items_only_and_auto_evaluates_as_its_choices(ti
     """Issue 44: the policy depends on validation questions only: one file split by question;
     changing a test question's row leaves the fit's inputs and the policy as they were, changing
     a validation question's row changes what the fit sees."""
-    import juice.auto as auto
-    from juice.auto import policy_of, tune_auto
+    import juice.when_to_steer.auto_tuning as auto
+    from juice.auto import policy_of
+    from juice.when_to_steer.auto_tuning import tune_auto
     from juice.data.context_types import split_of
     from juice.data.nqswap import question_prompt
     from juice.when_to_steer import context_items, evaluate_contexts
@@ -313,7 +315,7 @@ def test_tuning_reads_validation_items_only_and_auto_evaluates_as_its_choices(ti
     policy = fit.policy
     signal = first_step_signal(lm, [i.prompt for i in items.items], [i.question for i in items.items])
     outputs = {(r.item, r.conflict_type, r.method): r.output for r in report.results}
-    from juice.eval.contexts import result_id
+    from juice.when_to_steer.evaluation import result_id
     from juice.steerer import Steerer
 
     for item, x in zip(items.items, signal.tolist()):
@@ -499,7 +501,7 @@ def test_fit_policy_chooses_the_gate_signal_that_separates_on_validation():
 
 
 def test_cross_validation_holds_each_question_out_once_and_chooses_static_on_training_folds():
-    from juice.auto import cross_validate
+    from juice.when_to_steer.auto_tuning import cross_validate
 
     n = 24
     types = ["gold", "conflicting", "irrelevant", "none"] * (n // 4)
@@ -519,8 +521,8 @@ def test_cross_validation_holds_each_question_out_once_and_chooses_static_on_tra
 def test_cross_validation_never_fits_on_the_fold_it_holds_out(monkeypatch, folds):
     """Each fold's policy is fitted on items none of which it is then applied to (every item's
     signal is its own, so the fit's items and the held-out ones can be told apart)."""
-    import juice.auto as auto_module
-    from juice.auto import cross_validate
+    import juice.when_to_steer.auto_tuning as auto_module
+    from juice.when_to_steer.auto_tuning import cross_validate
 
     n = 24
     types = ["gold", "conflicting", "irrelevant", "none"] * (n // 4)
@@ -561,7 +563,7 @@ def test_auto_choosing_the_question_alone_evaluates_as_question_only(tiny_llama,
     """A policy whose bins, or whose gate (every passage below a threshold of 2), pick the
     question alone gives, in the context-type evaluation, the unmodified model's output on each
     item's question (Question-only, read from Original's none items)."""
-    from juice.eval.contexts import QUESTION_ONLY, question_only_results
+    from juice.when_to_steer.evaluation import QUESTION_ONLY, question_only_results
     from juice.when_to_steer import context_items, evaluate_contexts
     from test_context_types import ROWS
 

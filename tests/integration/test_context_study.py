@@ -1,4 +1,4 @@
-"""The when-to-steer study (:mod:`juice.context_study`): validation and test share no question,
+"""The when-to-steer study (:mod:`juice.when_to_steer.study`): validation and test share no question,
 the best static method and `auto` come from validation only, the oracle router is right where a
 candidate is, and an interrupted study resumes from its cache without decoding again."""
 
@@ -17,8 +17,8 @@ def rows_file(tmp_path_factory):
 
 
 def test_the_study_chooses_on_validation_and_reports_on_test(tiny_llama, rows_file, tmp_path, monkeypatch):
-    import juice.context_study as study_module
-    from juice.context_study import ORACLE, run_study
+    import juice.when_to_steer.study as study_module
+    from juice.when_to_steer.study import ORACLE, run_study
     from juice.when_to_steer import MEAN, best_static_method
 
     lm = tiny_llama
@@ -96,8 +96,8 @@ def test_no_test_verdict_moves_the_best_static_method_autos_policy_or_its_cross_
     """The leak paths of a study: the best static method chosen on test, and auto's fit (the study's
     own, `_fit_auto`) reading a test item. Two studies whose test verdicts favour two different
     methods must choose and fit the same, and the test tables must show the rigging."""
-    import juice.context_study as study_module
-    from juice.context_study import run_study
+    import juice.when_to_steer.study as study_module
+    from juice.when_to_steer.study import run_study
     from juice.when_to_steer import MEAN, best_static_method
 
     lm, real = tiny_llama, study_module.decode_cached

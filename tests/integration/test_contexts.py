@@ -1,4 +1,4 @@
-"""The context-type evaluation (:mod:`juice.eval.contexts`, issue 35): every method's verdicts on
+"""The context-type evaluation (:mod:`juice.when_to_steer.evaluation`, issue 35): every method's verdicts on
 gold, conflicting, irrelevant and no-context items equal a naive one-prompt-at-a-time
 evaluation on a tiny model, and the tables hold both objectives and the follow rate."""
 
@@ -12,7 +12,7 @@ from juice.data.context_types import CONTEXT_TYPES, nqswap_context_items, paraco
 from juice.data.paraconflict import build_domain
 from juice.engine import greedy_generate
 from juice.eval.metrics import new_tokens
-from juice.eval.contexts import context_type_means, context_type_tables, evaluate_context_types
+from juice.when_to_steer.evaluation import context_type_means, context_type_tables, evaluate_context_types
 from juice.eval.metrics import context_verdicts
 from juice.recipe import Method
 from juice.interventions import Head, HeadSelection
@@ -137,7 +137,7 @@ def test_the_means_paired_interval_equals_a_naive_bootstrap():
 
     import numpy as np
 
-    from juice.eval.contexts import MEAN, question_bootstrap, question_draws
+    from juice.when_to_steer.evaluation import MEAN, question_bootstrap, question_draws
 
     rng = random.Random(0)
     table = []
@@ -172,7 +172,7 @@ def test_the_means_paired_interval_equals_a_naive_bootstrap():
 def test_question_only_equals_decoding_the_question_alone(tiny_llama):
     """"Question-only" is read from Original's none items, not decoded again: it equals the
     unmodified model's greedy output on each item's question, scored against that item."""
-    from juice.eval.contexts import QUESTION_ONLY, question_only_results
+    from juice.when_to_steer.evaluation import QUESTION_ONLY, question_only_results
 
     items = _items()
     results = evaluate_context_types(tiny_llama, items, {"Original": Method()})

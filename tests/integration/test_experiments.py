@@ -233,7 +233,7 @@ def test_contextual_pipeline_runs_writes_table2_and_resumes(tiny_llama, tmp_path
     mp.setattr(stages, "tune_per_domain", boom)
     mp.setattr(stages, "identify_heads", boom)
     mp.setattr(stages, "path_patching_effects", boom)
-    mp.setattr("juice.context_study.evaluate_context_types", boom)   # the study's decoding is cached
+    mp.setattr("juice.when_to_steer.study.evaluate_context_types", boom)   # the study's decoding is cached
     try:
         second = rc.reproduce_contextual(cfg, lm=tiny_llama)
     finally:

@@ -130,7 +130,7 @@ def test_juice_tasks_context_types_in_the_harness_equal_juices_evaluation(harnes
     from juice.data.context_types import nqswap_context_items, paraconflict_context_items
     from juice.data.nqswap import read_records
     from juice.data.paraconflict import DOMAINS, build_domain
-    from juice.eval.contexts import evaluate_context_types
+    from juice.when_to_steer.evaluation import evaluate_context_types
 
     lm = harness[0]
     sources = {"nqswap": nqswap_context_items(read_records(NQSWAP), 0).items,

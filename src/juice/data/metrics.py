@@ -2,7 +2,7 @@
 budget, how it matches an output to answers, and the Prompt baseline's form for its items. Every
 reader asks the table: the records check their metric's name against it (:mod:`juice.data.records`,
 :mod:`juice.data.context_types`), the evaluations group and score by it (:mod:`juice.eval.runner`,
-:mod:`juice.eval.contexts`, :mod:`juice.eval.metrics`), the Prompt baseline picks its instruction by
+:mod:`juice.when_to_steer.evaluation`, :mod:`juice.eval.metrics`), the Prompt baseline picks its instruction by
 it (:mod:`juice.baselines.prompt`) and `juice tasks` writes the lm-evaluation-harness budgets from
 it (:mod:`juice.eval.harness_tasks`). A contextual dataset with a metric of its own is one data
 module plus one :class:`Metric` here.

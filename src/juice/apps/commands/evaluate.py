@@ -138,11 +138,11 @@ def _evaluate_rows(data: Optional[Path], heads: list[Path], methods: Optional[st
 def _study(data: Optional[Path], heads: list[Path], methods: Optional[str], domain: Optional[str],
            test_limit: Optional[int], validation_limit: Optional[int], out: Path, model: str, device: str,
            max_prompt_tokens: Optional[int]) -> None:
-    """`juice evaluate --contexts --study` (:mod:`juice.context_study`)."""
-    from juice.context_study import run_study
+    """`juice evaluate --contexts --study` (:mod:`juice.when_to_steer.study`)."""
+    from juice.when_to_steer.study import run_study
     from juice.models import load_model
     from juice.stage1 import load_heads
-    from juice.when_to_steer import MEAN, context_items, prompt_fits
+    from juice.when_to_steer.report import MEAN, context_items, prompt_fits
 
     if len(heads) != 1:
         raise typer.BadParameter("--study takes one heads file", param_hint="--heads")
@@ -174,13 +174,13 @@ def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optiona
                        limit: Optional[int], out: Path, model: str, device: str,
                        max_prompt_tokens: Optional[int] = None, split: Optional[str] = None,
                        validation: Optional[Path] = None, engine: str = "juice", vllm_args: list[str] = ()) -> None:
-    """`juice evaluate --contexts` (:mod:`juice.when_to_steer`)."""
+    """`juice evaluate --contexts` (:mod:`juice.when_to_steer.report`)."""
     from juice.apps.terminal import interval_rich
     from juice.io import write_json_atomic
     from juice.models import load_model
     from juice.plots import have_matplotlib
     from juice.stage1 import load_heads
-    from juice.when_to_steer import TITLES, context_items, evaluate_contexts
+    from juice.when_to_steer.report import TITLES, context_items, evaluate_contexts
 
     try:   # bad input fails before the model loads
         kinds = [c.strip().lower() for c in contexts.split(",") if c.strip()]
@@ -198,7 +198,7 @@ def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optiona
     names = [m.strip().lower() for m in methods.split(",") if m.strip()]
     lm = load_model(model, device=model_device(engine, device))
     if max_prompt_tokens is not None:   # the first `limit` items whose prompts fit
-        from juice.when_to_steer import prompt_fits
+        from juice.when_to_steer.report import prompt_fits
 
         items, where = context_items(data, domain=domain, limit=limit, contexts=kinds, split=split,
                                      keep=prompt_fits(lm.tokenizer, max_prompt_tokens))
@@ -217,7 +217,7 @@ def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optiona
         console.print(interval_rich(table, report.methods, cols, [g for _, g in cols],
                                     title=f"{TITLES[name]}, % (95% interval half-width)",
                                     bold=name not in ("follows_context", "degenerate")))
-    from juice.when_to_steer import MEAN
+    from juice.when_to_steer.report import MEAN
 
     for name, boot in report.summary.items():
         console.print(f"{TITLES[name]}, mean over context types (by question): " + "; ".join(

@@ -52,7 +52,7 @@ def tune(
     artifact = load_heads(heads)          # malformed input fails before the model loads
     names = [m.strip().lower() for m in methods.split(",") if m.strip()]
     if "auto" in names:
-        from juice.when_to_steer import context_items
+        from juice.when_to_steer.report import context_items
 
         try:
             items, where = context_items(data, limit=limit, split=split)
@@ -71,7 +71,8 @@ def tune(
             chosen = tune_rows(lm, artifact, data, methods=grid_names, limit=limit, progress=task, engine=runner,
                                **({"beta_minus_grid": grid} if grid else {}))
         if "auto" in names:
-            from juice.auto import candidate_betas, tune_auto
+            from juice.auto import candidate_betas
+            from juice.when_to_steer.auto_tuning import tune_auto
 
             n, k = len(items.items), len(candidate_betas(artifact.tuned)) + 2   # + Original and AdaCAD
             advance = task(f"auto: {k} candidates x {n} items", k * n)

@@ -2,10 +2,10 @@
 source's questions in two (:func:`juice.data.context_types.split_of`), decode every method on
 the **validation** half, choose the best static method and fit `auto` there, then decode every
 method and the fitted `auto` on the **test** half, once, and compare them there with intervals
-that resample whole questions (:func:`juice.eval.contexts.question_bootstrap`).
+that resample whole questions (:func:`juice.when_to_steer.evaluation.question_bootstrap`).
 
     import juice
-    from juice.context_study import run_study
+    from juice.when_to_steer.study import run_study
     lm = juice.load_model("gemma-3-270m")
     study = run_study(lm, juice.load_heads("heads_contextual.json", lm), "../shared/data/nqswap",
                       out="study-nqswap", validation_limit=300, test_limit=250)
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from juice.data.context_types import ContextItem
-from juice.eval.contexts import evaluate_context_types, result_id
+from juice.when_to_steer.evaluation import evaluate_context_types, result_id
 from juice.eval.runner import ItemResult, results_from_json, results_to_json
 from juice.recipe import Method
 from juice.io import settings_key, write_json_atomic
@@ -55,7 +55,7 @@ def decode_cached(lm: LoadedModel, items: Sequence[ContextItem], methods: Mappin
                   settings: Mapping[str, Any], cache: Path | None, *, max_rows: int | str = 64,
                   on_progress: OnProgress | None = None,
                   seconds: dict[str, float] | None = None) -> list[ItemResult]:
-    """:func:`juice.eval.contexts.evaluate_context_types` in chunks of :data:`CHUNK` questions,
+    """:func:`juice.when_to_steer.evaluation.evaluate_context_types` in chunks of :data:`CHUNK` questions,
     each (chunk, method) cached in `cache` (None: no cache) with its share of the chunk's
     decoding time; the methods missing from a chunk's cache are decoded together (sharing the
     prefill).
@@ -143,10 +143,10 @@ class Study:
     Attributes:
         validation, test: the two halves' evaluations (:class:`juice.when_to_steer.ContextsEvaluation`);
             the test's `best_static` is chosen on validation.
-        fit: `auto`'s validation fit (:class:`juice.auto.AutoFit`), or None without auto.
+        fit: `auto`'s validation fit (:class:`juice.when_to_steer.auto_tuning.AutoFit`), or None without auto.
         timings: seconds per stage.
         cross_validation: scheme -> `auto` against the best static method on held-out
-            validation folds (:func:`juice.auto.cross_validate`): both means, their paired
+            validation folds (:func:`juice.when_to_steer.auto_tuning.cross_validate`): both means, their paired
             difference with its question-resampled interval and standard error, and whether
             the gain exceeds two standard errors (`qualified`).
     """
@@ -162,7 +162,7 @@ class Study:
         method (chosen on validation), test means and paired differences of the mean over context
         types under "use relevant context" (percent, [low, high]), auto's cross-validation verdicts
         and the number of test questions."""
-        from juice.eval.contexts import MEAN
+        from juice.when_to_steer.evaluation import MEAN
 
         boot, best = self.test.summary["use_relevant"], self.test.best_static
         auto = next((m for m in self.test.methods if m.startswith("auto")), None)
@@ -183,7 +183,7 @@ class Study:
         return out
 
     def markdown(self) -> str:
-        from juice.when_to_steer import TITLES
+        from juice.when_to_steer.report import TITLES
 
         t, v = self.test, self.validation
         parts = [f"# When to steer, split by question: {t.data.get('source', '')}\n",
@@ -210,7 +210,7 @@ class Study:
 
 def _cv_summary(items: Sequence[ContextItem], held: Mapping[str, Any], resamples: int, seed: int) -> dict[str, Any]:
     """Held-out verdicts as results of two methods; their means and paired difference, by question."""
-    from juice.eval.contexts import MEAN, POWER_Z, question_bootstrap
+    from juice.when_to_steer.evaluation import MEAN, POWER_Z, question_bootstrap
 
     rows = []
     for name in ("auto", "best_static"):
@@ -251,8 +251,9 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
             :func:`juice.when_to_steer.context_methods`; a half without items.
     """
     from juice.auto import CANDIDATE_TABLE, candidate_betas
-    from juice.eval.contexts import QUESTION_ONLY, context_type_tables, question_only_results
-    from juice.when_to_steer import SHORT, ContextsEvaluation, best_static_method, context_items, context_methods, summarize
+    from juice.when_to_steer.evaluation import QUESTION_ONLY, context_type_tables, question_only_results
+    from juice.when_to_steer.report import (SHORT, ContextsEvaluation, best_static_method, context_items,
+                                            context_methods, summarize)
 
     out = Path(out)
     cache = out / "cache"
@@ -339,27 +340,26 @@ def _fit_auto(lm: LoadedModel, artifact: HeadsArtifact, items: Sequence[ContextI
     (`out/heads_auto.json`), and its cross-validated gain over the best static method, 5-fold by
     question and, with several sources, leaving one source out: with every gate signal tried (as
     the fit), with each alone, and with none."""
-    from juice.auto import GATE_SIGNALS, cross_validate, fit_policy, request_features, verdict_table
+    from juice.auto import GATE_SIGNALS
     from juice.stage1 import save_heads
+    from juice.when_to_steer.auto_tuning import (cross_validate, fit_outcomes, record_fit, validation_outcomes,
+                                                 verdict_table)
 
-    verdicts, degenerate = verdict_table(items, results, candidates)
-    signal, gates, passage = request_features(lm, items)
-    types, sources = [i.context_type for i in items], [i.source for i in items]
-    fit = fit_policy(verdicts, signal, types, sources, betas, passage, degenerate, relevance=gates)
-    artifact.tuned = artifact.tuned.with_record("auto", {**fit.policy.to_json(), "validation": fit.to_json(),
-                                                         "data": where})
+    o = validation_outcomes(lm, items, results, candidates)
+    fit = fit_outcomes(o, betas)
+    record_fit(artifact, fit, where)
     save_heads(artifact, out / "heads_auto.json")
     every_static, _ = verdict_table(items, results, {m: m for m in static_names})
-    schemes = {"5-fold, grouped by question": ([(i.source, i.uid) for i in items], 5, gates)}
-    if len({i.source for i in items}) > 1:
-        schemes["leave one source out"] = (sources, 0, gates)
+    schemes = {"5-fold, grouped by question": ([(i.source, i.uid) for i in items], 5, o.gates)}
+    if len(set(o.sources)) > 1:
+        schemes["leave one source out"] = (o.sources, 0, o.gates)
         for name in GATE_SIGNALS:   # does each gate signal transfer to a source the fit has not seen?
-            schemes[f"leave one source out, gate on {name} only"] = (sources, 0, {name: gates[name]})
-        schemes["leave one source out, no gate"] = (sources, 0, None)
+            schemes[f"leave one source out, gate on {name} only"] = (o.sources, 0, {name: o.gates[name]})
+        schemes["leave one source out, no gate"] = (o.sources, 0, None)
     cv = {}
     for label, (groups, folds, tried) in schemes.items():
-        held = cross_validate(verdicts, every_static, signal, types, sources, groups, betas, passage=passage,
-                              degenerate=degenerate, relevance=tried, folds=folds, seed=seed)
+        held = cross_validate(o.verdicts, every_static, o.signal, o.types, o.sources, groups, betas, passage=o.passage,
+                              degenerate=o.degenerate, relevance=tried, folds=folds, seed=seed)
         cv[label] = _cv_summary(items, held, resamples, seed)
     return fit, cv
 
@@ -386,8 +386,8 @@ def candidate_title(candidate, suffix: str) -> str:
     """The study's title of one of auto's candidates (:class:`juice.auto.Candidate`): its method's
     title in :data:`juice.methods.REGISTRY` with the candidate's label ("/2"), and the heads file's
     direction (`suffix`, "mem" or "ctx") after a head steering's; the question alone's is
-    :data:`juice.eval.contexts.QUESTION_ONLY`."""
-    from juice.eval.contexts import QUESTION_ONLY
+    :data:`juice.when_to_steer.evaluation.QUESTION_ONLY`."""
+    from juice.when_to_steer.evaluation import QUESTION_ONLY
 
     if candidate.method is None:
         return QUESTION_ONLY

@@ -4,7 +4,7 @@ both heads files are given), both objectives, with n, intervals and paired diffe
 JSON, Markdown and a figure.
 
     import juice
-    from juice.when_to_steer import context_items, evaluate_contexts
+    from juice.when_to_steer.report import context_items, evaluate_contexts
     lm = juice.load_model("gemma-3-270m")
     items, where = context_items("../shared/data/nqswap", limit=40)
     report = evaluate_contexts(lm, [juice.load_heads("heads_contextual.json", lm)], items,
@@ -39,7 +39,7 @@ from typing import Any
 from juice.data.context_types import (CONTEXT_TYPES, RELATED_DOMAINS, SPLITS, ContextItem, ContextItems,
                                       nqswap_context_items, paraconflict_context_items, user_context_items)
 from juice.engine.backend import Engine
-from juice.eval.contexts import (MEAN, QuestionBootstrap, context_type_means, context_type_tables,
+from juice.when_to_steer.evaluation import (MEAN, QuestionBootstrap, context_type_means, context_type_tables,
                                  evaluate_context_types, question_bootstrap)
 from juice.eval.runner import ItemResult, results_to_json
 from juice.recipe import Method
@@ -244,14 +244,14 @@ class ContextsEvaluation:
     """`juice evaluate --contexts`'s result.
 
     Attributes:
-        results: one per (item, method) (:func:`juice.eval.contexts.evaluate_context_types`).
+        results: one per (item, method) (:func:`juice.when_to_steer.evaluation.evaluate_context_types`).
         tables: "use_relevant", "trust_memory", "follows_context" -> interval table (columns:
             sources and "Average"; groups: context types).
         methods: table names in order; settings: the betas / k / alpha each used.
         data: the source, counts, skips, seed, limit, split.
         summary: objective (:data:`SUMMARIZED`) -> per method, each context type and the mean
             over them with intervals that resample whole questions, and paired differences
-            against Original and against `best_static` (:func:`juice.eval.contexts.question_bootstrap`).
+            against Original and against `best_static` (:func:`juice.when_to_steer.evaluation.question_bootstrap`).
         best_static: the best static method (not `auto`) on the **validation** run it was
             chosen from (:func:`best_static_method`), or None where none was given.
     """
@@ -318,7 +318,7 @@ class ContextsEvaluation:
 
 
 def summary_table(boot, methods: Sequence[str], best_static: str | None, best_static_from: str = "given") -> str:
-    """Two per-question tables (Markdown) of one objective's summary (a :class:`juice.eval.contexts.
+    """Two per-question tables (Markdown) of one objective's summary (a :class:`juice.when_to_steer.evaluation.
     QuestionBootstrap`), each narrow enough for a page: first the headline, each method's mean over
     the context types (%, 95% interval) and its paired differences against Original and
     `best_static`; then the mean per context type; n distinct questions in both, and the minimum
@@ -379,7 +379,7 @@ def summarize(results: Sequence[ItemResult], methods: Sequence[str], best_static
               resamples: int = 2000, seed: int = 0) -> dict[str, QuestionBootstrap]:
     """:data:`SUMMARIZED` objective -> the question-resampled summary of every method, with the
     paired differences of each method against Original and against `best_static`."""
-    from juice.eval.contexts import TABLES
+    from juice.when_to_steer.evaluation import TABLES
 
     pairs = [(m, "Original") for m in methods if m != "Original" and "Original" in methods]
     if best_static in methods:

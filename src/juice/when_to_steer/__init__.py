@@ -1,0 +1,16 @@
+"""When to steer: the same questions with a gold, a conflicting, an irrelevant, a distracting and no
+passage (the items: :mod:`juice.data.context_types`), every method, both objectives.
+
+- :mod:`juice.when_to_steer.evaluation`: decoding and scoring the items per context type, the
+  tables and the question-resampled intervals;
+- :mod:`juice.when_to_steer.report`: end to end (`juice evaluate --contexts`): the sources, the
+  methods, the summary, the files written;
+- :mod:`juice.when_to_steer.auto_tuning`: tuning `auto` (:mod:`juice.auto`) on validation items;
+- :mod:`juice.when_to_steer.study`: the study behind the README's "when to steer" numbers.
+"""
+
+from juice.when_to_steer.report import (MEAN, SUMMARIZED, ContextsEvaluation, best_static_method, context_items,
+                                        context_methods, evaluate_contexts, prompt_fits, summarize, summary_table)
+
+__all__ = ["MEAN", "SUMMARIZED", "ContextsEvaluation", "best_static_method", "context_items", "context_methods",
+           "evaluate_contexts", "prompt_fits", "summarize", "summary_table"]
