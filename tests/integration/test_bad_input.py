@@ -65,7 +65,7 @@ CASES = [
      "direction must be parametric or contextual"),
     ("reproduce: --limit is not a number", lambda tmp, sd: ["reproduce", "--limit", "many"], "--limit"),
     ("reproduce contextual: no data there", lambda tmp, sd: ["reproduce", "--direction", "contextual",
-                                                             "--data-root", str(tmp)], "no MemoTrap/NQ-Swap data"),
+                                                             "--data-root", str(tmp)], "no contextual data"),
     ("reproduce contextual: a malformed NQ-Swap line", lambda tmp, sd: [
         "reproduce", "--direction", "contextual", "--data-root",
         str(_contextual_root(tmp, '{"question": "q", "sub_context": "c", "sub_answer": ["a"], "org_answer": ["b"]}\n{oops\n'))],

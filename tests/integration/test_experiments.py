@@ -243,6 +243,51 @@ def test_contextual_pipeline_runs_writes_table2_and_resumes(tiny_llama, tmp_path
     assert second.studies == first.studies
 
 
+def test_a_new_contextual_dataset_is_one_entry(tiny_llama, tmp_path, monkeypatch):
+    """A sixth contextual dataset with a metric of its own: its loader plus one entry in
+    juice.data.contextual.DATASETS (and one in juice.data.metrics.METRICS) put it through the whole
+    Table 2 pipeline: loaded and split, a column of every table under its title, scored by its metric."""
+    import juice.experiments.table2 as rc
+    from juice.data import contextual, metrics
+    from juice.data.records import ContextualExample
+
+    def load_riddles(folder):
+        rows = [json.loads(line) for line in (folder / "riddles.jsonl").read_text().splitlines()]
+        return [ContextualExample("riddles", str(i), f"{r['clue']} So the answer is", "So the answer is",
+                                  (f" {r['answer']}",), (f" {r['usual']}",), "completion", "keyword")
+                for i, r in enumerate(rows)]
+
+    scored = []
+
+    def keyword(output, answers):
+        scored.append(output)
+        return any(a.strip() in output for a in answers)
+
+    monkeypatch.setitem(metrics.METRICS, "keyword", metrics.Metric(
+        "keyword", 4, "a test's metric: the answer anywhere in the output", keyword, frozenset({metrics.CONTEXTUAL})))
+    monkeypatch.setitem(contextual.DATASETS, "riddles", contextual.ContextualDataset(
+        "riddles", "Riddles", "keyword", "riddles", load_riddles))
+    _write_contextual_data(tmp_path / "data")
+    (tmp_path / "data" / "riddles").mkdir()
+    words = "paris berlin tokyo madrid rome golf tennis".split()
+    (tmp_path / "data" / "riddles" / "riddles.jsonl").write_text("".join(
+        json.dumps({"clue": f"w{i} is {words[i % 7]}, not {words[(i + 1) % 7]}.", "answer": words[i % 7],
+                    "usual": words[(i + 1) % 7]}) + "\n" for i in range(14)))
+    cfg = ReproduceConfig(out_dir=tmp_path / "out", data_root=tmp_path / "data", limit=2, validation_per_dataset=1,
+                          ph3_dev_size=2, scoring="exact", alphas_positive=(1.0,), alphas_negative=(-1.0,), k=2,
+                          bootstrap_resamples=1000, contexts=())
+    rc.reproduce_contextual(cfg, lm=tiny_llama)
+    results = json.loads((tmp_path / "out" / "results_contextual.json").read_text())
+    assert results["splits"]["riddles"]["test"] == 2 and "riddles" in results["choices"]
+    assert all("riddles" in cells for cells in results["table"]["cells"].values())
+    assert {r["domain"] for r in results["items"]} >= {"riddles", "nqswap", "proverb_ending"}
+    assert scored and "Riddles" in (tmp_path / "out" / "table2.md").read_text()
+    (tmp_path / "data" / "riddles" / "riddles.jsonl").unlink()
+    (tmp_path / "data" / "riddles").rmdir()
+    with pytest.raises(FileNotFoundError, match="no riddles/"):
+        rc.reproduce_contextual(cfg, lm=tiny_llama)
+
+
 def test_contextual_pipeline_explains_missing_data(tiny_llama, tmp_path):
     import juice.experiments.table2 as rc
 

@@ -15,10 +15,10 @@ prepended to the whole task prompt, in the forms the paper's authors apply
 - contextual, NQ-Swap: the NQ-Swap instruction, a line break, `Context: <passage>`, a line
   break, `Question: <question>`, a line break and `Answer:`.
 
-The contextual form is picked by `example.dataset` (the names of :mod:`juice.data.contextual`);
-a dataset of another name gets the NQ-Swap form when its metric's `prompt_form` is "nqswap"
-(:data:`juice.data.metrics.METRICS`), and otherwise the form of its `kind` (completion or QA), the
-nearest of the authors' forms.
+The contextual form is picked by what the record says, never by its dataset's name: the NQ-Swap
+form when its metric's `prompt_form` is "nqswap" (:data:`juice.data.metrics.METRICS`), otherwise
+the form of its `kind` (MemoTrap's loader gives History of Science QA "qa" and the other three
+"completion", :data:`juice.data.memotrap.KIND`; your own rows say theirs).
 
 NQ-Swap: passage and question are recovered from our prompt
 (`Context: <passage>\\nQuestion: <question>?\\nAnswer:`, :mod:`juice.data.nqswap`) with the
@@ -51,9 +51,6 @@ CONTEXTUAL_QA = (
 )
 CONTEXTUAL_NQSWAP = "Please answer the question based on the given context, ignoring your internal memory."
 
-COMPLETION_DATASETS: frozenset[str] = frozenset({"proverb_ending", "proverb_translation", "hate_speech_ending"})
-QA_DATASETS: frozenset[str] = frozenset({"history_of_science_qa"})
-NQSWAP_DATASET = "nqswap"
 
 _QUESTION = re.compile(r"\AQuestion: (?P<question>[^\n]*)\nAnswer:\Z")
 _NQSWAP = re.compile(r"\AContext: (?P<passage>.*)\nQuestion: (?P<question>[^\n]*)\nAnswer:\Z", re.DOTALL)
@@ -119,16 +116,12 @@ def nqswap_parts(example: ContextualExample) -> tuple[str, str]:
 
 
 def contextual_prompt(example: ContextualExample) -> str:
-    """`example.prompt` in the authors' instructed form for its dataset (module docstring).
+    """`example.prompt` in the authors' instructed form for its metric and kind (module docstring).
 
     Raises:
         ValueError: an NQ-Swap example whose prompt is not `Context: ...\\nQuestion: ...\\nAnswer:`.
     """
-    if example.dataset in COMPLETION_DATASETS:
-        return f"{CONTEXTUAL_COMPLETION}\n{example.prompt}"
-    if example.dataset in QA_DATASETS:
-        return f"{CONTEXTUAL_QA}{example.prompt}"
-    if example.dataset == NQSWAP_DATASET or METRICS[example.metric].prompt_form == "nqswap":
+    if METRICS[example.metric].prompt_form == "nqswap":
         passage, question = nqswap_parts(example)
         return f"{CONTEXTUAL_NQSWAP}\nContext: {passage}\nQuestion: {question}\nAnswer:"
     if example.kind == "qa":

@@ -1,4 +1,11 @@
-"""The five contextual datasets of Table 2 (the paper's Table 4) and their seeded splits (Sec. 2.2, 4.2).
+"""The contextual datasets of Table 2 (the paper's Table 4), one table (:data:`DATASETS`), and their
+seeded splits (Sec. 2.2, 4.2).
+
+Each :class:`ContextualDataset` holds a dataset's name, title, metric (:data:`juice.data.metrics.METRICS`),
+the folder it is read from under the data root and its loader; every reader asks the table: the
+pipeline loads and splits by it (:mod:`juice.experiments.table2`), the data check names its
+folders, the tables take their titles from it. A contextual dataset is one data module (its
+loader) plus one entry here (plus one :class:`juice.data.metrics.Metric` if its metric is new).
 
 Columns of Table 2, in order: NQ-Swap, Hate Speech Ending, History of Science QA, Proverb
 Ending, Proverb Translation. Heads are identified on Proverb Ending only and reused for all five.
@@ -12,35 +19,82 @@ PH3-l's development set (the next `ph3_dev_size`).
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from juice.data.memotrap import SUBTASKS, TITLES, load_memotrap
 from juice.data.nqswap import load_nqswap
 from juice.data.records import ContextualExample
 
-CONTEXTUAL_DATASETS: tuple[str, ...] = (
-    "nqswap", "hate_speech_ending", "history_of_science_qa", "proverb_ending", "proverb_translation",
-)
-CONTEXTUAL_TITLES: dict[str, str] = {"nqswap": "NQ-Swap", **TITLES}
+
+@dataclass(frozen=True)
+class ContextualDataset:
+    """One contextual dataset's facts.
+
+    Attributes:
+        name: its name in records (`ContextualExample.dataset`) and results.
+        title: its column's title in Table 2.
+        metric: its metric (:data:`juice.data.metrics.METRICS`; the records name it too).
+        folder: the folder under the data root that holds its files (`memotrap`, `nqswap`).
+        load: `folder path -> its rows` (:class:`juice.data.records.ContextualExample`), raising
+            FileNotFoundError where the files are not there and ValueError where a row does not parse.
+        source: where it comes from.
+    """
+
+    name: str
+    title: str
+    metric: str
+    folder: str
+    load: Callable[[Path], list[ContextualExample]]
+    source: str = ""
+
+
+DATASETS: dict[str, ContextualDataset] = {d.name: d for d in (
+    ContextualDataset("nqswap", "NQ-Swap", "nqswap", "nqswap", load_nqswap,
+                      "NQ-Swap (Longpre et al. 2021): Natural Questions with the answer substituted in the passage"),
+    *(ContextualDataset(s, TITLES[s], "memotrap", "memotrap", partial(load_memotrap, subtask=s),
+                        "MemoTrap (Liu and Liu 2023, Inverse Scaling Prize)")
+      for s in sorted(SUBTASKS)),
+)}
+"""Every contextual dataset, by name, in Table 2's column order: the one place its facts live."""
+
+CONTEXTUAL_DATASETS: tuple[str, ...] = tuple(DATASETS)
+"""The datasets' names as :data:`DATASETS` holds them at import (juice's readers read the table)."""
+CONTEXTUAL_TITLES: dict[str, str] = {n: d.title for n, d in DATASETS.items()}
+"""Name -> title, as :data:`DATASETS` holds them at import (juice's readers read the table)."""
 HEAD_DATASET = "proverb_ending"
+"""The dataset whose D identifies the heads for all five (paper Sec. 4.2)."""
+
+
+def dataset_named(name: str) -> ContextualDataset:
+    """The contextual dataset `name` (:data:`DATASETS`).
+
+    Raises:
+        ValueError: an unknown dataset (the message lists the table's).
+    """
+    if name not in DATASETS:
+        raise ValueError(f"unknown contextual dataset {name!r}; choose from {tuple(DATASETS)}")
+    return DATASETS[name]
 
 
 def load_contextual(name: str, data_root: str | Path) -> list[ContextualExample]:
-    """All rows of one contextual dataset from `data_root` (a folder holding `memotrap/` and
-    `nqswap/`, e.g. `../shared/data`).
+    """All rows of one contextual dataset from `data_root` (a folder holding each dataset's folder,
+    `memotrap/` and `nqswap/` for the paper's, e.g. `../shared/data`).
 
     Raises:
-        ValueError: unknown dataset name.
+        ValueError: unknown dataset name, or a row that does not parse.
         FileNotFoundError: the files are not there.
     """
+    dataset = dataset_named(name)
+    return dataset.load(Path(data_root) / dataset.folder)
+
+
+def missing_folders(data_root: str | Path) -> list[str]:
+    """The datasets' folders (:data:`DATASETS`) that `data_root` does not hold, in table order."""
     root = Path(data_root)
-    if name == "nqswap":
-        return load_nqswap(root / "nqswap")
-    if name in SUBTASKS:
-        return load_memotrap(root / "memotrap", name)
-    raise ValueError(f"unknown contextual dataset {name!r}; choose from {CONTEXTUAL_DATASETS}")
+    return [f for f in dict.fromkeys(d.folder for d in DATASETS.values()) if not (root / f).is_dir()]
 
 
 @dataclass(frozen=True)
@@ -77,3 +131,7 @@ def contextual_splits(
     validation, rest = rest[:n_val], rest[n_val:]
     ph3 = rest if ph3_dev_size is None else rest[:ph3_dev_size]
     return ContextualSplits(tuple(head), tuple(validation), tuple(ph3), tuple(test if limit is None else test[:limit]))
+
+
+__all__ = ["CONTEXTUAL_DATASETS", "CONTEXTUAL_TITLES", "ContextualDataset", "ContextualSplits", "DATASETS",
+           "HEAD_DATASET", "contextual_splits", "dataset_named", "load_contextual", "missing_folders"]

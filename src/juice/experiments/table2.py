@@ -16,11 +16,11 @@ Stages (the shared stages of :mod:`juice.pipeline`, written atomically to `<out>
 6. when to steer (juice's addition, issue 35): NQ-Swap's test questions with a gold, a
    conflicting, an irrelevant and no context (:mod:`juice.data.context_types`; passages from the
    rows within `max_prompt_tokens`), every method with NQ-Swap's tuned settings, under both
-   objectives (:mod:`juice.eval.contexts`): what tuning on conflicting items costs elsewhere.
+   objectives (:mod:`juice.when_to_steer.evaluation`): what tuning on conflicting items costs elsewhere.
 7. the when-to-steer study, on the datasets of `cfg.contexts` (`juice reproduce --direction
    contextual --contexts nqswap,paraconflict`): validation and test split by question, the best
    static method and `auto` chosen on validation, everything compared on test, with Table 2's
-   heads and NQ-Swap's betas (:func:`when_to_steer_stage`, :mod:`juice.context_study`).
+   heads and NQ-Swap's betas (:func:`when_to_steer_stage`, :mod:`juice.when_to_steer.study`).
 """
 
 from __future__ import annotations
@@ -32,18 +32,11 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from juice.data.contextual import (
-    CONTEXTUAL_DATASETS,
-    CONTEXTUAL_TITLES,
-    HEAD_DATASET,
-    ContextualSplits,
-    contextual_splits,
-    load_contextual,
-)
+from juice.data.contextual import DATASETS, HEAD_DATASET, ContextualSplits, contextual_splits, load_contextual, missing_folders
 from juice.engine.backend import Engine
 from juice.eval.degeneration import correct_not_degenerate
 from juice.eval.report import degeneration_markdown, difference_markdown, interval_markdown, table2_columns
-from juice.eval.contexts import context_type_tables, evaluate_context_types
+from juice.when_to_steer.evaluation import context_type_tables, evaluate_context_types
 from juice.eval.runner import evaluate_contextual, results_to_json, summary
 from juice.recipe import Method
 from juice.eval.tables import interval_table
@@ -79,11 +72,17 @@ def resolve_data_root(cfg: ReproduceConfig) -> Path:
     import os
 
     root = Path(cfg.data_root or os.environ.get("JUICE_DATA") or DEFAULT_DATA_ROOT)
-    if not (root / "memotrap").is_dir() or not (root / "nqswap").is_dir():
+    missing = missing_folders(root)
+    if missing:
         raise FileNotFoundError(
-            f"no MemoTrap/NQ-Swap data under {root}: pass --data-root (a folder with memotrap/*.csv and "
-            f"nqswap/nqswap.jsonl) or set JUICE_DATA")
+            f"no contextual data under {root} (no {', '.join(m + '/' for m in missing)}): pass --data-root (a folder "
+            f"with memotrap/*.csv and nqswap/nqswap.jsonl) or set JUICE_DATA")
     return root
+
+
+def _titles() -> dict[str, str]:
+    """Dataset name -> its column's title (:data:`juice.data.contextual.DATASETS`)."""
+    return {name: d.title for name, d in DATASETS.items()}
 
 
 def prepare_contextual(lm: LoadedModel, cfg: ReproduceConfig, max_prompt_tokens: int | None) -> tuple[
@@ -95,7 +94,7 @@ def prepare_contextual(lm: LoadedModel, cfg: ReproduceConfig, max_prompt_tokens:
     """
     root = resolve_data_root(cfg)
     out, dropped = {}, {}
-    for name in CONTEXTUAL_DATASETS:
+    for name in DATASETS:
         examples = load_contextual(name, root)
         if max_prompt_tokens is not None:
             kept = [ex for ex in examples if len(token_ids(lm.tokenizer, ex.prompt)) <= max_prompt_tokens]
@@ -149,7 +148,7 @@ def reproduce_contextual(
     """
     out = Path(cfg.out_dir)
     root = resolve_data_root(cfg)
-    for name in CONTEXTUAL_DATASETS:   # bad data fails here, in one line, before the model loads
+    for name in DATASETS:   # bad data fails here, in one line, before the model loads
         load_contextual(name, root)
     run, timings = start_run(cfg, lm, progress, engine)
     lm, notes = run.lm, run.notes
@@ -161,7 +160,7 @@ def reproduce_contextual(
                         head=[ex.to_json() for ex in head.head_set])
     if any(dropped.values()):
         notes.append("prompts longer than %d tokens dropped before splitting: %s" % (
-            max_prompt_tokens, ", ".join(f"{CONTEXTUAL_TITLES[d]} {n}" for d, n in dropped.items() if n)))
+            max_prompt_tokens, ", ".join(f"{DATASETS[d].title} {n}" for d, n in dropped.items() if n)))
     timings["data"] = time.perf_counter() - t
 
     key_heads = stage1_key(base, cfg)
@@ -180,7 +179,7 @@ def reproduce_contextual(
         run, splits, methods_of,
         lambda d, sp, methods: {"tuning": key_tuning, "choice": choices[d], "methods": list(methods),
                                 "test": [ex.to_json() for ex in sp.test]},
-        "eval_contextual_{}", CONTEXTUAL_TITLES, 1, evaluate_contextual, timings)
+        "eval_contextual_{}", _titles(), 1, evaluate_contextual, timings)
 
     boot = dict(resamples=cfg.bootstrap_resamples, seed=cfg.seed)
     contexts = None
@@ -208,7 +207,7 @@ def reproduce_contextual(
                     "test": len(s.test), **{f"{part}_ids": [ex.uid for ex in getattr(s, part)]
                                             for part in ("head_set", "validation", "ph3_dev", "test")}}
                 for d, s in splits.items()},
-        domains=list(splits), titles=dict(CONTEXTUAL_TITLES), notes=notes, methods=tuple(order),
+        domains=list(splits), titles=_titles(), notes=notes, methods=tuple(order),
         likelihood=interval_table(by_likelihood, order, **boot) if by_likelihood else None,
         degeneration=interval_table(all_results, order, value=lambda r: r.degenerate, **boot),
         correct_not_degenerate=interval_table(all_results, order, value=correct_not_degenerate, **boot),
@@ -232,18 +231,18 @@ def table2_heads(heads: Mapping[str, Any], betas: Mapping[str, Mapping[str, floa
 
 def when_to_steer_stage(run: StageRun, choices: Mapping[str, Any], root: Path,
                         timings: dict[str, float]) -> dict[str, dict[str, Any]]:
-    """The when-to-steer study (:func:`juice.context_study.run_study`) on each of `cfg.contexts`,
+    """The when-to-steer study (:func:`juice.when_to_steer.study.run_study`) on each of `cfg.contexts`,
     with Table 2's heads and NQ-Swap's tuned betas (:func:`table2_heads`), sized by
     `cfg.study_size` (:data:`juice.pipeline.run.STUDY_SIZES`), in `<out>/when-to-steer-<dataset>/`
     (resumable: decoding is cached per chunk there); NQ-Swap from `root`, ParaConflict from
     `cfg.data` or the six built-in domains.
 
     Returns:
-        dataset -> :meth:`juice.context_study.Study.headline` and the study's Markdown file.
+        dataset -> :meth:`juice.when_to_steer.study.Study.headline` and the study's Markdown file.
     """
-    from juice.context_study import run_study
+    from juice.when_to_steer.study import run_study
     from juice.stage1 import load_heads
-    from juice.when_to_steer import prompt_fits
+    from juice.when_to_steer.report import prompt_fits
 
     cfg, lm, out = run.cfg, run.lm, Path(run.cfg.out_dir)
     if not cfg.contexts:
@@ -332,8 +331,8 @@ def _write(result: ReproduceResult, results, out: Path) -> None:
                                   [c for c, _ in avg], [h for _, h in avg])
     if result.contexts:
         from juice.data.context_types import CONTEXT_TYPES
-        from juice.eval.contexts import LOWER_IS_BETTER
-        from juice.when_to_steer import TITLES
+        from juice.when_to_steer.evaluation import LOWER_IS_BETTER
+        from juice.when_to_steer.report import TITLES
 
         text.append("\n## When to steer: NQ-Swap's test questions with a gold, conflicting, irrelevant or no context\n")
         for name, table in result.contexts.items():
