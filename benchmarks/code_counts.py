@@ -62,6 +62,21 @@ def _metric_comparisons(tree: ast.AST) -> int:
     return n
 
 
+DATASET_NAMES = ("nqswap", "hate_speech_ending", "history_of_science_qa", "proverb_ending", "proverb_translation")
+"""The paper's contextual datasets (written out here, so that the count runs on any commit)."""
+
+
+def _dataset_mentions(text: str) -> int:
+    """String constants in code (docstrings aside) equal to a contextual dataset's name, and
+    dataset-named folders joined to a path (`root / "memotrap"`): a dataset's facts spelled outside
+    the dataset table."""
+    tree = ast.parse(text)
+    n = sum(1 for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value in DATASET_NAMES)
+    n += sum(1 for node in ast.walk(tree) if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
+             and isinstance(node.right, ast.Constant) and node.right.value in ("memotrap", "nqswap"))
+    return n
+
+
 def _name_copies(tree: ast.AST) -> int:
     """Module-level constants assigned from the registry's name functions at import
     (`METHODS = names(steerer=True)`, `= protocol_names()`)."""
@@ -111,6 +126,8 @@ def main() -> None:
     compares = {str(f.relative_to(SRC)): c for f in files if (c := _method_comparisons(ast.parse(f.read_text())))}
     metric_compares = {str(f.relative_to(SRC)): c for f in files if f.name != "metrics.py" or f.parent.name != "data"
                        if (c := _metric_comparisons(ast.parse(f.read_text())))}
+    datasets = {str(f.relative_to(SRC)): c for f in files if f.parent.name != "data"
+                if (c := _dataset_mentions(f.read_text()))}
     parsers = [str(f.relative_to(SRC)) for f in files if "positive_heads" in _code_strings(f.read_text())
                and "data[\"positive_heads\"]" in f.read_text()]
     copies = [str(f.relative_to(SRC)) for f in files if _name_copies(ast.parse(f.read_text()))]
@@ -130,6 +147,8 @@ def main() -> None:
           + ", ".join(f"{k} ({v})" for k, v in sorted(compares.items())))
     print(f"a metric's name compared or listed in code (outside data/metrics.py): {sum(metric_compares.values())} in "
           f"{len(metric_compares)} files  " + ", ".join(f"{k} ({v})" for k, v in sorted(metric_compares.items())))
+    print(f"a contextual dataset's name or folder spelled in code outside data/: {sum(datasets.values())} in "
+          f"{len(datasets)} files  " + ", ".join(f"{k} ({v})" for k, v in sorted(datasets.items())))
     print(f"modules parsing a heads file's fields: {len(parsers)}  " + ", ".join(parsers))
     print(f"modules copying the registry's names at import: {len(copies)}  " + ", ".join(copies))
     print(f"when-to-steer modules: {len(room)}, {sum(n for _, n in room)} lines  "
