@@ -59,7 +59,7 @@ from torch import Tensor
 from juice.baselines.cad import CadPolicy, jsd_alpha
 from juice.engine import QUESTION_ALONE, Choice, Contrast
 from juice.models import LoadedModel
-from juice.steering import ORIGINAL, JuICE, JuNE, Steering, chosen_betas
+from juice.steering import ORIGINAL, PRESETS, Steering, chosen_betas
 from juice.moved import moved_attribute
 from juice.tuned import TunedSettings
 
@@ -88,16 +88,13 @@ class Candidate:
     @property
     def steered(self) -> bool:
         """It steers heads (its method is a head steering), so a policy holds its betas."""
-        return self.method in _PRESETS
+        return self.method in PRESETS
 
     @property
     def label(self) -> str:
         """The suffix its title adds to its method's ("/2" for half the betas; "" for all)."""
         return "" if self.betas == 1 else f"/{1 / self.betas:g}"
 
-
-_PRESETS = {"juice": JuICE, "june": JuNE}
-"""The head steerings a candidate can run, by their registry names (:mod:`juice.steering`'s presets)."""
 
 CANDIDATE_TABLE: tuple[Candidate, ...] = (
     Candidate("original", "original"), Candidate("question", None), Candidate("juice", "juice"),
@@ -394,7 +391,7 @@ def candidate_option(candidate: Candidate, lm: LoadedModel, selection,
     if candidate.method is None:
         return QUESTION_ALONE
     if candidate.steered:
-        return _PRESETS[candidate.method](lm, selection, *betas[candidate.name])
+        return PRESETS[candidate.method](lm, selection, *betas[candidate.name])
     recipe = _UNSTEERED_RECIPES.get(candidate.method)
     if recipe is None:
         raise ValueError(f"auto cannot run {candidate.method!r} as a candidate")

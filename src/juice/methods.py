@@ -32,7 +32,7 @@ from juice.interventions import Head, HeadSelection
 from juice.models import LoadedModel
 from juice.auto import policy_of
 from juice.recipe import Method
-from juice.steering import ORIGINAL, JuICE, JuNE, Prune, UntunedBetasWarning, chosen_betas
+from juice.steering import ORIGINAL, PRESETS, Prune, UntunedBetasWarning, chosen_betas
 from juice.tuned import TunedSettings
 
 SHORT = {"parametric": "mem", "contextual": "ctx"}
@@ -186,9 +186,9 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
                summary="adaptive CK-PLUG: parametric and context logits blended by entropy (Bi et al. 2026)"),
     MethodSpec("ph3", "PH3", _ph3, aliases=("prune",), protocol="prune", heads=True, tuned="k", tune=True,
                engine="june", summary="zero k heads, k tuned on validation (Jin et al. 2024)"),
-    MethodSpec("june", "JuNE", _steering("june", JuNE), protocol="june", heads=True, tuned="betas", tune=True,
+    MethodSpec("june", "JuNE", _steering("june", PRESETS["june"]), protocol="june", heads=True, tuned="betas", tune=True,
                steerer=True, engine="june", summary="scale the heads' live outputs, one run (Alg. 4)"),
-    MethodSpec("juice", "JuICE", _steering("juice", JuICE), protocol="juice", heads=True, tuned="betas",
+    MethodSpec("juice", "JuICE", _steering("juice", PRESETS["juice"]), protocol="juice", heads=True, tuned="betas",
                tune=True, steerer=True, engine="juice",
                summary="add the clean run's head outputs, two runs (Alg. 1)"),
     MethodSpec("auto", "auto", _auto, protocol="auto", heads=True, tuned="policy", rows=False, steerer=True,

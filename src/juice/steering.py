@@ -160,6 +160,11 @@ DEFAULT_BETAS: tuple[float, float] = (2.0, 0.0)
 starting point, not a tuned value; on a small model it can break the text (issue 38)."""
 
 
+PRESETS = {"june": JuNE, "juice": JuICE}
+"""The head-steering presets by their run kind (and registry name): `(model, heads, beta+, beta-) ->
+Steering`; the registry's JuNE and JuICE entries and auto's steered candidates build with them."""
+
+
 class UntunedBetasWarning(UserWarning):
     """JuICE or JuNE runs with :data:`DEFAULT_BETAS` because the heads file holds no tuned betas."""
 
