@@ -59,7 +59,7 @@ BODIES: list[tuple[str, object, int, str | None, bool]] = [
     ("not an object", "juice", 400, "juice must be an object", False),
     ("a list", ["juice"], 400, "juice must be an object", False),
     ("unknown field", {"method": "juice", "beta": 1}, 400, "unknown juice field 'beta'", False),
-    ("unknown method", {"method": "both"}, 400, "juice.method must be one of original, june, juice, prune", False),
+    ("unknown method", {"method": "both"}, 400, "juice.method must be one of original, prune, june, juice, auto", False),
     ("method not a string", {"method": 3}, 400, "juice.method must be one of", False),
     ("no direction on a two-file server", {"method": "juice"}, 400, "say juice.direction", False),
     ("unknown direction", {"method": "juice", "direction": "sideways"}, 400,

@@ -210,9 +210,8 @@ def names(**where: bool) -> tuple[str, ...]:
 
 
 def protocol_names() -> tuple[str, ...]:
-    """The request protocol's method names (:mod:`juice.steering_request`), in its order."""
-    order = ("original", "june", "juice", "ph3", "auto")
-    return tuple(REGISTRY[n].protocol for n in order if REGISTRY[n].protocol)
+    """The request protocol's method names (:mod:`juice.steering_request`), in table order."""
+    return tuple(s.protocol for s in REGISTRY.values() if s.protocol)
 
 
 def lookup(name: str, choices: Sequence[str] | None = None) -> MethodSpec:

@@ -31,7 +31,7 @@ def test_names_aliases_and_the_request_protocol_come_from_the_table():
         lookup("auto", ("juice", "june"))
     from juice import steerer, steering_request
 
-    assert steering_request.METHODS == ("original", "june", "juice", "prune", "auto")
+    assert steering_request.METHODS == ("original", "prune", "june", "juice", "auto")   # table order
     assert steerer.METHODS == ("original", "june", "juice", "auto")
     assert methods.names(tune=True) == ("ph3", "june", "juice")
     assert methods.TUNED_STEERINGS == ("juice", "june")
