@@ -41,7 +41,8 @@ def test_tasks_are_written_from_the_data_root(tmp_path):
     none = json.loads((folder / "juice_contexts_nqswap_none.jsonl").read_text().splitlines()[0])
     assert set(utils.contexts(none, ["x"])) == {"use_relevant", "trust_memory"}   # no passage to follow
     nq = json.loads((folder / "juice_nqswap.jsonl").read_text().splitlines()[0])
-    assert utils.nqswap(nq, [f"it was {ROWS[0]['sub_answer'][0]}"]) == {"exact_match": 1.0, "follows_memory": 0.0}
+    assert utils.contextual(nq, [f"it was {ROWS[0]['sub_answer'][0]}"]) == {"exact_match": 1.0, "follows_memory": 0.0}
+    assert utils.contextual(nq, [f"it was {ROWS[0]['org_answer'][0]}"]) == {"exact_match": 0.0, "follows_memory": 1.0}
     with pytest.raises(FileNotFoundError, match="no such data folder"):
         write_tasks(tmp_path / "t2", tmp_path / "nowhere")
 

@@ -7,12 +7,14 @@ two-way likelihood comparison, not as the paper scores it. These tasks score as 
 importing juice's own metrics (`utils.py` calls :mod:`juice.eval.metrics`), so juice must be
 installed where the harness runs:
 
-- `juice_nqswap`: NQ-Swap (Longpre et al. 2021), juice's prompt (:func:`juice.data.nqswap.context_prompt`),
-  20 new tokens, greedy, juice's normalized substring match against the substituted (context)
-  answer (`exact_match`); also `follows_memory` (the original answer).
-- `juice_memotrap_<subtask>` (group `juice_memotrap`): MemoTrap's four subtasks, 10 new tokens,
-  greedy, the continuation's words against the output's first words (:func:`~juice.eval.metrics.memotrap_match`,
-  docs/protocol.md); `exact_match` is the context (instructed) answer.
+- one task per contextual dataset (:data:`juice.data.contextual.DATASETS`), scored by its metric's
+  rule with its budget (:data:`juice.data.metrics.METRICS`), greedy: `exact_match` is the context
+  answer, `follows_memory` the memorised one. `juice_nqswap`: NQ-Swap (Longpre et al. 2021),
+  juice's prompt (:func:`juice.data.nqswap.context_prompt`), 20 new tokens, juice's normalized
+  substring match. `juice_memotrap_<subtask>` (tag `juice_memotrap`; datasets that share a
+  metric are named and tagged by it): MemoTrap's four subtasks, 10 new tokens, the continuation's
+  words against the output's first words (:func:`~juice.eval.metrics.memotrap_match`,
+  docs/protocol.md; `follows_memory`: the memorised continuation's).
 - `juice_contexts_<source>_<type>` (group `juice_contexts`): the context-type evaluation
   (:mod:`juice.data.context_types`): NQ-Swap's and the built-in ParaConflict domains' questions
   with a gold, conflicting, irrelevant and no context; metrics `use_relevant`, `trust_memory`
@@ -31,28 +33,27 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
 from juice.data.context_types import CONTEXT_TYPES, ContextItem
+from juice.data.contextual import DATASETS
 from juice.eval.metrics import new_tokens
 
 
 UTILS = '''"""Written by `juice tasks`: the harness's scores are juice's own metrics."""
 
 from juice.data.context_types import ContextItem
-from juice.eval.metrics import context_verdicts, memotrap_match, nqswap_match
+from juice.data.metrics import METRICS
+from juice.eval.metrics import context_verdicts
 
 
-def nqswap(doc, results):
-    out = results[0]
-    return {"exact_match": float(nqswap_match(out, doc["answers"])),
-            "follows_memory": float(nqswap_match(out, doc["memory_answers"]))}
-
-
-def memotrap(doc, results):
-    return {"exact_match": float(any(memotrap_match(results[0], a) for a in doc["answers"]))}
+def contextual(doc, results):
+    match = METRICS[doc["metric"]].match   # the contextual table's rule for the document's metric
+    return {"exact_match": float(match(results[0], doc["answers"])),
+            "follows_memory": float(match(results[0], doc["memory_answers"]))}
 
 
 def contexts(doc, results):
@@ -105,8 +106,7 @@ def write_tasks(out: str | Path, data_root: str | Path | None = None, *, seed: i
         ValueError: a malformed data row (the loaders' one-line errors).
     """
     from juice.data.context_types import nqswap_context_items, paraconflict_context_items
-    from juice.data.memotrap import SUBTASKS, load_memotrap
-    from juice.data.nqswap import load_nqswap, read_records
+    from juice.data.nqswap import read_records
     from juice.data.paraconflict import DOMAINS, build_domain
 
     out = Path(out)
@@ -126,21 +126,25 @@ def write_tasks(out: str | Path, data_root: str | Path | None = None, *, seed: i
         names.append(name)
 
     contexts: dict[str, list[ContextItem]] = {}
+    sharing = Counter(d.metric for d in DATASETS.values())
+    for name, dataset in DATASETS.items():   # the contextual datasets, one table (juice.data.contextual)
+        folder = None if root is None else root / dataset.folder
+        if folder is None or not folder.is_dir():
+            continue
+        try:
+            examples = dataset.load(folder)
+        except FileNotFoundError:   # a folder without this dataset's file
+            continue
+        rows = [{"id": ex.uid, "prompt": ex.prompt, "target": ex.context_answers[0],
+                 "answers": list(ex.context_answers), "memory_answers": list(ex.parametric_answers),
+                 "metric": ex.metric} for ex in examples]
+        shared = sharing[dataset.metric] > 1   # MemoTrap's subtasks: juice_memotrap_<subtask>, tagged juice_memotrap
+        tag = f"juice_{dataset.metric}" if shared else None
+        task(f"{tag}_{name}" if shared else f"juice_{name}", rows, "contextual", new_tokens(dataset.metric),
+             ["exact_match", "follows_memory"], tag)
     nqswap = None if root is None else root / "nqswap" / "nqswap.jsonl"
-    if nqswap is not None and nqswap.is_file():
-        rows = [{"id": ex.uid, "prompt": ex.prompt, "target": ex.context_answers[0], "answers": list(ex.context_answers),
-                 "memory_answers": list(ex.parametric_answers)} for ex in load_nqswap(nqswap)]
-        task("juice_nqswap", rows, "nqswap", new_tokens("nqswap"), ["exact_match", "follows_memory"])
+    if nqswap is not None and nqswap.is_file():   # NQ-Swap's questions under every context type
         contexts["nqswap"] = nqswap_context_items(read_records(nqswap), seed).items
-    memotrap = None if root is None else root / "memotrap"
-    if memotrap is not None and memotrap.is_dir():
-        for subtask, filename in SUBTASKS.items():
-            if not (memotrap / filename).is_file():
-                continue
-            rows = [{"id": ex.uid, "prompt": ex.prompt, "target": ex.context_answers[0],
-                     "answers": list(ex.context_answers)} for ex in load_memotrap(memotrap, subtask)]
-            task(f"juice_memotrap_{subtask}", rows, "memotrap", new_tokens("memotrap"), ["exact_match"],
-                 "juice_memotrap")
     contexts["paraconflict"] = paraconflict_context_items(
         [ex for d in DOMAINS for ex in build_domain(d)], seed).items
     for source, items in contexts.items():
