@@ -39,7 +39,7 @@ from juice.io import settings_key, write_json_atomic
 from juice.models import LoadedModel
 from juice.progress import OnProgress, Progress, no_progress
 from juice.stage1 import HeadsArtifact
-from juice.methods import REGISTRY, MethodInputs, build
+from juice.methods import REGISTRY, MethodInputs, build, lookup
 
 CHUNK = 40
 """Questions per cached decoding chunk."""
@@ -231,7 +231,7 @@ def _questions(evaluation) -> int:
 
 
 def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | None, *, out: str | Path,
-              names: Sequence[str] = ("original", "prompt", "cad", "adacad", "ckplug", "june", "juice"),
+              names: Sequence[str] | None = None,
               auto: bool = True,
               validation_limit: int | None = None, test_limit: int | None = None,
               keep: Callable[[ContextItem], bool] | None = None, domain: str | None = None, seed: int = 0,
@@ -241,7 +241,8 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
     `out/study.json` and the heads file with `auto`'s policy (`out/heads_auto.json`).
 
     Args:
-        names: the static methods (names in :data:`juice.methods.REGISTRY` but auto).
+        names: the static methods (names in :data:`juice.methods.REGISTRY` but auto); None: every
+            method the registry builds without a tuned k or policy (all but PH3 and auto), in table order.
         auto: fit `auto` on validation (its candidates are decoded there) and evaluate it on test.
         validation_limit, test_limit: the first N questions of each source in each half.
         keep: a rule an item must meet (e.g. :func:`juice.when_to_steer.prompt_fits`).
@@ -264,7 +265,9 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
         if not items.items:
             raise ValueError(f"no {split} items")
         halves[split] = (items.items, where)
-    static, settings = context_methods(lm, [artifact], [n for n in names if n != "auto"])
+    if names is None:
+        names = [n for n, spec in REGISTRY.items() if spec.tuned in (None, "betas")]
+    static, settings = context_methods(lm, [artifact], [n for n in names if lookup(n).tuned != "policy"])   # not auto
     settings = {**settings, QUESTION_ONLY: {"from": "Original's output on the question alone (the none item)"}}
     suffix = SHORT[str(artifact.direction)]
     titles = {c.name: candidate_title(c, suffix) for c in CANDIDATE_TABLE}
