@@ -90,3 +90,29 @@ def test_the_tasks_budgets_are_the_metric_tables(tmp_path, monkeypatch):
         assert f"max_gen_toks: {metrics.new_tokens('first_words')}\n" in paraconflict
     with pytest.raises(ValueError, match="unknown metric 'bleu'"):
         metrics.new_tokens("bleu")
+
+
+def test_a_new_contextual_dataset_gets_its_task_from_the_table(tmp_path, monkeypatch):
+    """One entry in juice.data.contextual.DATASETS (and its metric in METRICS): `juice tasks` writes
+    its task, with its metric's budget, and the task scores by its metric's rule."""
+    from juice.data import contextual, metrics
+    from juice.data.records import ContextualExample
+
+    def load(folder):
+        return [ContextualExample("riddles", str(i), f"w{i} is salt. So it is", "So it is", (" salt",), (" sugar",),
+                                  "completion", "keyword") for i in range(3)] if (folder / "riddles.txt").is_file() else []
+
+    monkeypatch.setitem(metrics.METRICS, "keyword", metrics.Metric(
+        "keyword", 4, "a test's metric", lambda out, answers: any(a.strip() in out for a in answers),
+        frozenset({metrics.CONTEXTUAL})))
+    monkeypatch.setitem(contextual.DATASETS, "riddles", contextual.ContextualDataset(
+        "riddles", "Riddles", "keyword", "riddles", load))
+    (tmp_path / "data" / "riddles").mkdir(parents=True)
+    (tmp_path / "data" / "riddles" / "riddles.txt").write_text("x")
+    names = write_tasks(tmp_path / "tasks", tmp_path / "data")
+    assert "juice_riddles" in names
+    assert "max_gen_toks: 4\n" in (tmp_path / "tasks" / "juice_riddles.yaml").read_text(encoding="utf-8")
+    doc = json.loads((tmp_path / "tasks" / "juice_riddles.jsonl").read_text().splitlines()[0])
+    utils = _utils(tmp_path / "tasks")
+    assert utils.contextual(doc, ["lots of salt"]) == {"exact_match": 1.0, "follows_memory": 0.0}
+    assert utils.contextual(doc, ["sugar, surely"]) == {"exact_match": 0.0, "follows_memory": 1.0}
