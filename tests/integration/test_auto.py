@@ -1,6 +1,6 @@
-"""`auto` (juice.auto, tuned by juice.when_to_steer.auto_tuning): a per-request choice among steerings, made at the first step from the
-with-context and question-only distributions, decodes exactly as the chosen static method; its
-policy is fitted on validation items only."""
+"""`auto` (juice.auto; tuned by juice.when_to_steer.auto_tuning): a per-request choice among
+steerings, made at the first step from the with-context and question-only distributions, decodes
+exactly as the chosen static method; its policy is fitted on validation items only."""
 
 from __future__ import annotations
 

@@ -99,8 +99,10 @@ def test_a_new_contextual_dataset_gets_its_task_from_the_table(tmp_path, monkeyp
     from juice.data.records import ContextualExample
 
     def load(folder):
+        if not (folder / "riddles.txt").is_file():
+            return []
         return [ContextualExample("riddles", str(i), f"w{i} is salt. So it is", "So it is", (" salt",), (" sugar",),
-                                  "completion", "keyword") for i in range(3)] if (folder / "riddles.txt").is_file() else []
+                                  "completion", "keyword") for i in range(3)]
 
     monkeypatch.setitem(metrics.METRICS, "keyword", metrics.Metric(
         "keyword", 4, "a test's metric", lambda out, answers: any(a.strip() in out for a in answers),

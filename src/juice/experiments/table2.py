@@ -32,7 +32,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from juice.data.contextual import DATASETS, HEAD_DATASET, ContextualSplits, contextual_splits, load_contextual, missing_folders
+from juice.data.contextual import (DATASETS, HEAD_DATASET, ContextualSplits, contextual_splits, load_contextual,
+                                   missing_folders)
 from juice.engine.backend import Engine
 from juice.eval.degeneration import correct_not_degenerate
 from juice.eval.report import degeneration_markdown, difference_markdown, interval_markdown, table2_columns

@@ -73,7 +73,8 @@ def _weights(types: Sequence[str], sources: Sequence[str]) -> tuple[np.ndarray, 
     for t, src in zip(types, sources):
         count[t, src] = count.get((t, src), 0) + 1
     per_type_sources = {t: sum(1 for (tt, _) in count if tt == t) for t in present}
-    return np.array([100.0 / (len(present) * per_type_sources[t] * count[t, src]) for t, src in zip(types, sources)]), present
+    weights = [100.0 / (len(present) * per_type_sources[t] * count[t, src]) for t, src in zip(types, sources)]
+    return np.array(weights), present
 
 
 GateValues = Mapping[str, Sequence[float]] | Sequence[float]
