@@ -6,7 +6,8 @@ passage (the items: :mod:`juice.data.context_types`), every method, both objecti
 - :mod:`juice.when_to_steer.report`: end to end (`juice evaluate --contexts`): the sources, the
   methods, the summary, the files written;
 - :mod:`juice.when_to_steer.auto_tuning`: tuning `auto` (:mod:`juice.auto`) on validation items;
-- :mod:`juice.when_to_steer.study`: the study behind the README's "when to steer" numbers.
+- :mod:`juice.when_to_steer.study`: the study (`juice evaluate --contexts --study`): methods and
+  `auto` chosen on validation questions, reported on test questions.
 """
 
 from juice.when_to_steer.report import (MEAN, SUMMARIZED, ContextsEvaluation, best_static_method, context_items,

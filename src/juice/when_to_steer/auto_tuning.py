@@ -39,7 +39,7 @@ class AutoFit:
     """A policy chosen on validation items, and what it scored there.
 
     Attributes:
-        policy: the chosen :class:`AutoPolicy`.
+        policy: the chosen :class:`juice.auto.AutoPolicy`.
         mean: its validation mean over context types (use relevant context, %).
         static: each candidate alone: its validation mean (%).
         per_type: the policy's validation accuracy per context type (%).
@@ -78,8 +78,8 @@ def _weights(types: Sequence[str], sources: Sequence[str]) -> tuple[np.ndarray, 
 
 
 GateValues = Mapping[str, Sequence[float]] | Sequence[float]
-"""Per item, the gate signals: gate signal name (:data:`GATE_SIGNALS`) -> per item, its value; a
-plain sequence is the lexical one (:func:`passage_relevance`)."""
+"""Per item, the gate signals: gate signal name (:data:`juice.auto.GATE_SIGNALS`) -> per item, its value; a
+plain sequence is the lexical one (:func:`juice.auto.passage_relevance`)."""
 
 
 def _gate_values(relevance) -> dict[str, list[float]]:
@@ -114,23 +114,23 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
     """Choose a relevance gate, thresholds and a candidate per bin (module docstring) from
     validation outcomes: every gate (none, or, for each gate signal given, a threshold among
     :data:`GATE_GRID` quantiles of its validation values with each candidate below it) and every
-    set of at most :data:`MAX_THRESHOLDS` thresholds among :data:`THRESHOLD_GRID` quantiles of the
+    set of at most :data:`juice.auto.MAX_THRESHOLDS` thresholds among :data:`juice.auto.THRESHOLD_GRID` quantiles of the
     signal, with the best candidate per bin; the highest mean wins, ties going to no gate, fewer
-    bins, less steered candidates and the earlier gate signal in :data:`GATE_SIGNALS`.
+    bins, less steered candidates and the earlier gate signal in :data:`juice.auto.GATE_SIGNALS`.
 
     Args:
         verdicts: candidate name -> per item, its use-relevant verdict ("original" required).
         signal: per item, the first-step JSD (bits).
         types, sources: per item, its context type and source.
         betas: the steered candidates' betas.
-        passage: per item, whether it has a passage (:func:`has_passage`); default: every item
+        passage: per item, whether it has a passage (:func:`juice.auto.has_passage`); default: every item
             but the "none" ones. An item without one is decoded with Original whatever the
             bins (:attr:`juice.engine.Choice.without_passage`): it scores Original's verdict
             and never moves a threshold.
         degenerate: candidate name -> per item, whether its output is degenerate; a candidate
             whose share exceeds Original's by more than `margin` points is never picked.
         relevance: the gate signals to try (:data:`GateValues`: name -> per item; a plain
-            sequence is :func:`passage_relevance`); None: no gate is tried.
+            sequence is :func:`juice.auto.passage_relevance`); None: no gate is tried.
 
     Returns:
         the :class:`AutoFit`: the objective is the mean over context types of the accuracy
@@ -322,7 +322,7 @@ def record_fit(artifact, fit: AutoFit, where: Mapping[str, Any] | None = None) -
 
 def candidate_methods(lm: LoadedModel, artifact) -> dict[str, Method]:
     """Candidate name -> its evaluation method (:class:`juice.recipe.Method`), at the heads
-    file's betas (:func:`candidate_betas`)."""
+    file's betas (:func:`juice.auto.candidate_betas`)."""
     betas = candidate_betas(artifact.tuned)
     out = {}
     for c in CANDIDATE_TABLE:
@@ -400,10 +400,10 @@ def fit_from_results(lm: LoadedModel, items: Sequence[ContextItem], results: Seq
 
 def request_features(lm: LoadedModel, items: Sequence[ContextItem]
                      ) -> tuple[list[float], dict[str, list[float]], list[bool]]:
-    """Per item, what the policy reads: the first-step JSD (:func:`first_step_signal`), the gate
-    signals (:data:`GATE_SIGNALS` -> per item: the passage's lexical relevance, :func:`relevance`,
-    and the model-based ones, :func:`first_step_features`) and whether it has a passage
-    (:func:`has_passage`)."""
+    """Per item, what the policy reads: the first-step JSD (:func:`juice.auto.first_step_signal`), the gate
+    signals (:data:`juice.auto.GATE_SIGNALS` -> per item: the passage's lexical relevance, :func:`juice.auto.relevance`,
+    and the model-based ones, :func:`juice.auto.first_step_features`) and whether it has a passage
+    (:func:`juice.auto.has_passage`)."""
     prompts, questions = [i.prompt for i in items], [i.question for i in items]
     features = first_step_features(lm, prompts, questions)
     gates = {RELEVANCE: relevance(lm, prompts, questions), **{n: features[n].tolist() for n in GATE_SIGNALS[1:]}}
