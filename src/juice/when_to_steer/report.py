@@ -4,7 +4,7 @@ both heads files are given), both objectives, with n, intervals and paired diffe
 JSON, Markdown and a figure.
 
     import juice
-    from juice.when_to_steer.report import context_items, evaluate_contexts
+    from juice.when_to_steer import context_items, evaluate_contexts
     lm = juice.load_model("gemma-3-270m")
     items, where = context_items("../shared/data/nqswap", limit=40)
     report = evaluate_contexts(lm, [juice.load_heads("heads_contextual.json", lm)], items,

@@ -31,15 +31,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from juice.auto import CANDIDATE, CANDIDATE_TABLE, GATE_SIGNALS, candidate_betas
 from juice.data.context_types import ContextItem
-from juice.when_to_steer.evaluation import evaluate_context_types, result_id
 from juice.eval.runner import ItemResult, results_from_json, results_to_json
-from juice.recipe import Method
 from juice.io import settings_key, write_json_atomic
+from juice.methods import REGISTRY, MethodInputs, build, lookup
 from juice.models import LoadedModel
 from juice.progress import OnProgress, Progress, no_progress
-from juice.stage1 import HeadsArtifact
-from juice.methods import REGISTRY, MethodInputs, build, lookup
+from juice.recipe import Method
+from juice.stage1 import HeadsArtifact, save_heads
+from juice.when_to_steer.auto_tuning import (cross_validate, fit_outcomes, record_fit, validation_outcomes,
+                                             verdict_table)
+from juice.when_to_steer.evaluation import (MEAN, POWER_Z, QUESTION_ONLY, context_type_tables, evaluate_context_types,
+                                            question_bootstrap, question_only_results, result_id)
+from juice.when_to_steer.report import (SHORT, TITLES, ContextsEvaluation, best_static_method, context_items,
+                                        context_methods, summarize)
 
 CHUNK = 40
 """Questions per cached decoding chunk."""
@@ -150,7 +156,6 @@ class Study:
             difference with its question-resampled interval and standard error, and whether
             the gain exceeds two standard errors (`qualified`).
     """
-
     validation: Any
     test: Any
     fit: Any = None
@@ -162,7 +167,6 @@ class Study:
         method (chosen on validation), test means and paired differences of the mean over context
         types under "use relevant context" (percent, [low, high]), auto's cross-validation verdicts
         and the number of test questions."""
-        from juice.when_to_steer.evaluation import MEAN
 
         boot, best = self.test.summary["use_relevant"], self.test.best_static
         auto = next((m for m in self.test.methods if m.startswith("auto")), None)
@@ -183,7 +187,6 @@ class Study:
         return out
 
     def markdown(self) -> str:
-        from juice.when_to_steer.report import TITLES
 
         t, v = self.test, self.validation
         parts = [f"# When to steer, split by question: {t.data.get('source', '')}\n",
@@ -210,7 +213,6 @@ class Study:
 
 def _cv_summary(items: Sequence[ContextItem], held: Mapping[str, Any], resamples: int, seed: int) -> dict[str, Any]:
     """Held-out verdicts as results of two methods; their means and paired difference, by question."""
-    from juice.when_to_steer.evaluation import MEAN, POWER_Z, question_bootstrap
 
     rows = []
     for name in ("auto", "best_static"):
@@ -251,11 +253,6 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
         ValueError: see :func:`juice.when_to_steer.context_items` and
             :func:`juice.when_to_steer.context_methods`; a half without items.
     """
-    from juice.auto import CANDIDATE_TABLE, candidate_betas
-    from juice.when_to_steer.evaluation import QUESTION_ONLY, context_type_tables, question_only_results
-    from juice.when_to_steer.report import (SHORT, ContextsEvaluation, best_static_method, context_items,
-                                            context_methods, summarize)
-
     out = Path(out)
     cache = out / "cache"
     timings: dict[str, float] = {}
@@ -343,10 +340,6 @@ def _fit_auto(lm: LoadedModel, artifact: HeadsArtifact, items: Sequence[ContextI
     (`out/heads_auto.json`), and its cross-validated gain over the best static method, 5-fold by
     question and, with several sources, leaving one source out: with every gate signal tried (as
     the fit), with each alone, and with none."""
-    from juice.auto import GATE_SIGNALS
-    from juice.stage1 import save_heads
-    from juice.when_to_steer.auto_tuning import (cross_validate, fit_outcomes, record_fit, validation_outcomes,
-                                                 verdict_table)
 
     o = validation_outcomes(lm, items, results, candidates)
     fit = fit_outcomes(o, betas)
@@ -390,7 +383,6 @@ def candidate_title(candidate, suffix: str) -> str:
     title in :data:`juice.methods.REGISTRY` with the candidate's label ("/2"), and the heads file's
     direction (`suffix`, "mem" or "ctx") after a head steering's; the question alone's is
     :data:`juice.when_to_steer.evaluation.QUESTION_ONLY`."""
-    from juice.when_to_steer.evaluation import QUESTION_ONLY
 
     if candidate.method is None:
         return QUESTION_ONLY
@@ -406,8 +398,6 @@ def auto_candidate(lm: LoadedModel, artifact: HeadsArtifact, candidate: str, bet
     Raises:
         ValueError: the question alone (no method of its own: Original's output on the none item).
     """
-    from juice.auto import CANDIDATE
-
     c = CANDIDATE[candidate]
     if c.method is None:
         raise ValueError("the question alone is Original's output on the none item, not a method to decode")
