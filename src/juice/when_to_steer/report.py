@@ -1,7 +1,7 @@
 """When to steer, end to end (`juice evaluate --contexts`): the same questions with a gold, a
-conflicting, an irrelevant, a distracting and no context (:mod:`juice.data.context_types`), every method (both steering directions where
-both heads files are given), both objectives, with n, intervals and paired differences, saved as
-JSON, Markdown and a figure.
+conflicting, an irrelevant, a distracting and no context (:mod:`juice.data.context_types`), every
+method (both steering directions where both heads files are given), both objectives, with n,
+intervals and paired differences, saved as JSON, Markdown and a figure.
 
     import juice
     from juice.when_to_steer import context_items, evaluate_contexts
@@ -39,8 +39,8 @@ from typing import Any
 from juice.data.context_types import (CONTEXT_TYPES, RELATED_DOMAINS, SPLITS, ContextItem, ContextItems,
                                       nqswap_context_items, paraconflict_context_items, user_context_items)
 from juice.engine.backend import Engine
-from juice.when_to_steer.evaluation import (MEAN, QuestionBootstrap, context_type_means, context_type_tables,
-                                 evaluate_context_types, question_bootstrap)
+from juice.when_to_steer.evaluation import (MEAN, TABLES, QuestionBootstrap, context_type_means, context_type_tables,
+                                            evaluate_context_types, question_bootstrap)
 from juice.eval.runner import ItemResult, results_to_json
 from juice.recipe import Method
 from juice.eval.tables import AVERAGE, IntervalTable
@@ -314,7 +314,8 @@ class ContextsEvaluation:
         from juice.plots import interval_bar_chart
 
         cells = {m: dict(self.tables["use_relevant"].cells[m][AVERAGE]) for m in self.methods}
-        return interval_bar_chart(cells, path, title=f"use relevant context by context type ({self.data.get('source')})")
+        title = f"use relevant context by context type ({self.data.get('source')})"
+        return interval_bar_chart(cells, path, title=title)
 
 
 def summary_table(boot, methods: Sequence[str], best_static: str | None, best_static_from: str = "given") -> str:
@@ -367,7 +368,8 @@ def best_static_method(validation: Mapping[str, Any], objective: str = "use_rele
     """
     means = validation.get("means", {}).get(objective)
     if not means:
-        raise ValueError(f"the validation run has no {objective!r} means (a contexts.json of `juice evaluate --contexts`)")
+        raise ValueError(f"the validation run has no {objective!r} means "
+                         "(a contexts.json of `juice evaluate --contexts`)")
     order = [m for m in validation.get("methods", list(means)) if m in means and not m.startswith("auto")
              and (among is None or m in among)]
     if not order:
@@ -379,8 +381,6 @@ def summarize(results: Sequence[ItemResult], methods: Sequence[str], best_static
               resamples: int = 2000, seed: int = 0) -> dict[str, QuestionBootstrap]:
     """:data:`SUMMARIZED` objective -> the question-resampled summary of every method, with the
     paired differences of each method against Original and against `best_static`."""
-    from juice.when_to_steer.evaluation import TABLES
-
     pairs = [(m, "Original") for m in methods if m != "Original" and "Original" in methods]
     if best_static in methods:
         pairs += [(m, best_static) for m in methods if m != best_static]
@@ -412,7 +412,8 @@ def evaluate_contexts(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], items
     advance = progress(f"contexts: {len(methods)} methods x {len(items)} items", len(methods) * len(items))
     results = evaluate_context_types(lm, items, methods, max_rows=max_rows, on_progress=advance, engine=engine)
     titles = list(methods)
-    focus = next((t for t in titles if t.startswith("auto")), next((t for t in titles if t.startswith("JuICE")), titles[0]))
+    focus = next((t for t in titles if t.startswith("auto")),
+                 next((t for t in titles if t.startswith("JuICE")), titles[0]))
     tables = context_type_tables(results, titles, focus=focus, resamples=resamples, seed=seed)
     data = dict(data or {})
     if validation is not None and data.get("split") and validation.get("data", {}).get("split") == data["split"]:
@@ -426,4 +427,5 @@ def evaluate_contexts(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], items
                               summarize(results, titles, best, resamples=resamples, seed=seed), best)
 
 
-__all__ = ["MEAN", "SUMMARIZED", "ContextsEvaluation", "best_static_method", "summarize", "summary_table", "context_items", "context_methods", "prompt_fits", "evaluate_contexts"]
+__all__ = ["MEAN", "SUMMARIZED", "ContextsEvaluation", "best_static_method", "context_items", "context_methods",
+           "evaluate_contexts", "prompt_fits", "summarize", "summary_table"]

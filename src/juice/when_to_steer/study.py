@@ -117,7 +117,8 @@ def decode_cached(lm: LoadedModel, items: Sequence[ContextItem], methods: Mappin
                 if seconds is not None:
                     seconds[name] = seconds.get(name, 0.0) + share
                 if cache is not None:
-                    write_json_atomic(cache / f"{keys[name]}.json", {"seconds": share, "results": results_to_json(rows)})
+                    write_json_atomic(cache / f"{keys[name]}.json",
+                                      {"seconds": share, "results": results_to_json(rows)})
                 for item, r in zip(chunk, rows):
                     found[position[id(item)], name] = r
     return [found[k, name] for k in range(len(items)) for name in methods if (k, name) in found]
@@ -195,12 +196,14 @@ class Study:
                  f"(use relevant context): **{t.best_static}**.\n"]
         if self.fit is not None:
             parts.append(f"auto's policy (fitted on validation): {self.fit.policy.describe()}. Validation mean "
-                         f"{self.fit.mean:.1f}% against " + ", ".join(f"{c} {x:.1f}%" for c, x in self.fit.static.items())
+                         f"{self.fit.mean:.1f}% against "
+                         + ", ".join(f"{c} {x:.1f}%" for c, x in self.fit.static.items())
                          + ".\n")
         for label, c in self.cross_validation.items():
             parts.append(f"Cross-validation on validation ({label}): auto {c['auto']:.1f}%, best static "
                          f"(chosen per fold: {', '.join(sorted(set(c['chosen'])))}) {c['best_static']:.1f}%, "
-                         f"difference {c['difference']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}] points, standard error "
+                         f"difference {c['difference']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}] points, "
+                         "standard error "
                          f"{c['standard_error']:.1f}: {'qualified' if c['qualified'] else 'not qualified'} "
                          "(needs more than two standard errors).\n")
         for name in t.summary:
