@@ -62,8 +62,15 @@ DATASETS: dict[str, ContextualDataset] = {d.name: d for d in (
 
 CONTEXTUAL_DATASETS: tuple[str, ...] = tuple(DATASETS)
 """The datasets' names as :data:`DATASETS` holds them at import (juice's readers read the table)."""
-CONTEXTUAL_TITLES: dict[str, str] = {n: d.title for n, d in DATASETS.items()}
-"""Name -> title, as :data:`DATASETS` holds them at import (juice's readers read the table)."""
+
+
+def dataset_titles() -> dict[str, str]:
+    """Dataset name -> its column's title, from :data:`DATASETS` as it stands now."""
+    return {name: d.title for name, d in DATASETS.items()}
+
+
+CONTEXTUAL_TITLES: dict[str, str] = dataset_titles()
+"""Name -> title, as :data:`DATASETS` holds them at import (juice's readers call :func:`dataset_titles`)."""
 HEAD_DATASET = "proverb_ending"
 """The dataset whose D identifies the heads for all five (paper Sec. 4.2)."""
 
@@ -134,4 +141,4 @@ def contextual_splits(
 
 
 __all__ = ["CONTEXTUAL_DATASETS", "CONTEXTUAL_TITLES", "ContextualDataset", "ContextualSplits", "DATASETS",
-           "HEAD_DATASET", "contextual_splits", "dataset_named", "load_contextual", "missing_folders"]
+           "HEAD_DATASET", "contextual_splits", "dataset_named", "dataset_titles", "load_contextual", "missing_folders"]

@@ -32,8 +32,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from juice.data.contextual import (DATASETS, HEAD_DATASET, ContextualSplits, contextual_splits, load_contextual,
-                                   missing_folders)
+from juice.data.contextual import (DATASETS, HEAD_DATASET, ContextualSplits, contextual_splits, dataset_titles,
+                                   load_contextual, missing_folders)
 from juice.engine.backend import Engine
 from juice.eval.degeneration import correct_not_degenerate
 from juice.eval.report import degeneration_markdown, difference_markdown, interval_markdown, table2_columns
@@ -79,11 +79,6 @@ def resolve_data_root(cfg: ReproduceConfig) -> Path:
             f"no contextual data under {root} (no {', '.join(m + '/' for m in missing)}): pass --data-root (a folder "
             f"with memotrap/*.csv and nqswap/nqswap.jsonl) or set JUICE_DATA")
     return root
-
-
-def _titles() -> dict[str, str]:
-    """Dataset name -> its column's title (:data:`juice.data.contextual.DATASETS`)."""
-    return {name: d.title for name, d in DATASETS.items()}
 
 
 def prepare_contextual(lm: LoadedModel, cfg: ReproduceConfig, max_prompt_tokens: int | None) -> tuple[
@@ -180,7 +175,7 @@ def reproduce_contextual(
         run, splits, methods_of,
         lambda d, sp, methods: {"tuning": key_tuning, "choice": choices[d], "methods": list(methods),
                                 "test": [ex.to_json() for ex in sp.test]},
-        "eval_contextual_{}", _titles(), 1, evaluate_contextual, timings)
+        "eval_contextual_{}", dataset_titles(), 1, evaluate_contextual, timings)
 
     boot = dict(resamples=cfg.bootstrap_resamples, seed=cfg.seed)
     contexts = None
@@ -208,7 +203,7 @@ def reproduce_contextual(
                     "test": len(s.test), **{f"{part}_ids": [ex.uid for ex in getattr(s, part)]
                                             for part in ("head_set", "validation", "ph3_dev", "test")}}
                 for d, s in splits.items()},
-        domains=list(splits), titles=_titles(), notes=notes, methods=tuple(order),
+        domains=list(splits), titles=dataset_titles(), notes=notes, methods=tuple(order),
         likelihood=interval_table(by_likelihood, order, **boot) if by_likelihood else None,
         degeneration=interval_table(all_results, order, value=lambda r: r.degenerate, **boot),
         correct_not_degenerate=interval_table(all_results, order, value=correct_not_degenerate, **boot),

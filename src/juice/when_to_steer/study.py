@@ -168,7 +168,6 @@ class Study:
         method (chosen on validation), test means and paired differences of the mean over context
         types under "use relevant context" (percent, [low, high]), auto's cross-validation verdicts
         and the number of test questions."""
-
         boot, best = self.test.summary["use_relevant"], self.test.best_static
         auto = next((m for m in self.test.methods if m.startswith("auto")), None)
 
