@@ -13,6 +13,8 @@ from juice.interventions import HeadSelection
 from juice.interventions import Head
 from juice.steering import ORIGINAL, JuICE, JuNE
 
+pytestmark = pytest.mark.gpu   # benchmarks/gpu_check.py runs these on the device
+
 PROMPTS = ["the capital of france is", "a b c d e f g h i j k l m n the capital of", "x y"]
 
 
@@ -66,9 +68,23 @@ def test_static_cache_with_cad_streams_equals_dynamic(tiny):
     torch.testing.assert_close(static.first_probs, dynamic.first_probs, rtol=1e-5, atol=1e-6)
 
 
+def _compiles_here(lm) -> bool:
+    """Whether the engine compiles the step for `lm` here; where it refuses (the CPU under torch <
+    2.13, :data:`juice.engine.batch.COMPILE_ON_CPU_FROM`), that the refusal is one line at start."""
+    import juice.engine.batch as batch
+
+    if lm.device.type != "cpu" or batch._torch_release() >= batch.COMPILE_ON_CPU_FROM:
+        return True
+    with pytest.raises(ValueError, match=r"compile_step on the CPU needs torch >= 2\.13"):
+        generate(lm, PROMPTS, [Stream(0)], 2, kv_cache="static", compile_step=True)
+    return False
+
+
 def test_compiled_step_with_cad_streams_equals_the_uncompiled_one(tiny_llama):
     """CAD steers no head: its step is traced without head hooks; the steered chunks compiled after
     it must not reuse that trace (dynamo guards on the hooks, see `compiled_forward`)."""
+    if not _compiles_here(tiny_llama):
+        return
     streams = _contrastive_streams()
     plain = generate(tiny_llama, PROMPTS, streams, 6, kv_cache="static")
     compiled = generate(tiny_llama, PROMPTS, streams, 6, kv_cache="static", compile_step=True)
@@ -90,12 +106,14 @@ def test_compiled_step_equals_the_uncompiled_one(fixture, request):
     (the first call compiles: about 30 s on 2 CPU cores). Gemma 3, with its sliding-window cache
     layers, is the default model's architecture."""
     lm = request.getfixturevalue(fixture)
+    with pytest.raises(ValueError, match='compile_step needs kv_cache="static"'):
+        generate(lm, PROMPTS, _streams(lm)[:1], 2, compile_step=True)
+    if not _compiles_here(lm):
+        return
     streams = _streams(lm)[:6]
     plain = generate(lm, PROMPTS, streams, 8, kv_cache="static")
     compiled = generate(lm, PROMPTS, streams, 8, kv_cache="static", compile_step=True)
     assert torch.equal(compiled.tokens, plain.tokens)
-    with pytest.raises(ValueError, match='compile_step needs kv_cache="static"'):
-        generate(lm, PROMPTS, streams, 2, compile_step=True)
 
 
 def test_the_models_default_cache_comes_from_the_environment(monkeypatch, tiny_llama):
@@ -147,3 +165,14 @@ def test_evaluation_and_tuning_under_the_static_cache_give_the_dynamic_verdicts(
                 for m, p in choice.betas.items()}
 
     assert chosen(static) == chosen(tiny_llama)
+
+
+def test_the_compiled_step_on_the_cpu_is_refused_in_one_line_under_an_older_torch(tiny_llama, monkeypatch):
+    import juice.engine.batch as batch
+
+    if tiny_llama.device.type != "cpu":
+        pytest.skip("the refusal is for the CPU")
+    monkeypatch.setattr(batch, "_torch_release", lambda: (2, 11))
+    with pytest.raises(ValueError, match=r"^compile_step on the CPU needs torch >= 2\.13: .*seen with 2\.11\.0"):
+        generate(tiny_llama, PROMPTS, [Stream(0)], 2, kv_cache="static", compile_step=True)
+    generate(tiny_llama, PROMPTS, [Stream(0)], 2, kv_cache="static")   # uncompiled still decodes

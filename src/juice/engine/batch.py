@@ -85,6 +85,19 @@ def _chunks(streams: Sequence[Stream], lengths: Sequence[int], max_rows: int) ->
     return length_buckets(order, [lengths[s.prompt] for s in streams], [s.rows for s in streams], max_rows)
 
 
+COMPILE_ON_CPU_FROM = (2, 13)
+"""The first torch release whose Inductor compiles the decoding step on the CPU: 2.11.0's C++
+code generation emits an undeclared index variable for it (`CppCompileError`, found by
+scripts/gpu-rehearse.sh); 2.13.0 passes the tests; 2.12 was not tried. On CUDA, Inductor writes
+Triton instead."""
+
+
+def _torch_release() -> tuple[int, int]:
+    """torch's (major, minor) release, e.g. (2, 11) for "2.11.0+cu130"."""
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
 def _decoding_options(lm: LoadedModel, max_new_tokens: int, kv_cache: str | None, compile_step: bool | None,
                       stop_text, stop_at_eos: bool, forced_tokens: Tensor | None) -> tuple[str, bool]:
     """:func:`generate`'s cache and compile options with the model's defaults filled in, checked
@@ -97,6 +110,10 @@ def _decoding_options(lm: LoadedModel, max_new_tokens: int, kv_cache: str | None
         raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)}, not {kv_cache!r}")
     if compile_step and kv_cache != "static":
         raise ValueError('compile_step needs kv_cache="static" (fixed shapes per step)')
+    if compile_step and lm.device.type == "cpu" and _torch_release() < COMPILE_ON_CPU_FROM:
+        raise ValueError(f"compile_step on the CPU needs torch >= {'.'.join(map(str, COMPILE_ON_CPU_FROM))}: "
+                         f"torch {torch.__version__}'s Inductor writes C++ for the step that does not compile "
+                         "(seen with 2.11.0); decode uncompiled, or on a GPU")
     if stop_text is not None:
         if forced_tokens is not None:
             raise ValueError("stop_text does not apply to forced_tokens (teacher forcing feeds every token)")
@@ -181,7 +198,9 @@ def generate(
     Raises:
         PromptTooLongError: a prompt does not fit the context window with the new tokens.
         ValueError: max_new_tokens < 1; `stop_text` with `forced_tokens`, or with a
-            tokenizer that has neither EOS (with `stop_at_eos`) nor a pad token.
+            tokenizer that has neither EOS (with `stop_at_eos`) nor a pad token; an unknown
+            `kv_cache`; `compile_step` without the static cache, or on the CPU under torch < 2.13
+            (:data:`COMPILE_ON_CPU_FROM`).
         juice.guard.BatchingMismatchError: batched decoding is not exact here, even with eager
             attention.
     """
