@@ -13,6 +13,9 @@ the tests that need none still run. The embedded real model (`real_model`) is no
 `JUICE_TEST_ATTENTION` (`sdpa` or `eager`; default: transformers' default, sdpa) names the
 attention implementation of the tiny models (Gemma 2 always runs eager: its sdpa path drops the
 attention-logit soft-capping). `benchmarks/gpu_check.sh` runs the engine's tests under both.
+
+`JUICE_TEST_ARCHITECTURES` (comma-separated; default every one of :data:`TINY_CONFIGS`) narrows the
+architectures the `tiny` fixture runs over: the GPU check's dry run runs its tests on one.
 """
 
 from __future__ import annotations
@@ -88,6 +91,11 @@ def _resolve_test_device() -> tuple[torch.device | None, str]:
 
 
 TEST_DEVICE, TEST_DEVICE_UNAVAILABLE = _resolve_test_device()
+TEST_ARCHITECTURES = tuple(a.strip() for a in os.environ.get("JUICE_TEST_ARCHITECTURES", "").split(",")
+                           if a.strip()) or tuple(sorted(TINY_CONFIGS))
+if set(TEST_ARCHITECTURES) - set(TINY_CONFIGS):
+    raise pytest.UsageError(f"JUICE_TEST_ARCHITECTURES names unknown architectures "
+                            f"{sorted(set(TEST_ARCHITECTURES) - set(TINY_CONFIGS))}; known: {sorted(TINY_CONFIGS)}")
 TEST_ATTENTION = os.environ.get("JUICE_TEST_ATTENTION", "").strip() or None
 if TEST_ATTENTION not in (None, "sdpa", "eager"):
     raise pytest.UsageError(f"JUICE_TEST_ATTENTION must be sdpa or eager, not {TEST_ATTENTION!r}")
@@ -146,9 +154,9 @@ def tiny_models() -> dict[str, LoadedModel]:
     return {}
 
 
-@pytest.fixture(params=sorted(TINY_CONFIGS))
+@pytest.fixture(params=TEST_ARCHITECTURES)
 def tiny(request, tiny_models) -> LoadedModel:
-    """One tiny model per architecture (parametrized over all of them)."""
+    """One tiny model per architecture (parametrized over all of them, or `JUICE_TEST_ARCHITECTURES`)."""
     if request.param not in tiny_models:
         tiny_models[request.param] = build_tiny(request.param)
     return tiny_models[request.param]

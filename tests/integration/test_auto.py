@@ -15,6 +15,8 @@ from juice.engine import QUESTION_ALONE, Choice, Contrast, Stream, generate
 from juice.interventions import Head, HeadSelection
 from juice.steering import ORIGINAL, JuICE, JuNE
 
+pytestmark = pytest.mark.gpu   # benchmarks/gpu_check.py runs these on the device
+
 TEXTS = ["the capital of france is paris . the capital of france is", "tennis golf w40 w41 w42 is",
          "the capital of france is", "w42 is", "w7 w8 w9 w10 w11 w12 w13 w14 w15 w16 w17 w18 the"]
 #         0: prompt                                                  1: prompt        2: question of 0   3: question of 1

@@ -19,6 +19,8 @@ from juice.reference import continuation_logprobs
 from juice.steering import Prune
 from juice.tokens import encode, token_ids
 
+pytestmark = pytest.mark.gpu   # benchmarks/gpu_check.py runs these on the device
+
 PROMPTS = ["the capital of france is paris . the capital of france is", "tennis golf w40 w41 w42 is"]
 QUESTIONS = ["the capital of france is", "w42 is"]
 

@@ -12,6 +12,8 @@ from juice.reference import greedy_generate_naive
 from juice.steering import Steering, steering_coefficients
 from juice.tokens import encode
 
+pytestmark = pytest.mark.gpu   # benchmarks/gpu_check.py runs these on the device
+
 PROMPTS = [
     "the capital of france is paris . the capital of france is",
     "tennis golf w40 w41 w42 is",

@@ -14,6 +14,8 @@ from juice.sampling import Sampling
 from juice.steering import ORIGINAL, JuICE, JuNE
 from juice.tokens import token_ids
 
+pytestmark = pytest.mark.gpu   # benchmarks/gpu_check.py runs these on the device
+
 SEL = HeadSelection((Head(1, 2),), (Head(0, 1),))
 PROMPTS = ["the capital of france is", "the name of the capital city of japan is",
            "w1 w2 w3 the name of the capital city of spain is w4 w5 w6 w7", "x",

@@ -12,6 +12,8 @@ from juice import guard
 from juice.engine import Stream, generate
 from juice.tokens import token_ids
 
+pytestmark = pytest.mark.gpu   # benchmarks/gpu_check.py runs these on the device
+
 PROMPTS = ["the capital of france is",                        # 6 tokens with BOS: the most padded
            "the name of the capital city of japan is",       # 10
            "w1 w2 w3 the name of the capital city of spain is"]   # 13: one length bucket for all three

@@ -10,6 +10,8 @@ import torch
 from juice.interventions import Head, added_to_heads, captured_heads, head_coefficients, scaled_heads
 from juice.tokens import encode
 
+pytestmark = pytest.mark.gpu   # benchmarks/gpu_check.py runs these on the device
+
 PROMPTS = ["the capital of france is paris . the capital of france is", "tennis golf w40 w41 w42 is"]
 
 

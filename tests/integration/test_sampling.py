@@ -14,6 +14,8 @@ from juice.interventions import Head
 from juice.steering import JuICE, Steering
 from juice.tokens import encode
 
+pytestmark = pytest.mark.gpu   # benchmarks/gpu_check.py runs these on the device
+
 PROMPTS = ["the capital of france is", "the name of the capital city of japan is",
            "w1 w2 w3 the name of the capital city of spain is"]
 

@@ -23,6 +23,8 @@ from juice.steerer import Steerer  # noqa: E402
 from request_protocol import serving  # noqa: E402
 from juice.steering import UntunedBetasWarning  # noqa: E402
 
+pytestmark = pytest.mark.gpu   # benchmarks/gpu_check.py runs these on the device
+
 SEL = HeadSelection((Head(1, 2),), (Head(0, 1),))
 PROMPTS = ["the capital of france is", "the name of the capital city of japan is",
            "w1 w2 w3 the name of the capital city of spain is", "the capital of germany is"]

@@ -9,6 +9,8 @@ from juice.interventions import Head, HeadSelection, head_coefficients, scaled_h
 from juice.steering import JuICE, JuNE, steering_coefficients
 from juice.tokens import encode
 
+pytestmark = pytest.mark.gpu   # benchmarks/gpu_check.py runs these on the device
+
 BOTH = HeadSelection((Head(1, 2), Head(0, 1)), (Head(1, 2), Head(2, 0)))   # L1H2 is in both sets
 
 
