@@ -12,16 +12,17 @@ same run, on the same model and prompts.
 Models:
 - default: the embedded Gemma 3 270M (its GGUF must be installed);
 - `--random`: Gemma 3 270M's config from the GGUF, random weights (the GGUF's tokenizer);
-- `--config gemma-3-270m | gemma-2b`: a built-in config (:data:`CONFIGS`; Gemma 3 270M's is the
-  GGUF's, checked by tests/integration/test_benchmarks.py; Gemma 2B is the paper's model class, Gemma 1's
-  published 2B config), random weights and a word-level tokenizer over the benchmark's prompts:
+- `--config gemma-3-270m | gemma-2b | llama-2-7b`: a built-in config (:data:`CONFIGS`; Gemma 3
+  270M's is the GGUF's, checked by tests/integration/test_benchmarks.py; Gemma 2B and Llama 2 7B are
+  the paper's model classes, their published configs), random weights and a word-level tokenizer
+  over the benchmark's prompts:
   no file needs to travel to the GPU machine. Timing only: the outputs are meaningless.
 
 Without CUDA it prints "skipped" and exits 0, unless `--device cpu` asks for a CPU run (a check
 of the script itself; the targets are for a GPU). `--json PATH` writes every figure.
 
 Run: python benchmarks/bench_gpu.py [--device cuda|cpu] [--dtype bf16|fp32]
-     [--random | --config gemma-3-270m|gemma-2b] [--batches 1,16,64] [--new 32] [--json PATH]
+     [--random | --config gemma-3-270m|gemma-2b|llama-2-7b] [--batches 1,16,64] [--new 32] [--json PATH]
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ CONFIGS: dict[str, dict] = {
                      num_attention_heads=8, num_key_value_heads=1, head_dim=256, vocab_size=256000,
                      max_position_embeddings=8192, hidden_activation="gelu_pytorch_tanh", rope_theta=10000.0,
                      tie_word_embeddings=True),
+    # Llama 2 7B (meta-llama/Llama-2-7b-hf's config.json): the paper's Llama-2-7b, 6.7 B parameters
+    "llama-2-7b": dict(model_type="llama", hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096,
+                       rms_norm_eps=1e-5, rope_theta=10000.0, hidden_act="silu", tie_word_embeddings=False),
 }
 """Built-in configs for random-weight timing runs (module docstring)."""
 
@@ -98,24 +103,28 @@ def word_tokenizer(texts: list[str], vocab_size: int):
     return out
 
 
-def config_model(name: str, device: str, dtype: torch.dtype) -> LoadedModel:
-    """A built-in config (:data:`CONFIGS`) with random weights (seed 0) and a word-level tokenizer
-    over World Capital's prompts and answers.
+def benchmark_texts() -> list[str]:
+    """World Capital's prompts and answers: what the benchmarks' word-level tokenizer covers."""
+    examples = build_domain("world_capital")
+    return [p for ex in examples for p in ex.prompts.values()] + [a for ex in examples for a in
+                                                                  (*ex.answers, ex.context_answer)]
+
+
+def config_model(name: str, device: str, dtype: torch.dtype, fields: dict | None = None) -> LoadedModel:
+    """A built-in config (:data:`CONFIGS`, or `fields` in its place) with random weights (seed 0),
+    built on `device`, and a word-level tokenizer over :func:`benchmark_texts`.
 
     Raises:
         KeyError: an unknown config name.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    fields = dict(CONFIGS[name])
+    fields = dict(CONFIGS[name] if fields is None else fields)
     config = AutoConfig.for_model(fields.pop("model_type"), bos_token_id=1, eos_token_id=2, pad_token_id=0, **fields)
-    examples = build_domain("world_capital")
-    texts = [p for ex in examples for p in ex.prompts.values()] + [a for ex in examples for a in
-                                                                   (*ex.answers, ex.context_answer)]
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-    return wrap_model(model, word_tokenizer(texts, config.vocab_size), name=f"{name} (random weights)")
+    return wrap_model(model, word_tokenizer(benchmark_texts(), config.vocab_size), name=f"{name} (random weights)")
 
 
 def sync(device: torch.device) -> None:

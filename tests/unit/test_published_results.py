@@ -42,3 +42,21 @@ def test_the_when_to_steer_tables_and_claims_are_the_committed_record():
             assert cells["distractor"]["n"] > 0
         claim = when_to_steer_study.headline(record, dataset)
         assert claim in page and claim in readme and claim in home
+
+
+def test_the_gpu_section_of_the_models_page_quotes_the_newest_gpu_record_and_nothing_older():
+    """docs/models.md's GPU section holds the newest benchmarks/results/gpu-check-*.json as
+    gpu_check.page_markdown renders it, or, while none is committed, says so and names no GPU."""
+    import gpu_check
+
+    page = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
+    section = page[page.index("## GPUs\n"):page.index("## Big models on GPUs")]
+    records = sorted((ROOT / "benchmarks" / "results").glob("gpu-check-*.json"))
+    if not records:
+        assert gpu_check.NO_RECORD in section
+        assert not any(name in section for name in ("H100", "H200", "A100", "L4 ", "ms/step"))
+        return
+    newest = records[-1]
+    assert gpu_check.page_markdown(json.loads(newest.read_text(encoding="utf-8")), newest.name) in section
+    assert gpu_check.NO_RECORD not in section
+    assert not any(older.name in page for older in records[:-1])
