@@ -83,22 +83,39 @@ FINGERPRINT_KEYS: tuple[str, ...] = ("model_type", "n_layers", "n_heads", "head_
                                      "weights_sha256_16")
 """The keys of a model fingerprint that must agree for a heads file to serve a model (the name
 and the tokenizer's checksum may differ); checked by :func:`juice.stage1.load_heads` and by
-vLLM's plugin (:mod:`juice.vllm.models`)."""
+vLLM's plugin (:mod:`juice.vllm.models`). The weights' checksum agrees, or else the same
+checksum at bfloat16 precision (:data:`BF16_DIGEST_KEY`) does (:func:`fingerprint_mismatch`)."""
+
+BF16_DIGEST_KEY = "weights_bf16_sha256_16"
+"""The fingerprint's checksum of the same rows rounded to bfloat16 first: equal for one model's
+weights at float32, bfloat16 and (in the normal range) float16, so a heads file made at float32
+steers the model served in bfloat16 (vLLM's dtype on a GPU), and two different models still
+differ. Heads files made before it have only the exact checksum, which then must agree."""
 
 
-def weights_digest(rows: torch.Tensor) -> str:
+def weights_digest(rows: torch.Tensor, dtype: torch.dtype | None = None) -> str:
     """The fingerprint's checksum of layer 0's output projection: SHA-256 (first 16 hex digits)
     of its first 8 rows (`[8, n_heads * head_dim]`, gathered over tensor-parallel ranks where
-    sharded) as float32 rounded to 5 decimals."""
-    return hashlib.sha256(rows.detach().float().cpu().numpy().round(5).tobytes()).hexdigest()[:16]
+    sharded) as float32 rounded to 5 decimals; with `dtype`, rounded to `dtype` first (:data:`BF16_DIGEST_KEY`)."""
+    rows = rows.detach() if dtype is None else rows.detach().to(dtype)
+    return hashlib.sha256(rows.float().cpu().numpy().round(5).tobytes()).hexdigest()[:16]
+
+
+def _weights_agree(theirs: dict[str, Any], mine: dict[str, Any]) -> bool:
+    if theirs.get("weights_sha256_16") == mine.get("weights_sha256_16"):
+        return True
+    return theirs.get(BF16_DIGEST_KEY) is not None and theirs.get(BF16_DIGEST_KEY) == mine.get(BF16_DIGEST_KEY)
 
 
 def fingerprint_mismatch(theirs: dict[str, Any], mine: dict[str, Any], mine_label: str | None = None) -> str | None:
     """None if a heads file's fingerprint (`theirs`) fits the model's (`mine`) on
-    :data:`FINGERPRINT_KEYS`; else "was made for model 'X' (key=value, ...); this model is 'Y'
-    (key=value, ...)" (with `mine_label`, e.g. "the served model has", in place of "this model
-    is 'Y'", without the parentheses), for the caller to prefix with the file's path."""
-    diff = [k for k in FINGERPRINT_KEYS if mine.get(k) != theirs.get(k)]
+    :data:`FINGERPRINT_KEYS` (the weights' checksums agree exactly or at bfloat16 precision); else
+    "was made for model 'X' (key=value, ...); this model is 'Y' (key=value, ...)" (with
+    `mine_label`, e.g. "the served model has", in place of "this model is 'Y'", without the
+    parentheses), for the caller to prefix with the file's path."""
+    diff = [k for k in FINGERPRINT_KEYS if k != "weights_sha256_16" and mine.get(k) != theirs.get(k)]
+    if not _weights_agree(theirs, mine):
+        diff += ["weights_sha256_16", *([BF16_DIGEST_KEY] if theirs.get(BF16_DIGEST_KEY) is not None else [])]
     if not diff:
         return None
     values = ", ".join(f"{k}={mine.get(k)}" for k in diff)
@@ -114,9 +131,9 @@ def model_fingerprint(model: PreTrainedModel, heads: ModelHeads, name: str) -> d
     """
     weight = heads.projections[0].weight
     if weight.device.type == "meta":  # offloaded by accelerate: identify by shape only
-        digest = "offloaded"
+        digest = bf16_digest = "offloaded"
     else:
-        digest = weights_digest(weight[:8])
+        digest, bf16_digest = weights_digest(weight[:8]), weights_digest(weight[:8], torch.bfloat16)
     g = heads.geometry
     return {
         "name": name,
@@ -126,6 +143,7 @@ def model_fingerprint(model: PreTrainedModel, heads: ModelHeads, name: str) -> d
         "head_dim": g.head_dim,
         "vocab_size": int(model.get_output_embeddings().weight.shape[0]),
         "weights_sha256_16": digest,
+        BF16_DIGEST_KEY: bf16_digest,
     }
 
 

@@ -100,10 +100,77 @@ def piecewise_on_cpu() -> None:
     CpuPlatform.check_and_update_config = classmethod(vllm_compile)
 
 
+def poisoned_buffers(pad: int) -> dict:
+    """The poisoned-buffer mode (spec "poison": pad rows; issue 74): what a GPU leaves in memory,
+    made certain on the CPU. Before every forward, every per-step buffer the plugin owns
+    (`juice_factor`, `juice_add`, `juice_clean`) is filled with NaN, so a step that reads a row it
+    did not set this step decodes NaN; and each forward gets `pad` rows past its real tokens (fewer
+    where the tables hold fewer), as a GPU's CUDA-graph capture size pads a batch (ids and
+    positions 0, KV-cache slots -1, the
+    attention's output in those rows NaN in eager mode, as vLLM's uninitialised buffer may hold).
+    The engine core and worker run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0). Returns
+    counters filled as vLLM runs."""
+    import os
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import torch
+    from vllm.forward_context import get_forward_context
+
+    import juice.vllm.models as models
+
+    seen = {"forwards": 0, "padded": 0}
+    real_rows = [0]
+    plan, forward, init = (models.SteerableMixin._juice_plan, models.SteerableMixin.forward,
+                           models.SteerableMixin.__init__)
+
+    def poisoned_plan(self, n_tokens):
+        for name in ("juice_factor", "juice_add", "juice_clean"):
+            getattr(self.model, name).fill_(float("nan"))
+        return plan(self, n_tokens)
+
+    def padded_forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
+        n = input_ids.shape[0]
+        extra = min(pad, self.juice_max_tokens - n)   # a GPU pads up to a capture size the tables hold
+        context = get_forward_context()
+        saved = context.slot_mapping
+        if isinstance(saved, dict):
+            context.slot_mapping = {k: None if v is None else torch.cat([v, v.new_full((extra,), -1)])
+                                    for k, v in saved.items()}
+        real_rows[0] = n
+        seen["forwards"] += 1
+        seen["padded"] += extra > 0
+        try:
+            out = forward(self, torch.cat([input_ids, input_ids.new_zeros(extra)]),
+                          torch.cat([positions, positions.new_zeros(extra)]), intermediate_tensors, inputs_embeds,
+                          **kwargs)
+        finally:
+            context.slot_mapping = saved
+        return out[:n]
+
+    def init_with_garbage(self, *, vllm_config, prefix: str = ""):   # vLLM reads the signature
+        init(self, vllm_config=vllm_config, prefix=prefix)
+        if self.juice_compiled:   # the compiled graph would guard on the row count: tables only
+            return
+
+        def garbage(module, args):   # the attention output's padding rows, never written by vLLM
+            x = args[0].clone()
+            x[real_rows[0]:] = float("nan")
+            return (x, *args[1:])
+
+        for layer in self.juice_layers:
+            layer.self_attn.o_proj.register_forward_pre_hook(garbage, prepend=True)
+
+    models.SteerableMixin._juice_plan = poisoned_plan
+    models.SteerableMixin.forward = padded_forward
+    models.SteerableMixin.__init__ = init_with_garbage
+    return seen
+
+
 def main() -> None:
     spec = json.load(open(sys.argv[1]))
     import os
 
+    poison = poisoned_buffers(spec["poison"]) if spec.get("poison") else None
     on_cpu = os.environ.get("JUICE_TEST_PIECEWISE_ON_CPU") == "1"
     record = record_compilation() if on_cpu or os.environ.get("JUICE_TEST_RECORD") == "1" else None
     if on_cpu:
@@ -174,6 +241,8 @@ def main() -> None:
     out["bad"] = errors
     if record is not None:
         out["compilation"] = record
+    if poison is not None:
+        out["poison"] = poison
     if spec.get("bad"):   # the engine still serves after refusing them
         out["after_bad"] = tokens(llm.generate(prompts[:1], params[:1], use_tqdm=False))[0]
     json.dump(out, open(sys.argv[2], "w"))

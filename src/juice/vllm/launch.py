@@ -9,7 +9,7 @@ self-checked safetensors copy), checks the heads files before anything starts, a
         --middleware juice.vllm.middleware.JuiceFieldMiddleware
         --logits-processors juice.vllm.processor:JuiceSteeringProcessor
         --scheduler-cls juice.vllm.scheduler.salting_scheduler
-        --dtype float32 --additional-config '{"juice": ...}' ...
+        --dtype float32 (on the CPU) --additional-config '{"juice": ...}' ...
 
 with `JUICE_VLLM_HEADS` (and `JUICE_VLLM_DUAL_RUN`) in its environment, for the API server's
 admission, and the same set-up in `additional_config`, for the workers wherever they run
@@ -108,8 +108,11 @@ refused (:func:`juice.vllm.constraints.check_engine_config`)."""
 def server_command(python: str, folder: str, name: str, *, host: str, port: int, max_model_len: int | None = None,
                    extra: Sequence[str] = (), gpu: bool = False, config: dict | None = None) -> list[str]:
     """The command line of vLLM's OpenAI server with the plugin's requirements (module docstring);
-    with `gpu`, piecewise CUDA graphs (:data:`PIECEWISE_GRAPHS`) unless `extra` sets a compilation
-    configuration or `--enforce-eager`; with `config` (:func:`juice.vllm.options.config_entry`),
+    `--dtype float32` on the CPU (juice's own default) unless `extra` sets one, and on a GPU the
+    model's dtype (vLLM's `auto`: a float32 attention backend is not what a GPU serves with; a heads
+    file made at float32 still fits, :data:`juice.models.BF16_DIGEST_KEY`); with `gpu`, piecewise
+    CUDA graphs (:data:`PIECEWISE_GRAPHS`) unless `extra` sets a compilation configuration or
+    `--enforce-eager`; with `config` (:func:`juice.vllm.options.config_entry`),
     `--additional-config` carrying it under `"juice"` (merged into one that `extra` gives), so that
     every worker, on every node, steers with the same heads.
 
@@ -129,8 +132,8 @@ def server_command(python: str, folder: str, name: str, *, host: str, port: int,
         command += ["--scheduler-cls", SCHEDULER]
     if max_model_len:
         command += ["--max-model-len", str(max_model_len)]
-    if not any(a.startswith("--dtype") for a in extra):
-        command += ["--dtype", "float32"]   # juice's default; a heads file's checksum is of the weights at its dtype
+    if not gpu and not any(a.startswith("--dtype") for a in extra):
+        command += ["--dtype", "float32"]   # juice's own default on the CPU; on a GPU, vLLM's: the model's dtype
     own = ("--compilation-config", "-cc", "-O", "--enforce-eager")
     if gpu and not any(a.split("=")[0] in own or a.startswith("-O") for a in extra):
         command += PIECEWISE_GRAPHS

@@ -76,7 +76,7 @@ from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention import Attention
 
 from juice.architectures import config_geometry
-from juice.models import fingerprint_mismatch, weights_digest
+from juice.models import BF16_DIGEST_KEY, fingerprint_mismatch, weights_digest
 from juice.vllm import ARCHITECTURES
 from juice.vllm.constraints import (CLEAN_RUN_OP, ROW_FIELD, PluginConfigError, check_attention_backend,
                                     check_engine_config, check_kv_sharing, check_logits_processor, check_scheduler,
@@ -255,9 +255,11 @@ class SteerableMixin:
                 if slots and layer in state.added:
                     h = x.view(x.shape[0], self.juice_local_heads, -1)
                     clean = state.clean_out
+                    if state.tokens is None:   # every row: the real ones' outputs, 0 in padding rows
+                        real = torch.arange(x.shape[0], device=x.device) < state.starts[-1].to(x.device)
                     for slot, local in slots:
                         if state.tokens is None:
-                            clean[: x.shape[0], slot].copy_(h[:, local])
+                            clean[: x.shape[0], slot].copy_(torch.where(real[:, None], h[:, local], 0))
                         else:   # run 1 on the JuICE requests' tokens only: back to their rows
                             clean[:, slot].index_copy_(0, state.tokens, h[:, local])
                 if layer == state.last_added:
@@ -267,11 +269,14 @@ class SteerableMixin:
                 return None   # eager: a layer no request steers is left alone
             # Run 2, branch-free over the batch (the tables hold 1 and 0 where a row is not steered):
             # the compiled graph traces this once and reads the tables' current values every step.
+            # `juice_clean` is read through a `where`: a row JuICE does not add to takes 0, never
+            # 0 times whatever an earlier step or a padding row left there (0 * inf is NaN).
             rows = x.shape[0]
             h = x.view(rows, self.juice_local_heads, -1)
             out = h * model.juice_factor[:rows, layer]
             for slot, local in slots:
-                added = model.juice_add[:rows, slot: slot + 1] * model.juice_clean[:rows, slot: slot + 1]
+                beta = model.juice_add[:rows, slot: slot + 1]
+                added = torch.where(beta != 0, beta * model.juice_clean[:rows, slot: slot + 1], 0)
                 out[:, local: local + 1] += added
             return (out.view(x.shape), *args[1:])
 
@@ -291,13 +296,13 @@ class SteerableMixin:
             raise RuntimeError(f"juice: a forward of {n_tokens} tokens, more than the tables' "
                                f"{self.juice_max_tokens} (max_num_batched_tokens)")
         if not BATCH.rows:
-            self._juice_reset()
+            self._juice_reset(n_tokens)
             return None
         metadata = get_forward_context().attn_metadata
         if isinstance(metadata, list):
             metadata = metadata[0] if metadata else None
         if not metadata:
-            self._juice_reset()
+            self._juice_reset(n_tokens)
             return None
         first = next(iter(metadata.values()))
         if not hasattr(first, ROW_FIELD):   # a backend whose metadata check_attention_backend could not read
@@ -314,7 +319,7 @@ class SteerableMixin:
         scaled = set(torch.nonzero(scale.ne(0).any(-1).any(0)).flatten().tolist())
         added = set(torch.nonzero(add.ne(0).any(-1).any(0)).flatten().tolist())
         if not (scaled or added):
-            self._juice_reset()
+            self._juice_reset(n_tokens)
             return None
         model = self.model
         device, dtype = model.juice_factor.device, model.juice_factor.dtype
@@ -329,9 +334,11 @@ class SteerableMixin:
         juice_rows = torch.nonzero(add[:n_requests].ne(0).flatten(1).any(1)).flatten()
         return _Pass(scaled, added, juice_rows, starts)
 
-    def _juice_reset(self, upto: int | None = None) -> None:
-        """Set the tables' first rows (those a request may have written) back to not steering."""
-        rows = self.juice_dirty if upto is None else upto
+    def _juice_reset(self, n_tokens: int) -> None:
+        """Set the tables' first rows back to not steering: those a request may have written and,
+        in compiled mode (whose hooks read the tables on every step), the `n_tokens` rows this
+        forward reads, so that a step reads only rows it set."""
+        rows = max(self.juice_dirty, n_tokens if self.juice_compiled else 0)
         if rows:
             self.model.juice_factor[:rows].fill_(1)
             self.model.juice_add[:rows].zero_()
@@ -502,11 +509,12 @@ class SteerableMixin:
         weight = self.juice_layers[0].self_attn.o_proj.weight.detach()[:8]
         if get_tensor_model_parallel_world_size() > 1:
             weight = tensor_model_parallel_all_gather(weight.contiguous(), dim=-1)
-        digest = weights_digest(weight)
+        digest, bf16_digest = weights_digest(weight), weights_digest(weight, torch.bfloat16)
         g = self.juice_geometry
         config = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
         return {"model_type": self.config.model_type, "n_layers": g.n_layers, "n_heads": g.n_heads,
-                "head_dim": g.head_dim, "vocab_size": int(config.vocab_size), "weights_sha256_16": digest}
+                "head_dim": g.head_dim, "vocab_size": int(config.vocab_size), "weights_sha256_16": digest,
+                BF16_DIGEST_KEY: bf16_digest}
 
 
 def _steerable(base: type) -> type:
