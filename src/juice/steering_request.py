@@ -218,6 +218,32 @@ def juice_fields(value: Any) -> dict[str, Any]:
     return dict(value)
 
 
+def request_fields(extra_args: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The juice fields of a request's `extra_args` (vLLM's `SamplingParams.extra_args`, the
+    `vllm_xargs` of its OpenAI server, or `juice serve`'s body): the nested `juice` object, and the
+    flat `juice_*` keys over it; None when there are none.
+
+    Raises:
+        SteeringRequestError: `juice` is not an object, or an unknown `juice_*` / `juice` key.
+    """
+    if not extra_args:
+        return None
+    fields: dict[str, Any] = {}
+    if "juice" in extra_args:
+        if not isinstance(extra_args["juice"], Mapping):
+            raise SteeringRequestError(NOT_AN_OBJECT)
+        fields.update(extra_args["juice"])
+    if "juice_invalid" in extra_args:   # the middleware's mark for a `juice` body field that is not an object
+        raise SteeringRequestError(NOT_AN_OBJECT)
+    for key, value in extra_args.items():
+        if key.startswith("juice_"):
+            fields[key[len("juice_"):]] = value
+    unknown = sorted(set(fields) - set(FIELDS))
+    if unknown:
+        raise SteeringRequestError(f"unknown juice field {unknown[0]!r}; the fields are {', '.join(FIELDS)}")
+    return fields if ("juice" in extra_args or fields) else None
+
+
 def _text(fields: Mapping[str, Any], key: str, choices: str) -> str | None:
     value = fields.get(key)
     if value is None:
@@ -418,4 +444,4 @@ def __getattr__(name: str):
 
 
 __all__ = ["FIELDS", "MAX_ABS_BETA", "METHODS", "NOT_AN_OBJECT", "ServedHeads", "SteeringAsk", "SteeringRequestError",
-           "WARNING_HEADER", "juice_fields", "parse_spec", "read_steering", "steering_ask"]
+           "WARNING_HEADER", "juice_fields", "parse_spec", "read_steering", "request_fields", "steering_ask"]

@@ -119,6 +119,32 @@ def test_per_request_steering(served):
         client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body={"juice": {"direction": "memory"}})
 
 
+def test_vllm_xargs_juice_keys_steer_as_the_juice_field_and_beam_search_is_refused(served):
+    """Issue 74: `juice serve` answers vLLM's request forms as vLLM with juice's plugin does, never
+    ignoring them: `juice_*` keys in `vllm_xargs` steer as the `juice` field (and override it key
+    by key), an unknown one is a 400, and `use_beam_search` is a 400 (juice serve has no beam
+    search). Its routes: POST /v1/completions and /v1/chat/completions generate; any other POST is
+    a 404 in OpenAI's shape."""
+    lm, client, engine = served
+    asked = {"direction": "context", "method": "juice", "beta_plus": 30, "beta_minus": -5}
+    expected = Steerer(lm, SEL, method="juice", beta_plus=30, beta_minus=-5).generate(PROMPTS[2], 6)[0]
+    flat = {"vllm_xargs": {f"juice_{k}": v for k, v in asked.items()}}
+    for extra in (flat, {"juice": {**asked, "beta_plus": 1}, "vllm_xargs": {"juice_beta_plus": 30}}):
+        out = client.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=6, temperature=0,
+                                        extra_body=extra)
+        assert out.choices[0].text == expected
+    with pytest.raises(openai.BadRequestError, match="unknown juice field 'beta'"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body={"vllm_xargs": {"juice_beta": 1}})
+    for create, body in ((client.completions.create, {"prompt": "x"}),
+                         (client.chat.completions.create, {"messages": [{"role": "user", "content": "x"}]})):
+        with pytest.raises(openai.BadRequestError, match="use_beam_search is not implemented"):
+            create(model="tiny", max_tokens=2, **body, extra_body={"use_beam_search": True, "juice": asked})
+    port = _port(client)
+    for path in ("/v1/responses", "/v1/messages", "/v1/chat/completions/batch", "/invocations"):
+        status, data, _ = _post(port, path, {"model": "tiny", "input": "x", "juice": asked})
+        assert status == 404 and data["error"]["message"] and data["error"]["type"]
+
+
 def test_a_request_alone_and_among_fifteen_others_gives_the_same_tokens(served):
     lm, client, engine = served
 
@@ -364,6 +390,9 @@ def test_a_request_past_its_timeout_is_a_504_and_a_stream_gets_an_error_event():
         assert status == 504 and "longer than 0.05 s" in data["error"]["message"]
         status, data, _ = _post(port, "/v1/completions", {**body, "stream": True})
         assert status == 200 and "longer than 0.05 s" in data["events"][-1]["error"]["message"]
+        deadline = time.monotonic() + 10   # the engine drops the stream at its next step, after the event is sent
+        while app.state.engine.session.rows and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert app.state.engine.session.rows == 0
 
 

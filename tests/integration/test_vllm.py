@@ -22,7 +22,8 @@ from juice.architectures import HeadGeometry
 from juice.interventions import Head, HeadSelection
 from juice.stage1.heads_file import HeadsArtifact, save_heads
 from juice.steering import JuICE, JuNE, Prune
-from juice.vllm.options import (SteeringRequestError, parse_request, read_heads_file, request_fields,
+from juice.steering_request import request_fields
+from juice.vllm.options import (SteeringRequestError, parse_request, read_heads_file,
                                 plugin_heads)
 from juice.vllm.launch import find_vllm_python
 from juice.vllm.middleware import juice_field_to_xargs
@@ -220,6 +221,7 @@ def test_the_launch_line_carries_the_plugins_requirements(tmp_path):
     assert "--compilation-config" not in command   # the CPU build captures no CUDA graph
     gpu = server_command("p", "f", "n", host="h", port=1, gpu=True)
     assert gpu[gpu.index("--compilation-config") + 1] == '{"cudagraph_mode": "PIECEWISE"}'
+    assert command[command.index("--dtype") + 1] == "float32" and "--dtype" not in gpu   # a GPU: the model's dtype
     for own in (["--enforce-eager"], ["-O", "3"], ["--compilation-config={}"]):
         assert "--compilation-config" not in server_command("p", "f", "n", host="h", port=1, gpu=True, extra=own)
     env = server_environment([tmp_path / "a.json"], dual_run=False, base={})
@@ -301,3 +303,78 @@ def test_juice_serve_engine_vllm_refuses_an_alias_in_one_line():
 
     assert main(["serve", "--engine", "vllm", "--alias", "a=method:june"]) == 2
     assert main(["serve", "--engine", "tgi"]) == 2
+
+
+GENERATING_ROUTES_NOT_STEERED = ("/v1/responses", "/v1/messages", "/v1/chat/completions/batch", "/generative_scoring",
+                                 "/v1/systemone", "/inference/v1/generate", "/cohere/v2/chat")
+"""vLLM 0.32's generating routes beside the steered ones (juice.vllm.middleware.STEERED_PATHS)."""
+
+
+def test_every_route_steers_the_juice_field_or_refuses_it_in_its_own_error_shape(two_files, monkeypatch):
+    """Issue 74: the middleware as an ASGI app in front of a stand-in for vLLM that records what
+    reaches it. On the steered routes the `juice` field becomes `vllm_xargs`; on every other
+    generating route of vLLM 0.32, and with beam search, a body carrying juice fields (either
+    form) is a 400 naming the field, in the route's shape, and never reaches vLLM; bodies without
+    juice fields pass through untouched."""
+    from starlette.testclient import TestClient
+
+    from juice.vllm.middleware import STEERED_PATHS, JuiceFieldMiddleware
+
+    monkeypatch.setenv("JUICE_VLLM_HEADS", os.pathsep.join(two_files.files.values()))
+    reached = []
+
+    async def vllm(scope, receive, send):
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        reached.append((scope["path"], json.loads(body)))
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    client = TestClient(JuiceFieldMiddleware(vllm))
+    june = {"method": "june", "direction": "context", "beta_plus": 1.0, "beta_minus": 0.0}
+    for path in STEERED_PATHS:
+        assert client.post(path, json={"prompt": "x", "juice": june}).status_code == 200
+        assert reached.pop() == (path, {"prompt": "x", "vllm_xargs": {f"juice_{k}": v for k, v in june.items()}})
+    for path in GENERATING_ROUTES_NOT_STEERED:
+        for body, field in (({"juice": june}, "juice"), ({"vllm_xargs": {"juice_method": "june"}}, "vllm_xargs.juice_method")):
+            answer = client.post(path, json={"input": "x", **body})
+            assert answer.status_code == 400
+            error = answer.json()
+            if path == "/v1/messages":
+                assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+            message = error["error"]["message"]
+            assert message.startswith(f"{field}: juice steers /v1/completions") and f"{path} would serve" in message
+        assert client.post(path, json={"input": "x", "juice": None}).status_code == 200   # null: no fields
+        assert reached.pop() == (path, {"input": "x", "juice": None})
+    for path in STEERED_PATHS:
+        for body in ({"juice": june}, {"vllm_xargs": {"juice_method": "june", "juice_direction": "context"}}):
+            answer = client.post(path, json={"prompt": "x", "use_beam_search": True, "n": 2, **body})
+            assert answer.status_code == 400 and "juice does not steer beam search" in answer.json()["error"]["message"]
+        assert client.post(path, json={"prompt": "x", "use_beam_search": True}).status_code == 200
+        assert reached.pop() == (path, {"prompt": "x", "use_beam_search": True})
+    assert reached == []
+
+
+def test_a_heads_file_made_at_float32_fits_the_model_in_bfloat16_and_not_another_model():
+    """Issue 74: vLLM serves a GPU model in its own dtype (bf16), juice identifies heads at float32.
+    The fingerprint's checksum at bfloat16 precision is the same for both; a model with other
+    weights differs in both checksums; a file made before that checksum existed (exact checksum
+    only) fits only at its own precision."""
+    from conftest import build_tiny
+
+    from juice.models import BF16_DIGEST_KEY, fingerprint_mismatch
+
+    fp32 = build_tiny("llama", device="cpu")
+    bf16 = build_tiny("llama", device="cpu", dtype=torch.bfloat16)
+    made, served = fp32.fingerprint(), bf16.fingerprint()
+    assert made["weights_sha256_16"] != served["weights_sha256_16"]
+    assert made[BF16_DIGEST_KEY] == served[BF16_DIGEST_KEY]
+    assert fingerprint_mismatch(made, served) is None
+    other = build_tiny("llama", seed=1, device="cpu", dtype=torch.bfloat16).fingerprint()
+    assert "weights_sha256_16" in fingerprint_mismatch(made, other) and BF16_DIGEST_KEY in fingerprint_mismatch(
+        made, other)
+    older = {k: v for k, v in made.items() if k != BF16_DIGEST_KEY}
+    assert fingerprint_mismatch(older, fp32.fingerprint()) is None
+    assert "weights_sha256_16" in fingerprint_mismatch(older, served)

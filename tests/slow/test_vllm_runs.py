@@ -45,9 +45,9 @@ def _steering(lm, files: dict[str, HeadSelection], juice: dict | None):
 
 def run_vllm(model_dir: str, requests: list[dict], heads_files: list[str], tmp_path: Path, bad=(), llm=None,
              timeout: int = 900, fails: bool = False, env: dict | None = None, modes=("mixed", "alone"),
-             arrive=None, heads_in_config: bool = False) -> dict | str:
+             arrive=None, heads_in_config: bool = False, poison: int = 0) -> dict | str:
     spec = {"model": model_dir, "requests": requests, "bad": list(bad), "llm": llm or {}, "modes": list(modes),
-            "arrive": arrive, "heads_in_config": heads_in_config}
+            "arrive": arrive, "heads_in_config": heads_in_config, "poison": poison}
     (tmp_path / "in.json").write_text(json.dumps(spec))
     env = {**os.environ, "JUICE_VLLM_HEADS": os.pathsep.join(heads_files), "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_LOGGING_LEVEL": "WARNING", **(env or {})}
@@ -78,10 +78,12 @@ def reference_requests(lm, prompts: list[str], selections: dict[str, HeadSelecti
 
 def equality_case(lm, model_dir: str, tmp_path: Path, prompts: list[str], selections: dict[str, HeadSelection],
                   steerings: list[dict | None], max_tokens: int, bad=(), llm: dict | None = None,
-                  heads_in_config: bool = False, env: dict | None = None) -> dict:
+                  heads_in_config: bool = False, env: dict | None = None, **run) -> dict:
+    """`run` goes to :func:`run_vllm` (modes, poison)."""
     files = [write_heads(tmp_path / f"{d}.json", lm.fingerprint(), d, s) for d, s in selections.items()]
     requests, expected = reference_requests(lm, prompts, selections, steerings, max_tokens)
-    out = run_vllm(model_dir, requests, files, tmp_path, bad=bad, llm=llm, heads_in_config=heads_in_config, env=env)
+    out = run_vllm(model_dir, requests, files, tmp_path, bad=bad, llm=llm, heads_in_config=heads_in_config, env=env,
+                   **run)
     return {"expected": expected, **out, "requests": requests}
 
 
@@ -139,6 +141,26 @@ def test_vllm_tokens_equal_juice_generate_on_a_tiny_llama_mixed_and_alone(tmp_pa
     assert case["bad"][1] is not None and "|beta| <= 100" in case["bad"][1]
     assert case["bad"][2] is not None and "head L9H0 is out of range" in case["bad"][2]
     assert case["after_bad"] == case["expected"][0]
+
+
+@needs_vllm
+@pytest.mark.parametrize("mode", list(MODES))
+def test_poisoned_buffers_and_padded_batches_still_give_juice_generates_tokens(tmp_path, mode):
+    """Issue 74: what a GPU leaves in memory, made certain (tests/vllm_env/run_offline.py,
+    `poisoned_buffers`): before every forward each per-step table the plugin owns is NaN, and each
+    forward carries 3 padding rows past its real tokens (as a CUDA-graph capture size pads a
+    batch; in eager mode the attention's output there is NaN). Each request alone (a JuICE request
+    alone is a uniform batch: run 1 on every row, padding included), then all in one mixed batch:
+    Original, JuNE, JuICE and pruning keep juice's tokens. Before the fix, the save hook copied
+    run 1's padding rows into `juice_clean` and run 2 computed 0 * `juice_clean` for the rows
+    JuICE does not add to: NaN."""
+    lm, folder = tiny_llama_dir(tmp_path)
+    prompts = ["the capital of france is paris", "who wrote the book ? answer :", "japan tokyo spain"]
+    case = equality_case(lm, folder, tmp_path, prompts, {"parametric": PARAMETRIC, "contextual": CONTEXTUAL},
+                         STEERINGS, max_tokens=8, llm=MODES[mode], poison=3, modes=("alone", "mixed"))
+    assert case["poison"]["padded"] >= case["poison"]["forwards"] - 2 > 0   # all but vLLM's warm-up forwards
+    assert case["alone"] == case["expected"]
+    assert case["mixed"] == case["expected"]
 
 
 CI_MODE = {"qwen2": "eager", "gemma2": "compiled", "qwen3": "compiled", "mistral": "eager", "phi3": "compiled"}
@@ -353,12 +375,16 @@ def test_an_architecture_without_a_steered_class_stops_vllm_at_start_in_one_line
 @needs_vllm
 def test_a_heads_file_for_another_model_stops_vllm_at_start_in_one_line(tmp_path):
     lm, folder = tiny_llama_dir(tmp_path)
-    other = {**lm.fingerprint(), "weights_sha256_16": "0123456789abcdef", "name": "another"}
+    from juice.models import BF16_DIGEST_KEY
+
+    other = {**lm.fingerprint(), "weights_sha256_16": "0123456789abcdef", BF16_DIGEST_KEY: "fedcba9876543210",
+             "name": "another"}
     files = [write_heads(tmp_path / "p.json", other, "parametric", PARAMETRIC)]
     log = run_vllm(folder, [{"prompt_token_ids": [1, 4, 5], "juice": None, "max_tokens": 2}], files, tmp_path,
                    fails=True)
-    assert "p.json was made for model 'another' (weights_sha256_16=0123456789abcdef); the served model has " \
-           f"weights_sha256_16={lm.fingerprint()['weights_sha256_16']}" in log
+    assert ("p.json was made for model 'another' (weights_sha256_16=0123456789abcdef, "
+            f"{BF16_DIGEST_KEY}=fedcba9876543210); the served model has "
+            f"weights_sha256_16={lm.fingerprint()['weights_sha256_16']}") in log
 
 
 @needs_vllm
@@ -577,6 +603,50 @@ def test_juice_serve_engine_vllm_answers_the_openai_client_with_per_request_stee
         assert answers(juice_base, folder, prompt) == table
     check_table(table)
     assert complete({"juice": asks[1]}).choices[0].token_ids == expected[1]   # still serving
+
+
+@needs_vllm
+def test_on_vllm_beam_search_and_the_unsteered_routes_refuse_juice_fields_and_invocations_steers(vllm_server):
+    """Issue 74, on vLLM 0.32 itself: beam search with juice fields is a 400 naming the field (the
+    `openai` client; vLLM would run every beam step without them), so is a `juice` field on the
+    Responses API (the `openai` client) and on the Messages API (plain HTTP, Anthropic's error
+    shape); SageMaker's /invocations steers a completion body as /v1/completions does."""
+    import urllib.error
+    import urllib.request
+
+    import openai
+
+    base, lm, folder, files = vllm_server
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    ask = {"method": "juice", "direction": "contextual", "beta_plus": 3.0, "beta_minus": 0.0}
+    prompt = token_ids(lm.tokenizer, "the capital of france is paris")
+    for extra, field in (({"juice": ask}, "juice"), ({"vllm_xargs": {"juice_method": "june"}}, "vllm_xargs.juice_method")):
+        with pytest.raises(openai.BadRequestError, match=f"{field}: juice does not steer beam search"):
+            client.completions.create(model=folder, prompt=prompt, max_tokens=4,
+                                      extra_body={"use_beam_search": True, "n": 2, **extra})
+    with pytest.raises(openai.BadRequestError, match="/v1/responses would serve the request unsteered"):
+        client.responses.create(model=folder, input="the capital of france is", extra_body={"juice": ask})
+
+    def post(path: str, body: dict) -> tuple[int, dict]:
+        request = urllib.request.Request(f"{base}{path}", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=120) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    status, error = post("/v1/messages", {"model": folder, "max_tokens": 4, "juice": ask,
+                                          "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 400 and error["type"] == "error" and "/v1/messages would serve" in error["error"]["message"]
+    body = {"model": folder, "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True, "juice": ask}
+    expected = generate(lm, ["the capital of france is paris"],
+                        [Stream(0, _steering(lm, {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}, ask))],
+                        max_new_tokens=8).tokens.tolist()[0]
+    for path in ("/v1/completions", "/invocations"):
+        status, out = post(path, body)
+        assert status == 200 and out["choices"][0]["token_ids"] == expected, path
 
 
 def prefix_cache_hits(base: str) -> float:

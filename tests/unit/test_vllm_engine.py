@@ -18,7 +18,8 @@ from juice.sampling import Sampling
 from juice.steering import ORIGINAL, JuICE, JuNE, Prune, Steering
 from juice.steering_request import ServedHeads, read_steering
 from juice.vllm.engine import VllmEngine, _cut, _steering_xargs, _why, open_engine
-from juice.vllm.options import PluginHeads, request_fields
+from juice.steering_request import request_fields
+from juice.vllm.options import PluginHeads
 
 GEOMETRY = HeadGeometry(4, 4, 8)
 SELECTION = HeadSelection((Head(1, 0), Head(2, 3)), (Head(1, 2), Head(2, 3)))

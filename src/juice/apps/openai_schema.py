@@ -5,7 +5,9 @@ limits, and OpenAI's error shape.
 Every value is checked at admission: a wrong type or a value out of range is an HTTP 400 naming
 the field; what the server does not implement (`best_of` > 1, presence and frequency penalties,
 `logit_bias`, `suffix`, chat `logprobs`, `logprobs` or `echo` with `stream`) is refused with a
-400 rather than ignored. Unknown fields are ignored (OpenAI clients send fields of newer API versions).
+400 rather than ignored, vLLM's `use_beam_search` included. vLLM's `vllm_xargs` is read for its
+`juice_*` keys, which steer as the `juice` field does (:func:`juice.steering_request.request_fields`).
+Other unknown fields are ignored (OpenAI clients send fields of newer API versions).
 """
 
 from __future__ import annotations
@@ -70,9 +72,13 @@ class _Sampling(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     juice: Any = None   # checked by juice.steering_request (one message for both servers)
+    vllm_xargs: Any = None   # vLLM's extension field: its juice_* keys steer as the `juice` field does
+    use_beam_search: Any = None   # vLLM's: refused, not ignored
 
     def unsupported(self) -> str | None:
         """The first field set to something the server does not implement, as a message."""
+        if self.use_beam_search:
+            return "use_beam_search is not implemented (juice serve decodes greedily or samples)"
         if self.presence_penalty or self.frequency_penalty:
             return "presence_penalty and frequency_penalty are not implemented (use repetition_penalty)"
         if self.logit_bias:

@@ -9,13 +9,21 @@ of strings, numbers and lists. This middleware
    :func:`juice.vllm.options.request_ask` (:mod:`juice.steering_request`, the same function
    `juice serve` uses), so a body gets the same status and the same one-line message from both
    servers; vLLM's request model would have turned `true` into 1 before the plugin saw it;
-2. moves the `juice` object into `vllm_xargs` as `juice_method`, ... (:func:`juice.vllm.options.request_fields`
+2. moves the `juice` object into `vllm_xargs` as `juice_method`, ... (:func:`juice.steering_request.request_fields`
    reads both forms; per-head coefficients `{"L1H2": 0.5}` become `["L1H2=0.5"]`);
 3. adds the request's steering warning (untuned betas) to the response in the
    :data:`juice.steering_request.WARNING_HEADER` header, as `juice serve` does.
 
 Bodies that are not JSON objects pass through unchanged (vLLM answers those). Loaded by vLLM's
-`--middleware juice.vllm.middleware.JuiceFieldMiddleware` (the launcher adds it). A steered
+`--middleware juice.vllm.middleware.JuiceFieldMiddleware` (the launcher adds it).
+
+Never ignored (:func:`refusal`): vLLM 0.32 serves more generating routes than the two it steers
+(`/v1/responses`, `/v1/messages`, `/v1/chat/completions/batch`, `/generative_scoring`, ...),
+and runs each beam-search step with `SamplingParams` of its own, without the request's
+`vllm_xargs` (vllm/entrypoints/generate/beam_search/online.py). A POST whose JSON body carries
+juice fields (the `juice` object, or `juice_*` keys in `vllm_xargs`) to any route but
+:data:`STEERED_PATHS`, or with `use_beam_search`, is answered 400 in that route's error shape
+(Anthropic's on `/v1/messages`) naming the field, before vLLM sees it. A steered
 request's KV cache salt is not set here but in the engine core, from the request's own steering
 (:mod:`juice.vllm.scheduler`), so a request that reaches vLLM by another way is salted too.
 """
@@ -57,7 +65,8 @@ def check_body(body: dict[str, Any]) -> str | None:
 
 
 def _ask(body: dict[str, Any]):
-    from juice.vllm.options import plugin_heads, request_ask, request_fields
+    from juice.steering_request import request_fields
+    from juice.vllm.options import plugin_heads, request_ask
 
     xargs = body.get("vllm_xargs")
     extra = dict(xargs) if isinstance(xargs, dict) else {}
@@ -66,23 +75,73 @@ def _ask(body: dict[str, Any]):
     return request_ask(request_fields(extra), plugin_heads())
 
 
-def error_body(message: str) -> bytes:
-    """vLLM's error shape for HTTP 400."""
+STEERED_PATHS = ("/v1/completions", "/v1/chat/completions", "/invocations")
+"""vLLM 0.32's routes whose requests the plugin steers: OpenAI's completions and chat completions,
+and SageMaker's `/invocations`, which parses its body as one of the two. Their `juice` field is
+checked and moved into `vllm_xargs`."""
+
+
+def juice_field(body: dict[str, Any]) -> str | None:
+    """The name of the body's field that carries juice fields (`juice`, or `vllm_xargs.juice_<key>`
+    for the first such key), or None when it has none (a `juice` of null is none)."""
+    if body.get("juice") is not None:
+        return "juice"
+    xargs = body.get("vllm_xargs")
+    if isinstance(xargs, dict):
+        for key in xargs:
+            if isinstance(key, str) and key.startswith("juice_"):
+                return f"vllm_xargs.{key}"
+    return None
+
+
+def refusal(path: str, body: dict[str, Any]) -> str | None:
+    """Why a POST body to `path` cannot be steered as it asks (module docstring), or None.
+
+    >>> refusal("/v1/responses", {"input": "hi", "juice": {"method": "june"}})[-47:]
+    '/v1/responses would serve the request unsteered'
+    >>> refusal("/v1/completions", {"prompt": "hi", "use_beam_search": True, "vllm_xargs": {"juice_method": "june"}})[:57]
+    'vllm_xargs.juice_method: juice does not steer beam search'
+    >>> refusal("/v1/completions", {"prompt": "hi", "juice": {"method": "june"}}) is None
+    True
+    """
+    field = juice_field(body)
+    if field is None:
+        return None
+    if path not in STEERED_PATHS:
+        return (f"{field}: juice steers {', '.join(STEERED_PATHS[:-1])} and {STEERED_PATHS[-1]} on this server; "
+                f"{path} would serve the request unsteered")
+    if body.get("use_beam_search"):
+        return (f"{field}: juice does not steer beam search (vLLM runs each beam step without the request's "
+                "vllm_xargs); drop use_beam_search or the juice fields")
+    return None
+
+
+def error_body(message: str, path: str = "") -> bytes:
+    """The 400 error body in the route's shape: Anthropic's on `/v1/messages`, else vLLM's (OpenAI's)."""
+    if path.startswith("/v1/messages"):
+        return json.dumps({"type": "error", "error": {"type": "invalid_request_error", "message": message}}).encode()
     return json.dumps({"error": {"message": message, "type": "BadRequestError", "param": "juice",
                                  "code": 400}}).encode()
 
 
-class JuiceFieldMiddleware:
-    """Checks and rewrites the JSON body of POST requests to `/v1/completions` and `/v1/chat/completions`."""
+def _is_json(scope) -> bool:
+    for key, value in scope.get("headers", []):
+        if key.lower() == b"content-type":
+            return b"json" in value.lower()
+    return True   # no content type: vLLM's routes read JSON
 
-    PATHS = ("/v1/completions", "/v1/chat/completions")
+
+class JuiceFieldMiddleware:
+    """Checks and rewrites the JSON body of POST requests: steered on :data:`STEERED_PATHS`,
+    refused elsewhere and with beam search when they carry juice fields (:func:`refusal`)."""
 
     def __init__(self, app) -> None:
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in self.PATHS:
+        if scope["type"] != "http" or scope.get("method") != "POST" or not _is_json(scope):
             return await self.app(scope, receive, send)
+        path = scope.get("path", "")
         chunks, more = [], True
         while more:
             message = await receive()
@@ -98,15 +157,19 @@ class JuiceFieldMiddleware:
         warning = None
         if isinstance(data, dict):
             try:
-                warning = _ask(data).warning
+                why = refusal(path, data)
+                if why is not None:
+                    raise SteeringRequestError(why)
+                if path in STEERED_PATHS:
+                    warning = _ask(data).warning
             except SteeringRequestError as err:
-                payload = error_body(str(err))
+                payload = error_body(str(err), path)
                 await send({"type": "http.response.start", "status": 400,
                             "headers": [(b"content-type", b"application/json"),
                                         (b"content-length", str(len(payload)).encode())]})
                 await send({"type": "http.response.body", "body": payload})
                 return None
-            if "juice" in data:
+            if "juice" in data and path in STEERED_PATHS:
                 body = json.dumps(juice_field_to_xargs(data)).encode()
                 headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-length"]
                 scope = {**scope, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
@@ -136,4 +199,5 @@ def _replay(messages: list[dict], receive):
     return replay
 
 
-__all__ = ["JuiceFieldMiddleware", "check_body", "juice_field_to_xargs"]
+__all__ = ["STEERED_PATHS", "JuiceFieldMiddleware", "check_body", "error_body", "juice_field", "juice_field_to_xargs",
+           "refusal"]

@@ -47,8 +47,8 @@ import torch
 from juice.architectures import HeadGeometry
 from juice.interventions import Head, HeadSelection
 from juice.stage1.heads_file import heads_from_json, read_heads_json
-from juice.steering_request import (FIELDS, NOT_AN_OBJECT, ServedHeads, SteeringAsk, SteeringRequestError,
-                                    parse_spec, read_steering)
+from juice.steering_request import (ServedHeads, SteeringAsk, SteeringRequestError, parse_spec, read_steering,
+                                    request_fields)
 
 ENV_HEADS, ENV_ON, ENV_DUAL = "JUICE_VLLM_HEADS", "JUICE_VLLM", "JUICE_VLLM_DUAL_RUN"
 ENV_GEOMETRY, ENV_DEFAULT = "JUICE_VLLM_GEOMETRY", "JUICE_VLLM_DEFAULT"
@@ -247,31 +247,6 @@ def _build_plugin_heads(documents: list[tuple[str, Any]], on: str, dual: str, ge
     return server
 
 
-def request_fields(extra_args: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The juice fields of a request's `extra_args`: the nested `juice` object, or the flat
-    `juice_*` keys; None when there are none.
-
-    Raises:
-        SteeringRequestError: `juice` is not an object, or an unknown `juice_*` / `juice` key.
-    """
-    if not extra_args:
-        return None
-    fields: dict[str, Any] = {}
-    if "juice" in extra_args:
-        if not isinstance(extra_args["juice"], Mapping):
-            raise SteeringRequestError(NOT_AN_OBJECT)
-        fields.update(extra_args["juice"])
-    if "juice_invalid" in extra_args:   # the middleware's mark for a `juice` body field that is not an object
-        raise SteeringRequestError(NOT_AN_OBJECT)
-    for key, value in extra_args.items():
-        if key.startswith("juice_"):
-            fields[key[len("juice_"):]] = value
-    unknown = sorted(set(fields) - set(FIELDS))
-    if unknown:
-        raise SteeringRequestError(f"unknown juice field {unknown[0]!r}; the fields are {', '.join(FIELDS)}")
-    return fields if ("juice" in extra_args or fields) else None
-
-
 SALT_PREFIX = "juice-"
 """The prefix of every salt :func:`steering_salt` and :func:`request_cache_salt` make."""
 
@@ -392,4 +367,4 @@ __all__ = ["CONFIG_KEY", "SALT_PREFIX", "config_entry", "heads_document",
            "plugin_enabled", "served_heads", "offline_request", "request_cache_salt", "steering_salt",
            "ENV_DEFAULT", "ENV_DUAL", "ENV_GEOMETRY", "ENV_HEADS", "ENV_ON", "RequestSteering", "PluginHeads",
            "SteeringRequestError", "head_slots", "parse_geometry", "parse_request", "read_heads_file", "request_ask",
-           "request_fields", "plugin_heads"]
+           "plugin_heads"]

@@ -18,8 +18,9 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 from juice.architectures import config_geometry
 from juice.vllm import ARCHITECTURES
 from juice.vllm.constraints import PluginConfigError, check_plugin_on_here
+from juice.steering_request import request_fields
 from juice.vllm.options import (RequestSteering, SteeringRequestError, parse_request, plugin_enabled,
-                                plugin_heads, request_ask, request_fields, served_heads)
+                                plugin_heads, request_ask, served_heads)
 
 log = logging.getLogger(__name__)
 

@@ -44,8 +44,9 @@ from typing import Any
 
 from juice.methods import by_protocol
 from juice.steering_request import SteeringRequestError
-from juice.vllm.options import (SALT_PREFIX, PluginHeads, request_ask, request_cache_salt, request_fields,
-                                served_heads, steering_salt)
+from juice.steering_request import request_fields
+from juice.vllm.options import (SALT_PREFIX, PluginHeads, request_ask, request_cache_salt, served_heads,
+                                steering_salt)
 
 LOG = logging.getLogger("juice")
 

@@ -17,7 +17,7 @@ from juice.models import LoadedModel
 from juice.sampling import Sampling
 from juice.steering import Steering
 from juice.steering_request import (ServedHeads, SteeringAsk, SteeringRequestError, juice_fields, parse_spec,
-                                    steering_ask)
+                                    request_fields, steering_ask)
 from juice.tokens import context_length, token_ids
 
 
@@ -108,17 +108,23 @@ class Admission:
 
         Raises:
             ApiError: 404 for a model the server does not serve; 400 for a field it does not
-                implement or a `juice` value that is not an object of known fields.
+                implement, a `juice` value that is not an object of known fields, or an unknown
+                `juice_*` key in `vllm_xargs` (whose `juice_*` keys override the `juice` field's,
+                as in vLLM).
         """
         if req.model is not None and req.model != self.name and req.model not in self.aliases:
             raise ApiError(404, f"The model `{req.model}` does not exist.", "NotFoundError", "model", 404)
         if message := req.unsupported():
             raise ApiError(400, message)
+        xargs = req.vllm_xargs if isinstance(req.vllm_xargs, dict) else {}
+        if req.vllm_xargs is not None and not isinstance(req.vllm_xargs, dict):
+            raise ApiError(400, "vllm_xargs must be an object", param="vllm_xargs")
         try:
             own = juice_fields(req.juice)
+            flat = request_fields({k: v for k, v in xargs.items() if k.startswith("juice_")}) or {}
         except SteeringRequestError as err:
             raise ApiError(400, str(err), param="juice") from None
-        return {**self.aliases.get(req.model, {}), **own}
+        return {**self.aliases.get(req.model, {}), **own, **flat}
 
     def completion_prompts(self, req) -> tuple[list[list[int]], list[str]]:
         """A completions request's prompts as token ids (BOS added to text) and as text.
