@@ -18,6 +18,8 @@ Sections, each written to the record as soon as it is done:
    `max_num_batched_tokens`, so that every decode step replays captured pieces; the record of
    `run_offline.py`'s JUICE_TEST_RECORD (the pieces, forwards, run 1's calls, CUDA graph replays,
    the seconds spent building run 1's sub-batch of a mixed batch, its host read included).
+4. :data:`BACKEND_RUNS`: PIECEWISE in bf16 with the TRITON_ATTN and FLASH_ATTN attention backends
+   under `VLLM_LOGGING_LEVEL=DEBUG` (vLLM then checks each replay's captured input addresses).
 
 Writes `OUT/gpu-check-vllm.json` and `OUT/gpu-check-vllm.md`. Needs a Python with vLLM 0.32's
 CUDA build and juice (`VLLM_PYTHON`, default the running one); the device machines lent to this
@@ -79,6 +81,14 @@ count as served."""
 REPLAYED = {"compilation_config": {**PIECEWISE, "cudagraph_capture_sizes": [1, 2, 4, 8, 16]},
             "max_num_batched_tokens": 64, "max_num_seqs": 16}
 """The PIECEWISE run in which every decode step (at most 15 requests) replays captured pieces."""
+
+BACKEND_RUNS = {f"juice serve's PIECEWISE, bf16, {backend}, VLLM_LOGGING_LEVEL=DEBUG": (
+    {"VLLM_LOGGING_LEVEL": "DEBUG"},
+    {**BASE, "compilation_config": PIECEWISE, "dtype": "bfloat16", "attention_backend": backend})
+    for backend in ("TRITON_ATTN", "FLASH_ATTN")}
+"""Issue 74: the two attention backends a GPU serves juice's default (the model's dtype) with, under
+vLLM's debug logging, in which vLLM asserts that a replayed graph's captured input addresses are
+unchanged (the plugin's tables stay at fixed addresses)."""
 
 REFUSAL = re.compile(r"PluginConfigError: (juice's vLLM plugin[^\n]*)")
 
@@ -196,6 +206,7 @@ def main() -> int:
     else:
         runs = {name: (e, {**BASE, **llm}) for name, (e, llm, _) in CONFIGS.items()}
         runs["PIECEWISE, every decode step replayed"] = ({"JUICE_TEST_RECORD": "1"}, {**BASE, **REPLAYED})
+        runs.update(BACKEND_RUNS)
     results, pieces = {}, []
     lines += ["", "## Runs", "", "| config | what happened | as expected | seconds |", "|---|---|---|---|"]
     for name, (e, llm) in runs.items():

@@ -4,11 +4,12 @@
 # torch 2.11 + CUDA 13, transformers 5.17, tokenizers 0.23.2, huggingface-hub 1.33 with its httpx
 # and anyio, typer, rich, pytest, hypothesis, ...; no pydantic, FastAPI, uvicorn, openai, bm25s).
 # That is transformers (juice needs >= 5.23: 5.17 converts the embedded Gemma's tokenizer wrongly),
-# the server's stack and BM25 (the `auto` tests' distractor contexts). scripts/gpu-rehearse.sh proves the set complete: it builds that image's Python
-# here, installs only these the same way and runs the check's dry run, whose `requirements` list
-# every requirement still unmet and every carried wheel nothing needs.
-# The versions are those of constraints/juice.txt. Written to .whl/ (git-ignored): 17 wheels, 19 MiB, to be
-# carried with the working tree (a device run's `carry`); pip must reach a package index here.
+# the server's stack and BM25 (the `auto` tests' distractor contexts). scripts/gpu-rehearse.sh
+# proves the set complete: it builds that image's Python here, installs only these the same way and
+# runs the check's dry run, whose `requirements` list every requirement still unmet and every
+# carried wheel nothing needs. The versions are those of constraints/juice.txt. Written to .whl/
+# (git-ignored): 17 wheels, 19 MiB, to be carried with the working tree (a device run's `carry`);
+# pip must reach a package index here.
 #
 # Run: bash scripts/gpu-wheels.sh [DIR]    (default .whl)
 set -euo pipefail

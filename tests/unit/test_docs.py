@@ -212,3 +212,19 @@ def test_no_page_tells_history():
              for m in HISTORY.finditer(page.read_text(encoding="utf-8"))]
     assert not found, found
     assert (ROOT / "CHANGELOG.md").is_file()
+
+
+def test_what_has_run_where_is_one_table_on_the_vllm_and_models_pages():
+    """Issue 74: docs/vllm.md and docs/models.md hold the same table of device x engine x mode,
+    when it last ran and what a GPU guarantee rests on (links aside)."""
+    import re
+
+    def table(page: str) -> list[str]:
+        text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+        start = text.index("| device | engine | mode | last ran |")
+        rows = text[start:text.index("\n\n", start)].splitlines()
+        return [re.sub(r"\(\[[^]]*\]\([^)]*\)[^)]*\)", "", row) for row in rows]
+
+    vllm, models = table("vllm.md"), table("models.md")
+    assert vllm == models and len(vllm) == 6
+    assert any(row.startswith("| GPU | vLLM 0.32") and "| never |" in row for row in vllm)

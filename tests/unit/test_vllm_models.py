@@ -26,7 +26,7 @@ SLOTS = [(1, 0), (2, 3), (0, 1)]
 
 def mixin(device):
     m = object.__new__(models.SteerableMixin)
-    m.juice_max_tokens, m.juice_dirty = MAX, 0
+    m.juice_max_tokens, m.juice_dirty, m.juice_compiled = MAX, 0, False
     m.juice_geometry = types.SimpleNamespace(n_layers=L, n_heads=H)
     m.juice_head_slice, m.juice_slots = slice(0, H), SLOTS
     m.model = types.SimpleNamespace(juice_factor=torch.ones(MAX, L, H, 1, device=device),
@@ -89,6 +89,10 @@ for trial in range(40):
     assert state.juice_rows.tolist() == [i for i in range(n_requests) if bool(add[i].ne(0).any())]
 plan(m, torch.tensor([0, 2], dtype=torch.int32), 2, {})
 assert bool((m.model.juice_factor == 1).all()) and bool((m.model.juice_add == 0).all()) and m.juice_dirty == 0
+m.juice_compiled = True   # compiled hooks read the tables every step: an unsteered step sets the rows it reads
+m.model.juice_factor.fill_(float("nan")), m.model.juice_add.fill_(float("nan"))
+plan(m, torch.tensor([0, 2], dtype=torch.int32), 5, {})
+assert bool((m.model.juice_factor[:5] == 1).all()) and bool((m.model.juice_add[:5] == 0).all())
 print("checked")
 """)
     assert out.strip().endswith("checked")

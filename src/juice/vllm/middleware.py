@@ -2,22 +2,22 @@
 checked by juice's one request protocol before vLLM sees it.
 
 vLLM's request models accept per-request extension arguments only as `vllm_xargs`, a flat object
-of strings, numbers and lists. This middleware
+of strings, numbers and lists. On the routes it steers (:data:`STEERED_PATHS`), this middleware
 
 1. reads the body's juice fields, the `juice` object or the `juice_*` keys of `vllm_xargs`, from
    the JSON as the client sent it, and checks them against the server's heads files with
    :func:`juice.vllm.options.request_ask` (:mod:`juice.steering_request`, the same function
    `juice serve` uses), so a body gets the same status and the same one-line message from both
    servers; vLLM's request model would have turned `true` into 1 before the plugin saw it;
-2. moves the `juice` object into `vllm_xargs` as `juice_method`, ... (:func:`juice.steering_request.request_fields`
-   reads both forms; per-head coefficients `{"L1H2": 0.5}` become `["L1H2=0.5"]`);
+2. moves the `juice` object into `vllm_xargs` as `juice_method`, ...
+   (:func:`juice.steering_request.request_fields` reads both forms; per-head coefficients `{"L1H2": 0.5}` become `["L1H2=0.5"]`);
 3. adds the request's steering warning (untuned betas) to the response in the
    :data:`juice.steering_request.WARNING_HEADER` header, as `juice serve` does.
 
 Bodies that are not JSON objects pass through unchanged (vLLM answers those). Loaded by vLLM's
 `--middleware juice.vllm.middleware.JuiceFieldMiddleware` (the launcher adds it).
 
-Never ignored (:func:`refusal`): vLLM 0.32 serves more generating routes than the two it steers
+Never ignored (:func:`refusal`): vLLM 0.32 serves more generating routes than those it steers
 (`/v1/responses`, `/v1/messages`, `/v1/chat/completions/batch`, `/generative_scoring`, ...),
 and runs each beam-search step with `SamplingParams` of its own, without the request's
 `vllm_xargs` (vllm/entrypoints/generate/beam_search/online.py). A POST whose JSON body carries

@@ -116,9 +116,9 @@ class Admission:
             raise ApiError(404, f"The model `{req.model}` does not exist.", "NotFoundError", "model", 404)
         if message := req.unsupported():
             raise ApiError(400, message)
-        xargs = req.vllm_xargs if isinstance(req.vllm_xargs, dict) else {}
         if req.vllm_xargs is not None and not isinstance(req.vllm_xargs, dict):
             raise ApiError(400, "vllm_xargs must be an object", param="vllm_xargs")
+        xargs = req.vllm_xargs or {}
         try:
             own = juice_fields(req.juice)
             flat = request_fields({k: v for k, v in xargs.items() if k.startswith("juice_")}) or {}
