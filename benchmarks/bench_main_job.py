@@ -73,8 +73,33 @@ def _average_cells(path: Path) -> dict[str, dict[str, float]]:
     return {m: {t: round(100 * c["mean"], 1) for t, c in by_domain["Average"].items()} for m, by_domain in cells.items()}
 
 
-def compare_engines(a: Path, b: Path, times: dict[str, dict], starts: list[float], vllm_args: list[str]) -> dict:
-    """The compact record of two engines' runs (module docstring)."""
+def provenance(from_runs: Path | None = None, argv: list[str] | None = None) -> dict:
+    """Where a record comes from, read when the command starts: the command as run, juice's commit
+    and whether the tree had uncommitted changes, juice's, torch's and vLLM's versions, the device
+    vLLM ran on, and the runs compared where `--from-runs` compared earlier runs without running."""
+    import shlex
+
+    import juice
+    from juice.vllm.launch import find_vllm_python, vllm_platform
+
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=root).stdout.strip()
+
+    python = find_vllm_python(required=False)
+    platform = vllm_platform(python) if python else {"vllm": None, "device": None, "torch": None}
+    return {"command": shlex.join(["python", "benchmarks/bench_main_job.py", *(sys.argv[1:] if argv is None else argv)]),
+            "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "juice": juice.__version__, "torch": torch.__version__, "vllm": platform["vllm"],
+            "vllm_torch": platform["torch"], "vllm_device": platform["device"],
+            "from_runs": None if from_runs is None else str(from_runs)}
+
+
+def compare_engines(a: Path, b: Path, times: dict[str, dict], starts: list[float], vllm_args: list[str],
+                    source: dict | None = None) -> dict:
+    """The compact record of two engines' runs (module docstring); `source` is :func:`provenance`
+    read when the command started (default: read now)."""
     ra, rb = json.loads((a / "results.json").read_text()), json.loads((b / "results.json").read_text())
     sa, sb = _scores(a / "heads.json"), _scores(b / "heads.json")
     ia, ib = _items(a / "results.json"), _items(b / "results.json")
@@ -92,12 +117,9 @@ def compare_engines(a: Path, b: Path, times: dict[str, dict], starts: list[float
                     differing_cells.append({"cell": [m, d, t], "juice": c["mean"], "vllm": other["mean"]})
     compared = compare_files(a / "results.json", b / "results.json", p_tolerance=P_TOLERANCE, skip=ENGINE_RECORD)
     total = {e: sum(t.values()) for e, t in times.items()}
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parent).stdout.strip()
+    source = provenance() if source is None else source
     return {
-        "command": " ".join(["python", "benchmarks/bench_main_job.py", "--engine", "vllm",
-                             *[f"--vllm-arg={x}" for x in vllm_args], "--record", "FILE"]),
-        "commit": commit, "date": time.strftime("%Y-%m-%d"),
+        **source, "date": time.strftime("%Y-%m-%d"),
         "machine": f"{os.cpu_count()} CPU cores, torch {torch.__version__}",
         "model": ra["model"]["name"],
         "stages_s": {e: {k: round(v, 1) for k, v in t.items()} for e, t in times.items()},
@@ -162,12 +184,13 @@ def main() -> None:
     parser.add_argument("--from-runs", type=Path, default=None,
                         help="with --engine vllm: compare the two runs an earlier --out DIR holds, without running")
     args = parser.parse_args()
+    source = provenance(args.from_runs)   # read at the start: the commit the runs are of
     if args.from_runs is not None:
         runs = {e: json.loads((args.from_runs / e / "results.json").read_text()) for e in ("juice", "vllm")}
         times = {e: {k: v for k, v in r["timings_s"].items() if k != "load_model"} for e, r in runs.items()}
         record = compare_engines(args.from_runs / "juice", args.from_runs / "vllm", times,
                                  runs["vllm"]["protocol"]["engine"].get("server_starts_s", []),
-                                 list(runs["vllm"]["config"]["vllm_args"]))
+                                 list(runs["vllm"]["config"]["vllm_args"]), source)
         print(engines_markdown(record))
         if args.record:
             args.record.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
@@ -202,7 +225,7 @@ def main() -> None:
         print(f"--- {engine} ---", flush=True)
         times[engine], mine = _run(out / engine, lm, engine, args.vllm_arg)
         starts += mine
-    record = compare_engines(out / "juice", out / "vllm", times, starts, args.vllm_arg)
+    record = compare_engines(out / "juice", out / "vllm", times, starts, args.vllm_arg, source)
     print(f"{'stage':<18}{'juice (s)':>10}{'vLLM (s)':>10}")
     for name in times["juice"]:
         print(f"{name:<18}{times['juice'][name]:10.1f}{times['vllm'].get(name, float('nan')):10.1f}")

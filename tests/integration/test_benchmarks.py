@@ -166,3 +166,15 @@ def test_the_when_to_steer_study_reads_table2s_heads_and_nqswap_betas(tmp_path):
     tuned = json.loads(out.read_text())["tuned"]
     assert tuned["juice"] == {"beta_plus": 1.0, "beta_minus": -1.0} and tuned["june"] == {"beta_plus": 2.0,
                                                                                           "beta_minus": 0.0}
+
+
+def test_the_main_jobs_record_says_where_it_comes_from():
+    """Issue 75: the engines' comparison records the command as run, the commit read at the start
+    and whether the tree was dirty, the versions, vLLM's device and whether it compared earlier runs."""
+    import bench_main_job
+
+    source = bench_main_job.provenance(Path("old-runs"), argv=["--engine", "vllm", "--from-runs", "old-runs"])
+    assert source["command"] == "python benchmarks/bench_main_job.py --engine vllm --from-runs old-runs"
+    assert len(source["commit"]) == 40 and isinstance(source["dirty"], bool) and source["from_runs"] == "old-runs"
+    assert source["torch"] == torch.__version__ and {"juice", "vllm", "vllm_torch", "vllm_device"} <= set(source)
+    assert bench_main_job.provenance(argv=[])["from_runs"] is None

@@ -65,6 +65,33 @@ def test_score_heads_shapes_and_sign_split(tiny_llama):
     torch.testing.assert_close(scores.scores, naive.scores, rtol=0, atol=1e-5)
 
 
+def test_many_prompts_per_call_give_the_same_scores_and_resume_from_a_checkpoint(tiny_llama, tmp_path):
+    """Issue 75: Stage 1 asking an engine for several prompts at once (`probs_many`, what vLLM's
+    engine batches per (head, alpha)) gives the per-prompt scores; calls hold at most
+    `prompts_per_call` prompts; a checkpoint's prompts are not asked again."""
+    from juice.engine.backend import JUICE_ENGINE
+    from juice.io import UnitCheckpoint
+
+    prompts = scoring_prompts(tiny_llama, build_domain("world_capital")[:2])   # 6 prompts
+    one = score_heads(tiny_llama, prompts, (1.0, 3.0), (-1.0,))
+    calls = []
+
+    def many(lm, targets, interventions, max_rows):
+        calls.append([t for _, t in targets])
+        return JUICE_ENGINE.intervention_probs_many(lm, targets, interventions, max_rows)
+
+    together = score_heads(tiny_llama, prompts, (1.0, 3.0), (-1.0,), probs_many=many, prompts_per_call=4)
+    torch.testing.assert_close(together.scores, one.scores, rtol=0, atol=0)
+    assert [len(c) for c in calls] == [4, 2] and torch.equal(together.clean_probs, one.clean_probs)
+    checkpoint = UnitCheckpoint(tmp_path / "units.json", scope="tiny")
+    score_heads(tiny_llama, prompts[:3], (1.0, 3.0), (-1.0,), checkpoint=checkpoint)
+    calls.clear()
+    resumed = score_heads(tiny_llama, prompts, (1.0, 3.0), (-1.0,), probs_many=many, prompts_per_call=4,
+                          checkpoint=checkpoint)
+    assert [len(c) for c in calls] == [3]   # the three the checkpoint lacks, in one call
+    torch.testing.assert_close(resumed.scores, one.scores, rtol=0, atol=1e-12)
+
+
 def test_heads_file_round_trip_and_mismatch(tiny_llama, tiny_gemma3, tmp_path):
     examples = build_domain("world_capital")[:1]
     scores = score_heads(tiny_llama, scoring_prompts(tiny_llama, examples), (1.0,), (-1.0,))

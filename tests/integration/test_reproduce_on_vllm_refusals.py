@@ -38,3 +38,39 @@ def test_the_configuration_and_the_engine_must_agree(tiny_llama, tmp_path):
         ReproduceConfig(vllm_args=("--enforce-eager",))
     with pytest.raises(ValueError, match="engine must be juice or vllm"):
         ReproduceConfig(engine="sglang")
+
+
+def test_stage_1_runs_on_juices_engine_where_asked_and_the_run_records_it(tiny_llama, tmp_path):
+    """Issue 75: `--stage1-engine juice` under `--engine vllm`: exact Stage 1 on juice's engine
+    (never asking the run's engine), everything else on the run's engine; results.json says where
+    each stage ran. A stand-in named "vllm" (juice's engine underneath) counts what it is asked."""
+    import json
+
+    from juice.engine.backend import JuiceEngine
+
+    class Standin(JuiceEngine):
+        name = "vllm"
+
+        def __init__(self):
+            self.asked = []
+
+        def intervention_probs_many(self, lm, targets, interventions, max_rows=256):
+            self.asked.append("stage 1")
+            return super().intervention_probs_many(lm, targets, interventions, max_rows)
+
+        def generate(self, lm, prompts, streams, max_new_tokens=10, **options):
+            self.asked.append("generate")
+            return super().generate(lm, prompts, streams, max_new_tokens, **options)
+
+    for stage1_engine, on_standin in ((None, True), ("juice", False)):
+        out, engine = tmp_path / str(stage1_engine), Standin()
+        reproduce(ReproduceConfig(out_dir=out, engine="vllm", stage1_engine=stage1_engine, **TINY), lm=tiny_llama,
+                  engine=engine)
+        assert ("stage 1" in engine.asked) == on_standin and "generate" in engine.asked
+        stages = json.loads((out / "results.json").read_text())["protocol"]["engine"]["stages"]
+        assert stages["tuning"] == "vllm"
+        assert stages["stage 1"] == ("vllm" if on_standin else
+                                     "juice (--stage1-engine juice: its growing batch runs the layers below a scaled "
+                                     "head once)")
+    with pytest.raises(ValueError, match="stage1_engine must be juice or the run's engine"):
+        ReproduceConfig(engine="juice", stage1_engine="vllm")

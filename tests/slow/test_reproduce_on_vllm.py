@@ -147,6 +147,24 @@ def test_each_question_the_stages_ask_gets_juices_answer_from_one_server(juice_t
         for measure, target in (("intervention_probs", 5), ("intervention_logit_differences", (5, 9))):
             (c1, v1), (c2, v2) = (getattr(e, measure)(lm, prompts[0], target, scalings) for e in (JUICE_ENGINE, vllm))
             assert abs(c1 - c2) <= 1e-4 and torch.allclose(v1.double(), v2.double(), rtol=0, atol=1e-4)
+        # Stage 1's many prompts at once (issue 75): one request per (head, alpha) for all of them,
+        # the per-prompt values
+        import juice.vllm.engine as vllm_engine
+
+        sent, send = [], vllm_engine._send
+        vllm_engine._send = lambda url, model, batches, progress, **kw: sent.append(len(batches)) or send(
+            url, model, batches, progress, **kw)
+        try:
+            targets = [(p, t) for p, t in zip(prompts, (5, 7, 11))]
+            together = vllm.intervention_probs_many(lm, targets, scalings)
+            alone = [vllm.intervention_probs(lm, p, t, scalings) for p, t in targets]
+        finally:
+            vllm_engine._send = send
+        assert sent == [1 + len(scalings)] + [1 + len(scalings)] * 3   # 33 requests for three prompts, not 99
+        for (c1, v1), (c2, v2), (c3, v3) in zip(together, alone, JUICE_ENGINE.intervention_probs_many(lm, targets,
+                                                                                                       scalings)):
+            assert abs(c1 - c2) <= 1e-4 and torch.allclose(v1, v2, rtol=0, atol=1e-4)
+            assert abs(c1 - c3) <= 1e-4 and torch.allclose(v1.double(), v3.double(), rtol=0, atol=1e-4)
         assert len(vllm.starts) == 1   # no JuICE: one server for all of it
 
 

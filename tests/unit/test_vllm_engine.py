@@ -111,3 +111,71 @@ def test_open_engine_refuses_what_does_not_fit_in_one_line(tmp_path):
     with pytest.raises(ValueError, match="engine must be juice or vllm"):
         open_engine("sglang", "m", tmp_path)
     assert isinstance(open_engine("vllm", "m", tmp_path), VllmEngine)
+
+
+def test_the_in_flight_bound_scales_with_vllms_data_parallel_size():
+    from juice.vllm.engine import data_parallel_size
+
+    assert data_parallel_size([]) == 1 and data_parallel_size(["--tensor-parallel-size=2"]) == 1
+    assert data_parallel_size(["--data-parallel-size=4"]) == 4 and data_parallel_size(["-dp", "2", "-tp", "2"]) == 2
+    assert data_parallel_size(["--data-parallel-size", "x"]) == 1
+
+
+def test_gpu_settings_come_from_the_python_that_runs_vllm_not_juices_torch(tmp_path, monkeypatch):
+    """Issue 75: a CPU juice driving a CUDA vLLM: vLLM's Python is asked what it runs on, and the
+    server gets a GPU's settings (piecewise graphs, the model's dtype), not `--enforce-eager`."""
+    import json
+    import stat
+
+    from juice.vllm import launch
+
+    fake = tmp_path / "python"
+    answer = {"cuda": True, "device": "NVIDIA H200", "vllm": "0.32.0", "torch": "2.13.0+cu130"}
+    fake.write_text(f"#!/bin/sh\necho '{json.dumps(answer)}'\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    launch.vllm_platform.cache_clear()
+    assert launch.vllm_platform(str(fake)) == answer
+    assert launch.vllm_platform(str(tmp_path / "missing"))["cuda"] is False   # cannot say: not a GPU
+    monkeypatch.setattr(launch, "find_vllm_python", lambda required=True: str(fake))
+    monkeypatch.setattr(launch, "served_folder", lambda model: str(tmp_path))
+    _, command, _ = launch.launch_plan("m", [], extra=[], geometry="4x4")
+    assert '{"cudagraph_mode": "PIECEWISE"}' in command and "--dtype" not in command
+    assert "--gpu-memory-utilization" not in command
+    engine = VllmEngine("m", tmp_path)
+    monkeypatch.setattr("juice.vllm.launch.find_vllm_python", lambda required=True: str(fake))
+    assert engine.platform()["cuda"] is True and engine.provenance()["vllm_device"] == "NVIDIA H200"
+    launch.vllm_platform.cache_clear()
+
+
+def test_stage_1_asks_each_head_and_alpha_of_all_prompts_in_one_request(monkeypatch, tmp_path):
+    """Issue 75: Stage 1 on the embedded model's D (12 prompts; 18 layers x 4 heads x 8 alphas)
+    sends 1 + 576 requests, each with every prompt, where one per (prompt, head, alpha) made 6,924;
+    every prompt gets its own target's probability back. docs/reproducing.md quotes the counts."""
+    import math
+    import types
+
+    import juice.vllm.engine as engine_module
+
+    sent = []
+
+    async def answer(url, model, batches, on_progress, in_flight=64):
+        sent.append([len(b) for b in batches])
+        for batch in batches:
+            for k, ask in enumerate(batch):
+                ask.result = {"top_logprobs": [{f"token_id:{t}": math.log(0.01 * (k + 1)) for t in ask.probes}]}
+
+    engine = VllmEngine("m", tmp_path)
+    monkeypatch.setattr(engine, "_ensure", lambda lm, heads: types.SimpleNamespace(url="http://x"))
+    monkeypatch.setattr(engine_module, "_send", answer)
+    lm = types.SimpleNamespace(tokenizer=make_tokenizer())
+    interventions = [(Head(layer, head), alpha) for layer in range(18) for head in range(4)
+                     for alpha in (1.0, 3.0, 5.0, 10.0, 30.0, -1.0, -2.0, -5.0)]
+    targets = [(f"the capital of w{i} is", 5 + i) for i in range(12)]
+    found = engine.intervention_probs_many(lm, targets, interventions)
+    assert [len(b) for b in sent] == [577] and set(sent[0]) == {12} and engine.requests == 577
+    assert [round(clean, 6) for clean, _ in found] == [round(0.01 * (k + 1), 6) for k in range(12)]
+    one_at_a_time = VllmEngine("m", tmp_path)
+    monkeypatch.setattr(one_at_a_time, "_ensure", lambda lm, heads: types.SimpleNamespace(url="http://x"))
+    for prompt, target in targets:
+        one_at_a_time.intervention_probs(lm, prompt, target, interventions)
+    assert one_at_a_time.requests == 6924

@@ -7,7 +7,9 @@ context-type evaluations; :mod:`juice.pipeline`) ask an engine for three things:
   (streams under a steering, greedy, with first-step probabilities of probe tokens, a stop rule,
   or forced tokens whose log-probabilities are returned);
 - the probability of a target token at a prompt's last position, clean and under single-head
-  scalings `H <- H + alpha * H` (:meth:`Engine.intervention_probs`; Stage 1, paper Alg. 2);
+  scalings `H <- H + alpha * H` (:meth:`Engine.intervention_probs`; Stage 1, paper Alg. 2), for
+  one prompt or for many at once (:meth:`Engine.intervention_probs_many`, what Stage 1 asks: an
+  engine that serves requests batches a (head, alpha) over the prompts);
 - the logit difference of two tokens there, clean and under the same scalings
   (:meth:`Engine.intervention_logit_differences`; PH3's knock-out scorer).
 
@@ -39,9 +41,12 @@ class Engine(Protocol):
     Attributes:
         name: "juice" (this process's engine) or "vllm" (vLLM's server with juice's plugin),
             recorded in the results (`protocol.engine`).
+        prompts_per_call: how many prompts Stage 1 gives :meth:`intervention_probs_many` at once
+            (1 where the engine gains nothing from more: a checkpoint then holds every prompt).
     """
 
     name: str
+    prompts_per_call: int
 
     def check(self, lm: LoadedModel) -> None:
         """Refuse, before any stage runs, a model or set-up this engine cannot serve (one line
@@ -68,6 +73,12 @@ class Engine(Protocol):
         Returns:
             (clean probability, `[len(interventions)]` probabilities, float64 or float32)."""
 
+    def intervention_probs_many(self, lm: LoadedModel, targets: Sequence[tuple[str, int]],
+                                interventions: Sequence[tuple[Head, float]], max_rows: int | str = 256
+                                ) -> list[tuple[float, Tensor]]:
+        """:meth:`intervention_probs` for each (prompt, target token) of `targets`, in order: the
+        same values, asked together."""
+
     def intervention_logit_differences(self, lm: LoadedModel, prompt: str, pair: tuple[int, int],
                                        interventions: Sequence[tuple[Head, float]], max_rows: int | str = 256
                                        ) -> tuple[float, Tensor]:
@@ -83,6 +94,7 @@ class JuiceEngine:
     :mod:`juice.sweeps`, in this process, on the loaded model's device."""
 
     name = "juice"
+    prompts_per_call = 1
 
     def check(self, lm: LoadedModel) -> None:
         return None
@@ -97,6 +109,10 @@ class JuiceEngine:
         from juice.sweeps import intervention_probs
 
         return intervention_probs(lm, prompt, target_token, interventions, max_rows=max_rows)
+
+    def intervention_probs_many(self, lm, targets, interventions, max_rows=256):
+        """One prompt at a time: the growing batch is per prompt (:mod:`juice.sweeps`)."""
+        return [self.intervention_probs(lm, prompt, target, interventions, max_rows) for prompt, target in targets]
 
     def intervention_logit_differences(self, lm, prompt, pair, interventions, max_rows=256):
         import torch

@@ -66,11 +66,11 @@ class StageRun:
 
     def engine_record(self) -> dict[str, Any]:
         """results.json's `protocol.engine`: the run's engine, where each stage ran and where each
-        table row was decoded."""
+        table row was decoded; for vLLM also :meth:`juice.vllm.engine.VllmEngine.provenance`."""
         record = {"name": self.engine.name, "stages": dict(self.engines), "rows": dict(self.row_engines)}
-        starts = getattr(self.engine, "starts", None)
-        if starts is not None:   # vLLM: its server's starts, within the stages' times
-            record["server_starts_s"] = [round(s, 1) for s in starts]
+        provenance = getattr(self.engine, "provenance", None)
+        if provenance is not None:   # vLLM: its version, device, requests and server starts (within the stages' times)
+            record.update(provenance())
         return record
 
 
@@ -128,13 +128,15 @@ class ReproduceConfig:
     study_size: str = "default"         # the study's questions: default | published (STUDY_SIZES)
     engine: str = "juice"               # juice (this process) | vllm (vLLM's server with juice's plugin)
     vllm_args: tuple[str, ...] = ()     # engine vllm: more arguments for vLLM's server (e.g. --tensor-parallel-size=2)
+    stage1_engine: str | None = None    # engine vllm: "juice" runs exact Stage 1 on juice's engine (its growing
+                                        # batch runs the layers below a scaled head once); None: the run's engine
 
     def __post_init__(self) -> None:
         """Raises:
             ValueError: a Stage 1 scoring other than exact, hybrid or attribution; a
                 degeneration margin that is not a finite number >= 0; `max_rows` neither a
                 positive number nor "auto"; an engine other than juice or vllm; `vllm_args`
-                without engine vllm.
+                without engine vllm; a `stage1_engine` other than juice or the run's engine.
         """
         if self.scoring not in SCORING_LABELS:
             raise ValueError(f"scoring must be exact, hybrid or attribution, not {self.scoring!r}")
@@ -153,6 +155,9 @@ class ReproduceConfig:
         self.vllm_args = tuple(self.vllm_args)
         if self.vllm_args and self.engine != "vllm":
             raise ValueError("vllm_args are for engine vllm")
+        if self.stage1_engine not in (None, self.engine, "juice"):
+            raise ValueError(f"stage1_engine must be juice or the run's engine ({self.engine}), "
+                             f"not {self.stage1_engine!r}")
 
     def test_limit(self, direction: str) -> int | None:
         """Test items per domain (parametric) or dataset (contextual); None = all.

@@ -24,7 +24,7 @@ from juice.baselines.ph3 import (
     ph3_patching_prompts,
 )
 from juice.data.records import CONFLICT_TYPES, ConflictExample
-from juice.engine.backend import Engine, engine_or_default
+from juice.engine.backend import JUICE_ENGINE, Engine, engine_or_default
 from juice.eval.runner import ItemResult, method_engine, results_from_json, results_to_json
 from juice.recipe import Method
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
@@ -119,9 +119,10 @@ def score_prompts(lm: LoadedModel, cfg: ReproduceConfig, prompts: Sequence, prog
                                max_rows=_scoring_rows(cfg), on_progress=advance, checkpoint=checkpoint)
     elif cfg.scoring == "exact":
         advance = progress("stage 1: exact head scores", len(prompts))
+        engine = engine_or_default(engine)
         scores = score_heads(lm, prompts, cfg.alphas_positive, cfg.alphas_negative, max_rows=_scoring_rows(cfg),
-                             on_progress=advance, checkpoint=checkpoint,
-                             probs=engine_or_default(engine).intervention_probs)
+                             on_progress=advance, checkpoint=checkpoint, probs_many=engine.intervention_probs_many,
+                             prompts_per_call=engine.prompts_per_call)
     else:
         raise ValueError(f"scoring must be exact, attribution or hybrid, not {cfg.scoring!r}")
     return scores, select_heads(scores, cfg.k)
@@ -142,14 +143,18 @@ def heads_stage(
         (selection, the heads artifact as JSON, with the scoring method and its label).
     """
     lm, cfg, state = run.lm, run.cfg, run.state
-    if cfg.scoring == "exact":
-        run.ran("stage 1")
-    else:
+    engine = run.engine
+    if cfg.scoring != "exact":
         run.ran("stage 1", "attribution patching needs gradients, which vLLM does not give")
+    elif cfg.stage1_engine == "juice" and engine.name != "juice":
+        run.ran("stage 1", "--stage1-engine juice: its growing batch runs the layers below a scaled head once")
+        engine = JUICE_ENGINE
+    else:
+        run.ran("stage 1")
     saved = state.load(stage, key)
     if saved is None:
         scores, selection = identify_heads(lm, cfg, head_set, run.progress, direction=direction,
-                                           checkpoint=units(run), engine=run.engine)
+                                           checkpoint=units(run), engine=engine)
         saved = make_artifact(lm, scores, selection, cfg.k, direction, head_set).to_json()
         saved["scoring"] = cfg.scoring
         saved["scoring_label"] = SCORING_LABELS[cfg.scoring]

@@ -115,6 +115,8 @@ def score_heads(
     heads: Sequence[Head] | None = None,
     on_progress: OnProgress | None = None,
     checkpoint: UnitCheckpoint | None = None,
+    probs_many: Callable | None = None,
+    prompts_per_call: int = 32,
 ) -> HeadScores:
     """Paper Alg. 2 ("Record Head Score") for every head, batched.
 
@@ -129,6 +131,11 @@ def score_heads(
         heads: score only these heads (the rest get score 0 and `scored` False); all by default.
         on_progress: called with the index of each prompt when scored (progress bars).
         checkpoint: per-prompt results are read from and written to it (resumable sweep).
+        probs_many: instead of `probs`, read out up to `prompts_per_call` prompts in one call:
+            `(lm, [(prompt, target_token), ...], [(head, alpha), ...], max_rows) -> [(clean
+            probability, [n_interventions] probabilities), ...]`
+            (:meth:`juice.engine.backend.Engine.intervention_probs_many`: an engine that serves
+            requests asks each (head, alpha) of all those prompts at once). The same values.
     """
     g = lm.heads.geometry
     alphas = (*map(float, alphas_positive), *map(float, alphas_negative))
@@ -143,15 +150,24 @@ def score_heads(
     scored = torch.zeros(2, g.n_layers, g.n_heads, dtype=torch.bool)
     scored[:, layer_idx, head_idx] = True
     clean: dict[str, list[float]] = {t: [] for t in types}
+    units = [UnitCheckpoint.unit_id("exact", sp, interventions) if checkpoint else "" for sp in prompts]
+    read: dict[int, tuple[float, Tensor]] = {}   # prompts read out ahead, by probs_many
     for i, sp in enumerate(prompts):
-        unit = UnitCheckpoint.unit_id("exact", sp, interventions) if checkpoint else ""
-        done = checkpoint.get(unit) if checkpoint else None
+        done = checkpoint.get(units[i]) if checkpoint else None
         if done is not None:
             p0, p = done["clean"], torch.tensor(done["probs"], dtype=torch.float64)
+        elif probs_many is not None:
+            if i not in read:
+                ahead = [j for j in range(i, len(prompts)) if not (checkpoint and checkpoint.get(units[j]))]
+                ahead = ahead[:prompts_per_call]
+                found = probs_many(lm, [(prompts[j].prompt, prompts[j].target_token) for j in ahead],
+                                   interventions, max_rows)
+                read.update(zip(ahead, found))
+            p0, p = read.pop(i)
         else:
             p0, p = (probs or intervention_probs)(lm, sp.prompt, sp.target_token, interventions, max_rows=max_rows)
         if checkpoint and done is None:
-            checkpoint.put(unit, {"clean": p0, "probs": p.double().tolist()})
+            checkpoint.put(units[i], {"clean": p0, "probs": p.double().tolist()})
         scores[types.index(sp.conflict_type), layer_idx, head_idx] += (p.double() - p0).view(len(heads), len(alphas))
         clean[sp.conflict_type].append(p0)
         if on_progress:

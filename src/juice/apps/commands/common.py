@@ -22,6 +22,8 @@ BETA_MINUS_GRID_HELP = ("tuning grid of beta-, comma-separated (default the pape
 
 ENGINE_HELP = ("what runs the stages: juice (this process) | vllm (vLLM's OpenAI server with juice's plugin, "
                "started from vLLM's environment; docs/reproducing.md, \"On vLLM\")")
+STAGE1_ENGINE_HELP = ("--engine vllm: juice runs exact Stage 1 on juice's own engine, whose growing batch runs "
+                      "the layers below a scaled head once (results.json records where each stage ran)")
 VLLM_ARG_HELP = ("--engine vllm: one more argument for vLLM's server (repeat), e.g. "
                  "--vllm-arg=--tensor-parallel-size=2, --vllm-arg=--data-parallel-size=2, "
                  "--vllm-arg=--distributed-executor-backend=ray")
@@ -71,5 +73,6 @@ def parse_grid(text: Optional[str], option: str) -> Optional[tuple[float, ...]]:
     return values
 
 
-__all__ = ["BETA_MINUS_GRID_HELP", "CONTEXT_LIMIT", "ENGINE_HELP", "VLLM_ARG_HELP", "console", "engine_for", "model_device",
+__all__ = ["BETA_MINUS_GRID_HELP", "CONTEXT_LIMIT", "ENGINE_HELP", "STAGE1_ENGINE_HELP", "VLLM_ARG_HELP", "console",
+           "engine_for", "model_device",
            "parse_grid", "progress"]

@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
-from juice.apps.commands.common import (BETA_MINUS_GRID_HELP, ENGINE_HELP, VLLM_ARG_HELP, console, engine_for,
-                                       parse_grid, progress)
+from juice.apps.commands.common import (BETA_MINUS_GRID_HELP, ENGINE_HELP, STAGE1_ENGINE_HELP, VLLM_ARG_HELP,
+                                        console, engine_for, parse_grid, progress)
 from juice.models import DEFAULT_MODEL
 
 
@@ -56,6 +56,7 @@ def reproduce(
                           "(juice tune's rule; 10 there)"),
     engine: str = typer.Option("juice", help=ENGINE_HELP),
     vllm_arg: list[str] = typer.Option([], help=VLLM_ARG_HELP),
+    stage1_engine: Optional[str] = typer.Option(None, help=STAGE1_ENGINE_HELP),
 ):
     """Run the protocol of Table 1 (parametric; the paper's Table 3) or Table 2 (contextual; the paper's
     Table 4) and print the tables.
@@ -84,6 +85,7 @@ def reproduce(
             **({"beta_minus_grid": grid} if grid else {}), degeneration_margin=degeneration_margin,
             contexts=tuple(c.strip().lower() for c in contexts.split(",") if c.strip()),
             study_size="published" if full else "default", engine=engine, vllm_args=tuple(vllm_arg),
+            stage1_engine=stage1_engine,
         )
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
