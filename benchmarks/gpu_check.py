@@ -435,6 +435,7 @@ def stage1_ratio(lm, emit=print) -> dict:
     prompt = scoring_prompts(lm, build_domain("world_capital")[:1], conflict_types=("substitution",))[0]
     subset = [(Head(layer, h), a) for layer in (0, g.n_layers // 2, g.n_layers - 1) for h in range(g.n_heads)
               for a in (*ALPHAS_POSITIVE, *ALPHAS_NEGATIVE)]
+
     def once(fn):
         fn()   # warm-up (and, for the first call, the kernels' compilation)
         bench_gpu.sync(lm.device)
@@ -456,7 +457,6 @@ def stage1_ratio(lm, emit=print) -> dict:
 def run_bench(device: str, seconds: float, dry_run: bool, compiled: bool, save: Callable[[list], None]) -> list[dict]:
     """The speed ratios (module docstring, section 4), each config and batch within `seconds`."""
     import bench_gpu
-
 
     end = time.monotonic() + seconds
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
