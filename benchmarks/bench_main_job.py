@@ -89,7 +89,8 @@ def provenance(from_runs: Path | None = None, argv: list[str] | None = None) -> 
 
     python = find_vllm_python(required=False)
     platform = vllm_platform(python) if python else {"vllm": None, "device": None, "torch": None}
-    return {"command": shlex.join(["python", "benchmarks/bench_main_job.py", *(sys.argv[1:] if argv is None else argv)]),
+    args = sys.argv[1:] if argv is None else argv
+    return {"command": shlex.join(["python", "benchmarks/bench_main_job.py", *args]),
             "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
             "juice": juice.__version__, "torch": torch.__version__, "vllm": platform["vllm"],
             "vllm_torch": platform["torch"], "vllm_device": platform["device"],

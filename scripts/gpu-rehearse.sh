@@ -32,7 +32,10 @@ node_python() {
     root="$(pyenv root 2>/dev/null || true)"
     [[ -n "$root" ]] && candidates+=("$root"/versions/3.12*/bin/python3.12)
     for c in "${candidates[@]}"; do
-        [[ -n "$c" ]] && "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo "$c"; return; }
+        if [[ -n "$c" ]] && "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
+            echo "$c"
+            return
+        fi
     done
     echo "gpu-rehearse.sh: no Python 3.12 here: the local Python stands in for the node's" >&2
     command -v python3

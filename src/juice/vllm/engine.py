@@ -609,5 +609,5 @@ def open_engine(name: str, model: str, workdir: str | Path, vllm_args: Sequence[
     raise ValueError(f"engine must be juice or vllm, not {name!r}")
 
 
-__all__ = ["COMPILATION_ARGS", "IN_FLIGHT", "data_parallel_size", "MAX_MODEL_LEN", "PROMPTS_PER_REQUEST", "VllmEngine", "VllmEngineError",
-           "local_device", "open_engine"]
+__all__ = ["COMPILATION_ARGS", "IN_FLIGHT", "MAX_MODEL_LEN", "PROMPTS_PER_REQUEST", "VllmEngine", "VllmEngineError",
+           "data_parallel_size", "local_device", "open_engine"]

@@ -10,7 +10,8 @@ of strings, numbers and lists. On the routes it steers (:data:`STEERED_PATHS`), 
    `juice serve` uses), so a body gets the same status and the same one-line message from both
    servers; vLLM's request model would have turned `true` into 1 before the plugin saw it;
 2. moves the `juice` object into `vllm_xargs` as `juice_method`, ...
-   (:func:`juice.steering_request.request_fields` reads both forms; per-head coefficients `{"L1H2": 0.5}` become `["L1H2=0.5"]`);
+   (:func:`juice.steering_request.request_fields` reads both forms; per-head coefficients
+   `{"L1H2": 0.5}` become `["L1H2=0.5"]`);
 3. adds the request's steering warning (untuned betas) to the response in the
    :data:`juice.steering_request.WARNING_HEADER` header, as `juice serve` does.
 
@@ -99,7 +100,8 @@ def refusal(path: str, body: dict[str, Any]) -> str | None:
 
     >>> refusal("/v1/responses", {"input": "hi", "juice": {"method": "june"}})[-47:]
     '/v1/responses would serve the request unsteered'
-    >>> refusal("/v1/completions", {"prompt": "hi", "use_beam_search": True, "vllm_xargs": {"juice_method": "june"}})[:57]
+    >>> beam = {"prompt": "hi", "use_beam_search": True, "vllm_xargs": {"juice_method": "june"}}
+    >>> refusal("/v1/completions", beam)[:57]
     'vllm_xargs.juice_method: juice does not steer beam search'
     >>> refusal("/v1/completions", {"prompt": "hi", "juice": {"method": "june"}}) is None
     True
