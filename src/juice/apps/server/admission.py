@@ -118,13 +118,14 @@ class Admission:
             raise ApiError(400, message)
         if req.vllm_xargs is not None and not isinstance(req.vllm_xargs, dict):
             raise ApiError(400, "vllm_xargs must be an object", param="vllm_xargs")
-        xargs = req.vllm_xargs or {}
+        extra = {k: v for k, v in (req.vllm_xargs or {}).items() if k.startswith("juice_")}
+        if req.juice is not None:
+            extra["juice"] = req.juice
         try:
-            own = juice_fields(req.juice)
-            flat = request_fields({k: v for k, v in xargs.items() if k.startswith("juice_")}) or {}
+            own = request_fields(extra) or {}   # the object, its keys overridden by the flat ones
         except SteeringRequestError as err:
             raise ApiError(400, str(err), param="juice") from None
-        return {**self.aliases.get(req.model, {}), **own, **flat}
+        return {**self.aliases.get(req.model, {}), **own}
 
     def completion_prompts(self, req) -> tuple[list[list[int]], list[str]]:
         """A completions request's prompts as token ids (BOS added to text) and as text.
