@@ -101,6 +101,12 @@ def weights_digest(rows: torch.Tensor, dtype: torch.dtype | None = None) -> str:
     return hashlib.sha256(rows.float().cpu().numpy().round(5).tobytes()).hexdigest()[:16]
 
 
+def weights_digests(rows: torch.Tensor) -> dict[str, str]:
+    """A fingerprint's two checksums of `rows` (:func:`weights_digest`): exact and at bfloat16
+    precision (:data:`BF16_DIGEST_KEY`)."""
+    return {"weights_sha256_16": weights_digest(rows), BF16_DIGEST_KEY: weights_digest(rows, torch.bfloat16)}
+
+
 def _weights_agree(theirs: dict[str, Any], mine: dict[str, Any]) -> bool:
     if theirs.get("weights_sha256_16") == mine.get("weights_sha256_16"):
         return True
@@ -131,9 +137,9 @@ def model_fingerprint(model: PreTrainedModel, heads: ModelHeads, name: str) -> d
     """
     weight = heads.projections[0].weight
     if weight.device.type == "meta":  # offloaded by accelerate: identify by shape only
-        digest = bf16_digest = "offloaded"
+        digests = {"weights_sha256_16": "offloaded", BF16_DIGEST_KEY: "offloaded"}
     else:
-        digest, bf16_digest = weights_digest(weight[:8]), weights_digest(weight[:8], torch.bfloat16)
+        digests = weights_digests(weight[:8])
     g = heads.geometry
     return {
         "name": name,
@@ -142,8 +148,7 @@ def model_fingerprint(model: PreTrainedModel, heads: ModelHeads, name: str) -> d
         "n_heads": g.n_heads,
         "head_dim": g.head_dim,
         "vocab_size": int(model.get_output_embeddings().weight.shape[0]),
-        "weights_sha256_16": digest,
-        BF16_DIGEST_KEY: bf16_digest,
+        **digests,
     }
 
 

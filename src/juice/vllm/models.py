@@ -76,7 +76,7 @@ from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention import Attention
 
 from juice.architectures import config_geometry
-from juice.models import BF16_DIGEST_KEY, fingerprint_mismatch, weights_digest
+from juice.models import fingerprint_mismatch, weights_digests
 from juice.vllm import ARCHITECTURES
 from juice.vllm.constraints import (CLEAN_RUN_OP, ROW_FIELD, PluginConfigError, check_attention_backend,
                                     check_engine_config, check_kv_sharing, check_logits_processor, check_scheduler,
@@ -509,12 +509,10 @@ class SteerableMixin:
         weight = self.juice_layers[0].self_attn.o_proj.weight.detach()[:8]
         if get_tensor_model_parallel_world_size() > 1:
             weight = tensor_model_parallel_all_gather(weight.contiguous(), dim=-1)
-        digest, bf16_digest = weights_digest(weight), weights_digest(weight, torch.bfloat16)
         g = self.juice_geometry
         config = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
         return {"model_type": self.config.model_type, "n_layers": g.n_layers, "n_heads": g.n_heads,
-                "head_dim": g.head_dim, "vocab_size": int(config.vocab_size), "weights_sha256_16": digest,
-                BF16_DIGEST_KEY: bf16_digest}
+                "head_dim": g.head_dim, "vocab_size": int(config.vocab_size), **weights_digests(weight)}
 
 
 def _steerable(base: type) -> type:
