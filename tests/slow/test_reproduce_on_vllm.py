@@ -42,11 +42,11 @@ def juice_table(tmp_path_factory):
     return lm, folder, tmp / "out" / "results.json", tmp / "out" / "heads.json"
 
 
-def _vllm_table(lm, folder: str, out: Path, args: tuple[str, ...], env: dict | None = None):
+def _vllm_table(lm, folder: str, out: Path, args: tuple[str, ...], env: dict | None = None, offline: bool = False):
     with VllmEngine(folder, out / "vllm", args, env={"VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})},
-                    log=lambda line: None) as engine:
-        reproduce(ReproduceConfig(model=folder, out_dir=out, engine="vllm", vllm_args=args, **TINY), lm=lm,
-                  engine=engine)
+                    log=lambda line: None, offline=offline) as engine:
+        reproduce(ReproduceConfig(model=folder, out_dir=out, engine="vllm", vllm_args=args, vllm_offline=offline,
+                                  **TINY), lm=lm, engine=engine)
     return engine
 
 
@@ -66,16 +66,16 @@ def assert_same_table(juice_results: Path, juice_heads: Path, out: Path) -> None
     assert compared.compared > 1000
 
 
-SCALE_OUT = {"one engine": (), "data parallel 2": ("--data-parallel-size=2",),
+SCALE_OUT = {"one engine": (), "offline": (), "data parallel 2": ("--data-parallel-size=2",),
              "tensor parallel 2": ("--tensor-parallel-size=2",),
              "tensor parallel 2 over Ray": ("--tensor-parallel-size=2", "--distributed-executor-backend=ray")}
 """vLLM's ways to run, as `juice reproduce --engine vllm --vllm-arg=...` passes them (eager: the engine's
-default on a CPU)."""
+default on a CPU); "offline": `--vllm-offline`, vLLM's offline `LLM` in a worker process, no server."""
 
 
 @needs_vllm
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two engines or ranks on the CPU need a core each")
-@pytest.mark.parametrize("scale", [pytest.param("data parallel 2"),
+@pytest.mark.parametrize("scale", [pytest.param("data parallel 2"), pytest.param("offline"),
                                    pytest.param("one engine", marks=pytest.mark.long),
                                    pytest.param("tensor parallel 2", marks=pytest.mark.long),
                                    pytest.param("tensor parallel 2 over Ray", marks=pytest.mark.long)])
@@ -83,19 +83,21 @@ def test_reproduce_on_vllm_equals_juices_engine_stage_by_stage(juice_table, tmp_
     """The same Table 1 from vLLM on one engine, with data parallelism (two engine cores behind one
     server, vLLM balancing the requests: every value equal means both steer), tensor parallelism
     (each rank steers its heads' slice) and tensor parallelism over Ray (a local head started
-    without juice's variables, as another node would be). CI runs data parallel 2, which covers
-    the one engine's path; the others are `long` (docs/development.md)."""
+    without juice's variables, as another node would be), and offline (no server: vLLM's `LLM` in
+    a worker process, so the offline path gives the server path's table). CI runs data parallel 2,
+    which covers the one engine's path, and offline; the others are `long` (docs/development.md)."""
     lm, folder, results, heads = juice_table
     env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"} if "tensor" in scale else {}
     if "Ray" in scale:
         with _ray_head(2) as ray_env:
             engine = _vllm_table(lm, folder, tmp_path, SCALE_OUT[scale], {**env, **ray_env})
     else:
-        engine = _vllm_table(lm, folder, tmp_path, SCALE_OUT[scale], env)
+        engine = _vllm_table(lm, folder, tmp_path, SCALE_OUT[scale], env, offline=scale == "offline")
     assert_same_table(results, heads, tmp_path)
     record = json.loads((tmp_path / "results.json").read_text())["protocol"]["engine"]
     assert record["name"] == "vllm" and len(record["server_starts_s"]) == 2 == len(engine.starts)   # before and
     # after Stage 1's heads are known
+    assert record["transport"] == ("offline" if scale == "offline" else "server")
     assert {record["stages"][s] for s in ("data and filter", "stage 1", "tuning", "evaluation")} == {"vllm"}
     assert record["stages"]["PH3-l"].startswith("juice (path patching")
     assert set(record["rows"].values()) == {"vllm"}

@@ -21,7 +21,8 @@ from typing import Any
 SKIPPED = {("timings_s",), ("config", "out_dir")}
 """Paths of results.json that may differ between two runs of the same computation."""
 
-ENGINE_RECORD = {("config", "engine"), ("config", "vllm_args"), ("protocol", "engine"), ("notes",)}
+ENGINE_RECORD = {("config", "engine"), ("config", "vllm_args"), ("config", "vllm_offline"), ("config", "stage1_engine"),
+                 ("protocol", "engine"), ("notes",)}
 """Paths that say which engine ran (and its notes: which stages it handed to juice's engine): skipped
 when two engines' runs are compared (`juice reproduce` against `juice reproduce --engine vllm`)."""
 

@@ -130,13 +130,16 @@ class ReproduceConfig:
     vllm_args: tuple[str, ...] = ()     # engine vllm: more arguments for vLLM's server (e.g. --tensor-parallel-size=2)
     stage1_engine: str | None = None    # engine vllm: "juice" runs exact Stage 1 on juice's engine (its growing
                                         # batch runs the layers below a scaled head once); None: the run's engine
+    vllm_offline: bool = False          # engine vllm: vLLM's offline LLM in a process of vLLM's Python, asked
+                                        # in one LLM.generate call per batch (juice.vllm.offline), no server
 
     def __post_init__(self) -> None:
         """Raises:
             ValueError: a Stage 1 scoring other than exact, hybrid or attribution; a
                 degeneration margin that is not a finite number >= 0; `max_rows` neither a
                 positive number nor "auto"; an engine other than juice or vllm; `vllm_args`
-                without engine vllm; a `stage1_engine` other than juice or the run's engine.
+                or `vllm_offline` without engine vllm; a `stage1_engine` other than juice or the run's
+                engine.
         """
         if self.scoring not in SCORING_LABELS:
             raise ValueError(f"scoring must be exact, hybrid or attribution, not {self.scoring!r}")
@@ -158,6 +161,8 @@ class ReproduceConfig:
         if self.stage1_engine not in (None, self.engine, "juice"):
             raise ValueError(f"stage1_engine must be juice or the run's engine ({self.engine}), "
                              f"not {self.stage1_engine!r}")
+        if self.vllm_offline and self.engine != "vllm":
+            raise ValueError("vllm_offline is for engine vllm")
 
     def test_limit(self, direction: str) -> int | None:
         """Test items per domain (parametric) or dataset (contextual); None = all.
@@ -215,13 +220,17 @@ def start_run(cfg: ReproduceConfig, lm: LoadedModel | None, progress: Progress =
     `<out>/state/`; the engine, given or juice's own) and the timings with the load time.
 
     Raises:
-        ValueError: `engine` is not the engine `cfg.engine` names (an engine other than juice's
-            is made and closed by the caller: :func:`juice.vllm.engine.open_engine`).
+        ValueError: `engine` is not the engine `cfg.engine` names, or not offline as
+            `cfg.vllm_offline` says (an engine other than juice's is made and closed by the caller:
+            :func:`juice.vllm.engine.open_engine`).
     """
     engine = engine or JUICE_ENGINE
     if engine.name != cfg.engine:
         raise ValueError(f"the configuration names engine {cfg.engine}, but the {engine.name} engine was given "
                          "(juice.vllm.engine.open_engine makes vLLM's)")
+    if bool(getattr(engine, "offline", False)) != cfg.vllm_offline:
+        raise ValueError(f"the configuration says vllm_offline={cfg.vllm_offline}, but the engine given "
+                         f"{'is' if getattr(engine, 'offline', False) else 'is not'} offline")
     t = time.perf_counter()
     if lm is None:
         from juice.vllm.engine import local_device

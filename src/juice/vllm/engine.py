@@ -88,6 +88,10 @@ IN_FLIGHT = 64
 times the data-parallel size (:func:`data_parallel_size`), so that every core's batch is full."""
 
 
+ASKS_PER_CALL = 4096
+"""Offline (:class:`juice.vllm.offline.OfflineWorker`): asks per `LLM.generate` call."""
+
+
 class VllmEngineError(RuntimeError):
     """vLLM could not serve the pipeline: the server refused its configuration at start, stopped,
     or answered a request with an error (one line naming the fix where there is one)."""
@@ -99,6 +103,7 @@ class _Server:
     url: str
     slots: frozenset[Head]
     log: Path
+    worker: Any = None   # offline: the juice.vllm.offline.OfflineWorker (no url)
 
 
 @dataclass
@@ -128,6 +133,9 @@ class VllmEngine:
         start_timeout: seconds the server may take to answer `/health`.
         env: more environment variables for the server (e.g. `RAY_ADDRESS`; the server also
             inherits this process's environment).
+        offline: no server: vLLM's offline `LLM` with juice's plugin in one process of vLLM's
+            Python (:class:`juice.vllm.offline.OfflineWorker`), asked in one `LLM.generate` call
+            per batch, with the same engine arguments.
 
     Attributes:
         starts: seconds each server start took, in order.
@@ -138,9 +146,9 @@ class VllmEngine:
 
     def __init__(self, model: str, workdir: str | Path, vllm_args: Sequence[str] = (), *,
                  log: Callable[[str], None] = print, start_timeout: float = 1800.0,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, offline: bool = False) -> None:
         self.model, self.workdir, self.vllm_args = model, Path(workdir), list(vllm_args)
-        self.log, self.start_timeout, self.env = log, start_timeout, dict(env or {})
+        self.log, self.start_timeout, self.env, self.offline = log, start_timeout, dict(env or {}), offline
         self.server: _Server | None = None
         self.starts: list[float] = []
         self.requests = 0
@@ -154,12 +162,13 @@ class VllmEngine:
         return vllm_platform(find_vllm_python())
 
     def provenance(self) -> dict:
-        """For results.json's `protocol.engine`: vLLM's version, its torch and device, the HTTP
-        requests sent and the server's starts."""
+        """For results.json's `protocol.engine`: vLLM's version, its torch and device, how juice
+        asked it (`transport`: "server", HTTP requests; "offline", `LLM.generate` calls), the calls
+        made (`requests`) and the starts of its server or offline worker."""
         platform = self.platform()
         return {"vllm": platform["vllm"], "vllm_torch": platform["torch"], "vllm_device": platform["device"],
-                "requests": self.requests, "server_starts_s": [round(s, 1) for s in self.starts],
-                "vllm_args": list(self.vllm_args)}
+                "transport": "offline" if self.offline else "server", "requests": self.requests,
+                "server_starts_s": [round(s, 1) for s in self.starts], "vllm_args": list(self.vllm_args)}
 
     # --- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> "VllmEngine":
@@ -201,7 +210,8 @@ class VllmEngine:
         if self.server is not None and juice_heads <= self.server.slots:
             if self.server.process.poll() is None:
                 return self.server
-            raise VllmEngineError(f"vLLM's server stopped (exit {self.server.process.returncode}); its log: "
+            raise VllmEngineError(f"vLLM's {'offline worker' if self.offline else 'server'} stopped (exit "
+                                  f"{self.server.process.returncode}); its log: "
                                   f"{self.server.log}")
         slots = frozenset(juice_heads | (self.server.slots if self.server else set()))
         self.close()
@@ -239,6 +249,8 @@ class VllmEngine:
                                            geometry=f"{g.n_layers}x{g.n_heads}", base={**os.environ, **self.env})
         log_path = self.workdir / "vllm-server.log"
         what = f"JuICE adds to {', '.join(map(str, sorted(slots)))}" if slots else "no heads files"
+        if self.offline:
+            return self._start_offline(python, command, env, slots, what)
         self.log(f"vLLM: starting its OpenAI server with juice's plugin ({what}); log {log_path}")
         with open(log_path, "ab") as out:
             out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {describe(command, env)}\n".encode())
@@ -255,6 +267,27 @@ class VllmEngine:
         self.starts.append(time.perf_counter() - started)
         self.log(f"vLLM: ready in {self.starts[-1]:.0f} s")
         return _Server(process, url, slots, log_path)
+
+    def _start_offline(self, python: str, command: list[str], env: dict[str, str], slots: frozenset[Head],
+                       what: str) -> _Server:
+        from juice.vllm.offline import OfflineWorker, OfflineWorkerError, engine_arguments
+
+        log_path = self.workdir / "vllm-offline.log"
+        self.log(f"vLLM: starting its offline LLM with juice's plugin ({what}); log {log_path}")
+        started = time.perf_counter()
+        worker = OfflineWorker(python, engine_arguments(command), env, log_path, self.workdir)
+        try:
+            worker.wait_ready(self.start_timeout)
+        except OfflineWorkerError as err:
+            _stop(worker.process)
+            raise VllmEngineError(f"vLLM's offline LLM stopped at start: {_why(log_path)} (log: {log_path})"
+                                  if worker.poll() is not None else f"{err}") from None
+        except BaseException:
+            _stop(worker.process)
+            raise
+        self.starts.append(time.perf_counter() - started)
+        self.log(f"vLLM: ready in {self.starts[-1]:.0f} s")
+        return _Server(worker.process, "", slots, log_path, worker)
 
     # --- what it decodes ------------------------------------------------------------------------
     def decodes(self, stream: Stream) -> str | None:
@@ -401,6 +434,9 @@ class VllmEngine:
         """Send every ask to the server (started as needed), grouped into HTTP requests of asks
         that share their settings, and store each one's result."""
         server = self._ensure(lm, juice_heads)
+        if server.worker is not None:
+            self._run_offline(server.worker, asks, on_progress)
+            return
         groups: dict[str, list[_Ask]] = {}
         for ask in asks:
             key = json.dumps([ask.xargs, ask.max_tokens, ask.stop, ask.prompt_logprobs], sort_keys=True)
@@ -419,6 +455,25 @@ class VllmEngine:
         self.requests += len(batches)
         asyncio.run(_send(server.url, self.model, batches, on_progress,
                           in_flight=IN_FLIGHT * data_parallel_size(self.vllm_args)))
+
+    def _run_offline(self, worker, asks: list[_Ask], on_progress: OnProgress | None) -> None:
+        """Every ask in `LLM.generate` calls of up to :data:`ASKS_PER_CALL` (vLLM batches them as
+        its scheduler allows; the chunks only pace the progress)."""
+        from juice.vllm.offline import OfflineWorkerError
+
+        for start in range(0, len(asks), ASKS_PER_CALL):
+            chunk = asks[start: start + ASKS_PER_CALL]
+            message = [{"ids": a.ids, "xargs": a.xargs, "max_tokens": a.max_tokens, "stop": list(a.stop),
+                        "probes": list(a.probes), "prompt_logprobs": a.prompt_logprobs} for a in chunk]
+            try:
+                results = worker.ask(message)
+            except OfflineWorkerError as err:
+                raise VllmEngineError(str(err)) from None
+            for ask, result in zip(chunk, results):
+                ask.result = result
+            self.requests += 1
+            if on_progress:
+                on_progress(len(chunk))
 
 
 def _steering_xargs(steering) -> dict[str, Any]:
@@ -593,7 +648,7 @@ def local_device(engine: str, device: str) -> str:
 
 
 def open_engine(name: str, model: str, workdir: str | Path, vllm_args: Sequence[str] = (),
-                log: Callable[[str], None] = print):
+                log: Callable[[str], None] = print, offline: bool = False):
     """The engine a command runs its stages on: :data:`juice.engine.backend.JUICE_ENGINE` for
     "juice", a :class:`VllmEngine` (to be closed: use it as a context manager) for "vllm".
 
@@ -603,11 +658,14 @@ def open_engine(name: str, model: str, workdir: str | Path, vllm_args: Sequence[
     if name == "juice":
         if vllm_args:
             raise ValueError("--vllm-arg is for --engine vllm")
+        if offline:
+            raise ValueError("--vllm-offline is for --engine vllm")
         return JUICE_ENGINE
     if name == "vllm":
-        return VllmEngine(model, workdir, vllm_args, log=log)
+        return VllmEngine(model, workdir, vllm_args, log=log, offline=offline)
     raise ValueError(f"engine must be juice or vllm, not {name!r}")
 
 
-__all__ = ["COMPILATION_ARGS", "IN_FLIGHT", "MAX_MODEL_LEN", "PROMPTS_PER_REQUEST", "VllmEngine", "VllmEngineError",
+__all__ = ["ASKS_PER_CALL", "COMPILATION_ARGS", "IN_FLIGHT", "MAX_MODEL_LEN", "PROMPTS_PER_REQUEST", "VllmEngine",
+           "VllmEngineError",
            "data_parallel_size", "local_device", "open_engine"]

@@ -24,20 +24,22 @@ ENGINE_HELP = ("what runs the stages: juice (this process) | vllm (vLLM's OpenAI
                "started from vLLM's environment; docs/reproducing.md, \"On vLLM\")")
 STAGE1_ENGINE_HELP = ("--engine vllm: juice runs exact Stage 1 on juice's own engine, whose growing batch runs "
                       "the layers below a scaled head once (results.json records where each stage ran)")
+VLLM_OFFLINE_HELP = ("--engine vllm: no server; vLLM's offline LLM with juice's plugin in one process of vLLM's "
+                     "Python, asked in one LLM.generate call per batch (docs/reproducing.md, \"On vLLM\")")
 VLLM_ARG_HELP = ("--engine vllm: one more argument for vLLM's server (repeat), e.g. "
                  "--vllm-arg=--tensor-parallel-size=2, --vllm-arg=--data-parallel-size=2, "
                  "--vllm-arg=--distributed-executor-backend=ray")
 
 
 @contextmanager
-def engine_for(name: str, model: str, workdir, vllm_args):
+def engine_for(name: str, model: str, workdir, vllm_args, offline: bool = False):
     """The engine a command runs on (:func:`juice.vllm.engine.open_engine`), closed (its vLLM
     server stopped) on exit; a usage error for a bad combination."""
     from juice.vllm.engine import open_engine
 
     try:
         engine = open_engine(name, model, workdir, list(vllm_args),
-                             log=lambda line: console.print(f"[dim]{line}[/dim]"))
+                             log=lambda line: console.print(f"[dim]{line}[/dim]"), offline=offline)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--engine") from None
     try:
@@ -73,6 +75,7 @@ def parse_grid(text: Optional[str], option: str) -> Optional[tuple[float, ...]]:
     return values
 
 
-__all__ = ["BETA_MINUS_GRID_HELP", "CONTEXT_LIMIT", "ENGINE_HELP", "STAGE1_ENGINE_HELP", "VLLM_ARG_HELP", "console",
+__all__ = ["BETA_MINUS_GRID_HELP", "CONTEXT_LIMIT", "ENGINE_HELP", "STAGE1_ENGINE_HELP", "VLLM_ARG_HELP",
+           "VLLM_OFFLINE_HELP", "console",
            "engine_for", "model_device",
            "parse_grid", "progress"]

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from juice.apps.commands.common import (BETA_MINUS_GRID_HELP, ENGINE_HELP, STAGE1_ENGINE_HELP, VLLM_ARG_HELP,
-                                        console, engine_for, parse_grid, progress)
+                                        VLLM_OFFLINE_HELP, console, engine_for, parse_grid, progress)
 from juice.models import DEFAULT_MODEL
 
 
@@ -57,6 +57,7 @@ def reproduce(
     engine: str = typer.Option("juice", help=ENGINE_HELP),
     vllm_arg: list[str] = typer.Option([], help=VLLM_ARG_HELP),
     stage1_engine: Optional[str] = typer.Option(None, help=STAGE1_ENGINE_HELP),
+    vllm_offline: bool = typer.Option(False, "--vllm-offline", help=VLLM_OFFLINE_HELP),
 ):
     """Run the protocol of Table 1 (parametric; the paper's Table 3) or Table 2 (contextual; the paper's
     Table 4) and print the tables.
@@ -85,12 +86,12 @@ def reproduce(
             **({"beta_minus_grid": grid} if grid else {}), degeneration_margin=degeneration_margin,
             contexts=tuple(c.strip().lower() for c in contexts.split(",") if c.strip()),
             study_size="published" if full else "default", engine=engine, vllm_args=tuple(vllm_arg),
-            stage1_engine=stage1_engine,
+            stage1_engine=stage1_engine, vllm_offline=vllm_offline,
         )
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     start = time.perf_counter()
-    with engine_for(engine, model, out / "vllm", vllm_arg) as runner, progress() as task:
+    with engine_for(engine, model, out / "vllm", vllm_arg, vllm_offline) as runner, progress() as task:
         if direction == "parametric":
             result = run_parametric(cfg, progress=task, engine=runner)
         else:
