@@ -9,7 +9,8 @@ decoding, the baselines, evaluation and the pipelines as Python functions. The r
 - `server`: `juice serve` (FastAPI, uvicorn);
 - `contexts`: the distractor context type of the when-to-steer evaluation (BM25, `bm25s`);
 - `vllm`: the pipeline on vLLM (`--engine vllm`: the `openai` client of vLLM's server);
-- `all`: every one of them (the README's commands install it).
+- `cluster`: `juice sweep`, the pipeline's jobs on a Ray cluster (`ray`);
+- `all`: every one of them but `cluster` (the README's commands install it).
 
 The `juice` command (:mod:`juice.apps.console`) says in one line which extra it needs.
 """
@@ -25,6 +26,7 @@ EXTRAS = {
     "server": ("fastapi", "uvicorn", "prometheus_client"),
     "contexts": ("bm25s",),
     "vllm": ("openai",),
+    "cluster": ("ray",),
 }
 
 

@@ -25,6 +25,20 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
             os.unlink(tmp)
 
 
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write text to a temporary file beside `path`, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 class StageFiles:
     """Stage files under `<out>/state/`, each tagged with the key of the settings it depends on."""
 
@@ -85,4 +99,4 @@ class UnitCheckpoint:
         write_json_atomic(self.path, {"scope": self.scope, "units": self.units})
 
 
-__all__ = ["StageFiles", "UnitCheckpoint", "settings_key", "write_json_atomic"]
+__all__ = ["StageFiles", "UnitCheckpoint", "settings_key", "write_json_atomic", "write_text_atomic"]

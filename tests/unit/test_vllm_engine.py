@@ -165,7 +165,7 @@ def test_stage_1_asks_each_head_and_alpha_of_all_prompts_in_one_request(monkeypa
                 ask.result = {"top_logprobs": [{f"token_id:{t}": math.log(0.01 * (k + 1)) for t in ask.probes}]}
 
     engine = VllmEngine("m", tmp_path)
-    monkeypatch.setattr(engine, "_ensure", lambda lm, heads: types.SimpleNamespace(url="http://x"))
+    monkeypatch.setattr(engine, "_ensure", lambda lm, heads: types.SimpleNamespace(url="http://x", worker=None))
     monkeypatch.setattr(engine_module, "_send", answer)
     lm = types.SimpleNamespace(tokenizer=make_tokenizer())
     interventions = [(Head(layer, head), alpha) for layer in range(18) for head in range(4)
@@ -175,7 +175,7 @@ def test_stage_1_asks_each_head_and_alpha_of_all_prompts_in_one_request(monkeypa
     assert [len(b) for b in sent] == [577] and set(sent[0]) == {12} and engine.requests == 577
     assert [round(clean, 6) for clean, _ in found] == [round(0.01 * (k + 1), 6) for k in range(12)]
     one_at_a_time = VllmEngine("m", tmp_path)
-    monkeypatch.setattr(one_at_a_time, "_ensure", lambda lm, heads: types.SimpleNamespace(url="http://x"))
+    monkeypatch.setattr(one_at_a_time, "_ensure", lambda lm, heads: types.SimpleNamespace(url="http://x", worker=None))
     for prompt, target in targets:
         one_at_a_time.intervention_probs(lm, prompt, target, interventions)
     assert one_at_a_time.requests == 6924

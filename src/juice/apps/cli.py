@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     from juice.selfcheck import ModelLoadError
 
     args = sys.argv[1:] if argv is None else list(argv)
-    resumable = bool(args) and args[0] in ("reproduce", "identify")
+    resumable = bool(args) and args[0] in ("reproduce", "identify", "sweep")
     interrupted = RESUME if resumable else "interrupted"
     user_errors = (OSError, ValueError, ModelLoadError, BatchingMismatchError, MissingExtraError)
     try:
