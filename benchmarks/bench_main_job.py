@@ -14,7 +14,7 @@ heads of both, and every table cell and item that differs, with both probabiliti
 docs/reproducing.md quotes, with the command and commit).
 
 Run: python benchmarks/bench_main_job.py [--out DIR] [--reference OLD/results.json]
-     python benchmarks/bench_main_job.py --engine vllm [--vllm-arg=...] [--out DIR] [--record FILE]
+     python benchmarks/bench_main_job.py --engine vllm [--vllm-arg=...] [--vllm-offline] [--out DIR] [--record FILE]
      python benchmarks/bench_main_job.py --engine vllm --from-runs DIR --record FILE   (no run: DIR's two)
 Not a test: about 20 minutes per engine on 2 cores. Run it with nothing else on the machine.
 """
@@ -45,14 +45,14 @@ P_TOLERANCE = 1e-4
 differently); cells, choices, outputs and verdicts may not."""
 
 
-def _run(out: Path, lm, engine: str, vllm_args: list[str]) -> tuple[dict, list[float]]:
-    cfg = ReproduceConfig(out_dir=out, engine=engine, vllm_args=tuple(vllm_args))
+def _run(out: Path, lm, engine: str, vllm_args: list[str], offline: bool = False) -> tuple[dict, list[float]]:
+    cfg = ReproduceConfig(out_dir=out, engine=engine, vllm_args=tuple(vllm_args), vllm_offline=offline)
     if engine == "juice":
         result = reproduce(cfg, lm=lm)
         return {k: v for k, v in result.timings.items() if k != "load_model"}, []
     from juice.vllm.engine import VllmEngine
 
-    with VllmEngine(cfg.model, out / "vllm", vllm_args) as runner:
+    with VllmEngine(cfg.model, out / "vllm", vllm_args, offline=offline) as runner:
         result = reproduce(cfg, lm=lm, engine=runner)
     return {k: v for k, v in result.timings.items() if k != "load_model"}, list(runner.starts)
 
@@ -181,6 +181,8 @@ def main() -> None:
     parser.add_argument("--engine", choices=("juice", "vllm"), default="juice",
                         help="vllm: run on both engines and compare them")
     parser.add_argument("--vllm-arg", action="append", default=[], help="one more argument for vLLM's server")
+    parser.add_argument("--vllm-offline", action="store_true",
+                        help="with --engine vllm: vLLM's offline LLM in a worker process, no server (juice.vllm.offline)")
     parser.add_argument("--record", type=Path, default=None, help="with --engine vllm: write the comparison here")
     parser.add_argument("--from-runs", type=Path, default=None,
                         help="with --engine vllm: compare the two runs an earlier --out DIR holds, without running")
@@ -224,7 +226,7 @@ def main() -> None:
     times, starts = {}, []
     for engine in ("juice", "vllm"):
         print(f"--- {engine} ---", flush=True)
-        times[engine], mine = _run(out / engine, lm, engine, args.vllm_arg)
+        times[engine], mine = _run(out / engine, lm, engine, args.vllm_arg, args.vllm_offline and engine == "vllm")
         starts += mine
     record = compare_engines(out / "juice", out / "vllm", times, starts, args.vllm_arg, source)
     print(f"{'stage':<18}{'juice (s)':>10}{'vLLM (s)':>10}")
