@@ -155,9 +155,17 @@ def engines_markdown(record: dict) -> str:
     goal = record["goal"]
     met = record["speed_up"] >= goal["speed-up"] and total["vllm"] < goal["stages_s"]
     heads = record["heads"]["vllm"]
+    engine = record.get("protocol_engine", {})
+    offline = engine.get("transport") == "offline"
+    asked = (f" It answered {engine['requests']:,} {'LLM.generate calls' if offline else 'HTTP requests'}."
+             if "requests" in engine else "")
+    made = (f"Run on vLLM {record['vllm']} (torch {record['vllm_torch']}, {record['vllm_device']}), juice "
+            f"{record['juice']}, from a {'DIRTY' if record['dirty'] else 'clean'} tree"
+            f"{'; compared from earlier runs' if record.get('from_runs') else ''}. ") if "dirty" in record else ""
     text = ["\n".join(rows), "",
-            f"vLLM's server started in {' s and '.join(f'{s:.0f}' for s in record['vllm_server_starts_s'])} s "
-            f"(within its stages). juice's engine / vLLM: {record['speed_up']:.2f}x (the goal, vLLM at least "
+            f"{made}vLLM's {'offline worker' if offline else 'server'} started in "
+            f"{' s and '.join(f'{s:.0f}' for s in record['vllm_server_starts_s'])} s (within its stages).{asked} "
+            f"juice's engine / vLLM: {record['speed_up']:.2f}x (the goal, vLLM at least "
             f"{goal['speed-up']:g}x faster and under {goal['stages_s']:.0f} s of stages: {'met' if met else 'missed'}). "
             f"Stage 1's largest score difference: {record['stage1_max_score_difference']:.1e} (goal "
             f"{goal['stage1_score_difference']:.0e}); the heads "

@@ -31,6 +31,9 @@ def test_a_sweep_file_gives_one_job_per_model_and_direction(tmp_path):
                                                    ("b-contextual", ("nqswap",))]
     assert sweep.gpus == 1.0 and sweep.cpus == 1.0 and dict(jobs[0].settings)["vllm_args"] == ("--enforce-eager",)
     assert len({j.key() for j in jobs}) == 4
+    assert dict(jobs[0].settings)["baselines"] is False   # no baseline among the methods: none run
+    path.write_text(GOOD.replace('"Original", "JuICE"', '"Original", "PH3-l"'))
+    assert "baselines" not in dict(load_sweep(path).jobs()[0].settings)   # ReproduceConfig's default: they run
 
 
 @pytest.mark.parametrize("change, words", [
@@ -41,6 +44,8 @@ def test_a_sweep_file_gives_one_job_per_model_and_direction(tmp_path):
     (("domains = [\"world_capital\", \"nqswap\"]", "domains = [\"nqswap\"]"), "none for the parametric direction"),
     (("gpus = 1", "gpus = \"one\""), "[ray] cpus and gpus must be numbers"),
     (("[grid]", "[grid"), "not TOML"),
+    (("\"org/b\"", "\"org/a\""), "would share the job folder 'a-contextual'"),
+    (("\"JuICE\"]", "\"JuCIE\"]"), "'JuCIE' is not a table row"),
 ])
 def test_a_bad_sweep_file_is_refused_in_one_line(tmp_path, change, words):
     path = tmp_path / "s.toml"

@@ -25,7 +25,8 @@ The sweep file (TOML)::
     directions = ["parametric"]                  # parametric | contextual
     domains = ["world_capital", "athlete_sport"]  # parametric: ParaConflict domains; contextual:
                                                  # memotrap | nqswap (the table's columns)
-    methods = ["Original", "JuICE"]               # the table's rows (Table 1's or Table 2's names)
+    methods = ["Original", "JuICE"]               # the table's rows (Table 1's or Table 2's names;
+                                                 # none of the baselines: they are not run)
     [settings]                                   # ReproduceConfig's fields, e.g.
     limit = 10
     [ray]                                        # optional
@@ -51,6 +52,11 @@ from juice.io import write_json_atomic, write_text_atomic
 DIRECTIONS = ("parametric", "contextual")
 CONTEXTUAL_DATASETS = ("memotrap", "nqswap")
 """The contextual direction's columns (Table 2's datasets)."""
+STEERING_ROWS = ("Original", "JuNE", "JuICE")
+"""The rows every job decodes; the others are baselines (:data:`BASELINE_ROWS`)."""
+BASELINE_ROWS = ("Prompt", "PH3-l", "PH3-s", "PH3-l (knock-out)", "CAD", "AdaCAD")
+"""Table 1's and Table 2's baseline rows: a sweep whose methods name none of them runs without the
+baselines (`baselines = false`, no PH3 stage) unless its `[settings]` say otherwise."""
 FIXED = ("model", "out_dir", "domains")
 """ReproduceConfig fields a sweep sets itself (`[settings]` may not)."""
 
@@ -97,13 +103,17 @@ class Sweep:
     max_retries: int = 0
 
     def jobs(self) -> list[Job]:
-        """The jobs, models x directions, in the file's order."""
+        """The jobs, models x directions, in the file's order; without baselines where no method
+        is one (:data:`BASELINE_ROWS`) and the settings do not say."""
+        settings = dict(self.settings)
+        if "baselines" not in settings and not set(self.methods) & set(BASELINE_ROWS):
+            settings["baselines"] = False
         out = []
         for model in self.models:
             for direction in self.directions:
                 domains = (tuple(d for d in self.domains if d in CONTEXTUAL_DATASETS) if direction == "contextual"
                            else tuple(d for d in self.domains if d not in CONTEXTUAL_DATASETS))
-                out.append(Job(model, direction, domains, tuple(sorted(self.settings.items()))))
+                out.append(Job(model, direction, domains, tuple(sorted(settings.items()))))
         return out
 
 
@@ -113,8 +123,9 @@ def load_sweep(path: str | Path) -> Sweep:
     Raises:
         FileNotFoundError: no such file.
         SweepError: not TOML, a missing or empty list in `[grid]`, an unknown direction, a
-            `[settings]` key that is not a ReproduceConfig field or that the sweep sets itself,
-            settings ReproduceConfig refuses, or a domain no direction of the sweep has.
+            method that is no table row, a `[settings]` key that is not a ReproduceConfig field
+            or that the sweep sets itself, settings ReproduceConfig refuses, a direction without
+            domains, or two models whose job folders would be the same.
     """
     from juice.pipeline.run import ReproduceConfig
 
@@ -130,6 +141,10 @@ def load_sweep(path: str | Path) -> Sweep:
         if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
             raise SweepError(f"{path}: [grid] {key} must be a non-empty list of names")
         lists[key] = tuple(value)
+    unknown = [m for m in lists["methods"] if m not in STEERING_ROWS + BASELINE_ROWS]
+    if unknown:
+        raise SweepError(f"{path}: [grid] methods: {unknown[0]!r} is not a table row "
+                         f"({', '.join(STEERING_ROWS + BASELINE_ROWS)})")
     bad = [d for d in lists["directions"] if d not in DIRECTIONS]
     if bad:
         raise SweepError(f"{path}: [grid] directions: {bad[0]!r} is not parametric or contextual")
@@ -147,6 +162,11 @@ def load_sweep(path: str | Path) -> Sweep:
     except (TypeError, ValueError) as err:
         raise SweepError(f"{path}: [settings]: {err}") from None
     sweep = Sweep(**lists, settings=settings)
+    names = [job.name for job in sweep.jobs()]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SweepError(f"{path}: [grid] models: two models would share the job folder {twice[0]!r}; give "
+                         "each model a folder or hub id with its own last part")
     for job in sweep.jobs():
         if not job.domains:
             raise SweepError(f"{path}: [grid] domains: none for the {job.direction} direction "
@@ -344,5 +364,5 @@ def _cell(row: dict | None) -> str:
     return f"{row['mean']:.1f} [{row['low']:.1f}, {row['high']:.1f}]"
 
 
-__all__ = ["CONTEXTUAL_DATASETS", "DIRECTIONS", "Job", "Sweep", "SweepError", "SweepResult", "finished", "job_cells",
+__all__ = ["BASELINE_ROWS", "CONTEXTUAL_DATASETS", "DIRECTIONS", "STEERING_ROWS", "Job", "Sweep", "SweepError", "SweepResult", "finished", "job_cells",
            "load_sweep", "run_job", "run_sweep", "sweep_markdown"]
