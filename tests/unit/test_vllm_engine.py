@@ -179,3 +179,20 @@ def test_stage_1_asks_each_head_and_alpha_of_all_prompts_in_one_request(monkeypa
     for prompt, target in targets:
         one_at_a_time.intervention_probs(lm, prompt, target, interventions)
     assert one_at_a_time.requests == 6924
+
+
+def test_juices_copy_goes_where_the_stages_on_juices_engine_run():
+    """With vLLM, juice's copy is on the CPU unless Stage 1 runs on juice's engine (then "auto": the
+    GPU where there is one), and on a GPU beside vLLM it needs vLLM to leave it room."""
+    import types
+
+    from juice.vllm.engine import VllmEngineError, check_shared_gpu, local_device
+
+    assert local_device("vllm", "auto") == "cpu" and local_device("vllm", "auto", "vllm") == "cpu"
+    assert local_device("vllm", "auto", "juice") == "auto" and local_device("juice", "auto") == "auto"
+    assert local_device("vllm", "cuda:1") == "cuda:1"
+    on_gpu = types.SimpleNamespace(device=torch.device("cuda", 0))
+    with pytest.raises(VllmEngineError, match="--gpu-memory-utilization=0.5"):
+        check_shared_gpu(on_gpu, ["--tensor-parallel-size=1"])
+    check_shared_gpu(on_gpu, ["--gpu-memory-utilization=0.5"])
+    check_shared_gpu(types.SimpleNamespace(device=torch.device("cpu")), [])

@@ -236,8 +236,12 @@ def start_run(cfg: ReproduceConfig, lm: LoadedModel | None, progress: Progress =
         from juice.vllm.engine import local_device
 
         lm = load_model(cfg.model, dtype=getattr(torch, cfg.dtype), device_map=cfg.device_map,
-                        device=local_device(cfg.engine, cfg.device))
+                        device=local_device(cfg.engine, cfg.device, cfg.stage1_engine))
     engine.check(lm)
+    if cfg.engine == "vllm":
+        from juice.vllm.engine import check_shared_gpu
+
+        check_shared_gpu(lm, cfg.vllm_args)
     return (StageRun(lm, cfg, StageFiles(Path(cfg.out_dir) / "state"), progress, engine=engine),
             {"load_model": time.perf_counter() - t})
 

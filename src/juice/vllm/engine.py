@@ -639,12 +639,31 @@ def _stop(process: subprocess.Popen) -> None:
         pass
 
 
-def local_device(engine: str, device: str) -> str:
+def local_device(engine: str, device: str, stage1_engine: str | None = None) -> str:
     """Where juice's own process puts its copy of the model (its tokenizer, the heads file's
     fingerprint, and the stages vLLM cannot run: PH3's path patching, CAD, AdaCAD, `auto`): with
     engine vllm and device "auto", the CPU, so that vLLM's server has the GPUs to itself (it
-    takes 90% of a GPU's memory by default); otherwise `device` as given."""
-    return "cpu" if engine == "vllm" and device == "auto" else device
+    takes 90% of a GPU's memory by default), unless Stage 1 runs on juice's engine
+    (`stage1_engine` "juice"): then "auto" (a GPU where there is one), the device that stage is
+    asked onto juice's engine for (:func:`check_shared_gpu` says what vLLM must leave of it);
+    otherwise `device` as given."""
+    if engine == "vllm" and device == "auto" and stage1_engine != "juice":
+        return "cpu"
+    return device
+
+
+def check_shared_gpu(lm: LoadedModel, vllm_args: Sequence[str]) -> None:
+    """Refuse, before any stage, juice's copy of the model on a GPU beside vLLM's when vLLM would
+    take its default 90% of the GPU's memory.
+
+    Raises:
+        VllmEngineError: juice's copy is on a CUDA device and `vllm_args` set no
+            `--gpu-memory-utilization` (one line naming it).
+    """
+    if lm.device.type == "cuda" and not any(a.split("=")[0] == "--gpu-memory-utilization" for a in vllm_args):
+        raise VllmEngineError("juice's copy of the model is on the GPU (Stage 1 on juice's engine) and vLLM takes 90% "
+                              "of it by default: give vLLM a share, e.g. --vllm-arg=--gpu-memory-utilization=0.5, or "
+                              "--device cpu")
 
 
 def open_engine(name: str, model: str, workdir: str | Path, vllm_args: Sequence[str] = (),
@@ -668,4 +687,4 @@ def open_engine(name: str, model: str, workdir: str | Path, vllm_args: Sequence[
 
 __all__ = ["ASKS_PER_CALL", "COMPILATION_ARGS", "IN_FLIGHT", "MAX_MODEL_LEN", "PROMPTS_PER_REQUEST", "VllmEngine",
            "VllmEngineError",
-           "data_parallel_size", "local_device", "open_engine"]
+           "check_shared_gpu", "data_parallel_size", "local_device", "open_engine"]
