@@ -8,7 +8,9 @@ parallelism (`--tensor-parallel-size`), data parallelism with vLLM's own load ba
 (`--data-parallel-size`), Ray across nodes (`--distributed-executor-backend ray`). The engine
 starts that server with juice's launcher (:func:`juice.vllm.launch.launch_plan`, the command
 `juice serve --engine vllm` runs), passes on the caller's vLLM arguments, and stops it when
-closed; juice schedules nothing itself.
+closed; juice schedules nothing itself. With `offline=True` (`--vllm-offline`) there is no server:
+the same asks go, batch by batch, to vLLM's offline `LLM` in one process of vLLM's Python
+(:mod:`juice.vllm.offline`), built from the same engine arguments.
 
 What each stage's question becomes (juice's request protocol, :mod:`juice.steering_request`, sent
 flat in `vllm_xargs`; prompts as juice's own token ids, BOS included; decoded text from juice's
@@ -432,7 +434,8 @@ class VllmEngine:
     # --- requests -----------------------------------------------------------------------------------
     def _run(self, lm: LoadedModel, asks: list[_Ask], juice_heads: set[Head], on_progress: OnProgress | None) -> None:
         """Send every ask to the server (started as needed), grouped into HTTP requests of asks
-        that share their settings, and store each one's result."""
+        that share their settings, or offline to the worker (:meth:`_run_offline`), and store each
+        one's result."""
         server = self._ensure(lm, juice_heads)
         if server.worker is not None:
             self._run_offline(server.worker, asks, on_progress)
