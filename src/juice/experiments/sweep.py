@@ -47,11 +47,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from juice.data.contextual import DATASETS as CONTEXTUAL_DATASETS   # the contextual direction's columns
 from juice.io import write_json_atomic, write_text_atomic
 
 DIRECTIONS = ("parametric", "contextual")
-CONTEXTUAL_DATASETS = ("memotrap", "nqswap")
-"""The contextual direction's columns (Table 2's datasets)."""
 STEERING_ROWS = ("Original", "JuNE", "JuICE")
 """The rows every job decodes; the others are baselines (:data:`BASELINE_ROWS`)."""
 BASELINE_ROWS = ("Prompt", "PH3-l", "PH3-s", "PH3-l (knock-out)", "CAD", "AdaCAD")
@@ -169,8 +168,8 @@ def load_sweep(path: str | Path) -> Sweep:
                          "each model a folder or hub id with its own last part")
     for job in sweep.jobs():
         if not job.domains:
-            raise SweepError(f"{path}: [grid] domains: none for the {job.direction} direction "
-                             f"({'memotrap, nqswap' if job.direction == 'contextual' else 'ParaConflict domains'})")
+            names = ", ".join(CONTEXTUAL_DATASETS) if job.direction == "contextual" else "ParaConflict domains"
+            raise SweepError(f"{path}: [grid] domains: none for the {job.direction} direction ({names})")
     ray_part = data.get("ray", {})
     try:
         sweep.cpus, sweep.gpus = float(ray_part.get("cpus", 1)), float(ray_part.get("gpus", 0))
@@ -364,5 +363,5 @@ def _cell(row: dict | None) -> str:
     return f"{row['mean']:.1f} [{row['low']:.1f}, {row['high']:.1f}]"
 
 
-__all__ = ["BASELINE_ROWS", "CONTEXTUAL_DATASETS", "DIRECTIONS", "STEERING_ROWS", "Job", "Sweep", "SweepError", "SweepResult", "finished", "job_cells",
-           "load_sweep", "run_job", "run_sweep", "sweep_markdown"]
+__all__ = ["BASELINE_ROWS", "DIRECTIONS", "STEERING_ROWS", "Job", "Sweep", "SweepError", "SweepResult", "finished",
+           "job_cells", "load_sweep", "run_job", "run_sweep", "sweep_markdown"]
