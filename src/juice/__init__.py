@@ -20,10 +20,6 @@ command line stay fast.
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 
-from juice.moved import install as _install_moved
-
-_install_moved()   # old module paths still import, with a warning (juice.moved)
-
 try:
     __version__ = version("juice")
 except PackageNotFoundError:  # running from a source tree that is not installed

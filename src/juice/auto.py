@@ -60,7 +60,6 @@ from juice.baselines.cad import CadPolicy, jsd_alpha
 from juice.engine import QUESTION_ALONE, Choice, Contrast
 from juice.models import LoadedModel
 from juice.steering import ORIGINAL, PRESETS, Steering, chosen_betas
-from juice.moved import moved_attribute
 from juice.tuned import TunedSettings
 
 SIGNAL = "jsd_bits"
@@ -483,7 +482,3 @@ __all__ = ["AutoPolicy", "AutoRule", "CANDIDATE", "CANDIDATES", "CANDIDATE_TABLE
            "CONTEXT_PEAKEDNESS", "Candidate", "GATE_SIGNALS", "RELEVANCE", "RelevanceGate", "SIGNAL",
            "candidate_betas", "candidate_option", "content_words", "first_step_features", "first_step_signal",
            "gate_signal", "has_passage", "passage_of", "passage_relevance", "policy_of", "relevance"]
-
-
-def __getattr__(name: str):
-    return moved_attribute(__name__, name)   # the tuning's names (juice.moved)
