@@ -19,7 +19,8 @@ sys.path[:0] = [str(HERE.parent / "tests" / d) for d in ("", "unit", "integratio
 from conftest import SHARED, build_tiny  # noqa: E402
 from test_experiments import _write_contextual_data as contextual_data  # noqa: E402
 
-from juice.experiments.table1 import ReproduceConfig, reproduce  # noqa: E402
+from juice.pipeline.run import ReproduceConfig
+from juice.experiments.table1 import reproduce  # noqa: E402
 from juice.experiments.table2 import reproduce_contextual  # noqa: E402
 
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from juice.completion_text import TextStream, chat_prompt, cut_at_stop, final_text, stop_prefix_length
+from juice.completion_text import TextStream, chat_prompt, final_text
 from juice.engine import DecodingSession, Stream, generate
 from juice.sampling import Sampling
 from juice.interventions import HeadSelection
@@ -214,4 +214,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["METHODS", "Steerer", "cut_at_stop", "stop_prefix_length"]
+__all__ = ["METHODS", "Steerer"]

@@ -12,7 +12,7 @@ Rows come from :func:`juice.userdata.load_rows` (JSONL/CSV with `prompt`, `targe
 Choices where the paper has no rule for arbitrary data (also in the README):
 
 - Metric: the paper's exact match (an accepted answer, `target` or one of its `aliases`, among the
-  first five words of 10 greedy new tokens, :func:`juice.eval.metrics.is_correct`) for every file,
+  first five words of 10 greedy new tokens, :func:`juice.data.metrics.is_correct`) for every file,
   NQ-Swap and MemoTrap included (their own metrics are `juice reproduce --direction contextual`'s).
 - Groups: each `conflict_type` label is a column; "Average" is the mean over labels (the paper
   averages over conflict types), its interval a bootstrap within labels.
@@ -43,7 +43,7 @@ from juice.baselines.prompt import CONTEXTUAL_COMPLETION, instructed_parametric
 from juice.data.records import Direction
 from juice.engine.backend import Engine
 from juice.eval.degeneration import correct_not_degenerate
-from juice.eval.metrics import is_correct
+from juice.data.metrics import is_correct
 from juice.eval.runner import (
     MAX_NEW_TOKENS,
     DecodeRequest,

@@ -11,7 +11,7 @@ from juice.baselines.prompt import instructed_context_item
 from juice.data.context_types import CONTEXT_TYPES, nqswap_context_items, paraconflict_context_items
 from juice.data.paraconflict import build_domain
 from juice.engine import greedy_generate
-from juice.eval.metrics import new_tokens
+from juice.data.metrics import new_tokens
 from juice.when_to_steer.evaluation import context_type_means, context_type_tables, evaluate_context_types
 from juice.eval.metrics import context_verdicts
 from juice.recipe import Method

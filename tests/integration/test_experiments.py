@@ -10,7 +10,8 @@ import pytest
 import juice.pipeline.domains as domains
 import juice.pipeline.run as run_mod
 import juice.pipeline.stages as stages
-from juice.experiments.table1 import ReproduceConfig, reproduce
+from juice.pipeline.run import ReproduceConfig
+from juice.experiments.table1 import reproduce
 
 
 def _two_domain_folder(shared_data, root):

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from juice.experiments.table1 import ReproduceConfig, reproduce
+from juice.pipeline.run import ReproduceConfig
+from juice.experiments.table1 import reproduce
 from juice.vllm.engine import VllmEngine, VllmEngineError
 
 from test_reproduce_on_vllm import TINY  # noqa: E402

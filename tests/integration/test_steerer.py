@@ -10,7 +10,8 @@ from juice.engine import Stream, generate, greedy_generate
 from juice.sampling import Sampling
 from juice.stage1 import HeadsArtifact
 from juice.stage1.shipped import NoShippedHeadsError
-from juice.steerer import Steerer, cut_at_stop
+from juice.steerer import Steerer
+from juice.completion_text import cut_at_stop
 
 PROMPTS = ["the capital of france is", "the name of the capital city of japan is"]
 SEL = juice.HeadSelection((juice.Head(1, 2),), (juice.Head(0, 1),))

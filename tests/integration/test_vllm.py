@@ -23,8 +23,8 @@ from juice.interventions import Head, HeadSelection
 from juice.stage1.heads_file import HeadsArtifact, save_heads
 from juice.steering import JuICE, JuNE, Prune
 from juice.steering_request import request_fields
-from juice.vllm.options import (SteeringRequestError, parse_request, read_heads_file,
-                                plugin_heads)
+from juice.steering_request import SteeringRequestError
+from juice.vllm.options import parse_request, read_heads_file, plugin_heads
 from juice.vllm.launch import find_vllm_python
 from juice.vllm.middleware import juice_field_to_xargs
 

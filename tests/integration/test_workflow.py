@@ -12,7 +12,7 @@ from conftest import build_tiny
 
 from juice.baselines.ph3 import heads_to_prune
 from juice.engine import greedy_generate
-from juice.eval.metrics import is_correct
+from juice.data.metrics import is_correct
 from juice.recipe import Method
 from juice.pipeline.run import ReproduceConfig
 from juice.pipeline.stages import score_prompts

@@ -31,7 +31,8 @@ one validation item and two test items per domain, one alpha per sign, a 2 x 2 b
 
 
 def test_a_short_main_job_on_vllm_gives_juices_table_on_the_embedded_model(real_model, tmp_path):
-    from juice.experiments.table1 import ReproduceConfig, reproduce
+    from juice.pipeline.run import ReproduceConfig
+    from juice.experiments.table1 import reproduce
     from juice.pipeline.compare import ENGINE_RECORD, compare_files
     from juice.vllm.engine import VllmEngine
 

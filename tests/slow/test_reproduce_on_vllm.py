@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from juice.experiments.table1 import ReproduceConfig, reproduce
+from juice.pipeline.run import ReproduceConfig
+from juice.experiments.table1 import reproduce
 from juice.pipeline.compare import ENGINE_RECORD, compare_files
 from juice.vllm.engine import VllmEngine, VllmEngineError
 

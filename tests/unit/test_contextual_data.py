@@ -10,7 +10,7 @@ import pytest
 from juice.data.contextual import CONTEXTUAL_DATASETS, contextual_splits, load_contextual
 from juice.data.memotrap import SUBTASKS, MemoTrapFormatError, load_memotrap, question_part
 from juice.data.nqswap import load_nqswap, strip_markup
-from juice.eval.metrics import memotrap_match, nqswap_match
+from juice.data.metrics import memotrap_match, nqswap_match
 
 ROWS = {"proverb_ending": 860, "proverb_translation": 843, "hate_speech_ending": 100, "history_of_science_qa": 736}
 

@@ -72,11 +72,11 @@ def test_a_context_document_round_trips_to_its_item():
 
 
 def test_the_tasks_budgets_are_the_metric_tables(tmp_path, monkeypatch):
-    """A metric's new-token budget lives in juice.eval.metrics.METRICS only: changed there, the
+    """A metric's new-token budget lives in juice.data.metrics.METRICS only: changed there, the
     lm-evaluation-harness tasks decode that many tokens (as juice's own evaluation does)."""
     import dataclasses
 
-    from juice.eval import metrics
+    from juice.data import metrics
 
     root = tmp_path / "data"
     (root / "nqswap").mkdir(parents=True)

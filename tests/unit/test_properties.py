@@ -13,7 +13,7 @@ from juice.data.memotrap import MemoTrapFormatError, load_memotrap
 from juice.data.nqswap import load_nqswap
 from juice.data.paraconflict import build_domain, load_paraconflict_json
 from juice.data.splits import split_test
-from juice.eval.metrics import is_correct
+from juice.data.metrics import is_correct
 from juice.text import contains_answer, first_words, first_words_final, normalize_answer
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -40,7 +40,7 @@ from typing import Any
 
 from juice.data.records import ConflictExample
 from juice.data.splits import DomainPool
-from juice.eval.metrics import is_correct
+from juice.data.metrics import is_correct
 from juice.pipeline.domains import HEAD_DOMAIN, domain_sources, filter_domain
 from juice.pipeline.run import ReproduceConfig, StageRun, run_key_base
 from juice.progress import Progress, no_progress

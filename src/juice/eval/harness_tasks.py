@@ -13,7 +13,7 @@ installed where the harness runs:
   juice's prompt (:func:`juice.data.nqswap.context_prompt`), 20 new tokens, juice's normalized
   substring match. `juice_memotrap_<subtask>` (tag `juice_memotrap`; datasets that share a
   metric are named and tagged by it): MemoTrap's four subtasks, 10 new tokens, the continuation's
-  words against the output's first words (:func:`~juice.eval.metrics.memotrap_match`,
+  words against the output's first words (:func:`~juice.data.metrics.memotrap_match`,
   docs/protocol.md; `follows_memory`: the memorised continuation's).
 - `juice_contexts_<source>_<type>` (group `juice_contexts`): the context-type evaluation
   (:mod:`juice.data.context_types`): NQ-Swap's and the built-in ParaConflict domains' questions
@@ -40,7 +40,7 @@ from pathlib import Path
 
 from juice.data.context_types import CONTEXT_TYPES, ContextItem
 from juice.data.contextual import DATASETS
-from juice.eval.metrics import new_tokens
+from juice.data.metrics import new_tokens
 
 
 UTILS = '''"""Written by `juice tasks`: the harness's scores are juice's own metrics."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from juice.data.context_types import OBJECTIVES, ContextItem
-from juice.data.metrics import METRICS, N_WORDS, Metric, is_correct, memotrap_match, new_tokens, nqswap_match
+from juice.data.metrics import METRICS
 from juice.data.records import ContextualExample
 
 
@@ -43,5 +43,4 @@ def context_verdicts(item: ContextItem, output: str) -> dict[str, bool | None]:
     return out
 
 
-__all__ = ["METRICS", "Metric", "N_WORDS", "context_match", "context_verdicts", "contextual_correct", "is_correct",
-           "memotrap_match", "new_tokens", "nqswap_match"]
+__all__ = ["context_match", "context_verdicts", "contextual_correct"]

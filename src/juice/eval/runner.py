@@ -38,8 +38,8 @@ from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, Co
 from juice.engine import Contrast, QuestionAlone, Stream
 from juice.engine.backend import Engine, engine_or_default
 from juice.likelihood import continuation_ids
-from juice.data.metrics import CONTEXTUAL, metrics_for
-from juice.eval.metrics import METRICS, N_WORDS, contextual_correct, is_correct, memotrap_match, nqswap_match
+from juice.data.metrics import CONTEXTUAL, METRICS, N_WORDS, is_correct, metrics_for
+from juice.eval.metrics import contextual_correct
 from juice.models import LoadedModel
 from juice.steering import Steering
 from juice.text import first_words_final
@@ -48,7 +48,7 @@ from juice.progress import OnProgress
 from juice.recipe import Method, as_method
 
 MAX_NEW_TOKENS = METRICS["first_words"].new_tokens
-"""The paper's exact match decodes this many new tokens (:data:`juice.eval.metrics.METRICS`)."""
+"""The paper's exact match decodes this many new tokens (:data:`juice.data.metrics.METRICS`)."""
 
 
 def method_engine(method: "Method | Steering", engine: Engine | None = None) -> str:
@@ -223,7 +223,7 @@ def decode_requests(
 
 
 def exact_match_decided(tokenizer) -> Callable[[str], bool]:
-    """The stop rule of :func:`evaluate`: the first :data:`~juice.eval.metrics.N_WORDS` words of
+    """The stop rule of :func:`evaluate`: the first :data:`~juice.data.metrics.N_WORDS` words of
     a text are final (:func:`juice.text.first_words_final`, margin 2 for a tokenizer that cleans
     up spaces when decoding)."""
     margin = 2 if getattr(tokenizer, "clean_up_tokenization_spaces", False) else 1
@@ -444,8 +444,5 @@ def results_from_json(rows: Sequence[dict]) -> list[ItemResult]:
     return [ItemResult(**r) for r in rows]
 
 
-__all__ = [
-    "ItemResult", "Method", "as_method", "method_engine", "contextual_correct", "evaluate", "evaluate_contextual",
-    "is_correct", "likelihood_table", "likelihood_wins", "memotrap_match", "nqswap_match", "results_from_json",
-    "results_to_json", "summary",
-]
+__all__ = ["ItemResult", "method_engine", "evaluate", "evaluate_contextual", "likelihood_table", "likelihood_wins",
+           "results_from_json", "results_to_json", "summary"]

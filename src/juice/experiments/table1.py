@@ -182,4 +182,4 @@ def write_outputs(result: ReproduceResult, results, out: Path) -> None:
             interval_bar_chart(cells, out / name, title=f"{result.model['name']}: average over domains, {view}")
 
 
-__all__ = ["ReproduceConfig", "ReproduceResult", "reproduce", "write_outputs"]
+__all__ = ["reproduce", "write_outputs"]

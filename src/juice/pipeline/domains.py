@@ -19,7 +19,7 @@ from juice.aliases import prefer_aliases
 from juice.data.paraconflict import DOMAINS, build_domain
 from juice.data.records import ConflictExample
 from juice.data.splits import DomainPool, Splits, load_paper_domains, split_test
-from juice.eval.metrics import is_correct
+from juice.data.metrics import is_correct
 from juice.engine.backend import Engine
 from juice.eval.runner import evaluate
 from juice.io import settings_key

@@ -77,7 +77,6 @@ from vllm.model_executor.layers.attention import Attention
 
 from juice.architectures import config_geometry
 from juice.models import fingerprint_mismatch, weights_digests
-from juice.vllm import ARCHITECTURES
 from juice.vllm.constraints import (CLEAN_RUN_OP, ROW_FIELD, PluginConfigError, check_attention_backend,
                                     check_engine_config, check_kv_sharing, check_logits_processor, check_scheduler,
                                     compiled_mode, missing_rows_message, note_compiled_structure, split_at_run1)
@@ -534,6 +533,5 @@ JuiceQwen3ForCausalLM = _steerable(_load("qwen3", "Qwen3ForCausalLM"))
 JuiceMistralForCausalLM = _steerable(_load("mistral", "MistralForCausalLM"))
 JuicePhi3ForCausalLM = _steerable(_load("phi3", "Phi3ForCausalLM"))
 
-__all__ = ["ARCHITECTURES", "JuiceGemma2ForCausalLM", "JuiceGemma3ForCausalLM", "JuiceLlamaForCausalLM",
-           "JuiceMistralForCausalLM", "JuicePhi3ForCausalLM", "JuiceQwen2ForCausalLM", "JuiceQwen3ForCausalLM",
-           "PluginConfigError", "SteerableMixin"]
+__all__ = ["JuiceGemma2ForCausalLM", "JuiceGemma3ForCausalLM", "JuiceLlamaForCausalLM", "JuiceMistralForCausalLM",
+           "JuicePhi3ForCausalLM", "JuiceQwen2ForCausalLM", "JuiceQwen3ForCausalLM", "SteerableMixin"]

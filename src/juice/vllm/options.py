@@ -363,8 +363,7 @@ def parse_request(fields: Mapping[str, Any] | None, server: PluginHeads, geometr
     return RequestSteering(ask.method, scale, add, ask.warning)
 
 
-__all__ = ["CONFIG_KEY", "SALT_PREFIX", "config_entry", "heads_document",
-           "plugin_enabled", "served_heads", "offline_request", "request_cache_salt", "steering_salt",
-           "ENV_DEFAULT", "ENV_DUAL", "ENV_GEOMETRY", "ENV_HEADS", "ENV_ON", "RequestSteering", "PluginHeads",
-           "SteeringRequestError", "head_slots", "parse_geometry", "parse_request", "read_heads_file", "request_ask",
-           "plugin_heads"]
+__all__ = ["CONFIG_KEY", "SALT_PREFIX", "config_entry", "heads_document", "plugin_enabled", "served_heads",
+           "offline_request", "request_cache_salt", "steering_salt", "ENV_DEFAULT", "ENV_DUAL", "ENV_GEOMETRY",
+           "ENV_HEADS", "ENV_ON", "RequestSteering", "PluginHeads", "head_slots", "parse_geometry", "parse_request",
+           "read_heads_file", "request_ask", "plugin_heads"]

@@ -19,8 +19,8 @@ from juice.architectures import config_geometry
 from juice.vllm import ARCHITECTURES
 from juice.vllm.constraints import PluginConfigError, check_plugin_on_here
 from juice.steering_request import request_fields
-from juice.vllm.options import (RequestSteering, SteeringRequestError, parse_request, plugin_enabled,
-                                plugin_heads, request_ask, served_heads)
+from juice.vllm.options import RequestSteering, parse_request, plugin_enabled, plugin_heads, request_ask, served_heads
+from juice.steering_request import SteeringRequestError
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,8 @@ passage (the items: :mod:`juice.data.context_types`), every method, both objecti
   `auto` chosen on validation questions, reported on test questions.
 """
 
-from juice.when_to_steer.report import (MEAN, SUMMARIZED, ContextsEvaluation, best_static_method, context_items,
+from juice.when_to_steer.evaluation import MEAN
+from juice.when_to_steer.report import (SUMMARIZED, ContextsEvaluation, best_static_method, context_items,
                                         context_methods, evaluate_contexts, prompt_fits, summarize, summary_table)
 
 __all__ = ["MEAN", "SUMMARIZED", "ContextsEvaluation", "best_static_method", "context_items", "context_methods",

@@ -30,7 +30,8 @@ from juice.baselines.prompt import instructed_context_item
 from juice.data.context_types import CONTEXT_TYPES, ContextItem
 from juice.eval.degeneration import correct_not_degenerate
 from juice.data.metrics import CONTEXT_ITEM, metrics_for
-from juice.eval.metrics import METRICS, context_verdicts
+from juice.data.metrics import METRICS
+from juice.eval.metrics import context_verdicts
 from juice.eval.stats import Interval, _check
 from juice.engine.backend import Engine
 from juice.eval.runner import DecodeRequest, ItemResult, decode_requests, exact_match_decided

@@ -427,5 +427,5 @@ def evaluate_contexts(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], items
                               summarize(results, titles, best, resamples=resamples, seed=seed), best)
 
 
-__all__ = ["MEAN", "SUMMARIZED", "ContextsEvaluation", "best_static_method", "context_items", "context_methods",
+__all__ = ["SUMMARIZED", "ContextsEvaluation", "best_static_method", "context_items", "context_methods",
            "evaluate_contexts", "prompt_fits", "summarize", "summary_table"]

@@ -142,7 +142,8 @@ def _study(data: Optional[Path], heads: list[Path], methods: Optional[str], doma
     from juice.when_to_steer.study import run_study
     from juice.models import load_model
     from juice.stage1 import load_heads
-    from juice.when_to_steer.report import MEAN, context_items, prompt_fits
+    from juice.when_to_steer.evaluation import MEAN
+    from juice.when_to_steer.report import context_items, prompt_fits
 
     if len(heads) != 1:
         raise typer.BadParameter("--study takes one heads file", param_hint="--heads")
@@ -217,7 +218,7 @@ def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optiona
         console.print(interval_rich(table, report.methods, cols, [g for _, g in cols],
                                     title=f"{TITLES[name]}, % (95% interval half-width)",
                                     bold=name not in ("follows_context", "degenerate")))
-    from juice.when_to_steer.report import MEAN
+    from juice.when_to_steer.evaluation import MEAN
 
     for name, boot in report.summary.items():
         console.print(f"{TITLES[name]}, mean over context types (by question): " + "; ".join(
