@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_main_job  # noqa: E402
+import bench_sweep  # noqa: E402
 
 
 def test_the_engines_comparison_on_the_reproducing_page_is_the_committed_record():
@@ -21,6 +22,15 @@ def test_the_engines_comparison_on_the_reproducing_page_is_the_committed_record(
     assert len(record["commit"]) == 40 and record["model"] == "gemma-3-270m"
     page = (ROOT / "docs" / "reproducing.md").read_text(encoding="utf-8")
     assert bench_main_job.engines_markdown(record) in page
+    assert f"`{record['command']}`" in page and record["commit"][:12] in page
+
+
+def test_the_sweep_on_the_reproducing_page_is_the_committed_record():
+    record = json.loads((ROOT / "benchmarks" / "results" / "sweep-embedded.json").read_text(encoding="utf-8"))
+    assert record["command"].startswith("python benchmarks/bench_sweep.py") and len(record["commit"]) == 40
+    assert not record["dirty"] and record["failed"] == {} and record["again_ran"] == 0
+    page = (ROOT / "docs" / "reproducing.md").read_text(encoding="utf-8")
+    assert bench_sweep.sweep_record_markdown(record) in page
     assert f"`{record['command']}`" in page and record["commit"][:12] in page
 
 
