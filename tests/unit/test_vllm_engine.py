@@ -196,3 +196,23 @@ def test_juices_copy_goes_where_the_stages_on_juices_engine_run():
         check_shared_gpu(on_gpu, ["--tensor-parallel-size=1"])
     check_shared_gpu(on_gpu, ["--gpu-memory-utilization=0.5"])
     check_shared_gpu(types.SimpleNamespace(device=torch.device("cpu")), [])
+
+
+def test_the_offline_worker_gets_the_servers_engine_arguments_less_the_servers_own():
+    """`--vllm-offline` runs vLLM's `LLM` with what the server command would give its engine: the
+    model, the plugin's processor, scheduler and config, the caller's arguments; not the host,
+    port, served name or middleware (juice.vllm.offline.engine_arguments)."""
+    from juice.vllm.launch import server_command
+    from juice.vllm.offline import engine_arguments
+
+    command = server_command("/venv/bin/python", "/models/m", "m", host="127.0.0.1", port=8123, max_model_len=512,
+                             extra=["--enforce-eager", "--port=9", "--tensor-parallel-size", "2"],
+                             config={"heads": []})
+    args = engine_arguments(command)
+    assert args[:2] == ["--model", "/models/m"] and "--enforce-eager" in args
+    assert args[args.index("--tensor-parallel-size") + 1] == "2" and args[args.index("--max-model-len") + 1] == "512"
+    assert {"--logits-processors", "--scheduler-cls", "--additional-config", "--dtype"} <= set(args)
+    for server_only in ("--host", "--port", "--port=9", "--served-model-name", "--middleware", "127.0.0.1", "8123"):
+        assert server_only not in args
+    with pytest.raises(ValueError, match="not a vLLM OpenAI server command"):
+        engine_arguments(["python", "-m", "something.else"])
