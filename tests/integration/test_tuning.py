@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from juice.eval.runner import ItemResult
-from juice.eval.tuning import GridSetting, grid_name, grid_points
+from juice.eval.tuning import GridSetting, grid_points
 
 
 def _r(method, t, correct, p):
@@ -13,7 +13,7 @@ def _r(method, t, correct, p):
 
 
 def test_grid_points_average_over_conflict_types_and_keep_the_tie_break():
-    a, b = grid_name("juice", 1, -1), grid_name("juice", 2, 0)
+    a, b = GridSetting("juice", 1, -1).label, GridSetting("juice", 2, 0).label
     results = [
         _r(a, "clean", True, 0.5), _r(a, "clean", True, 0.5), _r(a, "coherent", False, 0.1), _r(a, "coherent", True, 0.1),
         _r(b, "clean", True, 0.9), _r(b, "clean", False, 0.9), _r(b, "coherent", True, 0.9), _r(b, "coherent", True, 0.9),
@@ -32,7 +32,7 @@ def test_per_domain_tuning_picks_each_domains_betas_from_its_own_validation_only
     from juice.interventions import HeadSelection
     from juice.interventions import Head
 
-    best_of = {"A": grid_name("juice", 1, 0), "B": grid_name("juice", 3, -2)}
+    best_of = {"A": GridSetting("juice", 1, 0).label, "B": GridSetting("juice", 3, -2).label}
 
     def fake_run(lm, items, steerings, direction, conflict_types, max_rows, on_progress, engine):
         out = []
@@ -40,7 +40,7 @@ def test_per_domain_tuning_picks_each_domains_betas_from_its_own_validation_only
             for t in conflict_types:
                 for name in steerings:
                     method = name.split(":")[0]
-                    right = name == best_of[ex.domain] or (method == "june" and name == grid_name("june", 2, -1))
+                    right = name == best_of[ex.domain] or (method == "june" and name == GridSetting("june", 2, -1).label)
                     out.append(ItemResult(ex.domain, ex.subject, t, name, "", right, False, 0.5, 0.0))
         return out
 
@@ -67,7 +67,7 @@ def test_a_degeneration_margin_refuses_the_most_accurate_setting_when_it_breaks_
     from juice.baselines.ph3 import Ph3Scores
     from juice.interventions import Head, HeadSelection
 
-    broken, fluent = grid_name("juice", 5, 0), grid_name("juice", 2, 0)
+    broken, fluent = GridSetting("juice", 5, 0).label, GridSetting("juice", 2, 0).label
 
     def fake_run(lm, items, steerings, direction, conflict_types, max_rows, on_progress, engine):
         out = []

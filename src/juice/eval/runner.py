@@ -402,18 +402,6 @@ def likelihood_wins(
     return {name: [logprob[(name, j, 0)] > logprob[(name, j, 1)] for j in range(len(examples))] for name in methods}
 
 
-def likelihood_table(results: Sequence[ItemResult]) -> dict[str, dict[str, float]]:
-    """method -> dataset -> likelihood-comparison accuracy in percent (MemoTrap items only)."""
-    groups: dict[tuple, list[bool]] = defaultdict(list)
-    for r in results:
-        if r.likelihood_correct is not None:
-            groups[(r.method, r.domain)].append(r.likelihood_correct)
-    table: dict[str, dict[str, float]] = defaultdict(dict)
-    for (m, d), values in groups.items():
-        table[m][d] = 100.0 * sum(values) / len(values)
-    return dict(table)
-
-
 def summary(results: Sequence[ItemResult]) -> dict[str, dict[str, float]]:
     """method -> mean accuracy, follows-context rate (contextual direction: also the rate of
     outputs giving the memorised answer) and answer probabilities (over all items)."""
@@ -444,5 +432,5 @@ def results_from_json(rows: Sequence[dict]) -> list[ItemResult]:
     return [ItemResult(**r) for r in rows]
 
 
-__all__ = ["ItemResult", "method_engine", "evaluate", "evaluate_contextual", "likelihood_table", "likelihood_wins",
+__all__ = ["ItemResult", "method_engine", "evaluate", "evaluate_contextual", "likelihood_wins",
            "results_from_json", "results_to_json", "summary"]

@@ -71,12 +71,6 @@ class GridPoint:
         return (self.accuracy, self.p_answer)
 
 
-def grid_name(method: str, beta_plus: float, beta_minus: float) -> str:
-    """The label of one (beta+, beta-) setting's results in a batched run, e.g. "juice:2:-1"
-    (:attr:`GridSetting.label`)."""
-    return GridSetting(method, beta_plus, beta_minus).label
-
-
 def _run(lm, validation, steerings, direction, conflict_types, max_rows, on_progress, engine) -> list[ItemResult]:
     if Direction.parse(direction) == Direction.CONTEXTUAL:
         return evaluate_contextual(lm, validation, steerings, likelihood=False, max_rows=max_rows,

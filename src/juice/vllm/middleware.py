@@ -163,7 +163,7 @@ class JuiceFieldMiddleware:
                 if why is not None:
                     raise SteeringRequestError(why)
                 if path in STEERED_PATHS:
-                    warning = _ask(data).warning
+                    warning = check_body(data)
             except SteeringRequestError as err:
                 payload = error_body(str(err), path)
                 await send({"type": "http.response.start", "status": 400,
