@@ -13,16 +13,7 @@ from typing import Any
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
     """Write JSON to a temporary file beside `path`, then rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, ensure_ascii=False, default=str)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_text_atomic(path, json.dumps(data, indent=1, ensure_ascii=False, default=str))
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
