@@ -1,9 +1,12 @@
-"""Shared helpers for the benchmarks: wall time and peak resident memory of a call."""
+"""Shared helpers for the benchmarks: wall time and peak resident memory of a call; the commit a
+record comes from."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -47,3 +50,14 @@ def report(name: str, fast: Measured, slow: Measured, target: str) -> float:
     print(f"{name}: fast {fast.seconds:.2f}s (peak +{fast.peak_mib:.0f} MiB), "
           f"reference {slow.seconds:.2f}s (peak +{slow.peak_mib:.0f} MiB), ratio {ratio:.2f}x  [target {target}]")
     return ratio
+
+
+def git_state() -> dict:
+    """This checkout's commit and whether its tracked files have uncommitted changes, for a record's
+    provenance (read when the command starts)."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=root).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from _common import git_state
 from juice.experiments.table1 import reproduce
 from juice.models import load_model
 from juice.pipeline.compare import ENGINE_RECORD, compare_files
@@ -82,16 +82,11 @@ def provenance(from_runs: Path | None = None, argv: list[str] | None = None) -> 
     import juice
     from juice.vllm.launch import find_vllm_python, vllm_platform
 
-    root = Path(__file__).resolve().parents[1]
-
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=root).stdout.strip()
-
     python = find_vllm_python(required=False)
     platform = vllm_platform(python) if python else {"vllm": None, "device": None, "torch": None}
     args = sys.argv[1:] if argv is None else argv
     return {"command": shlex.join(["python", "benchmarks/bench_main_job.py", *args]),
-            "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            **git_state(),
             "juice": juice.__version__, "torch": torch.__version__, "vllm": platform["vllm"],
             "vllm_torch": platform["torch"], "vllm_device": platform["device"],
             "from_runs": None if from_runs is None else str(from_runs)}

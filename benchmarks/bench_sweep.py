@@ -15,11 +15,12 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _common import git_state
 
 SWEEP = """[grid]
 models = ["gemma-3-270m"]
@@ -37,13 +38,8 @@ def provenance(argv: list[str]) -> dict:
 
     import juice
 
-    root = Path(__file__).resolve().parents[1]
-
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=root).stdout.strip()
-
-    return {"command": shlex.join(["python", "benchmarks/bench_sweep.py", *argv]), "commit": git("rev-parse", "HEAD"),
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")), "juice": juice.__version__,
+    return {"command": shlex.join(["python", "benchmarks/bench_sweep.py", *argv]), **git_state(),
+            "juice": juice.__version__,
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
             "machine": f"{os.cpu_count()} CPU cores, torch {torch.__version__}"}
 
