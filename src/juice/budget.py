@@ -77,7 +77,7 @@ def auto_max_rows(
         budget_bytes = int(fraction * available_bytes(lm.device))
     if budget_bytes <= 0:
         raise ValueError(f"the memory budget must be positive, got {budget_bytes}")
-    per_row = row_bytes(lm.model.config, seq_len, lm.model.dtype)
+    per_row = row_bytes(lm.config, seq_len, lm.dtype)
     return max(1, min(cap, budget_bytes // per_row))
 
 

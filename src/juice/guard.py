@@ -55,7 +55,7 @@ def policy() -> str:
 
 def attention_implementation(lm: LoadedModel) -> str:
     """The model's attention implementation ("sdpa", "eager", "flash_attention_2", ...)."""
-    return str(getattr(lm.model.config, "_attn_implementation", None) or "unknown")
+    return str(getattr(lm.config, "_attn_implementation", None) or "unknown")
 
 
 def combination(lm: LoadedModel) -> tuple[str, ...]:
@@ -63,8 +63,8 @@ def combination(lm: LoadedModel) -> tuple[str, ...]:
     architecture), device type, attention implementation, dtype, transformers version."""
     import transformers
 
-    return (type(lm.model).__name__, str(lm.model.config.model_type), lm.name, lm.device.type,
-            attention_implementation(lm), str(lm.model.dtype), transformers.__version__)
+    return (type(lm.model).__name__, str(lm.config.model_type), lm.name, lm.device.type,
+            attention_implementation(lm), str(lm.dtype), transformers.__version__)
 
 
 def needs_check(lm: LoadedModel) -> bool:
@@ -127,7 +127,7 @@ def check_batch(
     """
     if len(set(lengths)) < 2:
         return batched   # nothing padded: nothing to check yet
-    half = lm.model.dtype in (torch.bfloat16, torch.float16)
+    half = lm.dtype in (torch.bfloat16, torch.float16)
     atol, allowed = (5e-2, 1) if half else (1e-3, 0)
     rows = sorted(range(len(lengths)), key=lambda r: (lengths[r], r))[:ROWS]   # shortest = most padded
     verdicts = [_compare(_row(decode_alone(r), 0), _row(batched, r), atol) for r in rows]

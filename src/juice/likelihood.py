@@ -54,7 +54,7 @@ def sequence_logits(
     """
     batch = pad_left(sequences, lm.tokenizer.pad_token_id)
     n = len(sequences)
-    layout = row_layout(lm.heads.geometry, [Stream(i, steering) for i in range(n)], list(range(n)), [None] * n,
+    layout = row_layout(lm.geometry, [Stream(i, steering) for i in range(n)], list(range(n)), [None] * n,
                         share=False)   # the engine's rows: JuICE's [clean, steered] per sequence
     index, out_rows = torch.tensor(layout.prompts), torch.tensor(layout.out_row)
     ids, mask, positions = (t[index].to(lm.device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))

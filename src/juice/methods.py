@@ -68,7 +68,7 @@ class MethodInputs:
 
     @property
     def geometry(self) -> HeadGeometry:
-        return self.model if isinstance(self.model, HeadGeometry) else self.model.heads.geometry
+        return self.model if isinstance(self.model, HeadGeometry) else self.model.geometry
 
 
 @dataclass(frozen=True)

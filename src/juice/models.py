@@ -15,6 +15,8 @@ import json
 import os
 import shutil
 import tempfile
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from juice.architectures import ModelHeads, adapter_for
+from juice.architectures import HeadGeometry, ModelHeads, adapter_for
 from juice.selfcheck import check_loaded_model
 
 DEFAULT_MODEL = "gemma-3-270m"
@@ -67,6 +69,121 @@ class LoadedModel:
         :func:`model_fingerprint` and a checksum of how the tokenizer encodes a fixed sentence."""
         return {**model_fingerprint(self.model, self.heads, self.name),
                 "tokenizer_sha256_16": tokenizer_fingerprint(self.tokenizer)}
+
+    # What a caller may read without the weights (a :class:`DeferredModel` answers these unloaded).
+    loaded = True
+    """Whether the weights are in memory (always, but for a :class:`DeferredModel` not yet used)."""
+
+    @property
+    def config(self) -> Any:
+        """The model's config (`PretrainedConfig`)."""
+        return self.model.config
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The parameters' dtype."""
+        return self.model.dtype
+
+    @property
+    def geometry(self) -> HeadGeometry:
+        """Layers, heads per layer and head dimension (:class:`juice.architectures.HeadGeometry`)."""
+        return self.heads.geometry
+
+    @property
+    def architectures(self) -> list[str]:
+        """The model's class names as its config states them (else its class's name)."""
+        return list(getattr(self.config, "architectures", None) or [type(self.model).__name__])
+
+
+class DeferredModel(LoadedModel):
+    """A :class:`LoadedModel` whose weights load the first time something reads `model` or
+    `heads` (a forward, a hook, a weight), on the device it was asked for; its tokenizer, config,
+    dtype, head geometry, device and fingerprint are there from the start, read from the
+    checkpoint without its weights (:func:`load_model` with `defer=True`, issue 75: on
+    `--engine vllm`, juice's own copy of the model is loaded only by a stage that runs on juice's
+    engine).
+
+    The fingerprint's checksum comes from the checkpoint's rows of layer 0's output projection; on
+    loading, the loaded model's fingerprint must equal it.
+
+    Raises (on first use of `model` or `heads`):
+        juice.selfcheck.ModelLoadError: the loaded weights' fingerprint differs from the one read
+            from the checkpoint, or the self-check fails.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, name: str, skeleton: PreTrainedModel,
+                 fingerprint: dict[str, Any], device: torch.device, load: Any):
+        self.tokenizer = tokenizer
+        self.name = name
+        self.kv_cache = os.environ.get("JUICE_KV_CACHE", "dynamic")
+        self.compile_step = os.environ.get("JUICE_COMPILE_STEP", "0") == "1"
+        self._skeleton = skeleton          # the model on the meta device: config, shapes, no weights
+        self._geometry = ModelHeads(skeleton).geometry
+        self._fingerprint = fingerprint
+        self._device = device
+        self._load = load
+        self._loaded: LoadedModel | None = None
+        self._lock = threading.Lock()
+        self.load_seconds: float | None = None
+
+    def _ensure(self) -> LoadedModel:
+        with self._lock:
+            if self._loaded is None:
+                started = time.perf_counter()
+                loaded = self._load()
+                theirs = {k: v for k, v in loaded.fingerprint().items() if k != "tokenizer_sha256_16"}
+                mine = {k: v for k, v in self._fingerprint.items() if k != "tokenizer_sha256_16"}
+                if theirs != mine:
+                    from juice.selfcheck import ModelLoadError
+
+                    changed = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+                    raise ModelLoadError(f"{self.name}: the loaded weights' fingerprint differs from the one read "
+                                         f"from the checkpoint at start ({', '.join(changed)}); did the files "
+                                         "change during the run?")
+                self._loaded = loaded
+                self.load_seconds = time.perf_counter() - started
+            return self._loaded
+
+    @property
+    def loaded(self) -> bool:   # type: ignore[override]
+        return self._loaded is not None
+
+    @property
+    def model(self) -> PreTrainedModel:   # type: ignore[override]
+        return self._ensure().model
+
+    @property
+    def heads(self) -> ModelHeads:   # type: ignore[override]
+        return self._ensure().heads
+
+    @property
+    def config(self) -> Any:
+        return self._skeleton.config
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._skeleton.dtype
+
+    @property
+    def geometry(self) -> HeadGeometry:
+        return self._geometry
+
+    @property
+    def architectures(self) -> list[str]:
+        return list(getattr(self.config, "architectures", None) or [type(self._skeleton).__name__])
+
+    @property
+    def device(self) -> torch.device:
+        return self._loaded.device if self._loaded is not None else self._device
+
+    def fingerprint(self) -> dict[str, Any]:
+        return dict(self._fingerprint)
+
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"DeferredModel({self.name!r}, {'loaded' if self.loaded else 'not loaded'}, device={self.device})"
 
 
 TOKENIZER_CANARY = "The name of the capital city of France is Paris. São Tomé, 1969: «Ünïcödé»!"
@@ -240,6 +357,7 @@ def load_model(
     offload_folder: str | Path | None = None,
     device: str | torch.device | None = "auto",
     self_check: bool = True,
+    defer: bool = False,
 ) -> LoadedModel:
     """Load a causal LM for head interventions.
 
@@ -259,6 +377,11 @@ def load_model(
         self_check: refuse a model whose tokenizer or weights loaded wrong
             (:func:`juice.selfcheck.check_loaded_model`: round trip, BOS, vocabulary; for the
             embedded aliases, known ids and a canary prompt).
+        defer: return a :class:`DeferredModel`: the tokenizer, config and fingerprint now, the
+            weights when first used (the tokenizer's self-check now, the canary then). Where the
+            checkpoint's layer-0 output projection cannot be read without loading (no safetensors,
+            a GGUF not yet converted, a `device_map`, an unexpected parameter name), the model loads
+            now, as without `defer`.
 
     Returns:
         LoadedModel in eval mode, with a left-padding tokenizer that adds BOS.
@@ -281,6 +404,15 @@ def load_model(
         if not gguf.is_file():
             raise FileNotFoundError(f"no GGUF file at {gguf}")
         cache_key = f"{gguf.stem}-{gguf.stat().st_size}"
+    if defer and device_map is None and offload_folder is None:
+        if gguf is None:
+            source = spec
+        else:
+            converted = cache_dir() / "models" / cache_key
+            source = str(converted) if use_cache_dir and _cached_conversion_ok(converted) else None
+        if source is not None and (lm := _deferred(source, spec, dtype, attn_implementation, target,
+                                                   self_check)) is not None:
+            return lm
     kwargs: dict[str, Any] = {"dtype": dtype}
     if device_map is not None:
         kwargs["device_map"] = device_map
@@ -310,16 +442,95 @@ def load_model(
             said = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise OSError(f"could not load {spec!r}: not an embedded alias ({', '.join(EMBEDDED_MODELS)}), "
                           f"a model directory or a .gguf file, and the hub gave: {said}") from err
+    lm = _bind(model, _prepare_tokenizer(tokenizer), spec, target, self_check)
+    if gguf is not None and use_cache_dir and extra:   # a new conversion, cached only once it passed
+        _atomic_save(model, tokenizer, converted)
+    return lm
+
+
+def _bind(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str, target: torch.device | None,
+          self_check: bool) -> LoadedModel:
+    """The loaded model on `target`, in eval mode, bound to its heads; self-checked."""
     if target is not None and target.type != "cpu":
         model.to(target)
     model.eval()
     model.requires_grad_(False)
-    lm = LoadedModel(model, _prepare_tokenizer(tokenizer), ModelHeads(model), spec)
+    lm = LoadedModel(model, tokenizer, ModelHeads(model), name)
     if self_check:
-        check_loaded_model(lm, spec if spec in EMBEDDED_MODELS else None)
-    if gguf is not None and use_cache_dir and extra:   # a new conversion, cached only once it passed
-        _atomic_save(model, tokenizer, converted)
+        check_loaded_model(lm, name if name in EMBEDDED_MODELS else None)
     return lm
+
+
+def _deferred(source: str, name: str, dtype: torch.dtype, attn_implementation: str | None,
+              target: torch.device | None, self_check: bool) -> DeferredModel | None:
+    """A :class:`DeferredModel` of `source` (a model directory or hub id), or None where its
+    checkpoint's layer-0 output projection is not found in safetensors files."""
+    import copy
+
+    if source.startswith((".", "/", "~")) and not Path(source).expanduser().exists():
+        raise FileNotFoundError(f"no model directory at {source}")
+    try:
+        config, attn = _config_and_attention(source, {})
+        tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(source, config=config))
+    except OSError:
+        return None   # load_model's own road says what went wrong, in one line
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=dtype,
+                                                    attn_implementation=attn_implementation or attn)
+    heads = ModelHeads(skeleton)
+    names = {id(module): path for path, module in skeleton.named_modules()}
+    key = f"{names[id(heads.projections[0])]}.weight"
+    rows = _checkpoint_rows(source, key, skeleton.base_model_prefix)
+    if rows is None:
+        return None
+    fingerprint = {**model_fingerprint(skeleton, heads, name), **weights_digests(rows.to(dtype)),
+                   "tokenizer_sha256_16": tokenizer_fingerprint(tokenizer)}
+    def load() -> LoadedModel:   # the weights alone: config and tokenizer are read already
+        model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=dtype,
+                                                     attn_implementation=attn_implementation or attn)
+        return _bind(model, tokenizer, name, target, self_check)
+
+    lm = DeferredModel(tokenizer, name, skeleton, fingerprint, target or torch.device("cpu"), load)
+    if self_check:
+        check_loaded_model(lm, name if name in EMBEDDED_MODELS else None)   # the tokenizer now, the canary on load
+    return lm
+
+
+def _checkpoint_rows(source: str, key: str, prefix: str, n: int = 8) -> torch.Tensor | None:
+    """The first `n` rows of parameter `key` (or `key` less the `prefix.` a base model's
+    checkpoint lacks) as stored in `source`'s safetensors files, or None where there are none or
+    no such parameter; reads those rows, not the file."""
+    from safetensors import safe_open
+
+    def find(filename: str) -> Path | None:
+        folder = Path(source).expanduser()
+        if folder.is_dir():
+            return folder / filename if (folder / filename).is_file() else None
+        from transformers.utils import cached_file
+
+        try:
+            found = cached_file(source, filename, _raise_exceptions_for_missing_entries=False)
+        except OSError:
+            return None
+        return Path(found) if found else None
+
+    candidates = [key] + ([key.removeprefix(prefix + ".")] if key.startswith(prefix + ".") else [])
+    if (index := find("model.safetensors.index.json")) is not None:
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        hit = next((k for k in candidates if k in weight_map), None)
+        if hit is None:
+            return None
+        file = find(weight_map[hit])
+    else:
+        file, hit = find("model.safetensors"), None
+    if file is None:
+        return None
+    with safe_open(str(file), framework="pt") as f:
+        keys = set(f.keys())
+        hit = hit or next((k for k in candidates if k in keys), None)
+        if hit is None:
+            return None
+        return f.get_slice(hit)[:n]
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:

@@ -189,7 +189,7 @@ class Steerer:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         ids = token_ids(lm.tokenizer, prompt)
-        limit = context_length(lm.model)
+        limit = context_length(lm)
         if limit is not None and len(ids) > limit - max_new_tokens:
             raise PromptTooLongError(f"a prompt has {len(ids)} tokens; the model's context holds "
                                      f"{limit - max_new_tokens} with {max_new_tokens} new tokens")

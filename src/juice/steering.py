@@ -116,7 +116,7 @@ ORIGINAL = Steering()
 
 
 def _geometry(model: "LoadedModel | HeadGeometry") -> HeadGeometry:
-    return model if isinstance(model, HeadGeometry) else model.heads.geometry
+    return model if isinstance(model, HeadGeometry) else model.geometry
 
 
 def JuICE(model: "LoadedModel | HeadGeometry", heads: HeadSelection, beta_plus: float, beta_minus: float) -> Steering:

@@ -171,7 +171,7 @@ def evaluate_rows(
     requests = []
     for i, row in enumerate(rows):
         for name, method in methods.items():
-            prompt = instructed_prompt(row, direction, lm.model.config.model_type) if method.instructed else row.prompt
+            prompt = instructed_prompt(row, direction, lm.config.model_type) if method.instructed else row.prompt
             target = answer_first_token(lm.tokenizer, prompt, row.target)
             other = answer_first_token(lm.tokenizer, prompt, row.other) if row.other else target
             if method.contrastive is not None and not row.question:

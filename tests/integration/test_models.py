@@ -115,3 +115,49 @@ def test_a_cached_conversion_is_reused_only_under_the_versions_that_made_it(tmp_
     assert not _cached_conversion_ok(tmp_path)                      # made by a version that converts wrongly
     (tmp_path / STAMP).write_text(json.dumps(_conversion_stamp()))
     assert _cached_conversion_ok(tmp_path)
+
+
+def test_a_deferred_model_has_its_fingerprint_and_shape_before_its_weights(tiny, tmp_path):
+    """`defer=True` (the vLLM engine's copy of the model): tokenizer, config, dtype, geometry and the
+    fingerprint come from the checkpoint without the weights, equal to the loaded model's; the
+    weights load on first use and then decode as the eagerly loaded model does."""
+    from juice.models import DeferredModel
+
+    tiny.model.save_pretrained(tmp_path)
+    tiny.tokenizer.save_pretrained(tmp_path)
+    eager = load_model(str(tmp_path), device="cpu", self_check=False)
+    deferred = load_model(str(tmp_path), device="cpu", self_check=False, defer=True)
+    assert isinstance(deferred, DeferredModel) and not deferred.loaded
+    assert deferred.fingerprint() == eager.fingerprint()
+    assert (deferred.geometry, deferred.dtype, deferred.architectures, deferred.device) == \
+        (eager.geometry, eager.dtype, eager.architectures, eager.device)
+    assert deferred.config.to_dict() == eager.config.to_dict()
+    assert not deferred.loaded   # none of the above loaded the weights
+    assert torch.equal(greedy_generate(deferred, PROMPTS, 4).tokens, greedy_generate(eager, PROMPTS, 4).tokens)
+    assert deferred.loaded and deferred.load_seconds is not None
+
+
+def test_a_deferred_model_whose_checkpoint_changed_is_refused_on_loading(tmp_path):
+    from juice.selfcheck import ModelLoadError
+
+    build_tiny("llama", seed=0).model.save_pretrained(tmp_path)
+    lm = build_tiny("llama", seed=0)
+    lm.tokenizer.save_pretrained(tmp_path)
+    deferred = load_model(str(tmp_path), device="cpu", self_check=False, defer=True)
+    build_tiny("llama", seed=1).model.save_pretrained(tmp_path)   # other weights under the same name
+    with pytest.raises(ModelLoadError, match="fingerprint differs .*weights_sha256_16"):
+        deferred.model
+    assert not deferred.loaded
+
+
+def test_defer_falls_back_to_loading_where_the_checkpoint_has_no_safetensors(tmp_path):
+    from juice.models import DeferredModel
+
+    lm = build_tiny("llama")
+    lm.model.save_pretrained(tmp_path)
+    lm.tokenizer.save_pretrained(tmp_path)
+    torch.save(lm.model.state_dict(), tmp_path / "pytorch_model.bin")   # the old format, which transformers reads
+    (tmp_path / "model.safetensors").unlink()
+    loaded = load_model(str(tmp_path), device="cpu", self_check=False, defer=True)
+    assert not isinstance(loaded, DeferredModel) and loaded.loaded
+    assert loaded.fingerprint()["weights_sha256_16"] == lm.fingerprint()["weights_sha256_16"]

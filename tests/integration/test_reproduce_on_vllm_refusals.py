@@ -75,3 +75,35 @@ def test_stage_1_runs_on_juices_engine_where_asked_and_the_run_records_it(tiny_l
                                      "head once)")
     with pytest.raises(ValueError, match="stage1_engine must be juice or the run's engine"):
         ReproduceConfig(engine="juice", stage1_engine="vllm")
+
+
+def test_on_vllm_juices_copy_of_the_model_waits_for_a_stage_that_needs_it(tmp_path):
+    """Issue 75: with `--engine vllm` the run starts with the tokenizer, config and fingerprint of
+    juice's copy (:class:`juice.models.DeferredModel`), not its weights, and results.json says
+    whether a stage loaded them; juice's own engine loads them at start."""
+    from conftest import build_tiny
+
+    from juice.engine.backend import JuiceEngine
+    from juice.models import DeferredModel
+    from juice.pipeline.run import start_run
+
+    class Standin(JuiceEngine):
+        name = "vllm"
+
+        def check(self, lm):
+            pass
+
+    lm = build_tiny("llama")
+    lm.model.save_pretrained(tmp_path / "model")
+    lm.tokenizer.save_pretrained(tmp_path / "model")
+    cfg = ReproduceConfig(model=str(tmp_path / "model"), out_dir=tmp_path / "out", engine="vllm", device="cpu", **TINY)
+    run, timings = start_run(cfg, None, engine=Standin())
+    assert isinstance(run.lm, DeferredModel) and "load_model" in timings
+    assert run.engine_record()["juice_copy"] == {"loaded": False, "device": "cpu"}
+    assert run.lm.fingerprint()["weights_sha256_16"] == lm.fingerprint()["weights_sha256_16"]
+    run.lm.heads   # a stage on juice's engine (PH3's path patching) reads the heads
+    record = run.engine_record()["juice_copy"]
+    assert record["loaded"] and record["load_seconds"] >= 0
+    own, _ = start_run(ReproduceConfig(model=str(tmp_path / "model"), out_dir=tmp_path / "own", device="cpu", **TINY),
+                        None)
+    assert not isinstance(own.lm, DeferredModel) and "juice_copy" not in own.engine_record()

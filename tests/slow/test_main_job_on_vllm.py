@@ -39,8 +39,7 @@ def test_a_short_main_job_on_vllm_gives_juices_table_on_the_embedded_model(real_
     juice_out, vllm_out = tmp_path / "juice", tmp_path / "vllm"
     reproduce(ReproduceConfig(model="gemma-3-270m", out_dir=juice_out, **SHORT), lm=real_model)
     with VllmEngine("gemma-3-270m", vllm_out / "vllm", log=lambda line: None) as engine:
-        reproduce(ReproduceConfig(model="gemma-3-270m", out_dir=vllm_out, engine="vllm", **SHORT), lm=real_model,
-                  engine=engine)
+        reproduce(ReproduceConfig(model="gemma-3-270m", out_dir=vllm_out, engine="vllm", **SHORT), engine=engine)
     mine, theirs = (bench_main_job._scores(out / "heads.json") for out in (juice_out, vllm_out))
     assert mine.keys() == theirs.keys() and len(mine) == 2 * 18 * 4 * 3   # every head, both signs, three types
     assert max(abs(mine[k] - theirs[k]) for k in mine) <= 1e-4
@@ -52,6 +51,7 @@ def test_a_short_main_job_on_vllm_gives_juices_table_on_the_embedded_model(real_
     assert compared.same, compared.differences[:10]
     record = json.loads((vllm_out / "results.json").read_text())["protocol"]["engine"]
     assert record["stages"]["stage 1"] == "vllm" and set(record["rows"].values()) == {"vllm"}
+    assert record["juice_copy"] == {"loaded": False, "device": "cpu"}   # no stage needed juice's copy's weights
 
 
 @pytest.mark.long

@@ -209,7 +209,7 @@ def head_knockout_deltas(
     Raises:
         EmptyAnswerError: an answer tokenizes to nothing.
     """
-    g = lm.heads.geometry
+    g = lm.geometry
     heads = [Head(l, h) for l in range(g.n_layers) for h in range(g.n_heads)]
     interventions = [(head, -1.0) for head in heads]
     deltas = torch.zeros(len(items), len(conflict_types), 2, g.n_layers, g.n_heads, dtype=torch.float64)
@@ -325,7 +325,7 @@ def component_deltas(
     Returns:
         (deltas `[n_items, n_types, n_kinds, n_layers]`, clean probabilities `[n_items, n_types]`).
     """
-    n_layers = lm.heads.geometry.n_layers
+    n_layers = lm.geometry.n_layers
     components = all_components(n_layers)
     deltas = np.zeros((len(items), len(conflict_types), len(KINDS), n_layers))
     clean = np.zeros((len(items), len(conflict_types)))

@@ -117,7 +117,7 @@ def cumulative_probs(
     once, twice, clean = [], [], 0.0
     for start in range(0, len(ns), per_chunk):
         chunk = list(ns[start:start + per_chunk])
-        plan = cumulative_plan(lm.heads.geometry, ranked, chunk, alpha)
+        plan = cumulative_plan(lm.geometry, ranked, chunk, alpha)
         rows = plan.source.shape[0]
         with planned_rows(lm.heads, plan):
             hidden = lm.model.base_model(input_ids=ids.expand(rows, -1), use_cache=False).last_hidden_state[:, -1]

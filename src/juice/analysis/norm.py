@@ -187,7 +187,7 @@ def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_
     setup = benchmark_setup(lm, options, progress, test_items=test_items)
     post = _post_norm_betas(lm, setup, options, progress)
     head_domain = next(iter(setup.splits)) if "world_capital" not in setup.splits else "world_capital"
-    g = lm.heads.geometry
+    g = lm.geometry
     betas: dict[str, dict[str, tuple[float, float]]] = {}
     results: list[ItemResult] = []
     known: set[tuple[str, str]] = set()
@@ -252,8 +252,8 @@ def _norm_markdown(result: NormResult, lm: LoadedModel, notes: list[str]) -> lis
     t_all, t_known, att, betas = result.table, result.table_known, result.attenuation, result.betas
     cols, headers = table1_columns(result.domains, result.titles)
     avg = [(c, h) for c, h in zip(cols, headers) if c[0] == "Average"]
-    arch = (f"{lm.model.config.model_type} normalizes each attention output (`{POST_NORMS[lm.model.config.model_type]}`)"
-            if result.post_norm else f"{lm.model.config.model_type} has no attention output norm: the variants coincide")
+    arch = (f"{lm.config.model_type} normalizes each attention output (`{POST_NORMS[lm.config.model_type]}`)"
+            if result.post_norm else f"{lm.config.model_type} has no attention output norm: the variants coincide")
     att_lines = [f"- beta = {b}: " + ", ".join(f"{h} {100 * v:.0f}%" for h, v in per.items()) for b, per in att.items()]
     md = [f"# {result.title}\n",
           f"Model {lm.name}; {arch}. Pre-norm = the paper's JuICE / JuNE (the output projection's input); "

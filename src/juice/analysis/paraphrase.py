@@ -130,7 +130,7 @@ def benchmark_setup(lm: LoadedModel, options: AnalysisOptions, progress: Progres
 
 def method_steerings(lm: LoadedModel, setup: BenchmarkSetup, domain: str) -> dict[str, Steering]:
     """Original, JuNE and JuICE with `domain`'s betas."""
-    g = lm.heads.geometry
+    g = lm.geometry
     out = {REGISTRY["original"].title: Steering()}
     for m in STEERINGS:
         bp, bm = setup.betas[domain][m]

@@ -359,7 +359,7 @@ def run_robustness(lm: LoadedModel, options: AnalysisOptions, progress: Progress
             notes.append(f"|D| = {d}: only {len(sel.positive)} positive / {len(sel.negative)} negative heads pass "
                          f"the consistency filter; a larger K steers those")
 
-    g = lm.heads.geometry
+    g = lm.geometry
     plan = sweep_settings(grid)
     steerings: dict[str, Steering] = {"Original": Steering()}
     name_of: dict[Setting, str] = {}

@@ -151,7 +151,7 @@ def logit_difference_effects(
     """
     if not prompts:
         raise ValueError("PH3 needs at least one development prompt")
-    g = lm.heads.geometry
+    g = lm.geometry
     interventions = [(Head(l, h), -1.0) for l in range(g.n_layers) for h in range(g.n_heads)]
     engine = engine_or_default(engine)
 
@@ -167,7 +167,7 @@ def _mean_effects(lm: LoadedModel, prompts: Sequence, unit_kind: str, measure: C
     """Both PH3 scorers' loop: per prompt, `measure(prompt)` -> (clean LD, `[n_layers * n_heads]`
     LD with each head intervened), saved per prompt under `unit_kind` in `checkpoint` (a
     resumed run reads it back); the mean effect LD - LD_clean over prompts."""
-    g = lm.heads.geometry
+    g = lm.geometry
     total = torch.zeros(g.n_layers * g.n_heads, dtype=torch.float64)
     clean_ld = []
     for i, prompt in enumerate(prompts):
@@ -273,7 +273,7 @@ def ph3_patching_prompts(
 def _last_position_heads(lm: LoadedModel, prompt: str) -> tuple[dict[int, Tensor], Tensor]:
     """Every layer's head outputs at the last position of `prompt` (layer -> `[n_heads,
     head_dim]`, on that layer's device) and the prompt's token ids `[seq]`."""
-    g = lm.heads.geometry
+    g = lm.geometry
     ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
     store: dict[int, Tensor] = {}
 
@@ -306,7 +306,7 @@ def path_patching_ld(
     Raises:
         IndexError: a head is out of range.
     """
-    g = lm.heads.geometry
+    g = lm.geometry
     check_heads(list(heads), g)
     original, ids = _last_position_heads(lm, pp.prompt)
     counterfactual, _ = _last_position_heads(lm, pp.counterfactual)
@@ -367,7 +367,7 @@ def path_patching_effects(
     """
     if not prompts:
         raise ValueError("PH3 needs at least one development prompt")
-    g = lm.heads.geometry
+    g = lm.geometry
     heads = [Head(l, h) for l in range(g.n_layers) for h in range(g.n_heads)]
     return _mean_effects(lm, prompts, "ph3-path", lambda pp: path_patching_ld(lm, pp, heads, max_rows),
                          checkpoint, on_progress)

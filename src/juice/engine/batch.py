@@ -210,7 +210,7 @@ def generate(
     if forced_tokens is not None and forced_tokens.shape != (n, max_new_tokens):
         raise ValueError(f"forced_tokens must be [n_streams, max_new_tokens] = {(n, max_new_tokens)}")
     ids = [token_ids(lm.tokenizer, p) for p in prompts]
-    limit = context_length(lm.model)
+    limit = context_length(lm)
     if limit is not None and ids and max(map(len, ids)) > limit - max_new_tokens:
         raise PromptTooLongError(f"a prompt has {max(map(len, ids))} tokens; the model's context holds "
                                  f"{limit - max_new_tokens} with {max_new_tokens} new tokens")

@@ -369,7 +369,7 @@ class DecodingSession:
             self._mask = torch.cat([self._mask, self._mask.new_ones(self._mask.shape[0], 1)], dim=1)
         if self._rows is None:   # rebuilt only when streams joined or left
             streams = self.running
-            self._rows = row_layout(self.lm.heads.geometry, [s.stream for s in streams],
+            self._rows = row_layout(self.lm.geometry, [s.stream for s in streams],
                                     [s.prompt_key for s in streams], [s.question_key for s in streams], share=False)
         step = fwd.compiled_forward(self.lm) if self.compiled else fwd.forward_last
         with self._applier(self.running)(self.lm.heads, self._rows.plan):
@@ -380,7 +380,7 @@ class DecodingSession:
         device = self.lm.device
         applier = self._applier(streams)
         grow = not self.static and applier is planned_rows
-        layout = row_layout(self.lm.heads.geometry, [s.stream for s in streams], [s.prompt_key for s in streams],
+        layout = row_layout(self.lm.geometry, [s.stream for s in streams], [s.prompt_key for s in streams],
                             [s.question_key for s in streams], share=True, grow=grow)
         ids_of = {s.prompt_key: s.ids for s in streams} | {s.question_key: s.question_ids for s in streams
                                                            if s.question_ids is not None}
@@ -391,7 +391,7 @@ class DecodingSession:
         if self.static:   # written in place; the slots not yet written are hidden by the causal mask
             from transformers import StaticCache
 
-            cache = StaticCache(config=self.lm.model.config,
+            cache = StaticCache(config=self.lm.config,
                                 max_cache_len=ids.shape[1] + max(s.max_new_tokens for s in streams))
         joining = layout.copies[first:]
         echo = [k for k, s in enumerate(streams) if s.prompt_logprobs is not None]

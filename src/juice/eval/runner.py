@@ -265,7 +265,7 @@ def evaluate(
     if any(m.contrastive is not None for m in methods.values()):
         raise ValueError("CAD, AdaCAD and CK-PLUG apply to the contextual direction; use evaluate_contextual")
     meta, requests = [], []
-    model_type = lm.model.config.model_type
+    model_type = lm.config.model_type
     for ex in examples:
         for t in conflict_types:
             for name, method in methods.items():

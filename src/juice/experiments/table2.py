@@ -281,7 +281,7 @@ def study_line(dataset: str, headline: Mapping[str, Any]) -> str:
 
 def _cad_rows(lm: LoadedModel) -> dict[str, Method]:
     """Table 2's contrastive baselines, CAD and AdaCAD, from the method registry."""
-    return {REGISTRY[m].title: build(m, MethodInputs(lm.heads.geometry)).method for m in ("cad", "adacad")}
+    return {REGISTRY[m].title: build(m, MethodInputs(lm.geometry)).method for m in ("cad", "adacad")}
 
 
 def _write(result: ReproduceResult, results, out: Path) -> None:

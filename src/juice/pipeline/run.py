@@ -66,8 +66,14 @@ class StageRun:
 
     def engine_record(self) -> dict[str, Any]:
         """results.json's `protocol.engine`: the run's engine, where each stage ran and where each
-        table row was decoded; for vLLM also :meth:`juice.vllm.engine.VllmEngine.provenance`."""
+        table row was decoded; for vLLM also whether juice's own copy of the model was loaded
+        (`juice_copy`: loaded, device, seconds; :class:`juice.models.DeferredModel`) and
+        :meth:`juice.vllm.engine.VllmEngine.provenance`."""
         record = {"name": self.engine.name, "stages": dict(self.engines), "rows": dict(self.row_engines)}
+        if self.engine.name != "juice":   # juice's own copy of the model: loaded only by a stage on juice's engine
+            seconds = getattr(self.lm, "load_seconds", None)
+            record["juice_copy"] = {"loaded": self.lm.loaded, "device": str(self.lm.device),
+                                    **({"load_seconds": round(seconds, 3)} if seconds is not None else {})}
         provenance = getattr(self.engine, "provenance", None)
         if provenance is not None:   # vLLM: its version, device, requests and server starts (within the stages' times)
             record.update(provenance())
@@ -236,7 +242,8 @@ def start_run(cfg: ReproduceConfig, lm: LoadedModel | None, progress: Progress =
         from juice.vllm.engine import local_device
 
         lm = load_model(cfg.model, dtype=getattr(torch, cfg.dtype), device_map=cfg.device_map,
-                        device=local_device(cfg.engine, cfg.device, cfg.stage1_engine))
+                        device=local_device(cfg.engine, cfg.device, cfg.stage1_engine),
+                        defer=cfg.engine != "juice")   # loaded by the first stage run on juice's engine
     engine.check(lm)
     if cfg.engine == "vllm":
         from juice.vllm.engine import check_shared_gpu

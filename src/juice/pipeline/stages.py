@@ -293,7 +293,7 @@ def domain_methods(lm: LoadedModel, selection: HeadSelection, choice: dict[str, 
                    ph3_rows: Sequence[str], instructed: bool = True) -> dict[str, Method]:
     """The table's rows for one domain: Original, Prompt, the PH3 rows with the domain's k, and
     JuNE and JuICE with the domain's betas."""
-    g = lm.heads.geometry
+    g = lm.geometry
     methods: dict[str, Method] = {REGISTRY["original"].title: build("original", MethodInputs(g)).method}
     if baselines and instructed:
         methods[REGISTRY["prompt"].title] = build("prompt", MethodInputs(g)).method

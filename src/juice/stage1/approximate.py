@@ -27,7 +27,7 @@ def head_attributions(lm: LoadedModel, prompt: str, target_token: int) -> Tensor
     Returns:
         `[n_layers, n_heads]` attributions A.
     """
-    g = lm.heads.geometry
+    g = lm.geometry
     ids = encode(lm.tokenizer, [prompt]).input_ids.to(lm.device)
     saved: dict[int, Tensor] = {}
 
@@ -65,7 +65,7 @@ def attribution_scores(
 ) -> HeadScores:
     """Linear estimate of :func:`score_heads`: score(h, alpha) ~= alpha * A[h], summed over D.
     With `checkpoint`, per-prompt attributions are saved and reused (resumable)."""
-    g = lm.heads.geometry
+    g = lm.geometry
     alphas = (*map(float, alphas_positive), *map(float, alphas_negative))
     types = tuple(dict.fromkeys(p.conflict_type for p in prompts))
     per_type = torch.zeros(len(types), g.n_layers, g.n_heads, dtype=torch.float64)

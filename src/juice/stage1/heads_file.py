@@ -64,7 +64,7 @@ def make_artifact(
 ) -> HeadsArtifact:
     """Bundle a selection with the model fingerprint, D, the alphas and the per-type scores."""
     per_head = {}
-    g = lm.heads.geometry
+    g = lm.geometry
     for sign in "+-":
         pt = scores.per_type(sign)
         per_head[sign] = {
@@ -161,7 +161,7 @@ def load_heads(path: str | Path, lm: LoadedModel | None = None) -> HeadsArtifact
         if mismatch is not None:
             raise HeadsFileMismatchError(f"{path} {mismatch}")
         try:
-            check_heads(list(artifact.selection.positive) + list(artifact.selection.negative), lm.heads.geometry)
+            check_heads(list(artifact.selection.positive) + list(artifact.selection.negative), lm.geometry)
         except IndexError as err:
             raise ValueError(f"{path}: {err}") from None
     return artifact

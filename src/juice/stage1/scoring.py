@@ -137,7 +137,7 @@ def score_heads(
             (:meth:`juice.engine.backend.Engine.intervention_probs_many`: an engine that serves
             requests asks each (head, alpha) of all those prompts at once). The same values.
     """
-    g = lm.heads.geometry
+    g = lm.geometry
     alphas = (*map(float, alphas_positive), *map(float, alphas_negative))
     types = tuple(dict.fromkeys(p.conflict_type for p in prompts))
     if heads is None:

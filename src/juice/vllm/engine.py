@@ -200,7 +200,7 @@ class VllmEngine:
 
         require("vllm", "--engine vllm")
 
-        served = list(getattr(lm.model.config, "architectures", None) or [type(lm.model).__name__])
+        served = lm.architectures
         if not any(a in ARCHITECTURES for a in served):
             raise VllmEngineError(f"juice's vLLM plugin steers {', '.join(sorted(ARCHITECTURES))}; this model is "
                                   f"{', '.join(served) or 'of an unknown architecture'}: run with --engine juice")
@@ -240,11 +240,11 @@ class VllmEngine:
         if not cuda and not any(a.split("=")[0] in COMPILATION_ARGS or a.startswith("-O") for a in extra):
             extra.append("--enforce-eager")   # on a CPU the compiled start costs more than it saves
         if not any(a.split("=")[0] == "--dtype" for a in extra):
-            extra += ["--dtype", str(lm.model.dtype).removeprefix("torch.")]   # the heads file's checksum is at it
+            extra += ["--dtype", str(lm.dtype).removeprefix("torch.")]   # the heads file's checksum is at it
         own_length = any(a.split("=")[0] == "--max-model-len" for a in extra)
-        limit = context_length(lm.model)
+        limit = context_length(lm)
         port = _free_port()
-        g = lm.heads.geometry
+        g = lm.geometry
         python, command, env = launch_plan(self.model, heads, port=port, extra=extra,
                                            max_model_len=None if own_length else min(limit or MAX_MODEL_LEN,
                                                                                      MAX_MODEL_LEN),
@@ -359,7 +359,7 @@ class VllmEngine:
                   stop_text: Callable[[str], bool] | None, on_progress: OnProgress | None) -> Generation:
         tokenizer = lm.tokenizer
         ids = {p: token_ids(tokenizer, prompts[p]) for p in {s.prompt for s in streams}}
-        limit = context_length(lm.model)
+        limit = context_length(lm)
         longest = max(len(v) for v in ids.values())
         if limit is not None and longest > limit - max_new_tokens:
             raise PromptTooLongError(f"a prompt has {longest} tokens; the model's context holds "

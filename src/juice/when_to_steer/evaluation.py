@@ -94,7 +94,7 @@ def evaluate_context_types(
         EmptyAnswerError: an answer tokenizes to nothing.
     """
     methods = {name: as_method(m) for name, m in methods.items()}
-    model_type = lm.model.config.model_type
+    model_type = lm.config.model_type
     results: dict[tuple[int, str], ItemResult] = {}
     for metric in metrics_for(CONTEXT_ITEM):   # the context types' metrics
         new_tokens = METRICS[metric].new_tokens

@@ -51,7 +51,8 @@ def engine_for(name: str, model: str, workdir, vllm_args, offline: bool = False)
 
 
 def model_device(engine: str, device: str) -> str:
-    """Where the command loads juice's copy of the model (:func:`juice.vllm.engine.local_device`)."""
+    """Where the command loads juice's copy of the model (:func:`juice.vllm.engine.local_device`); on
+    vLLM it is deferred (`load_model(defer=True)`): loaded only by a step on juice's engine."""
     from juice.vllm.engine import local_device
 
     return local_device(engine, device)

@@ -108,7 +108,7 @@ def _evaluate_rows(data: Optional[Path], heads: list[Path], methods: Optional[st
     chosen = parse_direction(direction or (artifact.direction if artifact else "parametric"))
     load_rows(data, chosen)
     check_methods(names, artifact)
-    lm = load_model(model, device=model_device(engine, device))
+    lm = load_model(model, device=model_device(engine, device), defer=engine != "juice")
     artifact = load_heads(heads[0], lm) if heads else None
     with engine_for(engine, model, out / "vllm", vllm_args) as runner, progress() as task:
         runner.check(lm)
@@ -197,7 +197,7 @@ def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optiona
         methods = ("original,prompt,cad,adacad,ckplug" + (",ph3" if any(f.tuned.ph3 for f in files) else "")
                    + ",june,juice" + (",auto" if any(f.tuned.auto for f in files) else ""))
     names = [m.strip().lower() for m in methods.split(",") if m.strip()]
-    lm = load_model(model, device=model_device(engine, device))
+    lm = load_model(model, device=model_device(engine, device), defer=engine != "juice")
     if max_prompt_tokens is not None:   # the first `limit` items whose prompts fit
         from juice.when_to_steer.report import prompt_fits
 

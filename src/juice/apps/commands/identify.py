@@ -67,7 +67,7 @@ def identify(
         from juice.workflow import parse_direction
 
         load_rows(data, parse_direction(direction))   # bad data fails before the model loads
-        lm = load_model(model, device=model_device(engine, device))
+        lm = load_model(model, device=model_device(engine, device), defer=engine != "juice")
         with engine_for(engine, model, out.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:
             runner.check(lm)
             artifact = identify_rows(lm, data, direction=direction, k=k, scoring=scoring, shortlist=shortlist,
@@ -75,7 +75,7 @@ def identify(
         selection = artifact.selection
     else:
         domain_sources(cfg)   # bad data fails before the model loads
-        lm = load_model(model, device=model_device(engine, device))
+        lm = load_model(model, device=model_device(engine, device), defer=engine != "juice")
         with engine_for(engine, model, out.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:
             runner.check(lm)
             artifact = identify_on_domain(lm, cfg, StageFiles(out.parent / ".juice-state"), task, engine=runner,

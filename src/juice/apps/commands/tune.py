@@ -62,7 +62,7 @@ def tune(
     if grid_names or not names:
         load_rows(data, artifact.direction)
         check_tune_methods(grid_names)
-    lm = load_model(model, device=model_device(engine, device))
+    lm = load_model(model, device=model_device(engine, device), defer=engine != "juice")
     artifact = load_heads(heads, lm)
     chosen = {}
     with engine_for(engine, model, heads.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:

@@ -67,7 +67,7 @@ class Admission:
         self.on_prompt_tokens = on_prompt_tokens
         if name in aliases:
             raise ValueError(f"alias {name!r} is the served model's own name")
-        self.context = limits.max_total_tokens or context_length(lm.model)
+        self.context = limits.max_total_tokens or context_length(lm)
         self.vocab = lm.model.get_output_embeddings().weight.shape[0]
         self.aliases: dict[str, dict[str, Any]] = {}
         given = [*aliases.items(), *([("--default", served.default)] if served.default is not None else [])]
@@ -98,8 +98,8 @@ class Admission:
         """
         try:
             ask = steering_ask(options or {}, self.served)
-            choice = ask.choice(self.lm.heads.geometry, self.served)
-            return ask.steering(self.lm.heads.geometry, self.served), choice, ask
+            choice = ask.choice(self.lm.geometry, self.served)
+            return ask.steering(self.lm.geometry, self.served), choice, ask
         except SteeringRequestError as err:
             raise ApiError(400, str(err), param="juice") from None
 

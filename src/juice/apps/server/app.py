@@ -72,7 +72,7 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
 
     limits = limits or ServerLimits()
     metrics = ServerMetrics()
-    admission = Admission(lm, ServedHeads.of_artifacts(heads, lm.heads.geometry, default), limits,
+    admission = Admission(lm, ServedHeads.of_artifacts(heads, lm.geometry, default), limits,
                           model_name or lm.name, aliases or {}, metrics.prompt_tokens.inc)
     engine = Engine(lm, limits.max_rows, limits.max_queued, on_step=metrics.tokens.inc, on_finish=metrics.finished)
     metrics.watch(engine)
