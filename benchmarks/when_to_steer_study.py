@@ -109,9 +109,9 @@ def headline(rec: dict, dataset: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from juice.pipeline.run import STUDY_SIZES
+    from juice.pipeline.run import study_sizes
 
-    parser.add_argument("dataset", nargs="?", choices=sorted(STUDY_SIZES))
+    parser.add_argument("dataset", nargs="?", choices=sorted(study_sizes()))
     parser.add_argument("--reproduced", type=Path, help="a `juice reproduce --direction contextual` output")
     parser.add_argument("--from-reproduced", type=Path, help="with --record: a reproduction that ran --contexts")
     parser.add_argument("--record", type=Path, help="write the compact record of --from-reproduced's studies")
@@ -144,7 +144,7 @@ def main() -> None:
     heads = heads_with_table2_betas(args.reproduced, out / "heads_table2.json")
     lm = juice.load_model("gemma-3-270m", device="cpu")
     artifact = juice.load_heads(heads, lm)
-    validation, test = STUDY_SIZES[args.dataset][args.size]
+    validation, test = study_sizes()[args.dataset][args.size]
     start = time.perf_counter()
     if args.dataset == "nqswap":
         study = run_study(lm, artifact, args.data / "nqswap", out=out, validation_limit=validation, test_limit=test,

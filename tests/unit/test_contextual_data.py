@@ -97,3 +97,30 @@ def test_nqswap_match_is_a_normalized_substring():
     assert nqswap_match(" Yuliya Snigir, the bassist", ["Yuliya Snigir"])
     assert not nqswap_match(" Timothy B. Schmit", ["Yuliya Snigir"])
     assert not nqswap_match(" anything", ["The"])  # normalizes to nothing: never matches
+
+
+def test_a_datasets_context_items_and_study_sizes_are_its_entry(tmp_path, monkeypatch):
+    """Issue 76: what the context-type tasks and the when-to-steer study need of a dataset is its
+    entry (`context_items`, `study_sizes`): a new entry's questions become the harness's context
+    tasks and a source of the study, with no name spelled elsewhere."""
+    from juice.data import contextual
+    from juice.data.context_types import CONTEXT_TYPES, paraconflict_context_items
+    from juice.data.paraconflict import build_domain
+    from juice.eval.harness_tasks import write_tasks
+    from juice.pipeline.run import ReproduceConfig, study_sizes
+
+    def items(folder, seed, test_uids=None, fits=None):
+        return list(paraconflict_context_items(build_domain("world_capital")[:6], seed).items)
+
+    monkeypatch.setitem(contextual.DATASETS, "riddles", contextual.ContextualDataset(
+        "riddles", "Riddles", "first_words", "riddles", lambda folder: [], context_items=items,
+        study_sizes={"default": (2, 2), "published": (20, 20)}))
+    (tmp_path / "data" / "riddles").mkdir(parents=True)
+    names = write_tasks(tmp_path / "tasks", tmp_path / "data")
+    assert {f"juice_contexts_riddles_{t}" for t in CONTEXT_TYPES} <= set(names)
+    assert not any(n.startswith("juice_contexts_nqswap") for n in names)   # no NQ-Swap folder here
+    assert study_sizes()["riddles"] == {"default": (2, 2), "published": (20, 20)}
+    assert ReproduceConfig(contexts=("riddles",)).contexts == ("riddles",)
+    monkeypatch.delitem(contextual.DATASETS, "riddles")
+    with pytest.raises(ValueError, match="unknown dataset 'riddles'"):
+        ReproduceConfig(contexts=("riddles",))

@@ -22,7 +22,7 @@ def test_the_papers_metrics_hold_their_budgets_records_and_prompt_forms():
     assert [(m.name, m.new_tokens) for m in METRICS.values()] == [("first_words", 10), ("memotrap", 10), ("nqswap", 20)]
     assert metrics_for(CONTEXTUAL) == ("memotrap", "nqswap") and metrics_for(CONTEXT_ITEM) == ("first_words", "nqswap")
     assert [n for n, m in METRICS.items() if m.likelihood] == ["memotrap"]   # Table 2's likelihood comparison
-    assert [n for n, m in METRICS.items() if m.prompt_form == "nqswap"] == ["nqswap"]
+    assert [n for n, m in METRICS.items() if m.prompt_form == "question"] == ["nqswap"]
     assert METRICS["nqswap"].match(" 24 of them", ["2"]) and not METRICS["nqswap"].context_match(" 24 of them", ["2"])
 
 
@@ -53,5 +53,5 @@ def test_a_new_metric_is_one_entry(monkeypatch):
                        metric="keyword")
     assert context_match(item, "mostly salt", ["salt"])
     assert contextual_prompt(example).startswith(CONTEXTUAL_COMPLETION)   # the completion form: its prompt_form
-    monkeypatch.setitem(metrics.METRICS, "keyword", Metric(**{**keyword.__dict__, "prompt_form": "nqswap"}))
+    monkeypatch.setitem(metrics.METRICS, "keyword", Metric(**{**keyword.__dict__, "prompt_form": "question"}))
     assert instructed_context_item(item, "contextual").startswith(CONTEXTUAL_NQSWAP)

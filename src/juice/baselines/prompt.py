@@ -16,7 +16,7 @@ prepended to the whole task prompt, in the forms the paper's authors apply
   break, `Question: <question>`, a line break and `Answer:`.
 
 The contextual form is picked by what the record says, never by its dataset's name: the NQ-Swap
-form when its metric's `prompt_form` is "nqswap" (:data:`juice.data.metrics.METRICS`), otherwise
+form when its metric's `prompt_form` is "question" (:data:`juice.data.metrics.METRICS`), otherwise
 the form of its `kind` (MemoTrap's loader gives History of Science QA "qa" and the other three
 "completion", :data:`juice.data.memotrap.KIND`; your own rows say theirs).
 
@@ -121,7 +121,7 @@ def contextual_prompt(example: ContextualExample) -> str:
     Raises:
         ValueError: an NQ-Swap example whose prompt is not `Context: ...\\nQuestion: ...\\nAnswer:`.
     """
-    if METRICS[example.metric].prompt_form == "nqswap":
+    if METRICS[example.metric].prompt_form == "question":
         passage, question = nqswap_parts(example)
         return f"{CONTEXTUAL_NQSWAP}\nContext: {passage}\nQuestion: {question}\nAnswer:"
     if example.kind == "qa":
@@ -148,7 +148,7 @@ def instructed_context_item(item: ContextItem, direction: str, model_type: str |
         ValueError: a direction other than parametric or contextual.
     """
     if direction == "contextual":
-        head = CONTEXTUAL_NQSWAP if METRICS[item.metric].prompt_form == "nqswap" else CONTEXTUAL_COMPLETION
+        head = CONTEXTUAL_NQSWAP if METRICS[item.metric].prompt_form == "question" else CONTEXTUAL_COMPLETION
         return f"{head}\n{item.prompt}"
     if direction == "parametric":
         if item.prompt == item.question:

@@ -61,11 +61,12 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from juice.data.metrics import CONTEXT_ITEM, metric_named
-from juice.data.nqswap import context_prompt, question_prompt, strip_markup
+from juice.data.nqswap import context_prompt, question_prompt, read_records, strip_markup
 from juice.data.records import ConflictExample
 from juice.text import contains_answer, normalize_answer
 
@@ -283,6 +284,43 @@ def _in_split(question: str, split: str | None, seed: int) -> bool:
     if split is not None and split not in SPLITS:
         raise ValueError(f"--split takes {' or '.join(SPLITS)}, not {split!r}")
     return split is None or split_of(question, seed) == split
+
+
+def nqswap_folder_items(folder: str | Path, seed: int = 0, test_uids: Sequence[str] | None = None,
+                        fits: Callable[[str], bool] | None = None) -> list[ContextItem]:
+    """NQ-Swap's questions under every context type, from its folder (its
+    :class:`juice.data.contextual.ContextualDataset` entry's `context_items`).
+
+    Args:
+        folder: NQ-Swap's folder (or file) under the data root (:func:`juice.data.nqswap.read_records`).
+        seed: as :func:`nqswap_context_items`.
+        test_uids: None: every row's questions (the harness tasks). Otherwise the test split's row
+            numbers: one item per distinct question among them, its partners drawn among the rows
+            whose original and substituted prompts `fits` allows (a test question's other rows are
+            left out, so the row kept for it is one of its test rows); uids and partners are row
+            numbers of the file.
+        fits: `prompt -> bool` (e.g. at most 256 tokens); None keeps every row.
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`juice.data.nqswap.read_records`.
+    """
+    rows = read_records(folder)
+    if test_uids is None:
+        return list(nqswap_context_items(rows, seed).items)
+    wanted = set(test_uids)
+    ok = [fits is None or all(fits(context_prompt(r[c], r["question"])) for c in ("org_context", "sub_context"))
+          or str(i) in wanted for i, r in enumerate(rows)]
+    questions = {question_key(rows[int(u)]["question"]) for u in test_uids}
+    index = [i for i, keep in enumerate(ok) if keep
+             and (str(i) in wanted or question_key(rows[i]["question"]) not in questions)]
+    built = nqswap_context_items([rows[i] for i in index], seed)
+    out = []
+    for item in built.items:   # uids back to row numbers, partners too
+        uid = str(index[int(item.uid)])
+        partner = str(index[int(item.partner)]) if item.partner else ""
+        if question_key(rows[int(uid)]["question"]) in questions:
+            out.append(replace(item, uid=uid, partner=partner))
+    return out
 
 
 def nqswap_context_items(records: Sequence[Mapping], seed: int = 0, split: str | None = None) -> ContextItems:
@@ -508,5 +546,5 @@ def paraconflict_context_items(examples: Sequence[ConflictExample], seed: int = 
 
 __all__ = ["CONTEXT_TYPES", "DISTRACTOR_DEPTH", "NO_ANSWER", "OBJECTIVES", "RELATED_DOMAINS", "ContextItem",
            "ContextItems", "coherent_passage", "gold_passage", "gold_prompt",
-           "nqswap_context_items", "one_per_question", "SPLITS", "split_of", "paraconflict_context_items", "question_key",
+           "nqswap_context_items", "nqswap_folder_items", "one_per_question", "SPLITS", "split_of", "paraconflict_context_items", "question_key",
            "user_context_items"]

@@ -19,11 +19,12 @@ PH3-l's development set (the next `ph3_dev_size`).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from juice.data.context_types import nqswap_folder_items
 from juice.data.memotrap import SUBTASKS, TITLES, load_memotrap
 from juice.data.nqswap import load_nqswap
 from juice.data.records import ContextualExample
@@ -41,6 +42,11 @@ class ContextualDataset:
         load: `folder path -> its rows` (:class:`juice.data.records.ContextualExample`), raising
             FileNotFoundError where the files are not there and ValueError where a row does not parse.
         source: where it comes from.
+        context_items: `(folder, seed, test_uids, fits) -> items`: its questions under every
+            context type (:mod:`juice.data.context_types`; Table 2's run on its test questions,
+            the harness tasks on all), for a dataset that has them; None otherwise.
+        study_sizes: the when-to-steer study's distinct questions, (validation, test), per size
+            name (:data:`STUDY_SIZE_NAMES`), for a dataset the study runs on; None otherwise.
     """
 
     name: str
@@ -49,11 +55,15 @@ class ContextualDataset:
     folder: str
     load: Callable[[Path], list[ContextualExample]]
     source: str = ""
+    context_items: Callable[..., list] | None = None
+    study_sizes: Mapping[str, tuple[int, int]] | None = None
 
 
 DATASETS: dict[str, ContextualDataset] = {d.name: d for d in (
     ContextualDataset("nqswap", "NQ-Swap", "nqswap", "nqswap", load_nqswap,
-                      "NQ-Swap (Longpre et al. 2021): Natural Questions with the answer substituted in the passage"),
+                      "NQ-Swap (Longpre et al. 2021): Natural Questions with the answer substituted in the passage",
+                      context_items=nqswap_folder_items,
+                      study_sizes={"default": (40, 40), "published": (300, 250)}),
     *(ContextualDataset(s, TITLES[s], "memotrap", "memotrap", partial(load_memotrap, subtask=s),
                         "MemoTrap (Liu and Liu 2023, Inverse Scaling Prize)")
       for s in sorted(SUBTASKS)),
@@ -73,6 +83,12 @@ CONTEXTUAL_TITLES: dict[str, str] = dataset_titles()
 """Name -> title, as :data:`DATASETS` holds them at import (juice's readers call :func:`dataset_titles`)."""
 HEAD_DATASET = "proverb_ending"
 """The dataset whose D identifies the heads for all five (paper Sec. 4.2)."""
+STUDY_DATASET = "nqswap"
+"""The contextual dataset of the when-to-steer study: Table 2's run also asks its test questions
+under every context type (its entry's `context_items`), and its tuned betas are the ones a
+contextual heads file carries (the study's steerings, the shipped heads)."""
+STUDY_SIZE_NAMES: tuple[str, ...] = ("default", "published")
+"""The when-to-steer study's sizes (`juice reproduce --study-size`; an entry's `study_sizes`)."""
 
 
 def dataset_named(name: str) -> ContextualDataset:
@@ -141,4 +157,4 @@ def contextual_splits(
 
 
 __all__ = ["CONTEXTUAL_DATASETS", "CONTEXTUAL_TITLES", "ContextualDataset", "ContextualSplits", "DATASETS",
-           "HEAD_DATASET", "contextual_splits", "dataset_named", "dataset_titles", "load_contextual", "missing_folders"]
+           "HEAD_DATASET", "STUDY_DATASET", "STUDY_SIZE_NAMES", "contextual_splits", "dataset_named", "dataset_titles", "load_contextual", "missing_folders"]

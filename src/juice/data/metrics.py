@@ -89,7 +89,7 @@ class Metric:
         records: the records that may name it (:data:`CONTEXTUAL`, :data:`CONTEXT_ITEM`).
         context_match: the context-type evaluation's rule, where :data:`CONTEXT_ITEM` records name
             it (NQ-Swap's: on word boundaries, :func:`juice.eval.metrics.context_match`).
-        prompt_form: the Prompt baseline's contextual instruction for its items: "nqswap" (NQ-Swap's
+        prompt_form: the Prompt baseline's contextual instruction for its items: "question" (NQ-Swap's
             instruction over `Context: ...\nQuestion: ...\nAnswer:`) or "completion"
             (:mod:`juice.baselines.prompt`).
         likelihood: the contextual table also compares the likelihoods of its items' two
@@ -115,7 +115,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("memotrap", 10, "MemoTrap's continuation match (paper Sec. 4.2, Table 2)", _continuation_match,
            frozenset({CONTEXTUAL}), likelihood=True),
     Metric("nqswap", 20, "NQ-Swap's substring match (paper Sec. 4.2, Table 2)", nqswap_match,
-           frozenset({CONTEXTUAL, CONTEXT_ITEM}), context_match=contains_answer, prompt_form="nqswap"),
+           frozenset({CONTEXTUAL, CONTEXT_ITEM}), context_match=contains_answer, prompt_form="question"),
 )}
 """Every metric, by name, in table order: the one place its facts live."""
 

@@ -94,9 +94,10 @@ def write_tasks(out: str | Path, data_root: str | Path | None = None, *, seed: i
     """Write the task YAMLs, their JSONL documents and `utils.py` into `out` (module docstring).
 
     Args:
-        data_root: a folder with `memotrap/*.csv` and/or `nqswap/nqswap.jsonl` (default
-            `$JUICE_DATA`); the built-in ParaConflict context tasks need none.
-        seed: the irrelevant passages' pairing (:func:`juice.data.context_types.nqswap_context_items`).
+        data_root: a folder with the contextual datasets' folders (any of
+            :data:`juice.data.contextual.DATASETS`; default `$JUICE_DATA`); the built-in
+            ParaConflict context tasks need none.
+        seed: the irrelevant passages' pairing (a dataset entry's `context_items`).
 
     Returns:
         the task names written.
@@ -105,8 +106,7 @@ def write_tasks(out: str | Path, data_root: str | Path | None = None, *, seed: i
         FileNotFoundError: `data_root` given but missing.
         ValueError: a malformed data row (the loaders' one-line errors).
     """
-    from juice.data.context_types import nqswap_context_items, paraconflict_context_items
-    from juice.data.nqswap import read_records
+    from juice.data.context_types import paraconflict_context_items
     from juice.data.paraconflict import DOMAINS, build_domain
 
     out = Path(out)
@@ -142,9 +142,14 @@ def write_tasks(out: str | Path, data_root: str | Path | None = None, *, seed: i
         tag = f"juice_{dataset.metric}" if shared else None
         task(f"{tag}_{name}" if shared else f"juice_{name}", rows, "contextual", new_tokens(dataset.metric),
              ["exact_match", "follows_memory"], tag)
-    nqswap = None if root is None else root / "nqswap" / "nqswap.jsonl"
-    if nqswap is not None and nqswap.is_file():   # NQ-Swap's questions under every context type
-        contexts["nqswap"] = nqswap_context_items(read_records(nqswap), seed).items
+    for name, dataset in DATASETS.items():   # a dataset's questions under every context type, where it has them
+        folder = None if root is None else root / dataset.folder
+        if dataset.context_items is None or folder is None or not folder.is_dir():
+            continue
+        try:
+            contexts[name] = dataset.context_items(folder, seed)
+        except FileNotFoundError:
+            continue
     contexts["paraconflict"] = paraconflict_context_items(
         [ex for d in DOMAINS for ex in build_domain(d)], seed).items
     for source, items in contexts.items():

@@ -18,13 +18,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from juice.data.contextual import STUDY_DATASET
 from juice.data.records import Direction
 from juice.io import write_json_atomic
 from juice.methods import STEERINGS
 from juice.stage1.shipped import shipped_path
 
 TUNED_ON = {Direction.PARAMETRIC: ("heads.json", "results.json", "world_capital", ""),
-            Direction.CONTEXTUAL: ("heads_contextual.json", "results_contextual.json", "nqswap",
+            Direction.CONTEXTUAL: ("heads_contextual.json", "results_contextual.json", STUDY_DATASET,
                                    " --direction contextual")}
 """Per direction: the run's heads file, its results file, the split whose tuned betas ship, the
 command's direction flag."""

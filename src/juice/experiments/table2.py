@@ -32,8 +32,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from juice.data.contextual import (DATASETS, HEAD_DATASET, ContextualSplits, contextual_splits, dataset_titles,
-                                   load_contextual, missing_folders)
+from juice.data.contextual import (DATASETS, HEAD_DATASET, STUDY_DATASET, ContextualSplits, contextual_splits,
+                                   dataset_titles, load_contextual, missing_folders)
 from juice.engine.backend import Engine
 from juice.eval.degeneration import correct_not_degenerate
 from juice.eval.report import degeneration_markdown, difference_markdown, interval_markdown, table2_columns
@@ -43,7 +43,6 @@ from juice.recipe import Method
 from juice.eval.tables import interval_table
 from juice.io import settings_key
 from juice.pipeline.run import (
-    STUDY_SIZES,
     ReproduceConfig,
     ReproduceResult,
     StageRun,
@@ -51,6 +50,7 @@ from juice.pipeline.run import (
     scoring_title,
     selection_to_json,
     start_run,
+    study_sizes,
     tuning_label,
 )
 from juice.pipeline.stages import (domain_methods, evaluate_test_splits, evaluation_stage, ph3_scoring, protocol_stages,
@@ -68,7 +68,7 @@ def resolve_data_root(cfg: ReproduceConfig) -> Path:
     """`cfg.data_root`, else `$JUICE_DATA`, else `../shared/data`.
 
     Raises:
-        FileNotFoundError: the folder does not hold `memotrap/` and `nqswap/`.
+        FileNotFoundError: the folder does not hold every dataset's folder (:data:`juice.data.contextual.DATASETS`).
     """
     import os
 
@@ -77,7 +77,8 @@ def resolve_data_root(cfg: ReproduceConfig) -> Path:
     if missing:
         raise FileNotFoundError(
             f"no contextual data under {root} (no {', '.join(m + '/' for m in missing)}): pass --data-root (a folder "
-            f"with memotrap/*.csv and nqswap/nqswap.jsonl) or set JUICE_DATA")
+            f"holding {' and '.join(f + '/' for f in dict.fromkeys(d.folder for d in DATASETS.values()))}) or set "
+            "JUICE_DATA")
     return root
 
 
@@ -100,33 +101,6 @@ def prepare_contextual(lm: LoadedModel, cfg: ReproduceConfig, max_prompt_tokens:
             examples, head_set_size=cfg.head_set_size, validation_size=cfg.validation_per_dataset,
             ph3_dev_size=cfg.ph3_dev_size if name == HEAD_DATASET else 0, limit=cfg.test_limit("contextual"), seed=cfg.seed)
     return out, dropped
-
-
-def nqswap_test_contexts(lm: LoadedModel, root: Path, test_uids: list[str], max_prompt_tokens: int | None,
-                         seed: int) -> list:
-    """The context types of NQ-Swap's test questions (`test_uids`: row numbers; one item per
-    distinct question among them, :func:`juice.data.context_types.nqswap_context_items`), partners
-    drawn among the rows whose original and substituted prompts fit `max_prompt_tokens`."""
-    from juice.data.context_types import nqswap_context_items, question_key
-    from juice.data.nqswap import context_prompt, read_records
-
-    rows = read_records(root / "nqswap")
-    wanted = set(test_uids)
-    fits = [max_prompt_tokens is None or all(
-        len(token_ids(lm.tokenizer, context_prompt(r[c], r["question"]))) <= max_prompt_tokens
-        for c in ("org_context", "sub_context")) or str(i) in wanted for i, r in enumerate(rows)]
-    questions = {question_key(rows[int(u)]["question"]) for u in test_uids}
-    # a test question's other rows are left out, so the row kept for it is one of its test rows
-    index = [i for i, ok in enumerate(fits) if ok
-             and (str(i) in wanted or question_key(rows[i]["question"]) not in questions)]
-    built = nqswap_context_items([rows[i] for i in index], seed)
-    out = []
-    for item in built.items:   # uids back to row numbers, partners too
-        uid = str(index[int(item.uid)])
-        partner = str(index[int(item.partner)]) if item.partner else ""
-        if question_key(rows[int(uid)]["question"]) in questions:
-            out.append(replace(item, uid=uid, partner=partner))
-    return out
 
 
 def reproduce_contextual(
@@ -179,15 +153,19 @@ def reproduce_contextual(
 
     boot = dict(resamples=cfg.bootstrap_resamples, seed=cfg.seed)
     contexts = None
-    if "nqswap" in splits and splits["nqswap"].test:
+    study = DATASETS[STUDY_DATASET]
+    if STUDY_DATASET in splits and splits[STUDY_DATASET].test:
         t = time.perf_counter()
-        nq_rows = methods_of("nqswap")
-        nq_methods = {m: nq_rows[m] for m in order if m in nq_rows}
-        items = nqswap_test_contexts(lm, root, [ex.uid for ex in splits["nqswap"].test], max_prompt_tokens, cfg.seed)
-        key_ctx = settings_key({"tuning": key_tuning, "choice": choices["nqswap"], "methods": list(nq_methods),
+        study_rows = methods_of(STUDY_DATASET)
+        nq_methods = {m: study_rows[m] for m in order if m in study_rows}
+        fits = None if max_prompt_tokens is None else (
+            lambda prompt: len(token_ids(lm.tokenizer, prompt)) <= max_prompt_tokens)
+        items = study.context_items(root / study.folder, cfg.seed, [ex.uid for ex in splits[STUDY_DATASET].test], fits)
+        key_ctx = settings_key({"tuning": key_tuning, "choice": choices[STUDY_DATASET], "methods": list(nq_methods),
                                 "items": [asdict(i) for i in items], "stage": "contexts/2"})
         ctx_results = evaluation_stage(
-            run, "contexts_nqswap", key_ctx, "when to steer: NQ-Swap x its context types", len(items) * len(nq_methods),
+            run, f"contexts_{STUDY_DATASET}", key_ctx, f"when to steer: {study.title} x its context types",
+            len(items) * len(nq_methods),
             lambda advance: evaluate_context_types(lm, items, nq_methods, max_rows=cfg.max_rows, on_progress=advance,
                                                    engine=run.engine))
         run.ran("contexts")
@@ -219,7 +197,7 @@ STUDY_MAX_PROMPT_TOKENS = 256
 
 def table2_heads(heads: Mapping[str, Any], betas: Mapping[str, Mapping[str, float]], source: str) -> dict[str, Any]:
     """A heads file's JSON (`heads_contextual.json`) with NQ-Swap's tuned JuICE and JuNE betas of
-    Table 2 (`choices["nqswap"]["betas"]`) as its tuned settings: the steerings the when-to-steer
+    Table 2 (`choices[STUDY_DATASET]["betas"]`) as its tuned settings: the steerings the when-to-steer
     study runs (the contextual protocol tunes no betas on ParaConflict; docs/when-to-steer.md)."""
     tuned = {m: {"beta_plus": betas[m]["beta_plus"], "beta_minus": betas[m]["beta_minus"]} for m in STEERINGS}
     return {**heads, "tuned": {**tuned, "data": {"from": f"{source}: NQ-Swap's tuned betas (Table 2)"}}}
@@ -229,7 +207,7 @@ def when_to_steer_stage(run: StageRun, choices: Mapping[str, Any], root: Path,
                         timings: dict[str, float]) -> dict[str, dict[str, Any]]:
     """The when-to-steer study (:func:`juice.when_to_steer.study.run_study`) on each of `cfg.contexts`,
     with Table 2's heads and NQ-Swap's tuned betas (:func:`table2_heads`), sized by
-    `cfg.study_size` (:data:`juice.pipeline.run.STUDY_SIZES`), in `<out>/when-to-steer-<dataset>/`
+    `cfg.study_size` (:func:`juice.pipeline.run.study_sizes`), in `<out>/when-to-steer-<dataset>/`
     (resumable: decoding is cached per chunk there); NQ-Swap from `root`, ParaConflict from
     `cfg.data` or the six built-in domains.
 
@@ -245,18 +223,20 @@ def when_to_steer_stage(run: StageRun, choices: Mapping[str, Any], root: Path,
         return {}
     run.ran("when to steer study", "auto decides per request from a second, question-only sequence, which a "
                                    "vLLM request cannot carry")
-    if "nqswap" not in choices:
-        run.notes.append("when to steer: NQ-Swap is not in this run, so there are no Table 2 betas to study with")
+    if STUDY_DATASET not in choices:
+        run.notes.append(f"when to steer: {DATASETS[STUDY_DATASET].title} is not in this run, so there are no "
+                         "Table 2 betas to study with")
         return {}
     heads = table2_heads(json.loads((out / "heads_contextual.json").read_text(encoding="utf-8")),
-                         choices["nqswap"]["betas"], str(out / "results_contextual.json"))
+                         choices[STUDY_DATASET]["betas"], str(out / "results_contextual.json"))
     studies = {}
     for dataset in cfg.contexts:
         t = time.perf_counter()
         folder = out / f"when-to-steer-{dataset}"
         write_json_atomic(folder / "heads_table2.json", heads)
-        validation, test = STUDY_SIZES[dataset][cfg.study_size]
-        source, keep = ((root / "nqswap", prompt_fits(lm.tokenizer, STUDY_MAX_PROMPT_TOKENS)) if dataset == "nqswap"
+        validation, test = study_sizes()[dataset][cfg.study_size]
+        entry = DATASETS.get(dataset)   # a contextual dataset from the data root, else ParaConflict
+        source, keep = ((root / entry.folder, prompt_fits(lm.tokenizer, STUDY_MAX_PROMPT_TOKENS)) if entry is not None
                         else (cfg.data, None))
         study = run_study(lm, load_heads(folder / "heads_table2.json", lm), source, out=folder,
                           validation_limit=validation, test_limit=test, keep=keep, seed=cfg.seed, max_rows=cfg.max_rows,

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from juice.data.contextual import DATASETS, STUDY_SIZE_NAMES
 from juice.data.paraconflict import DOMAINS
 from juice.engine.backend import JUICE_ENGINE, Engine
 from juice.eval.tables import IntervalTable
@@ -80,11 +81,17 @@ class StageRun:
         return record
 
 
-STUDY_SIZES = {"nqswap": {"default": (40, 40), "published": (300, 250)},
-               "paraconflict": {"default": (8, 8), "published": (55, 50)}}
-"""The when-to-steer study's distinct questions per source, (validation, test), by dataset and size
-(docs/when-to-steer.md: the published tables hold at least 250 test and 300 validation questions
-per dataset; ParaConflict's are per domain, six domains)."""
+PARACONFLICT_STUDY_SIZES = {"default": (8, 8), "published": (55, 50)}
+"""ParaConflict's when-to-steer study sizes, (validation, test) questions per domain, six domains."""
+
+
+def study_sizes() -> dict[str, dict[str, tuple[int, int]]]:
+    """The when-to-steer study's distinct questions per source, (validation, test), by source and
+    size: each contextual dataset's entry that has `study_sizes` (:data:`juice.data.contextual.DATASETS`,
+    as it stands now) and "paraconflict" (:data:`PARACONFLICT_STUDY_SIZES`); docs/when-to-steer.md:
+    the published tables hold at least 250 test and 300 validation questions per source."""
+    return {**{name: dict(d.study_sizes) for name, d in DATASETS.items() if d.study_sizes},
+            "paraconflict": dict(PARACONFLICT_STUDY_SIZES)}
 
 ENGINES = ("juice", "vllm")
 """What runs the stages (:mod:`juice.engine.backend`): juice's own engine in this process, or vLLM's
@@ -129,9 +136,10 @@ class ReproduceConfig:
     beta_minus_grid: tuple[float, ...] = BETA_MINUS_GRID  # of beta-; the authors' contextual script goes to -5
     degeneration_margin: float | None = None  # juice's option, not the paper's: tuning refuses settings whose
                                               # validation degeneration exceeds Original's by more (points)
-    contexts: tuple[str, ...] = ()      # contextual: the when-to-steer study after Table 2, on "nqswap" and / or
-                                        # "paraconflict" (the six built-in domains, or `data`'s files)
-    study_size: str = "default"         # the study's questions: default | published (STUDY_SIZES)
+    contexts: tuple[str, ...] = ()      # contextual: the when-to-steer study after Table 2, on sources of
+                                        # study_sizes(): NQ-Swap and / or "paraconflict" (the six built-in
+                                        # domains, or `data`'s files)
+    study_size: str = "default"         # the study's questions: default | published (study_sizes())
     engine: str = "juice"               # juice (this process) | vllm (vLLM's server with juice's plugin)
     vllm_args: tuple[str, ...] = ()     # engine vllm: more arguments for vLLM's server (e.g. --tensor-parallel-size=2)
     stage1_engine: str | None = None    # engine vllm: "juice" runs exact Stage 1 on juice's engine (its growing
@@ -152,10 +160,11 @@ class ReproduceConfig:
         margin = self.degeneration_margin
         if margin is not None and not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin >= 0):
             raise ValueError(f"degeneration_margin must be a number of percentage points >= 0, not {margin!r}")
-        unknown = [c for c in self.contexts if c not in STUDY_SIZES]
+        sources = study_sizes()
+        unknown = [c for c in self.contexts if c not in sources]
         if unknown:
-            raise ValueError(f"contexts: unknown dataset {unknown[0]!r}; choose from {', '.join(STUDY_SIZES)}")
-        if self.study_size not in STUDY_SIZES["nqswap"]:
+            raise ValueError(f"contexts: unknown dataset {unknown[0]!r}; choose from {', '.join(sources)}")
+        if self.study_size not in STUDY_SIZE_NAMES:
             raise ValueError(f"study_size must be default or published, not {self.study_size!r}")
         if self.max_rows != "auto" and not (isinstance(self.max_rows, int) and self.max_rows > 0):
             raise ValueError(f'max_rows must be a positive number of rows or "auto", not {self.max_rows!r}')
