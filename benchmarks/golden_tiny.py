@@ -1,6 +1,6 @@
 """A golden run for refactors of the engine: `juice reproduce --limit 10` (Table 1 layout, two
 domains of the paper's files) and the contextual table (Table 2 layout, the small MemoTrap and
-NQ-Swap files tests/integration/test_experiments.py writes) on the test suite's tiny random Llama, every baseline included. Run it
+NQ-Swap files tests/helpers/data.py writes) on the test suite's tiny random Llama, every baseline included. Run it
 before and after a change and compare the results with benchmarks/compare_results.py (issue 34:
 0 values may differ).
 
@@ -17,7 +17,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "tests" / d) for d in ("", "unit", "integration")]
 
 from conftest import SHARED, build_tiny  # noqa: E402
-from test_experiments import _write_contextual_data as contextual_data  # noqa: E402
+from helpers.data import write_contextual_data as contextual_data  # noqa: E402
 
 from juice.pipeline.run import ReproduceConfig
 from juice.experiments.table1 import reproduce  # noqa: E402

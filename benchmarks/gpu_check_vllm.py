@@ -104,8 +104,7 @@ def _python() -> str:
 def model_and_reference(tmp: Path) -> dict:
     """The tiny Llama, its heads files and juice's own greedy tokens (mixed batch) for
     :data:`PROMPTS` x :data:`STEERINGS`."""
-    from test_vllm import CONTEXTUAL, PARAMETRIC, write_heads
-    from test_vllm_runs import reference_requests, tiny_llama_dir
+    from helpers.vllm import CONTEXTUAL, PARAMETRIC, reference_requests, tiny_llama_dir, write_heads
 
     lm, folder = tiny_llama_dir(tmp)
     selections = {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}

@@ -30,6 +30,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFa
 
 from juice.models import LoadedModel, resolve_device, wrap_model
 
+pytest.register_assert_rewrite("helpers")   # the shared helpers' asserts explain themselves as a test's do
+
 VOCAB = 160
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 

@@ -12,8 +12,10 @@ from juice.when_to_steer.auto_tuning import fit_policy, policy_picks
 from juice.baselines.cad import CadPolicy, jsd_alpha
 from juice.data.context_types import CONTEXT_TYPES
 from juice.engine import QUESTION_ALONE, Choice, Contrast, Stream, generate
-from juice.interventions import Head, HeadSelection
 from juice.steering import ORIGINAL, JuICE, JuNE
+
+from helpers.auto import auto_selection, book_rows, nqswap_file, tiny_heads, tiny_model_and_heads
+from helpers.context_rows import ROWS
 
 pytestmark = pytest.mark.gpu   # benchmarks/gpu_check.py runs these on the device
 
@@ -22,13 +24,8 @@ TEXTS = ["the capital of france is paris . the capital of france is", "tennis go
 #         0: prompt                                                  1: prompt        2: question of 0   3: question of 1
 
 
-def _selection(lm):
-    last = lm.heads.geometry.n_layers - 1
-    return HeadSelection((Head(last, 0), Head(0, 1)), (Head(1, 1),))
-
-
 def _candidates(lm):
-    sel = _selection(lm)
+    sel = auto_selection(lm)
     return (ORIGINAL, JuICE(lm, sel, 2.0, -1.0), JuNE(lm, sel, 1.0, -0.5), Contrast(-1, CadPolicy(jsd_alpha)),
             QUESTION_ALONE)
 
@@ -144,7 +141,7 @@ def test_a_choice_refuses_a_without_passage_outside_its_candidates(tiny_llama):
 
 def test_a_policy_without_original_among_its_picks_still_holds_it_for_passage_less_requests(tiny_llama):
     policy = AutoPolicy((), ("june",), {"june": (1.0, 0.0)})
-    choice = policy.choice(tiny_llama, _selection(tiny_llama))
+    choice = policy.choice(tiny_llama, auto_selection(tiny_llama))
     assert policy.candidates == ["original", "june"]
     assert choice.candidates[choice.without_passage] is ORIGINAL
 
@@ -232,43 +229,6 @@ def test_a_choice_refuses_its_own_steering_and_an_empty_candidate_list(tiny_llam
 
 # -- tuning, the evaluation, the Steerer and the command line --------------------------------
 
-def _tiny_heads(lm, tuned=None):
-    from juice.stage1.heads_file import HeadsArtifact
-
-    return HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], _selection(lm),
-                         tuned=dict(tuned or {"juice": {"beta_plus": 2.0, "beta_minus": -1.0}}))
-
-
-def tiny_model_and_heads(tmp_path):
-    """A tiny Llama saved as a model folder, and a contextual heads file for it (`_tiny_heads`),
-    for the command-line tests: (folder, heads path)."""
-    from conftest import build_tiny
-    from juice.stage1.heads_file import save_heads
-
-    lm = build_tiny("llama")
-    folder = tmp_path / "model"
-    lm.model.save_pretrained(folder)
-    lm.tokenizer.save_pretrained(folder)
-    heads = tmp_path / "heads.json"
-    save_heads(_tiny_heads(lm), heads)
-    return folder, heads
-
-
-def _nqswap_file(path, rows):
-    import json
-
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
-def _book_rows(n: int) -> list[dict]:
-    authors = ["Tolstoy", "Austen", "Homer", "Dante", "Goethe", "Kafka", "Orwell", "Virgil", "Dickens", "Zola",
-               "Camus", "Joyce", "Woolf", "Proust", "Cervantes", "Ibsen"]
-    return [{"question": f"who wrote book {i}", "org_context": f"<P> Book {i} was written by {authors[i % 16]} . </P>",
-             "org_answer": [authors[i % 16]], "sub_context": f"<P> Book {i} was written by {authors[(i + 5) % 16]} . </P>",
-             "sub_answer": [authors[(i + 5) % 16]]} for i in range(n)]
-
-
 def test_tuning_reads_validation_items_only_and_auto_evaluates_as_its_choices(tiny_llama, tmp_path, monkeypatch):
     """Issue 44: the policy depends on validation questions only: one file split by question;
     changing a test question's row leaves the fit's inputs and the policy as they were, changing
@@ -281,7 +241,7 @@ def test_tuning_reads_validation_items_only_and_auto_evaluates_as_its_choices(ti
     from juice.when_to_steer import context_items, evaluate_contexts
 
     lm = tiny_llama
-    rows = _book_rows(12)
+    rows = book_rows(12)
     half = {s: [k for k, r in enumerate(rows) if split_of(question_prompt(r["question"])) == s]
             for s in ("validation", "test")}
     assert len(half["validation"]) >= 3 and len(half["test"]) >= 3
@@ -298,17 +258,17 @@ def test_tuning_reads_validation_items_only_and_auto_evaluates_as_its_choices(ti
     files = {"same": rows, "test changed": changed(half["test"][0]), "validation changed": changed(half["validation"][0])}
     policies = {}
     for name, data in files.items():
-        val, where = context_items(_nqswap_file(tmp_path / f"{name}.jsonl", data), split="validation")
+        val, where = context_items(nqswap_file(tmp_path / f"{name}.jsonl", data), split="validation")
         assert all(split_of(i.question) == "validation" for i in val.items)
-        artifact = _tiny_heads(lm)
+        artifact = tiny_heads(lm)
         fit = tune_auto(lm, artifact, val, where=where)
         policies[name] = {k: v for k, v in artifact.tuned["auto"].items() if k != "data"}   # "data": the path
     same, test_changed, val_changed = seen
     assert repr(same) == repr(test_changed) and policies["same"] == policies["test changed"]
     assert repr(same) != repr(val_changed)   # the fit sees a validation row (its signal moves)
-    items, where = context_items(_nqswap_file(tmp_path / "test.jsonl", rows), split="test")
+    items, where = context_items(nqswap_file(tmp_path / "test.jsonl", rows), split="test")
     assert not {i.question for i in items.items} & {i.question for i in val.items}
-    artifact = _tiny_heads(lm)
+    artifact = tiny_heads(lm)
     fit = tune_auto(lm, artifact, context_items(tmp_path / "same.jsonl", split="validation")[0])
     report = evaluate_contexts(lm, [artifact], items, ["original", "juice", "auto"], data=where, resamples=1000)
     assert report.methods == ["Original", "JuICE-ctx", "auto-ctx"]
@@ -334,9 +294,9 @@ def test_the_steerer_runs_auto_with_questions_and_refuses_without(tiny_llama):
 
     lm = tiny_llama
     with pytest.raises(ValueError, match="juice tune --methods auto"):
-        Steerer(lm, _tiny_heads(lm), method="auto")
+        Steerer(lm, tiny_heads(lm), method="auto")
     policy = AutoPolicy((0.0,), ("original", "juice"), {"juice": (2.0, -1.0)})   # JSD >= 0: always JuICE
-    artifact = _tiny_heads(lm, {"juice": {"beta_plus": 2.0, "beta_minus": -1.0}, "auto": policy.to_json()})
+    artifact = tiny_heads(lm, {"juice": {"beta_plus": 2.0, "beta_minus": -1.0}, "auto": policy.to_json()})
     auto = Steerer(lm, artifact, method="auto")
     static = Steerer(lm, artifact, method="juice", beta_plus=2.0, beta_minus=-1.0)
     prompts, questions = [TEXTS[0], TEXTS[1]], [TEXTS[2], TEXTS[3]]
@@ -354,10 +314,9 @@ def test_juice_tune_methods_auto_from_the_command_line(tmp_path, capsys):
     import json
 
     import juice.apps.cli as cli
-    from test_context_types import ROWS
 
     folder, heads = tiny_model_and_heads(tmp_path)
-    data = _nqswap_file(tmp_path / "val.jsonl", ROWS)
+    data = nqswap_file(tmp_path / "val.jsonl", ROWS)
     assert cli.main(["tune", "--heads", str(heads), "--data", str(data), "--methods", "auto", "--limit", "3",
                      "--model", str(folder), "--device", "cpu"]) == 0
     assert "auto:" in capsys.readouterr().out
@@ -374,11 +333,10 @@ def test_auto_choosing_adacad_evaluates_as_adacad(tiny_llama, tmp_path):
     """A policy whose every bin is AdaCAD gives AdaCAD's outputs in the context-type evaluation
     (the choice's contrast candidate, keyed apart from the steerings)."""
     from juice.when_to_steer import context_items, evaluate_contexts
-    from test_context_types import ROWS
 
     policy = AutoPolicy((0.0,), ("june", "adacad"), {"june": (1.0, 0.0)})   # JSD >= 0: always AdaCAD
-    artifact = _tiny_heads(tiny_llama, {"juice": {"beta_plus": 2.0, "beta_minus": -1.0}, "auto": policy.to_json()})
-    items, where = context_items(_nqswap_file(tmp_path / "t.jsonl", ROWS[:3]))
+    artifact = tiny_heads(tiny_llama, {"juice": {"beta_plus": 2.0, "beta_minus": -1.0}, "auto": policy.to_json()})
+    items, where = context_items(nqswap_file(tmp_path / "t.jsonl", ROWS[:3]))
     report = evaluate_contexts(tiny_llama, [artifact], items, ["adacad", "auto"], data=where, resamples=1000)
     outputs = {}
     for r in report.results:
@@ -567,10 +525,9 @@ def test_auto_choosing_the_question_alone_evaluates_as_question_only(tiny_llama,
     item's question (Question-only, read from Original's none items)."""
     from juice.when_to_steer.evaluation import QUESTION_ONLY, question_only_results
     from juice.when_to_steer import context_items, evaluate_contexts
-    from test_context_types import ROWS
 
-    artifact = _tiny_heads(tiny_llama, {"juice": {"beta_plus": 2.0, "beta_minus": -1.0}, "auto": policy.to_json()})
-    items, where = context_items(_nqswap_file(tmp_path / "t.jsonl", ROWS[:3]))
+    artifact = tiny_heads(tiny_llama, {"juice": {"beta_plus": 2.0, "beta_minus": -1.0}, "auto": policy.to_json()})
+    items, where = context_items(nqswap_file(tmp_path / "t.jsonl", ROWS[:3]))
     report = evaluate_contexts(tiny_llama, [artifact], items, ["original", "auto"], data=where, resamples=1000)
     alone = {(r.item, r.conflict_type): r.output for r in question_only_results(items.items, report.results)}
     auto = {(r.item, r.conflict_type): r.output for r in report.results if r.method == "auto-ctx"}

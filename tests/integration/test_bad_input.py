@@ -11,10 +11,7 @@ import pytest
 
 import juice.apps.cli as cli
 
-HEADS = {"format": "juice-heads/1", "model": {"name": "other", "model_type": "llama", "n_layers": 3, "n_heads": 4,
-                                               "head_dim": 8, "vocab_size": 160, "weights_sha256_16": "0" * 16},
-         "direction": "parametric", "k": 1, "alphas_positive": [1.0], "alphas_negative": [-1.0],
-         "positive_heads": ["L0H0"], "negative_heads": ["L1H1"]}
+from helpers.bad_input import HEADS, write
 
 
 def _paper_folder(shared_data, root, mutate=None):
@@ -23,12 +20,6 @@ def _paper_folder(shared_data, root, mutate=None):
     if mutate:
         mutate(folder)
     return root
-
-
-def _write(path, text):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
 
 
 def _no_field(folder):
@@ -46,7 +37,7 @@ def _empty_answer(folder):
 def _contextual_root(tmp, nq_lines):
     root = tmp / "ctx"
     (root / "memotrap").mkdir(parents=True)
-    _write(root / "nqswap" / "nqswap.jsonl", nq_lines)
+    write(root / "nqswap" / "nqswap.jsonl", nq_lines)
     return root
 
 
@@ -80,26 +71,26 @@ CASES = [
     ("generate: the heads file does not exist", lambda tmp, sd: ["generate", "x", "--heads", str(tmp / "h.json")],
      "does not exist"),
     ("generate: the heads file is not JSON", lambda tmp, sd: ["generate", "x", "--heads",
-                                                              str(_write(tmp / "h.json", "{heads"))], "not JSON"),
-    ("generate: another file format", lambda tmp, sd: ["generate", "x", "--heads", str(_write(tmp / "h.json", "[]"))],
+                                                              str(write(tmp / "h.json", "{heads"))], "not JSON"),
+    ("generate: another file format", lambda tmp, sd: ["generate", "x", "--heads", str(write(tmp / "h.json", "[]"))],
      "not a juice heads file"),
-    ("generate: a heads file without its heads", lambda tmp, sd: ["generate", "x", "--heads", str(_write(
+    ("generate: a heads file without its heads", lambda tmp, sd: ["generate", "x", "--heads", str(write(
         tmp / "h.json", json.dumps({k: v for k, v in HEADS.items() if k != "negative_heads"})))],
      "without the field 'negative_heads'"),
     ("generate: an unknown model alias", lambda tmp, sd: ["generate", "x", "--model", "gemma-3-27m", "--heads",
-                                                          str(_write(tmp / "h.json", json.dumps(HEADS)))],
+                                                          str(write(tmp / "h.json", json.dumps(HEADS)))],
      "not an embedded alias (gemma-3-270m, smollm2-135m)"),
-    ("tune: a row without target", lambda tmp, sd: ["tune", "--heads", str(_write(tmp / "h.json", json.dumps(HEADS))),
-                                                     "--data", str(_write(tmp / "v.jsonl", '{"prompt": "x is"}\n'))],
+    ("tune: a row without target", lambda tmp, sd: ["tune", "--heads", str(write(tmp / "h.json", json.dumps(HEADS))),
+                                                     "--data", str(write(tmp / "v.jsonl", '{"prompt": "x is"}\n'))],
      "line 1: no target"),
-    ("tune: an unknown method", lambda tmp, sd: ["tune", "--heads", str(_write(tmp / "h.json", json.dumps(HEADS))),
-                                                 "--data", str(_write(tmp / "v.jsonl", '{"prompt": "x is", "target": "y"}\n')),
+    ("tune: an unknown method", lambda tmp, sd: ["tune", "--heads", str(write(tmp / "h.json", json.dumps(HEADS))),
+                                                 "--data", str(write(tmp / "v.jsonl", '{"prompt": "x is", "target": "y"}\n')),
                                                  "--methods", "cad"], "tune chooses settings for ph3, june, juice (and auto)"),
     ("evaluate: juice without a heads file", lambda tmp, sd: [
-        "evaluate", "--data", str(_write(tmp / "t.jsonl", '{"prompt": "x is", "target": "y"}\n')), "--methods", "juice"],
+        "evaluate", "--data", str(write(tmp / "t.jsonl", '{"prompt": "x is", "target": "y"}\n')), "--methods", "juice"],
      "juice needs a heads file"),
     ("evaluate: an unknown method", lambda tmp, sd: [
-        "evaluate", "--data", str(_write(tmp / "t.jsonl", '{"prompt": "x is", "target": "y"}\n')), "--methods", "cadd"],
+        "evaluate", "--data", str(write(tmp / "t.jsonl", '{"prompt": "x is", "target": "y"}\n')), "--methods", "cadd"],
      "unknown method 'cadd'"),
     ("toy: an unknown part", lambda tmp, sd: ["toy", "everything", "--out", str(tmp / "toy")], "choose all or one of"),
 ]
@@ -152,6 +143,6 @@ def test_ctrl_c_says_how_to_resume(monkeypatch, capsys):
 def test_debug_shows_the_traceback(monkeypatch, tmp_path):
     monkeypatch.setenv("JUICE_DEBUG", "1")
     with pytest.raises(ValueError, match="not a juice heads file"):
-        cli.main(["generate", "x", "--heads", str(_write(tmp_path / "h.json", "[]"))])
+        cli.main(["generate", "x", "--heads", str(write(tmp_path / "h.json", "[]"))])
 
 

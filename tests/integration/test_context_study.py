@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from test_auto import _book_rows, _nqswap_file, _tiny_heads, tiny_model_and_heads
+from helpers.auto import book_rows, nqswap_file, tiny_heads, tiny_model_and_heads
 
 
 @pytest.fixture(scope="module")
 def rows_file(tmp_path_factory):
-    return _nqswap_file(tmp_path_factory.mktemp("study") / "rows.jsonl", _book_rows(16))
+    return nqswap_file(tmp_path_factory.mktemp("study") / "rows.jsonl", book_rows(16))
 
 
 def test_the_study_chooses_on_validation_and_reports_on_test(tiny_llama, rows_file, tmp_path, monkeypatch):
@@ -23,7 +23,7 @@ def test_the_study_chooses_on_validation_and_reports_on_test(tiny_llama, rows_fi
 
     lm = tiny_llama
     names = ("original", "prompt", "cad", "adacad", "juice")
-    study = run_study(lm, _tiny_heads(lm), rows_file, out=tmp_path / "s", names=names, resamples=1000)
+    study = run_study(lm, tiny_heads(lm), rows_file, out=tmp_path / "s", names=names, resamples=1000)
     val, test = study.validation, study.test
     val_q = {(r.domain, r.subject) for r in val.results}
     test_q = {(r.domain, r.subject) for r in test.results}
@@ -51,7 +51,7 @@ def test_the_study_chooses_on_validation_and_reports_on_test(tiny_llama, rows_fi
         raise AssertionError("the cache should hold every chunk")
 
     monkeypatch.setattr(study_module, "evaluate_context_types", no_decoding)
-    again = run_study(lm, _tiny_heads(lm), rows_file, out=tmp_path / "s", names=names, resamples=1000)
+    again = run_study(lm, tiny_heads(lm), rows_file, out=tmp_path / "s", names=names, resamples=1000)
     assert [r.output for r in again.test.results] == [r.output for r in test.results]
     for half in ("validation", "test"):   # the decoding time is the cache's, not the re-run's
         key = f"{half} decoding (all chunks)"
@@ -105,7 +105,7 @@ def test_no_test_verdict_moves_the_best_static_method_autos_policy_or_its_cross_
     studies = {}
     for right in ("JuICE-ctx", "AdaCAD"):
         monkeypatch.setattr(study_module, "decode_cached", _rigged(real, right))
-        studies[right] = run_study(lm, _tiny_heads(lm), rows_file, out=tmp_path / "s", names=names, resamples=1000)
+        studies[right] = run_study(lm, tiny_heads(lm), rows_file, out=tmp_path / "s", names=names, resamples=1000)
     a, b = studies.values()
     static = [*a.validation.methods[:6], "Question-only"]
     chosen = best_static_method({"means": a.validation.means(), "methods": static}, among=static)

@@ -17,7 +17,7 @@ from juice.eval.metrics import context_verdicts
 from juice.recipe import Method
 from juice.interventions import Head, HeadSelection
 from juice.steering import ORIGINAL, JuICE, JuNE
-from test_context_types import ROWS
+from helpers.context_rows import ROWS
 
 SEL = HeadSelection((Head(1, 2),), (Head(0, 1),))
 

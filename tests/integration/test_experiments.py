@@ -13,6 +13,8 @@ import juice.pipeline.stages as stages
 from juice.pipeline.run import ReproduceConfig
 from juice.experiments.table1 import reproduce
 
+from helpers.data import authors_layout, write_contextual_data
+
 
 def _two_domain_folder(shared_data, root):
     """The paper's layout with two domains: World Capital and a renamed copy of it."""
@@ -157,37 +159,10 @@ def test_tiny_prompt_too_long_and_empty_answer_errors(tiny_llama):
         answer_first_token(tiny_llama.tokenizer, "the capital of france is", "   ")
 
 
-def _write_contextual_data(root):
-    import csv
-
-    words = "paris berlin tokyo madrid rome golf tennis".split()
-    (root / "memotrap").mkdir(parents=True)
-    for name in ("1-proverb-ending.csv", "2-proverb-translation.csv", "3-hate-speech-ending.csv",
-                 "4-history-of-science-qa.csv"):
-        with open(root / "memotrap" / name, "w", encoding="utf-8", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["prompt", "classes", "answer_index"])
-            for i in range(14):
-                a, b = words[i % 7], words[(i + 3) % 7]
-                if name.startswith("2"):
-                    prompt = f"translate w{i} w{i + 1}\nto:\nthe capital of france is"
-                elif name.startswith("4"):
-                    prompt = f"what was w{i} .\nA. {a}\nB. {b}\nAnswer:"
-                else:
-                    prompt = f'write "{a}": the capital of w{i} is'
-                w.writerow([prompt, str([f" {a}", f" {b}"]), i % 2])
-    (root / "nqswap").mkdir()
-    with open(root / "nqswap" / "nqswap.jsonl", "w", encoding="utf-8") as f:
-        for i in range(14):
-            a, b = words[i % 7], words[(i + 2) % 7]
-            f.write(json.dumps({"question": f"what is w{i}", "org_context": f"<P> w{i} is {b} </P>",
-                                "org_answer": [b], "sub_context": f"<P> w{i} is {a} </P>", "sub_answer": [a]}) + "\n")
-
-
 def test_contextual_pipeline_runs_writes_table2_and_resumes(tiny_llama, tmp_path):
     import juice.experiments.table2 as rc
 
-    _write_contextual_data(tmp_path / "data")
+    write_contextual_data(tmp_path / "data")
     cfg = ReproduceConfig(out_dir=tmp_path / "out", data_root=tmp_path / "data", limit=2, validation_per_dataset=1,
                           ph3_dev_size=2, scoring="exact", alphas_positive=(1.0,), alphas_negative=(-1.0,), k=2,
                           bootstrap_resamples=1000, contexts=("nqswap", "paraconflict"))
@@ -268,7 +243,7 @@ def test_a_new_contextual_dataset_is_one_entry(tiny_llama, tmp_path, monkeypatch
         "keyword", 4, "a test's metric: the answer anywhere in the output", keyword, frozenset({metrics.CONTEXTUAL})))
     monkeypatch.setitem(contextual.DATASETS, "riddles", contextual.ContextualDataset(
         "riddles", "Riddles", "keyword", "riddles", load_riddles))
-    _write_contextual_data(tmp_path / "data")
+    write_contextual_data(tmp_path / "data")
     (tmp_path / "data" / "riddles").mkdir()
     words = "paris berlin tokyo madrid rome golf tennis".split()
     (tmp_path / "data" / "riddles" / "riddles.jsonl").write_text("".join(
@@ -418,9 +393,7 @@ def test_a_repeated_test_subject_in_the_authors_layout_is_two_items_in_every_tab
     """Issue 25: the paper's Official Language test split holds Australia twice (two distractors);
     the run used to crash after every stage with "two results for ...". Now the authors' folder
     is read as it is and both items are evaluated, tabulated and reported."""
-    from test_data import _authors_layout
-
-    factual = _authors_layout(shared_data, tmp_path / "data")
+    factual = authors_layout(shared_data, tmp_path / "data")
     cfg = ReproduceConfig(out_dir=tmp_path / "out", data=factual, limit=3, validation_size=2, filter=False,
                           alphas_positive=(1.0,), alphas_negative=(-1.0,), k=2, baselines=False,
                           bootstrap_resamples=1000)
@@ -434,13 +407,11 @@ def test_a_repeated_test_subject_in_the_authors_layout_is_two_items_in_every_tab
 
 
 def test_every_data_check_runs_before_the_model_loads(shared_data, tmp_path, monkeypatch):
-    from test_data import _authors_layout
-
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the data was checked")
 
     monkeypatch.setattr(run_mod, "load_model", no_model)
-    factual = _authors_layout(shared_data, tmp_path / "data")
+    factual = authors_layout(shared_data, tmp_path / "data")
     bad = factual / "capital_copy_gemma" / "head_size_4" / "unfiltered_test.json"
     rows = json.loads(bad.read_text())
     rows[5]["Coherent Conflict"] = ""

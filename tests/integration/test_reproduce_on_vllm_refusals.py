@@ -10,7 +10,7 @@ from juice.pipeline.run import ReproduceConfig
 from juice.experiments.table1 import reproduce
 from juice.vllm.engine import VllmEngine, VllmEngineError
 
-from test_reproduce_on_vllm import TINY  # noqa: E402
+from helpers.reproduce import TINY  # noqa: E402
 
 
 def test_an_architecture_the_plugin_does_not_steer_is_refused_before_any_stage(tmp_path):

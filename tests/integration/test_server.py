@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 import pytest
 
@@ -20,7 +19,7 @@ from juice.stage1 import HeadsArtifact
 from juice.interventions import Head  # noqa: E402
 from juice.apps.server import WARNING_HEADER, create_app, parse_spec  # noqa: E402
 from juice.steerer import Steerer  # noqa: E402
-from request_protocol import serving  # noqa: E402
+from helpers.server import serving_client  # noqa: E402
 from juice.steering import UntunedBetasWarning  # noqa: E402
 
 pytestmark = pytest.mark.gpu   # benchmarks/gpu_check.py runs these on the device
@@ -30,21 +29,13 @@ PROMPTS = ["the capital of france is", "the name of the capital city of japan is
            "w1 w2 w3 the name of the capital city of spain is", "the capital of germany is"]
 
 
-@contextmanager
-def _serving(app):
-    """Run `app` on 127.0.0.1 at a free port in a thread (tests/request_protocol.py); yield an
-    `openai` client for it."""
-    with serving(app) as base:
-        yield openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
-
-
 @pytest.fixture(scope="module")
 def served():
     lm = build_tiny("llama")
     lm.tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}is"
     artifact = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL)
     app = create_app(lm, [artifact], model_name="tiny")
-    with _serving(app) as client:
+    with serving_client(app) as client:
         yield lm, client, app.state.engine
 
 
@@ -52,7 +43,7 @@ def test_a_tuned_heads_file_gives_the_default_betas(served):
     lm = served[0]
     tuned = {"juice": {"beta_plus": 30.0, "beta_minus": -5.0}, "june": {"beta_plus": 4.0, "beta_minus": -2.0}}
     artifact = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL, tuned=tuned)
-    with _serving(create_app(lm, [artifact], model_name="tiny")) as client:
+    with serving_client(create_app(lm, [artifact], model_name="tiny")) as client:
         for method in ("juice", "june"):
             out = client.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=6, temperature=0,
                                             extra_body={"juice": {"method": method}})
@@ -67,7 +58,7 @@ def test_a_tuned_heads_file_gives_the_default_betas(served):
         assert plain.parse().choices[0].text == Steerer(lm, artifact).generate(PROMPTS[2], 6)[0]
         assert WARNING_HEADER not in plain.headers
     only_june = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL, tuned={"june": tuned["june"]})
-    with _serving(create_app(lm, [only_june], model_name="tiny")) as client:   # JuNE is what was tuned
+    with serving_client(create_app(lm, [only_june], model_name="tiny")) as client:   # JuNE is what was tuned
         out = client.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=6, temperature=0)
         assert out.choices[0].text == Steerer(lm, only_june, method="june").generate(PROMPTS[2], 6)[0]
 
@@ -76,7 +67,7 @@ def test_an_operators_default_steers_requests_without_a_juice_field(served):
     lm = served[0]
     artifact = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL)
     app = create_app(lm, [artifact], model_name="tiny", default=parse_spec("method:june,beta_plus:3,beta_minus:-1"))
-    with _serving(app) as client:
+    with serving_client(app) as client:
         out = client.completions.with_raw_response.create(model="tiny", prompt=PROMPTS[2], max_tokens=6, temperature=0)
         assert out.parse().choices[0].text == Steerer(lm, SEL, method="june", beta_plus=3, beta_minus=-1).generate(
             PROMPTS[2], 6)[0]
@@ -356,7 +347,7 @@ def test_past_the_queue_a_request_gets_429_and_every_admitted_one_is_answered():
     lm = build_tiny("llama")
     app = create_app(lm, model_name="tiny", limits=ServerLimits(max_rows=1, max_queued=1))
     engine = app.state.engine
-    with _serving(app) as client:
+    with serving_client(app) as client:
         port = _port(client)
         answers = {}
 
@@ -383,7 +374,7 @@ def test_past_the_queue_a_request_gets_429_and_every_admitted_one_is_answered():
 def test_a_request_past_its_timeout_is_a_504_and_a_stream_gets_an_error_event():
     lm = build_tiny("llama")
     app = create_app(lm, model_name="tiny", limits=ServerLimits(request_timeout_s=0.05))
-    with _serving(app) as client:
+    with serving_client(app) as client:
         port = _port(client)
         body = {"model": "tiny", "prompt": LONG_PROMPT, "max_tokens": 220, "temperature": 0}
         status, data, _ = _post(port, "/v1/completions", body)
@@ -422,8 +413,8 @@ def test_a_stream_with_n_choices_equals_the_plain_answer(served):
     assert pieces == [c.text for c in plain.choices] and reasons == [c.finish_reason for c in plain.choices]
 
 
-from request_protocol import FUZZ_FIELDS as FIELDS  # noqa: E402
-from request_protocol import JSON_VALUES  # noqa: E402
+from helpers.request_protocol import FUZZ_FIELDS as FIELDS  # noqa: E402
+from helpers.request_protocol import JSON_VALUES  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -432,7 +423,7 @@ def fuzzed():
     lm.tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}is"
     app = create_app(lm, [HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL)], model_name="tiny",
                      limits=ServerLimits(max_prompts=3, max_total_tokens=24, max_n=3))
-    with _serving(app) as client:
+    with serving_client(app) as client:
         yield _port(client)
 
 
@@ -521,7 +512,7 @@ def test_an_alias_steers_the_requests_that_name_it(served):
     lm = served[0]
     artifact = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL)
     alias = {"tiny+juice": {"method": "juice", "beta_plus": 3.0, "beta_minus": -1.0}}
-    with _serving(create_app(lm, [artifact], model_name="tiny", aliases=alias)) as client:
+    with serving_client(create_app(lm, [artifact], model_name="tiny", aliases=alias)) as client:
         assert [m.id for m in client.models.list().data] == ["tiny", "tiny+juice"]
         by_alias = client.completions.create(model="tiny+juice", prompt=PROMPTS[2], max_tokens=6, temperature=0)
         assert by_alias.model == "tiny+juice"
@@ -569,7 +560,7 @@ def test_auto_serves_each_request_as_the_steerer_with_its_question():
     assert len(set(wanted)) > 1
     messages = [{"role": "user", "content": f"{contexts[0]} {PROMPTS[0]}"}]
     chat_wanted = steerer.chat(messages, 6, question=PROMPTS[0])
-    with _serving(create_app(lm, [artifact], model_name="tiny")) as client:
+    with serving_client(create_app(lm, [artifact], model_name="tiny")) as client:
         def ask(i):
             prompt, question = asked[i]
             out = client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0,
@@ -587,7 +578,7 @@ def test_auto_serves_each_request_as_the_steerer_with_its_question():
             with pytest.raises(openai.BadRequestError, match=message):
                 client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=2, extra_body={"juice": juice_field})
     untuned = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL)
-    with _serving(create_app(lm, [untuned], model_name="tiny")) as client:
+    with serving_client(create_app(lm, [untuned], model_name="tiny")) as client:
         with pytest.raises(openai.BadRequestError, match="holds no auto policy"):
             client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=2,
                                       extra_body={"juice": {"method": "auto", "question": "q"}})

@@ -19,35 +19,17 @@ import pytest
 import torch
 
 from juice.architectures import HeadGeometry
-from juice.interventions import Head, HeadSelection
-from juice.stage1.heads_file import HeadsArtifact, save_heads
+from juice.interventions import Head
 from juice.steering import JuICE, JuNE, Prune
 from juice.steering_request import request_fields
 from juice.steering_request import SteeringRequestError
 from juice.vllm.options import parse_request, read_heads_file, plugin_heads
-from juice.vllm.launch import find_vllm_python
 from juice.vllm.middleware import juice_field_to_xargs
 
+from helpers.vllm import CONTEXTUAL, PARAMETRIC, write_heads
 
-HERE = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = find_vllm_python(required=False)
-_skip_without_vllm = pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (run scripts/install-vllm.sh, "
-                                                                   "or set JUICE_VLLM_PYTHON)")
-
-
-def needs_vllm(test):
-    """Runs vLLM in a subprocess (the slow tier, marker `vllm`); skips without vLLM's environment."""
-    return pytest.mark.vllm(_skip_without_vllm(test))
 
 GEOMETRY = HeadGeometry(4, 4, 32)
-PARAMETRIC = HeadSelection((Head(1, 0), Head(2, 3)), (Head(1, 2),))
-CONTEXTUAL = HeadSelection((Head(2, 1),), (Head(1, 3), Head(2, 3)))
-
-
-def write_heads(path: Path, model: dict, direction: str, selection: HeadSelection, tuned: dict | None = None) -> str:
-    save_heads(HeadsArtifact(model, direction, len(selection.positive), [1.0], [-1.0], selection,
-                             tuned=tuned or {}), path)
-    return str(path)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from juice.data.context_types import CONTEXT_TYPES
 from juice.interventions import Head, HeadSelection
 from juice.stage1.heads_file import HeadsArtifact, save_heads
 from juice.when_to_steer import context_items, context_methods, evaluate_contexts
-from test_context_types import ROWS
+from helpers.context_rows import ROWS
 
 SEL = HeadSelection((Head(1, 2),), (Head(0, 1),))
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_vllm import needs_vllm  # noqa: E402
+from helpers.vllm import needs_vllm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,12 +20,9 @@ from juice.experiments.table1 import reproduce
 from juice.pipeline.compare import ENGINE_RECORD, compare_files
 from juice.vllm.engine import VllmEngine, VllmEngineError
 
-from test_vllm import needs_vllm  # noqa: E402
-from test_vllm_runs import _ray_head, tiny_llama_dir  # noqa: E402
-
-TINY = dict(limit=2, validation_size=2, filter=False, alphas_positive=(1.0, 3.0), alphas_negative=(-1.0,), k=2,
-            ph3_dev_size=3, bootstrap_resamples=1000, domains=("world_capital", "athlete_sport"))
-"""A Table 1 that runs every stage in seconds on the tiny model: two domains, two test items each."""
+from helpers.data import write_contextual_data  # noqa: E402
+from helpers.reproduce import TINY  # noqa: E402
+from helpers.vllm import needs_vllm, ray_head, tiny_llama_dir  # noqa: E402
 
 P_TOLERANCE = 1e-4
 """Largest difference of a first-token probability between the engines: vLLM's CPU kernels (oneDNN
@@ -90,7 +87,7 @@ def test_reproduce_on_vllm_equals_juices_engine_stage_by_stage(juice_table, tmp_
     lm, folder, results, heads = juice_table
     env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"} if "tensor" in scale else {}
     if "Ray" in scale:
-        with _ray_head(2) as ray_env:
+        with ray_head(2) as ray_env:
             engine = _vllm_table(lm, folder, tmp_path, SCALE_OUT[scale], {**env, **ray_env})
     else:
         engine = _vllm_table(lm, folder, tmp_path, SCALE_OUT[scale], env, offline=scale == "offline")
@@ -177,10 +174,9 @@ def test_table_2_on_vllm_equals_juices_engine(tmp_path):
     """The contextual direction (Table 2) on vLLM: MemoTrap's likelihood comparison from vLLM's
     prompt log-probabilities, CAD and AdaCAD handed to juice's engine in the same run."""
     from juice.experiments.table2 import reproduce_contextual
-    from test_experiments import _write_contextual_data
 
     lm, folder = tiny_llama_dir(tmp_path)
-    _write_contextual_data(tmp_path / "data")
+    write_contextual_data(tmp_path / "data")
     common = dict(model=folder, data_root=tmp_path / "data", limit=2, validation_per_dataset=1, ph3_dev_size=2,
                   alphas_positive=(1.0,), alphas_negative=(-1.0,), k=2, bootstrap_resamples=1000)
     reproduce_contextual(ReproduceConfig(out_dir=tmp_path / "juice", **common), lm=lm)

@@ -14,9 +14,10 @@ import textwrap
 import pytest
 
 pytest.importorskip("fastapi")
+pytest.importorskip("openai")
 lm_eval = pytest.importorskip("lm_eval")
 from conftest import SHARED  # noqa: E402
-from test_server import _serving  # noqa: E402
+from helpers.server import serving_client  # noqa: E402
 
 from juice.apps.server import create_app  # noqa: E402
 from juice.eval.harness_tasks import write_tasks  # noqa: E402
@@ -71,7 +72,7 @@ def harness(real_model, tmp_path_factory):
     # the plain name gets the server's default (Original: this heads file holds no tuned betas); each alias its own
     app = create_app(lm, [artifact], model_name="gemma",
                      aliases={"gemma+original": {"method": "original"}, "gemma+juice": JUICE})
-    with _serving(app) as client:
+    with serving_client(app) as client:
         port = int(str(client.base_url).rstrip("/").split(":")[-1].split("/")[0])
         yield lm, port, folder, tokenizer
 

@@ -43,7 +43,7 @@ def smollm2():
 @pytest.mark.slow
 @pytest.mark.parametrize("scoring", [pytest.param("exact", marks=pytest.mark.long), "hybrid"])
 def test_smollm2_identifies_tunes_and_serves_text_that_does_not_degenerate(smollm2, tmp_path, scoring):
-    from test_server import _serving
+    from helpers.server import serving_client
 
     lm = smollm2
     cfg = ReproduceConfig(model="smollm2-135m", out_dir=tmp_path, domains=("world_capital",), scoring=scoring)
@@ -57,7 +57,7 @@ def test_smollm2_identifies_tunes_and_serves_text_that_does_not_degenerate(smoll
         c = chosen[method]
         assert c.degeneration <= c.original_degeneration + 10.0   # the guard held
         assert artifact.tuned[method]["beta_plus"] == c.beta_plus
-    with _serving(create_app(lm, [artifact], model_name="smol")) as client:
+    with serving_client(create_app(lm, [artifact], model_name="smol")) as client:
         replies = {}
         for name, extra in (("no juice field", None), ("juice", {"juice": {"method": "juice"}}),
                             ("original", {"juice": {"method": "original"}})):

@@ -9,8 +9,7 @@ environment; skips without it."""
 
 from __future__ import annotations
 
-from test_vllm import CONTEXTUAL, PARAMETRIC, needs_vllm  # noqa: E402
-from test_vllm_runs import equality_case, tiny_llama_dir  # noqa: E402
+from helpers.vllm import CONTEXTUAL, PARAMETRIC, equality_case, needs_vllm, tiny_llama_dir  # noqa: E402
 
 RUN1 = "juice.clean_run"
 """How run 1's op (:data:`juice.vllm.constraints.CLEAN_RUN_OP`) prints as a traced node's target."""

@@ -12,79 +12,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from juice.engine import Stream, generate
 from juice.interventions import Head, HeadSelection
-from juice.steering import ORIGINAL, JuICE, JuNE, Prune
+from juice.steering import Prune
 from juice.tokens import token_ids
 from juice.vllm.options import plugin_heads
 
-from request_protocol import FUZZ_FIELDS, JSON_VALUES  # noqa: E402
-from test_vllm import CONTEXTUAL, HERE, PARAMETRIC, VLLM_PYTHON, needs_vllm, write_heads  # noqa: E402
-
-
-def _steering(lm, files: dict[str, HeadSelection], juice: dict | None):
-    if juice is None or juice["method"] == "original":
-        return ORIGINAL
-    if juice["method"] == "prune":
-        return Prune(lm, [Head.parse(h) for h in juice["heads"]])
-    make = JuICE if juice["method"] == "juice" else JuNE
-    return make(lm, files[juice["direction"]], juice.get("beta_plus", 2.0), juice.get("beta_minus", 0.0))
-
-
-def run_vllm(model_dir: str, requests: list[dict], heads_files: list[str], tmp_path: Path, bad=(), llm=None,
-             timeout: int = 900, fails: bool = False, env: dict | None = None, modes=("mixed", "alone"),
-             arrive=None, heads_in_config: bool = False, poison: int = 0) -> dict | str:
-    spec = {"model": model_dir, "requests": requests, "bad": list(bad), "llm": llm or {}, "modes": list(modes),
-            "arrive": arrive, "heads_in_config": heads_in_config, "poison": poison}
-    (tmp_path / "in.json").write_text(json.dumps(spec))
-    env = {**os.environ, "JUICE_VLLM_HEADS": os.pathsep.join(heads_files), "VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_LOGGING_LEVEL": "WARNING", **(env or {})}
-    ranks = (llm or {}).get("tensor_parallel_size", 1)
-    if ranks > 1:   # vllm-cpu binds each rank's threads to its NUMA node; one node here: one core per rank
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i) for i in range(ranks)))
-    done = subprocess.run([VLLM_PYTHON, str(HERE / "vllm_env" / "run_offline.py"), str(tmp_path / "in.json"),
-                           str(tmp_path / "out.json")], env=env, capture_output=True, text=True, timeout=timeout)
-    if fails:   # vLLM refused to start: its log
-        assert done.returncode != 0
-        return done.stdout + done.stderr
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads((tmp_path / "out.json").read_text())
-
-
-def reference_requests(lm, prompts: list[str], selections: dict[str, HeadSelection], steerings: list[dict | None],
-                       max_tokens: int) -> tuple[list[dict], list[list[int]]]:
-    """Each prompt under each steering as a request to vLLM (token ids, `juice` fields, max_tokens),
-    and juice's own greedy tokens for them, all in one batch (`generate`)."""
-    requests, streams = [], []
-    for i, prompt in enumerate(prompts):
-        ids = token_ids(lm.tokenizer, prompt)
-        for juice in steerings:
-            requests.append({"prompt_token_ids": ids, "juice": juice, "max_tokens": max_tokens})
-            streams.append(Stream(i, _steering(lm, selections, juice)))
-    return requests, generate(lm, prompts, streams, max_new_tokens=max_tokens).tokens.tolist()
-
-
-def equality_case(lm, model_dir: str, tmp_path: Path, prompts: list[str], selections: dict[str, HeadSelection],
-                  steerings: list[dict | None], max_tokens: int, bad=(), llm: dict | None = None,
-                  heads_in_config: bool = False, env: dict | None = None, **run) -> dict:
-    """`run` goes to :func:`run_vllm` (modes, poison)."""
-    files = [write_heads(tmp_path / f"{d}.json", lm.fingerprint(), d, s) for d, s in selections.items()]
-    requests, expected = reference_requests(lm, prompts, selections, steerings, max_tokens)
-    out = run_vllm(model_dir, requests, files, tmp_path, bad=bad, llm=llm, heads_in_config=heads_in_config, env=env,
-                   **run)
-    return {"expected": expected, **out, "requests": requests}
+from helpers.request_protocol import FUZZ_FIELDS, JSON_VALUES  # noqa: E402
+from helpers.vllm import (CONTEXTUAL, PARAMETRIC, VLLM_PYTHON, equality_case, needs_vllm,  # noqa: E402
+                          ray_head, run_vllm, steering_for, tiny_llama_dir, write_heads)
 
 
 STEERINGS = [
@@ -95,28 +39,6 @@ STEERINGS = [
     {"method": "june", "direction": "contextual", "beta_plus": 1.5, "beta_minus": 0.0},
     {"method": "prune", "heads": ["L1H1", "L2H0"]},
 ]
-
-
-def tiny_llama_dir(tmp_path: Path, model_type: str = "llama"):
-    """A tiny random model that vLLM's CPU attention takes (head_dim 32), saved with its tokenizer."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from conftest import COMMON, make_tokenizer
-    from juice.models import wrap_model
-
-    extra = {"head_dim": 32, "sliding_window": 6, "attn_logit_softcapping": 5.0, "final_logit_softcapping": 30.0,
-             "query_pre_attn_scalar": 32} if model_type == "gemma2" else {"head_dim": 32} if model_type == "qwen3" else {}
-    config = AutoConfig.for_model(model_type, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                                  num_attention_heads=4, num_key_value_heads=2,
-                                  **{**COMMON, "initializer_range": 0.3}, **extra)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
-                                             **({"attn_implementation": "eager"} if model_type == "gemma2" else {}))
-    folder = tmp_path / f"tiny-{model_type}"
-    model.save_pretrained(folder)
-    tokenizer = make_tokenizer()
-    tokenizer.save_pretrained(folder)   # vLLM detokenizes with it; the prompts go in as token ids
-    return wrap_model(model.eval(), tokenizer, name=str(folder)), str(folder)
 
 
 MODES = {"eager": {"enforce_eager": True, "enable_prefix_caching": False},
@@ -200,47 +122,6 @@ def test_the_workers_steer_from_vllms_config_without_the_heads_files(tmp_path):
     assert len({tuple(t) for t in case["expected"]}) >= 4, "the steerings should change the tokens"
 
 
-RAY_ON_CPU = HERE / "vllm_env" / "ray_on_cpu"
-"""A test-only vLLM platform plugin (vLLM's public `vllm.platform_plugins` entry point, found on
-`PYTHONPATH`) for the Ray tests on a CPU: vllm-cpu's platform names no Ray resource, so vLLM
-refuses its Ray executors there ("current platform cpu does not support ray"). The plugin is
-vLLM's CPU platform placing its workers on Ray's "GPU" resource; the models still run on the CPU.
-Only the processes of those tests see it."""
-
-
-@contextlib.contextmanager
-def _ray_head(ranks: int):
-    """A local Ray head started as a separate node would be: from an environment without any
-    `JUICE_` variable. Yields the environment a vLLM process needs to use it (its address; on
-    vLLM's CPU platform, :data:`RAY_ON_CPU`'s plugin, the head declaring `ranks` "GPU"
-    resources); stops it after. Skips where vLLM's environment has no Ray."""
-    found = subprocess.run([VLLM_PYTHON, "-c", "import ray; from vllm.platforms import current_platform as p; "
-                            "print(p.device_name, p.ray_device_key)"], capture_output=True, text=True)
-    if found.returncode:
-        pytest.skip("ray is not installed in vLLM's environment (pip install ray there to run this test)")
-    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")   # Ray's socket paths must stay under 108 bytes
-    env, resources = {}, []
-    if len(found.stdout.split()) < 2:   # vllm-cpu 0.32: "current platform cpu does not support ray"
-        env = {"PYTHONPATH": os.pathsep.join(p for p in (str(RAY_ON_CPU), os.environ.get("PYTHONPATH", "")) if p)}
-        resources = ["--num-gpus", str(ranks)]
-    env["RAY_AUTH_MODE"] = "disabled"   # a token in ~/.ray (another local Ray made one) would turn auth on, and
-    # vLLM's Ray executor then fails to connect
-    clean = {**{k: v for k, v in os.environ.items() if not k.startswith("JUICE_")}, **env}
-    ray = [VLLM_PYTHON, "-m", "ray.scripts.scripts"]
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
-    started = subprocess.run([*ray, "start", "--head", "--port", port, "--num-cpus", "2", *resources,
-                              "--disable-usage-stats", "--include-dashboard=false", "--temp-dir", temp],
-                             env=clean, capture_output=True, text=True, timeout=180)
-    assert started.returncode == 0, started.stderr[-2000:]
-    try:
-        yield {**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}
-    finally:
-        subprocess.run([*ray, "stop", "--force"], env=clean, capture_output=True, timeout=120)
-        shutil.rmtree(temp, ignore_errors=True)
-
-
 RAY_EXECUTORS = {"v2": {}, "legacy": {"VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "0"}}
 """vLLM 0.32's two Ray executors: V2 (its default) gives each worker every variable of the engine's
 environment; the legacy one only those with the prefixes it copies (`JUICE_` from
@@ -257,7 +138,7 @@ def test_tensor_parallel_2_over_ray_steers_with_workers_that_have_neither_files_
     and the tokens equal juice's. On vLLM's CPU build the Ray workers are placed by
     :data:`RAY_ON_CPU`'s platform plugin."""
     lm, folder = tiny_llama_dir(tmp_path)
-    with _ray_head(2) as ray_env:
+    with ray_head(2) as ray_env:
         case = equality_case(lm, folder, tmp_path, ["the capital of france is paris", "japan tokyo spain"],
                              {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}, STEERINGS, max_tokens=6,
                              llm={**MODES["eager"], "tensor_parallel_size": 2, "distributed_executor_backend": "ray"},
@@ -276,7 +157,7 @@ def test_ray_workers_left_without_the_on_switch_stop_vllm_at_start_in_one_line(t
     lm, folder = tiny_llama_dir(tmp_path)
     files = [write_heads(tmp_path / "p.json", lm.fingerprint(), "parametric", PARAMETRIC)]
     ask = {"prompt_token_ids": token_ids(lm.tokenizer, "japan tokyo spain"), "juice": None, "max_tokens": 2}
-    with _ray_head(2) as ray_env:
+    with ray_head(2) as ray_env:
         log = run_vllm(folder, [ask], files, tmp_path, fails=True, heads_in_config=True,
                        llm={**MODES["eager"], "tensor_parallel_size": 2, "distributed_executor_backend": "ray"},
                        env={**ray_env, **RAY_EXECUTORS["legacy"], "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY": ""})
@@ -307,7 +188,7 @@ def test_prefix_caching_reuses_a_block_only_for_the_steering_that_computed_it_an
     # offline_request; juice's scheduler salts both the same way, so they share blocks with each other only
     requests = [{"prompt_token_ids": token_ids(lm.tokenizer, prompts[p]), "juice": steerings[s], "max_tokens": 8,
                  "plain": (p + s) % 2 == 1} for p, s in order]
-    expected = generate(lm, prompts, [Stream(p, _steering(lm, selections, steerings[s])) for p, s in order],
+    expected = generate(lm, prompts, [Stream(p, steering_for(lm, selections, steerings[s])) for p, s in order],
                         max_new_tokens=8).tokens.tolist()
     assert len(requests[0]["prompt_token_ids"]) >= 70
     sampled = [{"prompt_token_ids": requests[0]["prompt_token_ids"], "juice": s, "max_tokens": 10,
@@ -343,7 +224,7 @@ def test_vllm_as_a_serving_engine_chunked_prefill_arrivals_lengths_and_stops(tmp
     steerings = [STEERINGS[2], None, STEERINGS[3], STEERINGS[1], STEERINGS[5], STEERINGS[2]]
     which = [0, 1, 2, 3, 0, 2]
     lengths = [12, 5, 9, 12, 3, 7]
-    full = generate(lm, prompts, [Stream(p, _steering(lm, selections, s)) for p, s in zip(which, steerings)],
+    full = generate(lm, prompts, [Stream(p, steering_for(lm, selections, s)) for p, s in zip(which, steerings)],
                     max_new_tokens=12).tokens.tolist()
     requests, expected = [], []
     for i, (p, s, n) in enumerate(zip(which, steerings, lengths)):
@@ -522,7 +403,7 @@ def juice_serve_vllm(tmp_path: Path, folder: str, files: list[str], *vllm_args: 
 def vllm_server(tmp_path_factory):
     """`juice serve --engine vllm` on a tiny Llama with the request-protocol table's heads files,
     in vLLM's default mode (compiled, prefix caching on): (base URL, lm, folder, files)."""
-    from request_protocol import write_heads_files
+    from helpers.request_protocol import write_heads_files
 
     if VLLM_PYTHON is None:
         pytest.skip("no vLLM environment (run scripts/install-vllm.sh, or set JUICE_VLLM_PYTHON)")
@@ -539,7 +420,7 @@ def test_juice_serve_engine_vllm_answers_the_openai_client_with_per_request_stee
 
     from juice.apps.server import create_app
     from juice.stage1 import load_heads
-    from request_protocol import answers, check_table, serving
+    from helpers.request_protocol import answers, check_table, serving
 
     base, lm, folder, files = vllm_server
     selections = {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}
@@ -548,7 +429,7 @@ def test_juice_serve_engine_vllm_answers_the_openai_client_with_per_request_stee
     asks = [None, {"method": "june", "direction": "parametric", "beta_plus": 2.0, "beta_minus": -1.0},
             {"method": "juice", "direction": "contextual", "beta_plus": 3.0, "beta_minus": 0.0},
             {"method": "prune", "heads": ["L1H1", "L2H0"]}]
-    expected = generate(lm, ["the capital of france is paris"], [Stream(0, _steering(lm, selections, a)) for a in asks],
+    expected = generate(lm, ["the capital of france is paris"], [Stream(0, steering_for(lm, selections, a)) for a in asks],
                         max_new_tokens=8).tokens.tolist()
 
     def complete(extra: dict, stream: bool = False):
@@ -578,7 +459,7 @@ def test_juice_serve_engine_vllm_answers_the_openai_client_with_per_request_stee
 
     long_text = " ".join([LONG] * 4)   # 154 tokens: a full block at vLLM's CPU block sizes
     long_prompt = token_ids(lm.tokenizer, long_text)
-    long_expected = generate(lm, [long_text], [Stream(0, _steering(lm, selections, a)) for a in (None, asks[2])],
+    long_expected = generate(lm, [long_text], [Stream(0, steering_for(lm, selections, a)) for a in (None, asks[2])],
                              max_new_tokens=8).tokens.tolist()
     server = plugin_heads({"JUICE_VLLM_HEADS": os.pathsep.join(files)})
     juice_salt = steering_salt(request_ask(asks[2], server), server)
@@ -644,7 +525,7 @@ def test_on_vllm_beam_search_and_the_unsteered_routes_refuse_juice_fields_and_in
     body = {"model": folder, "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
             "return_token_ids": True, "juice": ask}
     expected = generate(lm, ["the capital of france is paris"],
-                        [Stream(0, _steering(lm, {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}, ask))],
+                        [Stream(0, steering_for(lm, {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}, ask))],
                         max_new_tokens=8).tokens.tolist()[0]
     for path in ("/v1/completions", "/invocations"):
         status, out = post(path, body)
@@ -676,7 +557,7 @@ def test_data_parallel_2_over_http_gives_the_same_tokens(tmp_path):
     files = [write_heads(tmp_path / f"{d}.json", lm.fingerprint(), d, s) for d, s in selections.items()]
     prompt = token_ids(lm.tokenizer, "the capital of france is paris")
     asks = [a for a in STEERINGS if a is None or a["method"] != "prune"]
-    expected = generate(lm, ["the capital of france is paris"], [Stream(0, _steering(lm, selections, a)) for a in asks],
+    expected = generate(lm, ["the capital of france is paris"], [Stream(0, steering_for(lm, selections, a)) for a in asks],
                         max_new_tokens=8).tokens.tolist()
     # eager: what is tested is that each engine core steers; compiling twice would double the start
     with juice_serve_vllm(tmp_path, folder, files, "--data-parallel-size=2", "--enforce-eager") as base:

@@ -12,8 +12,8 @@ import subprocess
 
 from juice.tokens import token_ids
 
-from test_vllm import CONTEXTUAL, HERE, PARAMETRIC, VLLM_PYTHON, needs_vllm, write_heads  # noqa: E402
-from test_vllm_runs import tiny_llama_dir  # noqa: E402
+from helpers.vllm import (CONTEXTUAL, HERE, PARAMETRIC, VLLM_PYTHON, needs_vllm, tiny_llama_dir,  # noqa: E402
+                          write_heads)
 
 JUICE = {"method": "juice", "direction": "parametric", "beta_plus": 2.0, "beta_minus": -1.0}
 

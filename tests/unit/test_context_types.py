@@ -19,10 +19,7 @@ from juice.data.records import ConflictExample
 from juice.eval.metrics import context_verdicts
 from juice.text import contains_answer, normalize_answer
 
-ROWS = [{"question": f"who wrote book {i}", "org_context": f"<P> Book {i} was written by {a} . </P>",
-         "org_answer": [a], "sub_context": f"<P> Book {i} was written by {b} . </P>", "sub_answer": [b]}
-        for i, (a, b) in enumerate([("Tolstoy", "Dickens"), ("Austen", "Orwell"), ("Homer", "Virgil"),
-                                    ("Dante", "Goethe"), ("Austen", "Kafka")])]
+from helpers.context_rows import ROWS
 
 
 def test_nqswap_rows_give_every_context_type():

@@ -11,6 +11,8 @@ from juice.data.records import CONFLICT_TYPES, ConflictExample
 from juice.data.splits import load_paper_splits, split_test
 from juice.text import contains_answer, normalize_answer, overlaps
 
+from helpers.data import authors_layout
+
 MINIMUM = {d: 150 for d in DOMAINS} | {"company_founder": 100}
 
 
@@ -165,31 +167,10 @@ def test_direction_names_and_their_aliases():
         Direction.parse("sideways")
 
 
-def _authors_layout(shared_data, root, repeat_test_subject: bool = True):
-    """The authors' repository as it is (`dataset/factual/<domain>_gemma/head_size_4/`), with
-    World Capital and an Official-Language-like copy whose test split repeats its first subject
-    with another distractor (the paper's Official Language test split holds Australia twice)."""
-    import shutil
-
-    factual = root / "dataset" / "factual"
-    for name in ("world_capital", "capital_copy"):
-        shutil.copytree(shared_data / "paraconflict" / "world_capital", factual / f"{name}_gemma" / "head_size_4")
-    if repeat_test_subject:
-        path = factual / "capital_copy_gemma" / "head_size_4" / "unfiltered_test.json"
-        test = json.loads(path.read_text())
-        again = dict(test[0], **{"Distracted Token": "Kazak"})
-        for key in ("Substitution Conflict", "Coherent Conflict"):
-            again[key] = test[0][key].replace(test[0]["Distracted Token"], "Kazak")
-        path.write_text(json.dumps([test[0], again, *test[1:]]))
-    (factual / "world_capital.json").write_text("[]")       # the authors' other files are not domains
-    (factual / "world_capital_gemma" / "head_size_1").mkdir()
-    return factual
-
-
 def test_authors_layout_is_read_as_it_is_and_a_repeated_subject_is_two_items(shared_data, tmp_path):
     from juice.data.splits import find_paper_domains, load_paper_domains
 
-    factual = _authors_layout(shared_data, tmp_path)
+    factual = authors_layout(shared_data, tmp_path)
     assert {d: p.name for d, p in find_paper_domains(factual).items()} == {
         "capital_copy": "head_size_4", "world_capital": "head_size_4"}
     domains = load_paper_domains(factual)
@@ -217,7 +198,7 @@ def test_item_ids_come_from_where_the_item_is(shared_data):
 def test_a_malformed_item_in_the_authors_layout_names_file_and_item(shared_data, tmp_path):
     from juice.data.splits import load_paper_domains
 
-    factual = _authors_layout(shared_data, tmp_path, repeat_test_subject=False)
+    factual = authors_layout(shared_data, tmp_path, repeat_test_subject=False)
     path = factual / "capital_copy_gemma" / "head_size_4" / "filtered_validation.json"
     rows = json.loads(path.read_text())
     del rows[2]["Answer"]

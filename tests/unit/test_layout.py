@@ -1,6 +1,7 @@
 """The house: the import graph of src/juice (lazy imports inside functions included) has no
-cycle, the applications sit on top, the naive references serve tests and benchmarks only, and the
-library never imports the command-line packages."""
+cycle, the applications sit on top, the naive references serve tests and benchmarks only, the
+library never imports the command-line packages, and no module of the tests imports a test module
+(shared helpers live in tests/helpers and conftest)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "juice"
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def module_of(path: Path) -> str:
@@ -85,3 +87,29 @@ def test_the_library_does_not_import_the_command_line_packages():
         if "apps" in path.relative_to(SRC).parts:
             continue
         assert not external_imports(path) & {"typer", "rich"}, f"{path.relative_to(SRC)} imports typer or rich"
+
+
+def imports_of_test_modules(source: str) -> list[tuple[int, str]]:
+    """(line, module) of each import in `source` (lazy ones included) of a module named test_*."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        out += [(node.lineno, name) for name in names if name.split(".")[0].startswith("test_")]
+    return out
+
+
+def test_no_test_module_imports_another():
+    """A test module takes shared helpers from tests/helpers or conftest, never from another test
+    module (importing one runs that module's code again and can bring its tests and fixtures along)."""
+    t = "test_"   # spelled apart, so that a grep for such imports finds none in this file either
+    bad = f"from {t}vllm import needs_vllm\nimport {t}x.y\ndef f():\n    import {t}z\n"
+    assert imports_of_test_modules(bad) == [(1, f"{t}vllm"), (2, f"{t}x.y"), (4, f"{t}z")]
+    assert not imports_of_test_modules(f"from helpers.vllm import needs_vllm\nimport conftest\nfrom . import {t}a\n")
+    found = [f"{path.relative_to(TESTS)}:{line} imports {name}" for path in sorted(TESTS.rglob("*.py"))
+             for line, name in imports_of_test_modules(path.read_text(encoding="utf-8"))]
+    assert not found, "import shared helpers from tests/helpers instead:\n" + "\n".join(found)

@@ -1,5 +1,5 @@
 """juice's one request protocol (:mod:`juice.steering_request`): the fields, their defaults and
-their errors, and `juice serve` answering the table of request bodies (tests/request_protocol.py)
+their errors, and `juice serve` answering the table of request bodies (tests/helpers/request_protocol.py)
 that `juice serve --engine vllm` must answer alike (tests/integration/test_vllm.py)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from juice.interventions import Head
 from juice.steering import JuICE, JuNE, Prune
 from juice.steering_request import (MAX_ABS_BETA, ServedHeads, SteeringAsk, SteeringRequestError, parse_spec,
                                     read_steering)
-from request_protocol import (BODIES, CONTEXTUAL, PARAMETRIC, TUNED_PARAMETRIC, answers, check_table, serving,
-                              write_heads_files)
+from helpers.request_protocol import (BODIES, CONTEXTUAL, PARAMETRIC, TUNED_PARAMETRIC, answers, check_table,
+                                      serving, write_heads_files)
 
 GEOMETRY = HeadGeometry(4, 4, 8)
 TWO = ServedHeads({"parametric": PARAMETRIC, "contextual": CONTEXTUAL},
