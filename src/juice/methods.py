@@ -32,7 +32,7 @@ from juice.interventions import Head, HeadSelection
 from juice.models import LoadedModel
 from juice.auto import policy_of
 from juice.recipe import Method
-from juice.steering import ORIGINAL, PRESETS, Prune, UntunedBetasWarning, chosen_betas
+from juice.steering import ORIGINAL, PRESETS, PerHead, Prune, UntunedBetasWarning, chosen_betas
 from juice.tuned import TunedSettings
 
 SHORT = {"parametric": "mem", "contextual": "ctx"}
@@ -51,6 +51,8 @@ class MethodInputs:
         beta_plus, beta_minus: betas the caller gives (None: the tuned ones, else the defaults).
         pruned: PH3's heads to zero, given (per domain, or a request's `heads`); None: the
             heads file's tuned list.
+        coefficients: JuNE's or JuICE's explicit per-head coefficients (a request's `heads`), in
+            place of the heads file's heads and betas; None: those.
         instruction: the Prompt baseline's instruction where the evaluation does not say it
             ("parametric" | "contextual", :class:`juice.recipe.Method`).
     """
@@ -61,6 +63,7 @@ class MethodInputs:
     beta_plus: float | None = None
     beta_minus: float | None = None
     pruned: Sequence[Head] | None = None
+    coefficients: Mapping[Head, float] | None = None
     instruction: str | None = None
 
     def __post_init__(self) -> None:
@@ -89,18 +92,22 @@ class MethodSpec:
         name: its name everywhere (CLI `--methods`, `juice.Steerer(method=...)`, files).
         title: its row in tables.
         build: :class:`MethodInputs` -> :class:`Built`.
-        aliases: other names accepted for it (any case).
-        protocol: its name in the request protocol (:mod:`juice.steering_request`), or None
-            where a request cannot ask for it.
+        aliases: other names accepted for it (any case), on the command line and in requests.
+        protocol: a request may ask for it (:mod:`juice.steering_request`), by its name.
         heads: it steers heads, so it needs a heads file (or, for PH3, explicit heads).
         tuned: what a heads file must hold for it: None, "betas" (optional: defaults with a
             warning), "k" (PH3's, required) or "policy" (auto's, required).
         tune: `juice tune` chooses its settings.
         rows: `juice evaluate` runs it on your rows (auto needs each row's question: contexts only).
         steerer: :class:`juice.Steerer` runs it.
-        engine: the :class:`juice.steering.Steering` method its run uses ("original", "june",
-            "juice"), None where it is not a head steering (Prompt, CAD, AdaCAD: Original's
-            steering with their own decoding; auto: Original's, its choice holds the candidates).
+        steering: the kind of :class:`juice.steering.Steering` its run uses ("original", "june":
+            one run, "juice": the dual run), None where it is not a head steering (Prompt, CAD,
+            AdaCAD: Original's steering with their own decoding; auto: Original's, its choice
+            holds the candidates).
+        request_heads: what a request's `heads` field is for it: "zero" (PH3: the heads it zeroes,
+            required), "coefficients" (JuNE, JuICE: per-head coefficients in place of a heads
+            file's heads and betas, optional), None (refused).
+        question: a request must send its question without the context (`auto`'s second sequence).
         per_instruction: the context-type evaluation runs it once per instruction
             ("-mem" and "-ctx" rows; the Prompt baseline).
         summary: one line for help texts.
@@ -110,15 +117,27 @@ class MethodSpec:
     title: str
     build: Callable[[MethodInputs], Built]
     aliases: tuple[str, ...] = ()
-    protocol: str | None = None
+    protocol: bool = False
     heads: bool = False
     tuned: str | None = None
     tune: bool = False
     rows: bool = True
     steerer: bool = False
-    engine: str | None = None
+    steering: str | None = None
     per_instruction: bool = False
     summary: str = ""
+    request_heads: str | None = None
+    question: bool = False
+
+    @property
+    def dual_run(self) -> bool:
+        """Its run is the paper's dual run (JuICE, Alg. 1): it needs a server that keeps run 1."""
+        return self.steering == "juice"
+
+    @property
+    def steers(self) -> bool:
+        """Its run changes head outputs (PH3, JuNE, JuICE)."""
+        return self.steering not in (None, "original")
 
 
 def _method(*args, **kwargs) -> Method:
@@ -158,6 +177,9 @@ def _ph3(x: MethodInputs) -> Built:
 
 def _steering(name: str, preset: Callable) -> Callable[[MethodInputs], Built]:
     def build(x: MethodInputs) -> Built:
+        if x.coefficients is not None:   # explicit per-head coefficients (a request's `heads`)
+            return Built(_method(PerHead(name, x.geometry, x.coefficients)),
+                         {"coefficients": {str(h): float(c) for h, c in sorted(x.coefficients.items())}})
         if x.selection is None:
             raise ValueError(f"{name} needs a heads file")
         bp, bm, warning = chosen_betas(name, x.tuned, x.beta_plus, x.beta_minus)
@@ -176,7 +198,7 @@ def _auto(x: MethodInputs) -> Built:
 
 
 REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
-    MethodSpec("original", "Original", _original, protocol="original", steerer=True, engine="original",
+    MethodSpec("original", "Original", _original, protocol=True, steerer=True, steering="original",
                summary="the unmodified model"),
     MethodSpec("prompt", "Prompt", _prompt, per_instruction=True,
                summary="an instruction to follow the context or memory before the prompt (App. D.1)"),
@@ -184,15 +206,16 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("adacad", "AdaCAD", _adacad, summary="CAD with alpha = the branches' JSD in bits (Wang et al. 2025)"),
     MethodSpec("ckplug", "CK-PLUG", _ckplug, aliases=("ck-plug",),
                summary="adaptive CK-PLUG: parametric and context logits blended by entropy (Bi et al. 2026)"),
-    MethodSpec("ph3", "PH3", _ph3, aliases=("prune",), protocol="prune", heads=True, tuned="k", tune=True,
-               engine="june", summary="zero k heads, k tuned on validation (Jin et al. 2024)"),
-    MethodSpec("june", "JuNE", _steering("june", PRESETS["june"]), protocol="june", heads=True, tuned="betas",
-               tune=True, steerer=True, engine="june", summary="scale the heads' live outputs, one run (Alg. 4)"),
-    MethodSpec("juice", "JuICE", _steering("juice", PRESETS["juice"]), protocol="juice", heads=True, tuned="betas",
-               tune=True, steerer=True, engine="juice",
+    MethodSpec("ph3", "PH3", _ph3, aliases=("prune",), protocol=True, heads=True, tuned="k", tune=True,
+               steering="june", request_heads="zero", summary="zero k heads, k tuned on validation (Jin et al. 2024)"),
+    MethodSpec("june", "JuNE", _steering("june", PRESETS["june"]), protocol=True, heads=True, tuned="betas",
+               tune=True, steerer=True, steering="june", request_heads="coefficients",
+               summary="scale the heads' live outputs, one run (Alg. 4)"),
+    MethodSpec("juice", "JuICE", _steering("juice", PRESETS["juice"]), protocol=True, heads=True, tuned="betas",
+               tune=True, steerer=True, steering="juice", request_heads="coefficients",
                summary="add the clean run's head outputs, two runs (Alg. 1)"),
-    MethodSpec("auto", "auto", _auto, protocol="auto", heads=True, tuned="policy", rows=False, steerer=True,
-               summary="per request, Original, the question alone or a steering (juice.auto)"),
+    MethodSpec("auto", "auto", _auto, protocol=True, heads=True, tuned="policy", rows=False, steerer=True,
+               question=True, summary="per request, Original, the question alone or a steering (juice.auto)"),
 )}
 """name -> spec, in table order."""
 
@@ -211,7 +234,11 @@ def names(**where: bool) -> tuple[str, ...]:
 
 def protocol_names() -> tuple[str, ...]:
     """The request protocol's method names (:mod:`juice.steering_request`), in table order."""
-    return tuple(s.protocol for s in REGISTRY.values() if s.protocol)
+    return tuple(s.name for s in REGISTRY.values() if s.protocol)
+
+
+UNSTEERED = "original"
+"""The method that steers nothing: a request's answer where no steering applies."""
 
 
 def lookup(name: str, choices: Sequence[str] | None = None) -> MethodSpec:
@@ -232,12 +259,12 @@ def lookup(name: str, choices: Sequence[str] | None = None) -> MethodSpec:
 
 
 def by_protocol(name: str) -> MethodSpec:
-    """The spec a request's `method` names (:func:`protocol_names`).
+    """The spec a request's `method` names (:func:`protocol_names`; any case, aliases included).
 
     Raises:
-        KeyError: no method has that protocol name.
+        ValueError: no method a request may ask for has that name (the message lists them).
     """
-    return next(s for s in REGISTRY.values() if s.protocol == name)
+    return lookup(name, protocol_names())
 
 
 def check(name: str, tuned: TunedSettings | Mapping[str, Any] | None, *, has_heads: bool, where: str = ""
@@ -279,5 +306,6 @@ def build(name: str, inputs: MethodInputs, *, warn: bool = True) -> Built:
     return built
 
 
-__all__ = ["Built", "MethodInputs", "MethodSpec", "REGISTRY", "SHORT", "STEERINGS", "TUNED_STEERINGS", "build", "by_protocol",
+__all__ = ["Built", "MethodInputs", "MethodSpec", "REGISTRY", "SHORT", "STEERINGS", "TUNED_STEERINGS", "UNSTEERED",
+           "build", "by_protocol",
            "check", "lookup", "names", "protocol_names"]

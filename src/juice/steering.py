@@ -21,7 +21,10 @@ from juice.interventions import Head, check_heads, head_coefficients
 from juice.models import LoadedModel
 from juice.tuned import TunedSettings
 
-Method = Literal["original", "june", "juice"]
+SteeringKind = Literal["original", "june", "juice"]
+"""How a steering changes the run: not at all, JuNE's single run (live outputs scaled: also PH3's
+pruning), JuICE's dual run (run 1's outputs added). Not a method (:class:`juice.recipe.Method`):
+the registry's methods (:data:`juice.methods.REGISTRY`) build steerings of these kinds."""
 METHODS: tuple[str, ...] = ("original", "june", "juice")
 SITES: tuple[str, ...] = ("o_proj_input", "post_norm")
 """Where a steering acts on a head's output: its slice of the attention output projection's input
@@ -72,7 +75,7 @@ class Steering:
         ValueError: an unknown method or site, or coefficients of the wrong shape.
     """
 
-    method: Method = "original"
+    method: SteeringKind = "original"
     coefficients: Tensor | None = None
     site: str = "o_proj_input"
 
@@ -158,6 +161,20 @@ def Prune(model: "LoadedModel | HeadGeometry", heads: Sequence[Head]) -> Steerin
 DEFAULT_BETAS: tuple[float, float] = (2.0, 0.0)
 """(beta+, beta-) where neither the caller nor the heads file (`juice tune`) gives them: a
 starting point, not a tuned value; on a small model it can break the text (issue 38)."""
+
+
+def PerHead(kind: SteeringKind, model: "LoadedModel | HeadGeometry", coefficients: Mapping[Head, float]) -> Steering:
+    """A steering of `kind` ("june" or "juice") with explicit per-head coefficients in place of a
+    heads file's heads and betas (a request's `heads`, :mod:`juice.steering_request`): JuNE's live
+    output becomes `(1 + c) H`, JuICE adds `c` times run 1's output.
+
+    Raises:
+        IndexError: a head outside the model.
+        ValueError: another kind.
+    """
+    if kind not in ("june", "juice"):
+        raise ValueError(f"per-head coefficients are for june or juice, not {kind!r}")
+    return Steering(kind, head_coefficients(_geometry(model), dict(coefficients)))
 
 
 PRESETS = {"june": JuNE, "juice": JuICE}

@@ -7,11 +7,16 @@ A request carries a `juice` object (HTTP body field; vLLM also takes the same ke
 
 | field | type | meaning | absent |
 |---|---|---|---|
-| `method` | string, one of `original`, `prune`, `june`, `juice`, `auto` (any case) | Original; PH3's pruning of `heads`; JuNE (paper Alg. 4); JuICE (Alg. 1); juice's per-request choice (:mod:`juice.auto`; juice's own engine only) | the method the direction's heads file holds tuned betas for (JuICE first), else `juice`; `original` on a server without heads files |
+| `method` | string, one of `original`, `ph3`, `june`, `juice`, `auto` (any case; the registry's aliases too) | Original; PH3's pruning of `heads`; JuNE (paper Alg. 4); JuICE (Alg. 1); juice's per-request choice (:mod:`juice.auto`; juice's own engine only) | the method the direction's heads file holds tuned betas for (JuICE first), else `juice`; `original` on a server without heads files |
 | `direction` | string, read by :meth:`juice.data.records.Direction.parse` (`parametric`/`memory`, `contextual`/`context`, any case) | which heads file steers | the only heads file's; an error where the server has two |
 | `beta_plus`, `beta_minus` | JSON number (not a boolean, not a string), finite, \\|beta\\| <= 100 | the betas | the heads file's tuned betas for the method (`juice tune`), else 2 and 0 with a warning |
-| `heads` | `prune`: a list of head names (`"L11H2"`) or one string of names separated by commas or spaces; `june`, `juice`: per-head coefficients, an object `{"L11H2": 0.5}` (or, flat in `vllm_xargs`, a list of `"L11H2=0.5"` strings), finite, \\|c\\| <= 100 | `prune`: the heads it zeroes; `june`, `juice`: explicit coefficients instead of a heads file's heads and betas (JuNE: the live output becomes `(1 + c) H`; JuICE: `c` times run 1's output is added; the vLLM plugin adds only to its heads files' heads) | an error for `prune`; `june`, `juice`: the heads file's heads and betas; refused with any other method |
+| `heads` | `ph3`: a list of head names (`"L11H2"`) or one string of names separated by commas or spaces; `june`, `juice`: per-head coefficients, an object `{"L11H2": 0.5}` (or, flat in `vllm_xargs`, a list of `"L11H2=0.5"` strings), finite, \\|c\\| <= 100 | `ph3`: the heads it zeroes; `june`, `juice`: explicit coefficients instead of a heads file's heads and betas (JuNE: the live output becomes `(1 + c) H`; JuICE: `c` times run 1's output is added; the vLLM plugin adds only to its heads files' heads) | an error for `ph3`; `june`, `juice`: the heads file's heads and betas; refused with any other method |
 | `question` | non-empty string | for `auto`: the question without its context (completions: the question's prompt text; chat: the last user message's content without the context); equal to the prompt: no passage, decoded as Original) | an error for `auto`; refused with any other method |
+
+What each method takes and needs is its registry entry's (:data:`juice.methods.REGISTRY`:
+`protocol`, `request_heads`, `question`, `dual_run`, `tuned`), and a request's recipe is built by
+the registry (:meth:`SteeringAsk.build`, :func:`juice.methods.build`): a method added to the
+registry with `protocol=True` is served by both servers without a change here.
 
 A request without the field (or with an empty object) gets the operator's default steering
 (`juice serve --default SPEC`; vLLM: `JUICE_VLLM_DEFAULT`), else the tuned steering of the only
@@ -21,7 +26,7 @@ one-line message both servers send with HTTP 400; a steering with untuned betas 
 warning that both servers send in the :data:`WARNING_HEADER` response header.
 
 Decided once for both servers: booleans are not numbers (`"beta_plus": true` is refused);
-directions are read as :meth:`Direction.parse` reads them; `prune` takes explicit heads on both
+directions are read as :meth:`Direction.parse` reads them; `ph3` takes explicit heads on both
 engines; `june` and `juice` with per-head coefficients (Stage 1's single-head scalings, a
 pipeline's own steerings: :mod:`juice.engine.vllm_engine`) take no direction and no betas; an
 unknown field is refused.
@@ -34,14 +39,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-from torch import Tensor
-
 from juice.architectures import HeadGeometry
 from juice.data.records import Direction
-from juice.interventions import Head, HeadSelection, check_heads, head_coefficients
-from juice.methods import TUNED_STEERINGS, by_protocol, protocol_names
-from juice.steering import ORIGINAL, Steering, chosen_betas, steering_coefficients
+from juice.interventions import Head, HeadSelection, check_heads
+from juice.methods import (REGISTRY, TUNED_STEERINGS, UNSTEERED, Built, MethodInputs, MethodSpec, build,
+                           by_protocol, protocol_names)
+from juice.steering import Steering, chosen_betas
 from juice.tuned import TunedSettings
 
 FIELDS: tuple[str, ...] = ("method", "direction", "beta_plus", "beta_minus", "heads", "question")
@@ -127,7 +130,7 @@ class ServedHeads:
             return dict(self.default)
         if len(self.selections) == 1 and (m := self.tuned_method(next(iter(self.selections)))) is not None:
             return {"method": m}
-        return {"method": "original"}
+        return {"method": UNSTEERED}
 
 
 @dataclass(frozen=True)
@@ -135,10 +138,10 @@ class SteeringAsk:
     """One request's steering, checked and with its defaults filled in.
 
     Attributes:
-        method: one of :func:`juice.methods.protocol_names`.
-        direction: the heads file's direction for JuICE and JuNE, else None.
+        method: one of :func:`juice.methods.protocol_names` (the registry's name).
+        direction: the heads file's direction for the methods that steer with one, else None.
         beta_plus, beta_minus: the betas JuICE and JuNE run with (0 otherwise).
-        heads: the heads `prune` zeroes (empty otherwise).
+        heads: the heads PH3 zeroes (empty otherwise).
         warning: one line for the client (untuned betas), or None.
         question: auto's question without its context (None otherwise).
         per_head: JuNE's or JuICE's explicit (head, coefficient) pairs, sorted by head, in
@@ -154,51 +157,57 @@ class SteeringAsk:
     question: str | None = None
     per_head: tuple[tuple[Head, float], ...] = ()
 
-    def coefficients(self, geometry: HeadGeometry, served: ServedHeads) -> Tensor:
-        """`[n_layers, n_heads]`: JuICE's or JuNE's betas at the direction's heads
-        (:func:`juice.steering.steering_coefficients`), -1 at pruned heads; zeros for Original.
+    @property
+    def spec(self) -> MethodSpec:
+        """The method's registry entry (:data:`juice.methods.REGISTRY`)."""
+        return REGISTRY[self.method]
+
+    @property
+    def steers(self) -> bool:
+        """The request changes the model's computation (False: the unmodified model's)."""
+        return self.spec.name != UNSTEERED
+
+    def build(self, geometry: HeadGeometry, served: ServedHeads) -> Built:
+        """The recipe juice's engine decodes the request with, built by the registry
+        (:func:`juice.methods.build`) from the request's fields and the direction's heads file.
 
         Raises:
-            SteeringRequestError: a head outside `geometry` (the message names the heads file).
+            SteeringRequestError: a head outside `geometry`, or a heads file's policy that does
+                not parse (the message names `juice.heads` or the heads file); a method whose
+                recipe is contrastive or instructed (a registry entry with `protocol=True` that
+                the servers cannot decode: refused, never served as Original).
         """
-        if self.method == "original":
-            return torch.zeros(geometry.n_layers, geometry.n_heads)
+        spec = self.spec
+        betas = spec.tuned == "betas" and not self.per_head
+        inputs = MethodInputs(geometry, served.selections.get(self.direction) if self.direction else None,
+                              served.tuned_of(self.direction), self.beta_plus if betas else None,
+                              self.beta_minus if betas else None, pruned=self.heads or None,
+                              coefficients=dict(self.per_head) or None)
         try:
-            if self.method == "prune":
-                return head_coefficients(geometry, {h: -1.0 for h in self.heads})
-            if self.per_head:
-                return head_coefficients(geometry, dict(self.per_head))
-            return steering_coefficients(geometry, served.selections[self.direction], self.beta_plus,
-                                         self.beta_minus, self.method)
-        except IndexError as err:
-            where = ("juice.heads" if self.method == "prune" or self.per_head
+            built = build(spec.name, inputs, warn=False)
+        except (ValueError, IndexError) as err:
+            where = ("juice.heads" if self.heads or self.per_head
                      else served.files.get(self.direction, "the heads file"))
             raise SteeringRequestError(f"{where}: {err}") from None
+        return _servable(spec, built)
 
     def steering(self, geometry: HeadGeometry, served: ServedHeads) -> Steering:
-        """The :class:`juice.steering.Steering` juice's engine decodes: pruning is JuNE with
-        beta = -1 at the pruned heads (:func:`juice.steering.Prune`); Original for auto (its
-        stream's own steering: the candidates are in :meth:`choice`)."""
-        engine = by_protocol(self.method).engine
-        if engine in (None, "original"):
-            return ORIGINAL
-        return Steering(engine, self.coefficients(geometry, served))
-
-
-    def choice(self, geometry: HeadGeometry, served: ServedHeads):
-        """auto's :class:`juice.engine.Choice` (question index -1, a placeholder), else None.
+        """The head steering of :meth:`build`'s recipe (PH3: JuNE with beta = -1 at the zeroed
+        heads, :func:`juice.steering.Prune`; Original's for auto, whose candidates are its choice).
 
         Raises:
-            SteeringRequestError: the heads file's policy is malformed or names heads outside the model.
+            SteeringRequestError: as :meth:`build`.
         """
-        if self.method != "auto":
-            return None
-        from juice.auto import policy_of
+        return self.build(geometry, served).method.steering
 
-        try:
-            return policy_of(served.tuned_of(self.direction)).choice(geometry, served.selections[self.direction])
-        except (ValueError, IndexError) as err:
-            raise SteeringRequestError(f"{served.files.get(self.direction, 'the heads file')}: {err}") from None
+
+def _servable(spec: MethodSpec, built: Built) -> Built:
+    """`built`, unless its recipe decodes with a contrast or an instruction (a registry entry with
+    `protocol=True` that the servers cannot decode: refused, never served as Original)."""
+    if built.method.contrastive is not None or built.method.instructed:
+        raise SteeringRequestError(f"juice.method {spec.name} decodes with a contrast or an instruction, which "
+                                   "a request's steering does not carry; run it with juice evaluate")
+    return built
 
 
 def juice_fields(value: Any) -> dict[str, Any]:
@@ -265,9 +274,9 @@ def _beta(fields: Mapping[str, Any], key: str) -> float | None:
     return beta
 
 
-def _per_head(value: Any, method: str, served: ServedHeads) -> tuple[tuple[Head, float], ...]:
-    """`june`'s or `juice`'s explicit coefficients: an object {head name: number} or a list of
-    "NAME=NUMBER" strings (the flat `vllm_xargs` form), sorted by head."""
+def _per_head(value: Any, spec: MethodSpec, served: ServedHeads) -> tuple[tuple[Head, float], ...]:
+    """A method's explicit per-head coefficients (its `request_heads` is "coefficients"): an object
+    {head name: number} or a list of "NAME=NUMBER" strings (the flat `vllm_xargs` form), sorted by head."""
     form = "an object of head names and coefficients, e.g. {\"L11H2\": 0.5}"
     if isinstance(value, Mapping):
         pairs = list(value.items())
@@ -280,7 +289,7 @@ def _per_head(value: Any, method: str, served: ServedHeads) -> tuple[tuple[Head,
             except ValueError:
                 raise SteeringRequestError(f"juice.heads: {item!r} is not NAME=NUMBER") from None
     else:
-        raise SteeringRequestError(f"juice.method {method} takes juice.heads as {form}, not {value!r}")
+        raise SteeringRequestError(f"juice.method {spec.name} takes juice.heads as {form}, not {value!r}")
     if not pairs:
         raise SteeringRequestError(f"juice.heads is empty; send {form}")
     out: dict[Head, float] = {}
@@ -299,17 +308,19 @@ def _per_head(value: Any, method: str, served: ServedHeads) -> tuple[tuple[Head,
             raise SteeringRequestError(f"juice.heads: {err}") from None
         if head in out:
             raise SteeringRequestError(f"juice.heads names {head} twice")
-        if method == "juice" and beta and not served.addable(head):
+        if spec.dual_run and beta and not served.addable(head):
             raise SteeringRequestError(f"juice.heads: JuICE adds only to heads whose run-1 outputs this server keeps "
                                        f"(its heads files' heads); {head} is not one")
         out[head] = float(beta)
     return tuple(sorted(out.items()))
 
 
-def _heads(value: Any, geometry: HeadGeometry | None) -> tuple[Head, ...]:
+def _heads(value: Any, spec: MethodSpec, geometry: HeadGeometry | None) -> tuple[Head, ...]:
+    """The heads a method zeroes (its `request_heads` is "zero"): a list of head names or one
+    string of names separated by commas or spaces."""
     names = [n for n in value.replace(",", " ").split() if n] if isinstance(value, str) else value
     if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) for n in names):
-        raise SteeringRequestError("juice.method prune needs juice.heads, a list of head names like 'L11H2'")
+        raise SteeringRequestError(f"juice.method {spec.name} needs juice.heads, a list of head names like 'L11H2'")
     try:
         heads = tuple(Head.parse(n) for n in names)
         if geometry is not None:
@@ -332,7 +343,7 @@ def read_steering(value: Any, served: ServedHeads) -> SteeringAsk:
 
     Raises:
         SteeringRequestError: the first thing wrong, in this order: not an object, an unknown
-            field, an unknown method, `heads` with a method other than prune, prune without
+            field, an unknown method, `heads` with a method other than ph3, june or juice, ph3 without
             heads or with a head that does not parse or lies outside the model, `question`
             without auto, auto where it is not served, a direction that does not parse, has no
             heads file or is missing where the server has two, auto with betas, without a
@@ -352,29 +363,36 @@ def steering_ask(fields: Mapping[str, Any], served: ServedHeads) -> SteeringAsk:
     """
     fields = fields or juice_fields(served.default_fields())
     allowed = protocol_names()
-    method = _text(fields, "method", "one of " + ", ".join(allowed))
-    if method is not None and method not in allowed:
-        raise SteeringRequestError(f"juice.method must be one of {', '.join(allowed)}, not {fields['method']!r}")
-    if "heads" in fields and method not in ("prune", "june", "juice"):
-        raise SteeringRequestError("juice.heads is for methods prune, june and juice (per-head coefficients)")
-    if "question" in fields and method != "auto":
-        raise SteeringRequestError("juice.question is for method auto")
-    if method == "auto" and not served.auto:
-        raise SteeringRequestError("juice.method auto is not served here: it decodes a question-only second "
+    given_method = _text(fields, "method", "one of " + ", ".join(allowed))
+    spec = None
+    if given_method is not None:
+        try:
+            spec = by_protocol(given_method)
+        except ValueError:
+            raise SteeringRequestError(f"juice.method must be one of {', '.join(allowed)}, "
+                                       f"not {fields['method']!r}") from None
+    if "heads" in fields and (spec is None or spec.request_heads is None):
+        takers = [n for n in allowed if REGISTRY[n].request_heads]
+        raise SteeringRequestError(f"juice.heads is for methods {', '.join(takers)} (the heads PH3 zeroes, or "
+                                   "per-head coefficients)")
+    if "question" in fields and (spec is None or not spec.question):
+        raise SteeringRequestError(f"juice.question is for method {', '.join(n for n in allowed if REGISTRY[n].question)}")
+    if spec is not None and spec.question and not served.auto:
+        raise SteeringRequestError(f"juice.method {spec.name} is not served here: it decodes a question-only second "
                                    "sequence per request, which the vLLM plugin does not run; use juice serve")
-    if method == "original" or (method is None and not served.selections
-                                and not {"direction", "beta_plus", "beta_minus"} & set(fields)):
-        return SteeringAsk("original")
-    if method == "prune":
-        return SteeringAsk("prune", heads=_heads(fields.get("heads"), served.geometry))
-    if "heads" in fields:   # june or juice with explicit per-head coefficients
+    if spec is not None and not spec.heads:   # built now: it needs nothing of the model
+        _servable(spec, build(spec.name, MethodInputs(), warn=False))
+        return SteeringAsk(spec.name)
+    if spec is None and not served.selections and not {"direction", "beta_plus", "beta_minus"} & set(fields):
+        return SteeringAsk(UNSTEERED)
+    if spec is not None and spec.request_heads == "zero":
+        return SteeringAsk(spec.name, heads=_heads(fields.get("heads"), spec, served.geometry))
+    if "heads" in fields:   # a method with explicit per-head coefficients
         if {"direction", "beta_plus", "beta_minus"} & set(fields):
             raise SteeringRequestError("juice.heads with coefficients replaces the heads file's heads and betas: "
                                        "send no direction or betas")
-        if method == "juice" and not served.dual_run:
-            raise SteeringRequestError("juice.method juice needs the dual run; this server was started without it "
-                                       "(JUICE_VLLM_DUAL_RUN=0); use june")
-        return SteeringAsk(method, per_head=_per_head(fields["heads"], method, served))
+        _needs_dual_run(spec, served)
+        return SteeringAsk(spec.name, per_head=_per_head(fields["heads"], spec, served))
     given = _text(fields, "direction", "parametric (memory) or contextual (context)")
     if given is None:
         if len(served.selections) != 1:
@@ -389,23 +407,31 @@ def steering_ask(fields: Mapping[str, Any], served: ServedHeads) -> SteeringAsk:
         if direction not in served.selections:
             raise SteeringRequestError(f"no heads for direction {direction!r}; this server has "
                                        f"{sorted(served.selections) or 'none'}")
-    if method == "auto":
+    if spec is not None and spec.question:
         if {"beta_plus", "beta_minus"} & set(fields):
-            raise SteeringRequestError("juice.method auto chooses its own strength: send no betas")
+            raise SteeringRequestError(f"juice.method {spec.name} chooses its own strength: send no betas")
         question = fields.get("question")
         if not isinstance(question, str) or not question.strip():
-            raise SteeringRequestError("juice.method auto needs juice.question, the question without its context")
-        if served.tuned_of(direction).auto is None:
+            raise SteeringRequestError(f"juice.method {spec.name} needs juice.question, the question without its "
+                                       "context")
+        if spec.tuned == "policy" and served.tuned_of(direction).auto is None:
             raise SteeringRequestError(f"{served.files.get(direction, 'the ' + direction + ' heads file')} holds no "
-                                       "auto policy: run `juice tune --methods auto` with validation data")
-        return SteeringAsk("auto", direction, question=question)
-    method = method or served.tuned_method(direction) or "juice"
-    if method == "juice" and not served.dual_run:
-        raise SteeringRequestError("juice.method juice needs the dual run; this server was started without it "
-                                   "(JUICE_VLLM_DUAL_RUN=0); use june")
+                                       f"{spec.name} policy: run `juice tune --methods {spec.name}` with validation "
+                                       "data")
+        return SteeringAsk(spec.name, direction, question=question)
+    spec = spec or REGISTRY[served.tuned_method(direction) or TUNED_STEERINGS[0]]
+    _needs_dual_run(spec, served)
     bp, bm = _beta(fields, "beta_plus"), _beta(fields, "beta_minus")
-    bp, bm, warning = chosen_betas(method, served.tuned_of(direction), bp, bm)
-    return SteeringAsk(method, direction, bp, bm, warning=warning)
+    bp, bm, warning = chosen_betas(spec.name, served.tuned_of(direction), bp, bm)
+    return SteeringAsk(spec.name, direction, bp, bm, warning=warning)
+
+
+def _needs_dual_run(spec: MethodSpec, served: ServedHeads) -> None:
+    if spec.dual_run and not served.dual_run:
+        single = next(n for n in protocol_names() if REGISTRY[n].steers and not REGISTRY[n].dual_run
+                      and REGISTRY[n].tuned == "betas")
+        raise SteeringRequestError(f"juice.method {spec.name} needs the dual run; this server was started without it "
+                                   f"(JUICE_VLLM_DUAL_RUN=0); use {single}")
 
 
 def parse_spec(spec: str, label: str = "--default") -> dict[str, Any]:

@@ -55,7 +55,7 @@ def steering_for(lm, files: dict[str, HeadSelection], juice: dict | None):
     """The steering a request's `juice` field asks of `lm`, with `files` the heads of each direction."""
     if juice is None or juice["method"] == "original":
         return ORIGINAL
-    if juice["method"] == "prune":
+    if juice["method"] == "ph3":
         return Prune(lm, [Head.parse(h) for h in juice["heads"]])
     make = JuICE if juice["method"] == "juice" else JuNE
     return make(lm, files[juice["direction"]], juice.get("beta_plus", 2.0), juice.get("beta_minus", 0.0))

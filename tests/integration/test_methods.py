@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import juice
+import openai
 from juice import methods
 from juice.methods import REGISTRY, MethodInputs, MethodSpec, build, lookup
 from juice.stage1 import HeadsArtifact
@@ -31,7 +32,7 @@ def test_names_aliases_and_the_request_protocol_come_from_the_table():
         lookup("auto", ("juice", "june"))
     from juice import steerer, steering_request
 
-    assert steering_request.METHODS == ("original", "prune", "june", "juice", "auto")   # table order
+    assert steering_request.METHODS == ("original", "ph3", "june", "juice", "auto")   # table order, one name each
     assert steerer.METHODS == ("original", "june", "juice", "auto")
     assert methods.names(tune=True) == ("ph3", "june", "juice")
     assert methods.TUNED_STEERINGS == ("juice", "june")
@@ -78,7 +79,7 @@ def test_a_new_method_is_one_entry(tiny_llama, monkeypatch):
         return methods.Built(build("juice", dataclasses.replace(x, beta_plus=bp, beta_minus=bm)).method,
                              {"beta_plus": bp, "beta_minus": bm})
 
-    entry = MethodSpec("juice-half", "JuICE/2", half_juice, heads=True, tuned="betas", steerer=True, engine="juice")
+    entry = MethodSpec("juice-half", "JuICE/2", half_juice, heads=True, tuned="betas", steerer=True, steering="juice")
     monkeypatch.setitem(REGISTRY, entry.name, entry)
     heads = artifact({"juice": {"beta_plus": 4.0, "beta_minus": -2.0}})
     rows, settings = evaluation_methods(tiny_llama, heads, ["original", "juice-half"])
@@ -91,3 +92,54 @@ def test_a_new_method_is_one_entry(tiny_llama, monkeypatch):
     from juice import steerer, steering_request
 
     assert "juice-half" in steerer.METHODS and "juice-half" not in steering_request.METHODS   # read when asked
+
+
+def test_a_new_method_is_served_by_both_servers_from_its_entry(tmp_path, monkeypatch):
+    """Issue 76: a head steering added as one entry with `protocol=True` is asked for by name in
+    a request: `juice serve` decodes it as its build says (equal to the Steerer's tokens) and vLLM's
+    plugin options (:func:`juice.vllm.options.parse_request`) apply the same coefficients; a
+    contrastive entry with `protocol=True` is refused by both in one line, never served as
+    Original. Adding either touches the entry only (this test's two)."""
+    import os
+
+    pytest.importorskip("openai")
+    from conftest import build_tiny
+    from helpers.server import serving_client
+
+    from juice.apps.server import create_app
+    from juice.recipe import Method
+    from juice.steerer import Steerer
+    from juice.steering_request import SteeringRequestError
+    from juice.vllm.options import parse_request, plugin_heads
+
+    def third_juice(x: MethodInputs) -> methods.Built:   # JuICE at a third of the betas it is given
+        built = build("juice", x, warn=False)
+        bp, bm = built.settings["beta_plus"] / 3, built.settings["beta_minus"] / 3
+        return methods.Built(build("juice", dataclasses.replace(x, beta_plus=bp, beta_minus=bm)).method,
+                             {"beta_plus": bp, "beta_minus": bm})
+
+    monkeypatch.setitem(REGISTRY, "juice-third", MethodSpec(
+        "juice-third", "JuICE/3", third_juice, protocol=True, heads=True, tuned="betas", steerer=True,
+        steering="juice"))
+    monkeypatch.setitem(REGISTRY, "cad-half", MethodSpec(
+        "cad-half", "CAD/2", lambda x: methods.Built(Method(cad_alpha=0.5)), protocol=True))
+    lm = build_tiny("llama")
+    heads = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL)
+    prompt, ask = "the capital of france is", {"method": "juice-third", "beta_plus": 6, "beta_minus": -3}
+    with serving_client(create_app(lm, [heads], model_name="tiny")) as client:
+        out = client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0,
+                                        extra_body={"juice": ask})
+        assert out.choices[0].text == Steerer(lm, SEL, beta_plus=2.0, beta_minus=-1.0).generate(prompt, 6)[0]
+        with pytest.raises(openai.BadRequestError, match="juice.method cad-half decodes with a contrast"):
+            client.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0,
+                                      extra_body={"juice": {"method": "cad-half"}})
+    path = tmp_path / "contextual.json"
+    from juice.stage1 import save_heads
+
+    save_heads(heads, path)
+    plugin = plugin_heads({"JUICE_VLLM_HEADS": os.fspath(path)})
+    steering = parse_request(ask, plugin, lm.geometry)
+    assert steering.method == "juice-third"
+    assert torch.equal(steering.add, JuICE(lm, SEL, 2.0, -1.0).coefficients)
+    with pytest.raises(SteeringRequestError, match="juice.method cad-half decodes with a contrast"):
+        parse_request({"method": "cad-half"}, plugin, lm.geometry)

@@ -56,11 +56,11 @@ def test_request_fields_read_the_nested_object_and_the_flat_vllm_xargs_keys():
 
 
 def test_the_middleware_moves_the_juice_field_into_vllm_xargs():
-    body = {"model": "m", "juice": {"method": "prune", "heads": ["L1H1"]}, "vllm_xargs": {"other": 1}}
-    assert juice_field_to_xargs(body) == {"model": "m", "vllm_xargs": {"other": 1, "juice_method": "prune",
+    body = {"model": "m", "juice": {"method": "ph3", "heads": ["L1H1"]}, "vllm_xargs": {"other": 1}}
+    assert juice_field_to_xargs(body) == {"model": "m", "vllm_xargs": {"other": 1, "juice_method": "ph3",
                                                                        "juice_heads": ["L1H1"]}}
     assert juice_field_to_xargs({"model": "m"}) == {"model": "m"}
-    assert request_fields(juice_field_to_xargs(body)["vllm_xargs"]) == {"method": "prune", "heads": ["L1H1"]}
+    assert request_fields(juice_field_to_xargs(body)["vllm_xargs"]) == {"method": "ph3", "heads": ["L1H1"]}
 
 
 def test_a_request_becomes_the_tables_juice_generate_applies(two_files):
@@ -71,7 +71,7 @@ def test_a_request_becomes_the_tables_juice_generate_applies(two_files):
     assert juice.add[2, 1] == 1 and juice.add[1, 3] == -2 and juice.add[2, 3] == -2 and not juice.scale.any()
     assert torch.equal(juice.add, JuICE(GEOMETRY, CONTEXTUAL, 1, -2).coefficients)
     assert torch.equal(june.scale, JuNE(GEOMETRY, PARAMETRIC, 3.0, -0.5).coefficients)
-    prune = parse_request({"method": "prune", "heads": ["L3H1", "L0H0"]}, two_files, GEOMETRY)
+    prune = parse_request({"method": "ph3", "heads": ["L3H1", "L0H0"]}, two_files, GEOMETRY)
     assert torch.equal(prune.scale, Prune(GEOMETRY, [Head(3, 1), Head(0, 0)]).coefficients)
     assert parse_request({"method": "original"}, two_files, GEOMETRY) is None
     assert parse_request(None, two_files, GEOMETRY) is None
@@ -85,9 +85,9 @@ def test_a_request_becomes_the_tables_juice_generate_applies(two_files):
     ({"method": "june", "direction": "context", "beta_minus": True}, "must be a number"),
     ({"method": "june"}, "say juice.direction"),
     ({"method": "june", "direction": "sideways"}, "juice.direction"),
-    ({"method": "prune"}, "needs juice.heads"),
-    ({"method": "prune", "heads": ["L9H0"]}, "juice.heads"),
-    ({"method": "prune", "heads": ["head six"]}, "juice.heads"),
+    ({"method": "ph3"}, "needs juice.heads"),
+    ({"method": "ph3", "heads": ["L9H0"]}, "juice.heads"),
+    ({"method": "ph3", "heads": ["head six"]}, "juice.heads"),
     ({"method": "june", "direction": "context", "heads": ["L1H1"]}, "send no direction or betas"),
     ({"method": "juice", "heads": {"L0H0": 1.0}}, "JuICE adds only to heads whose run-1 outputs this server keeps"),
 ])
@@ -102,12 +102,12 @@ def test_admission_refuses_a_pruned_head_outside_the_model_before_any_model_is_b
     JUICE_VLLM_GEOMETRY, tell it the served model's layers and heads."""
     assert (two_files.geometry.n_layers, two_files.geometry.n_heads) == (4, 4)
     with pytest.raises(SteeringRequestError, match="head L9H0 is out of range for a model of 4 layers x 4 heads"):
-        parse_request({"method": "prune", "heads": ["L9H0"]}, two_files)
+        parse_request({"method": "ph3", "heads": ["L9H0"]}, two_files)
     told = plugin_heads({"JUICE_VLLM": "1", "JUICE_VLLM_GEOMETRY": "18x4"})
     assert told.geometry_from == "JUICE_VLLM_GEOMETRY" and told.geometry.n_layers == 18
-    assert parse_request({"method": "prune", "heads": ["L17H3"]}, told) is not None
+    assert parse_request({"method": "ph3", "heads": ["L17H3"]}, told) is not None
     with pytest.raises(SteeringRequestError, match="L18H0 is out of range"):
-        parse_request({"method": "prune", "heads": ["L18H0"]}, told)
+        parse_request({"method": "ph3", "heads": ["L18H0"]}, told)
     assert plugin_heads({"JUICE_VLLM": "1"}).geometry is None   # the model refuses to start then
     for bad in ("18", "18x", "x4", "18x0", "eighteen x four"):
         with pytest.raises(ValueError, match="is not <n_layers>x<n_heads>"):
@@ -172,7 +172,7 @@ def test_a_steered_request_gets_its_steerings_cache_salt_and_original_none(two_f
     assert salt({"method": "original"}) is None and salt(None) is None
     assert salt(june) == salt({**june, "direction": "contextual", "beta_plus": 1})   # the same steering
     others = [salt({**june, "beta_plus": 2.0}), salt({**june, "method": "juice"}), salt({**june, "direction": "memory"}),
-              salt({"method": "prune", "heads": ["L1H1"]}), salt({"method": "prune", "heads": ["L1H2"]})]
+              salt({"method": "ph3", "heads": ["L1H1"]}), salt({"method": "ph3", "heads": ["L1H2"]})]
     assert len({salt(june), *others}) == 6 and all(s.startswith("juice-") and len(s) <= 128 for s in others)
     assert request_cache_salt(salt(june), None) == salt(june)
     assert request_cache_salt(salt(june), "tenant") not in (salt(june), request_cache_salt(salt(june), "other"))

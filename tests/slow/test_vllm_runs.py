@@ -37,7 +37,7 @@ STEERINGS = [
     {"method": "juice", "direction": "parametric", "beta_plus": 2.0, "beta_minus": -1.0},
     {"method": "juice", "direction": "contextual", "beta_plus": 3.0, "beta_minus": 0.0},
     {"method": "june", "direction": "contextual", "beta_plus": 1.5, "beta_minus": 0.0},
-    {"method": "prune", "heads": ["L1H1", "L2H0"]},
+    {"method": "ph3", "heads": ["L1H1", "L2H0"]},
 ]
 
 
@@ -55,7 +55,7 @@ def test_vllm_tokens_equal_juice_generate_on_a_tiny_llama_mixed_and_alone(tmp_pa
     case = equality_case(lm, folder, tmp_path, prompts, {"parametric": PARAMETRIC, "contextual": CONTEXTUAL},
                          STEERINGS, max_tokens=12, llm=MODES[mode],
                          bad=[{"method": "jucie"}, {"method": "juice", "direction": "parametric", "beta_plus": 1e9},
-                              {"method": "prune", "heads": ["L1H1", "L9H0"]}])
+                              {"method": "ph3", "heads": ["L1H1", "L9H0"]}])
     assert case["mixed"] == case["expected"]
     assert case["alone"] == case["expected"]
     assert len({tuple(t) for t in case["expected"]}) >= 4, "the steerings should change the tokens"
@@ -297,7 +297,7 @@ def test_a_steered_vllm_with_prefix_caching_and_another_scheduler_stops_at_start
 def test_the_plugin_without_heads_files_needs_the_geometry_and_says_its_value(tmp_path):
     lm, folder = tiny_llama_dir(tmp_path)
     prompt = "japan tokyo spain"
-    ask = {"prompt_token_ids": token_ids(lm.tokenizer, prompt), "juice": {"method": "prune", "heads": ["L1H1"]},
+    ask = {"prompt_token_ids": token_ids(lm.tokenizer, prompt), "juice": {"method": "ph3", "heads": ["L1H1"]},
            "max_tokens": 6}
     eager = MODES["eager"]   # the geometry is read before the model is built; compiling adds nothing here
     log = run_vllm(folder, [ask], [], tmp_path, fails=True, env={"JUICE_VLLM": "1"}, llm=eager)
@@ -306,7 +306,7 @@ def test_the_plugin_without_heads_files_needs_the_geometry_and_says_its_value(tm
                    llm=eager)
     assert "JUICE_VLLM_GEOMETRY=4x8, but the served model has 4 layers x 4 heads" in log
     out = run_vllm(folder, [ask], [], tmp_path, env={"JUICE_VLLM": "1", "JUICE_VLLM_GEOMETRY": "4x4"},
-                   bad=[{"method": "prune", "heads": ["L4H0"]}], llm=eager)
+                   bad=[{"method": "ph3", "heads": ["L4H0"]}], llm=eager)
     expected = generate(lm, [prompt], [Stream(0, Prune(lm, [Head(1, 1)]))], max_new_tokens=6).tokens.tolist()
     assert out["mixed"] == out["alone"] == expected
     assert out["bad"][0] is not None and "L4H0 is out of range" in out["bad"][0]
@@ -343,7 +343,7 @@ def test_vllm_tokens_equal_juice_generate_on_the_embedded_gemma_mixed_and_alone(
                  {"method": "june", "direction": "parametric", "beta_plus": 2.0, "beta_minus": 0.0},
                  {"method": "juice", "direction": "parametric", "beta_plus": 2.0, "beta_minus": -1.0},
                  {"method": "juice", "direction": "contextual", "beta_plus": 2.0, "beta_minus": 0.0},
-                 {"method": "prune", "heads": ["L11H2", "L12H1"]}]
+                 {"method": "ph3", "heads": ["L11H2", "L12H1"]}]
     prompts = ["The capital of France is", "Q: Who wrote Hamlet?\nA:",
                "Paris is the capital of Italy. The capital of Italy is"]
     case = equality_case(real_model, str(folder), tmp_path, prompts, selections, steerings, max_tokens=16,
@@ -428,7 +428,7 @@ def test_juice_serve_engine_vllm_answers_the_openai_client_with_per_request_stee
     prompt = token_ids(lm.tokenizer, "the capital of france is paris")
     asks = [None, {"method": "june", "direction": "parametric", "beta_plus": 2.0, "beta_minus": -1.0},
             {"method": "juice", "direction": "contextual", "beta_plus": 3.0, "beta_minus": 0.0},
-            {"method": "prune", "heads": ["L1H1", "L2H0"]}]
+            {"method": "ph3", "heads": ["L1H1", "L2H0"]}]
     expected = generate(lm, ["the capital of france is paris"], [Stream(0, steering_for(lm, selections, a)) for a in asks],
                         max_new_tokens=8).tokens.tolist()
 
@@ -477,7 +477,7 @@ def test_juice_serve_engine_vllm_answers_the_openai_client_with_per_request_stee
     for bad, message in [({"vllm_xargs": {"juice_method": "june", "juice_direction": "sideways"}}, "direction"),
                          ({"vllm_xargs": {"juice_method": "june", "juice_direction": "context",
                                           "juice_beta_plus": True}}, "must be a number, not True"),
-                         ({"juice": {"method": "prune", "heads": ["L4H0"]}}, "L4H0 is out of range")]:
+                         ({"juice": {"method": "ph3", "heads": ["L4H0"]}}, "L4H0 is out of range")]:
         with pytest.raises(openai.BadRequestError, match=message):
             complete(bad)
     # the protocol table: the same status, message and warning as juice serve on the same model and files
@@ -556,7 +556,7 @@ def test_data_parallel_2_over_http_gives_the_same_tokens(tmp_path):
     selections = {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}
     files = [write_heads(tmp_path / f"{d}.json", lm.fingerprint(), d, s) for d, s in selections.items()]
     prompt = token_ids(lm.tokenizer, "the capital of france is paris")
-    asks = [a for a in STEERINGS if a is None or a["method"] != "prune"]
+    asks = [a for a in STEERINGS if a is None or a["method"] != "ph3"]
     expected = generate(lm, ["the capital of france is paris"], [Stream(0, steering_for(lm, selections, a)) for a in asks],
                         max_new_tokens=8).tokens.tolist()
     # eager: what is tested is that each engine core steers; compiling twice would double the start

@@ -31,7 +31,7 @@ def test_defaults_fill_in_from_the_heads_files():
     untuned = read_steering({"direction": "Context"}, TWO)
     assert (untuned.method, untuned.beta_plus, untuned.beta_minus) == ("juice", 2.0, 0.0)
     assert "juice tune" in untuned.warning
-    assert read_steering({"method": "prune", "heads": "L1H1 L2H0"}, TWO).heads == (Head(1, 1), Head(2, 0))
+    assert read_steering({"method": "ph3", "heads": "L1H1 L2H0"}, TWO).heads == (Head(1, 1), Head(2, 0))
 
 
 def test_a_request_without_the_field_gets_the_default_then_the_only_tuned_file_then_original():
@@ -57,7 +57,7 @@ def test_the_steering_equals_the_library_presets():
     ask = read_steering({"method": "june", "direction": "parametric"}, TWO)
     assert torch.equal(ask.steering(GEOMETRY, TWO).coefficients, JuNE(GEOMETRY, PARAMETRIC, 3.0, -0.5).coefficients)
     assert ask.steering(GEOMETRY, TWO).method == "june"
-    ask = read_steering({"method": "prune", "heads": ["L1H1", "L2H0"]}, TWO)
+    ask = read_steering({"method": "ph3", "heads": ["L1H1", "L2H0"]}, TWO)
     prune = ask.steering(GEOMETRY, TWO)
     assert prune.method == "june" and torch.equal(prune.coefficients,
                                                   Prune(GEOMETRY, [Head(1, 1), Head(2, 0)]).coefficients)
@@ -84,7 +84,7 @@ def test_a_beta_is_a_finite_number_within_the_bound_or_refused(value):
 
 
 def test_parse_spec_reads_betas_as_numbers_and_heads_as_a_list():
-    assert parse_spec("method:prune,heads:L1H1 L2H0") == {"method": "prune", "heads": ["L1H1", "L2H0"]}
+    assert parse_spec("method:ph3,heads:L1H1 L2H0") == {"method": "ph3", "heads": ["L1H1", "L2H0"]}
     assert parse_spec("method:juice,beta_plus:2") == {"method": "juice", "beta_plus": 2.0}
     with pytest.raises(ValueError, match="beta_plus must be a number"):
         parse_spec("beta_plus:x")

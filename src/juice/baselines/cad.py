@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from juice.engine import Contrast, Generation, Stream, generate
+from juice.engine import Contrast, Generation, Stream
 from juice.engine.backend import Engine, engine_or_default
 from juice.likelihood import continuation_ids
 from juice.models import LoadedModel

@@ -66,6 +66,7 @@ from torch import Tensor
 from juice.engine.backend import JUICE_ENGINE
 from juice.engine.streams import Generation, Stream
 from juice.interventions import Head, HeadSelection
+from juice.methods import UNSTEERED
 from juice.models import LoadedModel
 from juice.progress import OnProgress
 from juice.tokens import PromptTooLongError, context_length, token_ids
@@ -482,7 +483,7 @@ class VllmEngine:
 def _steering_xargs(steering) -> dict[str, Any]:
     """A steering as the request protocol's flat `vllm_xargs` (explicit per-head coefficients)."""
     if steering is None or not steering.steers or not bool(steering.coefficients.ne(0).any()):
-        return {"juice_method": "original"}
+        return {"juice_method": UNSTEERED}
     values = [f"{Head(int(layer), int(head))}={float(steering.coefficients[layer, head])!r}"
               for layer, head in torch.nonzero(steering.coefficients).tolist()]
     return {"juice_method": steering.method, "juice_heads": values}

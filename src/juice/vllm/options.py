@@ -258,7 +258,7 @@ def steering_salt(ask: SteeringAsk, server: PluginHeads) -> str | None:
     prefix cache keys a block by its tokens and its request's `cache_salt`, so a cached block is
     reused only by requests whose steering computed the same KV (and, for JuICE, the same clean
     KV of the dual run)."""
-    if ask.method == "original":
+    if not ask.steers:
         return None
     key = {"method": ask.method, "direction": ask.direction, "beta_plus": float(ask.beta_plus),
            "beta_minus": float(ask.beta_minus), "heads": sorted(str(h) for h in ask.heads),
@@ -355,7 +355,7 @@ def parse_request(fields: Mapping[str, Any] | None, server: PluginHeads, geometr
     if geometry is not None:
         server = replace(server, geometry=geometry)
     ask = request_ask(fields, server)
-    if ask.method == "original":
+    if not ask.steers:
         return None
     if geometry is None:
         return RequestSteering(ask.method, torch.zeros(0), torch.zeros(0), ask.warning)

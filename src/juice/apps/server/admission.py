@@ -98,8 +98,8 @@ class Admission:
         """
         try:
             ask = steering_ask(options or {}, self.served)
-            choice = ask.choice(self.lm.geometry, self.served)
-            return ask.steering(self.lm.geometry, self.served), choice, ask
+            recipe = ask.build(self.lm.geometry, self.served).method   # the registry builds it (juice.methods)
+            return recipe.steering, recipe.choice, ask
         except SteeringRequestError as err:
             raise ApiError(400, str(err), param="juice") from None
 
