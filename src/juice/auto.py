@@ -49,18 +49,23 @@ validation items only and writes the policy to the heads file (`tuned["auto"]`) 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from juice.baselines.cad import CadPolicy, jsd_alpha
-from juice.engine import QUESTION_ALONE, Choice, Contrast
+from juice.baselines.cad import jsd_alpha
+from juice.baselines.ckplug import confidence_gain
+from juice.engine import QUESTION_ALONE, Choice, Contrast, forward_last
 from juice.models import LoadedModel
-from juice.steering import ORIGINAL, PRESETS, Steering, chosen_betas
+from juice.steering import PRESETS, Steering, chosen_betas
+from juice.tokens import pad_left, token_ids
 from juice.tuned import TunedSettings
+
+if TYPE_CHECKING:
+    from juice.recipe import Method
 
 SIGNAL = "jsd_bits"
 """The policy's signal: first-step JSD (bits) between the with-context and question-only distributions."""
@@ -205,7 +210,6 @@ class RelevanceGate:
 def relevance(lm: LoadedModel, prompts: Sequence[str], questions: Sequence[str]) -> list[float]:
     """Per request, :func:`passage_relevance` of its prompt and question texts as the gate reads
     them (decoded from their token ids), 1.0 without a passage."""
-    from juice.tokens import token_ids
 
     gate = RelevanceGate(0.0, 0, lm.tokenizer)
     decode = gate.tokenizer.decode
@@ -247,7 +251,6 @@ def gate_signal(name: str, with_context: Tensor, question: Tensor) -> Tensor:
     Raises:
         ValueError: another name (the lexical signal is read from the texts: :func:`passage_relevance`).
     """
-    from juice.baselines.ckplug import confidence_gain
 
     if name == CONFIDENCE_GAIN:
         return confidence_gain(with_context, question)[0]
@@ -306,14 +309,15 @@ class AutoPolicy:
         gated = [self.irrelevant] if self.relevance is not None else []
         return [c for c in CANDIDATES if c in self.picks or c in gated or c == "original"]
 
-    def choice(self, lm: LoadedModel, selection) -> Choice:
-        """The engine's :class:`~juice.engine.Choice` (its `question` is a placeholder, -1).
+    def choice(self, lm: LoadedModel, selection, recipe_of: RecipeOf) -> Choice:
+        """The engine's :class:`~juice.engine.Choice` (its `question` is a placeholder, -1), the
+        candidates built by `recipe_of` (:func:`juice.methods.recipe_of`).
 
         Raises:
             IndexError: a head outside the model.
         """
         names = self.candidates
-        steerings = tuple(candidate_option(CANDIDATE[n], lm, selection, self.betas) for n in names)
+        steerings = tuple(candidate_option(CANDIDATE[n], lm, selection, self.betas, recipe_of) for n in names)
         lexical = self.relevance is not None and self.gate == RELEVANCE
         gate = RelevanceGate(float(self.relevance), names.index(self.irrelevant), lm.tokenizer) if lexical else None
         model_gate = (() if self.relevance is None or lexical
@@ -376,30 +380,45 @@ def candidate_betas(tuned: TunedSettings | Mapping[str, Any] | None) -> dict[str
     return out
 
 
-def candidate_option(candidate: Candidate, lm: LoadedModel, selection,
-                     betas: Mapping[str, tuple[float, float]]) -> "Steering | Contrast":
-    """What the engine decodes a candidate with: a steering (:class:`juice.steering.Steering`:
-    Original, a head steering at the candidate's `betas`), the question alone
-    (:data:`juice.engine.QUESTION_ALONE`), or AdaCAD's contrast with the question-only row.
+RecipeOf = Callable[..., "Method"]
+"""`(method name, model, selection, beta_plus, beta_minus) -> recipe`: how a candidate's method is
+built, by the method registry (:func:`juice.methods.recipe_of`; passed in, so that this module,
+which the registry's `auto` entry builds on, imports nothing above it)."""
+
+
+def candidate_recipe(candidate: Candidate, lm: LoadedModel, selection, betas: Mapping[str, tuple[float, float]],
+                     recipe_of: RecipeOf) -> "Method | None":
+    """A candidate's recipe (:class:`juice.recipe.Method`) as the registry builds its method: a
+    head steering at the candidate's `betas`, Original, AdaCAD; None for the question alone.
 
     Raises:
         KeyError: a steered candidate without betas in `betas`.
-        ValueError: a candidate whose method auto cannot run.
         IndexError: a head outside the model.
     """
     if candidate.method is None:
-        return QUESTION_ALONE
+        return None
     if candidate.steered:
-        return PRESETS[candidate.method](lm, selection, *betas[candidate.name])
-    recipe = _UNSTEERED_RECIPES.get(candidate.method)
+        return recipe_of(candidate.method, lm, selection, *betas[candidate.name])
+    return recipe_of(candidate.method, lm, None, None, None)
+
+
+def candidate_option(candidate: Candidate, lm: LoadedModel, selection, betas: Mapping[str, tuple[float, float]],
+                     recipe_of: RecipeOf) -> "Steering | Contrast":
+    """What the engine decodes a candidate with inside a choice: its recipe's steering
+    (:func:`candidate_recipe`), the question alone (:data:`juice.engine.QUESTION_ALONE`), or a
+    contrastive recipe's rule against the question-only row (AdaCAD).
+
+    Raises:
+        KeyError: a steered candidate without betas in `betas`.
+        ValueError: a candidate whose recipe a choice cannot run (an instruction, a choice).
+        IndexError: a head outside the model.
+    """
+    recipe = candidate_recipe(candidate, lm, selection, betas, recipe_of)
     if recipe is None:
+        return QUESTION_ALONE
+    if recipe.instructed or recipe.choice is not None:
         raise ValueError(f"auto cannot run {candidate.method!r} as a candidate")
-    return recipe()
-
-
-_UNSTEERED_RECIPES = {"original": lambda: ORIGINAL, "adacad": lambda: Contrast(-1, CadPolicy(jsd_alpha))}
-"""The candidates' methods without heads, as the engine runs them inside a choice (AdaCAD: CAD at
-the JSD in bits, :func:`juice.baselines.cad.jsd_alpha`, against the question-only row)."""
+    return recipe.steering if recipe.contrast is None else Contrast(-1, recipe.contrast)
 
 
 def policy_of(tuned: TunedSettings | Mapping[str, Any] | None) -> AutoPolicy:
@@ -422,7 +441,6 @@ def has_passage(lm: LoadedModel, prompts: Sequence[str], questions: Sequence[str
     Raises:
         ValueError: `prompts` and `questions` of different lengths.
     """
-    from juice.tokens import token_ids
 
     if len(prompts) != len(questions):
         raise ValueError("one question per prompt")
@@ -453,8 +471,6 @@ def first_step_features(lm: LoadedModel, prompts: Sequence[str], questions: Sequ
     Raises:
         ValueError: `prompts` and `questions` of different lengths.
     """
-    from juice.engine import forward_last
-    from juice.tokens import pad_left, token_ids
 
     passage = has_passage(lm, prompts, questions)
     rows = [k for k, p in enumerate(passage) if p]
@@ -480,5 +496,5 @@ def first_step_features(lm: LoadedModel, prompts: Sequence[str], questions: Sequ
 
 __all__ = ["AutoPolicy", "AutoRule", "CANDIDATE", "CANDIDATES", "CANDIDATE_TABLE", "CONFIDENCE_GAIN",
            "CONTEXT_PEAKEDNESS", "Candidate", "GATE_SIGNALS", "RELEVANCE", "RelevanceGate", "SIGNAL",
-           "candidate_betas", "candidate_option", "content_words", "first_step_features", "first_step_signal",
-           "gate_signal", "has_passage", "passage_of", "passage_relevance", "policy_of", "relevance"]
+           "RecipeOf", "candidate_betas", "candidate_option", "candidate_recipe", "content_words", "first_step_features",
+           "first_step_signal", "gate_signal", "has_passage", "passage_of", "passage_relevance", "policy_of", "relevance"]

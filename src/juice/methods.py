@@ -194,7 +194,7 @@ def _auto(x: MethodInputs) -> Built:
     if x.beta_plus is not None or x.beta_minus is not None:
         raise ValueError("auto chooses its own strength: give no betas")
     policy = policy_of(x.tuned)
-    return Built(_method(choice=policy.choice(x.model, x.selection)), policy.to_json())
+    return Built(_method(choice=policy.choice(x.model, x.selection, recipe_of)), policy.to_json())
 
 
 REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
@@ -267,6 +267,18 @@ def by_protocol(name: str) -> MethodSpec:
     return lookup(name, protocol_names())
 
 
+def recipe_of(name: str, model: LoadedModel | HeadGeometry | None = None, selection: HeadSelection | None = None,
+              beta_plus: float | None = None, beta_minus: float | None = None) -> Method:
+    """Method `name`'s recipe (:func:`build` without warnings) from a model, heads and betas: how
+    auto's candidates are built (:func:`juice.auto.candidate_recipe`), so that a candidate decodes
+    as its method does everywhere.
+
+    Raises:
+        As :func:`build`.
+    """
+    return build(name, MethodInputs(model, selection, beta_plus=beta_plus, beta_minus=beta_minus), warn=False).method
+
+
 def check(name: str, tuned: TunedSettings | Mapping[str, Any] | None, *, has_heads: bool, where: str = ""
           ) -> MethodSpec:
     """What building `name` would refuse, checked without a model (so a command refuses bad input
@@ -307,5 +319,4 @@ def build(name: str, inputs: MethodInputs, *, warn: bool = True) -> Built:
 
 
 __all__ = ["Built", "MethodInputs", "MethodSpec", "REGISTRY", "SHORT", "STEERINGS", "TUNED_STEERINGS", "UNSTEERED",
-           "build", "by_protocol",
-           "check", "lookup", "names", "protocol_names"]
+           "build", "by_protocol", "check", "lookup", "names", "protocol_names", "recipe_of"]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from juice.auto import AutoPolicy, AutoRule, first_step_signal, passage_relevance
+from juice.methods import recipe_of
 from juice.when_to_steer.auto_tuning import fit_policy, policy_picks
 from juice.baselines.cad import CadPolicy, jsd_alpha
 from juice.data.context_types import CONTEXT_TYPES
@@ -141,7 +142,7 @@ def test_a_choice_refuses_a_without_passage_outside_its_candidates(tiny_llama):
 
 def test_a_policy_without_original_among_its_picks_still_holds_it_for_passage_less_requests(tiny_llama):
     policy = AutoPolicy((), ("june",), {"june": (1.0, 0.0)})
-    choice = policy.choice(tiny_llama, auto_selection(tiny_llama))
+    choice = policy.choice(tiny_llama, auto_selection(tiny_llama), recipe_of)
     assert policy.candidates == ["original", "june"]
     assert choice.candidates[choice.without_passage] is ORIGINAL
 

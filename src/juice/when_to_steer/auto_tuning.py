@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from juice.auto import (CANDIDATE_TABLE, CANDIDATES, GATE_SIGNALS, MAX_THRESHOLDS, RELEVANCE, SIGNAL, THRESHOLD_GRID,
-                        UNSTEERED, AutoPolicy, candidate_betas, candidate_option, first_step_features, has_passage,
+                        UNSTEERED, AutoPolicy, candidate_betas, candidate_recipe, first_step_features, has_passage,
                         relevance)
 from juice.data.context_types import CONTEXT_TYPES, ContextItem, ContextItems
-from juice.engine import Contrast
+from juice.methods import recipe_of
 from juice.models import LoadedModel
 from juice.recipe import Method
 from juice.tuned import DEGENERATION_MARGIN
@@ -328,8 +328,7 @@ def candidate_methods(lm: LoadedModel, artifact) -> dict[str, Method]:
     for c in CANDIDATE_TABLE:
         if c.method is None or (c.steered and c.name not in betas):
             continue   # the question alone is Original's output on the none item; an untuned JuNE is none
-        option = candidate_option(c, lm, artifact.selection, betas)
-        out[c.name] = Method(adacad=True) if isinstance(option, Contrast) else Method(option)
+        out[c.name] = candidate_recipe(c, lm, artifact.selection, betas, recipe_of)   # as the registry builds it
     return out
 
 
