@@ -9,6 +9,7 @@ saved once as safetensors under the cache directory
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import json
@@ -22,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import cached_file
 
 from juice.architectures import HeadGeometry, ModelHeads, adapter_for
-from juice.selfcheck import check_loaded_model
+from juice.selfcheck import ModelLoadError, check_loaded_model
 
 DEFAULT_MODEL = "gemma-3-270m"
 
@@ -134,8 +137,6 @@ class DeferredModel(LoadedModel):
                 theirs = {k: v for k, v in loaded.fingerprint().items() if k != "tokenizer_sha256_16"}
                 mine = {k: v for k, v in self._fingerprint.items() if k != "tokenizer_sha256_16"}
                 if theirs != mine:
-                    from juice.selfcheck import ModelLoadError
-
                     changed = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
                     raise ModelLoadError(f"{self.name}: the loaded weights' fingerprint differs from the one read "
                                          f"from the checkpoint at start ({', '.join(changed)}); did the files "
@@ -465,8 +466,6 @@ def _deferred(source: str, name: str, dtype: torch.dtype, attn_implementation: s
               target: torch.device | None, self_check: bool) -> DeferredModel | None:
     """A :class:`DeferredModel` of `source` (a model directory or hub id), or None where its
     checkpoint's layer-0 output projection is not found in safetensors files."""
-    import copy
-
     if source.startswith((".", "/", "~")) and not Path(source).expanduser().exists():
         raise FileNotFoundError(f"no model directory at {source}")
     try:
@@ -485,6 +484,7 @@ def _deferred(source: str, name: str, dtype: torch.dtype, attn_implementation: s
         return None
     fingerprint = {**model_fingerprint(skeleton, heads, name), **weights_digests(rows.to(dtype)),
                    "tokenizer_sha256_16": tokenizer_fingerprint(tokenizer)}
+
     def load() -> LoadedModel:   # the weights alone: config and tokenizer are read already
         model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=dtype,
                                                      attn_implementation=attn_implementation or attn)
@@ -500,14 +500,10 @@ def _checkpoint_rows(source: str, key: str, prefix: str, n: int = 8) -> torch.Te
     """The first `n` rows of parameter `key` (or `key` less the `prefix.` a base model's
     checkpoint lacks) as stored in `source`'s safetensors files, or None where there are none or
     no such parameter; reads those rows, not the file."""
-    from safetensors import safe_open
-
     def find(filename: str) -> Path | None:
         folder = Path(source).expanduser()
         if folder.is_dir():
             return folder / filename if (folder / filename).is_file() else None
-        from transformers.utils import cached_file
-
         try:
             found = cached_file(source, filename, _raise_exceptions_for_missing_entries=False)
         except OSError:
