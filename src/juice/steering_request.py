@@ -343,8 +343,8 @@ def read_steering(value: Any, served: ServedHeads) -> SteeringAsk:
 
     Raises:
         SteeringRequestError: the first thing wrong, in this order: not an object, an unknown
-            field, an unknown method, `heads` with a method other than ph3, june or juice, ph3 without
-            heads or with a head that does not parse or lies outside the model, `question`
+            field, an unknown method, `heads` with a method other than ph3, june or juice, ph3
+            without heads or with a head that does not parse or lies outside the model, `question`
             without auto, auto where it is not served, a direction that does not parse, has no
             heads file or is missing where the server has two, auto with betas, without a
             question or without a tuned policy, JuICE without the dual run, a beta that is not
@@ -376,7 +376,8 @@ def steering_ask(fields: Mapping[str, Any], served: ServedHeads) -> SteeringAsk:
         raise SteeringRequestError(f"juice.heads is for methods {', '.join(takers)} (the heads PH3 zeroes, or "
                                    "per-head coefficients)")
     if "question" in fields and (spec is None or not spec.question):
-        raise SteeringRequestError(f"juice.question is for method {', '.join(n for n in allowed if REGISTRY[n].question)}")
+        askers = [n for n in allowed if REGISTRY[n].question]
+        raise SteeringRequestError(f"juice.question is for method {', '.join(askers)}")
     if spec is not None and spec.question and not served.auto:
         raise SteeringRequestError(f"juice.method {spec.name} is not served here: it decodes a question-only second "
                                    "sequence per request, which the vLLM plugin does not run; use juice serve")
