@@ -50,16 +50,21 @@ def heads_with_table2_betas(reproduced: Path, out: Path) -> Path:
 COMMAND = "juice reproduce --direction contextual --contexts nqswap,paraconflict"
 
 
-def record(reproduced: Path, size: str) -> dict:
-    """The compact record of a reproduction's when-to-steer studies (module docstring)."""
-    import subprocess
+def record(reproduced: Path, size: str, source: dict | None = None) -> dict:
+    """The compact record of a reproduction's when-to-steer studies (module docstring): the
+    command, this checkout's commit and whether its tracked files were dirty (`source`:
+    :func:`_common.git_state` read when the command started, else now), and the heads as the heads
+    file holds them (read by :func:`juice.stage1.load_heads`)."""
+    from _common import git_state
 
+    source = source or git_state()
     out = {"command": COMMAND + (" --full" if size == "published" else ""), "size": size,
-           "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                    cwd=Path(__file__).parent).stdout.strip(),
+           "commit": source["commit"], "dirty": source["dirty"],
            "date": time.strftime("%Y-%m-%d"), "model": "gemma-3-270m", "device": "cpu, fp32", "datasets": {}}
-    heads = json.loads((reproduced / "heads_contextual.json").read_text(encoding="utf-8"))
-    out["heads"] = {k: heads[k] for k in ("positive", "negative") if k in heads}
+    from juice.pipeline.run import selection_to_json
+    from juice.stage1 import load_heads
+
+    out["heads"] = selection_to_json(load_heads(reproduced / "heads_contextual.json").selection)
     for folder in sorted(reproduced.glob("when-to-steer-*")):
         study = json.loads((folder / "study.json").read_text(encoding="utf-8"))
         tuned = json.loads((folder / "heads_table2.json").read_text(encoding="utf-8"))["tuned"]
@@ -123,7 +128,9 @@ def main() -> None:
     if args.record is not None:
         if args.from_reproduced is None:
             parser.error("--record needs --from-reproduced")
-        rec = record(args.from_reproduced, args.size)
+        from _common import git_state
+
+        rec = record(args.from_reproduced, args.size, git_state())
         args.record.write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
         for dataset in rec["datasets"]:
             print(f"## {dataset}\n\n{record_markdown(rec, dataset)}")

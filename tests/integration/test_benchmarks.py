@@ -178,3 +178,19 @@ def test_the_main_jobs_record_says_where_it_comes_from():
     assert len(source["commit"]) == 40 and isinstance(source["dirty"], bool) and source["from_runs"] == "old-runs"
     assert source["torch"] == torch.__version__ and {"juice", "vllm", "vllm_torch", "vllm_device"} <= set(source)
     assert bench_main_job.provenance(argv=[])["from_runs"] is None
+
+
+def test_the_when_to_steer_record_holds_the_heads_and_its_provenance(tmp_path):
+    """Issue 77: the record read `positive`/`negative` where heads files say `positive_heads`, so
+    it held `"heads": {}`; it now reads the file as juice does, and says the commit and whether
+    the tree was dirty."""
+    import when_to_steer_study
+
+    from juice.interventions import Head, HeadSelection
+    from juice.stage1 import HeadsArtifact, save_heads
+
+    selection = HeadSelection((Head(2, 1), Head(0, 3)), (Head(1, 0),))
+    save_heads(HeadsArtifact({}, "contextual", 2, [1.0], [-1.0], selection), tmp_path / "heads_contextual.json")
+    rec = when_to_steer_study.record(tmp_path, "default", {"commit": "c" * 40, "dirty": True})
+    assert rec["heads"] == {"positive": ["L2H1", "L0H3"], "negative": ["L1H0"]}
+    assert (rec["commit"], rec["dirty"]) == ("c" * 40, True) and rec["datasets"] == {}

@@ -295,3 +295,28 @@ def test_a_paraconflict_distractor_is_about_the_same_subject_or_states_no_answer
         passage = gold_passage(lender)
         assert contains_answer(passage, lender.answers) and not contains_answer(passage, [lender.context_answer])
         assert item.context_answers == lender.answers and not contains_answer(passage, ex.answers)
+
+
+def test_a_passage_stating_part_of_the_answer_is_neither_a_distractor_nor_irrelevant():
+    """Issue 77: the rule compared answer sets for equality, so a passage whose answer is "Ford"
+    served as the distractor of a question answered "Henry Ford" (7 of NQ-Swap's distractors). Now
+    any overlap on word boundaries, either way round, refuses the passage."""
+    from juice.data.context_types import answers_overlap
+
+    assert answers_overlap(("Ford",), ("Henry Ford",)) and answers_overlap(("Henry Ford",), ("Ford",))
+    assert answers_overlap(("Watson", "Crick"), ("Francis Crick",))
+    assert not answers_overlap(("Fordham",), ("Henry Ford",)) and not answers_overlap(("1918",), ("1917",))
+    question = "who founded the ford motor company"
+    rows = [{"question": question, "org_context": "Henry Ford founded the Ford Motor Company in 1903 .",
+             "org_answer": "Henry Ford", "sub_context": "Tom Smith founded the Ford Motor Company in 1903 .",
+             "sub_answer": "Tom Smith"},
+            {"question": "who owned the motor company sold in 1950",   # BM25's top passage: states "Ford"
+             "org_context": "The motor company was founded by Ford , who owned the motor company until 1950 .",
+             "org_answer": "Ford", "sub_context": "The motor company was founded by Reed , who owned it until 1950 .",
+             "sub_answer": "Reed"},
+            {"question": "what is the capital of peru", "org_context": "Lima is the capital of Peru .",
+             "org_answer": "Lima", "sub_context": "Quito is the capital of Peru .", "sub_answer": "Quito"}]
+    built = nqswap_context_items(rows, seed=0)
+    ford = {i.context_type: i for i in built.items if i.uid == "0"}
+    assert ford["distractor"].partner == "2" and ford["distractor"].context_answers == ("Lima",)
+    assert ford["irrelevant"].partner == "2"

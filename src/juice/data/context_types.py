@@ -21,8 +21,9 @@ From NQ-Swap rows (:func:`nqswap_context_items`):
   "followed the context";
 - *distractor*: the other question's `org_context` that BM25 (`bm25s`, the question against every
   other passage of the same half) ranks highest among those that state neither this row's answer nor
-  any alias, with this row's question: the passage a retriever would return and get wrong; the right
-  answer is `org_answer`, the passage's own answer counts as "followed the context";
+  any alias (nor part of one, nor one that holds it: :func:`answers_overlap`), with this row's
+  question: the passage a retriever would return and get wrong; the right answer is `org_answer`,
+  the passage's own answer counts as "followed the context";
 - *none*: the question alone.
 
 From ParaConflict items (:func:`paraconflict_context_items`; built-in domains or the authors' files):
@@ -238,10 +239,8 @@ def _partners(takers: Sequence[tuple[str, tuple[str, ...]]], lenders: Sequence[_
     usable = [lend for lend in lenders if lend is not None and contains_answer(lend.passage, lend.states)]
     out: list[_Lender | None] = []
     for key, answers in takers:
-        mine = _normalized(answers)
-
         def fits(lend: _Lender) -> bool:
-            return (lend.key != key and not (_normalized(lend.states) & mine)
+            return (lend.key != key and not answers_overlap(lend.states, answers)
                     and not contains_answer(lend.passage, answers))
 
         found = next((lend for lend in (rng.choice(usable) for _ in range(64 if usable else 0)) if fits(lend)), None)
@@ -273,11 +272,18 @@ def _bm25_partners(takers: Sequence[tuple[str, str, tuple[str, ...]]],
                                k=min(DISTRACTOR_DEPTH, len(usable)), show_progress=False)
     out: list[_Lender | None] = []
     for (key, _, answers), row in zip(takers, ranked):
-        mine = _normalized(answers)
         out.append(next((usable[int(j)] for j in row if usable[int(j)].key != key
-                         and not (_normalized(usable[int(j)].states) & mine)
+                         and not answers_overlap(usable[int(j)].states, answers)
                          and not contains_answer(usable[int(j)].passage, answers)), None))
     return out
+
+
+def answers_overlap(states: Sequence[str], answers: Sequence[str]) -> bool:
+    """Whether a passage's answer and a question's true answers share an answer on word
+    boundaries, either way round: one holds the other ("Ford" and "Henry Ford"), not only equal
+    after normalization; a distractor stating part of the true answer is no distractor (issue 77)."""
+    return (any(contains_answer(stated, answers) for stated in states)
+            or any(contains_answer(answer, states) for answer in answers))
 
 
 def _in_split(question: str, split: str | None, seed: int) -> bool:
@@ -545,6 +551,6 @@ def paraconflict_context_items(examples: Sequence[ConflictExample], seed: int = 
 
 
 __all__ = ["CONTEXT_TYPES", "DISTRACTOR_DEPTH", "NO_ANSWER", "OBJECTIVES", "RELATED_DOMAINS", "ContextItem",
-           "ContextItems", "coherent_passage", "gold_passage", "gold_prompt",
-           "nqswap_context_items", "nqswap_folder_items", "one_per_question", "SPLITS", "split_of", "paraconflict_context_items", "question_key",
-           "user_context_items"]
+           "ContextItems", "SPLITS", "answers_overlap", "coherent_passage", "gold_passage", "gold_prompt",
+           "nqswap_context_items", "nqswap_folder_items", "one_per_question", "paraconflict_context_items",
+           "question_key", "split_of", "user_context_items"]
