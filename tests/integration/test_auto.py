@@ -534,3 +534,23 @@ def test_auto_choosing_the_question_alone_evaluates_as_question_only(tiny_llama,
     auto = {(r.item, r.conflict_type): r.output for r in report.results if r.method == "auto-ctx"}
     assert auto == alone and len(auto) == len(items.items)
     assert QUESTION_ONLY == "Question-only"
+
+
+def test_cross_validation_chooses_the_best_static_method_on_each_training_fold_not_on_all_items():
+    """Issue 77: where the best static method on all items (A) is not the best on a fold's training
+    items (B, ties going to the first listed), the held-out items get B's verdicts: the choice
+    never sees the items it is scored on."""
+    from juice.when_to_steer.auto_tuning import cross_validate
+
+    groups = [g for g in range(5) for _ in range(4)]
+    types = ["gold", "conflicting", "irrelevant", "none"] * 5
+    a = [g in (0, 1, 2) for g in groups]   # right on three groups: the best on all items
+    b = [g in (3, 4) for g in groups]      # right on two
+    static = {"B": b, "A": a}
+    assert max(static, key=lambda m: sum(static[m])) == "A"
+    verdicts = {"original": a, "question": b}
+    held = cross_validate(verdicts, static, [0.0] * 20, types, ["s"] * 20, groups, {}, folds=0)
+    assert sorted(set(held["chosen"])) == ["A", "B"]
+    for i, g in enumerate(groups):   # held out, groups 0-2 leave A and B tied on training: B is chosen
+        assert held["best_static"][i] == (b[i] if g in (0, 1, 2) else a[i])
+    assert sum(held["best_static"]) < sum(a)   # the all-items choice would have scored A's 12 of 20
