@@ -52,7 +52,7 @@ sys.path[:0] = [str(ROOT / "tests" / d) for d in ("", "unit", "integration", "sl
 STEERINGS = [None, {"method": "june", "direction": "parametric", "beta_plus": 2.0, "beta_minus": -1.0},
              {"method": "juice", "direction": "parametric", "beta_plus": 2.0, "beta_minus": -1.0},
              {"method": "juice", "direction": "contextual", "beta_plus": 3.0, "beta_minus": 0.0},
-             {"method": "prune", "heads": ["L1H1", "L2H0"]}]
+             {"method": "ph3", "heads": ["L1H1", "L2H0"]}]
 PROMPTS = ["the capital of france is paris", "who wrote the book ? answer :", "japan tokyo spain"]
 MAX_TOKENS = 12
 PIECEWISE = {"cudagraph_mode": "PIECEWISE"}

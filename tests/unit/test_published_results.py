@@ -34,6 +34,16 @@ def test_the_sweep_on_the_reproducing_page_is_the_committed_record():
     assert f"`{record['command']}`" in page and record["commit"][:12] in page
 
 
+def test_the_deferred_copys_memory_on_the_reproducing_page_is_the_committed_record():
+    import bench_deferred_load
+
+    record = json.loads((ROOT / "benchmarks" / "results" / "deferred-load.json").read_text(encoding="utf-8"))
+    assert record["command"].startswith("python benchmarks/bench_deferred_load.py") and len(record["commit"]) == 40
+    assert not record["dirty"] and not record["deferred"]["loaded"] and record["loaded"]["loaded"]
+    page = (ROOT / "docs" / "reproducing.md").read_text(encoding="utf-8")
+    assert bench_deferred_load.record_markdown(record) in page
+
+
 def test_the_when_to_steer_tables_and_claims_are_the_committed_record():
     """docs/when-to-steer.md holds each dataset's test table, auto's policy and its cross-validation
     as the record renders them, with the distractor column; the README and the home page quote
