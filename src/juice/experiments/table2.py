@@ -157,19 +157,19 @@ def reproduce_contextual(
     if STUDY_DATASET in splits and splits[STUDY_DATASET].test:
         t = time.perf_counter()
         study_rows = methods_of(STUDY_DATASET)
-        nq_methods = {m: study_rows[m] for m in order if m in study_rows}
+        study_methods = {m: study_rows[m] for m in order if m in study_rows}
         fits = None if max_prompt_tokens is None else (
             lambda prompt: len(token_ids(lm.tokenizer, prompt)) <= max_prompt_tokens)
         items = study.context_items(root / study.folder, cfg.seed, [ex.uid for ex in splits[STUDY_DATASET].test], fits)
-        key_ctx = settings_key({"tuning": key_tuning, "choice": choices[STUDY_DATASET], "methods": list(nq_methods),
+        key_ctx = settings_key({"tuning": key_tuning, "choice": choices[STUDY_DATASET], "methods": list(study_methods),
                                 "items": [asdict(i) for i in items], "stage": "contexts/2"})
         ctx_results = evaluation_stage(
             run, f"contexts_{STUDY_DATASET}", key_ctx, f"when to steer: {study.title} x its context types",
-            len(items) * len(nq_methods),
-            lambda advance: evaluate_context_types(lm, items, nq_methods, max_rows=cfg.max_rows, on_progress=advance,
+            len(items) * len(study_methods),
+            lambda advance: evaluate_context_types(lm, items, study_methods, max_rows=cfg.max_rows, on_progress=advance,
                                                    engine=run.engine))
         run.ran("contexts")
-        contexts = context_type_tables(ctx_results, list(nq_methods), **boot)
+        contexts = context_type_tables(ctx_results, list(study_methods), **boot)
         timings["contexts"] = time.perf_counter() - t
     studies = when_to_steer_stage(run, choices, root, timings)
     by_likelihood = [replace(r, correct=r.likelihood_correct) for r in all_results if r.likelihood_correct is not None]
