@@ -22,7 +22,7 @@ def main() -> None:
     examples = build_domain("world_capital")[:4]
     prompts = [ex.prompts[t] for ex in examples for t in ("substitution", "coherent")]
     sel = HeadSelection((Head(9, 3), Head(10, 0), Head(12, 1)), (Head(2, 3), Head(6, 0)))
-    juice = Steering("juice", steering_coefficients(lm.heads.geometry, sel, 3.0, -2.0))
+    juice = Steering("add", steering_coefficients(lm.heads.geometry, sel, 3.0, -2.0))
     greedy_generate(lm, prompts[:1], 2, juice)  # warm up
 
     cached = measure(lambda: [greedy_generate(lm, [p], N_NEW, juice).tokens[0] for p in prompts])

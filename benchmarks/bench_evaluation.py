@@ -19,7 +19,7 @@ def main() -> None:
     examples = build_domain("world_capital")[10:16]
     sel = HeadSelection((Head(9, 3), Head(10, 0)), (Head(2, 3),))
     coeff = steering_coefficients(lm.heads.geometry, sel, 3.0, -2.0)
-    methods = {"Original": Steering(), "JuNE": Steering("june", coeff), "JuICE": Steering("juice", coeff)}
+    methods = {"Original": Steering(), "JuNE": Steering("scale", coeff), "JuICE": Steering("add", coeff)}
     evaluate(lm, examples[:1], methods, ("clean",))  # warm up
     batched = measure(lambda: evaluate(lm, examples, methods, max_rows=128))
 

@@ -156,7 +156,7 @@ def decoding(lm: LoadedModel, batches: list[int], n_new: int, paths=("dynamic", 
     and the two ratios (module docstring)."""
     device = lm.device
     examples = build_domain("world_capital")
-    juice = Steering("juice", steering_coefficients(lm.heads.geometry, SELECTION, 2.0, -1.0))
+    juice = Steering("add", steering_coefficients(lm.heads.geometry, SELECTION, 2.0, -1.0))
     rows = []
     for b in batches:
         prompts = [examples[i % len(examples)].prompts["substitution"] for i in range(b)]
@@ -210,7 +210,7 @@ def evaluation_rate(lm: LoadedModel, n_examples: int, batches: list[int]) -> lis
     from juice.recipe import Method
 
     examples = build_domain("world_capital")[:n_examples]
-    methods = {"Original": Method(), "JuICE": Method(Steering("juice", steering_coefficients(
+    methods = {"Original": Method(), "JuICE": Method(Steering("add", steering_coefficients(
         lm.heads.geometry, SELECTION, 2.0, -1.0)))}
     out = []
     for b in batches:

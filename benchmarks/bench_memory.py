@@ -36,7 +36,7 @@ def main() -> None:
     coef = steering_coefficients(g, HeadSelection((Head(9, 3),), (Head(2, 3),)), 2.0, -1.0)
     # warm-up: the weights are memory-mapped, so the first forward pages them in (~1.1 GB of RSS)
     intervention_probs(lm, prompts["long"], 0, interventions[:8])
-    generate(lm, [prompts["long"]], [Stream(0, Steering("juice", coef))], 2)
+    generate(lm, [prompts["long"]], [Stream(0, Steering("add", coef))], 2)
     for budget_mib in (256, 1024):
         budget = budget_mib << 20
         for name, prompt in prompts.items():
@@ -44,7 +44,7 @@ def main() -> None:
             rows = auto_max_rows(lm, n, budget_bytes=budget)
             score = measure(lambda: intervention_probs(lm, prompt, 0, interventions, max_rows=rows))
             rows_gen = auto_max_rows(lm, n + 10, budget_bytes=budget)
-            streams = [Stream(0, Steering("juice", coef))] * 64
+            streams = [Stream(0, Steering("add", coef))] * 64
             gen = measure(lambda: generate(lm, [prompt], streams, 10, max_rows=rows_gen))
             print(f"budget {budget_mib} MiB, {name} prompt ({n} tokens): scoring {rows} rows/forward, peak "
                   f"+{score.peak_mib:.0f} MiB ({score.peak_mib / budget_mib:.2f} of budget); generation "

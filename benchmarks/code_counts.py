@@ -24,8 +24,9 @@ SRC = ROOT / "src" / "juice"
 METHOD_NAMES = {"original", "june", "juice", "prune", "ph3", "auto", "prompt", "cad", "adacad", "ckplug"}
 METRIC_NAMES = {"first_words", "memotrap", "nqswap"}
 WHEN_TO_STEER = ["data/context_types.py", "eval/contexts.py", "when_to_steer.py", "context_study.py", "auto.py",
-                 "when_to_steer/__init__.py", "when_to_steer/evaluation.py", "when_to_steer/report.py",
-                 "when_to_steer/auto_tuning.py", "when_to_steer/study.py"]
+                 "when_to_steer/__init__.py", "when_to_steer/signals.py", "when_to_steer/auto.py",
+                 "when_to_steer/evaluation.py", "when_to_steer/report.py", "when_to_steer/auto_tuning.py",
+                 "when_to_steer/study.py"]
 """The when-to-steer modules, before (five files in four places) and after (the items in data/, auto's
 policy beside the registry, the rest in when_to_steer/): whichever stand are counted."""
 
@@ -39,6 +40,34 @@ def _method_comparisons(tree: ast.AST) -> int:
                 values = ([right.value] if isinstance(right, ast.Constant) else
                           [e.value for e in getattr(right, "elts", []) if isinstance(e, ast.Constant)])
                 n += any(v in METHOD_NAMES for v in values)
+    return n
+
+
+NOT_A_METHOD = ("engine", "device", "max_rows", "extra_args", "body", "data", "value", "p")
+"""Operands that hold no method's name: "juice" is also an engine's and the request field's name,
+"auto" a device's, a batch size's and the guard's setting."""
+
+
+def _any_method_comparisons(tree: ast.AST, text: str) -> int:
+    """Any comparison (`==`, `!=`, `in`, `not in`) of a method's name as a literal with another
+    operand, on either side (`"ph3" in methods`, `name != "auto"`, `m == "ph3"`), except where that
+    operand is an engine, a device or a request body (:data:`NOT_A_METHOD`)."""
+    n = 0
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        for i, o in enumerate(operands):
+            values = ([o.value] if isinstance(o, ast.Constant) else
+                      [e.value for e in getattr(o, "elts", []) if isinstance(e, ast.Constant)]
+                      if isinstance(o, (ast.Tuple, ast.List, ast.Set)) else [])
+            if not any(isinstance(v, str) and v in METHOD_NAMES for v in values):
+                continue
+            others = [ast.get_source_segment(text, x) or "" for j, x in enumerate(operands) if j != i]
+            if not any(word in NOT_A_METHOD or set(word.split("_")) & set(NOT_A_METHOD)
+                       for t in others for word in re.findall(r"\w+", t)):
+                n += 1
+                break
     return n
 
 
@@ -124,6 +153,8 @@ def main() -> None:
         if re.search(r"\.tuned(\.get)?[\[(]\s*[\"']", text) or re.search(r"tuned\[[\"']", text):
             tuned.append(f)
     compares = {str(f.relative_to(SRC)): c for f in files if (c := _method_comparisons(ast.parse(f.read_text())))}
+    any_compares = {str(f.relative_to(SRC)): c for f in files if f.name not in ("methods.py", "reference.py")
+                    if (c := _any_method_comparisons(ast.parse(f.read_text()), f.read_text()))}
     metric_compares = {str(f.relative_to(SRC)): c for f in files if f.name != "metrics.py" or f.parent.name != "data"
                        if (c := _metric_comparisons(ast.parse(f.read_text())))}
     datasets = {str(f.relative_to(SRC)): c for f in files if f.parent.name != "data"
@@ -145,6 +176,8 @@ def main() -> None:
     print(f"test folders: {len(folders)}  " + ", ".join(map(str, folders)))
     print(f"a steering's method compared to a method name: {sum(compares.values())} in {len(compares)} files  "
           + ", ".join(f"{k} ({v})" for k, v in sorted(compares.items())))
+    print(f"any method name compared in code (outside methods.py, reference.py): {sum(any_compares.values())} in "
+          f"{len(any_compares)} files  " + ", ".join(f"{k} ({v})" for k, v in sorted(any_compares.items())))
     print(f"a metric's name compared or listed in code (outside data/metrics.py): {sum(metric_compares.values())} in "
           f"{len(metric_compares)} files  " + ", ".join(f"{k} ({v})" for k, v in sorted(metric_compares.items())))
     print(f"a contextual dataset's name or folder spelled in code outside data/: {sum(datasets.values())} in "

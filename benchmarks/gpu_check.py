@@ -307,7 +307,7 @@ def hook_vs_weight_edit(lm, layer: int, head: int, alpha: float) -> float:
 def check_one(model_type: str, device: str, dtype_name: str, attention: str, new: int = 6) -> dict:
     """The engine's four invariants and the guard's decision for one tiny architecture (module
     docstring, section 2)."""
-    from juice import guard
+    from juice.engine import guard
     from juice.engine import Stream, generate
     from juice.interventions import Head, HeadSelection, scaled_heads
     from juice.reference import greedy_generate_naive

@@ -1,7 +1,7 @@
-"""The relevance gate's signals per context type (:data:`juice.auto.GATE_SIGNALS`): the lexical
-share of the question's content words the passage holds (:func:`juice.auto.relevance`) on every
+"""The relevance gate's signals per context type (:data:`juice.when_to_steer.signals.GATE_SIGNALS`): the lexical
+share of the question's content words the passage holds (:func:`juice.when_to_steer.signals.relevance`) on every
 item, and the model-based ones (CK-PLUG's confidence gain, CoCoA's contextual peakedness:
-:func:`juice.auto.first_step_features`) on the first `--questions` questions of each source, with
+:func:`juice.when_to_steer.signals.first_step_features`) on the first `--questions` questions of each source, with
 the embedded Gemma 3, for NQ-Swap and the six built-in ParaConflict domains; prints n, the median
 and the 5th-95th percentiles per dataset, signal and context type, and the share of items a gate at
 `--threshold` (lexical only) would send to the question alone.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from juice.auto import GATE_SIGNALS, RELEVANCE, first_step_features, relevance
+from juice.when_to_steer.signals import GATE_SIGNALS, RELEVANCE, first_step_features, relevance
 from juice.data.context_types import CONTEXT_TYPES
 from juice.models import load_model
 from juice.when_to_steer import context_items

@@ -82,7 +82,7 @@ def record(reproduced: Path, size: str, source: dict | None = None) -> dict:
 def record_markdown(rec: dict, dataset: str) -> str:
     """A dataset's part of docs/when-to-steer.md from the record: the test table (use relevant
     context, by question), auto's policy and its cross-validation, as the study writes them."""
-    from juice.auto import AutoPolicy
+    from juice.when_to_steer.auto import AutoPolicy
     from juice.when_to_steer.evaluation import QuestionBootstrap
     from juice.when_to_steer import summary_table
 

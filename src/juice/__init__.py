@@ -35,8 +35,8 @@ _EXPORTS = {
     "load_heads": "juice.stage1", "save_heads": "juice.stage1", "make_artifact": "juice.stage1",
     # steering and decoding
     "Steering": "juice.steering", "JuICE": "juice.steering", "JuNE": "juice.steering", "Prune": "juice.steering",
-    "Stream": "juice.engine", "Sampling": "juice.sampling", "generate": "juice.engine", "greedy_generate": "juice.engine",
-    "steering_coefficients": "juice.steering", "BatchingMismatchError": "juice.guard",
+    "Stream": "juice.engine", "Sampling": "juice.engine.sampling", "generate": "juice.engine", "greedy_generate": "juice.engine",
+    "steering_coefficients": "juice.steering", "BatchingMismatchError": "juice.engine.guard",
     "Steerer": "juice.steerer",
     # your own data
     "identify": "juice.workflow", "tune": "juice.workflow", "evaluate_file": "juice.workflow",

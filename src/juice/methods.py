@@ -5,7 +5,7 @@ The Steerer (:class:`juice.Steerer`), `juice evaluate` (rows and `--contexts`), 
 `juice reproduce`'s tables, the context-type study and both servers' request protocol
 (:mod:`juice.steering_request`) read their vocabularies and build their methods here. Adding a
 method is one :class:`MethodSpec` in :data:`REGISTRY` plus its implementation (a steering preset
-in :mod:`juice.steering`, a baseline in :mod:`juice.baselines`, a choice in :mod:`juice.auto`).
+in :mod:`juice.steering`, a baseline in :mod:`juice.baselines`, a choice in :mod:`juice.when_to_steer.auto`).
 
 | name | title | paper / source | needs |
 |---|---|---|---|
@@ -17,11 +17,12 @@ in :mod:`juice.steering`, a baseline in :mod:`juice.baselines`, a choice in :mod
 | `ph3` (`prune`) | PH3 | Jin et al. 2024: zero k heads | heads file with PH3's tuned k, or explicit heads |
 | `june` | JuNE | Alg. 4 (one run) | heads file; betas (tuned, given, else :data:`~juice.steering.DEFAULT_BETAS`) |
 | `juice` | JuICE | Alg. 1 (dual run) | heads file; betas (as JuNE) |
-| `auto` | auto | juice's per-request choice (:mod:`juice.auto`) | heads file with a tuned policy; each request's question |
+| `auto` | auto | juice's per-request choice (:mod:`juice.when_to_steer.auto`) | heads file with a tuned policy; each request's question |
 """
 
 from __future__ import annotations
 
+import pkgutil
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +31,6 @@ from typing import Any
 from juice.architectures import HeadGeometry
 from juice.interventions import Head, HeadSelection
 from juice.models import LoadedModel
-from juice.auto import policy_of
 from juice.recipe import Method
 from juice.steering import ORIGINAL, PRESETS, PerHead, Prune, UntunedBetasWarning, chosen_betas
 from juice.tuned import TunedSettings
@@ -100,10 +100,10 @@ class MethodSpec:
         tune: `juice tune` chooses its settings.
         rows: `juice evaluate` runs it on your rows (auto needs each row's question: contexts only).
         steerer: :class:`juice.Steerer` runs it.
-        steering: the kind of :class:`juice.steering.Steering` its run uses ("original", "june":
-            one run, "juice": the dual run), None where it is not a head steering (Prompt, CAD,
-            AdaCAD: Original's steering with their own decoding; auto: Original's, its choice
-            holds the candidates).
+        steering: the kind of :class:`juice.steering.Steering` its run uses
+            (:data:`juice.steering.SteeringKind`: "none"; "scale": one run; "add": the dual run),
+            None where it is not a head steering (Prompt, CAD, AdaCAD: Original's steering with
+            their own decoding; auto: Original's, its choice holds the candidates).
         request_heads: what a request's `heads` field is for it: "zero" (PH3: the heads it zeroes,
             required), "coefficients" (JuNE, JuICE: per-head coefficients in place of a heads
             file's heads and betas, optional), None (refused).
@@ -132,12 +132,12 @@ class MethodSpec:
     @property
     def dual_run(self) -> bool:
         """Its run is the paper's dual run (JuICE, Alg. 1): it needs a server that keeps run 1."""
-        return self.steering == "juice"
+        return self.steering == "add"
 
     @property
     def steers(self) -> bool:
         """Its run changes head outputs (PH3, JuNE, JuICE)."""
-        return self.steering not in (None, "original")
+        return self.steering not in (None, "none")
 
 
 def _method(*args, **kwargs) -> Method:
@@ -175,10 +175,12 @@ def _ph3(x: MethodInputs) -> Built:
     return Built(_method(Prune(x.geometry, heads)), {"k": tuned.k, "pruned": list(tuned.pruned)})
 
 
-def _steering(name: str, preset: Callable) -> Callable[[MethodInputs], Built]:
+def _steering(name: str, kind: str) -> Callable[[MethodInputs], Built]:
+    preset = PRESETS[kind]
+
     def build(x: MethodInputs) -> Built:
         if x.coefficients is not None:   # explicit per-head coefficients (a request's `heads`)
-            return Built(_method(PerHead(name, x.geometry, x.coefficients)),
+            return Built(_method(PerHead(kind, x.geometry, x.coefficients)),
                          {"coefficients": {str(h): float(c) for h, c in sorted(x.coefficients.items())}})
         if x.selection is None:
             raise ValueError(f"{name} needs a heads file")
@@ -190,15 +192,17 @@ def _steering(name: str, preset: Callable) -> Callable[[MethodInputs], Built]:
     return build
 
 
-def _auto(x: MethodInputs) -> Built:
-    if x.beta_plus is not None or x.beta_minus is not None:
-        raise ValueError("auto chooses its own strength: give no betas")
-    policy = policy_of(x.tuned)
-    return Built(_method(choice=policy.choice(x.model, x.selection, recipe_of)), policy.to_json())
+def _above(target: str) -> Callable[[MethodInputs], Built]:
+    """The build of a method implemented above the registry (`"module:function"`): auto's, which
+    builds its candidates through the registry (:func:`recipe_of`). Resolved when first called
+    (:func:`pkgutil.resolve_name`, as an entry point is), so the registry imports nothing above it."""
+    def build(x: MethodInputs) -> Built:
+        return pkgutil.resolve_name(target)(x)
+    return build
 
 
 REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
-    MethodSpec("original", "Original", _original, protocol=True, steerer=True, steering="original",
+    MethodSpec("original", "Original", _original, protocol=True, steerer=True, steering="none",
                summary="the unmodified model"),
     MethodSpec("prompt", "Prompt", _prompt, per_instruction=True,
                summary="an instruction to follow the context or memory before the prompt (App. D.1)"),
@@ -207,15 +211,16 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("ckplug", "CK-PLUG", _ckplug, aliases=("ck-plug",),
                summary="adaptive CK-PLUG: parametric and context logits blended by entropy (Bi et al. 2026)"),
     MethodSpec("ph3", "PH3", _ph3, aliases=("prune",), protocol=True, heads=True, tuned="k", tune=True,
-               steering="june", request_heads="zero", summary="zero k heads, k tuned on validation (Jin et al. 2024)"),
-    MethodSpec("june", "JuNE", _steering("june", PRESETS["june"]), protocol=True, heads=True, tuned="betas",
-               tune=True, steerer=True, steering="june", request_heads="coefficients",
+               steering="scale", request_heads="zero", summary="zero k heads, k tuned on validation (Jin et al. 2024)"),
+    MethodSpec("june", "JuNE", _steering("june", "scale"), protocol=True, heads=True, tuned="betas",
+               tune=True, steerer=True, steering="scale", request_heads="coefficients",
                summary="scale the heads' live outputs, one run (Alg. 4)"),
-    MethodSpec("juice", "JuICE", _steering("juice", PRESETS["juice"]), protocol=True, heads=True, tuned="betas",
-               tune=True, steerer=True, steering="juice", request_heads="coefficients",
+    MethodSpec("juice", "JuICE", _steering("juice", "add"), protocol=True, heads=True, tuned="betas",
+               tune=True, steerer=True, steering="add", request_heads="coefficients",
                summary="add the clean run's head outputs, two runs (Alg. 1)"),
-    MethodSpec("auto", "auto", _auto, protocol=True, heads=True, tuned="policy", rows=False, steerer=True,
-               question=True, summary="per request, Original, the question alone or a steering (juice.auto)"),
+    MethodSpec("auto", "auto", _above("juice.when_to_steer.auto:build"), protocol=True, heads=True, tuned="policy",
+               rows=False, steerer=True, question=True,
+               summary="per request, Original, the question alone or a steering (juice.when_to_steer.auto)"),
 )}
 """name -> spec, in table order."""
 
@@ -227,9 +232,13 @@ TUNED_STEERINGS: tuple[str, ...] = tuple(reversed(STEERINGS))
 """:data:`STEERINGS` in the order a server's default and the tuners prefer them (JuICE first)."""
 
 
-def names(**where: bool) -> tuple[str, ...]:
-    """The registry's names whose spec has every given flag, e.g. `names(steerer=True)`."""
-    return tuple(n for n, s in REGISTRY.items() if all(bool(getattr(s, k)) == v for k, v in where.items()))
+def names(**where: bool | str) -> tuple[str, ...]:
+    """The registry's names whose spec has every given flag or value, e.g. `names(steerer=True)`,
+    `names(tuned="policy")`."""
+    def has(spec: MethodSpec, key: str, want: bool | str) -> bool:
+        value = getattr(spec, key)
+        return bool(value) == want if isinstance(want, bool) else value == want
+    return tuple(n for n, s in REGISTRY.items() if all(has(s, k, v) for k, v in where.items()))
 
 
 def protocol_names() -> tuple[str, ...]:
@@ -267,10 +276,24 @@ def by_protocol(name: str) -> MethodSpec:
     return lookup(name, protocol_names())
 
 
+def coefficients_method(kind: str) -> MethodSpec:
+    """The method a request names to carry a steering of `kind` as per-head coefficients
+    (`request_heads="coefficients"`: JuNE for "scale", JuICE for "add"; Original for "none"): how a
+    :class:`~juice.steering.Steering` is sent to vLLM's plugin (:mod:`juice.vllm.engine`).
+
+    Raises:
+        ValueError: no such method (an unknown kind).
+    """
+    for spec in REGISTRY.values():
+        if spec.steering == kind and (spec.request_heads == "coefficients" or (kind == "none" and spec.protocol)):
+            return spec
+    raise ValueError(f"no method carries a steering of kind {kind!r} as per-head coefficients")
+
+
 def recipe_of(name: str, model: LoadedModel | HeadGeometry | None = None, selection: HeadSelection | None = None,
               beta_plus: float | None = None, beta_minus: float | None = None) -> Method:
     """Method `name`'s recipe (:func:`build` without warnings) from a model, heads and betas: how
-    auto's candidates are built (:func:`juice.auto.candidate_recipe`), so that a candidate decodes
+    auto's candidates are built (:func:`juice.when_to_steer.auto.candidate_recipe`), so that a candidate decodes
     as its method does everywhere.
 
     Raises:
@@ -319,4 +342,4 @@ def build(name: str, inputs: MethodInputs, *, warn: bool = True) -> Built:
 
 
 __all__ = ["Built", "MethodInputs", "MethodSpec", "REGISTRY", "SHORT", "STEERINGS", "TUNED_STEERINGS", "UNSTEERED",
-           "build", "by_protocol", "check", "lookup", "names", "protocol_names", "recipe_of"]
+           "build", "by_protocol", "check", "coefficients_method", "lookup", "names", "protocol_names", "recipe_of"]

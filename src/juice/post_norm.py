@@ -20,7 +20,7 @@ model; without an output norm the gain is 1 and, by linearity of the output proj
 post-norm site *equals* the output projection's input (tested on Llama).
 
 A steering picks its site (:attr:`juice.steering.Steering.site`); :func:`juice.engine.generate`
-and :func:`juice.likelihood.sequence_logits` apply :func:`post_norm_rows` for "post_norm".
+and :func:`juice.engine.likelihood.sequence_logits` apply :func:`post_norm_rows` for "post_norm".
 """
 
 from __future__ import annotations

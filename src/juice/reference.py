@@ -21,7 +21,7 @@ from torch import Tensor
 from juice.analysis.knockout import Component, knocked_out
 from juice.baselines.cad import ALPHA, AlphaRule, CadPolicy
 from juice.budget import resolve_max_rows
-from juice.likelihood import continuation_ids, sequence_logits
+from juice.engine.likelihood import continuation_ids, sequence_logits
 from juice.interventions import (
     Head,
     RowPlan,

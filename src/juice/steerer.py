@@ -27,7 +27,7 @@ from pathlib import Path
 
 from juice.completion_text import TextStream, chat_prompt, final_text
 from juice.engine import DecodingSession, Stream, generate
-from juice.sampling import Sampling
+from juice.engine.sampling import Sampling
 from juice.interventions import HeadSelection
 from juice.data.records import Direction
 from juice.stage1 import HeadsArtifact, load_heads
@@ -48,7 +48,7 @@ class Steerer:
             embedded model toward `direction` (:func:`juice.stage1.shipped.shipped_heads`, one
             INFO line on the `juice` logger says which).
         method: "juice" (dual run), "june" (single run), "original" (steering off) or "auto"
-            (:mod:`juice.auto`: per prompt, Original or a JuICE / JuNE strength, chosen at the
+            (:mod:`juice.when_to_steer.auto`: per prompt, Original or a JuICE / JuNE strength, chosen at the
             first step from how much the context moves the model's prediction; needs a heads
             file tuned with `juice tune --methods auto` and each prompt's question, the prompt
             without its context: `generate(..., questions=...)`).
@@ -129,7 +129,7 @@ class Steerer:
                 context, formatted alike (e.g. "Question: ...? Answer:").
             do_sample: sample instead of greedy decoding; by default, sample iff a temperature > 0
                 is given (Hugging Face's options; prompt i is seeded with `seed + i`).
-            temperature, top_k, top_p: see :class:`juice.sampling.Sampling`.
+            temperature, top_k, top_p: see :class:`juice.engine.sampling.Sampling`.
             stop: strings; each text is cut before the first one found.
             repetition_penalty: Hugging Face's (:class:`juice.engine.Stream`); 1 is off.
 

@@ -2,7 +2,7 @@
 
 JuICE (paper Alg. 1, Stage 2): run 1 is the unmodified model; run 2 adds beta+ (resp. beta-)
 times run 1's outputs of the positive (negative) heads to the same heads. JuNE (Alg. 4) scales
-the heads' live outputs in one run: `H <- H + beta * H`. A :class:`Steering` holds the method and
+the heads' live outputs in one run: `H <- H + beta * H`. A :class:`Steering` holds its kind and
 its `[n_layers, n_heads]` coefficients; :mod:`juice.engine` runs it (batched, cached).
 """
 
@@ -21,18 +21,20 @@ from juice.interventions import Head, check_heads, head_coefficients
 from juice.models import LoadedModel
 from juice.tuned import TunedSettings
 
-SteeringKind = Literal["original", "june", "juice"]
-"""How a steering changes the run: not at all, JuNE's single run (live outputs scaled: also PH3's
-pruning), JuICE's dual run (run 1's outputs added). Not a method (:class:`juice.recipe.Method`):
-the registry's methods (:data:`juice.methods.REGISTRY`) build steerings of these kinds."""
-METHODS: tuple[str, ...] = ("original", "june", "juice")
+SteeringKind = Literal["none", "scale", "add"]
+"""How a steering changes a head's output H, at a coefficient c: "none" (no change: Original),
+"scale" (`H <- (1 + c) H`, the live output, in one run: JuNE, Alg. 4, and PH3's pruning, c = -1),
+"add" (`H <- H + c H_clean`, H_clean run 1's output of the same head: JuICE's dual run, Alg. 1).
+Not a method (:class:`juice.recipe.Method`): the registry's methods (:data:`juice.methods.REGISTRY`)
+build steerings of these kinds."""
+KINDS: tuple[str, ...] = ("none", "scale", "add")
 SITES: tuple[str, ...] = ("o_proj_input", "post_norm")
 """Where a steering acts on a head's output: its slice of the attention output projection's input
 (the paper's), or its contribution after the attention block's output norm (:mod:`juice.post_norm`)."""
 
 
 def steering_coefficients(
-    geometry: HeadGeometry, selection: HeadSelection, beta_plus: float, beta_minus: float, method: str = "juice",
+    geometry: HeadGeometry, selection: HeadSelection, beta_plus: float, beta_minus: float, kind: SteeringKind = "add",
 ) -> Tensor:
     """`[n_layers, n_heads]`: beta+ on positive heads, beta- on negative heads, 0 elsewhere.
 
@@ -42,61 +44,63 @@ def steering_coefficients(
     (1 + beta+)(1 + beta-) H, so its coefficient is (1 + beta+)(1 + beta-) - 1.
 
     Args:
-        method: "juice" or "june" (what the coefficients are for; only a head in both sets differs).
+        kind: "add" (JuICE's) or "scale" (JuNE's): what the coefficients are for (only a head in
+            both sets differs).
 
     Raises:
         IndexError: a head is out of range for `geometry`.
-        ValueError: an unknown method.
+        ValueError: another kind.
     """
-    if method not in ("juice", "june"):
-        raise ValueError(f"steering coefficients are for juice or june, not {method!r}")
+    if kind not in ("add", "scale"):
+        raise ValueError(f"steering coefficients are for the kinds add or scale, not {kind!r}")
     check_heads([*selection.positive, *selection.negative], geometry)
     coefficients = torch.zeros(geometry.n_layers, geometry.n_heads)
     for layer, head in selection.positive:
         coefficients[layer, head] += beta_plus
     for layer, head in selection.negative:
         c = coefficients[layer, head]   # (1 + c)(1 + b-) - 1, written so that c = 0 gives b- exactly
-        coefficients[layer, head] = c + beta_minus + (c * beta_minus if method == "june" else 0.0)
+        coefficients[layer, head] = c + beta_minus + (c * beta_minus if kind == "scale" else 0.0)
     return coefficients
 
 
 @dataclass(frozen=True)
 class Steering:
-    """A steering method with its coefficients.
+    """How the heads are steered, with its coefficients.
 
     Attributes:
-        method: "original" (no change), "june" (single run) or "juice" (dual run).
+        kind: :data:`SteeringKind`: "none" (no change), "scale" (JuNE's single run, pruning) or
+            "add" (JuICE's dual run).
         coefficients: `[n_layers, n_heads]`, beta at the steered heads, 0 elsewhere.
-            Ignored for "original".
+            Ignored for "none".
         site: where the heads are steered (:data:`SITES`): "o_proj_input" (the paper's, the
             default) or "post_norm" (after the attention output norm, :mod:`juice.post_norm`).
 
     Raises:
-        ValueError: an unknown method or site, or coefficients of the wrong shape.
+        ValueError: an unknown kind or site, or coefficients of the wrong shape.
     """
 
-    method: SteeringKind = "original"
+    kind: SteeringKind = "none"
     coefficients: Tensor | None = None
     site: str = "o_proj_input"
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"unknown steering method {self.method!r}; choose from {METHODS}")
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown steering kind {self.kind!r}; choose from {KINDS}")
         if self.site not in SITES:
             raise ValueError(f"unknown steering site {self.site!r}; choose from {SITES}")
-        if self.method != "original" and (self.coefficients is None or self.coefficients.dim() != 2):
-            raise ValueError(f"{self.method} needs coefficients of shape [n_layers, n_heads]")
+        if self.kind != "none" and (self.coefficients is None or self.coefficients.dim() != 2):
+            raise ValueError(f"a steering of kind {self.kind} needs coefficients of shape [n_layers, n_heads]")
 
     @property
     def steers(self) -> bool:
         """The run changes head outputs (JuNE, JuICE, pruning); False for Original."""
-        return self.method != "original"
+        return self.kind != "none"
 
     @property
     def dual_run(self) -> bool:
         """The paper's dual run (JuICE, Alg. 1): a clean run 1 whose head outputs run 2 adds, so a
         decoding engine gives the stream two rows; JuNE and Original run once."""
-        return self.method == "juice"
+        return self.kind == "add"
 
     def scale_add(self, zero: Tensor) -> tuple[Tensor, Tensor]:
         """(scale, add), each `[n_layers, n_heads]`: the rule the forward applies at a head's
@@ -108,9 +112,9 @@ class Steering:
         Args:
             zero: `[n_layers, n_heads]` zeros (on the device and dtype the caller needs).
         """
-        if self.method == "juice":
+        if self.kind == "add":
             return zero, self.coefficients
-        if self.method == "june":
+        if self.kind == "scale":
             return self.coefficients, zero
         return zero, zero
 
@@ -133,7 +137,7 @@ def JuICE(model: "LoadedModel | HeadGeometry", heads: HeadSelection, beta_plus: 
     Raises:
         IndexError: a head outside the model.
     """
-    return Steering("juice", steering_coefficients(_geometry(model), heads, beta_plus, beta_minus))
+    return Steering("add", steering_coefficients(_geometry(model), heads, beta_plus, beta_minus))
 
 
 def JuNE(model: "LoadedModel | HeadGeometry", heads: HeadSelection, beta_plus: float, beta_minus: float) -> Steering:
@@ -143,7 +147,7 @@ def JuNE(model: "LoadedModel | HeadGeometry", heads: HeadSelection, beta_plus: f
     Raises:
         IndexError: a head outside the model.
     """
-    return Steering("june", steering_coefficients(_geometry(model), heads, beta_plus, beta_minus, "june"))
+    return Steering("scale", steering_coefficients(_geometry(model), heads, beta_plus, beta_minus, "scale"))
 
 
 def Prune(model: "LoadedModel | HeadGeometry", heads: Sequence[Head]) -> Steering:
@@ -153,7 +157,7 @@ def Prune(model: "LoadedModel | HeadGeometry", heads: Sequence[Head]) -> Steerin
     Raises:
         IndexError: a head outside the model.
     """
-    return Steering("june", head_coefficients(_geometry(model), {h: -1.0 for h in heads}))
+    return Steering("scale", head_coefficients(_geometry(model), {h: -1.0 for h in heads}))
 
 
 
@@ -164,7 +168,7 @@ starting point, not a tuned value; on a small model it can break the text (issue
 
 
 def PerHead(kind: SteeringKind, model: "LoadedModel | HeadGeometry", coefficients: Mapping[Head, float]) -> Steering:
-    """A steering of `kind` ("june" or "juice") with explicit per-head coefficients in place of a
+    """A steering of `kind` ("scale": JuNE's, or "add": JuICE's) with explicit per-head coefficients in place of a
     heads file's heads and betas (a request's `heads`, :mod:`juice.steering_request`): JuNE's live
     output becomes `(1 + c) H`, JuICE adds `c` times run 1's output.
 
@@ -172,14 +176,14 @@ def PerHead(kind: SteeringKind, model: "LoadedModel | HeadGeometry", coefficient
         IndexError: a head outside the model.
         ValueError: another kind.
     """
-    if kind not in ("june", "juice"):
-        raise ValueError(f"per-head coefficients are for june or juice, not {kind!r}")
+    if kind not in ("scale", "add"):
+        raise ValueError(f"per-head coefficients are for the kinds scale or add, not {kind!r}")
     return Steering(kind, head_coefficients(_geometry(model), dict(coefficients)))
 
 
-PRESETS = {"june": JuNE, "juice": JuICE}
-"""The head-steering presets by their run kind (and registry name): `(model, heads, beta+, beta-) ->
-Steering`; the registry's JuNE and JuICE entries and auto's steered candidates build with them."""
+PRESETS = {"scale": JuNE, "add": JuICE}
+"""The head-steering presets by their kind: `(model, heads, beta+, beta-) -> Steering`; the
+registry's JuNE and JuICE entries build with them."""
 
 
 class UntunedBetasWarning(UserWarning):

@@ -6,13 +6,13 @@ On disk (the heads file's "tuned" object, unchanged since it was introduced; old
     {"juice": {"beta_plus": 2.0, "beta_minus": -1.0, "accuracy": ..., "grid": [...], ...},
      "june":  {"beta_plus": ..., "beta_minus": ..., ...},
      "ph3":   {"k": 3, "pruned": ["L1H0", ...], "accuracy": ..., "grid": [...], ...},
-     "auto":  {... juice.auto.AutoPolicy.to_json() ..., "validation": ..., "data": ...},
+     "auto":  {... juice.when_to_steer.auto.AutoPolicy.to_json() ..., "validation": ..., "data": ...},
      "data":  {"file": ..., "digest": ..., "rows": ...}}   # the validation data's provenance
 
 A method's record keeps everything its tuner wrote (accuracies, the grid, the degeneration
 guard); this module types the parts the methods run with: the betas (:class:`TunedBetas`),
 PH3's k and heads (:class:`TunedPh3`), auto's policy (its JSON, parsed by
-:meth:`juice.auto.AutoPolicy.from_json`), and the provenance.
+:meth:`juice.when_to_steer.auto.AutoPolicy.from_json`), and the provenance.
 """
 
 from __future__ import annotations
@@ -64,11 +64,11 @@ def _check(method: str, record: Any) -> None:
     if "beta_plus" in record or "beta_minus" in record:
         _number(method, record, "beta_plus")
         _number(method, record, "beta_minus")
-    if method == "ph3" and "pruned" in record:
+    if "pruned" in record:   # PH3's record: the heads it zeroes and their number
         if not isinstance(record["pruned"], list) or not all(isinstance(h, str) for h in record["pruned"]):
-            raise TunedSettingsError("tuned.ph3.pruned must be a list of head names like 'L6H3'")
+            raise TunedSettingsError(f"tuned.{method}.pruned must be a list of head names like 'L6H3'")
         if not isinstance(record.get("k"), int) or isinstance(record.get("k"), bool):
-            raise TunedSettingsError(f"tuned.ph3.k must be an integer, not {record.get('k')!r}")
+            raise TunedSettingsError(f"tuned.{method}.k must be an integer, not {record.get('k')!r}")
 
 
 class TunedSettings(Mapping[str, Mapping[str, Any]]):
@@ -128,7 +128,7 @@ class TunedSettings(Mapping[str, Mapping[str, Any]]):
 
     @property
     def auto(self) -> Mapping[str, Any] | None:
-        """auto's policy as saved (:meth:`juice.auto.AutoPolicy.from_json` reads it), or None."""
+        """auto's policy as saved (:meth:`juice.when_to_steer.auto.AutoPolicy.from_json` reads it), or None."""
         record = self._raw.get("auto")
         return record if isinstance(record, Mapping) and record else None
 

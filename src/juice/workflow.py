@@ -284,11 +284,11 @@ def tune(
         s.label: build(s.method, MethodInputs(lm, artifact.selection, beta_plus=s.beta_plus,
                                               beta_minus=s.beta_minus)).method.steering for s in settings}
     ph3_order: tuple = ()
-    if "ph3" in methods:
+    for pruning in (m for m in methods if REGISTRY[m].tuned == "k"):   # PH3: its k
         scores = ph3_knockout_scores(lm, rows, direction, max_rows=max_rows, progress=progress, engine=engine)
         for k in ks:
-            settings.append(GridSetting("ph3", k=k))
-            steerings[settings[-1].label] = build("ph3", MethodInputs(
+            settings.append(GridSetting(pruning, k=k))
+            steerings[settings[-1].label] = build(pruning, MethodInputs(
                 lm, pruned=heads_to_prune(scores, direction, k))).method.steering
         ph3_order = heads_to_prune(scores, direction, max(ks))
     steerings[ORIGINAL_LABEL] = ORIGINAL   # the degeneration guard's reference (decoded once with JuICE (0, 0))
@@ -318,7 +318,7 @@ def tune(
         acc, _, best, degenerate = points[best_i]
         extra = lambda a, p, d, ok: {"accuracy": round(a, 4), "p_target": round(_finite(p), 6),   # noqa: E731
                                      "degeneration": round(d, 4), "eligible": ok}
-        if m == "ph3":
+        if REGISTRY[m].tuned == "k":
             grid = [{"k": s.k, **extra(a, p, d, ok)} for (a, p, s, d), ok in zip(points, eligible)]
             out[m] = TunedSetting(acc, grid, k=best.k, pruned=[str(h) for h in ph3_order[:best.k]],
                                   degeneration=degenerate, original_degeneration=original)

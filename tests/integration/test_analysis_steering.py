@@ -274,7 +274,7 @@ def test_norm_quick_writes_its_files(tiny_gemma3, tmp_path):
 def test_the_site_is_part_of_a_steering_and_one_call_steers_at_one_site(tiny_gemma3):
     g = tiny_gemma3.heads.geometry
     with pytest.raises(ValueError, match="unknown steering site"):
-        Steering("juice", JuICE(g, SEL, 1, 0).coefficients, site="residual")
+        Steering("add", JuICE(g, SEL, 1, 0).coefficients, site="residual")
     mixed = [Stream(0, JuNE(g, SEL, 2, 0)), Stream(0, post_norm(JuNE(g, SEL, 2, 0)))]
     with pytest.raises(ValueError, match="share a site"):
         generate(tiny_gemma3, PROMPTS[:1], mixed, 2)
@@ -289,7 +289,7 @@ def test_the_site_is_part_of_a_steering_and_one_call_steers_at_one_site(tiny_gem
 
 @pytest.mark.parametrize("method", ["juice", "june"])
 def test_teacher_forcing_at_the_post_norm_site_equals_the_engines_forced_log_probabilities(tiny_gemma3, method):
-    from juice.likelihood import sequence_logits
+    from juice.engine.likelihood import sequence_logits
     from juice.tokens import token_ids
 
     g = tiny_gemma3.heads.geometry

@@ -1,4 +1,4 @@
-"""`auto` (juice.auto; tuned by juice.when_to_steer.auto_tuning): a per-request choice among
+"""`auto` (juice.when_to_steer.auto; tuned by juice.when_to_steer.auto_tuning): a per-request choice among
 steerings, made at the first step from the with-context and question-only distributions, decodes
 exactly as the chosen static method; its policy is fitted on validation items only."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from juice.auto import AutoPolicy, AutoRule, first_step_signal, passage_relevance
-from juice.methods import recipe_of
+from juice.when_to_steer.auto import AutoPolicy, AutoRule
+from juice.when_to_steer.signals import first_step_signal, passage_relevance
 from juice.when_to_steer.auto_tuning import fit_policy, policy_picks
 from juice.baselines.cad import CadPolicy, jsd_alpha
 from juice.data.context_types import CONTEXT_TYPES
@@ -142,7 +142,7 @@ def test_a_choice_refuses_a_without_passage_outside_its_candidates(tiny_llama):
 
 def test_a_policy_without_original_among_its_picks_still_holds_it_for_passage_less_requests(tiny_llama):
     policy = AutoPolicy((), ("june",), {"june": (1.0, 0.0)})
-    choice = policy.choice(tiny_llama, auto_selection(tiny_llama), recipe_of)
+    choice = policy.choice(tiny_llama, auto_selection(tiny_llama))
     assert policy.candidates == ["original", "june"]
     assert choice.candidates[choice.without_passage] is ORIGINAL
 
@@ -235,7 +235,7 @@ def test_tuning_reads_validation_items_only_and_auto_evaluates_as_its_choices(ti
     changing a test question's row leaves the fit's inputs and the policy as they were, changing
     a validation question's row changes what the fit sees."""
     import juice.when_to_steer.auto_tuning as auto
-    from juice.auto import policy_of
+    from juice.when_to_steer.auto import policy_of
     from juice.when_to_steer.auto_tuning import tune_auto
     from juice.data.context_types import split_of
     from juice.data.nqswap import question_prompt
@@ -400,7 +400,7 @@ def test_a_relevance_gate_decodes_the_question_alone_in_the_engine(tiny):
     """The gate decides from the request's tokens before any forward: below it the stream is
     Original on the question (tokens and first-step probabilities), above it the rule chooses;
     in a batch as alone."""
-    from juice.auto import RelevanceGate
+    from juice.when_to_steer.signals import RelevanceGate
 
     cands = _candidates(tiny)
     never, always = RelevanceGate(-1.0, 4, tiny.tokenizer), RelevanceGate(2.0, 4, tiny.tokenizer)
@@ -421,7 +421,7 @@ def test_a_model_gate_decodes_below_its_threshold_as_its_pick_in_the_engine(tiny
     """A model-based gate is read at the first step from the two unmodified rows: a request whose
     signal (the batched features') is below the threshold decodes its pick (here the question
     alone), the others the rule's bin; in a batch as alone."""
-    from juice.auto import first_step_features
+    from juice.when_to_steer.signals import first_step_features
 
     cands = _candidates(tiny)
     values = first_step_features(tiny, [TEXTS[0], TEXTS[1]], [TEXTS[2], TEXTS[3]])[name]
@@ -441,7 +441,7 @@ def test_fit_policy_chooses_the_gate_signal_that_separates_on_validation():
     """Where the lexical share cannot tell the irrelevant passages (it is equal everywhere) and
     the confidence gain can, the fit gates on the gain; where both can, on the lexical share
     (the first in GATE_SIGNALS); the policy round-trips with its signal and says it in one line."""
-    from juice.auto import CONFIDENCE_GAIN, RELEVANCE
+    from juice.when_to_steer.signals import CONFIDENCE_GAIN, RELEVANCE
 
     signal = [0.6, 0.6, 0.6, 0.6, 0.0, 0.6]
     types = ["irrelevant", "irrelevant", "conflicting", "conflicting", "none", "gold"]

@@ -442,7 +442,7 @@ def test_cad_adacad_and_steered_streams_in_one_generate_call_equal_each_alone(ti
 
 def test_mixed_teacher_forcing_equals_each_stream_alone_and_the_uncached_reference(tiny_llama):
     from juice.engine import generate
-    from juice.likelihood import continuation_ids
+    from juice.engine.likelihood import continuation_ids
     from juice.reference import cad_continuation_logprobs_naive, continuation_logprobs
 
     lm = tiny_llama
@@ -478,7 +478,7 @@ def test_a_cad_stream_takes_two_rows_of_max_rows(tiny_llama, monkeypatch):
     rows, real = [], st._generate_chunk
 
     def counting(lm, batch, prompt_of, steerings, *args, contrasts=None, **kwargs):
-        rows.append(sum(2 if s.method == "juice" or c is not None else 1 for s, c in zip(steerings, contrasts)))
+        rows.append(sum(2 if s.kind == "add" or c is not None else 1 for s, c in zip(steerings, contrasts)))
         return real(lm, batch, prompt_of, steerings, *args, contrasts=contrasts, **kwargs)
 
     monkeypatch.setattr(st, "_generate_chunk", counting)
@@ -494,8 +494,8 @@ def test_a_cad_stream_decodes_the_unmodified_model():
     from juice.engine import Contrast, Stream
     from juice.steering import Steering
 
-    with pytest.raises(ValueError, match="contrastive stream .* takes no june steering"):
-        Stream(0, Steering("june", torch.ones(2, 2)), contrast=Contrast(1, CadPolicy()))
+    with pytest.raises(ValueError, match="contrastive stream .* takes no scale steering"):
+        Stream(0, Steering("scale", torch.ones(2, 2)), contrast=Contrast(1, CadPolicy()))
     assert Stream(0, contrast=Contrast(1, CadPolicy())).rows == 2 and Stream(0).rows == 1
 
 
@@ -509,7 +509,7 @@ def test_a_method_is_cad_or_adacad_and_unsteered():
     with pytest.raises(ValueError, match="not two of them"):
         Method(adacad=True, ckplug=True)
     with pytest.raises(ValueError, match="unsteered"):
-        Method(Steering("june", torch.ones(2, 2)), adacad=True)
+        Method(Steering("scale", torch.ones(2, 2)), adacad=True)
 
 
 def _ck_plug_as_the_authors_wrote_it(ctx: torch.Tensor, base: torch.Tensor) -> torch.Tensor:

@@ -36,24 +36,24 @@ def test_logits_helper_equals_the_models_own_head(tiny):
     torch.testing.assert_close(tiny.logits(hidden[:, -1]), full.logits[:, -1], rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("method", ["original", "june", "juice"])
-def test_cached_generation_equals_naive_rerun(tiny, method):
-    steering = Steering(method, None if method == "original" else coefficients(tiny))
+@pytest.mark.parametrize("kind", ["none", "scale", "add"])
+def test_cached_generation_equals_naive_rerun(tiny, kind):
+    steering = Steering(kind, None if kind == "none" else coefficients(tiny))
     cached = greedy_generate(tiny, PROMPTS, 8, steering)
     for i, prompt in enumerate(PROMPTS):
         naive = greedy_generate_naive(tiny, prompt, 8, steering)
-        assert torch.equal(cached.tokens[i], naive), (method, i)
+        assert torch.equal(cached.tokens[i], naive), (kind, i)
 
 
 def test_juice_with_zero_betas_equals_the_original_model(tiny):
-    zero = Steering("juice", coefficients(tiny, 0.0, 0.0))
+    zero = Steering("add", coefficients(tiny, 0.0, 0.0))
     original = greedy_generate(tiny, PROMPTS, 6)
     steered = greedy_generate(tiny, PROMPTS, 6, zero)
     assert torch.equal(original.tokens, steered.tokens)
 
 
 def test_juice_changes_something_when_betas_are_large(tiny_llama):
-    strong = Steering("juice", coefficients(tiny_llama, 8.0, -3.0))
+    strong = Steering("add", coefficients(tiny_llama, 8.0, -3.0))
     probes = torch.arange(8).repeat(len(PROMPTS), 1)
     a = greedy_generate(tiny_llama, PROMPTS, 4, probe_tokens=probes)
     b = greedy_generate(tiny_llama, PROMPTS, 4, strong, probe_tokens=probes)
@@ -63,8 +63,8 @@ def test_juice_changes_something_when_betas_are_large(tiny_llama):
 def test_mixed_streams_in_one_batch_equal_separate_runs(tiny):
     c1, c2 = coefficients(tiny, 2.0, -1.0), coefficients(tiny, 5.0, 0.0)
     streams = [
-        Stream(0, Steering("juice", c1)), Stream(1), Stream(0, Steering("june", c2)),
-        Stream(2, Steering("juice", c2)), Stream(0), Stream(1, Steering("juice", c1)),
+        Stream(0, Steering("add", c1)), Stream(1), Stream(0, Steering("scale", c2)),
+        Stream(2, Steering("add", c2)), Stream(0), Stream(1, Steering("add", c1)),
     ]
     probes = torch.tensor([[3, 4]] * len(streams))
     together = generate(tiny, PROMPTS, streams, 5, probe_tokens=probes, max_rows=64)
@@ -87,7 +87,7 @@ def test_rows_that_join_the_prefill_at_their_first_steered_layer_equal_the_naive
     last = g.n_layers - 1
     s1 = HeadSelection((Head(last, 0),), (Head(1, 1),))
     s2 = HeadSelection((Head(last - 1, 1), Head(last, 0)), ())
-    prune = Steering("june", steering_coefficients(g, HeadSelection((), (Head(last, 1),)), 0, -1.0, "june"))
+    prune = Steering("scale", steering_coefficients(g, HeadSelection((), (Head(last, 1),)), 0, -1.0, "scale"))
     streams = [Stream(0, JuICE(tiny, s1, 3, -2)), Stream(1), Stream(0, JuNE(tiny, s2, 2, 0)),
                Stream(2, JuICE(tiny, s2, 4, 0)), Stream(0), Stream(1, prune), Stream(2, JuNE(tiny, s1, 1, -0.5)),
                Stream(2)]
@@ -104,8 +104,8 @@ def test_a_stopped_stream_leaves_the_batch_and_the_others_decode_as_without_the_
     clean copy and every other row re-indexed as streams leave), its text is where the rule first
     held, and the first-step probabilities are untouched."""
     c1, c2 = coefficients(tiny, 2.0, -1.0), coefficients(tiny, 5.0, 0.0)
-    streams = [Stream(0, Steering("juice", c1)), Stream(1), Stream(0, Steering("june", c2)),
-               Stream(2, Steering("juice", c2)), Stream(0), Stream(1, Steering("juice", c1))]
+    streams = [Stream(0, Steering("add", c1)), Stream(1), Stream(0, Steering("scale", c2)),
+               Stream(2, Steering("add", c2)), Stream(0), Stream(1, Steering("add", c1))]
     probes = torch.tensor([[3, 4]] * len(streams))
     full = generate(tiny, PROMPTS, streams, 9, probe_tokens=probes, stop_at_eos=True)
     # streams stop at different steps: 2 to 7 words
@@ -131,8 +131,8 @@ def test_a_stop_rule_under_the_static_cache_gives_the_dynamic_caches_tokens(tiny
     their later tokens are dropped, so tokens, texts and probabilities equal the dynamic cache's,
     where they leave (JUICE_KV_CACHE=static runs evaluation and tuning, issue 33)."""
     c1, c2 = coefficients(tiny, 2.0, -1.0), coefficients(tiny, 5.0, 0.0)
-    streams = [Stream(0, Steering("juice", c1)), Stream(1), Stream(0, Steering("june", c2)),
-               Stream(2, Steering("juice", c2)), Stream(0), Stream(1, Steering("juice", c1))]
+    streams = [Stream(0, Steering("add", c1)), Stream(1), Stream(0, Steering("scale", c2)),
+               Stream(2, Steering("add", c2)), Stream(0), Stream(1, Steering("add", c1))]
     probes = torch.tensor([[3, 4]] * len(streams))
     rule = lambda text: len(text.split()) >= 2 + len(text) % 6   # noqa: E731
     dynamic = generate(tiny, PROMPTS, streams, 9, probe_tokens=probes, stop_at_eos=True, stop_text=rule)
@@ -149,7 +149,7 @@ def test_stop_text_ends_sampled_streams_too_and_is_refused_with_teacher_forcing(
     """The one loop's stop rule holds for any stream (issue 34; it used to be greedy only): a
     sampled stream's tokens are those it gets without the rule, up to the step the rule holds,
     then EOS."""
-    from juice.sampling import Sampling
+    from juice.engine.sampling import Sampling
 
     streams = [Stream(0, sampling=Sampling(temperature=1.0, seed=s)) for s in range(4)]
     tok = tiny_llama.tokenizer
@@ -170,8 +170,8 @@ def test_stop_text_ends_sampled_streams_too_and_is_refused_with_teacher_forcing(
                  stop_text=stop)
 
 
-def test_unknown_method_is_refused():
-    with pytest.raises(ValueError, match="unknown steering method"):
+def test_unknown_kind_is_refused():
+    with pytest.raises(ValueError, match="unknown steering kind"):
         Steering("juicy", torch.zeros(2, 2))
     with pytest.raises(ValueError, match="needs coefficients"):
-        Steering("juice")
+        Steering("add")

@@ -10,7 +10,7 @@ import torch
 from juice.engine import DecodingSession
 from juice.engine import Stream, generate
 from juice.interventions import Head, HeadSelection
-from juice.sampling import Sampling
+from juice.engine.sampling import Sampling
 from juice.steering import ORIGINAL, JuICE, JuNE
 from juice.tokens import token_ids
 
@@ -128,9 +128,9 @@ def test_bad_streams_are_refused(tiny_llama):
 
 def test_prompt_log_probabilities_come_from_the_prefill_and_equal_teacher_forcing(tiny):
     """`prompt_logprobs` (the server's echo) read from a shared, padded prefill equal the uncached
-    teacher-forced reference (:func:`juice.likelihood.sequence_logits`) under every steering, for
+    teacher-forced reference (:func:`juice.engine.likelihood.sequence_logits`) under every steering, for
     a prompt prefilled beside longer and shorter ones and other steerings of itself."""
-    from juice.likelihood import sequence_logits
+    from juice.engine.likelihood import sequence_logits
 
     lm = tiny
     steerings = [ORIGINAL, JuICE(lm, SEL, 3, -1), JuNE(lm, SEL, 1, -0.5)]
@@ -152,7 +152,7 @@ def test_prompt_log_probabilities_come_from_the_prefill_and_equal_teacher_forcin
             continue
         want = sequence_logits(lm, [ids], [len(ids) - 1], steering)[0].log_softmax(-1)
         chosen = want.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
-        assert torch.allclose(torch.tensor([c for c, _ in got]), chosen, atol=1e-4), (i, steering.method)
+        assert torch.allclose(torch.tensor([c for c, _ in got]), chosen, atol=1e-4), (i, steering.kind)
         for (c, pairs), row in zip(got, want):
             assert len(pairs) == top
             if top:   # the top values (their ids may swap where two are within float noise)

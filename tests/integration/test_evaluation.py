@@ -34,7 +34,7 @@ def _naive_logprob(lm, prompt, continuation, steering=None):
     cont = full[len(base):]
     ids = torch.tensor([full], device=lm.device)
     with torch.no_grad():
-        if steering is not None and steering.method == "juice":
+        if steering is not None and steering.kind == "add":
             layers = [int(i) for i in steering.coefficients.ne(0).any(-1).nonzero().flatten()]
             with captured_heads(lm.heads, layers) as saved:
                 lm.model(input_ids=ids)
@@ -50,7 +50,7 @@ def _naive_logprob(lm, prompt, continuation, steering=None):
 def test_continuation_logprobs_equal_full_forward_logprobs(tiny):
     prompts = ["the capital of france is", "tennis golf w40 w41 w42 is"]
     conts = [" paris .", " golf"]
-    for steering in (Steering(), Steering("juice", steering_coefficients(tiny.heads.geometry, SELECTION, 2, -1))):
+    for steering in (Steering(), Steering("add", steering_coefficients(tiny.heads.geometry, SELECTION, 2, -1))):
         got = continuation_logprobs(tiny, prompts, conts, steering, max_rows=2)
         for i in range(2):
             assert abs(float(got[i]) - _naive_logprob(tiny, prompts[i], conts[i], steering)) < 1e-4
@@ -60,7 +60,7 @@ def test_evaluate_contextual_covers_every_method_and_metric(tiny_llama):
     lm = tiny_llama
     coef = steering_coefficients(lm.heads.geometry, SELECTION, 2, -1)
     methods = {"Original": Method(), "Prompt": Method(instructed=True), "CAD": Method(cad_alpha=1.0),
-               "AdaCAD": Method(adacad=True), "JuICE": Method(Steering("juice", coef))}
+               "AdaCAD": Method(adacad=True), "JuICE": Method(Steering("add", coef))}
     exs = _examples()
     results = evaluate_contextual(lm, exs, methods, max_rows=4)
     assert len(results) == len(exs) * len(methods)
@@ -104,7 +104,7 @@ def test_forced_decoding_likelihoods_equal_the_teacher_forced_reference(tiny_lla
     lm = tiny_llama
     exs = [ex for ex in _examples() if ex.metric == "memotrap"]
     coef = steering_coefficients(lm.heads.geometry, SELECTION, 3, -2)
-    methods = {"Original": Method(), "JuNE": Method(Steering("june", coef)), "JuICE": Method(Steering("juice", coef)),
+    methods = {"Original": Method(), "JuNE": Method(Steering("scale", coef)), "JuICE": Method(Steering("add", coef)),
                "CAD": Method(cad_alpha=1.0), "AdaCAD": Method(adacad=True), "Prompt": Method(instructed=True),
                "Prompt+AdaCAD": Method(instructed=True, adacad=True)}
     wins = likelihood_wins(lm, exs, methods, max_rows=3)
@@ -125,7 +125,7 @@ def test_forced_logprobs_match_the_reference_values(tiny):
     prompts = ["the capital of france is", "tennis golf w40 w41 w42 is"]
     conts = [" paris .", " golf"]
     coef = steering_coefficients(tiny.heads.geometry, SELECTION, 2, -1)
-    for steering in (Steering(), Steering("june", coef), Steering("juice", coef)):
+    for steering in (Steering(), Steering("scale", coef), Steering("add", coef)):
         ids = [continuation_ids_(tiny, p, c) for p, c in zip(prompts, conts)]
         forced = torch.zeros(2, 2, dtype=torch.long)
         for i, c in enumerate(ids):
@@ -137,7 +137,7 @@ def test_forced_logprobs_match_the_reference_values(tiny):
 
 
 def continuation_ids_(lm, prompt, cont):
-    from juice.likelihood import continuation_ids
+    from juice.engine.likelihood import continuation_ids
 
     return continuation_ids(lm.tokenizer, prompt, cont)[1]
 
@@ -176,9 +176,9 @@ def test_rows_that_stop_at_the_sixth_word_keep_every_verdict_and_probability(tin
     examples = [ConflictExample("d", f"s{i}", ("w1", "w7"), f"w{i + 3}",
                                 {t: f"w{i} w{i + 1} the capital of france is {t}"
                                  for t in ("clean", "substitution", "coherent")}) for i in range(3)]
-    methods = {"Original": Method(), "JuICE": Method(Steering("juice", steering_coefficients(
-        tiny.heads.geometry, SELECTION, 2.0, -1.0))), "JuNE": Method(Steering("june", steering_coefficients(
-            tiny.heads.geometry, SELECTION, 1.0, -0.5, "june")))}
+    methods = {"Original": Method(), "JuICE": Method(Steering("add", steering_coefficients(
+        tiny.heads.geometry, SELECTION, 2.0, -1.0))), "JuNE": Method(Steering("scale", steering_coefficients(
+            tiny.heads.geometry, SELECTION, 1.0, -0.5, "scale")))}
     full = evaluate(tiny, examples, methods, full_outputs=True)
     cut = evaluate(tiny, examples, methods)
     assert [(r.correct, r.follows_context, r.p_parametric, r.p_context) for r in cut] == \
@@ -201,10 +201,10 @@ def test_requests_that_are_the_same_computation_are_decoded_once(tiny_llama):
         def generate(self, lm, prompts, streams, *a, **k):
             seen.append(len(streams))
             return super().generate(lm, prompts, streams, *a, **k)
-    juice = Method(Steering("juice", steering_coefficients(g, SELECTION, 2.0, -1.0)))
+    juice = Method(Steering("add", steering_coefficients(g, SELECTION, 2.0, -1.0)))
     requests = [DecodeRequest("the capital of", Method(), [1]),
-                DecodeRequest("the capital of", Method(Steering("juice", steering_coefficients(g, SELECTION, 0, 0))), [1]),
-                DecodeRequest("the capital of", Method(Steering("june", steering_coefficients(g, SELECTION, 0, 0, "june"))), [1]),
+                DecodeRequest("the capital of", Method(Steering("add", steering_coefficients(g, SELECTION, 0, 0))), [1]),
+                DecodeRequest("the capital of", Method(Steering("scale", steering_coefficients(g, SELECTION, 0, 0, "scale"))), [1]),
                 DecodeRequest("the capital of", juice, [1]), DecodeRequest("the capital of", juice, [1]),
                 DecodeRequest("the capital of", Method(), [2])]   # another probe: its own request
     progress = []

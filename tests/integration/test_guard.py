@@ -8,7 +8,7 @@ import torch
 from conftest import build_tiny
 
 import juice.engine.batch as st
-from juice import guard
+from juice.engine import guard
 from juice.engine import Stream, generate
 from juice.tokens import token_ids
 

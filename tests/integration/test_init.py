@@ -47,11 +47,11 @@ def test_presets_are_the_records_they_name(tiny_llama):
     sel = juice.HeadSelection((juice.Head(1, 2),), (juice.Head(0, 1), juice.Head(2, 3)))
     coeff = steering_coefficients(tiny_llama.heads.geometry, sel, 2.0, -1.0)
     j = juice.JuICE(tiny_llama, sel, 2.0, -1.0)
-    assert j.method == "juice" and torch.equal(j.coefficients, coeff)
+    assert j.kind == "add" and torch.equal(j.coefficients, coeff)
     n = juice.JuNE(tiny_llama.heads.geometry, sel, 2.0, -1.0)
-    assert n.method == "june" and torch.equal(n.coefficients, coeff)
+    assert n.kind == "scale" and torch.equal(n.coefficients, coeff)
     p = juice.Prune(tiny_llama, [juice.Head(1, 2), juice.Head(1, 2)])   # a head named twice is zeroed once
-    assert p.method == "june" and p.coefficients[1, 2] == -1.0 and p.coefficients.abs().sum() == 1.0
+    assert p.kind == "scale" and p.coefficients[1, 2] == -1.0 and p.coefficients.abs().sum() == 1.0
     with pytest.raises(IndexError):
         juice.JuICE(tiny_llama, juice.HeadSelection((juice.Head(9, 0),), ()), 1.0, 0.0)
 
@@ -67,4 +67,4 @@ def test_the_readme_example_runs(tiny_llama, tmp_path):
     out = juice.greedy_generate(lm, ["the capital of france is"], 4, steer)
     assert len(out.texts) == 1 and out.tokens.shape == (1, 4)
     assert torch.equal(out.tokens, juice.greedy_generate(lm, ["the capital of france is"], 4,
-                                                         Steering("juice", steer.coefficients)).tokens)
+                                                         Steering("add", steer.coefficients)).tokens)

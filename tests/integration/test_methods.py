@@ -79,7 +79,7 @@ def test_a_new_method_is_one_entry(tiny_llama, monkeypatch):
         return methods.Built(build("juice", dataclasses.replace(x, beta_plus=bp, beta_minus=bm)).method,
                              {"beta_plus": bp, "beta_minus": bm})
 
-    entry = MethodSpec("juice-half", "JuICE/2", half_juice, heads=True, tuned="betas", steerer=True, steering="juice")
+    entry = MethodSpec("juice-half", "JuICE/2", half_juice, heads=True, tuned="betas", steerer=True, steering="add")
     monkeypatch.setitem(REGISTRY, entry.name, entry)
     heads = artifact({"juice": {"beta_plus": 4.0, "beta_minus": -2.0}})
     rows, settings = evaluation_methods(tiny_llama, heads, ["original", "juice-half"])
@@ -120,7 +120,7 @@ def test_a_new_method_is_served_by_both_servers_from_its_entry(tmp_path, monkeyp
 
     monkeypatch.setitem(REGISTRY, "juice-third", MethodSpec(
         "juice-third", "JuICE/3", third_juice, protocol=True, heads=True, tuned="betas", steerer=True,
-        steering="juice"))
+        steering="add"))
     monkeypatch.setitem(REGISTRY, "cad-half", MethodSpec(
         "cad-half", "CAD/2", lambda x: methods.Built(Method(cad_alpha=0.5)), protocol=True))
     lm = build_tiny("llama")

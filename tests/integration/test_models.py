@@ -43,7 +43,7 @@ def test_hooks_and_caches_work_with_layers_offloaded_by_accelerate(saved_tiny, t
     if lm.device.type != "cpu":   # the references run on the CPU too, like the offloaded model
         lm = load_model(str(folder), device="cpu")
     sel = HeadSelection((Head(1, 2), Head(0, 0)), (Head(2, 1),))
-    steering = Steering("juice", steering_coefficients(lm.heads.geometry, sel, 3.0, -1.0))
+    steering = Steering("add", steering_coefficients(lm.heads.geometry, sel, 3.0, -1.0))
     cached = greedy_generate(offloaded, PROMPTS, 5, steering)
     for i, p in enumerate(PROMPTS):
         assert torch.equal(cached.tokens[i], greedy_generate_naive(lm, p, 5, steering))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from juice.engine import Stream, generate, greedy_generate
-from juice.sampling import Sampling
+from juice.engine.sampling import Sampling
 from juice.interventions import HeadSelection
 from juice.interventions import Head
 from juice.steering import JuICE, Steering
@@ -91,7 +91,7 @@ def test_eos_stop_and_repetition_penalty_equal_hugging_face_generate(tiny):
 
 
 def test_repetition_penalty_changes_only_seen_tokens_and_one_is_a_no_op(tiny_llama):
-    from juice.sampling import penalize_repetition
+    from juice.engine.sampling import penalize_repetition
 
     logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
     seen = torch.tensor([[True, True, False, False]])

@@ -36,7 +36,7 @@ def served():
     artifact = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL)
     app = create_app(lm, [artifact], model_name="tiny")
     with serving_client(app) as client:
-        yield lm, client, app.state.engine
+        yield lm, client, app.state.worker
 
 
 def test_a_tuned_heads_file_gives_the_default_betas(served):
@@ -346,7 +346,7 @@ def test_errors_have_openai_shape_and_the_server_keeps_serving(served):
 def test_past_the_queue_a_request_gets_429_and_every_admitted_one_is_answered():
     lm = build_tiny("llama")
     app = create_app(lm, model_name="tiny", limits=ServerLimits(max_rows=1, max_queued=1))
-    engine = app.state.engine
+    engine = app.state.worker
     with serving_client(app) as client:
         port = _port(client)
         answers = {}
@@ -382,9 +382,9 @@ def test_a_request_past_its_timeout_is_a_504_and_a_stream_gets_an_error_event():
         status, data, _ = _post(port, "/v1/completions", {**body, "stream": True})
         assert status == 200 and "longer than 0.05 s" in data["events"][-1]["error"]["message"]
         deadline = time.monotonic() + 10   # the engine drops the stream at its next step, after the event is sent
-        while app.state.engine.session.rows and time.monotonic() < deadline:
+        while app.state.worker.session.rows and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert app.state.engine.session.rows == 0
+        assert app.state.worker.session.rows == 0
 
 
 def test_metrics_are_prometheus_text(served):
@@ -546,7 +546,7 @@ def test_auto_serves_each_request_as_the_steerer_with_its_question():
     """`"method": "auto"` with `juice.question`: the completion and the chat equal the Steerer's
     auto, batched with other requests; a request without a question, with betas, or to a file
     without a policy gets a one-line 400."""
-    from juice.auto import AutoPolicy
+    from juice.when_to_steer.auto import AutoPolicy
 
     lm = build_tiny("llama")
     lm.tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}is"

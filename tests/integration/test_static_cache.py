@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from juice.engine import Stream, generate
-from juice.sampling import Sampling
+from juice.engine.sampling import Sampling
 from juice.interventions import HeadSelection
 from juice.interventions import Head
 from juice.steering import ORIGINAL, JuICE, JuNE

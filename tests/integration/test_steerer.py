@@ -7,7 +7,7 @@ import pytest
 
 import juice
 from juice.engine import Stream, generate, greedy_generate
-from juice.sampling import Sampling
+from juice.engine.sampling import Sampling
 from juice.stage1 import HeadsArtifact
 from juice.stage1.shipped import NoShippedHeadsError
 from juice.steerer import Steerer

@@ -47,11 +47,11 @@ def test_juice_on_a_head_in_both_sets_adds_both_betas(tiny_llama):
 def test_disjoint_sets_give_the_same_coefficients_to_both_methods(tiny_llama):
     sel = HeadSelection((Head(0, 1),), (Head(2, 0),))
     g = tiny_llama.heads.geometry
-    assert torch.equal(steering_coefficients(g, sel, 3.0, -1.0, "june"), steering_coefficients(g, sel, 3.0, -1.0))
+    assert torch.equal(steering_coefficients(g, sel, 3.0, -1.0, "scale"), steering_coefficients(g, sel, 3.0, -1.0))
     # a head in one set gets its beta exactly, also a beta that float32 rounds (no (1 + 0)(1 + b) - 1)
-    june = steering_coefficients(g, sel, 0.3, -0.1, "june")
+    june = steering_coefficients(g, sel, 0.3, -0.1, "scale")
     assert june[2, 0].item() == torch.tensor(-0.1).item() and june[0, 1].item() == torch.tensor(0.3).item()
-    with pytest.raises(ValueError, match="juice or june"):
+    with pytest.raises(ValueError, match="kinds add or scale"):
         steering_coefficients(g, sel, 3.0, -1.0, "prune")
 
 

@@ -46,7 +46,7 @@ def test_batched_scoring_equals_naive_on_the_real_model(real_model):
 def test_cached_juice_equals_naive_rerun_on_the_real_model(real_model):
     ex = build_domain("world_capital")[5]
     sel = HeadSelection((Head(9, 3), Head(10, 0)), (Head(2, 3),))
-    steering = Steering("juice", steering_coefficients(real_model.heads.geometry, sel, 3.0, -2.0))
+    steering = Steering("add", steering_coefficients(real_model.heads.geometry, sel, 3.0, -2.0))
     cached = greedy_generate(real_model, [ex.prompts["substitution"]], 6, steering)
     naive = greedy_generate_naive(real_model, ex.prompts["substitution"], 6, steering)
     assert torch.equal(cached.tokens[0], naive)
@@ -57,7 +57,7 @@ def test_the_relevance_gate_reads_the_words_a_real_tokenizer_splits_differently_
     the request's token ids): the question's first word, which this tokenizer writes "Michael" at
     the start of a text and " Michael" after a space, counts only where the passage holds it, and
     NQ-Swap's prompt words do not count."""
-    from juice.auto import RelevanceGate, passage_relevance, relevance
+    from juice.when_to_steer.signals import RelevanceGate, passage_relevance, relevance
     from juice.data.nqswap import context_prompt, question_prompt
     from juice.tokens import token_ids
 

@@ -145,7 +145,7 @@ def test_the_python_examples_run(tiny_llama, tmp_path, monkeypatch, capsys):
     """Every Python block of README.md and docs/, in order per page (one scope per page), on a
     tiny model with tuned heads files in the working directory; the server clients are skipped
     (SKIP says why)."""
-    from juice.auto import AutoPolicy
+    from juice.when_to_steer.auto import AutoPolicy
     from juice.data.records import Direction
     from juice.stage1 import HeadsArtifact
 

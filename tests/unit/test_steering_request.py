@@ -56,12 +56,12 @@ def test_the_steering_equals_the_library_presets():
     assert torch.equal(ask.steering(GEOMETRY, TWO).coefficients, JuICE(GEOMETRY, PARAMETRIC, 1.5, -1).coefficients)
     ask = read_steering({"method": "june", "direction": "parametric"}, TWO)
     assert torch.equal(ask.steering(GEOMETRY, TWO).coefficients, JuNE(GEOMETRY, PARAMETRIC, 3.0, -0.5).coefficients)
-    assert ask.steering(GEOMETRY, TWO).method == "june"
+    assert ask.steering(GEOMETRY, TWO).kind == "scale"
     ask = read_steering({"method": "ph3", "heads": ["L1H1", "L2H0"]}, TWO)
     prune = ask.steering(GEOMETRY, TWO)
-    assert prune.method == "june" and torch.equal(prune.coefficients,
+    assert prune.kind == "scale" and torch.equal(prune.coefficients,
                                                   Prune(GEOMETRY, [Head(1, 1), Head(2, 0)]).coefficients)
-    assert read_steering({"method": "original"}, TWO).steering(GEOMETRY, TWO).method == "original"
+    assert read_steering({"method": "original"}, TWO).steering(GEOMETRY, TWO).kind == "none"
 
 
 @pytest.mark.parametrize("label, juice, status, piece, warns", [b for b in BODIES if b[2] == 400],

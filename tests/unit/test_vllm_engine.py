@@ -14,7 +14,7 @@ from conftest import make_tokenizer
 from juice.architectures import HeadGeometry
 from juice.engine import Choice, Contrast, Stream
 from juice.interventions import Head, HeadSelection
-from juice.sampling import Sampling
+from juice.engine.sampling import Sampling
 from juice.steering import ORIGINAL, JuICE, JuNE, Prune, Steering
 from juice.steering_request import ServedHeads, read_steering
 from juice.vllm.engine import VllmEngine, _cut, _steering_xargs, _why, open_engine
@@ -33,14 +33,14 @@ def _read_back(xargs: dict, served: ServedHeads) -> torch.Tensor:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3),
                           st.floats(-100, 100, width=32).filter(lambda x: x != 0)), min_size=1, max_size=6),
-       st.sampled_from(["june", "juice"]))
-def test_a_steering_reaches_the_server_with_every_coefficient_exact(cells, method):
+       st.sampled_from(["scale", "add"]))
+def test_a_steering_reaches_the_server_with_every_coefficient_exact(cells, kind):
     """The engine sends a steering as per-head coefficients (`"L1H2=0.1"`, the flat form): read
     back by the request protocol they are the same float tensor, bit for bit."""
     coefficients = torch.zeros(4, 4)
     for layer, head, value in cells:
         coefficients[layer, head] = value
-    steering = Steering(method, coefficients)
+    steering = Steering(kind, coefficients)
     served = ServedHeads(geometry=GEOMETRY)
     assert torch.equal(_read_back(_steering_xargs(steering), served), coefficients)
 
@@ -88,7 +88,7 @@ def test_what_vllm_cannot_run_is_handed_to_juices_engine_with_its_reason(tmp_pat
     assert "question-only" in engine.decodes(Stream(0, choice=choice))
     assert "random generator" in engine.decodes(Stream(0, sampling=Sampling(temperature=0.7)))
     assert "repetition penalty" in engine.decodes(Stream(0, repetition_penalty=1.2))
-    post_norm = Steering("june", torch.ones(4, 4), site="post_norm")
+    post_norm = Steering("scale", torch.ones(4, 4), site="post_norm")
     assert "post_norm" in engine.decodes(Stream(0, post_norm))
 
 

@@ -55,7 +55,7 @@ from juice.data.records import CONFLICT_TYPES
 from juice.eval.runner import ItemResult, evaluate, results_from_json, results_to_json
 from juice.eval.tuning import tune_per_domain
 from juice.interventions import projection_input_hooks
-from juice.methods import TUNED_STEERINGS, MethodInputs, build
+from juice.methods import REGISTRY, STEERINGS, TUNED_STEERINGS, MethodInputs, build
 from juice.models import LoadedModel
 from juice.post_norm import POST_NORMS, head_contributions, norm_gain, post_norm_modules
 from juice.steering import Steering
@@ -102,10 +102,11 @@ def attenuation(lm: LoadedModel, prompts: Sequence[str], heads: Sequence, beta: 
 
 # ---------------------------------------------------------------- the study
 
-VARIANTS = {"JuNE": ("june", "o_proj_input"), "JuNE (post-norm)": ("june", "post_norm"),
-            "JuICE": ("juice", "o_proj_input"), "JuICE (post-norm)": ("juice", "post_norm")}
-"""Table row -> (method, intervention site :data:`juice.steering.SITES`)."""
-METHOD_ORDER = ("Original", "JuNE", "JuNE (post-norm)", "JuICE", "JuICE (post-norm)")
+VARIANTS = {f"{REGISTRY[m].title}{suffix}": (m, site) for m in STEERINGS
+            for suffix, site in (("", "o_proj_input"), (" (post-norm)", "post_norm"))}
+"""Table row -> (method, intervention site :data:`juice.steering.SITES`): each head steering
+(:data:`juice.methods.STEERINGS`: JuNE, JuICE) at the paper's site and after the output norm."""
+METHOD_ORDER = ("Original", *VARIANTS)
 ATTENUATION_BETAS = (1.0, 2.0, 5.0)
 
 
@@ -193,8 +194,8 @@ def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_
     known: set[tuple[str, str]] = set()
     for domain, sp in setup.splits.items():
         chosen = post.get(domain, post[head_domain])
-        betas[domain] = {"JuNE": setup.betas[domain]["june"], "JuICE": setup.betas[domain]["juice"],
-                         "JuNE (post-norm)": tuple(chosen["june"]), "JuICE (post-norm)": tuple(chosen["juice"])}
+        betas[domain] = {name: setup.betas[domain][m] if site == "o_proj_input" else tuple(chosen[m])
+                         for name, (m, site) in VARIANTS.items()}
         steer = {name: replace(build(method, MethodInputs(g, setup.selection, beta_plus=betas[domain][name][0],
                                                           beta_minus=betas[domain][name][1])).method.steering, site=site)
                  for name, (method, site) in VARIANTS.items()}

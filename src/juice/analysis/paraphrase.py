@@ -49,7 +49,7 @@ from juice.pipeline.run import ReproduceConfig, StageRun, run_key_base
 from juice.pipeline.stages import heads_stage
 from juice.interventions import HeadSelection
 from juice.io import StageFiles, settings_key
-from juice.methods import REGISTRY, STEERINGS, MethodInputs, build
+from juice.methods import REGISTRY, STEERINGS, TUNED_STEERINGS, MethodInputs, build
 from juice.models import LoadedModel
 from juice.steering import Steering
 
@@ -220,7 +220,8 @@ def run_paraphrase(lm: LoadedModel, options: AnalysisOptions, progress: Progress
         notes=setup.notes)
     cols, headers = table1_columns(result.domains, result.titles)
     avg = [(c, h) for c, h in zip(cols, headers) if c[0] == "Average"]
-    betas = "; ".join(f"{setup.titles[d]}: JuICE {b['juice']}, JuNE {b['june']}" for d, b in setup.betas.items())
+    betas = "; ".join(f"{setup.titles[d]}: " + ", ".join(f"{REGISTRY[m].title} {b[m]}" for m in TUNED_STEERINGS)
+                      for d, b in setup.betas.items())
     md = [f"# {result.title}\n",
           f"Model {lm.name}. One paraphrased template drawn per item and conflict type (seed {options.seed}; "
           f"`juice.data.paraphrases`, five per type and domain). Heads (exact Stage 1 on World Capital's D, "

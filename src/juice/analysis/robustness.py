@@ -132,7 +132,7 @@ def robustness_grid(options: AnalysisOptions) -> RobustnessGrid:
 class Setting:
     """One steering setting of a sweep (a typed grid point)."""
 
-    method: str            # "juice" | "june"
+    method: str            # a head steering's registry name (:data:`METHODS`)
     d: int
     k: int
     beta_plus: float
@@ -257,7 +257,7 @@ def _top(selection: HeadSelection, k: int) -> HeadSelection:
 def _steering_key(steering: Steering) -> str:
     """Settings whose steering is the same (same method and coefficients) are decoded once."""
     coefficients = None if steering.coefficients is None else steering.coefficients.tolist()
-    return settings_key({"method": steering.method, "coefficients": coefficients})
+    return settings_key({"kind": steering.kind, "coefficients": coefficients})
 
 
 def evaluate_settings(lm: LoadedModel, items: Sequence[ConflictExample], steerings: dict[str, Steering],
@@ -426,13 +426,12 @@ def robustness_markdown(result: RobustnessResult, model_name: str) -> str:
     for sweep, label in (("d", "|D|"), ("k", "K")):
         title = "(a) head identification set size |D|" if sweep == "d" else "(b) heads per sign K"
         lines += [f"## {title}\n",
-                  f"| {label} | JuICE | JuICE 1 / 2 / 3 | JuICE - Original | JuNE | JuNE 1 / 2 / 3 | JuNE - Original |",
-                  "|---|---|---|---|---|---|---|"]
-        juice, june = result.sweep(sweep, "juice"), result.sweep(sweep, "june")
-        for a, b in zip(juice, june):
-            value = a.setting.d if sweep == "d" else a.setting.k
+                  f"| {label} | " + " | ".join(f"{t} | {t} 1 / 2 / 3 | {t} - Original" for t in METHODS.values()) + " |",
+                  "|---" * (1 + 3 * len(METHODS)) + "|"]
+        for same in zip(*(result.sweep(sweep, m) for m in METHODS)):
+            value = same[0].setting.d if sweep == "d" else same[0].setting.k
             row = [str(value)]
-            for c in (a, b):
+            for c in same:
                 row += [_pct(c.accuracy), " / ".join(f"{100 * c.per_type[t].mean:.0f}" for t in CONFLICT_TYPES),
                         _diff(c.vs_original)]
             lines.append("| " + " | ".join(row) + " |")
@@ -472,7 +471,7 @@ def robustness_figure(result: RobustnessResult, model_name: str):
     g = result.grid
     fig = Figure(figsize=(12, 9.5))
     axes = fig.subplots(2, 2)
-    colors = {"juice": "tab:blue", "june": "tab:orange"}
+    colors = dict(zip(METHODS, ("tab:blue", "tab:orange", "tab:green")))
     orig = result.original.accuracy
     for ax, sweep, label in ((axes[0, 0], "d", "|D| (head identification set size)"),
                              (axes[0, 1], "k", "K (heads per sign)")):

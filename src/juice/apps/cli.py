@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     from juice.extras import MissingExtraError
-    from juice.guard import BatchingMismatchError
+    from juice.engine.guard import BatchingMismatchError
     from juice.selfcheck import ModelLoadError
 
     args = sys.argv[1:] if argv is None else list(argv)

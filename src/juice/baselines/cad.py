@@ -58,7 +58,7 @@ from torch import Tensor
 
 from juice.engine import Contrast, Generation, Stream
 from juice.engine.backend import Engine, engine_or_default
-from juice.likelihood import continuation_ids
+from juice.engine.likelihood import continuation_ids
 from juice.models import LoadedModel
 from juice.progress import OnProgress
 
@@ -206,7 +206,7 @@ def cad_generate(
     Raises:
         PromptTooLongError: a prompt does not fit the context window with the new tokens.
         ValueError: lengths differ or max_new_tokens < 1.
-        juice.guard.BatchingMismatchError: batched decoding is not exact on this backend (the first
+        juice.engine.guard.BatchingMismatchError: batched decoding is not exact on this backend (the first
             padded chunk is checked against one-at-a-time decoding, as in :func:`juice.engine.generate`).
     """
     return contrast_generate(lm, prompts, questions, max_new_tokens, CadPolicy(alpha), probe_tokens=probe_tokens,

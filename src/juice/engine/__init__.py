@@ -8,7 +8,11 @@
 - :mod:`juice.engine.session`: :class:`DecodingSession`, the loop: prefill (shared clean rows,
   the growing prefill), the per-step forward, token choice, EOS and stop rules, rows joining and
   leaving, contrastive rows, forced tokens, the static cache;
-- :mod:`juice.engine.batch`: :func:`generate`, the batch driver (chunks, the runtime guard).
+- :mod:`juice.engine.batch`: :func:`generate`, the batch driver (chunks, the runtime guard);
+- :mod:`juice.engine.sampling`: how a step chooses its token; :mod:`juice.engine.guard`: the
+  runtime check that batched decoding equals one at a time; :mod:`juice.engine.likelihood`:
+  teacher forcing (a continuation's log-probabilities under a steering);
+- :mod:`juice.engine.backend`: what the pipeline's stages ask of an engine (juice's or vLLM's).
 
 Its drivers: :func:`generate` (evaluation, tuning, the baselines, :class:`juice.Steerer`'s
 `generate` and `stream`) and `juice serve`'s worker (:mod:`juice.apps.server.worker`), which

@@ -15,7 +15,7 @@ rows with little padding, and decodes each chunk in one session: the chunk's str
 prefilled together (one clean row per prompt, shared by every steering of it, JuICE's run 1 and
 the contrastive streams whose question it is; steered rows join at their first steered layer)
 and decoded one token per row per step, each stream leaving at its end. The runtime guard
-(:mod:`juice.guard`) checks a chunk against one-at-a-time decoding where the backend is not yet
+(:mod:`juice.engine.guard`) checks a chunk against one-at-a-time decoding where the backend is not yet
 verified. Logits are computed only at the last position and only for the rows whose tokens are read.
 
 KV caches: "dynamic" is Hugging Face's DynamicCache, growing by one position per step; "static" a
@@ -44,10 +44,10 @@ from juice.budget import resolve_max_rows
 from juice.engine.forward import plan_applier
 from juice.engine.session import DecodingSession
 from juice.engine.streams import Choice, Contrast, Generation, Stream
-from juice.guard import check_batch, needs_check
+from juice.engine.guard import check_batch, needs_check
 from juice.interventions import RowPlan
 from juice.models import LoadedModel
-from juice.sampling import Sampling
+from juice.engine.sampling import Sampling
 from juice.steering import ORIGINAL, Steering
 from juice.tokens import PromptTooLongError, context_length, token_ids
 from juice.progress import OnProgress
@@ -193,7 +193,7 @@ def generate(
         Generation with one entry per stream, in the order of `streams`.
 
     The first padded chunk on a device / attention backend not yet verified in this process is
-    checked against one-at-a-time decoding of its most padded rows (:mod:`juice.guard`).
+    checked against one-at-a-time decoding of its most padded rows (:mod:`juice.engine.guard`).
 
     Raises:
         PromptTooLongError: a prompt does not fit the context window with the new tokens.
@@ -201,7 +201,7 @@ def generate(
             tokenizer that has neither EOS (with `stop_at_eos`) nor a pad token; an unknown
             `kv_cache`; `compile_step` without the static cache, or on the CPU under torch < 2.13
             (:data:`COMPILE_ON_CPU_FROM`).
-        juice.guard.BatchingMismatchError: batched decoding is not exact here, even with eager
+        juice.engine.guard.BatchingMismatchError: batched decoding is not exact here, even with eager
             attention.
     """
     kv_cache, compile_step = _decoding_options(lm, max_new_tokens, kv_cache, compile_step, stop_text, stop_at_eos,
@@ -263,7 +263,7 @@ def decode_chunks(
     on_progress: OnProgress | None = None, eos: int | None = None,
 ) -> Generation:
     """The scaffolding of :func:`generate`: decode each chunk of the `n` streams with `run`, let
-    the runtime guard check it against one-at-a-time decoding where needed (:mod:`juice.guard`;
+    the runtime guard check it against one-at-a-time decoding where needed (:mod:`juice.engine.guard`;
     `check=False` when tokens were already handed out), and scatter the chunks' results back into
     the streams' order.
 
@@ -287,7 +287,7 @@ def decode_chunks(
     forced_lp = torch.zeros(n, max_new_tokens, dtype=torch.float64) if forced else None
     for chunk in chunks:
         result = [run(chunk)]
-        if check and needs_check(lm):   # the runtime guard (juice.guard): batched = one at a time
+        if check and needs_check(lm):   # the runtime guard (juice.engine.guard): batched = one at a time
 
             def redo(chunk=chunk, result=result) -> tuple:
                 result[0] = run(chunk)

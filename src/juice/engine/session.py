@@ -36,7 +36,7 @@ finishes keeps its rows (held, its later tokens dropped) until every stream has 
 A stream's tokens are those it gets alone (batch rows never interact and masked positions add
 nothing; tested on tiny models of every architecture, for every steering, joining mid-flight,
 greedy and seeded sampling, contrasts, teacher forcing and the static cache). The runtime
-batching guard (:mod:`juice.guard`) is the batch driver's (:func:`juice.engine.generate`): a
+batching guard (:mod:`juice.engine.guard`) is the batch driver's (:func:`juice.engine.generate`): a
 session that hands out tokens as they come needs an exact backend (the CPU, or one the guard
 verified earlier in the process).
 """
@@ -55,7 +55,7 @@ import juice.engine.forward as fwd
 from juice.engine.streams import ChoiceRule, ContrastRule, QuestionAlone, RowLayout, Stream, row_layout
 from juice.interventions import RowPlan, planned_rows
 from juice.models import LoadedModel
-from juice.sampling import penalize_repetition, pick_token
+from juice.engine.sampling import penalize_repetition, pick_token
 from juice.sweeps import grow_rows
 from juice.tokens import pad_left
 

@@ -7,7 +7,7 @@ heads are scaled (Alg. 4); a JuICE stream two, an unmodified copy (run 1) and th
 that adds beta times the copy's head outputs (run 2, Alg. 1), both fed the steered row's tokens;
 a contrastive stream (CAD, AdaCAD) two unmodified rows, its question's and its prompt's, both fed
 the token chosen from their contrasted logits; a stream with a :class:`Choice` (juice's `auto`,
-:mod:`juice.auto`) is prefilled with its prompt's and its question's unmodified rows and one row
+:mod:`juice.when_to_steer.auto`) is prefilled with its prompt's and its question's unmodified rows and one row
 per candidate steering, picks a candidate from the first step's two unmodified distributions,
 and decodes from then on exactly as that candidate's stream (its other rows leave the batch).
 """
@@ -22,7 +22,7 @@ from torch import Tensor
 
 from juice.architectures import HeadGeometry
 from juice.interventions import RowPlan
-from juice.sampling import Sampling
+from juice.engine.sampling import Sampling
 from juice.steering import ORIGINAL, Steering
 
 ContrastRule = Callable[[Tensor, Tensor], Tensor]
@@ -69,7 +69,7 @@ their questions' rows) -> `[rows]` long: per row, the index of the candidate to 
 
 @dataclass(frozen=True)
 class Choice:
-    """A per-request choice of steering (juice's `auto`, :mod:`juice.auto`): at the first step the
+    """A per-request choice of steering (juice's `auto`, :mod:`juice.when_to_steer.auto`): at the first step the
     stream's prompt and `prompts[question]` are prefilled unmodified, `rule` reads their two
     next-token distributions and picks one of `candidates`; the first token and every later one
     are then decoded exactly as a stream with that steering (`Stream(prompt, candidates[c])`):
@@ -86,7 +86,7 @@ class Choice:
         gate: optional, called at :meth:`~juice.engine.DecodingSession.add` with the request's
             prompt and question token ids (BOS included) when it has a passage: a candidate
             index to decode with, decided from the request's tokens before any forward (e.g.
-            :class:`juice.auto.RelevanceGate`: a passage that shares too few of the question's
+            :class:`juice.when_to_steer.signals.RelevanceGate`: a passage that shares too few of the question's
             words goes to the question alone), or None to let `rule` choose. Hashable.
         without_passage: the candidate (index) a request without a passage decodes with. That a
             request has no passage is read from its structure, never from the rule's signal:
@@ -145,7 +145,7 @@ class Stream:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.contrast is not None and self.steering.steers:
             raise ValueError("a contrastive stream (CAD, AdaCAD) decodes the unmodified model; "
-                             f"it takes no {self.steering.method} steering")
+                             f"it takes no {self.steering.kind} steering")
         if self.choice is not None and (self.contrast is not None or self.steering.steers):
             raise ValueError("a stream with a choice of steerings takes no steering and no contrast of its own")
 

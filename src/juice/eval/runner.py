@@ -37,7 +37,7 @@ from juice.eval.degeneration import is_degenerate
 from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample
 from juice.engine import Contrast, QuestionAlone, Stream
 from juice.engine.backend import Engine, engine_or_default
-from juice.likelihood import continuation_ids
+from juice.engine.likelihood import continuation_ids
 from juice.data.metrics import CONTEXTUAL, METRICS, N_WORDS, is_correct, metrics_for
 from juice.eval.metrics import contextual_correct
 from juice.models import LoadedModel
@@ -133,7 +133,7 @@ def _request_key(r: DecodeRequest) -> tuple:
         if isinstance(s, QuestionAlone):
             return ("question alone",)
         return ("original",) if not s.steers or not bool(s.coefficients.ne(0).any()) else (
-            s.method, s.site, tuple(s.coefficients.shape), s.coefficients.detach().cpu().numpy().tobytes())
+            s.kind, s.site, tuple(s.coefficients.shape), s.coefficients.detach().cpu().numpy().tobytes())
 
     c = r.method.choice
     choice = None if c is None else (c.rule, tuple(key(s) for s in c.candidates), c.without_passage, c.gate)

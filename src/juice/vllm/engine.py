@@ -20,7 +20,7 @@ tokenizer, so only the model's arithmetic is vLLM's):
   tokens with vLLM's own end-of-sequence ignored and juice's EOS as the one stop token where the
   caller stops at EOS; the first step's log-probabilities of the probe tokens from vLLM's
   `logprob_token_ids` (raw, before any logits processor); a steering as per-head coefficients
-  (`{"method": "june" | "juice", "heads": {...}}`): JuNE and pruning scale the heads' live
+  (JuNE's or JuICE's method with `heads` as coefficients): JuNE and pruning scale the heads' live
   outputs, JuICE adds its coefficients times run 1's outputs. A stop rule on the text
   (`stop_text`: exact match's five words) is applied afterwards to the returned tokens, exactly
   as juice's engine applies it after each step, so the stored text is the same.
@@ -66,7 +66,7 @@ from torch import Tensor
 from juice.engine.backend import JUICE_ENGINE
 from juice.engine.streams import Generation, Stream
 from juice.interventions import Head, HeadSelection
-from juice.methods import UNSTEERED
+from juice.methods import UNSTEERED, coefficients_method
 from juice.models import LoadedModel
 from juice.progress import OnProgress
 from juice.tokens import PromptTooLongError, context_length, token_ids
@@ -407,8 +407,7 @@ class VllmEngine:
         position, clean and under each intervention (`[len(interventions), len(tokens)]`). Every
         prompt's ask under one intervention shares its steering, so :meth:`_run` sends them in one
         request: 1 + len(interventions) requests for up to :data:`PROMPTS_PER_REQUEST` prompts."""
-        steerings = [_steering_xargs(None)] + [{"juice_method": "june", "juice_heads": [f"{head}={float(alpha)!r}"]}
-                                               for head, alpha in interventions]
+        steerings = [_steering_xargs(None)] + [_per_head_xargs("scale", [(head, alpha)]) for head, alpha in interventions]
         per_prompt = []
         for prompt, tokens in targets:
             ids, probes = token_ids(lm.tokenizer, prompt), tuple(int(t) for t in tokens)
@@ -484,9 +483,15 @@ def _steering_xargs(steering) -> dict[str, Any]:
     """A steering as the request protocol's flat `vllm_xargs` (explicit per-head coefficients)."""
     if steering is None or not steering.steers or not bool(steering.coefficients.ne(0).any()):
         return {"juice_method": UNSTEERED}
-    values = [f"{Head(int(layer), int(head))}={float(steering.coefficients[layer, head])!r}"
-              for layer, head in torch.nonzero(steering.coefficients).tolist()]
-    return {"juice_method": steering.method, "juice_heads": values}
+    return _per_head_xargs(steering.kind, [(Head(int(layer), int(head)), steering.coefficients[layer, head])
+                                           for layer, head in torch.nonzero(steering.coefficients).tolist()])
+
+
+def _per_head_xargs(kind: str, coefficients: Sequence[tuple[Head, float]]) -> dict[str, Any]:
+    """Per-head coefficients of a steering of `kind` as `vllm_xargs`, sent as the method that
+    takes them (:func:`juice.methods.coefficients_method`: JuNE's scale, JuICE's add)."""
+    return {"juice_method": coefficients_method(kind).name,
+            "juice_heads": [f"{head}={float(c)!r}" for head, c in coefficients]}
 
 
 def _nonzero(coefficients: Tensor) -> set[Head]:
@@ -670,7 +675,7 @@ def check_shared_gpu(lm: LoadedModel, vllm_args: Sequence[str]) -> None:
                               "--device cpu")
 
 
-def open_engine(name: str, model: str, workdir: str | Path, vllm_args: Sequence[str] = (),
+def open_engine(engine: str, model: str, workdir: str | Path, vllm_args: Sequence[str] = (),
                 log: Callable[[str], None] = print, offline: bool = False):
     """The engine a command runs its stages on: :data:`juice.engine.backend.JUICE_ENGINE` for
     "juice", a :class:`VllmEngine` (to be closed: use it as a context manager) for "vllm".
@@ -678,15 +683,15 @@ def open_engine(name: str, model: str, workdir: str | Path, vllm_args: Sequence[
     Raises:
         ValueError: another name, or vLLM arguments for juice's engine.
     """
-    if name == "juice":
+    if engine == "juice":
         if vllm_args:
             raise ValueError("--vllm-arg is for --engine vllm")
         if offline:
             raise ValueError("--vllm-offline is for --engine vllm")
         return JUICE_ENGINE
-    if name == "vllm":
+    if engine == "vllm":
         return VllmEngine(model, workdir, vllm_args, log=log, offline=offline)
-    raise ValueError(f"engine must be juice or vllm, not {name!r}")
+    raise ValueError(f"engine must be juice or vllm, not {engine!r}")
 
 
 __all__ = ["ASKS_PER_CALL", "COMPILATION_ARGS", "IN_FLIGHT", "MAX_MODEL_LEN", "PROMPTS_PER_REQUEST", "VllmEngine",

@@ -1,11 +1,15 @@
 """When to steer: the same questions with a gold, a conflicting, an irrelevant, a distracting and no
-passage (the items: :mod:`juice.data.context_types`), every method, both objectives.
+passage (the items: :mod:`juice.data.context_types`), every method, both objectives; and `auto`,
+the method that decides per request whether to steer.
 
+- :mod:`juice.when_to_steer.signals`: the first-step signals a request is judged by (AdaCAD's JSD,
+  the relevance gate's signals);
+- :mod:`juice.when_to_steer.auto`: `auto`'s policy, its candidates and its registry entry's build;
 - :mod:`juice.when_to_steer.evaluation`: decoding and scoring the items per context type, the
   tables and the question-resampled intervals;
 - :mod:`juice.when_to_steer.report`: end to end (`juice evaluate --contexts`): the sources, the
   methods, the summary, the files written;
-- :mod:`juice.when_to_steer.auto_tuning`: tuning `auto` (:mod:`juice.auto`) on validation items;
+- :mod:`juice.when_to_steer.auto_tuning`: tuning `auto` on validation items;
 - :mod:`juice.when_to_steer.study`: the study (`juice evaluate --contexts --study`): methods and
   `auto` chosen on validation questions, reported on test questions.
 """

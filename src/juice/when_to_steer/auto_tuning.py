@@ -1,7 +1,7 @@
 """Tuning `auto` on validation items (`juice tune --methods auto`): the policy's fit, its
 cross-validation against the best static method, and the verdicts and request features both read
 (issue 35, part 2; juice's own method, not the paper's). The policy itself, what the engine runs
-per request, is :mod:`juice.auto`.
+per request, is :mod:`juice.when_to_steer.auto`.
 
 Tuning (:func:`tune_auto`) reads validation items only: each candidate is decoded on the
 validation items of every context type (:mod:`juice.data.context_types`), the signal is computed
@@ -23,11 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from juice.auto import (CANDIDATE_TABLE, CANDIDATES, GATE_SIGNALS, MAX_THRESHOLDS, RELEVANCE, SIGNAL, THRESHOLD_GRID,
-                        UNSTEERED, AutoPolicy, candidate_betas, candidate_recipe, first_step_features, has_passage,
-                        relevance)
+from juice.when_to_steer.auto import (CANDIDATE_TABLE, CANDIDATES, MAX_THRESHOLDS, NO_PASSAGE, THRESHOLD_GRID, UNSTEERED,
+                                      AutoPolicy, candidate_betas, candidate_recipe)
+from juice.when_to_steer.signals import GATE_SIGNALS, RELEVANCE, SIGNAL, first_step_features, has_passage, relevance
 from juice.data.context_types import CONTEXT_TYPES, ContextItem, ContextItems
-from juice.methods import recipe_of
 from juice.models import LoadedModel
 from juice.recipe import Method
 from juice.tuned import DEGENERATION_MARGIN
@@ -39,7 +38,7 @@ class AutoFit:
     """A policy chosen on validation items, and what it scored there.
 
     Attributes:
-        policy: the chosen :class:`juice.auto.AutoPolicy`.
+        policy: the chosen :class:`juice.when_to_steer.auto.AutoPolicy`.
         mean: its validation mean over context types (use relevant context, %).
         static: each candidate alone: its validation mean (%).
         per_type: the policy's validation accuracy per context type (%).
@@ -78,8 +77,8 @@ def _weights(types: Sequence[str], sources: Sequence[str]) -> tuple[np.ndarray, 
 
 
 GateValues = Mapping[str, Sequence[float]] | Sequence[float]
-"""Per item, the gate signals: gate signal name (:data:`juice.auto.GATE_SIGNALS`) -> per item, its value; a
-plain sequence is the lexical one (:func:`juice.auto.passage_relevance`)."""
+"""Per item, the gate signals: gate signal name (:data:`juice.when_to_steer.signals.GATE_SIGNALS`) -> per item, its value; a
+plain sequence is the lexical one (:func:`juice.when_to_steer.signals.passage_relevance`)."""
 
 
 def _gate_values(relevance) -> dict[str, list[float]]:
@@ -99,7 +98,7 @@ def policy_picks(policy: AutoPolicy, signal: Sequence[float], passage: Sequence[
     out = []
     for k, (x, has) in enumerate(zip(signal, passage)):
         if not has:
-            out.append("original")
+            out.append(NO_PASSAGE)
         elif policy.relevance is not None and gate is not None and gate[k] < policy.relevance:
             out.append(policy.irrelevant)
         else:
@@ -114,23 +113,23 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
     """Choose a relevance gate, thresholds and a candidate per bin (module docstring) from
     validation outcomes: every gate (none, or, for each gate signal given, a threshold among
     :data:`GATE_GRID` quantiles of its validation values with each candidate below it) and every
-    set of at most :data:`juice.auto.MAX_THRESHOLDS` thresholds among :data:`juice.auto.THRESHOLD_GRID` quantiles of the
+    set of at most :data:`juice.when_to_steer.auto.MAX_THRESHOLDS` thresholds among :data:`juice.when_to_steer.auto.THRESHOLD_GRID` quantiles of the
     signal, with the best candidate per bin; the highest mean wins, ties going to no gate, fewer
-    bins, less steered candidates and the earlier gate signal in :data:`juice.auto.GATE_SIGNALS`.
+    bins, less steered candidates and the earlier gate signal in :data:`juice.when_to_steer.signals.GATE_SIGNALS`.
 
     Args:
         verdicts: candidate name -> per item, its use-relevant verdict ("original" required).
         signal: per item, the first-step JSD (bits).
         types, sources: per item, its context type and source.
         betas: the steered candidates' betas.
-        passage: per item, whether it has a passage (:func:`juice.auto.has_passage`); default: every item
+        passage: per item, whether it has a passage (:func:`juice.when_to_steer.signals.has_passage`); default: every item
             but the "none" ones. An item without one is decoded with Original whatever the
             bins (:attr:`juice.engine.Choice.without_passage`): it scores Original's verdict
             and never moves a threshold.
         degenerate: candidate name -> per item, whether its output is degenerate; a candidate
             whose share exceeds Original's by more than `margin` points is never picked.
         relevance: the gate signals to try (:data:`GateValues`: name -> per item; a plain
-            sequence is :func:`juice.auto.passage_relevance`); None: no gate is tried.
+            sequence is :func:`juice.when_to_steer.signals.passage_relevance`); None: no gate is tried.
 
     Returns:
         the :class:`AutoFit`: the objective is the mean over context types of the accuracy
@@ -144,17 +143,17 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
     if (not n or any(len(v) != n for v in verdicts.values()) or len(types) != n or len(sources) != n
             or len(passage) != n or any(len(v) != n for v in _gate_values(relevance).values())):
         raise ValueError("auto: one verdict, signal, type, source, passage flag and relevance per validation item")
-    if "original" not in verdicts:
+    if NO_PASSAGE not in verdicts:
         raise ValueError("auto: the fit needs Original's verdicts (the choice without a passage)")
     names = [c for c in CANDIDATES if c in verdicts]
     share = {c: 100.0 * sum(map(bool, d)) / len(d) for c, d in (degenerate or {}).items() if len(d)}
-    refused = tuple(c for c in names if c in share and "original" in share and share[c] > share["original"] + margin)
+    refused = tuple(c for c in names if c in share and NO_PASSAGE in share and share[c] > share[NO_PASSAGE] + margin)
     names = [c for c in names if c not in refused]
     weight, present = _weights(types, sources)
     has = np.array(passage)
     x = np.array([float(v) for v in signal])
     score = np.stack([weight * np.array([bool(v) for v in verdicts[c]]) * has for c in names])   # [cands, n]
-    fixed = float((weight * np.array([bool(v) for v in verdicts["original"]]))[~has].sum())
+    fixed = float((weight * np.array([bool(v) for v in verdicts[NO_PASSAGE]]))[~has].sum())
     values = {name: np.array(v) for name, v in _gate_values(relevance).items()}
     unknown = [name for name in values if name not in GATE_SIGNALS]
     if unknown:
@@ -305,7 +304,7 @@ def tune_auto(lm: LoadedModel, artifact, items: ContextItems | Sequence[ContextI
     methods = candidate_methods(lm, artifact)
     results = evaluate_context_types(lm, items, methods, max_rows=max_rows, on_progress=on_progress)
     titles = {c: c for c in methods}
-    alone = question_only_results(items, results, original="original", name="question")
+    alone = question_only_results(items, results, original=NO_PASSAGE, name="question")
     if len(alone) == len(items):   # every question has its none item: the question-alone candidate
         results, titles = [*results, *alone], {**titles, "question": "question"}
     fit = fit_from_results(lm, items, results, titles, candidate_betas(artifact.tuned))
@@ -322,13 +321,13 @@ def record_fit(artifact, fit: AutoFit, where: Mapping[str, Any] | None = None) -
 
 def candidate_methods(lm: LoadedModel, artifact) -> dict[str, Method]:
     """Candidate name -> its evaluation method (:class:`juice.recipe.Method`), at the heads
-    file's betas (:func:`juice.auto.candidate_betas`)."""
+    file's betas (:func:`juice.when_to_steer.auto.candidate_betas`)."""
     betas = candidate_betas(artifact.tuned)
     out = {}
     for c in CANDIDATE_TABLE:
         if c.method is None or (c.steered and c.name not in betas):
             continue   # the question alone is Original's output on the none item; an untuned JuNE is none
-        out[c.name] = candidate_recipe(c, lm, artifact.selection, betas, recipe_of)   # as the registry builds it
+        out[c.name] = candidate_recipe(c, lm, artifact.selection, betas)   # as the registry builds it
     return out
 
 
@@ -387,7 +386,7 @@ def fit_from_results(lm: LoadedModel, items: Sequence[ContextItem], results: Seq
         items: the validation items, in order.
         results: :class:`juice.eval.runner.ItemResult` of every candidate on every item (a
             context-type evaluation's; other methods are ignored).
-        titles: candidate name (:data:`juice.auto.CANDIDATES`) -> its method's name in `results`; a
+        titles: candidate name (:data:`juice.when_to_steer.auto.CANDIDATES`) -> its method's name in `results`; a
             candidate absent from `titles` is not considered ("original" is required).
         betas: the steered candidates' betas.
 
@@ -399,10 +398,10 @@ def fit_from_results(lm: LoadedModel, items: Sequence[ContextItem], results: Seq
 
 def request_features(lm: LoadedModel, items: Sequence[ContextItem]
                      ) -> tuple[list[float], dict[str, list[float]], list[bool]]:
-    """Per item, what the policy reads: the first-step JSD (:func:`juice.auto.first_step_signal`), the gate
-    signals (:data:`juice.auto.GATE_SIGNALS` -> per item: the passage's lexical relevance, :func:`juice.auto.relevance`,
-    and the model-based ones, :func:`juice.auto.first_step_features`) and whether it has a passage
-    (:func:`juice.auto.has_passage`)."""
+    """Per item, what the policy reads: the first-step JSD (:func:`juice.when_to_steer.signals.first_step_signal`), the gate
+    signals (:data:`juice.when_to_steer.signals.GATE_SIGNALS` -> per item: the passage's lexical relevance, :func:`juice.when_to_steer.signals.relevance`,
+    and the model-based ones, :func:`juice.when_to_steer.signals.first_step_features`) and whether it has a passage
+    (:func:`juice.when_to_steer.signals.has_passage`)."""
     prompts, questions = [i.prompt for i in items], [i.question for i in items]
     features = first_step_features(lm, prompts, questions)
     gates = {RELEVANCE: relevance(lm, prompts, questions), **{n: features[n].tolist() for n in GATE_SIGNALS[1:]}}

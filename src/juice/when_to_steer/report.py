@@ -23,7 +23,7 @@ Methods: `original`, `prompt` (both instructions: "Prompt-mem" ignores the conte
 the file's direction: "JuICE-ctx", "JuNE-mem", "PH3-ctx", ...), each with the file's tuned
 settings: the betas the paper's protocol tunes on conflicting validation items, so the table
 shows what that tuning costs on gold, irrelevant and missing context; and `auto` ("auto-ctx",
-:mod:`juice.auto`), the per-request choice tuned on validation items of every context type
+:mod:`juice.when_to_steer.auto`), the per-request choice tuned on validation items of every context type
 (`juice tune --methods auto`).
 """
 

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from juice.auto import CANDIDATE, CANDIDATE_TABLE, GATE_SIGNALS, candidate_betas
+from juice.when_to_steer.auto import CANDIDATE, CANDIDATE_TABLE, candidate_betas
+from juice.when_to_steer.signals import GATE_SIGNALS
 from juice.data.context_types import ContextItem
 from juice.eval.runner import ItemResult, results_from_json, results_to_json
 from juice.io import settings_key, write_json_atomic
@@ -381,7 +382,7 @@ def _write_study(study: Study, out: Path) -> None:
 
 
 def candidate_title(candidate, suffix: str) -> str:
-    """The study's title of one of auto's candidates (:class:`juice.auto.Candidate`): its method's
+    """The study's title of one of auto's candidates (:class:`juice.when_to_steer.auto.Candidate`): its method's
     title in :data:`juice.methods.REGISTRY` with the candidate's label ("/2"), and the heads file's
     direction (`suffix`, "mem" or "ctx") after a head steering's; the question alone's is
     :data:`juice.when_to_steer.evaluation.QUESTION_ONLY`."""
@@ -394,8 +395,8 @@ def candidate_title(candidate, suffix: str) -> str:
 
 def auto_candidate(lm: LoadedModel, artifact: HeadsArtifact, candidate: str, betas: Mapping[str, tuple[float, float]]
                    ) -> Method:
-    """The evaluation method of one of auto's candidates (:data:`juice.auto.CANDIDATES`), built by
-    the registry at the candidate's betas (`betas`, :func:`juice.auto.candidate_betas`).
+    """The evaluation method of one of auto's candidates (:data:`juice.when_to_steer.auto.CANDIDATES`), built by
+    the registry at the candidate's betas (`betas`, :func:`juice.when_to_steer.auto.candidate_betas`).
 
     Raises:
         ValueError: the question alone (no method of its own: Original's output on the none item).

@@ -139,6 +139,7 @@ def _study(data: Optional[Path], heads: list[Path], methods: Optional[str], doma
            test_limit: Optional[int], validation_limit: Optional[int], out: Path, model: str, device: str,
            max_prompt_tokens: Optional[int]) -> None:
     """`juice evaluate --contexts --study` (:mod:`juice.when_to_steer.study`)."""
+    from juice.methods import names as method_names
     from juice.when_to_steer.study import run_study
     from juice.models import load_model
     from juice.stage1 import load_heads
@@ -158,8 +159,9 @@ def _study(data: Optional[Path], heads: list[Path], methods: Optional[str], doma
     artifact = load_heads(heads[0], lm)
     try:
         with progress() as task:
-            result = run_study(lm, artifact, data, out=out, names=[n for n in names if n != "auto"],
-                               auto="auto" in names, validation_limit=validation_limit, test_limit=test_limit,
+            policies = method_names(tuned="policy")   # auto: the study fits it on validation items
+            result = run_study(lm, artifact, data, out=out, names=[n for n in names if n not in policies],
+                               auto=any(n in policies for n in names), validation_limit=validation_limit, test_limit=test_limit,
                                keep=None if max_prompt_tokens is None else prompt_fits(lm.tokenizer, max_prompt_tokens),
                                domain=domain, progress=task)
     except ValueError as err:

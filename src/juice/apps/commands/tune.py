@@ -34,7 +34,7 @@ def tune(
     into the heads file with the grid's accuracies: a tuned heads file alone is enough to steer
     (`juice.Steerer`) and to serve (`juice serve`).
 
-    With auto (juice's per-request policy, :mod:`juice.auto`): the JuICE/JuNE betas are tuned
+    With auto (juice's per-request policy, :mod:`juice.when_to_steer.auto`): the JuICE/JuNE betas are tuned
     first (if asked), then the policy on gold, conflicting, irrelevant and no-context items
     built from --data's validation rows.
 
@@ -42,6 +42,7 @@ def tune(
 
     Example: juice tune --heads heads_contextual.json --data nqswap_validation.jsonl --methods juice,auto
     """
+    from juice.methods import names as method_names
     from juice.stage1 import load_heads, save_heads
     from juice.models import load_model
     from juice.userdata import load_rows
@@ -51,14 +52,15 @@ def tune(
     grid = parse_grid(beta_minus_grid, "--beta-minus-grid")
     artifact = load_heads(heads)          # malformed input fails before the model loads
     names = [m.strip().lower() for m in methods.split(",") if m.strip()]
-    if "auto" in names:
+    policies = [m for m in names if m in method_names(tuned="policy")]   # auto: fitted on context-type items
+    if policies:
         from juice.when_to_steer.report import context_items
 
         try:
             items, where = context_items(data, limit=limit, split=split)
         except (ValueError, FileNotFoundError) as err:
             raise typer.BadParameter(str(err), param_hint="--split" if "--split" in str(err) else "--data") from None
-    grid_names = [m for m in names if m != "auto"]
+    grid_names = [m for m in names if m not in policies]
     if grid_names or not names:
         load_rows(data, artifact.direction)
         check_tune_methods(grid_names)
@@ -70,15 +72,15 @@ def tune(
         if grid_names:
             chosen = tune_rows(lm, artifact, data, methods=grid_names, limit=limit, progress=task, engine=runner,
                                **({"beta_minus_grid": grid} if grid else {}))
-        if "auto" in names:
-            from juice.auto import candidate_betas
+        if policies:
+            from juice.when_to_steer.auto import candidate_betas
             from juice.when_to_steer.auto_tuning import tune_auto
 
             n, k = len(items.items), len(candidate_betas(artifact.tuned)) + 2   # + Original and AdaCAD
             advance = task(f"auto: {k} candidates x {n} items", k * n)
             fit = tune_auto(lm, artifact, items, where=where, on_progress=advance)
     save_heads(artifact, heads)
-    if "auto" in names:
+    if policies:
         console.print(f"auto: {fit.policy.describe()}; validation mean {fit.mean:.1f}% (use relevant context, {n} items; "
                       + ", ".join(f"{c} alone {v:.1f}%" for c, v in fit.static.items()) + ")")
     for name, setting in chosen.items():

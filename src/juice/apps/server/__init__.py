@@ -17,7 +17,7 @@ without a `juice` field gets the operator's default (`juice serve --default SPEC
 tuned steering of the only heads file where that file holds tuned betas, else Original: an
 untuned heads file never steers a request that did not ask (issue 38).
 
-Scheduling: one worker thread owns the model (:class:`juice.apps.server.worker.Engine`) and decodes
+Scheduling: one worker thread owns the model (:class:`juice.apps.server.worker.Worker`) and decodes
 every running request in one batch, one token per step; a request joins the batch at the next
 step and leaves it the step it ends (EOS, a stop string, `max_tokens`), and is answered then
 (iteration-level scheduling, :mod:`juice.engine.session`). A request's tokens do not depend on the

@@ -14,7 +14,7 @@ from juice.apps.openai_schema import MAX_SEED, ServerLimits
 from juice.completion_text import chat_prompt, question_messages
 from juice.engine import Choice, Stream
 from juice.models import LoadedModel
-from juice.sampling import Sampling
+from juice.engine.sampling import Sampling
 from juice.steering import Steering
 from juice.steering_request import (ServedHeads, SteeringAsk, SteeringRequestError, juice_fields, parse_spec,
                                     request_fields, steering_ask)

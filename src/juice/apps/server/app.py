@@ -1,12 +1,12 @@
 """`juice serve`'s routes: the FastAPI app, its error handlers and its endpoints, over the
-admission, response, metrics and engine rooms (:mod:`juice.apps.server`)."""
+admission, response, metrics and worker rooms (:mod:`juice.apps.server`)."""
 
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations (Request, the
 # request models) at run time, and Request is imported inside create_app (the server extra).
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from juice.apps.server.worker import Engine
+from juice.apps.server.worker import Worker
 from juice.apps.openai_schema import ChatRequest, CompletionRequest, ServerLimits, error_body, validation_message
 from juice.apps.server.admission import Admission, ApiError
 from juice.apps.server.metrics import ServerMetrics
@@ -74,19 +74,19 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
     metrics = ServerMetrics()
     admission = Admission(lm, ServedHeads.of_artifacts(heads, lm.geometry, default), limits,
                           model_name or lm.name, aliases or {}, metrics.prompt_tokens.inc)
-    engine = Engine(lm, limits.max_rows, limits.max_queued, on_step=metrics.tokens.inc, on_finish=metrics.finished)
-    metrics.watch(engine)
-    responder = Responder(lm.tokenizer, engine)
+    worker = Worker(lm, limits.max_rows, limits.max_queued, on_step=metrics.tokens.inc, on_finish=metrics.finished)
+    metrics.watch(worker)
+    responder = Responder(lm.tokenizer, worker)
 
     app = FastAPI(title="juice", description="OpenAI-compatible completions with per-request head steering")
-    app.state.engine, app.state.limits, app.state.registry = engine, limits, metrics.registry
+    app.state.worker, app.state.limits, app.state.registry = worker, limits, metrics.registry
 
     _error_handlers(app, metrics)
 
     @app.get("/health")
     def health() -> Any:
-        if not engine.alive:
-            return JSONResponse(status_code=503, content={"status": "the engine thread has stopped"})
+        if not worker.alive:
+            return JSONResponse(status_code=503, content={"status": "the worker thread has stopped"})
         return {"status": "ok"}
 
     @app.get("/metrics")

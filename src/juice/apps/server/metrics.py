@@ -1,9 +1,9 @@
 """`juice serve`'s Prometheus metrics (`GET /metrics`): tokens, requests by outcome, latency,
-time to first token, and the engine's queue and batch as gauges."""
+time to first token, and the worker's queue and batch as gauges."""
 
 from __future__ import annotations
 
-from juice.apps.server.worker import Engine, Job
+from juice.apps.server.worker import Job, Worker
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 """Seconds: the buckets of the latency and time-to-first-token histograms."""
@@ -25,21 +25,21 @@ class ServerMetrics:
         self.ttft = Histogram("juice_time_to_first_token_seconds", "Seconds from admission to the first token",
                               buckets=LATENCY_BUCKETS, registry=registry)
 
-    def watch(self, engine: Engine) -> None:
-        """Gauges read from `engine` at each scrape."""
+    def watch(self, worker: Worker) -> None:
+        """Gauges read from `worker` at each scrape."""
         from prometheus_client import Gauge
 
         r = self.registry
-        Gauge("juice_requests_running", "Requests decoding", registry=r).set_function(lambda: engine.running)
+        Gauge("juice_requests_running", "Requests decoding", registry=r).set_function(lambda: worker.running)
         Gauge("juice_requests_waiting", "Requests admitted and not started", registry=r).set_function(
-            lambda: engine.waiting)
+            lambda: worker.waiting)
         Gauge("juice_batch_rows", "Rows of the running batch (a JuICE stream holds two)",
-              registry=r).set_function(lambda: engine.session.rows)
+              registry=r).set_function(lambda: worker.session.rows)
         Gauge("juice_generation_tokens_per_second", "Tokens generated per second over the last 10 s",
-              registry=r).set_function(engine.tokens_per_second)
+              registry=r).set_function(worker.tokens_per_second)
 
     def finished(self, job: Job) -> None:
-        """Count a job that has its outcome (the engine's `on_finish`)."""
+        """Count a job that has its outcome (the worker's `on_finish`)."""
         self.requests.labels(job.outcome).inc()
         if job.outcome == "ok":
             self.latency.observe(job.finished - job.submitted)

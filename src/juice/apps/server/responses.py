@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from juice.apps.server.worker import Engine, Job, QueueFull
+from juice.apps.server.worker import Job, QueueFull, Worker
 from juice.apps.openai_schema import error_body
 from juice.apps.server.admission import ApiError
 from juice.completion_text import TextStream, final_text
@@ -61,15 +61,15 @@ def warning_header(job: Job) -> dict[str, str]:
 
 
 class Responder:
-    """Submits jobs to the engine and answers them in OpenAI's shapes.
+    """Submits jobs to the worker and answers them in OpenAI's shapes.
 
     Args:
         tokenizer: decodes the tokens.
-        engine: the worker (:class:`juice.apps.server.worker.Engine`).
+        worker: the worker (:class:`juice.apps.server.worker.Worker`).
     """
 
-    def __init__(self, tokenizer, engine: Engine):
-        self.tokenizer, self.engine = tokenizer, engine
+    def __init__(self, tokenizer, worker: Worker):
+        self.tokenizer, self.worker = tokenizer, worker
 
     def text_of(self, job: Job, k: int) -> tuple[str, str]:
         """Stream k's final text (:func:`juice.completion_text.final_text`) and finish reason."""
@@ -108,7 +108,7 @@ class Responder:
             ApiError: 429 with Retry-After when the queue is full.
         """
         try:
-            self.engine.submit(job)
+            self.worker.submit(job)
         except QueueFull as err:
             raise ApiError(429, f"the server is busy: {err}; retry later", "rate_limit_error", None,
                            "rate_limit_exceeded", {"Retry-After": "1"}) from None
@@ -118,7 +118,7 @@ class Responder:
         while True:
             message = await request.receive()
             if message["type"] == "http.disconnect":
-                self.engine.cancel(job)
+                self.worker.cancel(job)
                 return
 
     async def respond(self, job: Job, request, stream: bool, model: str, prefix: str, kind: str,
@@ -178,7 +178,7 @@ class Responder:
             finally:
                 watcher.cancel()
                 if job.outcome is None:
-                    self.engine.cancel(job)
+                    self.worker.cancel(job)
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=warning_header(job))
 

@@ -24,7 +24,7 @@ from juice.completion_text import cut_at_stop
 
 
 class QueueFull(Exception):
-    """The engine already holds `max_queued` requests that have not started (HTTP 429)."""
+    """The worker already holds `max_queued` requests that have not started (HTTP 429)."""
 
 
 @dataclass
@@ -73,7 +73,7 @@ class Job:
         return self.first_token is not None
 
 
-class Engine:
+class Worker:
     """The worker thread (module docstring).
 
     Args:
@@ -99,7 +99,7 @@ class Engine:
         self._recent: deque[tuple[float, int]] = deque()   # (time, tokens) of the last steps
         self.peak_streams = 0                              # most streams in one step (tests, benchmarks)
         self.steps = 0
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="juice-engine")
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="juice-worker")
         self._thread.start()
 
     # -- the HTTP layer's side (any thread) ---------------------------------------------------
@@ -190,7 +190,7 @@ class Engine:
                                  rule, job.logprobs, question_ids=None if stream.question is None
                                  else job.prompt_ids[stream.question],
                                  prompt_logprobs=(job.logprobs or 0) if job.echo else None)
-        except Exception as err:   # the job learns why; the engine goes on
+        except Exception as err:   # the job learns why; the worker goes on
             for k in range(len(job.streams)):
                 self.session.cancel((job.id, k))
             self._finish(job, "error", f"{type(err).__name__}: {err}")
@@ -216,7 +216,7 @@ class Engine:
                 continue
             try:
                 events = self.session.step(self.max_rows)
-            except Exception as err:   # every job in the batch learns why; the engine goes on
+            except Exception as err:   # every job in the batch learns why; the worker goes on
                 for job in list(self._jobs.values()):
                     self._finish(job, "error", f"{type(err).__name__}: {err}")
                 self.session = DecodingSession(self.lm)
@@ -254,4 +254,4 @@ class Engine:
                         self._finish(job, "ok")
 
 
-__all__ = ["Engine", "Job", "QueueFull"]
+__all__ = ["Job", "QueueFull", "Worker"]

@@ -1,9 +1,10 @@
 """`auto`: steering that decides per request whether to steer, and how strongly (issue 35, part 2;
-juice's own method, not the paper's).
+juice's own method, not the paper's). Its registry entry (:data:`juice.methods.REGISTRY`) builds
+with :func:`build`; its candidates build through the registry (:func:`juice.methods.recipe_of`).
 
 The signal is AdaCAD's (Wang et al., NAACL 2025): the Jensen-Shannon divergence, in bits, between
 the model's next-token distribution with the context and without it (the question alone), at the
-first step, from the unmodified model (:func:`juice.baselines.cad.jsd_alpha`). A passage that
+first step, from the unmodified model (:data:`juice.when_to_steer.signals.SIGNAL`). A passage that
 changes the model's mind moves it toward 1. A policy (:class:`AutoPolicy`) cuts the signal of a
 request **with a passage** into at most three bins by thresholds and names a candidate per bin:
 
@@ -19,11 +20,11 @@ request **with a passage** into at most three bins by thresholds and names a can
 
 Before the bins, a **relevance gate** may send a request with a passage to one candidate (the
 question alone, typically) when a signal of the passage's relevance is below a threshold: the
-share of the question's words the passage holds (:func:`passage_relevance`, decided from the
+share of the question's words the passage holds (:func:`~juice.when_to_steer.signals.passage_relevance`, decided from the
 request's tokens before any forward), CK-PLUG's confidence gain (Bi et al., ICLR 2026: the entropy
 the passage removes at the first step) or CoCoA's contextual peakedness (Khandelwal et al., EMNLP
 2025: the margin of the two most probable tokens with the passage), the last two read from the
-same first step as the JSD (:data:`GATE_SIGNALS`). The fit chooses the signal on validation with
+same first step as the JSD (:data:`~juice.when_to_steer.signals.GATE_SIGNALS`). The fit chooses the signal on validation with
 the rest.
 
 A request **without a passage** (its prompt is its question: the same token ids) is decoded with
@@ -48,28 +49,22 @@ validation items only and writes the policy to the heads file (`tuned["auto"]`) 
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from juice.baselines.cad import jsd_alpha
-from juice.baselines.ckplug import confidence_gain
-from juice.engine import QUESTION_ALONE, Choice, Contrast, forward_last
+from juice.engine import QUESTION_ALONE, Choice, Contrast
+from juice.methods import UNSTEERED as UNSTEERED_METHOD, Built, MethodInputs, lookup, recipe_of
 from juice.models import LoadedModel
-from juice.steering import PRESETS, Steering, chosen_betas
-from juice.tokens import pad_left, token_ids
+from juice.recipe import Method
+from juice.steering import Steering, chosen_betas
 from juice.tuned import TunedSettings
-
-if TYPE_CHECKING:
-    from juice.recipe import Method
-
-SIGNAL = "jsd_bits"
-"""The policy's signal: first-step JSD (bits) between the with-context and question-only distributions."""
-
+from juice.when_to_steer.signals import (CONFIDENCE_GAIN, CONTEXT_PEAKEDNESS, GATE_SIGNALS, RELEVANCE, SIGNAL,
+                                         RelevanceGate, gate_signal)
 
 @dataclass(frozen=True)
 class Candidate:
@@ -92,7 +87,7 @@ class Candidate:
     @property
     def steered(self) -> bool:
         """It steers heads (its method is a head steering), so a policy holds its betas."""
-        return self.method in PRESETS
+        return self.method is not None and lookup(self.method).steers
 
     @property
     def label(self) -> str:
@@ -104,6 +99,10 @@ CANDIDATE_TABLE: tuple[Candidate, ...] = (
     Candidate("original", "original"), Candidate("question", None), Candidate("juice", "juice"),
     Candidate("juice/2", "juice", 0.5), Candidate("june", "june", required=False), Candidate("adacad", "adacad"))
 """auto's candidates, least steered first (the order ties are broken in)."""
+
+NO_PASSAGE = next(c.name for c in CANDIDATE_TABLE if c.method == UNSTEERED_METHOD)
+"""The candidate a request without a passage decodes with: the one whose method steers nothing
+(:data:`juice.methods.UNSTEERED`), whatever the bins say."""
 
 CANDIDATE = {c.name: c for c in CANDIDATE_TABLE}
 """Candidate name -> :class:`Candidate`."""
@@ -119,103 +118,6 @@ MAX_THRESHOLDS = 2
 
 THRESHOLD_GRID = 16
 """At most this many threshold values tried: quantiles of the validation signal."""
-
-
-RELEVANCE = "question_words_in_passage"
-"""The gate's lexical signal: the share of the question's content words that the passage holds."""
-
-MIN_WORD = 4
-"""A content word: letters only, at least this long."""
-
-SCAFFOLD_WORDS = frozenset({"context", "question", "answer"})
-"""The words of the prompt formats juice builds (NQ-Swap's and your rows' `Context: ...\nQuestion:
-...\nAnswer:`, :mod:`juice.data.nqswap`): never one of the question's own words, so never counted."""
-
-_WORD = re.compile(r"[^\W\d_]+")
-
-CONFIDENCE_GAIN = "confidence_gain"
-"""A model-based gate signal: CK-PLUG's confidence gain (Bi et al., ICLR 2026), the entropy the
-passage removes from the first step's next-token distribution, `H(question alone) - H(with the
-passage)` in nats over CK-PLUG's plausible tokens (:func:`juice.baselines.ckplug.confidence_gain`;
-CoCoA's entropy gap, Khandelwal et al., EMNLP 2025, is the same difference without the filter)."""
-
-CONTEXT_PEAKEDNESS = "context_peakedness"
-"""A model-based gate signal: CoCoA's contextual peakedness (Khandelwal et al., EMNLP 2025), the
-margin between the two most probable next tokens with the passage (a probability in [0, 1])."""
-
-GATE_SIGNALS = (RELEVANCE, CONFIDENCE_GAIN, CONTEXT_PEAKEDNESS)
-"""The relevance gate's signals, each higher for a passage the model should read: the lexical one
-(:func:`passage_relevance`, read from the request's words) and two model-based ones (read from the
-first step's two distributions of the unmodified model). The fit tries each; ties go to the first."""
-
-
-def content_words(text: str) -> set[str]:
-    """The distinct content words of `text`: runs of letters (any script), lower-cased, at least
-    :data:`MIN_WORD` long, wherever they stand (the first word of a text counts as any other), the
-    prompt formats' :data:`SCAFFOLD_WORDS` left out.
-
-    >>> sorted(content_words("Question: Michael Jordan plays which sport?\\nAnswer:"))
-    ['jordan', 'michael', 'plays', 'sport', 'which']
-    """
-    return {w for w in (m.group(0).lower() for m in _WORD.finditer(text))
-            if len(w) >= MIN_WORD and w not in SCAFFOLD_WORDS}
-
-
-def passage_of(prompt: str, question: str) -> str:
-    """The passage of a prompt: the prompt without its question, which ends it in every format
-    juice builds; else the prompt without the longest ending it shares with the question."""
-    if prompt.endswith(question):
-        return prompt[: len(prompt) - len(question)]
-    k = 0
-    while k < min(len(prompt), len(question)) and prompt[-1 - k] == question[-1 - k]:
-        k += 1
-    return prompt[: len(prompt) - k]
-
-
-def passage_relevance(prompt: str, question: str) -> float:
-    """The share (in [0, 1]) of the question's distinct content words (:func:`content_words`)
-    that occur among the passage's (:func:`passage_of`). 1.0 where the question has no content
-    word (nothing to judge by). Read from the texts, so a word counts the same at the start of a
-    text as after a space (a tokenizer gives "Michael" and " Michael" different tokens).
-
-    A lexical relevance score, as a retriever's: a passage about another subject shares few of
-    the question's words (juice's signal, :class:`RelevanceGate`).
-
-    >>> passage_relevance("Paris is the capital of France. The capital of France is", "The capital of France is")
-    1.0
-    >>> passage_relevance("Berlin is the capital of Germany. The capital of France is", "The capital of France is")
-    0.5
-    """
-    asked = content_words(question)
-    return len(asked & content_words(passage_of(prompt, question))) / len(asked) if asked else 1.0
-
-
-@dataclass(frozen=True, eq=False)
-class RelevanceGate:
-    """A :class:`juice.engine.Choice`'s gate: candidate `pick` for a request whose passage
-    holds less than `threshold` of its question's words (:func:`passage_relevance` of the texts
-    the tokenizer decodes from the request's token ids), else None."""
-
-    threshold: float
-    pick: int
-    tokenizer: Any
-
-    def __call__(self, prompt_ids: Sequence[int], question_ids: Sequence[int]) -> int | None:
-        decode = self.tokenizer.decode
-        share = passage_relevance(decode(list(prompt_ids), skip_special_tokens=True),
-                                  decode(list(question_ids), skip_special_tokens=True))
-        return self.pick if share < self.threshold else None
-
-
-def relevance(lm: LoadedModel, prompts: Sequence[str], questions: Sequence[str]) -> list[float]:
-    """Per request, :func:`passage_relevance` of its prompt and question texts as the gate reads
-    them (decoded from their token ids), 1.0 without a passage."""
-
-    gate = RelevanceGate(0.0, 0, lm.tokenizer)
-    decode = gate.tokenizer.decode
-    return [passage_relevance(decode(token_ids(lm.tokenizer, p), skip_special_tokens=True),
-                              decode(token_ids(lm.tokenizer, q), skip_special_tokens=True))
-            for p, q in zip(prompts, questions)]
 
 
 @dataclass(frozen=True)
@@ -242,22 +144,6 @@ class AutoRule:
             return picks
         below = gate_signal(self.gate, with_context, question) < self.gate_threshold
         return torch.where(below, torch.full_like(picks, self.gate_pick), picks)
-
-
-def gate_signal(name: str, with_context: Tensor, question: Tensor) -> Tensor:
-    """`[rows]` float: a model-based gate signal (:data:`CONFIDENCE_GAIN`, :data:`CONTEXT_PEAKEDNESS`)
-    of `[rows, vocab]` first-step logits with the passage and of the question alone.
-
-    Raises:
-        ValueError: another name (the lexical signal is read from the texts: :func:`passage_relevance`).
-    """
-
-    if name == CONFIDENCE_GAIN:
-        return confidence_gain(with_context, question)[0]
-    if name == CONTEXT_PEAKEDNESS:
-        top = with_context.float().softmax(-1).topk(2, dim=-1).values
-        return top[..., 0] - top[..., 1]
-    raise ValueError(f"auto: {name!r} is not a model-based gate signal ({', '.join(GATE_SIGNALS[1:])})")
 
 
 @dataclass(frozen=True)
@@ -307,24 +193,24 @@ class AutoPolicy:
         """Original (the choice for a request without a passage) and the distinct candidates
         picked, in :data:`CANDIDATES` order."""
         gated = [self.irrelevant] if self.relevance is not None else []
-        return [c for c in CANDIDATES if c in self.picks or c in gated or c == "original"]
+        return [c for c in CANDIDATES if c in self.picks or c in gated or c == NO_PASSAGE]
 
-    def choice(self, lm: LoadedModel, selection, recipe_of: RecipeOf) -> Choice:
+    def choice(self, lm: LoadedModel, selection) -> Choice:
         """The engine's :class:`~juice.engine.Choice` (its `question` is a placeholder, -1), the
-        candidates built by `recipe_of` (:func:`juice.methods.recipe_of`).
+        candidates built by the registry (:func:`candidate_option`).
 
         Raises:
             IndexError: a head outside the model.
         """
         names = self.candidates
-        steerings = tuple(candidate_option(CANDIDATE[n], lm, selection, self.betas, recipe_of) for n in names)
+        steerings = tuple(candidate_option(CANDIDATE[n], lm, selection, self.betas) for n in names)
         lexical = self.relevance is not None and self.gate == RELEVANCE
         gate = RelevanceGate(float(self.relevance), names.index(self.irrelevant), lm.tokenizer) if lexical else None
         model_gate = (() if self.relevance is None or lexical
                       else (self.gate, float(self.relevance), names.index(self.irrelevant)))
         return Choice(-1, steerings, AutoRule(tuple(float(t) for t in self.thresholds),
                                               tuple(names.index(p) for p in self.picks), *model_gate),
-                      without_passage=names.index("original"), gate=gate)
+                      without_passage=names.index(NO_PASSAGE), gate=gate)
 
     def describe(self) -> str:
         """The policy in one line: "no passage -> original; <gate>; <bins>"."""
@@ -380,14 +266,8 @@ def candidate_betas(tuned: TunedSettings | Mapping[str, Any] | None) -> dict[str
     return out
 
 
-RecipeOf = Callable[..., "Method"]
-"""`(method name, model, selection, beta_plus, beta_minus) -> recipe`: how a candidate's method is
-built, by the method registry (:func:`juice.methods.recipe_of`; passed in, so that this module,
-which the registry's `auto` entry builds on, imports nothing above it)."""
-
-
-def candidate_recipe(candidate: Candidate, lm: LoadedModel, selection, betas: Mapping[str, tuple[float, float]],
-                     recipe_of: RecipeOf) -> "Method | None":
+def candidate_recipe(candidate: Candidate, lm: LoadedModel, selection, betas: Mapping[str, tuple[float, float]]
+                     ) -> Method | None:
     """A candidate's recipe (:class:`juice.recipe.Method`) as the registry builds its method: a
     head steering at the candidate's `betas`, Original, AdaCAD; None for the question alone.
 
@@ -402,8 +282,8 @@ def candidate_recipe(candidate: Candidate, lm: LoadedModel, selection, betas: Ma
     return recipe_of(candidate.method, lm, None, None, None)
 
 
-def candidate_option(candidate: Candidate, lm: LoadedModel, selection, betas: Mapping[str, tuple[float, float]],
-                     recipe_of: RecipeOf) -> "Steering | Contrast":
+def candidate_option(candidate: Candidate, lm: LoadedModel, selection, betas: Mapping[str, tuple[float, float]]
+                     ) -> Steering | Contrast:
     """What the engine decodes a candidate with inside a choice: its recipe's steering
     (:func:`candidate_recipe`), the question alone (:data:`juice.engine.QUESTION_ALONE`), or a
     contrastive recipe's rule against the question-only row (AdaCAD).
@@ -413,7 +293,7 @@ def candidate_option(candidate: Candidate, lm: LoadedModel, selection, betas: Ma
         ValueError: a candidate whose recipe a choice cannot run (an instruction, a choice).
         IndexError: a head outside the model.
     """
-    recipe = candidate_recipe(candidate, lm, selection, betas, recipe_of)
+    recipe = candidate_recipe(candidate, lm, selection, betas)
     if recipe is None:
         return QUESTION_ALONE
     if recipe.instructed or recipe.choice is not None:
@@ -434,67 +314,19 @@ def policy_of(tuned: TunedSettings | Mapping[str, Any] | None) -> AutoPolicy:
     return AutoPolicy.from_json(policy)
 
 
-def has_passage(lm: LoadedModel, prompts: Sequence[str], questions: Sequence[str]) -> list[bool]:
-    """Per request, whether it has a passage: its prompt's token ids differ from its question's
-    (the structure :class:`juice.engine.Choice` decides "no passage" by; module docstring).
+def build(x: MethodInputs) -> Built:
+    """auto's registry entry (:data:`juice.methods.REGISTRY`): the heads file's tuned policy
+    (:func:`policy_of`) as a recipe whose choice holds its candidates.
 
     Raises:
-        ValueError: `prompts` and `questions` of different lengths.
+        ValueError: betas given (auto chooses its own strength), or no tuned policy.
+        IndexError: a head outside the model.
     """
-
-    if len(prompts) != len(questions):
-        raise ValueError("one question per prompt")
-    return [token_ids(lm.tokenizer, p) != token_ids(lm.tokenizer, q) for p, q in zip(prompts, questions)]
-
-
-def first_step_signal(lm: LoadedModel, prompts: Sequence[str], questions: Sequence[str], *, batch: int = 16) -> Tensor:
-    """`[n]` first-step JSD (bits) between each prompt's and its question's next-token
-    distributions under the unmodified model (the policy's signal), batched (left padding).
-
-    A request without a passage (:func:`has_passage`) gets exactly 0, by its structure, and is
-    not computed: the two rows of one text at different places in a padded batch agree only to
-    about 1e-8 in fp32, processor-dependent. The others agree with one at a time to that order.
-
-    Raises:
-        ValueError: `prompts` and `questions` of different lengths.
-    """
-    return first_step_features(lm, prompts, questions, batch=batch)[SIGNAL]
+    if x.beta_plus is not None or x.beta_minus is not None:
+        raise ValueError("auto chooses its own strength: give no betas")
+    policy = policy_of(x.tuned)
+    return Built(Method(choice=policy.choice(x.model, x.selection)), policy.to_json())
 
 
-@torch.inference_mode()
-def first_step_features(lm: LoadedModel, prompts: Sequence[str], questions: Sequence[str], *, batch: int = 16
-                        ) -> dict[str, Tensor]:
-    """The first step's signals of each request from one batched pass: :data:`SIGNAL` (the bins'
-    JSD, :func:`first_step_signal`) and the model-based gate signals (:func:`gate_signal`), each
-    `[n]`, 0 for a request without a passage (not computed; never gated: module docstring).
-
-    Raises:
-        ValueError: `prompts` and `questions` of different lengths.
-    """
-
-    passage = has_passage(lm, prompts, questions)
-    rows = [k for k, p in enumerate(passage) if p]
-    texts = [prompts[k] for k in rows] + [questions[k] for k in rows]
-    names = (SIGNAL, *GATE_SIGNALS[1:])
-    out = {name: torch.zeros(len(prompts)) for name in names}
-    if not texts:
-        return out
-    logits = []
-    for at in range(0, len(texts), batch):
-        ids = [token_ids(lm.tokenizer, t) for t in texts[at:at + batch]]
-        b = pad_left(ids, lm.tokenizer.pad_token_id or 0)
-        hidden, _ = forward_last(lm, b.input_ids.to(lm.device), b.attention_mask.to(lm.device),
-                                 b.position_ids.to(lm.device))
-        logits.append(lm.logits(hidden).float().cpu())
-    both = torch.cat(logits)
-    with_context, question, at = both[:len(rows)], both[len(rows):], torch.tensor(rows)
-    out[SIGNAL][at] = jsd_alpha(with_context, question).to(torch.float32)
-    for name in GATE_SIGNALS[1:]:
-        out[name][at] = gate_signal(name, with_context, question).to(torch.float32)
-    return out
-
-
-__all__ = ["AutoPolicy", "AutoRule", "CANDIDATE", "CANDIDATES", "CANDIDATE_TABLE", "CONFIDENCE_GAIN",
-           "CONTEXT_PEAKEDNESS", "Candidate", "GATE_SIGNALS", "RELEVANCE", "RelevanceGate", "SIGNAL",
-           "RecipeOf", "candidate_betas", "candidate_option", "candidate_recipe", "content_words", "first_step_features",
-           "first_step_signal", "gate_signal", "has_passage", "passage_of", "passage_relevance", "policy_of", "relevance"]
+__all__ = ["AutoPolicy", "AutoRule", "CANDIDATE", "CANDIDATES", "CANDIDATE_TABLE", "Candidate", "MAX_THRESHOLDS",
+           "NO_PASSAGE", "THRESHOLD_GRID", "UNSTEERED", "build", "candidate_betas", "candidate_option", "candidate_recipe", "policy_of"]
