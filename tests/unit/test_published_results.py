@@ -25,6 +25,19 @@ def test_the_engines_comparison_on_the_reproducing_page_is_the_committed_record(
     assert f"`{record['command']}`" in page and record["commit"][:12] in page
 
 
+def test_the_offline_engines_comparison_on_the_reproducing_page_is_the_committed_record():
+    record = json.loads((ROOT / "benchmarks" / "results" / "main-job-offline.json").read_text(encoding="utf-8"))
+    assert record["command"].startswith("python benchmarks/bench_main_job.py --engine vllm --vllm-offline")
+    assert record["protocol_engine"]["transport"] == "offline" and not record["dirty"] and len(record["commit"]) == 40
+    page = (ROOT / "docs" / "reproducing.md").read_text(encoding="utf-8")
+    assert bench_main_job.engines_markdown(record) in page
+    assert f"`{record['command']}`" in page and record["commit"][:12] in page
+    server = json.loads((ROOT / "benchmarks" / "results" / "main-job-engines.json").read_text(encoding="utf-8"))
+    assert (f"{record['protocol_engine']['requests']} `LLM.generate` calls in place of "
+            f"{server['protocol_engine']['requests']} HTTP requests") in page
+    assert f"({record['total_s']['vllm']:.0f} s against {server['total_s']['vllm']:.0f} s)" in page
+
+
 def test_the_sweep_on_the_reproducing_page_is_the_committed_record():
     record = json.loads((ROOT / "benchmarks" / "results" / "sweep-embedded.json").read_text(encoding="utf-8"))
     assert record["command"].startswith("python benchmarks/bench_sweep.py") and len(record["commit"]) == 40
