@@ -5,6 +5,8 @@ the method that decides per request whether to steer.
 - :mod:`juice.when_to_steer.signals`: the first-step signals a request is judged by (AdaCAD's JSD,
   the relevance gate's signals);
 - :mod:`juice.when_to_steer.auto`: `auto`'s policy, its candidates and its registry entry's build;
+- :mod:`juice.when_to_steer.classifier`: a signal as a classifier of "this passage answers the
+  question": AUROC with intervals over questions, reliability bins;
 - :mod:`juice.when_to_steer.evaluation`: decoding and scoring the items per context type, the
   tables and the question-resampled intervals;
 - :mod:`juice.when_to_steer.report`: end to end (`juice evaluate --contexts`): the sources, the

@@ -1,0 +1,134 @@
+"""The first-step signals as classifiers of "this passage answers the question" (issue 77): on every
+item of NQ-Swap (`--data`/nqswap) and of juice's six templated ParaConflict domains (built in), with
+the embedded Gemma 3 at fp32 on the CPU, each signal of :mod:`juice.when_to_steer.signals` (the
+lexical share of the question's words, CK-PLUG's confidence gain, CoCoA's peakedness, and the
+bins' JSD) per dataset, source and wrong type: the AUROC of gold and conflicting passages against
+irrelevant, distractor (and each way distractors are built) passages, with 95% intervals over
+whole questions (:mod:`juice.when_to_steer.classifier`), and the reliability bins of each
+dataset's pooled cells. Prints the tables; --record writes the compact record
+docs/when-to-steer.md quotes (a test keeps them equal).
+
+Run: python benchmarks/gate_classifier.py [--data ../shared/data] [--limit N] [--record FILE]
+     python benchmarks/gate_classifier.py --from-record FILE     (print the page's part of a record)
+Not a test: about 15 minutes on 2 cores (the model-based signals: two forwards per item).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from _common import git_state
+from juice.models import load_model
+from juice.when_to_steer import context_items
+from juice.when_to_steer.classifier import POOLED, auroc_table, reliability_curves
+from juice.when_to_steer.signals import GATE_SIGNALS, RELEVANCE, SIGNAL, first_step_features, relevance
+
+DATASETS = {"nqswap": "NQ-Swap", "paraconflict": "ParaConflict (juice's templated domains)"}
+SIGNAL_TITLES = {RELEVANCE: "lexical share", "confidence_gain": "confidence gain (CK-PLUG)",
+                 "context_peakedness": "peakedness (CoCoA)", SIGNAL: "JSD (AdaCAD; auto's bins)"}
+BINS = 5
+
+
+def measure(lm, items, resamples: int, seed: int) -> dict:
+    """One dataset's part of the record: its items, every cell and the pooled reliability bins."""
+    passage = [i.prompt != i.question for i in items]
+    values = {s: np.zeros(len(items)) for s in (*GATE_SIGNALS, SIGNAL)}
+    at = [k for k, p in enumerate(passage) if p]
+    prompts, questions = [items[k].prompt for k in at], [items[k].question for k in at]
+    values[RELEVANCE][at] = relevance(lm, prompts, questions)
+    features = first_step_features(lm, prompts, questions)
+    for name in (SIGNAL, *GATE_SIGNALS[1:]):
+        values[name][at] = features[name].numpy()
+    cells = auroc_table(items, values, resamples=resamples, seed=seed)
+    pooled = POOLED if len({i.source for i in items}) > 1 else items[0].source
+    curves = {signal: {wrong: [b.to_json() for b in bins] for wrong, bins in per.items()}
+              for signal, per in reliability_curves(items, values, bins=BINS).items()}
+    sources = sorted({i.source for i in items})
+    return {"sources": {s: {"questions": len({i.uid for i in items if i.source == s}),
+                            "items": {t: sum(i.source == s and i.context_type == t for i in items)
+                                      for t in ("gold", "conflicting", "irrelevant", "distractor")}}
+                        for s in sources},
+            "pooled": pooled, "cells": [c.to_json() for c in cells], "reliability": curves}
+
+
+def _cell(part: dict, signal: str, source: str, wrong: str) -> dict | None:
+    return next((c for c in part["cells"] if (c["signal"], c["source"], c["wrong"]) == (signal, source, wrong)), None)
+
+
+def _auroc(c: dict | None) -> str:
+    if c is None:
+        return "–"
+    a = c["auroc"]
+    return f"{a['mean']:.2f} [{a['low']:.2f}, {a['high']:.2f}]"
+
+
+def record_markdown(rec: dict, dataset: str) -> str:
+    """A dataset's AUROC table on docs/when-to-steer.md, from the record (a test keeps them equal):
+    per signal and wrong type, the pooled AUROC with its interval and, with more than one source,
+    the range over sources."""
+    part = rec["datasets"][dataset]
+    many = len(part["sources"]) > 1
+    n = sum(s["questions"] for s in part["sources"].values())
+    wrongs = list(dict.fromkeys(c["wrong"] for c in part["cells"]))
+    head = ("| signal | passage that does not answer | AUROC [95% interval] |"
+            + (" range over domains |" if many else ""))
+    lines = [f"{DATASETS[dataset]}: {n} questions"
+             + (f" in {len(part['sources'])} domains" if many else "") + ", every item.", "", head,
+             "|---|---|---|" + ("---|" if many else "")]
+    for signal in SIGNAL_TITLES:
+        for wrong in wrongs:
+            pooled = _cell(part, signal, part["pooled"], wrong)
+            if pooled is None:
+                continue
+            row = f"| {SIGNAL_TITLES[signal]} | {wrong} | {_auroc(pooled)} |"
+            if many:
+                means = [c["auroc"]["mean"] for c in part["cells"]
+                         if c["signal"] == signal and c["wrong"] == wrong and c["source"] != POOLED]
+                row += f" {min(means):.2f}–{max(means):.2f} |"
+            lines.append(row)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=Path("../shared/data"), help="holds nqswap/")
+    parser.add_argument("--limit", type=int, default=None, help="the first N questions of each source (default: all)")
+    parser.add_argument("--resamples", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--record", type=Path, default=None, help="write the compact record here")
+    parser.add_argument("--from-record", type=Path, default=None, help="print the page's tables of this record")
+    args = parser.parse_args()
+    if args.from_record is not None:
+        rec = json.loads(args.from_record.read_text(encoding="utf-8"))
+        for dataset in rec["datasets"]:
+            print(f"## {dataset}\n\n{record_markdown(rec, dataset)}\n")
+        return
+    source = git_state()
+    start = time.perf_counter()
+    lm = load_model("gemma-3-270m")
+    rec = {"command": shlex.join(["python", "benchmarks/gate_classifier.py", *sys.argv[1:]]), **source,
+           "date": time.strftime("%Y-%m-%d"), "model": "gemma-3-270m", "device": "cpu, fp32",
+           "resamples": args.resamples, "seed": args.seed, "bins": BINS, "datasets": {}}
+    for dataset, folder in (("nqswap", args.data / "nqswap"), ("paraconflict", None)):
+        if folder is not None and not folder.is_dir():
+            print(f"{DATASETS[dataset]}: no {folder}, skipped")
+            continue
+        items, _ = context_items(folder, limit=args.limit)
+        print(f"{DATASETS[dataset]}: {len(items.items)} items", flush=True)
+        rec["datasets"][dataset] = measure(lm, items.items, args.resamples, args.seed)
+        print(record_markdown(rec, dataset) + "\n", flush=True)
+    rec["wall_s"] = round(time.perf_counter() - start, 1)
+    if args.record is not None:
+        args.record.write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {args.record}")
+
+
+if __name__ == "__main__":
+    main()
