@@ -37,13 +37,12 @@ From ParaConflict items (:func:`paraconflict_context_items`; built-in domains or
   before its last "Question:") before this item's clean prompt; the passage states the other
   item's *distractor*, so that is the irrelevant item's context answer; skipped (and counted)
   where no item fits.
-- *distractor* (two items, `variant` says which, counted as one question like the conflicting
-  pair): "other_relation", a true passage about the same subject and another relation (the
-  related domain's item for the same subject, :data:`RELATED_DOMAINS`: its coherent passage with its
-  distractor replaced by its true answer, stating that answer; skipped and counted for Athlete
-  Sport and Book Author, which have no related domain, and where the passage states this item's
-  answer); "no_answer", :data:`NO_ANSWER`, which restates the question's subject and relation and
-  states no answer (no context answer).
+- *distractor* (`variant` "other_relation"): a real passage about the same subject and another
+  relation (the related domain's item for the same subject, :data:`RELATED_DOMAINS`: its coherent
+  passage with its distractor replaced by its true answer, stating that answer). Where the data
+  has none, the question has no distractor item, skipped and counted: every question of Athlete
+  Sport and Book Author (no domain shares their subjects), and a question whose subject the
+  related domain lacks or whose related passage states this item's answer.
 
 The partner of an irrelevant item (the item lending its passage) is drawn with a seeded generator
 among those that ask another question, whose passage states its own answer (the one recorded as
@@ -80,9 +79,6 @@ RELATED_DOMAINS: dict[str, str] = {"world_capital": "official_language", "offici
 company: its headquarters, its founder): a distractor about the same subject and another relation
 comes from there. Athlete Sport and Book Author have none."""
 
-NO_ANSWER = 'Readers often ask how to complete the sentence "{question} ...", and it comes up in quizzes.'
-"""The distractor that restates a ParaConflict question's subject and relation and states no answer
-(`{question}`: the clean prompt)."""
 
 DISTRACTOR_DEPTH = 100
 """BM25's ranks read per question for a distractor that states neither its answer nor an alias."""
@@ -539,18 +535,16 @@ def paraconflict_context_items(examples: Sequence[ConflictExample], seed: int = 
             other = about.get((RELATED_DOMAINS.get(domain, ""), ex.subject))
             passage = None if other is None else gold_passage(other)
             if passage is None or contains_answer(passage, ex.answers):
-                out.skipped["distractor"].append(ex.uid)   # the "other_relation" variant
+                out.skipped["distractor"].append(ex.uid)   # no real passage about the subject
             else:
                 out.items.append(ContextItem(context_type="distractor", prompt=f"{passage} {ex.prompts['clean']}",
                                              context_answers=other.answers, variant="other_relation",
                                              partner=f"{other.domain}/{other.uid}", **common))
-            out.items.append(ContextItem(context_type="distractor", variant="no_answer", **common,
-                                         prompt=f"{NO_ANSWER.format(question=ex.prompts['clean'])} {ex.prompts['clean']}"))
             out.items.append(ContextItem(context_type="none", prompt=ex.prompts["clean"], **common))
     return out
 
 
-__all__ = ["CONTEXT_TYPES", "DISTRACTOR_DEPTH", "NO_ANSWER", "OBJECTIVES", "RELATED_DOMAINS", "ContextItem",
+__all__ = ["CONTEXT_TYPES", "DISTRACTOR_DEPTH", "OBJECTIVES", "RELATED_DOMAINS", "ContextItem",
            "ContextItems", "SPLITS", "answers_overlap", "coherent_passage", "gold_passage", "gold_prompt",
            "nqswap_context_items", "nqswap_folder_items", "one_per_question", "paraconflict_context_items",
            "question_key", "split_of", "user_context_items"]
