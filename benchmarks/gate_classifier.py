@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from _common import git_state
+from juice.io import write_json_atomic
 from juice.models import load_model
 from juice.when_to_steer import context_items
 from juice.when_to_steer.classifier import POOLED, auroc_table, reliability_curves
@@ -43,9 +44,10 @@ def measure(lm, items, resamples: int, seed: int) -> dict:
     at = [k for k, p in enumerate(passage) if p]
     prompts, questions = [items[k].prompt for k in at], [items[k].question for k in at]
     values[RELEVANCE][at] = relevance(lm, prompts, questions)
-    features = first_step_features(lm, prompts, questions)
+    order = sorted(range(len(at)), key=lambda k: len(prompts[k]))   # batches of like lengths: less padding
+    features = first_step_features(lm, [prompts[k] for k in order], [questions[k] for k in order])
     for name in (SIGNAL, *GATE_SIGNALS[1:]):
-        values[name][at] = features[name].numpy()
+        values[name][[at[k] for k in order]] = features[name].numpy()
     cells = auroc_table(items, values, resamples=resamples, seed=seed)
     pooled = POOLED if len({i.source for i in items}) > 1 else items[0].source
     curves = {signal: {wrong: [b.to_json() for b in bins] for wrong, bins in per.items()}
@@ -79,8 +81,11 @@ def record_markdown(rec: dict, dataset: str) -> str:
     wrongs = list(dict.fromkeys(c["wrong"] for c in part["cells"]))
     head = ("| signal | passage that does not answer | AUROC [95% interval] |"
             + (" range over domains |" if many else ""))
-    lines = [f"{DATASETS[dataset]}: {n} questions"
-             + (f" in {len(part['sources'])} domains" if many else "") + ", every item.", "", head,
+    limit = rec.get("limit")
+    cut = limit is not None and any(src["questions"] >= limit for src in part["sources"].values())
+    lines = [f"{DATASETS[dataset]}: {n} questions" + (f" in {len(part['sources'])} domains" if many else "")
+             + (f" (the first {limit} of each source)" if cut else "") + ", every item of each question.",
+             "", head,
              "|---|---|---|" + ("---|" if many else "")]
     for signal in SIGNAL_TITLES:
         for wrong in wrongs:
@@ -102,6 +107,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="the first N questions of each source (default: all)")
     parser.add_argument("--resamples", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--datasets", default="paraconflict,nqswap", help="which, in this order")
     parser.add_argument("--record", type=Path, default=None, help="write the compact record here")
     parser.add_argument("--from-record", type=Path, default=None, help="print the page's tables of this record")
     args = parser.parse_args()
@@ -115,8 +121,10 @@ def main() -> None:
     lm = load_model("gemma-3-270m")
     rec = {"command": shlex.join(["python", "benchmarks/gate_classifier.py", *sys.argv[1:]]), **source,
            "date": time.strftime("%Y-%m-%d"), "model": "gemma-3-270m", "device": "cpu, fp32",
-           "resamples": args.resamples, "seed": args.seed, "bins": BINS, "datasets": {}}
-    for dataset, folder in (("nqswap", args.data / "nqswap"), ("paraconflict", None)):
+           "limit": args.limit, "resamples": args.resamples, "seed": args.seed, "bins": BINS, "datasets": {}}
+    folders = {"nqswap": args.data / "nqswap", "paraconflict": None}
+    for dataset in [d.strip() for d in args.datasets.split(",") if d.strip()]:
+        folder = folders[dataset]
         if folder is not None and not folder.is_dir():
             print(f"{DATASETS[dataset]}: no {folder}, skipped")
             continue
@@ -124,10 +132,10 @@ def main() -> None:
         print(f"{DATASETS[dataset]}: {len(items.items)} items", flush=True)
         rec["datasets"][dataset] = measure(lm, items.items, args.resamples, args.seed)
         print(record_markdown(rec, dataset) + "\n", flush=True)
-    rec["wall_s"] = round(time.perf_counter() - start, 1)
-    if args.record is not None:
-        args.record.write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
-        print(f"wrote {args.record}")
+        rec["wall_s"] = round(time.perf_counter() - start, 1)
+        if args.record is not None:   # after each dataset, atomically: a stopped run keeps what it measured
+            write_json_atomic(args.record, rec)
+            print(f"wrote {args.record}", flush=True)
 
 
 if __name__ == "__main__":
