@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from juice.architectures import HeadGeometry
+from juice.baselines.cad import CadPolicy, jsd_alpha
+from juice.baselines.ckplug import CkPlugPolicy
 from juice.interventions import Head, HeadSelection
 from juice.models import LoadedModel
 from juice.recipe import Method
@@ -153,15 +155,15 @@ def _prompt(x: MethodInputs) -> Built:
 
 
 def _cad(x: MethodInputs) -> Built:
-    return Built(_method(cad_alpha=1.0), {"alpha": 1.0})
+    return Built(_method(contrast=CadPolicy(1.0)), {"alpha": 1.0})
 
 
 def _adacad(x: MethodInputs) -> Built:
-    return Built(_method(adacad=True), {"alpha": "JSD (bits)"})
+    return Built(_method(contrast=CadPolicy(jsd_alpha)), {"alpha": "JSD (bits)"})
 
 
 def _ckplug(x: MethodInputs) -> Built:
-    return Built(_method(ckplug=True), {"mode": "adaptive"})
+    return Built(_method(contrast=CkPlugPolicy()), {"mode": "adaptive"})
 
 
 def _ph3(x: MethodInputs) -> Built:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from juice.baselines.cad import AlphaRule, CadPolicy, jsd_alpha
-from juice.baselines.ckplug import CkPlugPolicy
 from juice.engine import Choice, ContrastRule
 from juice.steering import ORIGINAL, Steering
 
@@ -18,15 +16,18 @@ from juice.steering import ORIGINAL, Steering
 class Method:
     """How one row of a table is produced.
 
+    How it decodes is one of three runs (:attr:`decoding`): its head steering's single or dual run
+    (:class:`~juice.steering.Steering`: Original, JuNE, PH3's pruning run once, JuICE twice), a
+    contrastive stream (`contrast`: CAD, AdaCAD, CK-PLUG), or auto's per-request choice (`choice`).
+
     Attributes:
         steering: head steering during decoding (Original, JuNE, JuICE, PH3 pruning).
-        instructed: prepend the Prompt baseline's instruction (paper App. D.1).
-        cad_alpha: decode with CAD at this alpha instead (contextual direction only).
-        adacad: decode with AdaCAD instead: CAD whose alpha is, per item and step, the
-            Jensen-Shannon divergence in bits of the two branches' next-token distributions
-            (:func:`juice.baselines.cad.jsd_alpha`; contextual direction only).
-        ckplug: decode with CK-PLUG's adaptive rule instead (:mod:`juice.baselines.ckplug`;
+        contrast: decode the unsteered model's contrastive stream with this rule instead
+            (:data:`juice.engine.ContrastRule`, from the prompt's and the question's logits:
+            :class:`juice.baselines.cad.CadPolicy` at CAD's alpha or AdaCAD's
+            :func:`~juice.baselines.cad.jsd_alpha`, :class:`juice.baselines.ckplug.CkPlugPolicy`;
             contextual direction only).
+        instructed: prepend the Prompt baseline's instruction (paper App. D.1).
         instruction: which Prompt instruction an instructed method uses where the evaluation
             does not say: "parametric" or "contextual" (the context-type evaluation,
             :mod:`juice.when_to_steer.evaluation`); None: the evaluation's direction.
@@ -35,43 +36,32 @@ class Method:
             is ignored (each request's own question is used).
 
     Raises:
-        ValueError: two of `cad_alpha`, `adacad` and `ckplug`; a contrastive method with a
-            steering; a choice with either; an unknown instruction.
+        ValueError: a contrast with a steering; a choice with either; an unknown instruction.
     """
 
     steering: Steering = ORIGINAL
+    contrast: ContrastRule | None = None
     instructed: bool = False
-    cad_alpha: float | None = None
-    adacad: bool = False
     instruction: str | None = None
     choice: Choice | None = None
-    ckplug: bool = False
 
     def __post_init__(self) -> None:
         if self.instruction not in (None, "parametric", "contextual"):
             raise ValueError(f"instruction must be parametric or contextual, not {self.instruction!r}")
-        if self.adacad + (self.cad_alpha is not None) + self.ckplug > 1:
-            raise ValueError("a method is CAD (cad_alpha), AdaCAD (adacad) or CK-PLUG (ckplug), not two of them")
-        if self.contrastive is not None and self.steering.steers:
+        if self.contrast is not None and self.steering.steers:
             raise ValueError("CAD, AdaCAD and CK-PLUG decode the unsteered model; the steering would be ignored")
-        if self.choice is not None and (self.contrastive is not None or self.steering.steers):
+        if self.choice is not None and (self.contrast is not None or self.steering.steers):
             raise ValueError("a choosing method (auto) takes no steering and no contrast of its own")
 
     @property
-    def contrastive(self) -> "float | AlphaRule | CkPlugPolicy | None":
-        """CAD's alpha, AdaCAD's alpha rule (:func:`juice.baselines.cad.jsd_alpha`), CK-PLUG's
-        policy (:class:`juice.baselines.ckplug.CkPlugPolicy`), or None (not a contrastive method)."""
-        if self.ckplug:
-            return CkPlugPolicy()
-        return jsd_alpha if self.adacad else self.cad_alpha
-
-    @property
-    def contrast(self) -> "ContrastRule | None":
-        """The rule a contrastive method chooses each token by, from the prompt's and the
-        question's logits (a :class:`juice.engine.Contrast`'s): :class:`juice.baselines.cad.CadPolicy`
-        at CAD's or AdaCAD's alpha, CK-PLUG's policy; None for the others."""
-        rule = self.contrastive
-        return rule if rule is None or isinstance(rule, CkPlugPolicy) else CadPolicy(rule)
+    def decoding(self) -> str:
+        """How it decodes: "choice" (auto), "contrastive stream" (CAD, AdaCAD, CK-PLUG), "dual run"
+        (JuICE, Alg. 1) or "single run" (Original, Prompt, JuNE, PH3's pruning)."""
+        if self.choice is not None:
+            return "choice"
+        if self.contrast is not None:
+            return "contrastive stream"
+        return "dual run" if self.steering.dual_run else "single run"
 
 
 def as_method(value: "Method | Steering") -> Method:

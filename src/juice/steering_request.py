@@ -204,7 +204,7 @@ class SteeringAsk:
 def _servable(spec: MethodSpec, built: Built) -> Built:
     """`built`, unless its recipe decodes with a contrast or an instruction (a registry entry with
     `protocol=True` that the servers cannot decode: refused, never served as Original)."""
-    if built.method.contrastive is not None or built.method.instructed:
+    if built.method.decoding == "contrastive stream" or built.method.instructed:
         raise SteeringRequestError(f"juice.method {spec.name} decodes with a contrast or an instruction, which "
                                    "a request's steering does not carry; run it with juice evaluate")
     return built

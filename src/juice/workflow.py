@@ -174,7 +174,7 @@ def evaluate_rows(
             prompt = instructed_prompt(row, direction, lm.config.model_type) if method.instructed else row.prompt
             target = answer_first_token(lm.tokenizer, prompt, row.target)
             other = answer_first_token(lm.tokenizer, prompt, row.other) if row.other else target
-            if method.contrastive is not None and not row.question:
+            if method.contrast is not None and not row.question:
                 raise ValueError(f"{name} needs each row's question (the prompt without its context); "
                                  f"row {i + 1} has none")
             probe = [target, other] if direction == "parametric" else [other, target]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from juice.architectures import ModelHeads
-from juice.baselines.cad import cad_continuation_logprobs, cad_generate
+from juice.baselines.cad import CadPolicy, cad_continuation_logprobs, cad_generate, jsd_alpha
 from juice.baselines.ph3 import ConflictPrompt, Ph3Scores, heads_to_prune, logit_difference_effects
 from juice.baselines.prompt import contextual_prompt, parametric_prompt
 from juice.data.paraconflict import build_domain
@@ -284,7 +284,6 @@ def test_an_alpha_rule_must_give_one_weight_per_row(tiny_llama):
 def test_jsd_alpha_equals_a_hand_computed_divergence_in_bits():
     import math
 
-    from juice.baselines.cad import jsd_alpha
 
     p, q = torch.tensor([0.7, 0.2, 0.1]), torch.tensor([0.1, 0.3, 0.6])
     m = (p + q) / 2
@@ -311,7 +310,6 @@ def test_jsd_alpha_equals_a_hand_computed_divergence_in_bits():
 
 
 def test_adacad_equals_a_naive_two_branch_rerun_with_the_jsd_weight(tiny_llama):
-    from juice.baselines.cad import jsd_alpha
 
     ada = cad_generate(tiny_llama, PROMPTS, QUESTIONS, 5, alpha=jsd_alpha)
     for i, (p, q) in enumerate(zip(PROMPTS, QUESTIONS)):
@@ -377,7 +375,7 @@ def test_adacad_in_the_contextual_evaluation_equals_a_naive_one_item_reference(t
            for i, (p, q) in enumerate(zip(PROMPTS, QUESTIONS))]
     exs.append(ContextualExample("nqswap", "0", "Context: w7 w8 paris\nQuestion: w9?\nAnswer:",
                                  "Question: w9?\nAnswer:", ("paris",), ("rome",), "qa", "nqswap"))
-    results = evaluate_contextual(lm, exs, {"AdaCAD": Method(adacad=True)}, max_rows=4)
+    results = evaluate_contextual(lm, exs, {"AdaCAD": Method(contrast=CadPolicy(jsd_alpha))}, max_rows=4)
     assert [r.subject for r in results] == ["0", "1", "0"]
     for ex, r in zip(exs, results):
         probes = [answer_first_token(lm.tokenizer, ex.prompt, a) for a in (ex.parametric_answer, ex.context_answer)]
@@ -389,12 +387,12 @@ def test_adacad_in_the_contextual_evaluation_equals_a_naive_one_item_reference(t
                   for c in (ex.context_answer, ex.parametric_answer)]
             assert r.likelihood_correct == (lp[0] > lp[1])
             ref = cad_continuation_logprobs(lm, [ex.prompt] * 2, [ex.question] * 2,
-                                            [ex.context_answer, ex.parametric_answer], Method(adacad=True).contrastive)
+                                            [ex.context_answer, ex.parametric_answer], jsd_alpha)
             assert abs(float(ref[0]) - lp[0]) < 1e-4 and abs(float(ref[1]) - lp[1]) < 1e-4
         else:
             assert r.likelihood_correct is None
     with pytest.raises(ValueError, match="contextual direction"):
-        evaluate(lm, build_domain("world_capital")[:1], {"AdaCAD": Method(adacad=True)})
+        evaluate(lm, build_domain("world_capital")[:1], {"AdaCAD": Method(contrast=CadPolicy(jsd_alpha))})
 
 
 # ------------------------------------------------------------------ CAD in the shared decoding loop
@@ -464,7 +462,6 @@ def test_mixed_teacher_forcing_equals_each_stream_alone_and_the_uncached_referen
                                                   s.contrast.rule.alpha)
         assert abs(got - float(ref[0])) < 1e-4, k
     # the public wrapper, now on the shared loop, equals the uncached reference too
-    from juice.baselines.cad import jsd_alpha
 
     ref = cad_continuation_logprobs_naive(lm, PROMPTS, QUESTIONS, conts[:2], jsd_alpha)
     torch.testing.assert_close(cad_continuation_logprobs(lm, PROMPTS, QUESTIONS, conts[:2], jsd_alpha), ref,
@@ -499,17 +496,23 @@ def test_a_cad_stream_decodes_the_unmodified_model():
     assert Stream(0, contrast=Contrast(1, CadPolicy())).rows == 2 and Stream(0).rows == 1
 
 
-def test_a_method_is_cad_or_adacad_and_unsteered():
+def test_a_method_decodes_one_way_and_a_contrast_is_unsteered():
+    """One field says how a recipe decodes: a contrast (CAD, AdaCAD, CK-PLUG) is a contrastive
+    stream of the unsteered model; a steering runs once or twice; a choice is auto's."""
+    from juice.baselines.ckplug import CkPlugPolicy
+    from juice.engine import Choice
     from juice.recipe import Method
-    from juice.steering import Steering
+    from juice.steering import ORIGINAL, Steering
 
-    assert Method(adacad=True).contrastive is not None and Method(cad_alpha=1.0).contrastive == 1.0
-    with pytest.raises(ValueError, match="not two of them"):
-        Method(cad_alpha=1.0, adacad=True)
-    with pytest.raises(ValueError, match="not two of them"):
-        Method(adacad=True, ckplug=True)
+    assert [Method(contrast=c).decoding for c in (CadPolicy(1.0), CadPolicy(jsd_alpha), CkPlugPolicy())] == [
+        "contrastive stream"] * 3
+    assert Method(Steering("add", torch.ones(2, 2))).decoding == "dual run"
+    assert Method(Steering("scale", torch.ones(2, 2))).decoding == Method().decoding == "single run"
+    assert Method(choice=Choice(-1, (ORIGINAL,), lambda a, b: None)).decoding == "choice"
     with pytest.raises(ValueError, match="unsteered"):
-        Method(Steering("scale", torch.ones(2, 2)), adacad=True)
+        Method(Steering("scale", torch.ones(2, 2)), contrast=CadPolicy(jsd_alpha))
+    with pytest.raises(ValueError, match="no steering and no contrast"):
+        Method(contrast=CkPlugPolicy(), choice=Choice(-1, (ORIGINAL,), lambda a, b: None))
 
 
 def _ck_plug_as_the_authors_wrote_it(ctx: torch.Tensor, base: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from juice.baselines.cad import cad_generate
+from juice.baselines.cad import CadPolicy, cad_generate, jsd_alpha
 from juice.baselines.prompt import instructed_context_item
 from juice.data.context_types import CONTEXT_TYPES, nqswap_context_items, paraconflict_context_items
 from juice.data.paraconflict import build_domain
@@ -29,16 +29,16 @@ def _items():
 
 def _methods(lm):
     return {"Original": Method(), "Prompt-c": Method(instructed=True, instruction="contextual"),
-            "Prompt-p": Method(instructed=True, instruction="parametric"), "CAD": Method(cad_alpha=1.0),
-            "AdaCAD": Method(adacad=True), "JuNE": Method(JuNE(lm, SEL, 2.0, -1.0)),
+            "Prompt-p": Method(instructed=True, instruction="parametric"), "CAD": Method(contrast=CadPolicy(1.0)),
+            "AdaCAD": Method(contrast=CadPolicy(jsd_alpha)), "JuNE": Method(JuNE(lm, SEL, 2.0, -1.0)),
             "JuICE": Method(JuICE(lm, SEL, 3.0, -1.0))}
 
 
 def _naive(lm, item, method) -> str:
     """One prompt at a time, to the end of its new tokens, with no stop rule."""
     n = new_tokens(item.metric)
-    if method.contrastive is not None:
-        return cad_generate(lm, [item.prompt], [item.question], n, method.contrastive).texts[0]
+    if method.contrast is not None:
+        return cad_generate(lm, [item.prompt], [item.question], n, method.contrast.alpha).texts[0]
     prompt = item.prompt if not method.instructed else instructed_context_item(
         item, method.instruction, lm.model.config.model_type)
     return greedy_generate(lm, [prompt], n, method.steering, stop_at_eos=True).texts[0]

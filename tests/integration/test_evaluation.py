@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from juice.baselines.cad import CadPolicy, jsd_alpha
 from juice.baselines.prompt import contextual_prompt
 from juice.data.paraconflict import build_domain
 from juice.data.records import ContextualExample
@@ -59,8 +60,8 @@ def test_continuation_logprobs_equal_full_forward_logprobs(tiny):
 def test_evaluate_contextual_covers_every_method_and_metric(tiny_llama):
     lm = tiny_llama
     coef = steering_coefficients(lm.heads.geometry, SELECTION, 2, -1)
-    methods = {"Original": Method(), "Prompt": Method(instructed=True), "CAD": Method(cad_alpha=1.0),
-               "AdaCAD": Method(adacad=True), "JuICE": Method(Steering("add", coef))}
+    methods = {"Original": Method(), "Prompt": Method(instructed=True), "CAD": Method(contrast=CadPolicy(1.0)),
+               "AdaCAD": Method(contrast=CadPolicy(jsd_alpha)), "JuICE": Method(Steering("add", coef))}
     exs = _examples()
     results = evaluate_contextual(lm, exs, methods, max_rows=4)
     assert len(results) == len(exs) * len(methods)
@@ -105,15 +106,15 @@ def test_forced_decoding_likelihoods_equal_the_teacher_forced_reference(tiny_lla
     exs = [ex for ex in _examples() if ex.metric == "memotrap"]
     coef = steering_coefficients(lm.heads.geometry, SELECTION, 3, -2)
     methods = {"Original": Method(), "JuNE": Method(Steering("scale", coef)), "JuICE": Method(Steering("add", coef)),
-               "CAD": Method(cad_alpha=1.0), "AdaCAD": Method(adacad=True), "Prompt": Method(instructed=True),
-               "Prompt+AdaCAD": Method(instructed=True, adacad=True)}
+               "CAD": Method(contrast=CadPolicy(1.0)), "AdaCAD": Method(contrast=CadPolicy(jsd_alpha)), "Prompt": Method(instructed=True),
+               "Prompt+AdaCAD": Method(instructed=True, contrast=CadPolicy(jsd_alpha))}
     wins = likelihood_wins(lm, exs, methods, max_rows=3)
     for name, method in methods.items():
         for j, ex in enumerate(exs):
             prompt = contextual_prompt(ex) if method.instructed else ex.prompt
             pair = [ex.context_answer, ex.parametric_answer]
-            if method.contrastive is not None:
-                lp = cad_continuation_logprobs(lm, [prompt] * 2, [ex.question] * 2, pair, method.contrastive)
+            if method.contrast is not None:
+                lp = cad_continuation_logprobs(lm, [prompt] * 2, [ex.question] * 2, pair, method.contrast.alpha)
             else:
                 lp = continuation_logprobs(lm, [prompt] * 2, pair, method.steering)
             assert wins[name][j] == bool(lp[0] > lp[1]), (name, j)

@@ -12,6 +12,7 @@ import torch
 import juice
 import openai
 from juice import methods
+from juice.baselines.cad import CadPolicy, jsd_alpha
 from juice.methods import REGISTRY, MethodInputs, MethodSpec, build, lookup
 from juice.stage1 import HeadsArtifact
 from juice.steering import DEFAULT_BETAS, JuICE, JuNE, Prune, UntunedBetasWarning
@@ -53,7 +54,8 @@ def test_building_a_method_is_the_preset_it_names(tiny_llama):
     assert given.settings["source"] == "given" and given.method.steering.coefficients[1, 2] == 1.0
     pruned = build("prune", MethodInputs(tiny_llama, pruned=[juice.Head(0, 1)]))
     assert torch.equal(pruned.method.steering.coefficients, Prune(tiny_llama, [juice.Head(0, 1)]).coefficients)
-    assert build("adacad", MethodInputs()).method.adacad and build("cad", MethodInputs()).method.cad_alpha == 1.0
+    assert build("adacad", MethodInputs()).method.contrast == CadPolicy(jsd_alpha)
+    assert build("cad", MethodInputs()).method.contrast == CadPolicy(1.0)
 
 
 def test_what_a_method_needs_is_refused_before_a_model_loads():
@@ -122,7 +124,7 @@ def test_a_new_method_is_served_by_both_servers_from_its_entry(tmp_path, monkeyp
         "juice-third", "JuICE/3", third_juice, protocol=True, heads=True, tuned="betas", steerer=True,
         steering="add"))
     monkeypatch.setitem(REGISTRY, "cad-half", MethodSpec(
-        "cad-half", "CAD/2", lambda x: methods.Built(Method(cad_alpha=0.5)), protocol=True))
+        "cad-half", "CAD/2", lambda x: methods.Built(Method(contrast=CadPolicy(0.5))), protocol=True))
     lm = build_tiny("llama")
     heads = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL)
     prompt, ask = "the capital of france is", {"method": "juice-third", "beta_plus": 6, "beta_minus": -3}

@@ -10,6 +10,7 @@ import math
 import pytest
 from conftest import build_tiny
 
+from juice.baselines.cad import CadPolicy
 from juice.baselines.ph3 import heads_to_prune
 from juice.engine import greedy_generate
 from juice.data.metrics import is_correct
@@ -87,7 +88,7 @@ def test_batched_rows_equal_one_row_at_a_time(lm, data):
     artifact = identify(lm, rows, k=2)
     methods = {"Original": Method(ORIGINAL), "Prompt": Method(ORIGINAL, instructed=True),
                "JuICE": Method(JuICE(lm, artifact.selection, 3, -1)), "JuNE": Method(JuNE(lm, artifact.selection, 2, 0)),
-               "CAD": Method(cad_alpha=1.0)}
+               "CAD": Method(contrast=CadPolicy(1.0))}
     cad_rows = [r for r in rows if r.question]
     together = evaluate_rows(lm, cad_rows, methods, max_rows=3)
     alone = [res for row in cad_rows for res in evaluate_rows(lm, [row], methods)]
@@ -95,7 +96,7 @@ def test_batched_rows_equal_one_row_at_a_time(lm, data):
     for a, b in zip(together, alone):
         assert a.p_parametric == pytest.approx(b.p_parametric, abs=1e-5)
     with pytest.raises(ValueError, match="question"):
-        evaluate_rows(lm, rows, {"CAD": Method(cad_alpha=1.0)})
+        evaluate_rows(lm, rows, {"CAD": Method(contrast=CadPolicy(1.0))})
 
 
 def test_the_prompt_baseline_uses_the_papers_forms():

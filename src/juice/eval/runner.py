@@ -56,7 +56,7 @@ def method_engine(method: "Method | Steering", engine: Engine | None = None) -> 
     `engine` hands the method's streams to juice's own (:meth:`juice.engine.backend.Engine.decodes`);
     for the results' `protocol.engine`."""
     method, engine = as_method(method), engine_or_default(engine)
-    if method.contrastive is not None:
+    if method.contrast is not None:
         stream = Stream(0, contrast=Contrast(1, method.contrast))
     elif method.choice is not None:
         stream = Stream(0, choice=replace(method.choice, question=1))
@@ -137,8 +137,8 @@ def _request_key(r: DecodeRequest) -> tuple:
 
     c = r.method.choice
     choice = None if c is None else (c.rule, tuple(key(s) for s in c.candidates), c.without_passage, c.gate)
-    question = r.question if r.method.contrastive is not None or c is not None else None
-    return r.prompt, question, tuple(int(t) for t in r.probe), r.method.contrastive, key(r.method.steering), choice
+    question = r.question if r.method.contrast is not None or c is not None else None
+    return r.prompt, question, tuple(int(t) for t in r.probe), r.method.contrast, key(r.method.steering), choice
 
 
 def decode_requests(
@@ -194,7 +194,7 @@ def decode_requests(
     unsteered = next(iter(steered)) if len(steered) == 1 else "o_proj_input"   # Original joins the steered
     by_site: dict[str, list[int]] = {}
     for i, r in enumerate(requests):
-        if r.method.contrastive is not None and not r.question:
+        if r.method.contrast is not None and not r.question:
             raise ValueError(f"request {i + 1}: CAD and AdaCAD need the prompt without its context (question)")
         if r.method.choice is not None and not r.question:
             raise ValueError(f"request {i + 1}: auto needs the prompt without its context (question)")
@@ -209,7 +209,7 @@ def decode_requests(
             if r.method.choice is not None:
                 question = texts.setdefault(r.question, len(texts))
                 streams.append(Stream(prompt, choice=replace(r.method.choice, question=question)))
-            elif r.method.contrastive is None:
+            elif r.method.contrast is None:
                 streams.append(Stream(prompt, r.method.steering))
             else:
                 question = texts.setdefault(r.question, len(texts))
@@ -262,7 +262,7 @@ def evaluate(
         ValueError: a CAD method (CAD applies to the contextual direction).
     """
     methods = {name: as_method(m) for name, m in methods.items()}
-    if any(m.contrastive is not None for m in methods.values()):
+    if any(m.contrast is not None for m in methods.values()):
         raise ValueError("CAD, AdaCAD and CK-PLUG apply to the contextual direction; use evaluate_contextual")
     meta, requests = [], []
     model_type = lm.config.model_type
@@ -371,7 +371,7 @@ def likelihood_wins(
             prompt = contextual_prompt(ex) if method.instructed else ex.prompt
             for c, text in enumerate((ex.context_answer, ex.parametric_answer)):
                 cont = continuation_ids(lm.tokenizer, prompt, text)[1]
-                if method.contrastive is not None:
+                if method.contrast is not None:
                     cad.setdefault(method.contrast, []).append((name, j, c, prompt, ex.question, cont))
                     continue
                 # each distinct prompt once, so its streams share one clean prefill
