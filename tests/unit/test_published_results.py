@@ -38,6 +38,20 @@ def test_the_offline_engines_comparison_on_the_reproducing_page_is_the_committed
     assert f"({record['total_s']['vllm']:.0f} s against {server['total_s']['vllm']:.0f} s)" in page
 
 
+def test_the_signals_auroc_tables_on_the_when_to_steer_page_are_the_committed_record():
+    import gate_classifier
+
+    record = json.loads((ROOT / "benchmarks" / "results" / "gate-classifier.json").read_text(encoding="utf-8"))
+    assert record["command"].startswith("python benchmarks/gate_classifier.py") and len(record["commit"]) == 40
+    assert not record["dirty"] and set(record["datasets"]) == {"nqswap", "paraconflict"}
+    page = (ROOT / "docs" / "when-to-steer.md").read_text(encoding="utf-8")
+    assert f"`{record['command']}`" in page and record["commit"][:12] in page
+    for dataset in record["datasets"]:
+        assert gate_classifier.record_markdown(record, dataset) in page
+    for claim in gate_classifier.claims(record):   # every sentence of the verdict that states a number
+        assert claim in page
+
+
 def test_the_sweep_on_the_reproducing_page_is_the_committed_record():
     record = json.loads((ROOT / "benchmarks" / "results" / "sweep-embedded.json").read_text(encoding="utf-8"))
     assert record["command"].startswith("python benchmarks/bench_sweep.py") and len(record["commit"]) == 40
