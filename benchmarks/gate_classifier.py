@@ -119,6 +119,9 @@ def claims(rec: dict) -> list[str]:
             out.append(f"{DATASETS[dataset]}, {wrong} passages: {SIGNAL_TITLES[best['signal']]} separates best, "
                        f"AUROC {_auroc(best)}"
                        + (f"; {', '.join(chance)} no better than chance" if chance else "") + ".")
+            means = [c["auroc"]["mean"] for c in cells]
+            out.append(f"Against {DATASETS[dataset]}'s {wrong} passages every signal's AUROC lies between "
+                       f"{min(means):.2f} and {max(means):.2f}.")
     return out
 
 
