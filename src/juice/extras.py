@@ -7,8 +7,9 @@ decoding, the baselines, evaluation and the pipelines as Python functions. The r
 - `cli`: the `juice` command (typer, rich);
 - `plots`: PNG figures (matplotlib); without it, commands write JSON and Markdown only;
 - `server`: `juice serve` (FastAPI, uvicorn);
-- `contexts`: the distractor context type of the when-to-steer evaluation (BM25, `bm25s`) and
-  its signals' AUROC (`scikit-learn`, :mod:`juice.when_to_steer.classifier`);
+- `contexts`: the distractor context type of the when-to-steer evaluation (BM25, `bm25s`);
+- `study`: the first-step signals as classifiers, their AUROC (`scikit-learn`,
+  :mod:`juice.when_to_steer.classifier`);
 - `vllm`: the pipeline on vLLM (`--engine vllm`: the `openai` client of vLLM's server);
 - `cluster`: `juice sweep`, the pipeline's jobs on a Ray cluster (`ray`);
 - `all`: every one of them but `cluster` (the README's commands install it).
@@ -25,7 +26,8 @@ EXTRAS = {
     "cli": ("typer", "rich"),
     "plots": ("matplotlib",),
     "server": ("fastapi", "uvicorn", "prometheus_client"),
-    "contexts": ("bm25s", "sklearn"),
+    "contexts": ("bm25s",),
+    "study": ("sklearn",),
     "vllm": ("openai",),
     "cluster": ("ray",),
 }

@@ -115,7 +115,7 @@ def auroc_interval(values: Sequence[float], positive: Sequence[bool], negative: 
     Raises:
         ValueError: arrays of different lengths, fewer than 1,000 resamples, a confidence outside (0, 1).
     """
-    require("contexts", "a signal's AUROC")
+    require("study", "a signal's AUROC")
     from sklearn.metrics import roc_auc_score
 
     x = np.asarray(values, dtype=np.float64)
