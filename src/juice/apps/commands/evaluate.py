@@ -161,7 +161,8 @@ def _study(data: Optional[Path], heads: list[Path], methods: Optional[str], doma
         with progress() as task:
             policies = method_names(tuned="policy")   # auto: the study fits it on validation items
             result = run_study(lm, artifact, data, out=out, names=[n for n in names if n not in policies],
-                               auto=any(n in policies for n in names), validation_limit=validation_limit, test_limit=test_limit,
+                               auto=any(n in policies for n in names), validation_limit=validation_limit,
+                               test_limit=test_limit,
                                keep=None if max_prompt_tokens is None else prompt_fits(lm.tokenizer, max_prompt_tokens),
                                domain=domain, progress=task)
     except ValueError as err:
