@@ -280,14 +280,15 @@ def by_protocol(name: str) -> MethodSpec:
 
 def coefficients_method(kind: str) -> MethodSpec:
     """The method a request names to carry a steering of `kind` as per-head coefficients
-    (`request_heads="coefficients"`: JuNE for "scale", JuICE for "add"; Original for "none"): how a
-    :class:`~juice.steering.Steering` is sent to vLLM's plugin (:mod:`juice.vllm.engine`).
+    (`request_heads="coefficients"`: JuNE for "scale", JuICE for "add"): how a steering
+    :class:`~juice.steering.Steering` is sent to vLLM's plugin (:mod:`juice.vllm.engine`; an
+    unsteered one is sent as :data:`UNSTEERED`).
 
     Raises:
-        ValueError: no such method (an unknown kind).
+        ValueError: no such method ("none", or an unknown kind).
     """
     for spec in REGISTRY.values():
-        if spec.steering == kind and (spec.request_heads == "coefficients" or (kind == "none" and spec.protocol)):
+        if spec.steering == kind and spec.request_heads == "coefficients":
             return spec
     raise ValueError(f"no method carries a steering of kind {kind!r} as per-head coefficients")
 

@@ -135,12 +135,12 @@ def auroc_interval(values: Sequence[float], positive: Sequence[bool], negative: 
     ids, q = np.unique(q, return_inverse=True)            # questions 0..m-1
     q_stratum = np.zeros(len(ids), dtype=np.int64)
     q_stratum[q] = st
+    by_stratum = [np.flatnonzero(q_stratum == s) for s in np.unique(q_stratum)]
     rng = np.random.default_rng(seed)
     draws = []
     for _ in range(resamples):
         counts = np.zeros(len(ids))
-        for s in np.unique(q_stratum):                     # draw each stratum's questions from itself
-            mine = np.flatnonzero(q_stratum == s)
+        for mine in by_stratum:                            # draw each stratum's questions from itself
             np.add.at(counts, rng.choice(mine, size=len(mine)), 1.0)
         w = counts[q]
         if w[pos].sum() == 0 or w[~pos].sum() == 0:
