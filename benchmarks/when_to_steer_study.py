@@ -12,7 +12,10 @@ The same study runs inside `juice reproduce --direction contextual --contexts nq
 Sizes (distinct questions per source, validation / test): "default" 40 / 40 (NQ-Swap) and 8 / 8
 per domain (ParaConflict); "published" 300 / 250 (NQ-Swap) and 55 / 50 per domain (330 / 300 over
 the six). NQ-Swap keeps prompts of at most 256 tokens. Resumable: decoding is cached per chunk
-in `<out>/cache`.
+in `<out>/cache`, keyed by the decoding code's source. `--decode-only` decodes every method on
+both halves and stops (the published size's hours, in as many runs as it takes; kill it
+any time: a run loses at most the chunk it was decoding); the same command without it then
+fits and routes `auto` and writes the study from the cache in minutes.
 
 `--record FILE --from-reproduced DIR` writes the compact record of a reproduction's studies
 (`DIR/when-to-steer-<dataset>/study.json`: the best static method, auto's policy and validation
@@ -124,6 +127,7 @@ def main() -> None:
     parser.add_argument("--size", choices=["default", "published"], default="default")
     parser.add_argument("--out", type=Path, default=None, help="default: when-to-steer-<dataset>-<size>")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--decode-only", action="store_true", help="decode into the cache and stop")
     args = parser.parse_args()
     if args.record is not None:
         if args.from_reproduced is None:
@@ -153,11 +157,19 @@ def main() -> None:
     artifact = juice.load_heads(heads, lm)
     validation, test = study_sizes()[args.dataset][args.size]
     start = time.perf_counter()
-    if args.dataset == "nqswap":
-        study = run_study(lm, artifact, args.data / "nqswap", out=out, validation_limit=validation, test_limit=test,
-                          keep=prompt_fits(lm.tokenizer, STUDY_MAX_PROMPT_TOKENS))
-    else:
-        study = run_study(lm, artifact, None, out=out, validation_limit=validation, test_limit=test)
+    from juice.apps.progress import plain_progress
+
+    with plain_progress() as progress:
+        options = dict(out=out, validation_limit=validation, test_limit=test, decode_only=args.decode_only,
+                       progress=progress)
+        if args.dataset == "nqswap":
+            study = run_study(lm, artifact, args.data / "nqswap",
+                              keep=prompt_fits(lm.tokenizer, STUDY_MAX_PROMPT_TOKENS), **options)
+        else:
+            study = run_study(lm, artifact, None, **options)
+    if study is None:
+        print(f"{time.perf_counter() - start:.0f} s; every method decoded into {out / 'cache'}")
+        return
     print(f"{time.perf_counter() - start:.0f} s; wrote {out / 'study.md'}; best static on validation: "
           f"{study.test.best_static}")
 

@@ -49,3 +49,21 @@ def book_rows(n: int) -> list[dict]:
     return [{"question": f"who wrote book {i}", "org_context": f"<P> Book {i} was written by {authors[i % 16]} . </P>",
              "org_answer": [authors[i % 16]], "sub_context": f"<P> Book {i} was written by {authors[(i + 5) % 16]} . </P>",
              "sub_answer": [authors[(i + 5) % 16]]} for i in range(n)]
+
+
+def word_rows(n: int, seed: int = 0) -> list[dict]:
+    """`n` NQ-Swap rows of the tiny tokenizer's own words (w0..w92: every token known), passages of
+    seeded random lengths: rows whose first steps differ (in `book_rows` most words are unknown
+    to the tiny tokenizer, so every request's first step is nearly the same)."""
+    import random
+
+    rng = random.Random(seed)
+    word = lambda: f"w{rng.randrange(93)}"   # noqa: E731
+    rows = []
+    for i in range(n):
+        answer, other = word(), word()
+        filler = " ".join(word() for _ in range(rng.randrange(2, 12)))
+        q = f"who is w{i} {word()}"
+        rows.append({"question": q, "org_context": f"<P> {filler} w{i} is {answer} . </P>", "org_answer": [answer],
+                     "sub_context": f"<P> {filler} w{i} is {other} . </P>", "sub_answer": [other]})
+    return rows

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from helpers.auto import book_rows, nqswap_file, tiny_heads, tiny_model_and_heads
+from helpers.auto import book_rows, nqswap_file, tiny_heads, tiny_model_and_heads, word_rows
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +56,107 @@ def test_the_study_chooses_on_validation_and_reports_on_test(tiny_llama, rows_fi
     for half in ("validation", "test"):   # the decoding time is the cache's, not the re-run's
         key = f"{half} decoding (all chunks)"
         assert again.timings[key] == pytest.approx(study.timings[key]) and study.timings[key] > 0
+
+
+@pytest.fixture(scope="module")
+def word_file(tmp_path_factory):
+    return nqswap_file(tmp_path_factory.mktemp("words") / "rows.jsonl", word_rows(24))
+
+
+def test_auto_routed_from_the_cache_is_auto_decoded(tiny_llama, word_file, tmp_path):
+    """auto is never decoded by the study: its test results are its chosen candidates' cached
+    outputs. The same items decoded live give the same tokens, for the fitted policy and for one
+    that picks three candidates (a lexical gate to the question alone, Original and JuICE in two
+    bins cut at the median JSD)."""
+    import juice
+    from juice.methods import MethodInputs, build
+    from juice.when_to_steer import context_items
+    from juice.when_to_steer.auto import AutoPolicy, candidate_betas
+    from juice.when_to_steer.auto_tuning import policy_picks, record_fit
+    from juice.when_to_steer.evaluation import evaluate_context_types
+    from juice.when_to_steer.signals import CONFIDENCE_GAIN
+    from juice.when_to_steer.study import features_cached, routed_results, run_study
+
+    lm = tiny_llama
+    study = run_study(lm, tiny_heads(lm), word_file, out=tmp_path / "s", names=("original", "adacad", "juice"),
+                      resamples=1000)
+    fitted = juice.load_heads(tmp_path / "s" / "heads_auto.json", lm)
+    items = context_items(word_file, split="test")[0].items
+    signal, gates, passage = features_cached(lm, items, tmp_path / "s" / "cache")
+    median = midway([x for x, p in zip(signal, passage) if p])
+    gain = midway([g for g, p in zip(gates[CONFIDENCE_GAIN], passage) if p])
+    three = AutoPolicy((median,), ("original", "juice"), {"juice": candidate_betas(fitted.tuned)["juice"]},
+                       relevance=gain, gate=CONFIDENCE_GAIN)
+    titles = {"original": "Original", "question": "Question-only", "juice": "JuICE-ctx", "adacad": "AdaCAD",
+              "juice/2": "JuICE/2-ctx"}
+    for policy in (study.fit.policy, three):
+        record_fit(fitted, replace_fit(study.fit, policy))
+        picks = policy_picks(policy, signal, passage, gates)
+        if policy is three:
+            assert len(set(picks)) == 3
+        routed = ([r for r in study.test.results if r.method == "auto-ctx"] if policy is study.fit.policy
+                  else routed_results(items, study.test.results, picks, titles, "auto"))
+        live = evaluate_context_types(lm, items, {"auto": build("auto", MethodInputs(lm, fitted.selection,
+                                                                                     fitted.tuned)).method})
+        assert len(routed) == len(live) == len(items)
+        assert [(r.item, r.conflict_type, r.output, r.correct) for r in live] == \
+            [(r.item, r.conflict_type, r.output, r.correct) for r in routed]
+
+
+def midway(values):
+    """The midpoint of the two middle distinct values: a threshold no value lies near (a value on
+    it would fall either side by the ~1e-8 of another batch layout)."""
+    order = sorted(set(values))
+    return (order[len(order) // 2 - 1] + order[len(order) // 2]) / 2
+
+
+def replace_fit(fit, policy):
+    from dataclasses import replace
+
+    return replace(fit, policy=policy)
+
+
+def test_a_change_to_the_decoding_code_decodes_again(tiny_llama, rows_file, tmp_path, monkeypatch):
+    """The cache key holds the decoding code's source: the same study with other code reads none
+    of the cached chunks; with the same code, all of them."""
+    import juice.when_to_steer.study as study_module
+    from juice.when_to_steer.evaluation import evaluate_context_types
+
+    lm, calls = tiny_llama, []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return evaluate_context_types(*args, **kwargs)
+
+    monkeypatch.setattr(study_module, "evaluate_context_types", counting)
+    run = lambda: study_module.run_study(lm, tiny_heads(lm), rows_file, out=tmp_path / "s",   # noqa: E731
+                                         names=("original",), auto=False, resamples=1000)
+    run()
+    first = len(calls)
+    run()
+    assert first > 0 and len(calls) == first
+    real = study_module.decoding_code_key
+    monkeypatch.setattr(study_module, "decoding_code_key", lambda modules=study_module.DECODING_MODULES:
+                        "edited" if modules == study_module.DECODING_MODULES else real(modules))
+    run()
+    assert len(calls) == 2 * first
+
+
+def test_the_decoding_code_key_reads_the_source(tmp_path, monkeypatch):
+    """:func:`decoding_code_key` changes with one byte of a module's source."""
+    import sys
+
+    from juice.when_to_steer.study import decoding_code_key
+
+    (tmp_path / "keyed_pkg").mkdir()
+    (tmp_path / "keyed_pkg" / "__init__.py").write_text("x = 1\n")
+    (tmp_path / "keyed_pkg" / "inner.py").write_text("y = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = decoding_code_key(("keyed_pkg",))
+    (tmp_path / "keyed_pkg" / "inner.py").write_text("y = 2\n")
+    decoding_code_key.cache_clear()
+    assert decoding_code_key(("keyed_pkg",)) != before
+    sys.modules.pop("keyed_pkg", None)
 
 
 def test_juice_evaluate_contexts_study_from_the_command_line(tmp_path, rows_file, capsys):

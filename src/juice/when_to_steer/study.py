@@ -17,15 +17,25 @@ chosen with hindsight: right where any candidate is right), the headroom a per-r
 among them could reach; the minimum detectable paired difference of each table; the time each
 half took.
 
-Decoding is cached per chunk of :data:`CHUNK` questions and method (`out/cache/`, keyed by the
-model, the method's settings and the chunk's items; written atomically), so an interrupted study
-resumes where it stopped and a new method decodes only itself.
+Every method is **decoded once**: each static method and each of auto's candidates on both halves.
+`auto` is not decoded: its output on a request is its chosen candidate's (the engine decodes a
+:class:`juice.engine.Choice` exactly as the chosen candidate, tested), so its results are routed
+offline (:func:`routed_results`) from the candidates' cached outputs and the first step's
+signals (:func:`features_cached`); every policy, cross-validation fold and left-out source is then
+scored in seconds. Decoding is cached per chunk of :data:`CHUNK` questions and method
+(`out/cache/`, keyed by the model, the method's settings, the chunk's items and the source of the
+code that decodes, :func:`decoding_code_key`; written atomically), so an interrupted study resumes
+where it stopped, a new method decodes only itself, and a change to the decoding code decodes
+again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
 import time
+from functools import lru_cache
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,8 +51,8 @@ from juice.models import LoadedModel
 from juice.progress import OnProgress, Progress, no_progress
 from juice.recipe import Method
 from juice.stage1 import HeadsArtifact, save_heads
-from juice.when_to_steer.auto_tuning import (cross_validate, fit_outcomes, record_fit, validation_outcomes,
-                                             verdict_table)
+from juice.when_to_steer.auto_tuning import (ValidationOutcomes, cross_validate, fit_outcomes, policy_picks,
+                                             record_fit, request_features, verdict_table)
 from juice.when_to_steer.evaluation import (MEAN, POWER_Z, QUESTION_ONLY, context_type_tables, evaluate_context_types,
                                             question_bootstrap, question_only_results, result_id)
 from juice.when_to_steer.report import (SHORT, TITLES, ContextsEvaluation, best_static_method, context_items,
@@ -54,8 +64,38 @@ CHUNK = 40
 ORACLE = "oracle"
 """The oracle router's name in the tables (not a method: an upper bound over auto's candidates)."""
 
-CACHE_VERSION = "contexts/2"
-"""Bumped when the items or their scoring change, so older caches are not read."""
+CACHE_VERSION = "contexts/3"
+"""Bumped when the cache's layout changes, so older caches are not read."""
+
+DECODING_MODULES = ("juice.engine", "juice.baselines", "juice.eval.runner", "juice.eval.metrics",
+                    "juice.eval.degeneration", "juice.data.metrics", "juice.when_to_steer.evaluation", "juice.recipe",
+                    "juice.steering", "juice.interventions", "juice.methods", "juice.models", "juice.architectures",
+                    "juice.post_norm", "juice.tokens", "juice.text")
+"""The modules (a package: every module in it) whose source is part of a decoded chunk's cache
+key (:func:`decoding_code_key`): the engine, the methods and how an output is scored."""
+
+FEATURE_MODULES = ("juice.engine", "juice.baselines", "juice.when_to_steer.signals", "juice.models",
+                   "juice.architectures", "juice.tokens")
+"""The modules whose source is part of the first-step signals' cache key (:func:`features_cached`)."""
+
+
+@lru_cache(maxsize=None)
+def decoding_code_key(modules: tuple[str, ...] = DECODING_MODULES) -> str:
+    """The first 16 hex digits of the SHA-256 of the source of `modules` (a package: every `.py`
+    file under it, by relative path): a cached chunk decoded by other code is not read.
+    Deliberately broad (any change to the engine decodes every method again); the cost is a
+    re-run, never a stale number."""
+    digest = hashlib.sha256()
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise ValueError(f"no module {name!r} to key the decoding cache on")
+        origin = Path(spec.origin)
+        files = sorted(origin.parent.rglob("*.py")) if spec.submodule_search_locations else [origin]
+        for f in files:
+            digest.update(f"{name}:{f.relative_to(origin.parent)}\n".encode())
+            digest.update(f.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def decode_cached(lm: LoadedModel, items: Sequence[ContextItem], methods: Mapping[str, Method],
@@ -86,6 +126,7 @@ def decode_cached(lm: LoadedModel, items: Sequence[ContextItem], methods: Mappin
         wanted = set(questions[at:at + CHUNK])
         chunk = [i for i in items if (i.source, i.uid) in wanted]
         keys = {name: settings_key({"version": CACHE_VERSION, "model": model, "method": name,
+                                    "code": decoding_code_key(),
                                     "settings": settings.get(name, {}),
                                     "items": [[i.source, i.uid, i.context_type, i.variant, i.prompt, i.question,
                                                list(i.memory_answers), list(i.context_answers)] for i in chunk]})
@@ -123,6 +164,53 @@ def decode_cached(lm: LoadedModel, items: Sequence[ContextItem], methods: Mappin
                 for item, r in zip(chunk, rows):
                     found[position[id(item)], name] = r
     return [found[k, name] for k in range(len(items)) for name in methods if (k, name) in found]
+
+
+Features = tuple[list[float], dict[str, list[float]], list[bool]]
+"""Per item: the first-step JSD, gate signal name -> values, whether it has a passage
+(:func:`juice.when_to_steer.auto_tuning.request_features`)."""
+
+
+def features_cached(lm: LoadedModel, items: Sequence[ContextItem], cache: Path | None) -> Features:
+    """:func:`juice.when_to_steer.auto_tuning.request_features` of `items`, in chunks of
+    :data:`CHUNK` items cached in `cache` (keyed by the model, the chunk's prompts and questions
+    and the source of :data:`FEATURE_MODULES`); None: no cache."""
+    signal: list[float] = []
+    gates: dict[str, list[float]] = {}
+    passage: list[bool] = []
+    model = lm.fingerprint()
+    for at in range(0, len(items), CHUNK):
+        chunk = items[at:at + CHUNK]
+        key = settings_key({"version": CACHE_VERSION, "model": model, "features": decoding_code_key(FEATURE_MODULES),
+                            "items": [[i.prompt, i.question] for i in chunk]})
+        path = None if cache is None else cache / f"features-{key}.json"
+        if path is not None and path.is_file():
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        else:
+            x, g, p = request_features(lm, chunk)
+            saved = {"signal": x, "gates": g, "passage": p}
+            if path is not None:
+                write_json_atomic(path, saved)
+        signal += [float(v) for v in saved["signal"]]
+        passage += [bool(v) for v in saved["passage"]]
+        for name, values in saved["gates"].items():
+            gates.setdefault(name, []).extend(float(v) for v in values)
+    return signal, gates, passage
+
+
+def routed_results(items: Sequence[ContextItem], results: Sequence[ItemResult], picks: Sequence[str],
+                   titles: Mapping[str, str], name: str) -> list[ItemResult]:
+    """A router's results without decoding: per item, the result of the candidate it picks
+    (`picks[k]`, a candidate name; `titles`: candidate -> its method's name in `results`),
+    renamed `name`. Exactly auto's, whose engine decodes the chosen candidate's tokens (module
+    docstring; tested against a live decode).
+
+    Raises:
+        KeyError: a picked candidate without a result for its item.
+    """
+    by = {(r.domain, r.item, r.conflict_type, r.method): r for r in results}
+    return [replace(by[item.source, result_id(item), item.context_type, titles[pick]], method=name)
+            for item, pick in zip(items, picks)]
 
 
 def oracle_results(items: Sequence[ContextItem], results: Sequence[ItemResult], candidates: Sequence[str]
@@ -240,7 +328,8 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
               auto: bool = True,
               validation_limit: int | None = None, test_limit: int | None = None,
               keep: Callable[[ContextItem], bool] | None = None, domain: str | None = None, seed: int = 0,
-              max_rows: int | str = 64, resamples: int = 2000, progress: Progress = no_progress) -> Study:
+              max_rows: int | str = 64, resamples: int = 2000, progress: Progress = no_progress,
+              decode_only: bool = False) -> Study | None:
     """The study (module docstring) on `source` (:func:`juice.when_to_steer.context_items`) with one
     heads file; writes `out/validation/`, `out/test/` (contexts.json, .md, .png), `out/study.md`,
     `out/study.json` and the heads file with `auto`'s policy (`out/heads_auto.json`).
@@ -248,9 +337,11 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
     Args:
         names: the static methods (names in :data:`juice.methods.REGISTRY` but auto); None: every
             method the registry builds without a tuned k or policy (all but PH3 and auto), in table order.
-        auto: fit `auto` on validation (its candidates are decoded there) and evaluate it on test.
+        auto: fit `auto` on validation (its candidates are decoded there) and route it on test.
         validation_limit, test_limit: the first N questions of each source in each half.
         keep: a rule an item must meet (e.g. :func:`juice.when_to_steer.prompt_fits`).
+        decode_only: decode every method on both halves into the cache (and the first steps'
+            signals) and return None: the hours of a published-size study, run in resumable parts.
 
     Raises:
         ValueError: see :func:`juice.when_to_steer.context_items` and
@@ -282,17 +373,28 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
     candidates = {c: t for c, t in titles.items() if t in decoded or c == "question"}
     static_names = [*static, QUESTION_ONLY]
 
+    results: dict[str, list[ItemResult]] = {}
+    features: dict[str, Features] = {}
+    decode_seconds: dict[str, dict[str, float]] = {"validation": {}, "test": {}}
+    for split, (items, _) in halves.items():   # every method once, both halves; auto is routed, not decoded
+        t0 = time.perf_counter()
+        advance = progress(f"{split}: {len(decoded)} methods x {len(items)} items", len(decoded) * len(items))
+        results[split] = decode_cached(lm, items, decoded, settings, cache, max_rows=max_rows, on_progress=advance,
+                                       seconds=decode_seconds[split])
+        results[split] += question_only_results(items, results[split])
+        if auto:
+            features[split] = features_cached(lm, items, cache)
+        timings[split] = time.perf_counter() - t0
+    if decode_only:
+        return None
+
     t0 = time.perf_counter()
     val_items, val_where = halves["validation"]
-    advance = progress(f"validation: {len(decoded)} methods x {len(val_items)} items", len(decoded) * len(val_items))
-    decode_seconds: dict[str, dict[str, float]] = {"validation": {}, "test": {}}
-    val_results = decode_cached(lm, val_items, decoded, settings, cache, max_rows=max_rows, on_progress=advance,
-                                seconds=decode_seconds["validation"])
-    val_results += question_only_results(val_items, val_results)
+    val_results = results["validation"]
     fit, cv = None, {}
     if auto:
-        fit, cv = _fit_auto(lm, artifact, val_items, val_results, val_where, candidates, static_names, betas,
-                            out, resamples, seed)
+        fit, cv = _fit_auto(artifact, val_items, val_results, features["validation"], val_where, candidates,
+                            static_names, betas, out, resamples, seed)
     val_results += oracle_results(val_items, val_results, list(candidates.values()))
     val_titles = [*static_names, *extra, ORACLE]
     validation = ContextsEvaluation(
@@ -301,22 +403,20 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
     best = best_static_method({"means": validation.means(), "methods": static_names}, among=static_names)
     validation.best_static = best
     validation.summary = summarize(val_results, val_titles, best, resamples=resamples, seed=seed)
-    timings["validation"] = time.perf_counter() - t0
+    timings["validation"] += time.perf_counter() - t0
 
     t0 = time.perf_counter()
     test_items, test_where = halves["test"]
-    test_methods = dict(static)
+    test_results = results["test"]
     test_settings = dict(settings)
+    routed = []
     if auto:
-        test_methods[f"auto-{suffix}"] = build("auto", MethodInputs(lm, artifact.selection, artifact.tuned)).method
         test_settings[f"auto-{suffix}"] = fit.policy.to_json()
-    decode = {**test_methods, **extra}   # the candidates too, for the oracle
-    advance = progress(f"test: {len(decode)} methods x {len(test_items)} items", len(decode) * len(test_items))
-    test_results = decode_cached(lm, test_items, decode, test_settings, cache, max_rows=max_rows, on_progress=advance,
-                                 seconds=decode_seconds["test"])
-    test_results += question_only_results(test_items, test_results)
+        picks = policy_picks(fit.policy, *_policy_inputs(features["test"]))
+        test_results += routed_results(test_items, test_results, picks, candidates, f"auto-{suffix}")
+        routed = [f"auto-{suffix}"]
     test_results += oracle_results(test_items, test_results, list(candidates.values()))
-    test_titles = [*static_names, *[m for m in test_methods if m not in static], ORACLE]
+    test_titles = [*static_names, *routed, ORACLE]
     kept = [r for r in test_results if r.method in test_titles]
     test_where = {**test_where, "best_static_from": f"validation split of {val_where.get('source')}"}
     test = ContextsEvaluation(
@@ -324,7 +424,7 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
                                   resamples=resamples, seed=seed),
         test_titles, test_settings, test_where, summarize(kept, test_titles, best, resamples=resamples, seed=seed),
         best)
-    timings["test"] = time.perf_counter() - t0
+    timings["test"] += time.perf_counter() - t0
 
     for half, spent in decode_seconds.items():   # decoding, whether now or when the cache was written
         timings[f"{half} decoding (all chunks)"] = sum(v for k, v in spent.items() if k != "chunks without a time")
@@ -335,16 +435,25 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
     return study
 
 
-def _fit_auto(lm: LoadedModel, artifact: HeadsArtifact, items: Sequence[ContextItem], results: Sequence[ItemResult],
-              where: Mapping[str, Any], candidates: Mapping[str, str], static_names: Sequence[str],
-              betas: Mapping[str, tuple[float, float]], out: Path, resamples: int, seed: int
-              ) -> tuple[Any, dict[str, dict[str, float]]]:
+def _policy_inputs(features: Features) -> tuple[list[float], list[bool], dict[str, list[float]]]:
+    """:func:`juice.when_to_steer.auto_tuning.policy_picks`'s signal, passage flags and gate values."""
+    signal, gates, passage = features
+    return signal, passage, gates
+
+
+def _fit_auto(artifact: HeadsArtifact, items: Sequence[ContextItem], results: Sequence[ItemResult],
+              features: Features, where: Mapping[str, Any], candidates: Mapping[str, str],
+              static_names: Sequence[str], betas: Mapping[str, tuple[float, float]], out: Path, resamples: int,
+              seed: int) -> tuple[Any, dict[str, dict[str, float]]]:
     """auto fitted on the validation half's decoded candidates, written into the heads file
     (`out/heads_auto.json`), and its cross-validated gain over the best static method, 5-fold by
     question and, with several sources, leaving one source out: with every gate signal tried (as
     the fit), with each alone, and with none."""
 
-    o = validation_outcomes(lm, items, results, candidates)
+    verdicts, degenerate = verdict_table(items, results, candidates)
+    signal, gates, passage = features
+    o = ValidationOutcomes(verdicts, degenerate, signal, gates, passage, [i.context_type for i in items],
+                           [i.source for i in items])
     fit = fit_outcomes(o, betas)
     record_fit(artifact, fit, where)
     save_heads(artifact, out / "heads_auto.json")
@@ -408,5 +517,6 @@ def auto_candidate(lm: LoadedModel, artifact: HeadsArtifact, candidate: str, bet
     return build(c.method, MethodInputs(lm, artifact.selection, beta_plus=bp, beta_minus=bm), warn=False).method
 
 
-__all__ = ["CHUNK", "ORACLE", "Study", "auto_candidate", "candidate_title", "decode_cached", "oracle_results",
-           "run_study"]
+__all__ = ["CHUNK", "DECODING_MODULES", "FEATURE_MODULES", "Features", "ORACLE", "Study", "auto_candidate",
+           "candidate_title", "decode_cached", "decoding_code_key", "features_cached", "oracle_results",
+           "routed_results", "run_study"]
