@@ -64,9 +64,10 @@ GATE_GRID = 12
 """At most this many relevance thresholds tried: quantiles of the validation relevance."""
 
 
-def _weights(types: Sequence[str], sources: Sequence[str]) -> tuple[np.ndarray, list[str]]:
+def objective_weights(types: Sequence[str], sources: Sequence[str]) -> tuple[np.ndarray, list[str]]:
     """Per item, its weight in the mean over context types of the mean over sources (percent),
-    and the context types present."""
+    and the context types present: `weights @ verdicts` is the use-relevant objective every fit
+    and table reports (:func:`juice.when_to_steer.evaluation.context_type_means`)."""
     present = [t for t in CONTEXT_TYPES if t in set(types)]
     count: dict[tuple[str, str], int] = {}
     for t, src in zip(types, sources):
@@ -149,7 +150,7 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
     share = {c: 100.0 * sum(map(bool, d)) / len(d) for c, d in (degenerate or {}).items() if len(d)}
     refused = tuple(c for c in names if c in share and NO_PASSAGE in share and share[c] > share[NO_PASSAGE] + margin)
     names = [c for c in names if c not in refused]
-    weight, present = _weights(types, sources)
+    weight, present = objective_weights(types, sources)
     has = np.array(passage)
     x = np.array([float(v) for v in signal])
     score = np.stack([weight * np.array([bool(v) for v in verdicts[c]]) * has for c in names])   # [cands, n]
@@ -268,7 +269,7 @@ def cross_validate(verdicts: Mapping[str, Sequence[bool]], static: Mapping[str, 
         fit = fit_policy({c: pick(v) for c, v in verdicts.items()}, pick(signal), pick(types), pick(sources), betas,
                          pick(passage), None if degenerate is None else {c: pick(v) for c, v in degenerate.items()},
                          margin, {name: pick(v) for name, v in gates.items()} if gates else None)
-        train_w, _ = _weights(pick(types), pick(sources))
+        train_w, _ = objective_weights(pick(types), pick(sources))
         name = max(static, key=lambda m: (round(float(sum(w * bool(static[m][i]) for w, i in zip(train_w, train))), 9),
                                           -list(static).index(m)))
         chosen.append(name)
@@ -428,6 +429,6 @@ def verdict_table(items: Sequence[ContextItem], results: Sequence, titles: Mappi
     return verdicts, degenerate
 
 
-__all__ = ["AutoFit", "GATE_GRID", "GateValues", "ValidationOutcomes", "candidate_methods", "cross_validate",
+__all__ = ["AutoFit", "GATE_GRID", "objective_weights", "GateValues", "ValidationOutcomes", "candidate_methods", "cross_validate",
            "fit_from_results", "fit_outcomes", "fit_policy", "policy_picks", "record_fit", "request_features",
            "tune_auto", "validation_outcomes", "verdict_table"]

@@ -53,6 +53,7 @@ from juice.recipe import Method
 from juice.stage1 import HeadsArtifact, save_heads
 from juice.when_to_steer.auto_tuning import (ValidationOutcomes, cross_validate, fit_outcomes, policy_picks,
                                              record_fit, request_features, verdict_table)
+from juice.when_to_steer.outcomes import Outcomes, outcomes_of
 from juice.when_to_steer.evaluation import (MEAN, POWER_Z, QUESTION_ONLY, context_type_tables, evaluate_context_types,
                                             question_bootstrap, question_only_results, result_id)
 from juice.when_to_steer.report import (SHORT, TITLES, ContextsEvaluation, best_static_method, context_items,
@@ -332,7 +333,9 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
               decode_only: bool = False) -> Study | None:
     """The study (module docstring) on `source` (:func:`juice.when_to_steer.context_items`) with one
     heads file; writes `out/validation/`, `out/test/` (contexts.json, .md, .png), `out/study.md`,
-    `out/study.json` and the heads file with `auto`'s policy (`out/heads_auto.json`).
+    `out/study.json`, the heads file with `auto`'s policy (`out/heads_auto.json`) and, with `auto`,
+    every decoded method's verdicts and the first steps' signals on both halves
+    (`out/outcomes.json`, :class:`juice.when_to_steer.outcomes.Outcomes`).
 
     Args:
         names: the static methods (names in :data:`juice.methods.REGISTRY` but auto); None: every
@@ -385,6 +388,11 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
         if auto:
             features[split] = features_cached(lm, items, cache)
         timings[split] = time.perf_counter() - t0
+    if auto:   # every analysis of the decoded methods, without the model (juice.when_to_steer.outcomes)
+        write_json_atomic(out / "outcomes.json", Outcomes.concatenate([
+            outcomes_of(items, results[split], [*decoded, QUESTION_ONLY], features[split], split,
+                        candidates=candidates, static=static_names, betas=betas)
+            for split, (items, _) in halves.items()]).to_json())
     if decode_only:
         return None
 

@@ -1,0 +1,164 @@
+"""A study's outcomes: per context item, every decoded method's verdicts and the first step's
+signals, all that routing a policy offline needs (issue 77, "decode once, route offline"; juice's
+measurement, not the paper's).
+
+The study (:mod:`juice.when_to_steer.study`) decodes every method once on both halves and writes
+them here (`outcomes.json`); the pre-registered analysis (:mod:`juice.when_to_steer.preregistered`),
+the do-no-harm table and the risk-coverage curves (:mod:`juice.when_to_steer.harm`) read them
+without a model: a policy's output on an item is its chosen candidate's, so any policy, fold,
+left-out source or other dataset's fit is scored in seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from juice.data.context_types import ContextItem
+from juice.eval.runner import ItemResult
+from juice.when_to_steer.evaluation import QUESTION_ONLY, result_id
+
+VERDICTS = ("use", "true", "copies", "degenerate")
+"""What :class:`Outcomes` holds per method and item: the use-relevant-context verdict, the
+trust-memory verdict (the output states the true answer), whether it states the passage's
+answer, whether it is degenerate (:class:`juice.eval.runner.ItemResult`'s `correct`,
+`follows_parametric`, `follows_context`, `degenerate`)."""
+
+
+@dataclass
+class Outcomes:
+    """Per item (one context item of one question; every list in item order): where it is from,
+    what each method decoded scored, and its first-step signals.
+
+    Attributes:
+        half: "validation" or "test" (:func:`juice.data.context_types.split_of`).
+        source: its source (NQ-Swap's label, a ParaConflict domain); question: its question's uid
+            within the source; item: its result id (:func:`juice.when_to_steer.evaluation.result_id`);
+            context_type: gold, conflicting, irrelevant, distractor or none.
+        passage: it has a passage (:func:`juice.when_to_steer.signals.has_passage`).
+        signal: the first-step JSD (bits, :data:`juice.when_to_steer.signals.SIGNAL`).
+        gates: gate signal name (:data:`juice.when_to_steer.signals.GATE_SIGNALS`) -> values.
+        verdicts: kind (:data:`VERDICTS`) -> method title -> per item.
+        candidates: auto's candidate name -> the method title that decodes it.
+        static: the static methods' titles (the best static method is chosen among them).
+        betas: auto's steered candidates' betas.
+    """
+
+    half: list[str]
+    source: list[str]
+    question: list[str]
+    item: list[str]
+    context_type: list[str]
+    passage: list[bool]
+    signal: list[float]
+    gates: dict[str, list[float]]
+    verdicts: dict[str, dict[str, list[bool]]]
+    candidates: dict[str, str] = field(default_factory=dict)
+    static: list[str] = field(default_factory=list)
+    betas: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.item)
+
+    @property
+    def methods(self) -> list[str]:
+        """Every decoded method's title (and Question-only)."""
+        return list(self.verdicts["use"])
+
+    def questions(self) -> list[tuple[str, str]]:
+        """Per item, its question's key (source, uid): the unit every interval resamples."""
+        return list(zip(self.source, self.question))
+
+    def known(self) -> list[bool]:
+        """Per item, whether the model knows its question's answer closed-book: Question-only
+        (the unmodified model on the question alone) states the true answer. False for a
+        question without a none item."""
+        alone = {q: v for q, t, v in zip(self.questions(), self.context_type, self.verdicts["true"][QUESTION_ONLY])
+                 if t == "none"}
+        return [bool(alone.get(q, False)) for q in self.questions()]
+
+    def select(self, keep: Sequence[bool]) -> "Outcomes":
+        """The items where `keep` is true, in order."""
+        idx = [k for k, x in enumerate(keep) if x]
+        pick = lambda seq: [seq[k] for k in idx]   # noqa: E731
+        return Outcomes(pick(self.half), pick(self.source), pick(self.question), pick(self.item),
+                        pick(self.context_type), pick(self.passage), pick(self.signal),
+                        {n: pick(v) for n, v in self.gates.items()},
+                        {kind: {m: pick(v) for m, v in per.items()} for kind, per in self.verdicts.items()},
+                        dict(self.candidates), list(self.static), dict(self.betas))
+
+    def where(self, **values: str) -> "Outcomes":
+        """The items whose attributes equal `values` (e.g. `half="test"`)."""
+        return self.select([all(getattr(self, k)[i] == v for k, v in values.items()) for i in range(len(self))])
+
+    def results(self, kind: str, methods: Sequence[str], values: Mapping[str, Sequence[bool]] | None = None
+                ) -> list[ItemResult]:
+        """:class:`juice.eval.runner.ItemResult` rows whose `correct` is `kind`'s verdict (or, per
+        method, `values[method]`), for :func:`juice.when_to_steer.evaluation.question_bootstrap`."""
+        rows = []
+        for m in methods:
+            v = values[m] if values is not None and m in values else self.verdicts[kind][m]
+            for k in range(len(self)):
+                rows.append(ItemResult(domain=self.source[k], subject=self.question[k],
+                                       conflict_type=self.context_type[k], method=m, output="", correct=bool(v[k]),
+                                       follows_context=False, p_parametric=0.0, p_context=0.0, item=self.item[k]))
+        return rows
+
+    def to_json(self) -> dict[str, Any]:
+        return {"half": self.half, "source": self.source, "question": self.question, "item": self.item,
+                "context_type": self.context_type, "passage": self.passage,
+                "signal": [round(x, 7) for x in self.signal],
+                "gates": {n: [round(x, 7) for x in v] for n, v in self.gates.items()},
+                "verdicts": {kind: {m: "".join("1" if x else "0" for x in v) for m, v in per.items()}
+                             for kind, per in self.verdicts.items()},
+                "candidates": self.candidates, "static": self.static,
+                "betas": {c: list(b) for c, b in self.betas.items()}}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Outcomes":
+        return cls(list(data["half"]), list(data["source"]), list(data["question"]), list(data["item"]),
+                   list(data["context_type"]), [bool(x) for x in data["passage"]], [float(x) for x in data["signal"]],
+                   {n: [float(x) for x in v] for n, v in data["gates"].items()},
+                   {kind: {m: [c == "1" for c in v] for m, v in per.items()} for kind, per in data["verdicts"].items()},
+                   dict(data.get("candidates", {})), list(data.get("static", [])),
+                   {c: (float(b[0]), float(b[1])) for c, b in data.get("betas", {}).items()})
+
+    @classmethod
+    def concatenate(cls, parts: Sequence["Outcomes"]) -> "Outcomes":
+        """The items of every part, in order (the same methods in each)."""
+        first = parts[0]
+        join = lambda name: [x for p in parts for x in getattr(p, name)]   # noqa: E731
+        return cls(join("half"), join("source"), join("question"), join("item"), join("context_type"),
+                   join("passage"), join("signal"), {n: [x for p in parts for x in p.gates[n]] for n in first.gates},
+                   {kind: {m: [x for p in parts for x in p.verdicts[kind][m]] for m in per}
+                    for kind, per in first.verdicts.items()},
+                   dict(first.candidates), list(first.static), dict(first.betas))
+
+
+def outcomes_of(items: Sequence[ContextItem], results: Sequence[ItemResult], methods: Sequence[str],
+                features: tuple[list[float], dict[str, list[float]], list[bool]], half: str, *,
+                candidates: Mapping[str, str] | None = None, static: Sequence[str] = (),
+                betas: Mapping[str, tuple[float, float]] | None = None) -> Outcomes:
+    """The :class:`Outcomes` of one half from its decoded results (`methods`: titles in
+    `results`) and its first-step features (:func:`juice.when_to_steer.study.features_cached`).
+
+    Raises:
+        KeyError: a method without a result for some item.
+    """
+    by = {(r.domain, r.item, r.conflict_type, r.method): r for r in results}
+    verdicts: dict[str, dict[str, list[bool]]] = {kind: {} for kind in VERDICTS}
+    for m in methods:
+        rows = [by[i.source, result_id(i), i.context_type, m] for i in items]
+        verdicts["use"][m] = [bool(r.correct) for r in rows]
+        verdicts["true"][m] = [bool(r.follows_parametric) for r in rows]
+        verdicts["copies"][m] = [bool(r.follows_context) for r in rows]
+        verdicts["degenerate"][m] = [bool(r.degenerate) for r in rows]
+    signal, gates, passage = features
+    return Outcomes([half] * len(items), [i.source for i in items], [i.uid for i in items],
+                    [result_id(i) for i in items], [i.context_type for i in items], list(passage), list(signal),
+                    {n: list(v) for n, v in gates.items()}, verdicts, dict(candidates or {}), list(static),
+                    dict(betas or {}))
+
+
+__all__ = ["Outcomes", "VERDICTS", "outcomes_of"]

@@ -1,0 +1,198 @@
+"""The when-to-steer study's pre-registered analysis: `auto` minus the best static method as an
+estimate with its interval, in every design, from the decoded outcomes alone (issue 77, item 4;
+juice's measurement, not the paper's).
+
+What it compares is fixed here, before any outcome is read (:data:`PLAN`; its SHA-256 goes into
+the record beside the numbers):
+
+- the **policies**: every static method the study decoded (the best static method is chosen
+  among them, on the training items of each design, by the objective below) and the `auto`
+  fitting procedures of :data:`PLAN` (`auto`: every gate signal tried, as `juice tune` fits it;
+  with no gate; with each gate signal alone). Each fit searches its grid
+  (:func:`juice.when_to_steer.auto_tuning.fit_policy`) on the training items only, so every
+  estimate below includes that search;
+- the **objective**: use relevant context, the mean over context types of the accuracy averaged
+  over sources (:func:`juice.when_to_steer.auto_tuning.objective_weights`);
+- the **estimate**: per design and procedure, the held-out mean of `auto` minus that of the best
+  static method chosen on the same training items, paired by item, with a 95% percentile
+  interval over whole questions resampled within sources
+  (:func:`juice.when_to_steer.evaluation.question_bootstrap`, 2,000 resamples, seed 0) and its
+  standard error. It is reported as measured whatever its sign; the **primary** estimate is
+  `auto` (every gate) against the best static method;
+- the **designs**: fit on the validation half, scored on the test half; 5-fold cross-validation
+  grouped by question over both halves; leaving one source out over both halves (ParaConflict's
+  domains; none for a single source); across datasets (fit on every item of one, scored on every
+  item of the other; both ways).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from juice.when_to_steer.auto_tuning import cross_validate, fit_policy, objective_weights, policy_picks
+from juice.when_to_steer.evaluation import MEAN, POWER_Z, question_bootstrap
+from juice.when_to_steer.outcomes import Outcomes
+from juice.when_to_steer.signals import GATE_SIGNALS
+
+PRIMARY = "auto"
+"""The primary procedure: the policy fitted with every gate signal tried (`juice tune`'s fit)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the analysis compares, fixed before it runs (module docstring).
+
+    Attributes:
+        procedures: `auto` fitting procedure -> the gate signals its fit may use (() : no gate).
+        designs: the designs, in report order.
+        folds: the cross-validation's folds; resamples, seed: the bootstrap's.
+        objective: the objective's name; max_policies: at most this many policies compared
+            (static methods and procedures).
+    """
+
+    procedures: dict[str, tuple[str, ...]] = field(default_factory=lambda: {
+        PRIMARY: tuple(GATE_SIGNALS), "auto, no gate": (),
+        **{f"auto, gate on {name} only": (name,) for name in GATE_SIGNALS}})
+    designs: tuple[str, ...] = ("validation -> test", "5-fold by question", "leave one source out",
+                                "across datasets")
+    folds: int = 5
+    resamples: int = 2000
+    seed: int = 0
+    objective: str = "use relevant context: mean over context types of the accuracy averaged over sources"
+    max_policies: int = 50
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["procedures"] = {k: list(v) for k, v in self.procedures.items()}
+        out["designs"] = list(self.designs)
+        out["primary"] = PRIMARY
+        return out
+
+    def digest(self) -> str:
+        """SHA-256 (hex) of the plan as sorted JSON: the record says which plan its numbers follow."""
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()
+
+
+PLAN = Plan()
+"""The study's pre-registered plan."""
+
+
+def _candidate_verdicts(o: Outcomes, kind: str = "use") -> dict[str, list[bool]]:
+    return {c: o.verdicts[kind][title] for c, title in o.candidates.items()}
+
+
+def best_static(o: Outcomes) -> str:
+    """The static method with the highest objective on `o` (ties: the earlier in `o.static`)."""
+    w, _ = objective_weights(o.context_type, o.source)
+    return max(o.static, key=lambda m: (round(float(w @ np.array(o.verdicts["use"][m], dtype=float)), 9),
+                                        -o.static.index(m)))
+
+
+def fit_and_route(train: Outcomes, held: Outcomes, gates: Sequence[str]) -> tuple[list[bool], str, list[bool]]:
+    """The procedure fitted on `train` (gate signals `gates`), routed on `held`: (per held item,
+    auto's verdict; the best static method chosen on `train`; per held item, its verdict).
+
+    Raises:
+        ValueError: see :func:`juice.when_to_steer.auto_tuning.fit_policy`.
+    """
+    fit = fit_policy(_candidate_verdicts(train), train.signal, train.context_type, train.source, train.betas,
+                     train.passage, _candidate_verdicts(train, "degenerate"),
+                     relevance={g: train.gates[g] for g in gates} or None)
+    picks = policy_picks(fit.policy, held.signal, held.passage, {g: held.gates[g] for g in gates})
+    candidates = _candidate_verdicts(held)
+    name = best_static(train)
+    return [bool(candidates[c][k]) for k, c in enumerate(picks)], name, list(held.verdicts["use"][name])
+
+
+def paired_estimate(held: Outcomes, auto: Sequence[bool], best: Sequence[bool], *, resamples: int, seed: int
+                    ) -> dict[str, Any]:
+    """auto's and the best static method's held-out means (percent), their paired difference with
+    its 95% interval over questions and standard error, and n (distinct questions)."""
+    rows = held.results("use", ["auto", "best_static"], {"auto": auto, "best_static": best})
+    boot = question_bootstrap(rows, ["auto", "best_static"], [("auto", "best_static")], resamples=resamples,
+                              seed=seed)
+    diff = boot.differences["auto - best_static"][MEAN]
+    return {"auto": round(100 * boot.cells["auto"][MEAN].mean, 2),
+            "best_static_mean": round(100 * boot.cells["best_static"][MEAN].mean, 2),
+            "difference": round(100 * diff.mean, 2), "low": round(100 * diff.low, 2),
+            "high": round(100 * diff.high, 2),
+            "standard_error": round(100 * boot.detectable["auto - best_static"] / POWER_Z, 2),
+            "questions": len(set(held.questions()))}
+
+
+def analyze(datasets: Mapping[str, Outcomes], plan: Plan = PLAN) -> dict[str, Any]:
+    """Every estimate of `plan` (module docstring) on each dataset's outcomes (both halves), and
+    across each ordered pair of datasets.
+
+    Returns:
+        {"plan": plan, "plan_sha256": ..., "estimates": [one dict per (dataset, design,
+        procedure): "dataset" (for across datasets: "A -> B"), "design", "procedure",
+        "best_static" (the name, or per fold the names), and :func:`paired_estimate`'s fields]}.
+
+    Raises:
+        ValueError: more policies than `plan.max_policies`.
+    """
+    estimates = []
+
+    def add(dataset: str, design: str, procedure: str, held: Outcomes, auto, best, chosen) -> None:
+        estimates.append({"dataset": dataset, "design": design, "procedure": procedure, "best_static": chosen,
+                          **paired_estimate(held, auto, best, resamples=plan.resamples, seed=plan.seed)})
+
+    for dataset, o in datasets.items():
+        if len(o.static) + len(plan.procedures) > plan.max_policies:
+            raise ValueError(f"{dataset}: {len(o.static) + len(plan.procedures)} policies, more than the plan's "
+                             f"{plan.max_policies}")
+        train, held = o.where(half="validation"), o.where(half="test")
+        schemes = {"5-fold by question": (o.questions(), plan.folds)}
+        if len(set(o.source)) > 1:
+            schemes["leave one source out"] = (o.source, 0)
+        for procedure, gates in plan.procedures.items():
+            if "validation -> test" in plan.designs and len(train) and len(held):
+                auto, chosen, best = fit_and_route(train, held, gates)
+                add(dataset, "validation -> test", procedure, held, auto, best, chosen)
+            for design, (groups, folds) in schemes.items():
+                if design not in plan.designs:
+                    continue
+                cv = cross_validate(_candidate_verdicts(o), {m: o.verdicts["use"][m] for m in o.static}, o.signal,
+                                    o.context_type, o.source, groups, o.betas, passage=o.passage,
+                                    degenerate=_candidate_verdicts(o, "degenerate"),
+                                    relevance={g: o.gates[g] for g in gates} or None, folds=folds, seed=plan.seed)
+                add(dataset, design, procedure, o, cv["auto"], cv["best_static"], cv["chosen"])
+    if "across datasets" in plan.designs:
+        for a, oa in datasets.items():
+            for b, ob in datasets.items():
+                if a == b:
+                    continue
+                for procedure, gates in plan.procedures.items():
+                    auto, chosen, best = fit_and_route(oa, ob, gates)
+                    add(f"{a} -> {b}", "across datasets", procedure, ob, auto, best, chosen)
+    return {"plan": plan.to_json(), "plan_sha256": plan.digest(), "estimates": estimates}
+
+
+def estimate_markdown(analysis: Mapping[str, Any]) -> str:
+    """The estimates as one Markdown table per design (rows: dataset and procedure), the primary
+    procedure in bold."""
+    lines = []
+    for design in analysis["plan"]["designs"]:
+        rows = [e for e in analysis["estimates"] if e["design"] == design]
+        if not rows:
+            continue
+        lines += [f"**{design}**", "", "| dataset | procedure | auto | best static | auto - best static | n |",
+                  "|---|---|---|---|---|---|"]
+        for e in rows:
+            chosen = e["best_static"] if isinstance(e["best_static"], str) else ", ".join(sorted(set(e["best_static"])))
+            name = f"**{e['procedure']}**" if e["procedure"] == analysis["plan"]["primary"] else e["procedure"]
+            lines.append(f"| {e['dataset']} | {name} | {e['auto']:.1f} | {chosen} {e['best_static_mean']:.1f} | "
+                         f"{e['difference']:+.1f} [{e['low']:+.1f}, {e['high']:+.1f}] | {e['questions']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+__all__ = ["PLAN", "PRIMARY", "Plan", "analyze", "best_static", "estimate_markdown", "fit_and_route",
+           "paired_estimate"]
