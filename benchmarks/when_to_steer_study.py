@@ -26,6 +26,17 @@ benchmarks/results/when-to-steer-<size>.json, whose tables docs/when-to-steer.md
     juice reproduce --direction contextual --contexts nqswap,paraconflict --out juice-output
     python benchmarks/when_to_steer_study.py --from-reproduced juice-output --size default \
         --record benchmarks/results/when-to-steer-default.json
+
+`--analyze DATASET=DIR` (once per dataset) reads the studies' decoded outcomes
+(`DIR/outcomes.json`, written by the decoding alone) and writes the pre-registered record
+(:func:`published_record`: the plan and its SHA-256, auto minus the best static method in every
+design with intervals, the do-no-harm table and the risk-coverage curves on the test half) and
+its figure, in seconds, without a model:
+
+    python benchmarks/when_to_steer_study.py --analyze nqswap=when-to-steer-nqswap-published \
+        --analyze paraconflict=when-to-steer-paraconflict-published \
+        --reproduced juice-output --record benchmarks/results/when-to-steer-published.json \
+        --figure docs/img/risk-coverage.png
 """
 
 from __future__ import annotations
@@ -115,6 +126,85 @@ def headline(rec: dict, dataset: str) -> str:
             f"on {n} test questions")
 
 
+def published_record(folders: dict[str, Path], reproduced: Path | None = None, source: dict | None = None,
+                     command: str = "") -> dict:
+    """The pre-registered record of decoded studies (`folders`: dataset -> a study folder with
+    `outcomes.json`): the plan and its SHA-256, every estimate of
+    :func:`juice.when_to_steer.preregistered.analyze`, and per dataset the questions per half,
+    `auto`'s policy fitted on validation (the primary procedure), the do-no-harm table of every
+    static method and `auto` on the test half (:func:`juice.when_to_steer.harm.harm_table`), their
+    risk-coverage curves and areas; the heads and betas of `reproduced`, the command, the commit
+    and the dirty flag (`source`, read when the command started)."""
+    from _common import git_state
+    from juice.when_to_steer.evaluation import QUESTION_ONLY
+    from juice.when_to_steer.harm import area_under, auto_bins, harm_table, risk_coverage
+    from juice.when_to_steer.outcomes import Outcomes
+    from juice.when_to_steer.preregistered import PLAN, PRIMARY, analyze, fit, routed
+
+    source = source or git_state()
+    datasets = {name: Outcomes.from_json(json.loads((folder / "outcomes.json").read_text(encoding="utf-8")))
+                for name, folder in folders.items()}
+    analysis = analyze(datasets)
+    rec = {"command": command, "commit": source["commit"], "dirty": source["dirty"], "date": time.strftime("%Y-%m-%d"),
+           "model": "gemma-3-270m", "device": "cpu, fp32", **analysis, "datasets": {}}
+    if reproduced is not None:
+        from juice.pipeline.run import selection_to_json
+        from juice.stage1 import load_heads
+
+        rec["heads"] = selection_to_json(load_heads(reproduced / "heads_contextual.json").selection)
+        rec["betas"] = {m: {k: b[k] for k in ("beta_plus", "beta_minus")} for m, b in json.loads(
+            (reproduced / "results_contextual.json").read_text(encoding="utf-8"))["choices"]["nqswap"]["betas"].items()}
+    for name, o in datasets.items():
+        policy = fit(o.where(half="validation"), PLAN.procedures[PRIMARY]).policy
+        test = o.where(half="test")
+        test = test.with_method(PRIMARY, routed(test, policy))
+        methods = [*o.static, PRIMARY]
+        curves = {m: risk_coverage(test, test.verdicts["use"][m]) for m in o.static if m != QUESTION_ONLY}
+        curves[f"{PRIMARY} (its bins)"] = risk_coverage(test, auto_bins(test, policy))
+        rec["datasets"][name] = {
+            "questions": {half: len(set(o.where(half=half).questions())) for half in ("validation", "test")},
+            "policy": policy.to_json(), "harm": harm_table(test, methods, resamples=PLAN.resamples, seed=PLAN.seed),
+            "risk_coverage": curves, "area_under_risk_coverage": {m: round(area_under(c), 4) for m, c in curves.items()}}
+    return rec
+
+
+def verdict_sentences(rec: dict) -> list[str]:
+    """The record's verdict, one sentence per dataset and claim, as the pages quote it: the primary
+    estimate in every design, then which methods do no measurable harm and use relevant passages
+    (:mod:`juice.when_to_steer.harm`'s rule)."""
+    from juice.when_to_steer.preregistered import PRIMARY
+
+    out = []
+    for e in rec["estimates"]:
+        if e["procedure"] != PRIMARY:
+            continue
+        chosen = e["best_static"] if isinstance(e["best_static"], str) else "the best static method of each fold"
+        out.append(f"{e['dataset']}, {e['design']}: auto - {chosen} {e['difference']:+.1f} "
+                   f"[{e['low']:+.1f}, {e['high']:+.1f}] points on {e['questions']} questions.")
+    for name, part in rec["datasets"].items():
+        verdicts = part["harm"]["verdicts"]
+        both = [m for m, v in verdicts.items() if v["no measurable harm"] and v["uses relevant passages"]]
+        out.append(f"{name} (test half, {part['questions']['test']} questions): "
+                   + (f"{', '.join(both)} {'does' if len(both) == 1 else 'do'} no measurable harm and "
+                      "use relevant passages." if both else
+                      "no method does no measurable harm while using relevant passages."))
+    return out
+
+
+def published_markdown(rec: dict) -> str:
+    """The record as the page shows it: the verdict sentences, the estimates per design, and per
+    dataset the do-no-harm table and the areas under the risk-coverage curves."""
+    from juice.when_to_steer.harm import harm_markdown
+    from juice.when_to_steer.preregistered import estimate_markdown
+
+    lines = ["\n".join(f"- {s}" for s in verdict_sentences(rec)), "", estimate_markdown(rec)]
+    for name, part in rec["datasets"].items():
+        lines += [f"**{name}: do no harm (test half)**", "", harm_markdown(part["harm"]),
+                  "Area under the risk-coverage curve (lower is better): "
+                  + ", ".join(f"{m} {a:.3f}" for m, a in part["area_under_risk_coverage"].items()) + ".", ""]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     from juice.pipeline.run import study_sizes
@@ -128,7 +218,27 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="default: when-to-steer-<dataset>-<size>")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--decode-only", action="store_true", help="decode into the cache and stop")
+    parser.add_argument("--analyze", action="append", default=[], metavar="DATASET=DIR",
+                        help="a decoded study's folder (outcomes.json); with --record: the pre-registered record")
+    parser.add_argument("--figure", type=Path, help="with --analyze: the risk-coverage curves (PNG)")
     args = parser.parse_args()
+    if args.analyze:
+        if args.record is None:
+            parser.error("--analyze needs --record")
+        import sys
+
+        from _common import git_state
+        from juice.when_to_steer.harm import risk_coverage_figure
+
+        folders = dict(a.split("=", 1) for a in args.analyze)
+        rec = published_record({k: Path(v) for k, v in folders.items()}, args.reproduced, git_state(),
+                               "python benchmarks/when_to_steer_study.py " + " ".join(sys.argv[1:]))
+        args.record.write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
+        if args.figure is not None:
+            risk_coverage_figure({k: v["risk_coverage"] for k, v in rec["datasets"].items()}, args.figure,
+                                 "risk-coverage on the test half (gate: the question's words in the passage)")
+        print(published_markdown(rec))
+        return
     if args.record is not None:
         if args.from_reproduced is None:
             parser.error("--record needs --from-reproduced")

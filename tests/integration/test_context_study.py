@@ -216,3 +216,38 @@ def test_no_test_verdict_moves_the_best_static_method_autos_policy_or_its_cross_
     for right, study in studies.items():   # the rigging reached the test tables
         cells = study.test.summary["use_relevant"].cells
         assert cells[right][MEAN].mean == 1.0 and cells["Original"][MEAN].mean == 0.0
+
+
+def test_the_published_record_is_built_from_the_decoded_outcomes_alone(tiny_llama, word_file, rows_file, tmp_path,
+                                                                       monkeypatch):
+    """`--decode-only` writes outcomes.json and no study; the benchmark's pre-registered record
+    reads it (no model: decoding is refused), on two datasets, and its verdict sentences and
+    tables come out of it."""
+    import sys
+    from pathlib import Path
+
+    import juice.when_to_steer.study as study_module
+    from juice.when_to_steer.study import run_study
+
+    names = ("original", "prompt", "adacad", "juice")
+    folders = {}
+    for name, data in (("words", word_file), ("books", rows_file)):
+        assert run_study(tiny_llama, tiny_heads(tiny_llama), data, out=tmp_path / name, names=names,
+                         decode_only=True) is None
+        assert (tmp_path / name / "outcomes.json").is_file() and not (tmp_path / name / "study.json").exists()
+        folders[name] = tmp_path / name
+    monkeypatch.setattr(study_module, "evaluate_context_types", None)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    sys.modules.pop("when_to_steer_study", None)
+    import when_to_steer_study
+
+    rec = when_to_steer_study.published_record(folders, source={"commit": "0" * 40, "dirty": False}, command="x")
+    assert {e["dataset"] for e in rec["estimates"]} == {"words", "books", "words -> books", "books -> words"}
+    assert len(rec["plan_sha256"]) == 64
+    for part in rec["datasets"].values():
+        assert "auto" in part["harm"]["rows"] and "Prompt-mem" in part["harm"]["rows"]
+        assert part["risk_coverage"]["auto (its bins)"][0]["coverage"] == 1.0
+    text = when_to_steer_study.published_markdown(rec)
+    for sentence in when_to_steer_study.verdict_sentences(rec):
+        assert sentence in text
+    assert "words, validation -> test: auto - " in text

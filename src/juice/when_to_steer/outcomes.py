@@ -92,6 +92,20 @@ class Outcomes:
         """The items whose attributes equal `values` (e.g. `half="test"`)."""
         return self.select([all(getattr(self, k)[i] == v for k, v in values.items()) for i in range(len(self))])
 
+    def with_method(self, name: str, verdicts: Mapping[str, Sequence[bool]]) -> "Outcomes":
+        """A copy with one more method `name` whose verdicts per kind are `verdicts` (a routed
+        policy's, e.g. :func:`juice.when_to_steer.preregistered.routed`).
+
+        Raises:
+            ValueError: a kind missing, or not one verdict per item.
+        """
+        if set(verdicts) != set(self.verdicts) or any(len(v) != len(self) for v in verdicts.values()):
+            raise ValueError(f"{name}: one verdict per item for each of {', '.join(self.verdicts)}")
+        return Outcomes(list(self.half), list(self.source), list(self.question), list(self.item),
+                        list(self.context_type), list(self.passage), list(self.signal), dict(self.gates),
+                        {kind: {**per, name: [bool(x) for x in verdicts[kind]]} for kind, per in self.verdicts.items()},
+                        dict(self.candidates), list(self.static), dict(self.betas))
+
     def results(self, kind: str, methods: Sequence[str], values: Mapping[str, Sequence[bool]] | None = None
                 ) -> list[ItemResult]:
         """:class:`juice.eval.runner.ItemResult` rows whose `correct` is `kind`'s verdict (or, per

@@ -94,6 +94,26 @@ def best_static(o: Outcomes) -> str:
                                         -o.static.index(m)))
 
 
+def fit(train: Outcomes, gates: Sequence[str]):
+    """The policy fitted on `train` with the gate signals `gates` (() : no gate), as `juice tune`
+    fits it (:func:`juice.when_to_steer.auto_tuning.fit_policy`): an
+    :class:`~juice.when_to_steer.auto_tuning.AutoFit`.
+
+    Raises:
+        ValueError: see :func:`juice.when_to_steer.auto_tuning.fit_policy`.
+    """
+    return fit_policy(_candidate_verdicts(train), train.signal, train.context_type, train.source, train.betas,
+                      train.passage, _candidate_verdicts(train, "degenerate"),
+                      relevance={g: train.gates[g] for g in gates} or None)
+
+
+def routed(o: Outcomes, policy) -> dict[str, list[bool]]:
+    """Every verdict kind (:data:`juice.when_to_steer.outcomes.VERDICTS`) of `policy` on `o`'s
+    items: per item, its picked candidate's (auto decodes exactly the candidate it picks)."""
+    picks = policy_picks(policy, o.signal, o.passage, o.gates)
+    return {kind: [bool(per[o.candidates[c]][k]) for k, c in enumerate(picks)] for kind, per in o.verdicts.items()}
+
+
 def fit_and_route(train: Outcomes, held: Outcomes, gates: Sequence[str]) -> tuple[list[bool], str, list[bool]]:
     """The procedure fitted on `train` (gate signals `gates`), routed on `held`: (per held item,
     auto's verdict; the best static method chosen on `train`; per held item, its verdict).
@@ -101,13 +121,9 @@ def fit_and_route(train: Outcomes, held: Outcomes, gates: Sequence[str]) -> tupl
     Raises:
         ValueError: see :func:`juice.when_to_steer.auto_tuning.fit_policy`.
     """
-    fit = fit_policy(_candidate_verdicts(train), train.signal, train.context_type, train.source, train.betas,
-                     train.passage, _candidate_verdicts(train, "degenerate"),
-                     relevance={g: train.gates[g] for g in gates} or None)
-    picks = policy_picks(fit.policy, held.signal, held.passage, {g: held.gates[g] for g in gates})
-    candidates = _candidate_verdicts(held)
+    policy = fit(train, gates).policy
     name = best_static(train)
-    return [bool(candidates[c][k]) for k, c in enumerate(picks)], name, list(held.verdicts["use"][name])
+    return routed(held, policy)["use"], name, list(held.verdicts["use"][name])
 
 
 def paired_estimate(held: Outcomes, auto: Sequence[bool], best: Sequence[bool], *, resamples: int, seed: int
@@ -194,5 +210,5 @@ def estimate_markdown(analysis: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["PLAN", "PRIMARY", "Plan", "analyze", "best_static", "estimate_markdown", "fit_and_route",
-           "paired_estimate"]
+__all__ = ["PLAN", "PRIMARY", "Plan", "analyze", "best_static", "estimate_markdown", "fit", "fit_and_route",
+           "paired_estimate", "routed"]
