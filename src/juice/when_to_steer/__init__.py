@@ -13,7 +13,13 @@ the method that decides per request whether to steer.
   methods, the summary, the files written;
 - :mod:`juice.when_to_steer.auto_tuning`: tuning `auto` on validation items;
 - :mod:`juice.when_to_steer.study`: the study (`juice evaluate --contexts --study`): methods and
-  `auto` chosen on validation questions, reported on test questions.
+  `auto` chosen on validation questions, reported on test questions; every method decoded once;
+- :mod:`juice.when_to_steer.outcomes`: a study's decoded verdicts and first-step signals per item,
+  what the offline analyses read;
+- :mod:`juice.when_to_steer.preregistered`: the pre-registered analysis, `auto` minus the best
+  static method in every design, with intervals;
+- :mod:`juice.when_to_steer.harm`: do no harm, what each method does with passages that do not
+  answer, and risk-coverage curves.
 """
 
 from juice.when_to_steer.evaluation import MEAN
