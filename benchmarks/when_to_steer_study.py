@@ -63,6 +63,9 @@ def heads_with_table2_betas(reproduced: Path, out: Path) -> Path:
 
 COMMAND = "juice reproduce --direction contextual --contexts nqswap,paraconflict"
 
+DISPLAY = {"nqswap": "NQ-Swap", "paraconflict": "ParaConflict (juice's templated domains)"}
+"""The datasets' names on the pages."""
+
 
 def record(reproduced: Path, size: str, source: dict | None = None) -> dict:
     """The compact record of a reproduction's when-to-steer studies (module docstring): the
@@ -174,17 +177,20 @@ def verdict_sentences(rec: dict) -> list[str]:
     (:mod:`juice.when_to_steer.harm`'s rule)."""
     from juice.when_to_steer.preregistered import PRIMARY
 
+    def shown(dataset: str) -> str:
+        return " -> ".join(DISPLAY.get(d, d) for d in dataset.split(" -> "))
+
     out = []
     for e in rec["estimates"]:
         if e["procedure"] != PRIMARY:
             continue
         chosen = e["best_static"] if isinstance(e["best_static"], str) else "the best static method of each fold"
-        out.append(f"{e['dataset']}, {e['design']}: auto - {chosen} {e['difference']:+.1f} "
+        out.append(f"{shown(e['dataset'])}, {e['design']}: auto - {chosen} {e['difference']:+.1f} "
                    f"[{e['low']:+.1f}, {e['high']:+.1f}] points on {e['questions']} questions.")
     for name, part in rec["datasets"].items():
         verdicts = part["harm"]["verdicts"]
         both = [m for m, v in verdicts.items() if v["no measurable harm"] and v["uses relevant passages"]]
-        out.append(f"{name} (test half, {part['questions']['test']} questions): "
+        out.append(f"{shown(name)} (test half, {part['questions']['test']} questions): "
                    + (f"{', '.join(both)} {'does' if len(both) == 1 else 'do'} no measurable harm and "
                       "use relevant passages." if both else
                       "no method does no measurable harm while using relevant passages."))
@@ -199,7 +205,7 @@ def published_markdown(rec: dict) -> str:
 
     lines = ["\n".join(f"- {s}" for s in verdict_sentences(rec)), "", estimate_markdown(rec)]
     for name, part in rec["datasets"].items():
-        lines += [f"**{name}: do no harm (test half)**", "", harm_markdown(part["harm"]),
+        lines += [f"**{DISPLAY.get(name, name)}: do no harm (test half)**", "", harm_markdown(part["harm"]),
                   "Area under the risk-coverage curve (lower is better): "
                   + ", ".join(f"{m} {a:.3f}" for m, a in part["area_under_risk_coverage"].items()) + ".", ""]
     return "\n".join(lines)

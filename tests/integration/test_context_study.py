@@ -250,4 +250,4 @@ def test_the_published_record_is_built_from_the_decoded_outcomes_alone(tiny_llam
     text = when_to_steer_study.published_markdown(rec)
     for sentence in when_to_steer_study.verdict_sentences(rec):
         assert sentence in text
-    assert "words, validation -> test: auto - " in text
+    assert "words, validation -> test: auto - " in text and "words -> books, across datasets" in text
