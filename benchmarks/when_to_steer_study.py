@@ -192,7 +192,7 @@ def verdict_sentences(rec: dict) -> list[str]:
         both = [m for m, v in verdicts.items() if v["no measurable harm"] and v["uses relevant passages"]]
         out.append(f"{shown(name)} (test half, {part['questions']['test']} questions): "
                    + (f"{', '.join(both)} {'does' if len(both) == 1 else 'do'} no measurable harm and "
-                      "use relevant passages." if both else
+                      f"{'uses' if len(both) == 1 else 'use'} relevant passages." if both else
                       "no method does no measurable harm while using relevant passages."))
     return out
 

@@ -78,3 +78,16 @@ def test_the_risk_coverage_figure_is_written(tmp_path):
     curves = {"one": {m: risk_coverage(o, o.verdicts["use"][m]) for m in ("Original", "JuICE-ctx")}}
     path = risk_coverage_figure(curves, tmp_path / "rc.png", "title")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_output_that_states_both_answers_counts_as_stating_the_true_one():
+    """The three shares add to 100: an output with the true answer and the passage's is "true"."""
+    from juice.when_to_steer.harm import harm_table
+
+    o = synthetic(right=_rules, questions=12)
+    o.verdicts["copies"]["Original"] = [True] * len(o)   # every output also states the passage's answer
+    rows = harm_table(o, ["Original", "Question-only"], resamples=1000)["rows"]["Original"]
+    for label, part in rows.items():
+        if isinstance(part, dict) and "copies" in part:
+            assert sum(part[k]["mean"] for k in ("copies", "true", "neither")) == pytest.approx(1.0)
+    assert rows["irrelevant, known"]["true"]["mean"] == 1.0 and rows["irrelevant, known"]["copies"]["mean"] == 0.0

@@ -9,17 +9,21 @@ study's outcomes (:class:`juice.when_to_steer.outcomes.Outcomes`) only, no model
 - for each misleading kind (irrelevant, distractor) and for no passage, split by whether the
   model **knows** the question's answer closed-book (the unmodified model on the question alone
   states the true answer, :meth:`~juice.when_to_steer.outcomes.Outcomes.known`): the share of
-  outputs that **copy the passage's answer**, that **state the true answer** (for a known
-  question, the model's own closed-book answer) and that state **neither** (another answer, or
-  none: these models do not abstain in words, so "neither" holds abstentions and other answers);
+  outputs that **state the true answer** (for a known question, the model's own closed-book
+  answer; an output may state the passage's answer too), that **copy the passage's answer**
+  without the true one, and that state **neither** (another answer, or none: these models do not
+  abstain in words, so "neither" holds abstentions and other answers); the three add to 100;
 - *keeps known answers*: on known questions, the share stating the true answer under a misleading
   passage (mean over irrelevant and distractor): 100 minus the harm the passages do.
 
 Every share has a 95% percentile interval over whole questions resampled within sources
 (:func:`juice.when_to_steer.evaluation.question_bootstrap`). The verdicts, fixed here before any
 number is read: a method **does no measurable harm** where the interval of *keeps known answers*
-reaches 100 (no harm is inside it); it **uses relevant passages** where its use on conflicting
-passages is above the question alone's with a paired interval above 0.
+reaches 100 (no harm is inside it); it **uses relevant passages** where its use of them is not
+below the unmodified model's (the paired interval of the difference reaches 0 or above). (The
+second rule first compared with the question alone, which cannot state a passage's answer, so
+every method passed it; it was replaced by the comparison with Original when the first record
+showed that, before any page quoted it. The first rule is unchanged.)
 
 **Risk-coverage** (:func:`risk_coverage`): a gate on a passage signal (by default the share of the
 question's words in the passage, the signal that separates relevant passages best,
@@ -52,8 +56,12 @@ RELEVANT = ("gold", "conflicting")
 """Passages that do."""
 
 OUTPUTS = ("copies", "true", "neither")
-"""What an output does under a passage that does not answer: copies the passage's answer, states
-the true answer, states neither."""
+"""What an output does under a passage that does not answer: copies the passage's answer (and
+states no true answer), states the true answer (whether or not it also states the passage's),
+states neither."""
+
+ORIGINAL = "Original"
+"""The unmodified model: the reference for using relevant passages."""
 
 KEEPS = "keeps known answers"
 USES = "uses relevant passages"
@@ -82,15 +90,15 @@ def harm_table(o: Outcomes, methods: Sequence[str], *, resamples: int = 2000, se
     """
     known = o.known()
     copies, true = o.verdicts["copies"], o.verdicts["true"]
+    only = {m: [c and not t for c, t in zip(copies[m], true[m])] for m in methods}   # an output may state both
     neither = {m: [not c and not t for c, t in zip(copies[m], true[m])] for m in methods}
-    kinds = {"copies": copies, "true": true, "neither": neither}
+    kinds = {"copies": only, "true": true, "neither": neither}
     rows: dict[str, dict[str, Any]] = {m: {} for m in methods}
     relevant = [t in RELEVANT for t in o.context_type]
     use = _bootstrap(o, relevant, methods, {m: o.verdicts["use"][m] for m in methods}, resamples=resamples, seed=seed)
-    conflicting = [t == "conflicting" for t in o.context_type]
-    with_alone = [*methods, QUESTION_ONLY] if QUESTION_ONLY not in methods else list(methods)
-    versus = _bootstrap(o, conflicting, with_alone, {m: o.verdicts["use"][m] for m in with_alone},
-                        [(m, QUESTION_ONLY) for m in methods if m != QUESTION_ONLY], resamples=resamples, seed=seed)
+    with_original = [*methods, ORIGINAL] if ORIGINAL not in methods else list(methods)
+    versus = _bootstrap(o, relevant, with_original, {m: o.verdicts["use"][m] for m in with_original},
+                        [(m, ORIGINAL) for m in methods if m != ORIGINAL], resamples=resamples, seed=seed)
     keeps = _bootstrap(o, [t in MISLEADING and k for t, k in zip(o.context_type, known)], methods,
                        {m: true[m] for m in methods}, resamples=resamples, seed=seed)
     verdicts = {}
@@ -99,9 +107,13 @@ def harm_table(o: Outcomes, methods: Sequence[str], *, resamples: int = 2000, se
             rows[m][USES] = use.cells[m][MEAN]
         if keeps is not None:
             rows[m][KEEPS] = keeps.cells[m][MEAN]
-        better = None if versus is None or m == QUESTION_ONLY else versus.differences[f"{m} - {QUESTION_ONLY}"]["conflicting"]
+        if versus is None:
+            uses = False
+        else:
+            gap = versus.differences[f"{m} - {ORIGINAL}"][MEAN] if m != ORIGINAL else None
+            uses = gap is None or gap.high >= 0
         verdicts[m] = {"no measurable harm": bool(keeps is not None and keeps.cells[m][MEAN].high >= 1.0 - 1e-12),
-                       "uses relevant passages": bool(better is not None and better.low > 0)}
+                       "uses relevant passages": bool(uses)}
     for t in (*MISLEADING, "none"):
         for is_known in (True, False):
             mask = [tt == t and k == is_known for tt, k in zip(o.context_type, known)]
