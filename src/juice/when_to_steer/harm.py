@@ -149,7 +149,7 @@ def harm_markdown(table: Mapping[str, Any]) -> str:
             cells.append(" / ".join(f"{100 * part[o]['mean']:.0f}" if o in part else "-" for o in OUTPUTS))
         v = table["verdicts"][m]
         verdict = ", ".join([("no measurable harm" if v["no measurable harm"] else "harms"),
-                             ("uses relevant passages" if v["uses relevant passages"] else "no gain from passages")])
+                             ("uses relevant passages" if v["uses relevant passages"] else "below Original on relevant passages")])
         lines.append(f"| {m} | " + " | ".join(cells) + f" | {verdict} |")
     return "\n".join(lines) + (f"\n\n{table['known_questions']} of {table['questions']} questions known closed-book; "
                                "n per cell: distinct questions.\n")
