@@ -82,14 +82,38 @@ def test_the_when_to_steer_tables_and_claims_are_the_committed_record():
     assert len(record["commit"]) == 40 and set(record["datasets"]) == {"nqswap", "paraconflict"}
     page = (ROOT / "docs" / "when-to-steer.md").read_text(encoding="utf-8")
     assert f"`{record['command']}`" in page and record["commit"][:12] in page
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    home = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
     for dataset, part in record["datasets"].items():
         assert when_to_steer_study.record_markdown(record, dataset) in page
         for cells in part["test"]["use_relevant"]["cells"].values():
             assert cells["distractor"]["n"] > 0
-        claim = when_to_steer_study.headline(record, dataset)
-        assert claim in page and claim in readme and claim in home
+        assert when_to_steer_study.headline(record, dataset) in page
+
+
+def test_the_when_to_steer_verdict_leads_every_page_from_the_published_record():
+    """Issue 77: the README, the home page, the FAQ and docs/when-to-steer.md state the published
+    size's verdict first, every sentence of it as the record renders it (a flipped sign or verdict
+    fails), and the page holds the record's tables; the plan in code is the plan the record followed."""
+    import when_to_steer_study
+    from juice.when_to_steer.auto import AutoPolicy
+    from juice.when_to_steer.preregistered import PLAN
+
+    record = json.loads((ROOT / "benchmarks" / "results" / "when-to-steer-published.json").read_text(encoding="utf-8"))
+    assert record["command"].startswith("python benchmarks/when_to_steer_study.py --analyze")
+    assert len(record["commit"]) == 40 and not record["dirty"] and record["heads"]
+    assert record["plan_sha256"] == PLAN.digest() and record["plan"] == json.loads(json.dumps(PLAN.to_json()))
+    page = (ROOT / "docs" / "when-to-steer.md").read_text(encoding="utf-8")
+    assert f"`{record['command']}`" in page and record["commit"][:12] in page
+    assert when_to_steer_study.published_markdown(record) in page
+    for part in record["datasets"].values():
+        assert AutoPolicy.from_json(part["policy"]).describe() in page
+    docs = {name: (ROOT / name).read_text(encoding="utf-8") for name in ("README.md", "docs/index.md", "docs/faq.md")}
+    sentences = when_to_steer_study.verdict_sentences(record)
+    assert sentences
+    for sentence in sentences:
+        for name, text in {**docs, "docs/when-to-steer.md": page}.items():
+            assert sentence in " ".join(text.split()), (name, sentence)
+    verdict = page.index("## The verdict")
+    assert verdict < page.index("## The context types") and sentences[0] in page[verdict:page.index("## The context types")]
 
 
 def test_the_gpu_section_of_the_models_page_quotes_the_newest_gpu_record_and_nothing_older():

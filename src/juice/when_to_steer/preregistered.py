@@ -191,9 +191,14 @@ def analyze(datasets: Mapping[str, Outcomes], plan: Plan = PLAN) -> dict[str, An
     return {"plan": plan.to_json(), "plan_sha256": plan.digest(), "estimates": estimates}
 
 
+SHORT_SIGNALS = {"question_words_in_passage": "lexical share", "confidence_gain": "confidence gain",
+                 "context_peakedness": "peakedness"}
+"""The gate signals' names in the tables."""
+
+
 def estimate_markdown(analysis: Mapping[str, Any]) -> str:
-    """The estimates as one Markdown table per design (rows: dataset and procedure), the primary
-    procedure in bold."""
+    """The estimates as one Markdown table per design (rows: dataset and procedure, "gate: <signal>
+    only" for `auto, gate on <signal> only`), the primary procedure in bold."""
     lines = []
     for design in analysis["plan"]["designs"]:
         rows = [e for e in analysis["estimates"] if e["design"] == design]
@@ -203,7 +208,10 @@ def estimate_markdown(analysis: Mapping[str, Any]) -> str:
                   "|---|---|---|---|---|---|"]
         for e in rows:
             chosen = e["best_static"] if isinstance(e["best_static"], str) else ", ".join(sorted(set(e["best_static"])))
-            name = f"**{e['procedure']}**" if e["procedure"] == analysis["plan"]["primary"] else e["procedure"]
+            short = e["procedure"]
+            for signal, label in SHORT_SIGNALS.items():
+                short = short.replace(f"auto, gate on {signal} only", f"gate: {label} only")
+            name = f"**{short}**" if e["procedure"] == analysis["plan"]["primary"] else short
             lines.append(f"| {e['dataset']} | {name} | {e['auto']:.1f} | {chosen} {e['best_static_mean']:.1f} | "
                          f"{e['difference']:+.1f} [{e['low']:+.1f}, {e['high']:+.1f}] | {e['questions']} |")
         lines.append("")
