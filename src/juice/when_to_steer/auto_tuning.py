@@ -224,6 +224,15 @@ def _type_means(values: Sequence[bool], types: Sequence[str], sources: Sequence[
     return out
 
 
+def best_static_name(static: Mapping[str, Sequence[bool]], types: Sequence[str], sources: Sequence[str]) -> str:
+    """The static method (name -> per item, its use-relevant verdicts) with the highest objective
+    (:func:`objective_weights`) on these items; ties go to the earlier in `static`."""
+    weights, _ = objective_weights(types, sources)
+    order = list(static)
+    return max(order, key=lambda m: (round(float(sum(w * bool(v) for w, v in zip(weights, static[m]))), 9),
+                                     -order.index(m)))
+
+
 def cross_validate(verdicts: Mapping[str, Sequence[bool]], static: Mapping[str, Sequence[bool]],
                    signal: Sequence[float], types: Sequence[str], sources: Sequence[str], groups: Sequence[Any],
                    betas: Mapping[str, tuple[float, float]], *, passage: Sequence[bool] | None = None,
@@ -269,9 +278,7 @@ def cross_validate(verdicts: Mapping[str, Sequence[bool]], static: Mapping[str, 
         fit = fit_policy({c: pick(v) for c, v in verdicts.items()}, pick(signal), pick(types), pick(sources), betas,
                          pick(passage), None if degenerate is None else {c: pick(v) for c, v in degenerate.items()},
                          margin, {name: pick(v) for name, v in gates.items()} if gates else None)
-        train_w, _ = objective_weights(pick(types), pick(sources))
-        name = max(static, key=lambda m: (round(float(sum(w * bool(static[m][i]) for w, i in zip(train_w, train))), 9),
-                                          -list(static).index(m)))
+        name = best_static_name({m: pick(v) for m, v in static.items()}, pick(types), pick(sources))
         chosen.append(name)
         picks = policy_picks(fit.policy, [signal[i] for i in held], [passage[i] for i in held],
                              {name: [v[i] for i in held] for name, v in gates.items()})
@@ -354,17 +361,18 @@ class ValidationOutcomes:
     sources: list[str]
 
 
-def validation_outcomes(lm: LoadedModel, items: Sequence[ContextItem], results: Sequence, titles: Mapping[str, str]
-                        ) -> ValidationOutcomes:
+def validation_outcomes(lm: LoadedModel | None, items: Sequence[ContextItem], results: Sequence,
+                        titles: Mapping[str, str], features: tuple | None = None) -> ValidationOutcomes:
     """The :class:`ValidationOutcomes` of `items` from results already decoded (`titles`: candidate
     name -> its method's name in `results`, as :func:`verdict_table`) and one first-step forward
-    per item (:func:`request_features`).
+    per item (:func:`request_features`), or `features`, that function's result computed before
+    (e.g. read from a study's cache; then `lm` may be None).
 
     Raises:
         ValueError: a candidate without a result for some item.
     """
     verdicts, degenerate = verdict_table(items, results, titles)
-    signal, gates, passage = request_features(lm, items)
+    signal, gates, passage = request_features(lm, items) if features is None else features
     return ValidationOutcomes(verdicts, degenerate, signal, gates, passage, [i.context_type for i in items],
                               [i.source for i in items])
 
@@ -429,6 +437,6 @@ def verdict_table(items: Sequence[ContextItem], results: Sequence, titles: Mappi
     return verdicts, degenerate
 
 
-__all__ = ["AutoFit", "GATE_GRID", "objective_weights", "GateValues", "ValidationOutcomes", "candidate_methods", "cross_validate",
+__all__ = ["AutoFit", "GATE_GRID", "best_static_name", "objective_weights", "GateValues", "ValidationOutcomes", "candidate_methods", "cross_validate",
            "fit_from_results", "fit_outcomes", "fit_policy", "policy_picks", "record_fit", "request_features",
            "tune_auto", "validation_outcomes", "verdict_table"]

@@ -33,9 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
-from juice.when_to_steer.auto_tuning import cross_validate, fit_policy, objective_weights, policy_picks
+from juice.when_to_steer.auto_tuning import best_static_name, cross_validate, fit_policy, policy_picks
 from juice.when_to_steer.evaluation import MEAN, POWER_Z, question_bootstrap
 from juice.when_to_steer.outcomes import Outcomes
 from juice.when_to_steer.signals import GATE_SIGNALS
@@ -89,9 +87,7 @@ def _candidate_verdicts(o: Outcomes, kind: str = "use") -> dict[str, list[bool]]
 
 def best_static(o: Outcomes) -> str:
     """The static method with the highest objective on `o` (ties: the earlier in `o.static`)."""
-    w, _ = objective_weights(o.context_type, o.source)
-    return max(o.static, key=lambda m: (round(float(w @ np.array(o.verdicts["use"][m], dtype=float)), 9),
-                                        -o.static.index(m)))
+    return best_static_name({m: o.verdicts["use"][m] for m in o.static}, o.context_type, o.source)
 
 
 def fit(train: Outcomes, gates: Sequence[str]):

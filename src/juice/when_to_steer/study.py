@@ -51,8 +51,8 @@ from juice.models import LoadedModel
 from juice.progress import OnProgress, Progress, no_progress
 from juice.recipe import Method
 from juice.stage1 import HeadsArtifact, save_heads
-from juice.when_to_steer.auto_tuning import (ValidationOutcomes, cross_validate, fit_outcomes, policy_picks,
-                                             record_fit, request_features, verdict_table)
+from juice.when_to_steer.auto_tuning import (cross_validate, fit_outcomes, policy_picks, record_fit,
+                                             request_features, validation_outcomes, verdict_table)
 from juice.when_to_steer.outcomes import Outcomes, outcomes_of
 from juice.when_to_steer.evaluation import (MEAN, POWER_Z, QUESTION_ONLY, context_type_tables, evaluate_context_types,
                                             question_bootstrap, question_only_results, result_id)
@@ -420,7 +420,8 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
     routed = []
     if auto:
         test_settings[f"auto-{suffix}"] = fit.policy.to_json()
-        picks = policy_picks(fit.policy, *_policy_inputs(features["test"]))
+        signal, gates, passage = features["test"]
+        picks = policy_picks(fit.policy, signal, passage, gates)
         test_results += routed_results(test_items, test_results, picks, candidates, f"auto-{suffix}")
         routed = [f"auto-{suffix}"]
     test_results += oracle_results(test_items, test_results, list(candidates.values()))
@@ -443,12 +444,6 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
     return study
 
 
-def _policy_inputs(features: Features) -> tuple[list[float], list[bool], dict[str, list[float]]]:
-    """:func:`juice.when_to_steer.auto_tuning.policy_picks`'s signal, passage flags and gate values."""
-    signal, gates, passage = features
-    return signal, passage, gates
-
-
 def _fit_auto(artifact: HeadsArtifact, items: Sequence[ContextItem], results: Sequence[ItemResult],
               features: Features, where: Mapping[str, Any], candidates: Mapping[str, str],
               static_names: Sequence[str], betas: Mapping[str, tuple[float, float]], out: Path, resamples: int,
@@ -458,10 +453,7 @@ def _fit_auto(artifact: HeadsArtifact, items: Sequence[ContextItem], results: Se
     question and, with several sources, leaving one source out: with every gate signal tried (as
     the fit), with each alone, and with none."""
 
-    verdicts, degenerate = verdict_table(items, results, candidates)
-    signal, gates, passage = features
-    o = ValidationOutcomes(verdicts, degenerate, signal, gates, passage, [i.context_type for i in items],
-                           [i.source for i in items])
+    o = validation_outcomes(None, items, results, candidates, features)
     fit = fit_outcomes(o, betas)
     record_fit(artifact, fit, where)
     save_heads(artifact, out / "heads_auto.json")
