@@ -95,16 +95,16 @@ def harm_table(o: Outcomes, methods: Sequence[str], *, resamples: int = 2000, se
     kinds = {"copies": only, "true": true, "neither": neither}
     rows: dict[str, dict[str, Any]] = {m: {} for m in methods}
     relevant = [t in RELEVANT for t in o.context_type]
-    use = _bootstrap(o, relevant, methods, {m: o.verdicts["use"][m] for m in methods}, resamples=resamples, seed=seed)
     with_original = [*methods, ORIGINAL] if ORIGINAL not in methods else list(methods)
+    # each method's use of relevant passages, and its gap to Original's
     versus = _bootstrap(o, relevant, with_original, {m: o.verdicts["use"][m] for m in with_original},
                         [(m, ORIGINAL) for m in methods if m != ORIGINAL], resamples=resamples, seed=seed)
     keeps = _bootstrap(o, [t in MISLEADING and k for t, k in zip(o.context_type, known)], methods,
                        {m: true[m] for m in methods}, resamples=resamples, seed=seed)
     verdicts = {}
     for m in methods:
-        if use is not None:
-            rows[m][USES] = use.cells[m][MEAN]
+        if versus is not None:
+            rows[m][USES] = versus.cells[m][MEAN]
         if keeps is not None:
             rows[m][KEEPS] = keeps.cells[m][MEAN]
         if versus is None:
