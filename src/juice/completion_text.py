@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 
 from transformers import PreTrainedTokenizerBase
 
+from juice.baselines.prompt import instructed_request
+
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> str:
     """`text` up to (not including) the earliest occurrence of any stop string.
@@ -85,6 +87,24 @@ def question_messages(messages: Sequence[Mapping[str, str]], question: str) -> l
     if last is None:
         raise ValueError("auto's question replaces the last user message; there is none")
     out[last]["content"] = question
+    return out
+
+
+def instructed_messages(messages: Sequence[Mapping[str, str]], question: str, model_type: str | None = None
+                        ) -> list[dict[str, str]]:
+    """`messages` with the last user message's content given the Prompt baseline's instruction
+    toward memory (:func:`juice.baselines.prompt.instructed_request` of that content and
+    `question`): the chat whose prompt is `auto`'s "prompt-mem" candidate
+    (:data:`juice.engine.INSTRUCTED`).
+
+    Raises:
+        ValueError: no user message.
+    """
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
+    if last is None:
+        raise ValueError("auto's instructed prompt instructs the last user message; there is none")
+    out = [dict(m) for m in messages]
+    out[last]["content"] = instructed_request(str(out[last].get("content", "")), question, model_type)
     return out
 
 

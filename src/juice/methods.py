@@ -294,15 +294,18 @@ def coefficients_method(kind: str) -> MethodSpec:
 
 
 def recipe_of(name: str, model: LoadedModel | HeadGeometry | None = None, selection: HeadSelection | None = None,
-              beta_plus: float | None = None, beta_minus: float | None = None) -> Method:
-    """Method `name`'s recipe (:func:`build` without warnings) from a model, heads and betas: how
-    auto's candidates are built (:func:`juice.when_to_steer.auto.candidate_recipe`), so that a candidate decodes
-    as its method does everywhere.
+              beta_plus: float | None = None, beta_minus: float | None = None, instruction: str | None = None
+              ) -> Method:
+    """Method `name`'s recipe (:func:`build` without warnings) from a model, heads, betas and (the
+    Prompt baseline's) instruction: how auto's candidates are built
+    (:func:`juice.when_to_steer.auto.candidate_recipe`), so that a candidate decodes as its method
+    does everywhere.
 
     Raises:
         As :func:`build`.
     """
-    return build(name, MethodInputs(model, selection, beta_plus=beta_plus, beta_minus=beta_minus), warn=False).method
+    return build(name, MethodInputs(model, selection, beta_plus=beta_plus, beta_minus=beta_minus,
+                                    instruction=instruction), warn=False).method
 
 
 def check(name: str, tuned: TunedSettings | Mapping[str, Any] | None, *, has_heads: bool, where: str = ""

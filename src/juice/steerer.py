@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from juice.baselines.prompt import instructed_request
 from juice.completion_text import TextStream, chat_prompt, final_text
 from juice.engine import DecodingSession, Stream, generate
 from juice.engine.sampling import Sampling
@@ -96,12 +97,22 @@ class Steerer:
 
     def _streams(self, n: int, do_sample: bool | None, temperature: float | None, top_k: int, top_p: float,
                  seed: int, repetition_penalty: float = 1.0) -> list[Stream]:
-        """Stream i decodes prompt i; with auto, its question is prompt n + i."""
+        """Stream i decodes prompt i; with auto, its question is prompt n + i and its instructed
+        prompt (where auto may decode it) prompt 2n + i."""
         sample = do_sample if do_sample is not None else (temperature is not None and temperature > 0)
         t = 1.0 if temperature is None else temperature
+        instructed = self.choice is not None and self.choice.needs_instruction
         return [Stream(i, self.steering, Sampling(t, top_k, top_p, seed + i) if sample else None, repetition_penalty,
-                       choice=None if self.choice is None else replace(self.choice, question=n + i))
+                       choice=None if self.choice is None else
+                       replace(self.choice, question=n + i, instructed=2 * n + i if instructed else None))
                 for i in range(n)]
+
+    def _instructed(self, prompts: Sequence[str], questions: Sequence[str]) -> list[str]:
+        """With auto whose policy may pick "prompt-mem", each prompt with the Prompt baseline's
+        instruction toward memory (:func:`juice.baselines.prompt.instructed_request`); else []."""
+        if self.choice is None or not self.choice.needs_instruction:
+            return []
+        return [instructed_request(p, q, self.lm.config.model_type) for p, q in zip(prompts, questions)]
 
     def _questions(self, n: int, questions: str | Sequence[str] | None) -> list[str]:
         if self.choice is None:
@@ -120,13 +131,18 @@ class Steerer:
     def generate(self, prompts: str | Sequence[str], max_new_tokens: int = 64, *, do_sample: bool | None = None,
                  temperature: float | None = None, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                  stop: Sequence[str] = (), repetition_penalty: float = 1.0, max_rows: int | str = 64,
-                 questions: str | Sequence[str] | None = None) -> list[str]:
+                 questions: str | Sequence[str] | None = None,
+                 instructions: Sequence[str] | None = None) -> list[str]:
         """Continue every prompt (batched, left-padded).
 
         Args:
             prompts: one prompt or several (BOS is added).
             questions: with method "auto", per prompt its question: the prompt without its
                 context, formatted alike (e.g. "Question: ...? Answer:").
+            instructions: with method "auto" whose policy may pick "prompt-mem", per prompt its
+                form with the Prompt baseline's instruction toward memory; None: each prompt's
+                :func:`juice.baselines.prompt.instructed_request` (:meth:`chat` instructs the
+                last user message instead).
             do_sample: sample instead of greedy decoding; by default, sample iff a temperature > 0
                 is given (Hugging Face's options; prompt i is seeded with `seed + i`).
             temperature, top_k, top_p: see :class:`juice.engine.sampling.Sampling`.
@@ -145,8 +161,10 @@ class Steerer:
         """
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         extra = self._questions(len(prompts), questions)
+        instructed = self._instructed(prompts, extra) if instructions is None else list(instructions)
         streams = self._streams(len(prompts), do_sample, temperature, top_k, top_p, seed, repetition_penalty)
-        gen = generate(self.lm, prompts + extra, streams, max_new_tokens, max_rows=max_rows, stop_at_eos=True)
+        gen = generate(self.lm, prompts + extra + instructed, streams, max_new_tokens, max_rows=max_rows,
+                       stop_at_eos=True)
         return [self._finish(row, stop) for row in gen.tokens.tolist()]
 
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
@@ -167,10 +185,14 @@ class Steerer:
                 question's prompt is `messages` with that message's content replaced by it
                 (:func:`juice.completion_text.question_messages`, as `juice serve` does).
         """
-        from juice.completion_text import question_messages
+        from juice.completion_text import instructed_messages, question_messages
 
         questions = None if question is None else [self.chat_prompt(question_messages(messages, question))]
-        return self.generate([self.chat_prompt(messages)], max_new_tokens, questions=questions, **options)[0]
+        instructions = None   # auto's instructed prompt instructs the last user message, not the template
+        if question is not None and self.choice is not None and self.choice.needs_instruction:
+            instructions = [self.chat_prompt(instructed_messages(messages, question, self.lm.config.model_type))]
+        return self.generate([self.chat_prompt(messages)], max_new_tokens, questions=questions,
+                             instructions=instructions, **options)[0]
 
     def stream(self, prompt: str, max_new_tokens: int = 64, *, do_sample: bool | None = None,
                temperature: float | None = None, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
@@ -195,8 +217,10 @@ class Steerer:
                                      f"{limit - max_new_tokens} with {max_new_tokens} new tokens")
         extra = self._questions(1, question)
         session = DecodingSession(lm)
+        instructed = self._instructed([prompt], extra)
         session.add(0, ids, self._streams(1, do_sample, temperature, top_k, top_p, seed, repetition_penalty)[0],
-                    max_new_tokens, question_ids=token_ids(lm.tokenizer, extra[0]) if extra else None)
+                    max_new_tokens, question_ids=token_ids(lm.tokenizer, extra[0]) if extra else None,
+                    instructed_ids=token_ids(lm.tokenizer, instructed[0]) if instructed else None)
         text = TextStream(lm.tokenizer, stop)
         while not session.idle and not text.ended:
             for token in session.step():

@@ -12,7 +12,7 @@ from juice.when_to_steer.signals import first_step_signal, passage_relevance
 from juice.when_to_steer.auto_tuning import fit_policy, policy_picks
 from juice.baselines.cad import CadPolicy, jsd_alpha
 from juice.data.context_types import CONTEXT_TYPES
-from juice.engine import QUESTION_ALONE, Choice, Contrast, Stream, generate
+from juice.engine import INSTRUCTED, QUESTION_ALONE, Choice, Contrast, Stream, generate
 from juice.steering import ORIGINAL, JuICE, JuNE
 
 from helpers.auto import auto_selection, book_rows, nqswap_file, tiny_heads, tiny_model_and_heads
@@ -21,8 +21,11 @@ from helpers.context_rows import ROWS
 pytestmark = pytest.mark.gpu   # benchmarks/gpu_check.py runs these on the device
 
 TEXTS = ["the capital of france is paris . the capital of france is", "tennis golf w40 w41 w42 is",
-         "the capital of france is", "w42 is", "w7 w8 w9 w10 w11 w12 w13 w14 w15 w16 w17 w18 the"]
+         "the capital of france is", "w42 is", "w7 w8 w9 w10 w11 w12 w13 w14 w15 w16 w17 w18 the",
+         "ignore the passage . the capital of france is paris . the capital of france is",
+         "ignore the passage . tennis golf w40 w41 w42 is"]
 #         0: prompt                                                  1: prompt        2: question of 0   3: question of 1
+#         5, 6: the instructed prompts of 0 and 1 (the Prompt baseline's form, INSTRUCTED)
 
 
 def _candidates(lm):
@@ -41,20 +44,23 @@ class Fixed:
         return torch.full((with_context.shape[0],), self.index, dtype=torch.long)
 
 
-@pytest.mark.parametrize("pick", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("pick", [0, 1, 2, 3, 4, 5])
 def test_a_forced_choice_equals_the_static_method(tiny, pick):
     """Forced to "no steering" it is Original; forced to a candidate it is that static steering
     (or AdaCAD's contrastive stream against the same question, or the question alone with the
-    unmodified model: Original on the question's prompt, repetition penalty included)."""
-    cands = _candidates(tiny)
+    unmodified model: Original on the question's prompt, repetition penalty included, or the
+    instructed prompt: Original on it, the Prompt baseline)."""
+    cands = (*_candidates(tiny), INSTRUCTED)
     probes = torch.tensor([[5, 7], [9, 11]])
-    penalty = 1.3 if pick == 4 else 1.0
-    auto = [Stream(0, choice=Choice(2, cands, Fixed(pick)), repetition_penalty=penalty),
-            Stream(1, choice=Choice(3, cands, Fixed(pick)), repetition_penalty=penalty)]
+    penalty = 1.3 if pick >= 4 else 1.0
+    auto = [Stream(0, choice=Choice(2, cands, Fixed(pick), instructed=5), repetition_penalty=penalty),
+            Stream(1, choice=Choice(3, cands, Fixed(pick), instructed=6), repetition_penalty=penalty)]
     if pick == 3:
         static = [Stream(0, contrast=Contrast(2, cands[3].rule)), Stream(1, contrast=Contrast(3, cands[3].rule))]
     elif pick == 4:
         static = [Stream(2, repetition_penalty=penalty), Stream(3, repetition_penalty=penalty)]
+    elif pick == 5:
+        static = [Stream(5, repetition_penalty=penalty), Stream(6, repetition_penalty=penalty)]
     else:
         static = [Stream(0, cands[pick]), Stream(1, cands[pick])]
     got = generate(tiny, TEXTS, auto, 6, probe_tokens=probes)
@@ -118,8 +124,8 @@ def test_a_request_without_a_passage_is_original_by_its_structure_not_its_signal
     from juice.tokens import token_ids
 
     cands = _candidates(tiny)
-    texts = TEXTS + [TEXTS[2]]   # 5: a copy of 2, as the Steerer and the server lay a question out
-    streams = [Stream(2, choice=Choice(5, cands, rule)), Stream(0, choice=Choice(2, cands, rule)),
+    texts = TEXTS + [TEXTS[2]]   # a copy of 2, as the Steerer and the server lay a question out
+    streams = [Stream(2, choice=Choice(len(TEXTS), cands, rule)), Stream(0, choice=Choice(2, cands, rule)),
                Stream(2, choice=Choice(2, cands, rule))]
     together = generate(tiny, texts, streams, 6)
     original = generate(tiny, texts, [Stream(2)], 6).tokens[0]
@@ -311,6 +317,32 @@ def test_the_steerer_runs_auto_with_questions_and_refuses_without(tiny_llama):
         Steerer(lm, artifact, method="auto", beta_plus=1.0)
 
 
+def test_the_steerer_runs_auto_s_prompt_candidate_as_the_instructed_prompt(tiny_llama):
+    """A policy that picks "prompt-mem" decodes each prompt in the Prompt baseline's form toward
+    memory (instructed_request) with the unmodified model: generate, stream and chat (whose
+    instruction goes into the last user message) equal Original on that prompt."""
+    from juice.baselines.prompt import instructed_request
+    from juice.completion_text import instructed_messages
+    from juice.steerer import Steerer
+
+    lm = tiny_llama
+    lm.tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}is"
+    policy = AutoPolicy((), ("prompt-mem",))
+    artifact = tiny_heads(lm, {"auto": policy.to_json()})
+    auto, original = Steerer(lm, artifact, method="auto"), Steerer(lm, artifact, method="original")
+    prompts, questions = [TEXTS[0], TEXTS[1]], [TEXTS[2], TEXTS[3]]
+    instructed = [instructed_request(p, q, lm.config.model_type) for p, q in zip(prompts, questions)]
+    assert instructed[0] != prompts[0] and instructed[0].endswith(prompts[0])
+    want = original.generate(instructed, 8)
+    assert auto.generate(prompts, 8, questions=questions) == want
+    assert "".join(auto.stream(prompts[0], 8, question=questions[0])) == want[0]
+    messages = [{"role": "user", "content": prompts[0]}]
+    assert auto.chat(messages, 8, question=questions[0]) == original.chat(
+        instructed_messages(messages, questions[0], lm.config.model_type), 8)
+    # without a passage (the prompt is its question) it is Original on the prompt, as every policy
+    assert auto.generate(questions, 8, questions=questions) == original.generate(questions, 8)
+
+
 def test_juice_tune_methods_auto_from_the_command_line(tmp_path, capsys):
     import json
 
@@ -323,7 +355,7 @@ def test_juice_tune_methods_auto_from_the_command_line(tmp_path, capsys):
     assert "auto:" in capsys.readouterr().out
     saved = json.loads(heads.read_text())["tuned"]["auto"]
     assert saved["signal"] == "jsd_bits" and saved["data"]["counts"] == {t: 3 for t in CONTEXT_TYPES}
-    assert set(saved["validation"]["static"]) == {"original", "question", "juice", "juice/2", "adacad"}
+    assert set(saved["validation"]["static"]) == {"original", "question", "prompt-mem", "juice", "juice/2", "adacad"}
     out = tmp_path / "out"
     assert cli.main(["evaluate", "--contexts", "gold,conflicting,irrelevant,none", "--data", str(data), "--heads",
                      str(heads), "--limit", "2", "--model", str(folder), "--device", "cpu", "--out", str(out)]) == 0
@@ -414,6 +446,29 @@ def test_a_relevance_gate_decodes_the_question_alone_in_the_engine(tiny):
     torch.testing.assert_close(got.first_probs, want.first_probs, rtol=0, atol=1e-6)
     alone = generate(tiny, TEXTS, streams[:1], 6)
     assert torch.equal(alone.tokens[0], want.tokens[0])
+
+
+def test_a_gate_that_picks_the_instructed_prompt_decodes_it_alone_and_in_a_batch(tiny):
+    """A gate's pick made before any forward may be the instructed prompt (INSTRUCTED): the
+    stream is then Original on that prompt, repetition penalty included; a stream whose choice
+    may decode it but is not given it is refused in one line."""
+    from juice.engine.session import DecodingSession
+    from juice.tokens import token_ids
+    from juice.when_to_steer.signals import RelevanceGate
+
+    cands = (*_candidates(tiny), INSTRUCTED)
+    always = RelevanceGate(2.0, 5, tiny.tokenizer)
+    streams = [Stream(0, choice=Choice(2, cands, Fixed(1), gate=always, instructed=5), repetition_penalty=1.3),
+               Stream(1, choice=Choice(3, cands, Fixed(5), instructed=6), repetition_penalty=1.3)]
+    got = generate(tiny, TEXTS, streams, 6)
+    want = generate(tiny, TEXTS, [Stream(5, repetition_penalty=1.3), Stream(6, repetition_penalty=1.3)], 6)
+    assert torch.equal(got.tokens, want.tokens)
+    assert torch.equal(generate(tiny, TEXTS, streams[:1], 6).tokens[0], want.tokens[0])
+    session = DecodingSession(tiny)
+    ids = token_ids(tiny.tokenizer, TEXTS[0])
+    with pytest.raises(ValueError, match="instructed prompt"):
+        session.add("a", ids, Stream(0, choice=Choice(1, cands, Fixed(5))), 2,
+                    question_ids=token_ids(tiny.tokenizer, TEXTS[2]))
 
 
 @pytest.mark.parametrize("name", ["confidence_gain", "context_peakedness"])

@@ -65,9 +65,10 @@ def word_file(tmp_path_factory):
 
 def test_auto_routed_from_the_cache_is_auto_decoded(tiny_llama, word_file, tmp_path):
     """auto is never decoded by the study: its test results are its chosen candidates' cached
-    outputs. The same items decoded live give the same tokens, for the fitted policy and for one
-    that picks three candidates (a lexical gate to the question alone, Original and JuICE in two
-    bins cut at the median JSD)."""
+    outputs. The same items decoded live give the same tokens, for the fitted policy, for one
+    that picks three candidates (a confidence-gain gate to the question alone, Original and JuICE
+    in two bins cut at the median JSD), and for one whose lower bin is the Prompt baseline toward
+    memory (the instructed prompt, a third prompt row in the engine)."""
     import juice
     from juice.methods import MethodInputs, build
     from juice.when_to_steer import context_items
@@ -78,8 +79,8 @@ def test_auto_routed_from_the_cache_is_auto_decoded(tiny_llama, word_file, tmp_p
     from juice.when_to_steer.study import features_cached, routed_results, run_study
 
     lm = tiny_llama
-    study = run_study(lm, tiny_heads(lm), word_file, out=tmp_path / "s", names=("original", "adacad", "juice"),
-                      resamples=1000)
+    study = run_study(lm, tiny_heads(lm), word_file, out=tmp_path / "s",
+                      names=("original", "prompt", "adacad", "juice"), resamples=1000)
     fitted = juice.load_heads(tmp_path / "s" / "heads_auto.json", lm)
     items = context_items(word_file, split="test")[0].items
     signal, gates, passage = features_cached(lm, items, tmp_path / "s" / "cache")
@@ -87,13 +88,17 @@ def test_auto_routed_from_the_cache_is_auto_decoded(tiny_llama, word_file, tmp_p
     gain = midway([g for g, p in zip(gates[CONFIDENCE_GAIN], passage) if p])
     three = AutoPolicy((median,), ("original", "juice"), {"juice": candidate_betas(fitted.tuned)["juice"]},
                        relevance=gain, gate=CONFIDENCE_GAIN)
+    instructed = AutoPolicy((median,), ("prompt-mem", "juice"), {"juice": candidate_betas(fitted.tuned)["juice"]},
+                            relevance=gain, gate=CONFIDENCE_GAIN)
     titles = {"original": "Original", "question": "Question-only", "juice": "JuICE-ctx", "adacad": "AdaCAD",
-              "juice/2": "JuICE/2-ctx"}
-    for policy in (study.fit.policy, three):
+              "juice/2": "JuICE/2-ctx", "prompt-mem": "Prompt-mem"}
+    for policy in (study.fit.policy, three, instructed):
         record_fit(fitted, replace_fit(study.fit, policy))
         picks = policy_picks(policy, signal, passage, gates)
         if policy is three:
             assert len(set(picks)) == 3
+        if policy is instructed:   # and Original where there is no passage
+            assert set(picks) == {"original", "question", "prompt-mem", "juice"}
         routed = ([r for r in study.test.results if r.method == "auto-ctx"] if policy is study.fit.policy
                   else routed_results(items, study.test.results, picks, titles, "auto"))
         live = evaluate_context_types(lm, items, {"auto": build("auto", MethodInputs(lm, fitted.selection,

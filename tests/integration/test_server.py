@@ -577,6 +577,20 @@ def test_auto_serves_each_request_as_the_steerer_with_its_question():
                                      ({"method": "juice", "question": "q"}, "juice.question is for method auto")]:
             with pytest.raises(openai.BadRequestError, match=message):
                 client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=2, extra_body={"juice": juice_field})
+    # a policy that picks the Prompt baseline toward memory: the instructed prompt, as the Steerer's
+    prompt_policy = AutoPolicy((), ("prompt-mem",))
+    instructed = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL,
+                               tuned={"auto": prompt_policy.to_json()})
+    steerer = Steerer(lm, instructed, method="auto")
+    wanted = [steerer.generate(prompt, 6, questions=question)[0] for prompt, question in asked]
+    chat_wanted = steerer.chat(messages, 6, question=PROMPTS[0])
+    assert wanted[0] != Steerer(lm, instructed, method="original").generate(asked[0][0], 6)[0]
+    with serving_client(create_app(lm, [instructed], model_name="tiny")) as client:
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(ask, range(4))) == wanted
+        chat = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0,
+                                              extra_body={"juice": {"method": "auto", "question": PROMPTS[0]}})
+        assert chat.choices[0].message.content == chat_wanted
     untuned = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL)
     with serving_client(create_app(lm, [untuned], model_name="tiny")) as client:
         with pytest.raises(openai.BadRequestError, match="holds no auto policy"):

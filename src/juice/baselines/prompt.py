@@ -129,6 +129,18 @@ def contextual_prompt(example: ContextualExample) -> str:
     return f"{CONTEXTUAL_COMPLETION}\n{example.prompt}"
 
 
+def instructed_request(prompt: str, question: str, model_type: str | None = None) -> str:
+    """A request's prompt with the Prompt baseline's instruction toward memory, as
+    :func:`instructed_context_item` gives a context-type item's (parametric): the authors'
+    coherent-conflict form (`<instruction> Context: <prompt>`) where the request has a passage
+    (its prompt differs from its question, the question without the passage), the prompt
+    unchanged where it has none. What `auto`'s "prompt-mem" candidate decodes
+    (:data:`juice.engine.INSTRUCTED`)."""
+    if prompt == question:
+        return prompt
+    return instructed_parametric(prompt, "coherent", model_type)
+
+
 def instructed_context_item(item: ContextItem, direction: str, model_type: str | None = None) -> str:
     """A context-type item's prompt (:mod:`juice.data.context_types`) with the Prompt baseline's
     instruction of `direction`, in the authors' nearest form (juice's extension: the paper
@@ -151,7 +163,5 @@ def instructed_context_item(item: ContextItem, direction: str, model_type: str |
         head = CONTEXTUAL_NQSWAP if METRICS[item.metric].prompt_form == "question" else CONTEXTUAL_COMPLETION
         return f"{head}\n{item.prompt}"
     if direction == "parametric":
-        if item.prompt == item.question:
-            return item.prompt
-        return instructed_parametric(item.prompt, "coherent", model_type)
+        return instructed_request(item.prompt, item.question, model_type)
     raise ValueError(f"direction must be parametric or contextual, not {direction!r}")

@@ -227,8 +227,9 @@ def generate(
 
 
 def _prompts_of(stream: Stream) -> tuple[int, ...]:
-    """A stream's prompt index, and its contrast's or choice's question index."""
-    return (stream.prompt,) if stream.question is None else (stream.prompt, stream.question)
+    """A stream's prompt index, its contrast's or choice's question index, and its choice's
+    instructed prompt's index (:data:`~juice.engine.streams.INSTRUCTED`)."""
+    return (stream.prompt, *(i for i in (stream.question, stream.instructed) if i is not None))
 
 
 def _run_chunk(lm: LoadedModel, ids: list[list[int]], streams: Sequence[Stream], max_new_tokens: int,
@@ -244,7 +245,9 @@ def _run_chunk(lm: LoadedModel, ids: list[list[int]], streams: Sequence[Stream],
     step = None if on_token is None else (lambda ks, t: on_token([chunk[k] for k in ks], t))
     contrasts = [None if (c := streams[i].contrast) is None else Contrast(chunk_prompts.index(c.question), c.rule)
                  for i in chunk]
-    choices = [None if (c := streams[i].choice) is None else replace(c, question=chunk_prompts.index(c.question))
+    choices = [None if (c := streams[i].choice) is None else
+               replace(c, question=chunk_prompts.index(c.question),
+                       instructed=None if streams[i].instructed is None else chunk_prompts.index(c.instructed))
                for i in chunk]
     return _generate_chunk(lm, [ids[p] for p in chunk_prompts], [chunk_prompts.index(streams[i].prompt) for i in chunk],
                            [streams[i].steering for i in chunk], max_new_tokens, probes, forced,
@@ -337,7 +340,9 @@ def _generate_chunk(
         stop_text: a stream ends after the step at which the text of its new tokens satisfies it;
             its later tokens read as `eos` (the pad token without one).
         choices: per stream, its :class:`Choice` (juice's `auto`) with `question` its question's
-            index in `prompts` (its steering is then Original), or None; None: no choosing stream.
+            index in `prompts` (and `instructed` its instructed prompt's, where a candidate is
+            :data:`~juice.engine.streams.INSTRUCTED`; its steering is then Original), or None;
+            None: no choosing stream.
 
     Returns:
         (`[n_streams, max_new_tokens]` tokens on the CPU, `[n_streams, k]` first-step probe
@@ -352,9 +357,10 @@ def _generate_chunk(
     for k in range(n):
         stream = Stream(k, steerings[k], None if samplings is None else samplings[k],
                         1.0 if penalties is None else penalties[k], contrasts[k], choices[k])
-        q = stream.question
+        q, ins = stream.question, stream.instructed
         session.add(k, prompts[prompt_of[k]], stream, max_new_tokens, stop, prompt_key=prompt_of[k],
                     question_ids=None if q is None else prompts[q], question_key=q,
+                    instructed_ids=None if ins is None else prompts[ins], instructed_key=ins,
                     forced=None if forced is None else forced[k].tolist(),
                     probes=None if probes is None else probes[k].tolist())
     fill = eos if eos is not None else lm.tokenizer.pad_token_id

@@ -52,7 +52,7 @@ from torch import Tensor
 
 from juice.architectures import ModelHeads
 import juice.engine.forward as fwd
-from juice.engine.streams import ChoiceRule, ContrastRule, QuestionAlone, RowLayout, Stream, row_layout
+from juice.engine.streams import ChoiceRule, ContrastRule, Instructed, QuestionAlone, RowLayout, Stream, row_layout
 from juice.interventions import RowPlan, planned_rows
 from juice.models import LoadedModel
 from juice.engine.sampling import penalize_repetition, pick_token
@@ -81,6 +81,8 @@ class _Live:
     seen: Tensor | None = None          # [vocab] bool: tokens in the sequence (repetition penalty)
     finished: bool = False              # held in a static batch after its end
     preset: int | None = None           # a choice made from the request's structure (no passage)
+    instructed_ids: list[int] | None = None   # a choice's instructed prompt (Instructed candidate)
+    instructed_key: Hashable | None = None
 
     @property
     def rows(self) -> int:
@@ -169,7 +171,8 @@ class DecodingSession:
             stop: Callable[[list[int]], bool] | None = None, logprobs: int | None = None, *,
             prompt_key: Hashable | None = None, question_ids: Sequence[int] | None = None,
             question_key: Hashable | None = None, forced: Sequence[int] | None = None,
-            probes: Sequence[int] | None = None, prompt_logprobs: int | None = None) -> None:
+            probes: Sequence[int] | None = None, prompt_logprobs: int | None = None,
+            instructed_ids: Sequence[int] | None = None, instructed_key: Hashable | None = None) -> None:
         """Queue a stream; it is prefilled at the next :meth:`step`.
 
         Args:
@@ -185,6 +188,9 @@ class DecodingSession:
                 prefilled together whose keys are equal share a clean row (default: the ids).
                 The keys of one prefill must be mutually comparable (sorted).
             question_ids: a contrastive or choosing stream's question's token ids, BOS included.
+            instructed_ids, instructed_key: a choosing stream's instructed prompt's token ids
+                (BOS included) and key, where a candidate is
+                :data:`~juice.engine.streams.INSTRUCTED` (else unused).
             forced: `max_new_tokens` token ids to feed instead of choosing (teacher forcing;
                 their log-probabilities are returned).
             probes: token ids whose probabilities at the first step to return.
@@ -203,6 +209,9 @@ class DecodingSession:
             raise ValueError("a contrastive stream (CAD, AdaCAD) needs its question's token ids")
         if stream.choice is not None and not question_ids:
             raise ValueError("a stream with a choice of steerings (auto) needs its question's token ids")
+        if stream.choice is not None and stream.choice.needs_instruction and not instructed_ids:
+            raise ValueError("a stream whose choice may decode the instructed prompt (auto with Prompt) "
+                             "needs that prompt's token ids")
         if prompt_logprobs is not None and stream.choice is not None:
             raise ValueError("prompt log-probabilities need the steering before the prompt; a choice is made after it")
         if forced is not None and len(forced) < max_new_tokens:
@@ -225,6 +234,8 @@ class DecodingSession:
         if preset is not None:
             if isinstance(stream.choice.candidates[preset], QuestionAlone):   # decode the question
                 prompt_ids, prompt_key = list(question_ids), question_key
+            elif isinstance(stream.choice.candidates[preset], Instructed):   # decode the instructed prompt
+                prompt_ids, prompt_key = list(instructed_ids), instructed_key
             stream = stream.chosen(preset)
         sm = stream.sampling
         question = None if question_ids is None or stream.question is None else list(question_ids)
@@ -234,7 +245,11 @@ class DecodingSession:
             None if question is None else (tuple(question) if question_key is None else question_key),
             None if forced is None else list(forced), None if probes is None else list(probes), logprobs,
             prompt_logprobs=prompt_logprobs,
-            sampler=None if sm is None else (sm, torch.Generator().manual_seed(sm.seed)), preset=preset))
+            sampler=None if sm is None else (sm, torch.Generator().manual_seed(sm.seed)), preset=preset,
+            instructed_ids=None if stream.choice is None or not stream.choice.needs_instruction
+            else list(instructed_ids),
+            instructed_key=None if stream.choice is None or not stream.choice.needs_instruction
+            else (tuple(instructed_ids) if instructed_key is None else instructed_key)))
 
     def cancel(self, key: Hashable) -> None:
         """Drop the stream at the next step (its rows leave the batch before any forward)."""
@@ -305,9 +320,11 @@ class DecodingSession:
             for r, c in zip(rs, index):
                 picked[r] = int(c)
                 live = streams[r]
-                if isinstance(live.stream.choice.candidates[int(c)], QuestionAlone) and live.seen is not None:
-                    live.seen = torch.zeros_like(live.seen)   # the penalty reads the question's tokens
-                    live.seen[torch.tensor(live.question_ids, device=device)] = True
+                alone = live.stream.choice.candidates[int(c)]
+                if isinstance(alone, (QuestionAlone, Instructed)) and live.seen is not None:
+                    live.seen = torch.zeros_like(live.seen)   # the penalty reads the decoded prompt's tokens
+                    read = live.question_ids if isinstance(alone, QuestionAlone) else live.instructed_ids
+                    live.seen[torch.tensor(read, device=device)] = True
                 live.stream = live.stream.chosen(int(c))   # a contrast is applied below
             rows = torch.tensor([options[r][c][-1] for r, c in zip(rs, index)], device=device)
             logits[torch.tensor(rs, device=device)] = self.lm.logits(hidden[rows]).float()
@@ -381,9 +398,11 @@ class DecodingSession:
         applier = self._applier(streams)
         grow = not self.static and applier is planned_rows
         layout = row_layout(self.lm.geometry, [s.stream for s in streams], [s.prompt_key for s in streams],
-                            [s.question_key for s in streams], share=True, grow=grow)
-        ids_of = {s.prompt_key: s.ids for s in streams} | {s.question_key: s.question_ids for s in streams
-                                                           if s.question_ids is not None}
+                            [s.question_key for s in streams], share=True, grow=grow,
+                            instructed_keys=[s.instructed_key for s in streams])
+        ids_of = ({s.prompt_key: s.ids for s in streams}
+                  | {s.question_key: s.question_ids for s in streams if s.question_ids is not None}
+                  | {s.instructed_key: s.instructed_ids for s in streams if s.instructed_ids is not None})
         first = sum(j == 0 for j in layout.join)   # rows from the embeddings on
         batch = pad_left([ids_of[k] for k in layout.prompts[:first]], self.lm.tokenizer.pad_token_id or 0)
         ids, mask, positions = (t.to(device) for t in (batch.input_ids, batch.attention_mask, batch.position_ids))
@@ -419,6 +438,7 @@ class DecodingSession:
             if c is not None:
                 if s.stream.contrast is None:
                     s.question_ids, s.question_key = None, None
+                s.instructed_ids, s.instructed_key = None, None
                 layout.owned[k] = layout.options[k][c]
         select = torch.tensor([r for rows in layout.owned for r in rows], device=device)
         cache.reorder_cache(select)

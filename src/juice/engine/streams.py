@@ -61,6 +61,21 @@ QUESTION_ALONE = QuestionAlone()
 """The one :class:`QuestionAlone` candidate."""
 
 
+@dataclass(frozen=True)
+class Instructed:
+    """A :class:`Choice`'s candidate that decodes the request's instructed prompt
+    (`prompts[choice.instructed]`: the Prompt baseline's instruction before the prompt, paper
+    App. D.1) with the unmodified model, from that prompt's row, which the choice's prefill
+    holds beside the prompt's and the question's; exactly as an Original stream on the
+    instructed prompt (its repetition penalty reads the instructed prompt's tokens). The
+    instructed prompt's text is the caller's (its form depends on the data,
+    :func:`juice.baselines.prompt.instructed_context_item`), as the question's is."""
+
+
+INSTRUCTED = Instructed()
+"""The one :class:`Instructed` candidate."""
+
+
 ChoiceRule = Callable[[Tensor, Tensor], Tensor]
 """(`[rows, vocab]` first-step logits of the prompts' unmodified rows, `[rows, vocab]` those of
 their questions' rows) -> `[rows]` long: per row, the index of the candidate to decode with; row
@@ -80,9 +95,12 @@ class Choice:
         question: index of the question without its context.
         candidates: what to choose from: steerings (one site; Original, JuNE or JuICE),
             contrasts (CAD, AdaCAD: a :class:`Contrast` whose `question` is ignored, the
-            choice's is used), or :data:`QUESTION_ALONE` (the question without the passage),
-            whose rows the prefill already holds.
+            choice's is used), :data:`QUESTION_ALONE` (the question without the passage),
+            whose rows the prefill already holds, or :data:`INSTRUCTED` (the instructed
+            prompt, `instructed`).
         rule: a :data:`ChoiceRule` (hashable: streams are grouped by it).
+        instructed: index of the instructed prompt (:data:`INSTRUCTED`'s), or None where no
+            candidate is :data:`INSTRUCTED`.
         gate: optional, called at :meth:`~juice.engine.DecodingSession.add` with the request's
             prompt and question token ids (BOS included) when it has a passage: a candidate
             index to decode with, decided from the request's tokens before any forward (e.g.
@@ -102,10 +120,16 @@ class Choice:
     """
 
     question: int
-    candidates: tuple["Steering | Contrast | QuestionAlone", ...]
+    candidates: tuple["Steering | Contrast | QuestionAlone | Instructed", ...]
     rule: ChoiceRule
     without_passage: int = 0
     gate: "Callable[[Sequence[int], Sequence[int]], int | None] | None" = None
+    instructed: int | None = None
+
+    @property
+    def needs_instruction(self) -> bool:
+        """One of its candidates is :data:`INSTRUCTED` (its stream needs the instructed prompt)."""
+        return any(isinstance(c, Instructed) for c in self.candidates)
 
     def __post_init__(self) -> None:
         if not self.candidates:
@@ -165,6 +189,11 @@ class Stream:
         return None if policy is None else policy.question
 
     @property
+    def instructed(self) -> int | None:
+        """The index of its choice's instructed prompt (:data:`INSTRUCTED`), else None."""
+        return None if self.choice is None or not self.choice.needs_instruction else self.choice.instructed
+
+    @property
     def steerings(self) -> tuple[Steering, ...]:
         """Every steering the stream may decode with (its own, or its choice's candidates)."""
         if self.choice is not None:
@@ -177,7 +206,7 @@ class Stream:
         c = self.choice.candidates[index]
         if isinstance(c, Contrast):
             return replace(self, contrast=Contrast(self.choice.question, c.rule), choice=None)
-        if isinstance(c, QuestionAlone):   # the session keeps the question's row
+        if isinstance(c, (QuestionAlone, Instructed)):   # the session keeps that prompt's row
             return replace(self, steering=ORIGINAL, choice=None)
         return replace(self, steering=c, choice=None)
 
@@ -237,7 +266,8 @@ class RowLayout:
 
 
 def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: Sequence[Hashable],
-               question_keys: Sequence[Hashable | None], *, share: bool, grow: bool = False) -> RowLayout:
+               question_keys: Sequence[Hashable | None], *, share: bool, grow: bool = False,
+               instructed_keys: Sequence[Hashable | None] | None = None) -> RowLayout:
     """Streams as batch rows and their RowPlan: the one function that does it (module docstring).
 
     Args:
@@ -245,6 +275,8 @@ def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: S
         streams: the streams, in order.
         prompt_keys, question_keys: per stream, the key of its prompt and of its contrast's
             question (None without one); streams with equal keys have equal tokens.
+        instructed_keys: per stream, the key of its choice's instructed prompt (None without
+            one; :class:`Instructed`); None: no stream has one.
         share: the prefill's layout: one clean row per distinct prompt that an Original, JuICE,
             contrastive or choosing stream needs (a question too), in sorted key order, then one
             row per JuNE or JuICE stream and per steered candidate of a choice (a JuICE row adds
@@ -266,6 +298,8 @@ def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: S
     needed = {p for s, p in zip(streams, prompt_keys) if s.steering.dual_run or not s.steering.steers}
     needed |= {q for s, q in zip(streams, question_keys) if s.contrast is not None or s.choice is not None}
     needed |= {p for s, p in zip(streams, prompt_keys) if s.choice is not None}
+    instructed_keys = [None] * len(streams) if instructed_keys is None else list(instructed_keys)
+    needed |= {i for s, i in zip(streams, instructed_keys) if s.instructed is not None}
     clean_row = {p: row(p) for p in sorted(needed)}
     # (stream, candidate) for every steered row: a stream's own steering is candidate -1
     steered = [(k, c) for k, s in enumerate(streams)
@@ -284,12 +318,14 @@ def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: S
         own_row[k, c] = row(p, scale_row, add_row, clean_row[p] if st.dual_run else -1, joins[k, c],
                             clean_row[p] if joins[k, c] else None)
 
-    def rows_of(k: int, c: int, st: "Steering | Contrast | QuestionAlone") -> list[int]:
+    def rows_of(k: int, c: int, st: "Steering | Contrast | QuestionAlone | Instructed") -> list[int]:
         p = prompt_keys[k]
         if isinstance(st, Contrast):   # a choice's contrast candidate: [question, prompt]
             return [clean_row[question_keys[k]], clean_row[p]]
         if isinstance(st, QuestionAlone):
             return [clean_row[question_keys[k]]]
+        if isinstance(st, Instructed):
+            return [clean_row[instructed_keys[k]]]
         return ([clean_row[p], own_row[k, c]] if st.dual_run else
                 [clean_row[p]] if not st.steers else [own_row[k, c]])
 
@@ -360,5 +396,5 @@ def _decoding_layout(rows: _Rows, streams: Sequence[Stream], prompt_keys: Sequen
     return rows.layout(out_row, question_row, owned)
 
 
-__all__ = ["QUESTION_ALONE", "Choice", "ChoiceRule", "Contrast", "ContrastRule", "Generation", "QuestionAlone", "RowLayout",
+__all__ = ["INSTRUCTED", "QUESTION_ALONE", "Choice", "ChoiceRule", "Contrast", "ContrastRule", "Generation", "Instructed", "QuestionAlone", "RowLayout",
            "Stream", "join_layer", "row_layout"]

@@ -35,7 +35,7 @@ from juice.baselines.cad import contrast_generate
 from juice.baselines.prompt import contextual_prompt, parametric_prompt
 from juice.eval.degeneration import is_degenerate
 from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, ContextualExample
-from juice.engine import Contrast, QuestionAlone, Stream
+from juice.engine import Contrast, Instructed, QuestionAlone, Stream
 from juice.engine.backend import Engine, engine_or_default
 from juice.engine.likelihood import continuation_ids
 from juice.data.metrics import CONTEXTUAL, METRICS, N_WORDS, is_correct, metrics_for
@@ -59,7 +59,8 @@ def method_engine(method: "Method | Steering", engine: Engine | None = None) -> 
     if method.contrast is not None:
         stream = Stream(0, contrast=Contrast(1, method.contrast))
     elif method.choice is not None:
-        stream = Stream(0, choice=replace(method.choice, question=1))
+        stream = Stream(0, choice=replace(method.choice, question=1,
+                                          instructed=2 if method.choice.needs_instruction else None))
     else:
         stream = Stream(0, method.steering)
     reason = engine.decodes(stream)
@@ -115,30 +116,37 @@ class ItemResult:
 @dataclass(frozen=True)
 class DecodeRequest:
     """One (prompt, method) to decode: `probe` holds the token ids whose first-step probabilities
-    are returned; `question` is the prompt without its context (CAD and AdaCAD only)."""
+    are returned; `question` is the prompt without its context (CAD, AdaCAD and auto only);
+    `instructed` the prompt with the Prompt baseline's instruction toward memory (auto whose
+    choice may decode it, :data:`juice.engine.INSTRUCTED`, only)."""
 
     prompt: str
     method: Method
     probe: Sequence[int]
     question: str | None = None
+    instructed: str | None = None
 
 
 def _request_key(r: DecodeRequest) -> tuple:
     """What a request's decoding depends on: its prompt, question, probe and method, where a
     steering whose coefficients are all 0 is the unmodified model (H + 0 * H = H, and adding 0
     times the clean output adds nothing: the same numbers, not an approximation)."""
-    def key(s: "Steering | Contrast | QuestionAlone") -> tuple:
+    def key(s: "Steering | Contrast | QuestionAlone | Instructed") -> tuple:
         if isinstance(s, Contrast):   # a choice's contrast candidate (its question is the request's)
             return ("contrast", s.rule)
         if isinstance(s, QuestionAlone):
             return ("question alone",)
+        if isinstance(s, Instructed):   # its prompt is the request's
+            return ("instructed",)
         return ("original",) if not s.steers or not bool(s.coefficients.ne(0).any()) else (
             s.kind, s.site, tuple(s.coefficients.shape), s.coefficients.detach().cpu().numpy().tobytes())
 
     c = r.method.choice
     choice = None if c is None else (c.rule, tuple(key(s) for s in c.candidates), c.without_passage, c.gate)
     question = r.question if r.method.contrast is not None or c is not None else None
-    return r.prompt, question, tuple(int(t) for t in r.probe), r.method.contrast, key(r.method.steering), choice
+    instructed = r.instructed if c is not None and c.needs_instruction else None
+    return (r.prompt, question, instructed, tuple(int(t) for t in r.probe), r.method.contrast, key(r.method.steering),
+            choice)
 
 
 def decode_requests(
@@ -171,7 +179,8 @@ def decode_requests(
         Per request, in order: (decoded text, `[len(probe)]` first-step probe probabilities).
 
     Raises:
-        ValueError: a CAD / AdaCAD or choosing (auto) request without its question.
+        ValueError: a CAD / AdaCAD or choosing (auto) request without its question (or, where its
+            choice may decode the instructed prompt, without that prompt).
     """
     firsts: dict[tuple, int] = {}
     copy_of = [firsts.setdefault(_request_key(r), i) for i, r in enumerate(requests)]
@@ -198,6 +207,8 @@ def decode_requests(
             raise ValueError(f"request {i + 1}: CAD and AdaCAD need the prompt without its context (question)")
         if r.method.choice is not None and not r.question:
             raise ValueError(f"request {i + 1}: auto needs the prompt without its context (question)")
+        if r.method.choice is not None and r.method.choice.needs_instruction and not r.instructed:
+            raise ValueError(f"request {i + 1}: auto with the Prompt candidate needs the instructed prompt")
         site = site_of(r.method) or unsteered
         by_site.setdefault(site, []).append(i)
     for site, idx in by_site.items():   # one call per intervention site (the steerings' own)
@@ -208,7 +219,10 @@ def decode_requests(
             prompt = texts.setdefault(r.prompt, len(texts))
             if r.method.choice is not None:
                 question = texts.setdefault(r.question, len(texts))
-                streams.append(Stream(prompt, choice=replace(r.method.choice, question=question)))
+                instructed = (texts.setdefault(r.instructed, len(texts)) if r.method.choice.needs_instruction
+                              else None)
+                streams.append(Stream(prompt, choice=replace(r.method.choice, question=question,
+                                                             instructed=instructed)))
             elif r.method.contrast is None:
                 streams.append(Stream(prompt, r.method.steering))
             else:

@@ -12,6 +12,10 @@ request **with a passage** into at most three bins by thresholds and names a can
 - "question": the question alone, without the passage, with the unmodified model (ignore the
   context; the question's row is already in the choice's prefill:
   :data:`juice.engine.QUESTION_ALONE`);
+- "prompt-mem": the Prompt baseline toward memory (paper App. D.1; the instruction to ignore
+  the passage before the prompt, :func:`juice.baselines.prompt.instructed_context_item`), with
+  the unmodified model: the instructed prompt is a third unmodified row of the choice's prefill
+  (:data:`juice.engine.INSTRUCTED`; issue 77: where it is the best static method, auto can pick it);
 - "juice": JuICE with the heads file's tuned betas (paper protocol, conflicting validation items);
 - "juice/2": JuICE at half those betas;
 - "june": JuNE with its tuned betas (when the file has them);
@@ -57,12 +61,13 @@ import torch
 from torch import Tensor
 
 from juice.baselines.cad import jsd_alpha
-from juice.engine import QUESTION_ALONE, Choice, Contrast
-from juice.methods import UNSTEERED as UNSTEERED_METHOD, Built, MethodInputs, lookup, recipe_of
+from juice.engine import INSTRUCTED, QUESTION_ALONE, Choice, Contrast, Instructed
+from juice.methods import REGISTRY, SHORT, UNSTEERED as UNSTEERED_METHOD, Built, MethodInputs, lookup, recipe_of
 from juice.models import LoadedModel
 from juice.recipe import Method
 from juice.steering import Steering, chosen_betas
 from juice.tuned import TunedSettings
+from juice.when_to_steer.evaluation import QUESTION_ONLY
 from juice.when_to_steer.signals import (CONFIDENCE_GAIN, CONTEXT_PEAKEDNESS, GATE_SIGNALS, RELEVANCE, SIGNAL,
                                          RelevanceGate, gate_signal)
 
@@ -77,12 +82,15 @@ class Candidate:
         betas: the fraction of the method's tuned betas it steers with (head steerings only).
         required: it is a candidate whatever the heads file holds; a head steering other than
             JuICE's is one only where the file has its tuned betas.
+        instruction: the Prompt baseline's instruction ("parametric") of an instructed
+            candidate, else None.
     """
 
     name: str
     method: str | None
     betas: float = 1.0
     required: bool = True
+    instruction: str | None = None
 
     @property
     def steered(self) -> bool:
@@ -94,9 +102,22 @@ class Candidate:
         """The suffix its title adds to its method's ("/2" for half the betas; "" for all)."""
         return "" if self.betas == 1 else f"/{1 / self.betas:g}"
 
+    def title(self, suffix: str) -> str:
+        """Its title in the study's tables: its method's title in :data:`juice.methods.REGISTRY`
+        with its label ("/2"), and the heads file's direction (`suffix`, "mem" or "ctx") after a
+        head steering's, its instruction's after an instructed one's ("Prompt-mem", whatever the
+        heads); the question alone's is :data:`juice.when_to_steer.evaluation.QUESTION_ONLY`."""
+        if self.method is None:
+            return QUESTION_ONLY
+        spec = REGISTRY[self.method]
+        if self.instruction is not None:
+            return f"{spec.title}{self.label}-{SHORT[self.instruction]}"
+        return f"{spec.title}{self.label}" + (f"-{suffix}" if spec.heads else "")
+
 
 CANDIDATE_TABLE: tuple[Candidate, ...] = (
-    Candidate("original", "original"), Candidate("question", None), Candidate("juice", "juice"),
+    Candidate("original", "original"), Candidate("question", None),
+    Candidate("prompt-mem", "prompt", instruction="parametric"), Candidate("juice", "juice"),
     Candidate("juice/2", "juice", 0.5), Candidate("june", "june", required=False), Candidate("adacad", "adacad"))
 """auto's candidates, least steered first (the order ties are broken in)."""
 
@@ -196,8 +217,9 @@ class AutoPolicy:
         return [c for c in CANDIDATES if c in self.picks or c in gated or c == NO_PASSAGE]
 
     def choice(self, lm: LoadedModel, selection) -> Choice:
-        """The engine's :class:`~juice.engine.Choice` (its `question` is a placeholder, -1), the
-        candidates built by the registry (:func:`candidate_option`).
+        """The engine's :class:`~juice.engine.Choice` (its `question`, and its `instructed` where
+        "prompt-mem" is picked, are placeholders, -1: the caller sets them), the candidates built
+        by the registry (:func:`candidate_option`).
 
         Raises:
             IndexError: a head outside the model.
@@ -210,7 +232,8 @@ class AutoPolicy:
                       else (self.gate, float(self.relevance), names.index(self.irrelevant)))
         return Choice(-1, steerings, AutoRule(tuple(float(t) for t in self.thresholds),
                                               tuple(names.index(p) for p in self.picks), *model_gate),
-                      without_passage=names.index(NO_PASSAGE), gate=gate)
+                      without_passage=names.index(NO_PASSAGE), gate=gate,
+                      instructed=-1 if any(isinstance(s, Instructed) for s in steerings) else None)
 
     def describe(self) -> str:
         """The policy in one line: "no passage -> original; <gate>; <bins>"."""
@@ -269,7 +292,8 @@ def candidate_betas(tuned: TunedSettings | Mapping[str, Any] | None) -> dict[str
 def candidate_recipe(candidate: Candidate, lm: LoadedModel, selection, betas: Mapping[str, tuple[float, float]]
                      ) -> Method | None:
     """A candidate's recipe (:class:`juice.recipe.Method`) as the registry builds its method: a
-    head steering at the candidate's `betas`, Original, AdaCAD; None for the question alone.
+    head steering at the candidate's `betas`, Original, Prompt with its instruction, AdaCAD; None
+    for the question alone.
 
     Raises:
         KeyError: a steered candidate without betas in `betas`.
@@ -279,23 +303,28 @@ def candidate_recipe(candidate: Candidate, lm: LoadedModel, selection, betas: Ma
         return None
     if candidate.steered:
         return recipe_of(candidate.method, lm, selection, *betas[candidate.name])
-    return recipe_of(candidate.method, lm, None, None, None)
+    return recipe_of(candidate.method, lm, None, None, None, candidate.instruction)
 
 
 def candidate_option(candidate: Candidate, lm: LoadedModel, selection, betas: Mapping[str, tuple[float, float]]
                      ) -> Steering | Contrast:
     """What the engine decodes a candidate with inside a choice: its recipe's steering
-    (:func:`candidate_recipe`), the question alone (:data:`juice.engine.QUESTION_ALONE`), or a
-    contrastive recipe's rule against the question-only row (AdaCAD).
+    (:func:`candidate_recipe`), the question alone (:data:`juice.engine.QUESTION_ALONE`), the
+    instructed prompt (:data:`juice.engine.INSTRUCTED`: an unmodified instructed recipe; the
+    caller gives that prompt, :func:`instructed_prompt`), or a contrastive recipe's rule against
+    the question-only row (AdaCAD).
 
     Raises:
         KeyError: a steered candidate without betas in `betas`.
-        ValueError: a candidate whose recipe a choice cannot run (an instruction, a choice).
+        ValueError: a candidate whose recipe a choice cannot run (an instruction with a steering,
+            a choice).
         IndexError: a head outside the model.
     """
     recipe = candidate_recipe(candidate, lm, selection, betas)
     if recipe is None:
         return QUESTION_ALONE
+    if recipe.instructed and not recipe.steering.steers and recipe.contrast is None and recipe.choice is None:
+        return INSTRUCTED
     if recipe.instructed or recipe.choice is not None:
         raise ValueError(f"auto cannot run {candidate.method!r} as a candidate")
     return recipe.steering if recipe.contrast is None else Contrast(-1, recipe.contrast)

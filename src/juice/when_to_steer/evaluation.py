@@ -108,7 +108,9 @@ def evaluate_context_types(
                 probe = [answer_first_token(lm.tokenizer, prompt, item.memory_answers[0]),
                          answer_first_token(lm.tokenizer, prompt, passage)]
                 meta.append((i, item, name))
-                requests.append(DecodeRequest(prompt, method, probe, item.question))
+                instructed = (instructed_context_item(item, "parametric", model_type)
+                              if method.choice is not None and method.choice.needs_instruction else None)
+                requests.append(DecodeRequest(prompt, method, probe, item.question, instructed))
         if not requests:
             continue
         decoded = decode_requests(lm, requests, new_tokens, max_rows=max_rows, on_progress=on_progress,

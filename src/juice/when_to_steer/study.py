@@ -364,7 +364,7 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
     static, settings = context_methods(lm, [artifact], [n for n in names if lookup(n).tuned != "policy"])   # not auto
     settings = {**settings, QUESTION_ONLY: {"from": "Original's output on the question alone (the none item)"}}
     suffix = SHORT[str(artifact.direction)]
-    titles = {c.name: candidate_title(c, suffix) for c in CANDIDATE_TABLE}
+    titles = {c.name: c.title(suffix) for c in CANDIDATE_TABLE}
     betas = candidate_betas(artifact.tuned)
     extra: dict[str, Method] = {}
     if auto:   # auto's candidates that are not static methods of the table
@@ -490,18 +490,6 @@ def _write_study(study: Study, out: Path) -> None:
     (out / "study.md").write_text(study.markdown(), encoding="utf-8")
 
 
-def candidate_title(candidate, suffix: str) -> str:
-    """The study's title of one of auto's candidates (:class:`juice.when_to_steer.auto.Candidate`): its method's
-    title in :data:`juice.methods.REGISTRY` with the candidate's label ("/2"), and the heads file's
-    direction (`suffix`, "mem" or "ctx") after a head steering's; the question alone's is
-    :data:`juice.when_to_steer.evaluation.QUESTION_ONLY`."""
-
-    if candidate.method is None:
-        return QUESTION_ONLY
-    spec = REGISTRY[candidate.method]
-    return f"{spec.title}{candidate.label}" + (f"-{suffix}" if spec.heads else "")
-
-
 def auto_candidate(lm: LoadedModel, artifact: HeadsArtifact, candidate: str, betas: Mapping[str, tuple[float, float]]
                    ) -> Method:
     """The evaluation method of one of auto's candidates (:data:`juice.when_to_steer.auto.CANDIDATES`), built by
@@ -514,9 +502,10 @@ def auto_candidate(lm: LoadedModel, artifact: HeadsArtifact, candidate: str, bet
     if c.method is None:
         raise ValueError("the question alone is Original's output on the none item, not a method to decode")
     bp, bm = betas[candidate] if c.steered else (None, None)
-    return build(c.method, MethodInputs(lm, artifact.selection, beta_plus=bp, beta_minus=bm), warn=False).method
+    return build(c.method, MethodInputs(lm, artifact.selection, beta_plus=bp, beta_minus=bm, instruction=c.instruction),
+                 warn=False).method
 
 
 __all__ = ["CHUNK", "DECODING_MODULES", "FEATURE_MODULES", "Features", "ORACLE", "Study", "auto_candidate",
-           "candidate_title", "decode_cached", "decoding_code_key", "features_cached", "oracle_results",
+           "decode_cached", "decoding_code_key", "features_cached", "oracle_results",
            "routed_results", "run_study"]

@@ -11,7 +11,8 @@ from typing import Any
 
 from juice.apps.server.worker import Job
 from juice.apps.openai_schema import MAX_SEED, ServerLimits
-from juice.completion_text import chat_prompt, question_messages
+from juice.baselines.prompt import instructed_request
+from juice.completion_text import chat_prompt, instructed_messages, question_messages
 from juice.engine import Choice, Stream
 from juice.models import LoadedModel
 from juice.engine.sampling import Sampling
@@ -185,11 +186,33 @@ class Admission:
         except Exception as err:
             raise ApiError(400, f"juice.question: {type(err).__name__}: {err}", param="juice") from None
 
+    def instructed_ids(self, req, row: list[int], question: str) -> list[int]:
+        """auto's instructed prompt (its "prompt-mem" candidate, :data:`juice.engine.INSTRUCTED`):
+        for a chat request, the chat template applied to its messages with the last user
+        message given the Prompt baseline's instruction toward memory
+        (:func:`juice.completion_text.instructed_messages`); for a completion, the prompt's text
+        (its tokens `row` decoded) in the Prompt baseline's form
+        (:func:`juice.baselines.prompt.instructed_request`).
+
+        Raises:
+            ApiError: 400 for a chat without a user message or a template's refusal.
+        """
+        tok, model_type = self.lm.tokenizer, self.lm.config.model_type
+        if getattr(req, "messages", None) is None:
+            return token_ids(tok, instructed_request(tok.decode(row, skip_special_tokens=True), question, model_type))
+        try:
+            messages = instructed_messages([{"role": m.role, "content": m.text()} for m in req.messages], question,
+                                           model_type)
+            return token_ids(tok, chat_prompt(tok, messages, self.name))
+        except Exception as err:
+            raise ApiError(400, f"juice.question: {type(err).__name__}: {err}", param="juice") from None
+
     def job(self, req, options: dict, ids: list[list[int]], max_tokens: int | None, logprobs: int | None = None,
             echo: bool = False) -> Job:
         """The job of a request: one stream per (prompt, choice), each seeded `seed + choice`;
-        with auto, every stream's question is the request's (:meth:`question_ids`), held as
-        the job's last prompt.
+        with auto, every stream's question is the request's (:meth:`question_ids`), held after
+        the request's prompts, and where auto may decode it each prompt's instructed form
+        (:meth:`instructed_ids`) after the question.
 
         Raises:
             ApiError: 400 for too many choices or stop strings, an empty prompt, a prompt and
@@ -216,14 +239,18 @@ class Admission:
         temperature = 1.0 if req.temperature is None else req.temperature
         seed = int.from_bytes(os.urandom(4), "little") if req.seed is None else req.seed
         streams = []
+        instructed = choice is not None and choice.needs_instruction
         for i in range(len(ids)):
             for k in range(req.n):
                 sampling = None if temperature == 0 else Sampling(
                     temperature, max(0, req.top_k or 0), 1.0 if req.top_p is None else req.top_p, (seed + k) % MAX_SEED)
                 streams.append(Stream(i, steering, sampling, req.repetition_penalty or 1.0,
-                                      choice=None if choice is None else replace(choice, question=len(ids))))
-        if choice is not None:   # the question-only prompt, after the request's prompts
-            ids = [*ids, self.question_ids(req, ask.question)]
+                                      choice=None if choice is None else replace(
+                                          choice, question=len(ids),
+                                          instructed=len(ids) + 1 + i if instructed else None)))
+        if choice is not None:   # the question-only prompt, after the request's prompts, then the instructed ones
+            ids = [*ids, self.question_ids(req, ask.question),
+                   *([self.instructed_ids(req, row, ask.question) for row in ids] if instructed else [])]
         self.on_prompt_tokens(sum(map(len, ids)))
         return Job(ids, streams, max_new, req.stops(), limits.request_timeout_s, logprobs=logprobs, echo=echo,
                    warning=ask.warning)

@@ -189,6 +189,8 @@ class Worker:
                 self.session.add((job.id, k), job.prompt_ids[stream.prompt], stream, max(1, job.max_new_tokens),
                                  rule, job.logprobs, question_ids=None if stream.question is None
                                  else job.prompt_ids[stream.question],
+                                 instructed_ids=None if stream.instructed is None
+                                 else job.prompt_ids[stream.instructed],
                                  prompt_logprobs=(job.logprobs or 0) if job.echo else None)
         except Exception as err:   # the job learns why; the worker goes on
             for k in range(len(job.streams)):
