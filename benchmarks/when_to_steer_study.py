@@ -142,11 +142,11 @@ def published_record(folders: dict[str, Path], reproduced: Path | None = None, s
     from juice.when_to_steer.evaluation import QUESTION_ONLY
     from juice.when_to_steer.harm import area_under, auto_bins, harm_table, risk_coverage
     from juice.when_to_steer.outcomes import Outcomes
-    from juice.when_to_steer.preregistered import PLAN, PRIMARY, analyze, fit, routed
+    from juice.when_to_steer.preregistered import PLAN, PRIMARY, analyze, fit, routed, with_candidates
 
     source = source or git_state()
-    datasets = {name: Outcomes.from_json(json.loads((folder / "outcomes.json").read_text(encoding="utf-8")))
-                for name, folder in folders.items()}
+    datasets = {name: with_candidates(Outcomes.from_json(json.loads((folder / "outcomes.json").read_text(
+        encoding="utf-8")))) for name, folder in folders.items()}
     analysis = analyze(datasets)
     rec = {"command": command, "commit": source["commit"], "dirty": source["dirty"], "date": time.strftime("%Y-%m-%d"),
            "model": "gemma-3-270m", "device": "cpu, fp32", **analysis, "datasets": {}}

@@ -68,3 +68,24 @@ def test_every_design_and_procedure_is_reported_with_its_interval():
         assert e["difference"] == pytest.approx(e["auto"] - e["best_static_mean"], abs=0.02)
     assert out["plan_sha256"] == PLAN.digest()
     assert "**auto**" in estimate_markdown(out)
+
+
+def test_prompt_toward_memory_is_auto_s_candidate_where_the_study_decoded_it():
+    """Issue 77, item 5: Prompt-mem, right on every item held out and on training, is the best
+    static method; outcomes written before it was a candidate list it once the plan's candidates
+    are read (with_candidates), and auto then picks it and ties it, where without it auto loses."""
+    from juice.when_to_steer.preregistered import PLAN, fit, fit_and_route, with_candidates
+
+    def right(m, s, q, t):
+        return m == "Prompt-mem" or (t == "none" and m in ("Original", "Question-only"))
+
+    o = synthetic(right=right)
+    assert "prompt-mem" not in o.candidates and "prompt-mem" in PLAN.candidates
+    listed = with_candidates(o)
+    assert listed.candidates["prompt-mem"] == "Prompt-mem" and set(o.candidates) < set(listed.candidates)
+    assert with_candidates(listed) == listed
+    without, chosen, best = fit_and_route(o.where(half="validation"), o.where(half="test"), ())
+    assert chosen == "Prompt-mem" and all(best) and not all(without)
+    got, chosen, best = fit_and_route(listed.where(half="validation"), listed.where(half="test"), ())
+    assert chosen == "Prompt-mem" and all(got) == all(best) is True
+    assert "prompt-mem" in fit(listed.where(half="validation"), ()).policy.picks

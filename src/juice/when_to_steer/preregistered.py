@@ -8,7 +8,10 @@ the record beside the numbers):
 - the **policies**: every static method the study decoded (the best static method is chosen
   among them, on the training items of each design, by the objective below) and the `auto`
   fitting procedures of :data:`PLAN` (`auto`: every gate signal tried, as `juice tune` fits it;
-  with no gate; with each gate signal alone). Each fit searches its grid
+  with no gate; with each gate signal alone), each choosing among the plan's candidates that
+  the study decoded (:data:`juice.when_to_steer.auto.CANDIDATES`: the Prompt baseline toward
+  memory among them, as issue 77 asked; outcomes written before it was a candidate decoded it
+  as a static method, and :func:`with_candidates` lists it). Each fit searches its grid
   (:func:`juice.when_to_steer.auto_tuning.fit_policy`) on the training items only, so every
   estimate below includes that search;
 - the **objective**: use relevant context, the mean over context types of the accuracy averaged
@@ -30,9 +33,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from juice.when_to_steer.auto import CANDIDATE, CANDIDATES
 from juice.when_to_steer.auto_tuning import best_static_name, cross_validate, fit_policy, policy_picks
 from juice.when_to_steer.evaluation import MEAN, POWER_Z, question_bootstrap
 from juice.when_to_steer.outcomes import Outcomes
@@ -48,6 +52,7 @@ class Plan:
 
     Attributes:
         procedures: `auto` fitting procedure -> the gate signals its fit may use (() : no gate).
+        candidates: `auto`'s candidates, those of them the study decoded.
         designs: the designs, in report order.
         folds: the cross-validation's folds; resamples, seed: the bootstrap's.
         objective: the objective's name; max_policies: at most this many policies compared
@@ -57,6 +62,7 @@ class Plan:
     procedures: dict[str, tuple[str, ...]] = field(default_factory=lambda: {
         PRIMARY: tuple(GATE_SIGNALS), "auto, no gate": (),
         **{f"auto, gate on {name} only": (name,) for name in GATE_SIGNALS}})
+    candidates: tuple[str, ...] = CANDIDATES
     designs: tuple[str, ...] = ("validation -> test", "5-fold by question", "leave one source out",
                                 "across datasets")
     folds: int = 5
@@ -69,6 +75,7 @@ class Plan:
         out = asdict(self)
         out["procedures"] = {k: list(v) for k, v in self.procedures.items()}
         out["designs"] = list(self.designs)
+        out["candidates"] = list(self.candidates)
         out["primary"] = PRIMARY
         return out
 
@@ -79,6 +86,20 @@ class Plan:
 
 PLAN = Plan()
 """The study's pre-registered plan."""
+
+
+def with_candidates(o: Outcomes, plan: "Plan" = PLAN) -> Outcomes:
+    """`o` with auto's candidates restricted to the plan's, and with each planned candidate that
+    `o` decoded as a static method but does not list as a candidate (outcomes written before it
+    was one): one whose title does not depend on the heads file's direction ("Prompt-mem";
+    :meth:`juice.when_to_steer.auto.Candidate.title`)."""
+    listed = {c: t for c, t in o.candidates.items() if c in plan.candidates}
+    for name in plan.candidates:
+        c = CANDIDATE[name]
+        title = c.title("")
+        if name not in listed and c.instruction is not None and title in o.verdicts["use"]:
+            listed[name] = title
+    return replace(o, candidates={c: listed[c] for c in CANDIDATES if c in listed})
 
 
 def _candidate_verdicts(o: Outcomes, kind: str = "use") -> dict[str, list[bool]]:
@@ -151,6 +172,7 @@ def analyze(datasets: Mapping[str, Outcomes], plan: Plan = PLAN) -> dict[str, An
         ValueError: more policies than `plan.max_policies`.
     """
     estimates = []
+    datasets = {name: with_candidates(o, plan) for name, o in datasets.items()}
 
     def add(dataset: str, design: str, procedure: str, held: Outcomes, auto, best, chosen) -> None:
         estimates.append({"dataset": dataset, "design": design, "procedure": procedure, "best_static": chosen,
@@ -214,5 +236,5 @@ def estimate_markdown(analysis: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["PLAN", "PRIMARY", "Plan", "analyze", "best_static", "estimate_markdown", "fit", "fit_and_route",
+__all__ = ["PLAN", "PRIMARY", "Plan", "analyze", "best_static", "estimate_markdown", "fit", "fit_and_route", "with_candidates",
            "paired_estimate", "routed"]
