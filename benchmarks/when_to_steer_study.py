@@ -157,6 +157,7 @@ def published_record(folders: dict[str, Path], reproduced: Path | None = None, s
         rec["heads"] = selection_to_json(load_heads(reproduced / "heads_contextual.json").selection)
         rec["betas"] = {m: {k: b[k] for k in ("beta_plus", "beta_minus")} for m, b in json.loads(
             (reproduced / "results_contextual.json").read_text(encoding="utf-8"))["choices"]["nqswap"]["betas"].items()}
+    rec["sensitivity"] = {label: sensitivity(datasets, without) for label, without in SENSITIVITY.items()}
     for name, o in datasets.items():
         policy = fit(o.where(half="validation"), PLAN.procedures[PRIMARY]).policy
         test = o.where(half="test")
@@ -169,6 +170,53 @@ def published_record(folders: dict[str, Path], reproduced: Path | None = None, s
             "policy": policy.to_json(), "harm": harm_table(test, methods, resamples=PLAN.resamples, seed=PLAN.seed),
             "risk_coverage": curves, "area_under_risk_coverage": {m: round(area_under(c), 4) for m, c in curves.items()}}
     return rec
+
+
+SENSITIVITY = {"without Prompt-mem among auto's candidates": "prompt-mem"}
+"""Label -> the candidate of the plan a sensitivity analysis leaves out (labelled as such beside the
+plan's estimates: the plan otherwise unchanged)."""
+
+
+def sensitivity(datasets: dict, without: str) -> dict:
+    """The primary procedure's estimates in every design, and per dataset its policy and do-no-harm
+    verdict on the test half, with auto choosing among the plan's candidates but `without`
+    (:data:`juice.when_to_steer.preregistered.PLAN` otherwise)."""
+    from dataclasses import replace
+
+    from juice.when_to_steer.harm import KEEPS, harm_table
+    from juice.when_to_steer.preregistered import PLAN, PRIMARY, analyze, fit, routed, with_candidates
+
+    candidates = tuple(c for c in PLAN.candidates if c != without)
+    plan = replace(PLAN, candidates=candidates)
+    part = analyze(datasets, plan)
+    out = {"candidates": list(candidates), "plan_sha256": part["plan_sha256"],
+           "estimates": [e for e in part["estimates"] if e["procedure"] == PRIMARY], "datasets": {}}
+    for name, o in datasets.items():
+        o = with_candidates(o, plan)
+        policy = fit(o.where(half="validation"), plan.procedures[PRIMARY]).policy
+        test = o.where(half="test")
+        test = test.with_method(PRIMARY, routed(test, policy))
+        harm = harm_table(test, [PRIMARY], resamples=plan.resamples, seed=plan.seed)
+        out["datasets"][name] = {"policy": policy.to_json(), "keeps known answers": harm["rows"][PRIMARY][KEEPS],
+                                 "verdict": harm["verdicts"][PRIMARY]}
+    return out
+
+
+def sensitivity_sentences(rec: dict) -> list[str]:
+    """The sensitivity analyses (:data:`SENSITIVITY`), one sentence per analysis and dataset, as
+    docs/when-to-steer.md quotes them."""
+    out = []
+    for label, part in rec.get("sensitivity", {}).items():
+        for name, d in part["datasets"].items():
+            shown = [e for e in part["estimates"] if e["dataset"] == name]
+            keeps, verdict = d["keeps known answers"], d["verdict"]
+            out.append(f"{DISPLAY.get(name, name)}, {label}: auto minus the best static method "
+                       + "; ".join(f"{e['design']} {e['difference']:+.1f} [{e['low']:+.1f}, {e['high']:+.1f}]"
+                                   for e in shown)
+                       + f" points; auto keeps {100 * keeps['mean']:.1f} [{100 * keeps['low']:.1f}, "
+                         f"{100 * keeps['high']:.1f}] % of known answers under misleading passages and "
+                       + ("does no measurable harm" if verdict["no measurable harm"] else "harms") + ".")
+    return out
 
 
 def verdict_sentences(rec: dict) -> list[str]:
@@ -204,6 +252,9 @@ def published_markdown(rec: dict) -> str:
     from juice.when_to_steer.preregistered import estimate_markdown
 
     lines = ["\n".join(f"- {s}" for s in verdict_sentences(rec)), "", estimate_markdown(rec)]
+    if rec.get("sensitivity"):
+        lines += ["**Sensitivity (beside the plan, not its estimate)**", "",
+                  "\n".join(f"- {s}" for s in sensitivity_sentences(rec)), ""]
     for name, part in rec["datasets"].items():
         lines += [f"**{DISPLAY.get(name, name)}: do no harm (test half)**", "", harm_markdown(part["harm"]),
                   "Area under the risk-coverage curve (lower is better): "
