@@ -107,11 +107,24 @@ class Steerer:
                        replace(self.choice, question=n + i, instructed=2 * n + i if instructed else None))
                 for i in range(n)]
 
-    def _instructed(self, prompts: Sequence[str], questions: Sequence[str]) -> list[str]:
+    def _instructed(self, prompts: Sequence[str], questions: Sequence[str],
+                    given: Sequence[str] | None = None) -> list[str]:
         """With auto whose policy may pick "prompt-mem", each prompt with the Prompt baseline's
-        instruction toward memory (:func:`juice.baselines.prompt.instructed_request`); else []."""
+        instruction toward memory: `given`, or :func:`juice.baselines.prompt.instructed_request`;
+        else [].
+
+        Raises:
+            ValueError: `given` without auto, or not one per prompt.
+        """
+        if given is not None:
+            if self.choice is None:
+                raise ValueError("instructions are for method auto")
+            if len(given) != len(prompts):
+                raise ValueError(f"auto: {len(prompts)} prompts, {len(given)} instructions")
         if self.choice is None or not self.choice.needs_instruction:
             return []
+        if given is not None:
+            return list(given)
         return [instructed_request(p, q, self.lm.config.model_type) for p, q in zip(prompts, questions)]
 
     def _questions(self, n: int, questions: str | Sequence[str] | None) -> list[str]:
@@ -157,11 +170,11 @@ class Steerer:
         Raises:
             PromptTooLongError: a prompt does not fit the context with `max_new_tokens`.
             ValueError: bad sampling settings, max_new_tokens < 1; auto without a question per
-                prompt, or questions without auto.
+                prompt, or questions (instructions) without auto.
         """
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         extra = self._questions(len(prompts), questions)
-        instructed = self._instructed(prompts, extra) if instructions is None else list(instructions)
+        instructed = self._instructed(prompts, extra, instructions)
         streams = self._streams(len(prompts), do_sample, temperature, top_k, top_p, seed, repetition_penalty)
         gen = generate(self.lm, prompts + extra + instructed, streams, max_new_tokens, max_rows=max_rows,
                        stop_at_eos=True)

@@ -341,6 +341,10 @@ def test_the_steerer_runs_auto_s_prompt_candidate_as_the_instructed_prompt(tiny_
         instructed_messages(messages, questions[0], lm.config.model_type), 8)
     # without a passage (the prompt is its question) it is Original on the prompt, as every policy
     assert auto.generate(questions, 8, questions=questions) == original.generate(questions, 8)
+    with pytest.raises(ValueError, match="2 prompts, 1 instructions"):
+        auto.generate(prompts, 8, questions=questions, instructions=instructed[:1])
+    with pytest.raises(ValueError, match="instructions are for method auto"):
+        original.generate(prompts, 8, instructions=instructed)
 
 
 def test_juice_tune_methods_auto_from_the_command_line(tmp_path, capsys):

@@ -299,7 +299,7 @@ def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: S
     needed |= {q for s, q in zip(streams, question_keys) if s.contrast is not None or s.choice is not None}
     needed |= {p for s, p in zip(streams, prompt_keys) if s.choice is not None}
     instructed_keys = [None] * len(streams) if instructed_keys is None else list(instructed_keys)
-    needed |= {i for s, i in zip(streams, instructed_keys) if s.instructed is not None}
+    needed |= {i for s, i in zip(streams, instructed_keys) if s.choice is not None and s.choice.needs_instruction}
     clean_row = {p: row(p) for p in sorted(needed)}
     # (stream, candidate) for every steered row: a stream's own steering is candidate -1
     steered = [(k, c) for k, s in enumerate(streams)
