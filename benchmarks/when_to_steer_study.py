@@ -251,7 +251,7 @@ def published_markdown(rec: dict) -> str:
     from juice.when_to_steer.harm import harm_markdown
     from juice.when_to_steer.preregistered import estimate_markdown
 
-    lines = ["\n".join(f"- {s}" for s in verdict_sentences(rec)), "", estimate_markdown(rec)]
+    lines = ["\n".join(f"- {s}" for s in verdict_sentences(rec)), "", estimate_markdown(rec, DISPLAY)]
     if rec.get("sensitivity"):
         lines += ["**Sensitivity (beside the plan, not its estimate)**", "",
                   "\n".join(f"- {s}" for s in sensitivity_sentences(rec)), ""]

@@ -214,9 +214,11 @@ SHORT_SIGNALS = {"question_words_in_passage": "lexical share", "confidence_gain"
 """The gate signals' names in the tables."""
 
 
-def estimate_markdown(analysis: Mapping[str, Any]) -> str:
-    """The estimates as one Markdown table per design (rows: dataset and procedure, "gate: <signal>
-    only" for `auto, gate on <signal> only`), the primary procedure in bold."""
+def estimate_markdown(analysis: Mapping[str, Any], names: Mapping[str, str] | None = None) -> str:
+    """The estimates as one Markdown table per design (rows: dataset, by its name in `names` where
+    it has one, and procedure, "gate: <signal> only" for `auto, gate on <signal> only`), the
+    primary procedure in bold."""
+    names = dict(names or {})
     lines = []
     for design in analysis["plan"]["designs"]:
         rows = [e for e in analysis["estimates"] if e["design"] == design]
@@ -230,7 +232,8 @@ def estimate_markdown(analysis: Mapping[str, Any]) -> str:
             for signal, label in SHORT_SIGNALS.items():
                 short = short.replace(f"auto, gate on {signal} only", f"gate: {label} only")
             name = f"**{short}**" if e["procedure"] == analysis["plan"]["primary"] else short
-            lines.append(f"| {e['dataset']} | {name} | {e['auto']:.1f} | {chosen} {e['best_static_mean']:.1f} | "
+            dataset = " -> ".join(names.get(d, d) for d in e["dataset"].split(" -> "))
+            lines.append(f"| {dataset} | {name} | {e['auto']:.1f} | {chosen} {e['best_static_mean']:.1f} | "
                          f"{e['difference']:+.1f} [{e['low']:+.1f}, {e['high']:+.1f}] | {e['questions']} |")
         lines.append("")
     return "\n".join(lines)
