@@ -42,6 +42,7 @@ its figure, in seconds, without a model:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -136,8 +137,9 @@ def published_record(folders: dict[str, Path], reproduced: Path | None = None, s
     :func:`juice.when_to_steer.preregistered.analyze`, and per dataset the questions per half,
     `auto`'s policy fitted on validation (the primary procedure), the do-no-harm table of every
     static method and `auto` on the test half (:func:`juice.when_to_steer.harm.harm_table`), their
-    risk-coverage curves and areas; the heads and betas of `reproduced`, the command, the commit
-    and the dirty flag (`source`, read when the command started)."""
+    risk-coverage curves and areas, and the SHA-256 of the `outcomes.json` it read (which decoding
+    it analyzed); the heads and betas of `reproduced`, the command, the commit and the dirty flag
+    (`source`, read when the command started)."""
     from _common import git_state
     from juice.when_to_steer.evaluation import QUESTION_ONLY
     from juice.when_to_steer.harm import area_under, auto_bins, harm_table, risk_coverage
@@ -166,6 +168,7 @@ def published_record(folders: dict[str, Path], reproduced: Path | None = None, s
         curves = {m: risk_coverage(test, test.verdicts["use"][m]) for m in o.static if m != QUESTION_ONLY}
         curves[f"{PRIMARY} (its bins)"] = risk_coverage(test, auto_bins(test, policy))
         rec["datasets"][name] = {
+            "outcomes_sha256": hashlib.sha256((folders[name] / "outcomes.json").read_bytes()).hexdigest(),
             "questions": {half: len(set(o.where(half=half).questions())) for half in ("validation", "test")},
             "policy": policy.to_json(), "harm": harm_table(test, methods, resamples=PLAN.resamples, seed=PLAN.seed),
             "risk_coverage": curves, "area_under_risk_coverage": {m: round(area_under(c), 4) for m, c in curves.items()}}
