@@ -317,7 +317,7 @@ def test_the_steerer_runs_auto_with_questions_and_refuses_without(tiny_llama):
         Steerer(lm, artifact, method="auto", beta_plus=1.0)
 
 
-def test_the_steerer_runs_auto_s_prompt_candidate_as_the_instructed_prompt(tiny_llama):
+def test_the_steerer_runs_auto_s_prompt_candidate_as_the_instructed_prompt(tiny_llama, monkeypatch):
     """A policy that picks "prompt-mem" decodes each prompt in the Prompt baseline's form toward
     memory (instructed_request) with the unmodified model: generate, stream and chat (whose
     instruction goes into the last user message) equal Original on that prompt."""
@@ -325,8 +325,9 @@ def test_the_steerer_runs_auto_s_prompt_candidate_as_the_instructed_prompt(tiny_
     from juice.completion_text import instructed_messages
     from juice.steerer import Steerer
 
-    lm = tiny_llama
-    lm.tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}is"
+    lm = tiny_llama   # shared by the session: its template is set for this test only
+    monkeypatch.setattr(lm.tokenizer, "chat_template",
+                        "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}is", raising=False)
     policy = AutoPolicy((), ("prompt-mem",))
     artifact = tiny_heads(lm, {"auto": policy.to_json()})
     auto, original = Steerer(lm, artifact, method="auto"), Steerer(lm, artifact, method="original")
