@@ -311,8 +311,8 @@ def candidate_option(candidate: Candidate, lm: LoadedModel, selection, betas: Ma
     """What the engine decodes a candidate with inside a choice: its recipe's steering
     (:func:`candidate_recipe`), the question alone (:data:`juice.engine.QUESTION_ALONE`), the
     instructed prompt (:data:`juice.engine.INSTRUCTED`: an unmodified instructed recipe; the
-    caller gives that prompt, :func:`juice.baselines.prompt.instructed_request`), or a contrastive recipe's rule against
-    the question-only row (AdaCAD).
+    caller gives that prompt, :func:`juice.baselines.prompt.instructed_request`), or a
+    contrastive recipe's rule against the question-only row (AdaCAD).
 
     Raises:
         KeyError: a steered candidate without betas in `betas`.
