@@ -8,7 +8,7 @@ whole questions (:mod:`juice.when_to_steer.classifier`), and the reliability bin
 dataset's pooled cells. Prints the tables; --record writes the compact record
 docs/when-to-steer.md quotes (a test keeps them equal).
 
-Run: python benchmarks/gate_classifier.py [--data ../shared/data] [--limit N] [--record FILE]
+Run: python benchmarks/gate_classifier.py [--data ../shared/data] [--limit N] [--record FILE] [--cache DIR]
      python benchmarks/gate_classifier.py --from-record FILE     (print the page's part of a record)
 Not a test: about 15 minutes per 1,000 questions on 2 cores (the model-based signals: two forwards per item).
 """
@@ -40,8 +40,30 @@ CHUNK = 256
 (Gemma 3's 262,144-token vocabulary: 2 MiB per item at fp32)."""
 
 
-def measure(lm, items, resamples: int, seed: int) -> dict:
-    """One dataset's part of the record: its items, every cell and the pooled reliability bins."""
+def chunk_features(lm, prompts: list[str], questions: list[str], cache: Path | None) -> dict[str, list[float]]:
+    """The model-based signals of one chunk (:func:`first_step_features`), read from `cache`
+    where a run computed them before (keyed by the model, the signals' code and the chunk's
+    prompts and questions), else computed and written there atomically: a stopped run resumes."""
+    names = (SIGNAL, *GATE_SIGNALS[1:])
+    path = None
+    if cache is not None:
+        from juice.io import settings_key
+        from juice.when_to_steer.study import FEATURE_MODULES, decoding_code_key
+
+        path = cache / (settings_key({"model": lm.fingerprint(), "code": decoding_code_key(FEATURE_MODULES),
+                                      "items": [[p, q] for p, q in zip(prompts, questions)]}) + ".json")
+        if path.is_file():
+            return json.loads(path.read_text(encoding="utf-8"))
+    features = first_step_features(lm, prompts, questions)
+    out = {name: features[name].tolist() for name in names}
+    if path is not None:
+        write_json_atomic(path, out)
+    return out
+
+
+def measure(lm, items, resamples: int, seed: int, cache: Path | None = None) -> dict:
+    """One dataset's part of the record: its items, every cell and the pooled reliability bins
+    (`cache`: where each chunk's signals are kept, :func:`chunk_features`)."""
     passage = [i.prompt != i.question for i in items]
     values = {s: np.zeros(len(items)) for s in (*GATE_SIGNALS, SIGNAL)}
     at = [k for k, p in enumerate(passage) if p]
@@ -50,9 +72,9 @@ def measure(lm, items, resamples: int, seed: int) -> dict:
     order = sorted(range(len(at)), key=lambda k: len(prompts[k]))   # batches of like lengths: less padding
     for start in range(0, len(order), CHUNK):   # first_step_features holds every row's logits: in chunks
         part = order[start:start + CHUNK]
-        features = first_step_features(lm, [prompts[k] for k in part], [questions[k] for k in part])
+        features = chunk_features(lm, [prompts[k] for k in part], [questions[k] for k in part], cache)
         for name in (SIGNAL, *GATE_SIGNALS[1:]):
-            values[name][[at[k] for k in part]] = features[name].numpy()
+            values[name][[at[k] for k in part]] = np.asarray(features[name], dtype=np.float64)
     cells = auroc_table(items, values, resamples=resamples, seed=seed)
     pooled = POOLED if len({i.source for i in items}) > 1 else items[0].source
     curves = {signal: {wrong: [b.to_json() for b in bins] for wrong, bins in per.items()}
@@ -133,6 +155,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--datasets", default="paraconflict,nqswap", help="which, in this order")
     parser.add_argument("--record", type=Path, default=None, help="write the compact record here")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="keep each chunk's signals here: a stopped run resumes (default: none)")
     parser.add_argument("--from-record", type=Path, default=None, help="print the page's tables of this record")
     args = parser.parse_args()
     if args.from_record is not None:
@@ -155,7 +179,7 @@ def main() -> None:
             continue
         items, _ = context_items(folder, limit=args.limit)
         print(f"{DATASETS[dataset]}: {len(items.items)} items", flush=True)
-        rec["datasets"][dataset] = measure(lm, items.items, args.resamples, args.seed)
+        rec["datasets"][dataset] = measure(lm, items.items, args.resamples, args.seed, args.cache)
         print(record_markdown(rec, dataset) + "\n", flush=True)
         rec["wall_s"] = round(time.perf_counter() - start, 1)
         if args.record is not None:   # after each dataset, atomically: a stopped run keeps what it measured

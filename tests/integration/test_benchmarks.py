@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -194,3 +195,24 @@ def test_the_when_to_steer_record_holds_the_heads_and_its_provenance(tmp_path):
     rec = when_to_steer_study.record(tmp_path, "default", {"commit": "c" * 40, "dirty": True})
     assert rec["heads"] == {"positive": ["L2H1", "L0H3"], "negative": ["L1H0"]}
     assert (rec["commit"], rec["dirty"]) == ("c" * 40, True) and rec["datasets"] == {}
+
+
+def test_the_gate_classifier_resumes_from_its_cached_chunks(tiny_llama, tmp_path, monkeypatch):
+    """A chunk's signals are written once and read back equal (a stopped run resumes); other
+    prompts are computed, not read."""
+    import gate_classifier
+    from juice.when_to_steer.signals import first_step_features
+
+    prompts = ["the capital of france is paris . the capital of france is", "tennis golf w40 is"]
+    questions = ["the capital of france is", "w40 is"]
+    first = gate_classifier.chunk_features(tiny_llama, prompts, questions, tmp_path)
+    direct = first_step_features(tiny_llama, prompts, questions)
+    assert first == {n: direct[n].tolist() for n in first} and len(list(tmp_path.glob("*.json"))) == 1
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("computed again")
+
+    monkeypatch.setattr(gate_classifier, "first_step_features", refuse)
+    assert gate_classifier.chunk_features(tiny_llama, prompts, questions, tmp_path) == first
+    with pytest.raises(AssertionError, match="computed again"):
+        gate_classifier.chunk_features(tiny_llama, prompts[:1], questions[:1], tmp_path)
