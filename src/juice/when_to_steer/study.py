@@ -41,12 +41,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from juice.when_to_steer.auto import CANDIDATE, CANDIDATE_TABLE, candidate_betas
+from juice.when_to_steer.auto import CANDIDATE, CANDIDATE_TABLE, candidate_betas, candidate_recipe
 from juice.when_to_steer.signals import GATE_SIGNALS
 from juice.data.context_types import ContextItem
 from juice.eval.runner import ItemResult, results_from_json, results_to_json
 from juice.io import settings_key, write_json_atomic
-from juice.methods import REGISTRY, MethodInputs, build, lookup
+from juice.methods import REGISTRY, lookup
 from juice.models import LoadedModel
 from juice.progress import OnProgress, Progress, no_progress
 from juice.recipe import Method
@@ -493,17 +493,16 @@ def _write_study(study: Study, out: Path) -> None:
 def auto_candidate(lm: LoadedModel, artifact: HeadsArtifact, candidate: str, betas: Mapping[str, tuple[float, float]]
                    ) -> Method:
     """The evaluation method of one of auto's candidates (:data:`juice.when_to_steer.auto.CANDIDATES`), built by
-    the registry at the candidate's betas (`betas`, :func:`juice.when_to_steer.auto.candidate_betas`).
+    the registry at the candidate's betas (`betas`, :func:`juice.when_to_steer.auto.candidate_betas`), as
+    auto decodes it (:func:`juice.when_to_steer.auto.candidate_recipe`).
 
     Raises:
         ValueError: the question alone (no method of its own: Original's output on the none item).
     """
-    c = CANDIDATE[candidate]
-    if c.method is None:
+    recipe = candidate_recipe(CANDIDATE[candidate], lm, artifact.selection, betas)
+    if recipe is None:
         raise ValueError("the question alone is Original's output on the none item, not a method to decode")
-    bp, bm = betas[candidate] if c.steered else (None, None)
-    return build(c.method, MethodInputs(lm, artifact.selection, beta_plus=bp, beta_minus=bm, instruction=c.instruction),
-                 warn=False).method
+    return recipe
 
 
 __all__ = ["CHUNK", "DECODING_MODULES", "FEATURE_MODULES", "Features", "ORACLE", "Study", "auto_candidate",
