@@ -144,7 +144,7 @@ def published_record(folders: dict[str, Path], reproduced: Path | None = None, s
     from juice.when_to_steer.evaluation import QUESTION_ONLY
     from juice.when_to_steer.harm import area_under, auto_bins, harm_table, risk_coverage
     from juice.when_to_steer.outcomes import Outcomes
-    from juice.when_to_steer.preregistered import PLAN, PRIMARY, analyze, fit, routed, with_candidates
+    from juice.when_to_steer.preregistered import PLAN, PRIMARY, analyze, with_candidates
 
     source = source or git_state()
     datasets = {name: with_candidates(Outcomes.from_json(json.loads((folder / "outcomes.json").read_text(
@@ -161,9 +161,7 @@ def published_record(folders: dict[str, Path], reproduced: Path | None = None, s
             (reproduced / "results_contextual.json").read_text(encoding="utf-8"))["choices"]["nqswap"]["betas"].items()}
     rec["sensitivity"] = {label: sensitivity(datasets, without) for label, without in SENSITIVITY.items()}
     for name, o in datasets.items():
-        policy = fit(o.where(half="validation"), PLAN.procedures[PRIMARY]).policy
-        test = o.where(half="test")
-        test = test.with_method(PRIMARY, routed(test, policy))
+        policy, test = primary_on_test(o, PLAN)
         methods = [*o.static, PRIMARY]
         curves = {m: risk_coverage(test, test.verdicts["use"][m]) for m in o.static if m != QUESTION_ONLY}
         curves[f"{PRIMARY} (its bins)"] = risk_coverage(test, auto_bins(test, policy))
@@ -173,6 +171,16 @@ def published_record(folders: dict[str, Path], reproduced: Path | None = None, s
             "policy": policy.to_json(), "harm": harm_table(test, methods, resamples=PLAN.resamples, seed=PLAN.seed),
             "risk_coverage": curves, "area_under_risk_coverage": {m: round(area_under(c), 4) for m, c in curves.items()}}
     return rec
+
+
+def primary_on_test(o, plan):
+    """`plan`'s primary procedure fitted on `o`'s validation half: (its policy, `o`'s test half with
+    the policy's routed verdicts as method :data:`juice.when_to_steer.preregistered.PRIMARY`)."""
+    from juice.when_to_steer.preregistered import PRIMARY, fit, routed
+
+    policy = fit(o.where(half="validation"), plan.procedures[PRIMARY]).policy
+    test = o.where(half="test")
+    return policy, test.with_method(PRIMARY, routed(test, policy))
 
 
 SENSITIVITY = {"without Prompt-mem among auto's candidates": "prompt-mem"}
@@ -187,7 +195,7 @@ def sensitivity(datasets: dict, without: str) -> dict:
     from dataclasses import replace
 
     from juice.when_to_steer.harm import KEEPS, harm_table
-    from juice.when_to_steer.preregistered import PLAN, PRIMARY, analyze, fit, routed, with_candidates
+    from juice.when_to_steer.preregistered import PLAN, PRIMARY, analyze, with_candidates
 
     candidates = tuple(c for c in PLAN.candidates if c != without)
     plan = replace(PLAN, candidates=candidates)
@@ -195,12 +203,9 @@ def sensitivity(datasets: dict, without: str) -> dict:
     out = {"candidates": list(candidates), "plan_sha256": part["plan_sha256"],
            "estimates": [e for e in part["estimates"] if e["procedure"] == PRIMARY], "datasets": {}}
     for name, o in datasets.items():
-        o = with_candidates(o, plan)
-        policy = fit(o.where(half="validation"), plan.procedures[PRIMARY]).policy
-        test = o.where(half="test")
-        test = test.with_method(PRIMARY, routed(test, policy))
+        policy, test = primary_on_test(with_candidates(o, plan), plan)
         harm = harm_table(test, [PRIMARY], resamples=plan.resamples, seed=plan.seed)
-        out["datasets"][name] = {"policy": policy.to_json(), "keeps known answers": harm["rows"][PRIMARY][KEEPS],
+        out["datasets"][name] = {"policy": policy.to_json(), "keeps known answers": harm["rows"][PRIMARY].get(KEEPS),
                                  "verdict": harm["verdicts"][PRIMARY]}
     return out
 
@@ -216,9 +221,10 @@ def sensitivity_sentences(rec: dict) -> list[str]:
             out.append(f"{DISPLAY.get(name, name)}, {label}: auto minus the best static method "
                        + "; ".join(f"{e['design']} {e['difference']:+.1f} [{e['low']:+.1f}, {e['high']:+.1f}]"
                                    for e in shown)
-                       + f" points; auto keeps {100 * keeps['mean']:.1f} [{100 * keeps['low']:.1f}, "
-                         f"{100 * keeps['high']:.1f}] % of known answers under misleading passages and "
-                       + ("does no measurable harm" if verdict["no measurable harm"] else "harms") + ".")
+                       + (" points; no known answer meets a misleading passage" if keeps is None else
+                          f" points; auto keeps {100 * keeps['mean']:.1f} [{100 * keeps['low']:.1f}, "
+                          f"{100 * keeps['high']:.1f}] % of known answers under misleading passages")
+                       + " and " + ("does no measurable harm" if verdict["no measurable harm"] else "harms") + ".")
     return out
 
 
