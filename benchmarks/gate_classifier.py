@@ -128,6 +128,15 @@ def record_markdown(rec: dict, dataset: str) -> str:
     return "\n".join(lines)
 
 
+def headline(rec: dict) -> str:
+    """The gate's number where the README, the FAQ and docs/when-to-steer.md's verdict state it (a
+    test keeps each equal to the record): the AUROC of the lexical share, the signal `auto`'s gate
+    reads, for NQ-Swap's gold and conflicting passages against its BM25 distractors, with its 95%
+    interval over whole questions."""
+    part = rec["datasets"]["nqswap"]
+    return f"AUROC {_auroc(_cell(part, RELEVANCE, part['pooled'], 'distractor'))} against NQ-Swap's BM25 distractors"
+
+
 def claims(rec: dict) -> list[str]:
     """The verdict's sentences on docs/when-to-steer.md, from the record (a test keeps each on the
     page): per dataset and wrong type, the signal that separates best on the pooled items, and the

@@ -50,6 +50,8 @@ def test_the_signals_auroc_tables_on_the_when_to_steer_page_are_the_committed_re
         assert gate_classifier.record_markdown(record, dataset) in page
     for claim in gate_classifier.claims(record):   # every sentence of the verdict that states a number
         assert claim in page
+    for name in ("README.md", "docs/index.md", "docs/faq.md", "docs/when-to-steer.md"):   # the gate's headline
+        assert f"{gate_classifier.headline(record)} (0.5 is chance)" in (ROOT / name).read_text(encoding="utf-8"), name
 
 
 def test_the_sweep_on_the_reproducing_page_is_the_committed_record():
