@@ -140,16 +140,22 @@ def headline(rec: dict) -> str:
 
 def claims(rec: dict) -> list[str]:
     """The verdict's sentences on docs/when-to-steer.md, from the record (a test keeps each on the
-    page): per dataset and wrong type, the signal that separates best on the pooled items, and the
-    signals whose interval holds 0.5 (no better than chance)."""
+    page): per dataset and wrong type, the signal with the highest AUROC on the pooled items (said to
+    separate best only when no other signal's AUROC lies in its 95% interval), and the signals whose
+    interval holds 0.5 (no better than chance)."""
     out = []
     for dataset, part in rec["datasets"].items():
         for wrong in [w for w in dict.fromkeys(c["wrong"] for c in part["cells"]) if ": " not in w]:
             cells = [c for c in part["cells"] if c["source"] == part["pooled"] and c["wrong"] == wrong]
             best = max(cells, key=lambda c: c["auroc"]["mean"])
+            near = [c for c in cells if c is not best and c["auroc"]["mean"] >= best["auroc"]["low"]]
             chance = [SIGNAL_TITLES[c["signal"]] for c in cells if c["auroc"]["low"] <= 0.5 <= c["auroc"]["high"]]
-            out.append(f"{DATASETS[dataset]}, {wrong} passages: {SIGNAL_TITLES[best['signal']]} separates best, "
-                       f"AUROC {_auroc(best)}"
+            title = SIGNAL_TITLES[best["signal"]]
+            out.append(f"{DATASETS[dataset]}, {wrong} passages: "
+                       + (f"no signal separates better than the others (the highest AUROC, the {title}'s, "
+                          f"{_auroc(best)}, holds {len(near)} other{'s' if len(near) > 1 else ''} in its interval)"
+                          if near else
+                          f"{title} separates best, AUROC {_auroc(best)}")
                        + (f"; {', '.join(chance)} no better than chance" if chance else "") + ".")
             means = [c["auroc"]["mean"] for c in cells]
             out.append(f"Against {DATASETS[dataset]}'s {wrong} passages every signal's AUROC lies between "

@@ -54,6 +54,24 @@ def test_the_signals_auroc_tables_on_the_when_to_steer_page_are_the_committed_re
         assert f"{gate_classifier.headline(record)} (0.5 is chance)" in (ROOT / name).read_text(encoding="utf-8"), name
 
 
+def test_the_gate_verdict_names_a_best_signal_only_when_no_other_lies_in_its_interval():
+    import gate_classifier
+
+    def cell(signal, wrong, mean, low, high):
+        return {"signal": signal, "source": "nqswap", "wrong": wrong, "auroc": {"mean": mean, "low": low, "high": high}}
+
+    signals = list(gate_classifier.SIGNAL_TITLES)
+    cells = [cell(signals[0], "irrelevant", 0.92, 0.91, 0.93), cell(signals[1], "irrelevant", 0.62, 0.60, 0.63),
+             cell(signals[0], "distractor", 0.549, 0.529, 0.569), cell(signals[1], "distractor", 0.547, 0.53, 0.56),
+             cell(signals[2], "distractor", 0.51, 0.49, 0.53)]
+    record = {"datasets": {"nqswap": {"pooled": "nqswap", "cells": cells}}}
+    clear, _, tie, _ = gate_classifier.claims(record)
+    assert clear == "NQ-Swap, irrelevant passages: lexical share separates best, AUROC 0.92 [0.91, 0.93]."
+    assert tie == ("NQ-Swap, distractor passages: no signal separates better than the others (the highest AUROC, "
+                   "the lexical share's, 0.55 [0.53, 0.57], holds 1 other in its interval); "
+                   "peakedness (CoCoA) no better than chance.")
+
+
 def test_the_sweep_on_the_reproducing_page_is_the_committed_record():
     record = json.loads((ROOT / "benchmarks" / "results" / "sweep-embedded.json").read_text(encoding="utf-8"))
     assert record["command"].startswith("python benchmarks/bench_sweep.py") and len(record["commit"]) == 40
