@@ -8,8 +8,9 @@ whole questions (:mod:`juice.when_to_steer.classifier`), and the reliability bin
 dataset's pooled cells. Prints the tables; --record writes the compact record
 docs/when-to-steer.md quotes (a test keeps them equal).
 
-Run: python benchmarks/gate_classifier.py [--data ../shared/data] [--limit N] [--record FILE] [--cache DIR]
-     python benchmarks/gate_classifier.py --from-record FILE     (print the page's part of a record)
+Run: python benchmarks/gate_classifier.py [--data ../shared/data] [--limit N] [--record FILE] [--cache DIR] [--figure PNG]
+     python benchmarks/gate_classifier.py --from-record FILE [--figure PNG]   (the page's part of a record,
+     and its calibration curves, without a model)
 Not a test: the model-based signals need two forwards per item; on 2 CPU cores NQ-Swap's 1,667 questions
 (longer passages) took about 70 minutes and ParaConflict's 982 about 7.
 """
@@ -138,6 +139,18 @@ def headline(rec: dict) -> str:
     return f"AUROC {_auroc(_cell(part, RELEVANCE, part['pooled'], 'distractor'))} against NQ-Swap's BM25 distractors"
 
 
+def figure(rec: dict, path: Path) -> Path:
+    """The record's calibration curves (each signal's reliability bins on the pooled items, per
+    dataset and wrong type) as the PNG docs/when-to-steer.md shows
+    (:func:`juice.when_to_steer.classifier.reliability_figure`)."""
+    from juice.when_to_steer.classifier import reliability_figure
+
+    curves = {DATASETS[d]: {SIGNAL_TITLES[s]: {w: bins for w, bins in by.items() if ": " not in w}
+                            for s, by in part["reliability"].items()}
+              for d, part in rec["datasets"].items()}
+    return reliability_figure(curves, path, f"{rec['model']} ({rec['device']}), commit {rec['commit'][:12]}")
+
+
 def claims(rec: dict) -> list[str]:
     """The verdict's sentences on docs/when-to-steer.md, from the record (a test keeps each on the
     page): per dataset and wrong type, the signal with the highest AUROC on the pooled items (said to
@@ -174,12 +187,16 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=None,
                         help="keep each chunk's signals here: a stopped run resumes (default: none)")
     parser.add_argument("--from-record", type=Path, default=None, help="print the page's tables of this record")
+    parser.add_argument("--figure", type=Path, default=None,
+                        help="draw the calibration curves (PNG) of the record this run writes, or of --from-record")
     args = parser.parse_args()
     if args.from_record is not None:
         rec = json.loads(args.from_record.read_text(encoding="utf-8"))
         for dataset in rec["datasets"]:
             print(f"## {dataset}\n\n{record_markdown(rec, dataset)}\n")
         print("\n".join(claims(rec)))
+        if args.figure is not None:
+            print(f"wrote {figure(rec, args.figure)}")
         return
     source = git_state()
     start = time.perf_counter()
@@ -201,6 +218,8 @@ def main() -> None:
         if args.record is not None:   # after each dataset, atomically: a stopped run keeps what it measured
             write_json_atomic(args.record, rec)
             print(f"wrote {args.record}", flush=True)
+    if args.figure is not None:
+        print(f"wrote {figure(rec, args.figure)}")
 
 
 if __name__ == "__main__":

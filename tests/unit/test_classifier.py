@@ -108,3 +108,14 @@ def test_the_table_has_a_cell_per_signal_source_and_wrong_type_and_a_pooled_one(
     assert list(curves) == wrong_types(items)
     assert sum(b.n for b in curves["irrelevant"]) == 24 + 12   # gold and conflicting of 12 questions, 12 irrelevant
     assert [b.positive_share for b in curves["irrelevant"]] == [0.0, 1.0]
+
+
+def test_the_calibration_curves_are_drawn_per_dataset_and_wrong_type(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plots extra draws the figure")
+    from juice.when_to_steer.classifier import reliability_figure
+
+    x = np.arange(10, dtype=float)
+    bins = [b.to_json() for b in reliability(x, x >= 5, bins=2)]
+    curves = {"one": {"lexical": {"irrelevant": bins, "distractor": bins}}, "two": {"lexical": {"irrelevant": []}}}
+    path = reliability_figure(curves, tmp_path / "calibration.png", "title")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -241,5 +242,54 @@ def reliability_curves(items: Sequence[ContextItem], values: Mapping[str, Sequen
     return out
 
 
+def reliability_figure(curves: Mapping[str, Mapping[str, Mapping[str, Sequence[Mapping[str, float]]]]],
+                       path: str | Path, title: str = "") -> Path:
+    """The calibration curves of the signals as a PNG (needs matplotlib): one row per dataset, one
+    panel per wrong type; in each, every signal's share of answering passages (gold, conflicting)
+    per quantile bin, drawn at the bin's middle quantile (0: the signal's lowest values, 1: its
+    highest), and the share over all bins as a dashed line. A signal that tells the passages apart
+    climbs from 0 to 1; one at chance stays on the dashed line.
+
+    Args:
+        curves: dataset -> signal -> wrong type -> its bins (:meth:`ReliabilityBin.to_json`, as
+            :func:`reliability_curves` gives them).
+    """
+    from matplotlib.figure import Figure
+
+    from juice.plots import save_png
+
+    wrongs = list(dict.fromkeys(w for per in curves.values() for by in per.values() for w in by))
+    fig = Figure(figsize=(4.6 * len(wrongs), 3.8 * len(curves)))
+    axes = fig.subplots(len(curves), len(wrongs), squeeze=False)
+    for row, (dataset, per) in zip(axes, curves.items()):
+        for ax, wrong in zip(row, wrongs):
+            base = None
+            for signal, by in per.items():
+                bins = by.get(wrong) or []
+                total = sum(b["n"] for b in bins)
+                if not total:
+                    continue
+                seen, xs = 0, []
+                for b in bins:
+                    xs.append((seen + b["n"] / 2) / total)
+                    seen += b["n"]
+                ax.plot(xs, [b["positive_share"] for b in bins], marker="o", markersize=3, label=signal)
+                base = sum(b["n"] * b["positive_share"] for b in bins) / total
+            if base is not None:
+                ax.axhline(base, color="grey", linestyle="--", linewidth=1)
+            ax.set_xlim(0, 1)
+            ax.set_ylim(-0.02, 1.02)
+            ax.set_xlabel("the signal's quantile (bin middle)")
+            ax.set_ylabel("share of answering passages")
+            ax.set_title(f"{dataset}: against {wrong}", fontsize=9)
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:   # a panel without bins has nothing to name
+                ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return save_png(fig, path)
+
+
 __all__ = ["POOLED", "WRONG", "AurocCell", "ReliabilityBin", "auroc_interval", "auroc_table",
-           "reliability", "reliability_curves", "sides", "wrong_types"]
+           "reliability", "reliability_curves", "reliability_figure", "sides", "wrong_types"]
