@@ -112,7 +112,7 @@ def record_markdown(rec: dict, dataset: str) -> str:
             + (" range over domains |" if many else ""))
     limit = rec.get("limit")
     cut = limit is not None and any(src["questions"] >= limit for src in part["sources"].values())
-    lines = [f"{DATASETS[dataset]}: {n} questions" + (f" in {len(part['sources'])} domains" if many else "")
+    lines = [f"{DATASETS[dataset]}: {n:,} questions" + (f" in {len(part['sources'])} domains" if many else "")
              + (f" (the first {limit} of each source)" if cut else "") + ", every item of each question.",
              "", head,
              "|---|---|---|" + ("---|" if many else "")]
