@@ -134,9 +134,11 @@ def headline(rec: dict) -> str:
     """The gate's number where the README, the FAQ and docs/when-to-steer.md's verdict state it (a
     test keeps each equal to the record): the AUROC of the lexical share, the signal `auto`'s gate
     reads, for NQ-Swap's gold and conflicting passages against its BM25 distractors, with its 95%
-    interval over whole questions."""
+    interval over whole questions and the questions' count."""
     part = rec["datasets"]["nqswap"]
-    return f"AUROC {_auroc(_cell(part, RELEVANCE, part['pooled'], 'distractor'))} against NQ-Swap's BM25 distractors"
+    n = sum(s["questions"] for s in part["sources"].values())
+    return (f"AUROC {_auroc(_cell(part, RELEVANCE, part['pooled'], 'distractor'))} against NQ-Swap's BM25 distractors"
+            f" on {n:,} questions")
 
 
 def figure(rec: dict, path: Path) -> Path:
