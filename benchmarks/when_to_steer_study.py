@@ -15,7 +15,15 @@ the six). NQ-Swap keeps prompts of at most 256 tokens. Resumable: decoding is ca
 in `<out>/cache`, keyed by the decoding code's source. `--decode-only` decodes every method on
 both halves and stops (the published size's hours, in as many runs as it takes; kill it
 any time: a run loses at most the chunk it was decoding); the same command without it then
-fits and routes `auto` and writes the study from the cache in minutes.
+fits and routes `auto` and writes the study from the cache in minutes. `--heads FILE` instead of
+`--reproduced`: a heads file with NQ-Swap's tuned betas, such as juice's shipped
+`src/juice/stage1/shipped/gemma-3-270m.contextual.json` (the heads and betas of the published record).
+
+Each half's outcomes are written as soon as it is decoded (`<out>/outcomes-validation.json`,
+`<out>/outcomes-test.json`, with the decoding code's key, the model's and the settings'), and
+`--decode-only --half test` decodes one half alone: a study too long for one machine's session
+is decoded a half at a time, its halves kept under benchmarks/results/when-to-steer-outcomes/
+<dataset>/, and joined only where the same code decoded them.
 
 `--record FILE --from-reproduced DIR` writes the compact record of a reproduction's studies
 (`DIR/when-to-steer-<dataset>/study.json`: the best static method, auto's policy and validation
@@ -28,21 +36,20 @@ benchmarks/results/when-to-steer-<size>.json, whose tables docs/when-to-steer.md
         --record benchmarks/results/when-to-steer-default.json
 
 `--analyze DATASET=DIR` (once per dataset) reads the studies' decoded outcomes
-(`DIR/outcomes.json`, written by the decoding alone) and writes the pre-registered record
+(`DIR/outcomes.json`, written by the decoding alone, or else its two halves' files) and writes the pre-registered record
 (:func:`published_record`: the plan and its SHA-256, auto minus the best static method in every
 design with intervals, the do-no-harm table and the risk-coverage curves on the test half) and
 its figure, in seconds, without a model:
 
-    python benchmarks/when_to_steer_study.py --analyze nqswap=when-to-steer-nqswap-published \
-        --analyze paraconflict=when-to-steer-paraconflict-published \
-        --reproduced juice-output --record benchmarks/results/when-to-steer-published.json \
-        --figure docs/img/risk-coverage.png
+    cd benchmarks && python when_to_steer_study.py --analyze paraconflict=results/when-to-steer-outcomes/paraconflict \
+        --analyze nqswap=results/when-to-steer-outcomes/nqswap \
+        --heads ../src/juice/stage1/shipped/gemma-3-270m.contextual.json \
+        --record results/when-to-steer-published.json --figure ../docs/assets/risk-coverage.png
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -130,29 +137,46 @@ def headline(rec: dict, dataset: str) -> str:
             f"on {n} test questions")
 
 
+def heads_and_betas(heads: Path) -> dict:
+    """The heads and the JuICE and JuNE betas of a heads file with NQ-Swap's tuned betas of Table 2
+    (`tuned`; juice's shipped contextual heads hold them), as a record states them."""
+    from juice.pipeline.run import selection_to_json
+    from juice.stage1 import load_heads
+
+    tuned = json.loads(heads.read_text(encoding="utf-8")).get("tuned", {})
+    missing = [m for m in ("juice", "june") if m not in tuned]
+    if missing:
+        raise ValueError(f"{heads}: no tuned betas for {', '.join(missing)} (a heads file with NQ-Swap's tuned betas)")
+    return {"heads": selection_to_json(load_heads(heads).selection),
+            "betas": {m: {k: tuned[m][k] for k in ("beta_plus", "beta_minus")} for m in ("juice", "june")}}
+
+
 def published_record(folders: dict[str, Path], reproduced: Path | None = None, source: dict | None = None,
-                     command: str = "") -> dict:
+                     command: str = "", heads: Path | None = None) -> dict:
     """The pre-registered record of decoded studies (`folders`: dataset -> a study folder with
-    `outcomes.json`): the plan and its SHA-256, every estimate of
+    `outcomes.json` or its two halves' files, :func:`juice.when_to_steer.outcomes.read_outcomes`): the plan and its SHA-256, every estimate of
     :func:`juice.when_to_steer.preregistered.analyze`, and per dataset the questions per half,
     `auto`'s policy fitted on validation (the primary procedure), the do-no-harm table of every
     static method and `auto` on the test half (:func:`juice.when_to_steer.harm.harm_table`), their
-    risk-coverage curves and areas, and the SHA-256 of the `outcomes.json` it read (which decoding
-    it analyzed); the heads and betas of `reproduced`, the command, the commit and the dirty flag
+    risk-coverage curves and areas, and the SHA-256 of the outcomes it read as `outcomes.json`
+    holds them (which decoding it analyzed); the heads and betas of `heads` (a heads file,
+    :func:`heads_and_betas`) or else of `reproduced`, the command, the commit and the dirty flag
     (`source`, read when the command started)."""
     from _common import git_state
     from juice.when_to_steer.evaluation import QUESTION_ONLY
     from juice.when_to_steer.harm import area_under, auto_bins, harm_table, risk_coverage
-    from juice.when_to_steer.outcomes import Outcomes
+    from juice.when_to_steer.outcomes import outcomes_sha256, read_outcomes
     from juice.when_to_steer.preregistered import PLAN, PRIMARY, analyze, with_candidates
 
     source = source or git_state()
-    datasets = {name: with_candidates(Outcomes.from_json(json.loads((folder / "outcomes.json").read_text(
-        encoding="utf-8")))) for name, folder in folders.items()}
+    read = {name: read_outcomes(folder) for name, folder in folders.items()}
+    datasets = {name: with_candidates(o) for name, o in read.items()}
     analysis = analyze(datasets)
     rec = {"command": command, "commit": source["commit"], "dirty": source["dirty"], "date": time.strftime("%Y-%m-%d"),
            "model": "gemma-3-270m", "device": "cpu, fp32", **analysis, "datasets": {}}
-    if reproduced is not None:
+    if heads is not None:
+        rec.update(heads_and_betas(heads))
+    elif reproduced is not None:
         from juice.pipeline.run import selection_to_json
         from juice.stage1 import load_heads
 
@@ -166,7 +190,7 @@ def published_record(folders: dict[str, Path], reproduced: Path | None = None, s
         curves = {m: risk_coverage(test, test.verdicts["use"][m]) for m in o.static if m != QUESTION_ONLY}
         curves[f"{PRIMARY} (its bins)"] = risk_coverage(test, auto_bins(test, policy))
         rec["datasets"][name] = {
-            "outcomes_sha256": hashlib.sha256((folders[name] / "outcomes.json").read_bytes()).hexdigest(),
+            "outcomes_sha256": outcomes_sha256(read[name]),
             "questions": {half: len(set(o.where(half=half).questions())) for half in ("validation", "test")},
             "policy": policy.to_json(), "harm": harm_table(test, methods, resamples=PLAN.resamples, seed=PLAN.seed),
             "risk_coverage": curves, "area_under_risk_coverage": {m: round(area_under(c), 4) for m, c in curves.items()}}
@@ -277,6 +301,8 @@ def main() -> None:
 
     parser.add_argument("dataset", nargs="?", choices=sorted(study_sizes()))
     parser.add_argument("--reproduced", type=Path, help="a `juice reproduce --direction contextual` output")
+    parser.add_argument("--heads", type=Path, help="instead of --reproduced: a heads file with NQ-Swap's tuned "
+                        "betas (e.g. juice's shipped src/juice/stage1/shipped/gemma-3-270m.contextual.json)")
     parser.add_argument("--from-reproduced", type=Path, help="with --record: a reproduction that ran --contexts")
     parser.add_argument("--record", type=Path, help="write the compact record of --from-reproduced's studies")
     parser.add_argument("--data", type=Path, default=Path("../shared/data"), help="holds nqswap/ (NQ-Swap only)")
@@ -284,6 +310,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="default: when-to-steer-<dataset>-<size>")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--decode-only", action="store_true", help="decode into the cache and stop")
+    parser.add_argument("--half", choices=["validation", "test"],
+                        help="with --decode-only: decode this half only (its outcomes-<half>.json)")
     parser.add_argument("--analyze", action="append", default=[], metavar="DATASET=DIR",
                         help="a decoded study's folder (outcomes.json); with --record: the pre-registered record")
     parser.add_argument("--figure", type=Path, help="with --analyze: the risk-coverage curves (PNG)")
@@ -298,7 +326,7 @@ def main() -> None:
 
         folders = dict(a.split("=", 1) for a in args.analyze)
         rec = published_record({k: Path(v) for k, v in folders.items()}, args.reproduced, git_state(),
-                               "python benchmarks/when_to_steer_study.py " + " ".join(sys.argv[1:]))
+                               "python benchmarks/when_to_steer_study.py " + " ".join(sys.argv[1:]), args.heads)
         args.record.write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
         if args.figure is not None:
             risk_coverage_figure({k: v["risk_coverage"] for k, v in rec["datasets"].items()}, args.figure,
@@ -315,8 +343,10 @@ def main() -> None:
         for dataset in rec["datasets"]:
             print(f"## {dataset}\n\n{record_markdown(rec, dataset)}")
         return
-    if args.dataset is None or args.reproduced is None:
-        parser.error("give a dataset and --reproduced (or --record with --from-reproduced)")
+    if args.half and not args.decode_only:
+        parser.error("--half needs --decode-only")
+    if args.dataset is None or (args.reproduced is None) == (args.heads is None):
+        parser.error("give a dataset and --reproduced or --heads (or --record with --from-reproduced)")
 
     import torch
 
@@ -328,7 +358,7 @@ def main() -> None:
     from juice.when_to_steer import prompt_fits
 
     out = args.out or Path(f"when-to-steer-{args.dataset}-{args.size}")
-    heads = heads_with_table2_betas(args.reproduced, out / "heads_table2.json")
+    heads = args.heads or heads_with_table2_betas(args.reproduced, out / "heads_table2.json")
     lm = juice.load_model("gemma-3-270m", device="cpu")
     artifact = juice.load_heads(heads, lm)
     validation, test = study_sizes()[args.dataset][args.size]
@@ -337,7 +367,7 @@ def main() -> None:
 
     with plain_progress() as progress:
         options = dict(out=out, validation_limit=validation, test_limit=test, decode_only=args.decode_only,
-                       progress=progress)
+                       progress=progress, **({"decode_halves": (args.half,)} if args.half else {}))
         if args.dataset == "nqswap":
             study = run_study(lm, artifact, args.data / "nqswap",
                               keep=prompt_fits(lm.tokenizer, STUDY_MAX_PROMPT_TOKENS), **options)

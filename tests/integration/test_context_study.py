@@ -228,6 +228,7 @@ def test_the_published_record_is_built_from_the_decoded_outcomes_alone(tiny_llam
     """`--decode-only` writes outcomes.json and no study; the benchmark's pre-registered record
     reads it (no model: decoding is refused), on two datasets, and its verdict sentences and
     tables come out of it."""
+    import hashlib
     import sys
     from pathlib import Path
 
@@ -247,6 +248,8 @@ def test_the_published_record_is_built_from_the_decoded_outcomes_alone(tiny_llam
     import when_to_steer_study
 
     rec = when_to_steer_study.published_record(folders, source={"commit": "0" * 40, "dirty": False}, command="x")
+    assert rec["datasets"]["words"]["outcomes_sha256"] == hashlib.sha256(
+        (tmp_path / "words" / "outcomes.json").read_bytes()).hexdigest()
     assert {e["dataset"] for e in rec["estimates"]} == {"words", "books", "words -> books", "books -> words"}
     assert len(rec["plan_sha256"]) == 64
     for part in rec["datasets"].values():
@@ -256,3 +259,32 @@ def test_the_published_record_is_built_from_the_decoded_outcomes_alone(tiny_llam
     for sentence in when_to_steer_study.verdict_sentences(rec):
         assert sentence in text
     assert "words, validation -> test: auto - " in text and "words -> books, across datasets" in text
+
+
+def test_a_study_decoded_a_half_per_run_is_the_study_decoded_in_one(tiny_llama, word_file, tmp_path):
+    """`decode_halves`: each run decodes one half and writes its outcomes file; the halves of two
+    runs are the files one run over both writes, byte for byte, and join into its outcomes.json."""
+    import hashlib
+
+    import pytest
+
+    from juice.when_to_steer.outcomes import outcomes_sha256, read_outcomes
+    from juice.when_to_steer.study import run_study
+
+    names = ("original", "juice")
+    assert run_study(tiny_llama, tiny_heads(tiny_llama), word_file, out=tmp_path / "one", names=names,
+                     decode_only=True) is None
+    for half in ("validation", "test"):
+        assert run_study(tiny_llama, tiny_heads(tiny_llama), word_file, out=tmp_path / half, names=names,
+                         decode_only=True, decode_halves=(half,)) is None
+        written = sorted(p.name for p in (tmp_path / half).glob("outcomes*.json"))
+        assert written == [f"outcomes-{half}.json"]
+        apart = tmp_path / half / f"outcomes-{half}.json"
+        assert apart.read_bytes() == (tmp_path / "one" / f"outcomes-{half}.json").read_bytes()
+        (tmp_path / "joined").mkdir(exist_ok=True)
+        (tmp_path / "joined" / apart.name).write_bytes(apart.read_bytes())
+    assert outcomes_sha256(read_outcomes(tmp_path / "joined")) == hashlib.sha256(
+        (tmp_path / "one" / "outcomes.json").read_bytes()).hexdigest()
+    with pytest.raises(ValueError, match="only --decode-only"):
+        run_study(tiny_llama, tiny_heads(tiny_llama), word_file, out=tmp_path / "x", names=names,
+                  decode_halves=("test",))

@@ -6,13 +6,18 @@ The study (:mod:`juice.when_to_steer.study`) decodes every method once on both h
 them here (`outcomes.json`); the pre-registered analysis (:mod:`juice.when_to_steer.preregistered`),
 the do-no-harm table and the risk-coverage curves (:mod:`juice.when_to_steer.harm`) read them
 without a model: a policy's output on an item is its chosen candidate's, so any policy, fold,
-left-out source or other dataset's fit is scored in seconds.
+left-out source or other dataset's fit is scored in seconds. Each half is also written alone, with
+what decoded it (:func:`half_to_json`), so a study too long for one run is decoded a half per run
+and joined (:func:`read_outcomes`) only where the same code, model and settings decoded both.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from juice.data.context_types import ContextItem
@@ -175,4 +180,69 @@ def outcomes_of(items: Sequence[ContextItem], results: Sequence[ItemResult], met
                     dict(betas or {}))
 
 
-__all__ = ["Outcomes", "VERDICTS", "outcomes_of"]
+HALVES = ("validation", "test")
+"""The halves of a study, in the order its `outcomes.json` holds them."""
+
+HALF_FORMAT = "juice-outcomes-half/1"
+"""The format of one half's outcomes file (:func:`half_to_json`)."""
+
+
+def outcomes_text(o: Outcomes) -> str:
+    """`o` as the study writes `outcomes.json` (:func:`juice.io.write_json_atomic`): the text whose
+    SHA-256 a pre-registered record holds (:func:`outcomes_sha256`)."""
+    return json.dumps(o.to_json(), indent=1, ensure_ascii=False, default=str)
+
+
+def outcomes_sha256(o: Outcomes) -> str:
+    """The SHA-256 (hex) of :func:`outcomes_text`: the same whether `o` was read from one
+    `outcomes.json` or joined from its two halves (:func:`read_outcomes`)."""
+    return hashlib.sha256(outcomes_text(o).encode("utf-8")).hexdigest()
+
+
+def half_to_json(o: Outcomes, decoding: Mapping[str, Any]) -> dict[str, Any]:
+    """One half's outcomes file: `o` (every item of one half) and how it was decoded (`decoding`:
+    the decoding code's key, the model's fingerprint and the methods' settings' key), so two
+    halves decoded apart, in different runs or on different machines, are joined only when the
+    same code decoded the same model with the same settings (:func:`read_outcomes`).
+
+    Raises:
+        ValueError: `o` holds items of both halves, or none.
+    """
+    halves = set(o.half)
+    if len(halves) != 1:
+        raise ValueError(f"a half's outcomes hold the items of one half, not {sorted(halves) or 'none'}")
+    return {"format": HALF_FORMAT, "half": o.half[0], "decoding": dict(decoding), "outcomes": o.to_json()}
+
+
+def read_outcomes(folder: str | Path) -> Outcomes:
+    """A decoded study's outcomes from `folder`: its `outcomes.json`, or else its two halves'
+    files (`outcomes-validation.json`, `outcomes-test.json`, :func:`half_to_json`) joined in
+    that order, which is what `outcomes.json` holds when one run decodes both.
+
+    Raises:
+        FileNotFoundError: neither `outcomes.json` nor both halves' files.
+        ValueError: a half's file holds another half, or the halves were decoded by different
+            code, models or settings (the key that differs is named).
+    """
+    folder = Path(folder)
+    whole = folder / "outcomes.json"
+    if whole.is_file():
+        return Outcomes.from_json(json.loads(whole.read_text(encoding="utf-8")))
+    paths = [folder / f"outcomes-{half}.json" for half in HALVES]
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{folder}: no outcomes.json, and no {' or '.join(missing)} to join")
+    parts = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
+    for half, part in zip(HALVES, parts):
+        if part.get("format") != HALF_FORMAT or part.get("half") != half:
+            raise ValueError(f"{folder / f'outcomes-{half}.json'}: not the {half} half's outcomes ({HALF_FORMAT})")
+    first, second = (p["decoding"] for p in parts)
+    for key in sorted(set(first) | set(second)):
+        if first.get(key) != second.get(key):
+            raise ValueError(f"{folder}: the halves were decoded with different {key} "
+                             f"({first.get(key)!r} and {second.get(key)!r}); decode both with the same code")
+    return Outcomes.concatenate([Outcomes.from_json(p["outcomes"]) for p in parts])
+
+
+__all__ = ["HALF_FORMAT", "HALVES", "Outcomes", "VERDICTS", "half_to_json", "outcomes_of", "outcomes_sha256",
+           "outcomes_text", "read_outcomes"]

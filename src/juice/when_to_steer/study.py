@@ -53,7 +53,7 @@ from juice.recipe import Method
 from juice.stage1 import HeadsArtifact, save_heads
 from juice.when_to_steer.auto_tuning import (cross_validate, fit_outcomes, policy_picks, record_fit,
                                              request_features, validation_outcomes, verdict_table)
-from juice.when_to_steer.outcomes import Outcomes, outcomes_of
+from juice.when_to_steer.outcomes import HALVES, Outcomes, half_to_json, outcomes_of
 from juice.when_to_steer.evaluation import (MEAN, POWER_Z, QUESTION_ONLY, context_type_tables, evaluate_context_types,
                                             question_bootstrap, question_only_results, result_id)
 from juice.when_to_steer.report import (SHORT, TITLES, ContextsEvaluation, best_static_method, context_items,
@@ -330,12 +330,15 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
               validation_limit: int | None = None, test_limit: int | None = None,
               keep: Callable[[ContextItem], bool] | None = None, domain: str | None = None, seed: int = 0,
               max_rows: int | str = 64, resamples: int = 2000, progress: Progress = no_progress,
-              decode_only: bool = False) -> Study | None:
+              decode_only: bool = False, decode_halves: Sequence[str] = HALVES) -> Study | None:
     """The study (module docstring) on `source` (:func:`juice.when_to_steer.context_items`) with one
     heads file; writes `out/validation/`, `out/test/` (contexts.json, .md, .png), `out/study.md`,
     `out/study.json`, the heads file with `auto`'s policy (`out/heads_auto.json`) and, with `auto`,
     every decoded method's verdicts and the first steps' signals on both halves
-    (`out/outcomes.json`, :class:`juice.when_to_steer.outcomes.Outcomes`).
+    (`out/outcomes.json`, :class:`juice.when_to_steer.outcomes.Outcomes`), and each half's as
+    soon as it is decoded (`out/outcomes-validation.json`, `out/outcomes-test.json`,
+    :func:`juice.when_to_steer.outcomes.half_to_json`: what the decoding code, model and settings
+    were, so halves decoded in separate runs are joined only when those agree).
 
     Args:
         names: the static methods (names in :data:`juice.methods.REGISTRY` but auto); None: every
@@ -345,11 +348,19 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
         keep: a rule an item must meet (e.g. :func:`juice.when_to_steer.prompt_fits`).
         decode_only: decode every method on both halves into the cache (and the first steps'
             signals) and return None: the hours of a published-size study, run in resumable parts.
+        decode_halves: with `decode_only`, the halves to decode (e.g. ("test",): the other's
+            `outcomes-validation.json` came from an earlier run); `outcomes.json` is written only
+            when both are decoded in this run.
 
     Raises:
         ValueError: see :func:`juice.when_to_steer.context_items` and
-            :func:`juice.when_to_steer.context_methods`; a half without items.
+            :func:`juice.when_to_steer.context_methods`; a half without items; `decode_halves`
+            names no half, an unknown one, or not both without `decode_only`.
     """
+    unknown = sorted(set(decode_halves) - set(HALVES))
+    if unknown or not decode_halves or (not decode_only and set(decode_halves) != set(HALVES)):
+        raise ValueError(f"decode_halves: {list(decode_halves)} is not a non-empty subset of {list(HALVES)}"
+                         + ("" if decode_only else " holding both (only --decode-only decodes one half)"))
     out = Path(out)
     cache = out / "cache"
     timings: dict[str, float] = {}
@@ -379,7 +390,11 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
     results: dict[str, list[ItemResult]] = {}
     features: dict[str, Features] = {}
     decode_seconds: dict[str, dict[str, float]] = {"validation": {}, "test": {}}
+    half_outcomes: dict[str, Outcomes] = {}
+    decoding = {"code": decoding_code_key(), "model": settings_key(lm.fingerprint()), "settings": settings_key(settings)}
     for split, (items, _) in halves.items():   # every method once, both halves; auto is routed, not decoded
+        if split not in decode_halves:
+            continue
         t0 = time.perf_counter()
         advance = progress(f"{split}: {len(decoded)} methods x {len(items)} items", len(decoded) * len(items))
         results[split] = decode_cached(lm, items, decoded, settings, cache, max_rows=max_rows, on_progress=advance,
@@ -387,12 +402,12 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
         results[split] += question_only_results(items, results[split])
         if auto:
             features[split] = features_cached(lm, items, cache)
+            half_outcomes[split] = outcomes_of(items, results[split], [*decoded, QUESTION_ONLY], features[split],
+                                               split, candidates=candidates, static=static_names, betas=betas)
+            write_json_atomic(out / f"outcomes-{split}.json", half_to_json(half_outcomes[split], decoding))
         timings[split] = time.perf_counter() - t0
-    if auto:   # every analysis of the decoded methods, without the model (juice.when_to_steer.outcomes)
-        write_json_atomic(out / "outcomes.json", Outcomes.concatenate([
-            outcomes_of(items, results[split], [*decoded, QUESTION_ONLY], features[split], split,
-                        candidates=candidates, static=static_names, betas=betas)
-            for split, (items, _) in halves.items()]).to_json())
+    if auto and len(half_outcomes) == len(HALVES):   # every analysis, without the model (outcomes.py)
+        write_json_atomic(out / "outcomes.json", Outcomes.concatenate(list(half_outcomes.values())).to_json())
     if decode_only:
         return None
 
