@@ -21,9 +21,11 @@ fits and routes `auto` and writes the study from the cache in minutes. `--heads 
 
 Each half's outcomes are written as soon as it is decoded (`<out>/outcomes-validation.json`,
 `<out>/outcomes-test.json`, with the decoding code's key, the model's and the settings'), and
-`--decode-only --half test` decodes one half alone: a study too long for one machine's session
-is decoded a half at a time, its halves kept under benchmarks/results/when-to-steer-outcomes/
-<dataset>/, and joined only where the same code decoded them.
+`--decode-only --half test` decodes one half alone: a study too long for one machine's session is
+decoded a half at a time, its halves kept under benchmarks/results/when-to-steer-outcomes/
+<dataset>/, and joined only where the same code decoded them. `--shard 0/2` and `--shard 1/2`
+(two runs side by side, `--threads 1` each, on a small model busier than one run on 2 threads)
+decode into the cache only; the same command without `--shard` then writes the outcomes from it.
 
 `--record FILE --from-reproduced DIR` writes the compact record of a reproduction's studies
 (`DIR/when-to-steer-<dataset>/study.json`: the best static method, auto's policy and validation
@@ -312,6 +314,9 @@ def main() -> None:
     parser.add_argument("--decode-only", action="store_true", help="decode into the cache and stop")
     parser.add_argument("--half", choices=["validation", "test"],
                         help="with --decode-only: decode this half only (its outcomes-<half>.json)")
+    parser.add_argument("--shard", default="0/1", metavar="K/N",
+                        help="with --decode-only: decode chunks k, k+n, ... into the cache only (n runs side by "
+                             "side, --threads 1 each; a run without --shard then writes the outcomes)")
     parser.add_argument("--analyze", action="append", default=[], metavar="DATASET=DIR",
                         help="a decoded study's folder (outcomes.json); with --record: the pre-registered record")
     parser.add_argument("--figure", type=Path, help="with --analyze: the risk-coverage curves (PNG)")
@@ -345,6 +350,13 @@ def main() -> None:
         return
     if args.half and not args.decode_only:
         parser.error("--half needs --decode-only")
+    try:
+        shard = tuple(int(x) for x in args.shard.split("/"))
+        assert len(shard) == 2 and 0 <= shard[0] < shard[1]
+    except (ValueError, AssertionError):
+        parser.error(f"--shard: {args.shard!r} is not K/N with 0 <= K < N")
+    if shard[1] > 1 and not args.decode_only:
+        parser.error("--shard needs --decode-only")
     if args.dataset is None or (args.reproduced is None) == (args.heads is None):
         parser.error("give a dataset and --reproduced or --heads (or --record with --from-reproduced)")
 
@@ -367,7 +379,7 @@ def main() -> None:
 
     with plain_progress() as progress:
         options = dict(out=out, validation_limit=validation, test_limit=test, decode_only=args.decode_only,
-                       progress=progress, **({"decode_halves": (args.half,)} if args.half else {}))
+                       progress=progress, decode_shard=shard, **({"decode_halves": (args.half,)} if args.half else {}))
         if args.dataset == "nqswap":
             study = run_study(lm, artifact, args.data / "nqswap",
                               keep=prompt_fits(lm.tokenizer, STUDY_MAX_PROMPT_TOKENS), **options)

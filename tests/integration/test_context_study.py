@@ -288,3 +288,35 @@ def test_a_study_decoded_a_half_per_run_is_the_study_decoded_in_one(tiny_llama, 
     with pytest.raises(ValueError, match="only --decode-only"):
         run_study(tiny_llama, tiny_heads(tiny_llama), word_file, out=tmp_path / "x", names=names,
                   decode_halves=("test",))
+
+
+def test_shards_decoded_side_by_side_give_the_outcomes_one_run_gives(tiny_llama, word_file, tmp_path, monkeypatch):
+    """`decode_shard`: two shards fill one cache, chunk by chunk, writing no outcomes; a run
+    without a shard then decodes nothing (the engine and the signals are refused) and writes
+    the halves' files one run writes, byte for byte."""
+    import pytest
+
+    import juice.when_to_steer.study as study_module
+    from juice.when_to_steer.study import run_study
+
+    monkeypatch.setattr(study_module, "CHUNK", 2)
+    names = ("original", "juice")
+    heads = tiny_heads(tiny_llama)
+    assert run_study(tiny_llama, heads, word_file, out=tmp_path / "one", names=names, decode_only=True) is None
+    for k in (0, 1):
+        assert run_study(tiny_llama, heads, word_file, out=tmp_path / "shards", names=names, decode_only=True,
+                         decode_shard=(k, 2)) is None
+        assert not list((tmp_path / "shards").glob("outcomes*.json"))
+        if k == 0:   # half the chunks: the other shard's are not in the cache yet
+            assert 0 < len(list((tmp_path / "shards" / "cache").glob("*.json"))) < \
+                len(list((tmp_path / "one" / "cache").glob("*.json")))
+    monkeypatch.setattr(study_module, "evaluate_context_types", None)
+    monkeypatch.setattr(study_module, "request_features", None)
+    assert run_study(tiny_llama, heads, word_file, out=tmp_path / "shards", names=names, decode_only=True) is None
+    for name in ("outcomes-validation.json", "outcomes-test.json", "outcomes.json"):
+        assert (tmp_path / "shards" / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
+    for bad in ((2, 2), (-1, 2)):
+        with pytest.raises(ValueError, match="decode_shard"):
+            run_study(tiny_llama, heads, word_file, out=tmp_path / "x", names=names, decode_only=True, decode_shard=bad)
+    with pytest.raises(ValueError, match="with --decode-only"):
+        run_study(tiny_llama, heads, word_file, out=tmp_path / "x", names=names, decode_shard=(0, 2))

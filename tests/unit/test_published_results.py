@@ -136,6 +136,27 @@ def test_the_when_to_steer_verdict_leads_every_page_from_the_published_record():
     assert verdict < page.index("## The context types") and sentences[0] in page[verdict:page.index("## The context types")]
 
 
+def test_the_published_when_to_steer_record_is_what_its_committed_outcomes_give():
+    """The pre-registered record is re-checkable without a model: every dataset's decoded outcomes
+    are committed (benchmarks/results/when-to-steer-outcomes/<dataset>/, a file per half), they
+    hash to the record's `outcomes_sha256`, and analyzing them again gives the record's every
+    estimate, table and curve (all but the command, commit and date); its heads and betas are
+    juice's shipped contextual heads for the model."""
+    import when_to_steer_study
+    from juice.when_to_steer.outcomes import outcomes_sha256, read_outcomes
+
+    results = ROOT / "benchmarks" / "results"
+    record = json.loads((results / "when-to-steer-published.json").read_text(encoding="utf-8"))
+    folders = {name: results / "when-to-steer-outcomes" / name for name in record["datasets"]}
+    for name, folder in folders.items():
+        assert not (folder / "outcomes.json").exists(), "commit the halves' files, which say what decoded them"
+        assert outcomes_sha256(read_outcomes(folder)) == record["datasets"][name]["outcomes_sha256"], name
+    shipped = ROOT / "src" / "juice" / "stage1" / "shipped" / "gemma-3-270m.contextual.json"
+    again = when_to_steer_study.published_record(folders, source={"commit": record["commit"], "dirty": False},
+                                                 command=record["command"], heads=shipped)
+    assert json.loads(json.dumps({**again, "date": record["date"]})) == record
+
+
 def test_the_gpu_section_of_the_models_page_quotes_the_newest_gpu_record_and_nothing_older():
     """docs/models.md's GPU section holds the newest benchmarks/results/gpu-check-*.json as
     gpu_check.page_markdown renders it, or, while none is committed, says so and names no GPU."""

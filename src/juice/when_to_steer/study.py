@@ -102,7 +102,7 @@ def decoding_code_key(modules: tuple[str, ...] = DECODING_MODULES) -> str:
 def decode_cached(lm: LoadedModel, items: Sequence[ContextItem], methods: Mapping[str, Method],
                   settings: Mapping[str, Any], cache: Path | None, *, max_rows: int | str = 64,
                   on_progress: OnProgress | None = None,
-                  seconds: dict[str, float] | None = None) -> list[ItemResult]:
+                  seconds: dict[str, float] | None = None, shard: tuple[int, int] = (0, 1)) -> list[ItemResult]:
     """:func:`juice.when_to_steer.evaluation.evaluate_context_types` in chunks of :data:`CHUNK` questions,
     each (chunk, method) cached in `cache` (None: no cache) with its share of the chunk's
     decoding time; the methods missing from a chunk's cache are decoded together (sharing the
@@ -112,9 +112,11 @@ def decode_cached(lm: LoadedModel, items: Sequence[ContextItem], methods: Mappin
         seconds: if given, method -> decoding seconds it took, summed over the chunks, whether
             decoded now or read from the cache (where the cache recorded them: "unknown" chunks
             add nothing and are counted under "chunks without a time").
+        shard: (k, n): only the chunks whose index is k modulo n, so n processes decode one half
+            apart into one cache (the default: every chunk).
 
     Returns:
-        the results in item order, per item in `methods` order.
+        the results in item order, per item in `methods` order (a shard's items only).
     """
     order: dict[tuple[str, str], int] = {}
     for item in items:
@@ -123,7 +125,9 @@ def decode_cached(lm: LoadedModel, items: Sequence[ContextItem], methods: Mappin
     found: dict[tuple[int, str], ItemResult] = {}
     position = {id(item): k for k, item in enumerate(items)}
     model = lm.fingerprint()
-    for at in range(0, len(questions), CHUNK):
+    for c, at in enumerate(range(0, len(questions), CHUNK)):
+        if c % shard[1] != shard[0]:
+            continue
         wanted = set(questions[at:at + CHUNK])
         chunk = [i for i in items if (i.source, i.uid) in wanted]
         keys = {name: settings_key({"version": CACHE_VERSION, "model": model, "method": name,
@@ -172,15 +176,19 @@ Features = tuple[list[float], dict[str, list[float]], list[bool]]
 (:func:`juice.when_to_steer.auto_tuning.request_features`)."""
 
 
-def features_cached(lm: LoadedModel, items: Sequence[ContextItem], cache: Path | None) -> Features:
+def features_cached(lm: LoadedModel, items: Sequence[ContextItem], cache: Path | None,
+                    shard: tuple[int, int] = (0, 1)) -> Features:
     """:func:`juice.when_to_steer.auto_tuning.request_features` of `items`, in chunks of
     :data:`CHUNK` items cached in `cache` (keyed by the model, the chunk's prompts and questions
-    and the source of :data:`FEATURE_MODULES`); None: no cache."""
+    and the source of :data:`FEATURE_MODULES`); None: no cache. `shard`: (k, n), only the chunks
+    whose index is k modulo n (:func:`decode_cached`)."""
     signal: list[float] = []
     gates: dict[str, list[float]] = {}
     passage: list[bool] = []
     model = lm.fingerprint()
-    for at in range(0, len(items), CHUNK):
+    for c, at in enumerate(range(0, len(items), CHUNK)):
+        if c % shard[1] != shard[0]:
+            continue
         chunk = items[at:at + CHUNK]
         key = settings_key({"version": CACHE_VERSION, "model": model, "features": decoding_code_key(FEATURE_MODULES),
                             "items": [[i.prompt, i.question] for i in chunk]})
@@ -330,7 +338,8 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
               validation_limit: int | None = None, test_limit: int | None = None,
               keep: Callable[[ContextItem], bool] | None = None, domain: str | None = None, seed: int = 0,
               max_rows: int | str = 64, resamples: int = 2000, progress: Progress = no_progress,
-              decode_only: bool = False, decode_halves: Sequence[str] = HALVES) -> Study | None:
+              decode_only: bool = False, decode_halves: Sequence[str] = HALVES,
+              decode_shard: tuple[int, int] = (0, 1)) -> Study | None:
     """The study (module docstring) on `source` (:func:`juice.when_to_steer.context_items`) with one
     heads file; writes `out/validation/`, `out/test/` (contexts.json, .md, .png), `out/study.md`,
     `out/study.json`, the heads file with `auto`'s policy (`out/heads_auto.json`) and, with `auto`,
@@ -351,12 +360,21 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
         decode_halves: with `decode_only`, the halves to decode (e.g. ("test",): the other's
             `outcomes-validation.json` came from an earlier run); `outcomes.json` is written only
             when both are decoded in this run.
+        decode_shard: with `decode_only`, (k, n): decode only the chunks whose index is k modulo
+            n into the cache and write no outcomes; n such runs side by side (one thread each)
+            decode a half faster than one run on every core, and a run without a shard then
+            writes the outcomes from the cache.
 
     Raises:
         ValueError: see :func:`juice.when_to_steer.context_items` and
             :func:`juice.when_to_steer.context_methods`; a half without items; `decode_halves`
-            names no half, an unknown one, or not both without `decode_only`.
+            names no half, an unknown one, or not both without `decode_only`; `decode_shard` is
+            not (k, n) with 0 <= k < n, or is a shard without `decode_only`.
     """
+    k, n = decode_shard
+    if not 0 <= k < n or (n > 1 and not decode_only):
+        raise ValueError(f"decode_shard: {decode_shard} is not (k, n) with 0 <= k < n"
+                         + ("" if decode_only or not 0 <= k < n else " with --decode-only"))
     unknown = sorted(set(decode_halves) - set(HALVES))
     if unknown or not decode_halves or (not decode_only and set(decode_halves) != set(HALVES)):
         raise ValueError(f"decode_halves: {list(decode_halves)} is not a non-empty subset of {list(HALVES)}"
@@ -398,7 +416,11 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
         t0 = time.perf_counter()
         advance = progress(f"{split}: {len(decoded)} methods x {len(items)} items", len(decoded) * len(items))
         results[split] = decode_cached(lm, items, decoded, settings, cache, max_rows=max_rows, on_progress=advance,
-                                       seconds=decode_seconds[split])
+                                       seconds=decode_seconds[split], shard=decode_shard)
+        if n > 1:   # a shard: into the cache only
+            if auto:
+                features_cached(lm, items, cache, shard=decode_shard)
+            continue
         results[split] += question_only_results(items, results[split])
         if auto:
             features[split] = features_cached(lm, items, cache)
