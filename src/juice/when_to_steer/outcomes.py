@@ -201,7 +201,8 @@ def outcomes_sha256(o: Outcomes) -> str:
 
 def half_to_json(o: Outcomes, decoding: Mapping[str, Any]) -> dict[str, Any]:
     """One half's outcomes file: `o` (every item of one half) and how it was decoded (`decoding`:
-    the decoding code's key, the model's fingerprint and the methods' settings' key), so two
+    the keys of the decoding code, the first-step signals' code, the model's fingerprint and the
+    methods' settings, :func:`juice.when_to_steer.study.run_study`), so two
     halves decoded apart, in different runs or on different machines, are joined only when the
     same code decoded the same model with the same settings (:func:`read_outcomes`).
 

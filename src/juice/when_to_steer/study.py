@@ -409,7 +409,8 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
     features: dict[str, Features] = {}
     decode_seconds: dict[str, dict[str, float]] = {"validation": {}, "test": {}}
     half_outcomes: dict[str, Outcomes] = {}
-    decoding = {"code": decoding_code_key(), "model": settings_key(lm.fingerprint()), "settings": settings_key(settings)}
+    decoding = {"code": decoding_code_key(), "features": decoding_code_key(FEATURE_MODULES),
+                "model": settings_key(lm.fingerprint()), "settings": settings_key(settings)}
     for split, (items, _) in halves.items():   # every method once, both halves; auto is routed, not decoded
         if split not in decode_halves:
             continue
