@@ -251,4 +251,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["METHODS", "Steerer"]
+__all__ = ["METHODS", "Steerer"]   # noqa: F822 (METHODS is read lazily by __getattr__)

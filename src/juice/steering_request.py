@@ -470,5 +470,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["FIELDS", "MAX_ABS_BETA", "METHODS", "NOT_AN_OBJECT", "ServedHeads", "SteeringAsk", "SteeringRequestError",
-           "WARNING_HEADER", "juice_fields", "parse_spec", "read_steering", "request_fields", "steering_ask"]
+__all__ = ["FIELDS", "MAX_ABS_BETA", "METHODS",   # noqa: F822 (METHODS is read lazily by __getattr__)
+           "NOT_AN_OBJECT", "ServedHeads", "SteeringAsk", "SteeringRequestError", "WARNING_HEADER", "juice_fields", "parse_spec", "read_steering", "request_fields", "steering_ask"]
