@@ -43,10 +43,11 @@ benchmarks/results/when-to-steer-<size>.json, whose tables docs/when-to-steer.md
 design with intervals, the do-no-harm table and the risk-coverage curves on the test half) and
 its figure, in seconds, without a model:
 
-    cd benchmarks && python when_to_steer_study.py --analyze paraconflict=results/when-to-steer-outcomes/paraconflict \
-        --analyze nqswap=results/when-to-steer-outcomes/nqswap \
-        --heads ../src/juice/stage1/shipped/gemma-3-270m.contextual.json \
-        --record results/when-to-steer-published.json --figure ../docs/assets/risk-coverage.png
+    python benchmarks/when_to_steer_study.py \
+        --analyze paraconflict=benchmarks/results/when-to-steer-outcomes/paraconflict \
+        --analyze nqswap=benchmarks/results/when-to-steer-outcomes/nqswap \
+        --heads src/juice/stage1/shipped/gemma-3-270m.contextual.json \
+        --record benchmarks/results/when-to-steer-published.json --figure docs/assets/risk-coverage.png
 """
 
 from __future__ import annotations

@@ -372,9 +372,10 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
             not (k, n) with 0 <= k < n, or is a shard without `decode_only`.
     """
     k, n = decode_shard
-    if not 0 <= k < n or (n > 1 and not decode_only):
-        raise ValueError(f"decode_shard: {decode_shard} is not (k, n) with 0 <= k < n"
-                         + ("" if decode_only or not 0 <= k < n else " with --decode-only"))
+    if not 0 <= k < n:
+        raise ValueError(f"decode_shard: {decode_shard} is not (k, n) with 0 <= k < n")
+    if n > 1 and not decode_only:
+        raise ValueError(f"decode_shard: {decode_shard} decodes into the cache only, with --decode-only")
     unknown = sorted(set(decode_halves) - set(HALVES))
     if unknown or not decode_halves or (not decode_only and set(decode_halves) != set(HALVES)):
         raise ValueError(f"decode_halves: {list(decode_halves)} is not a non-empty subset of {list(HALVES)}"
