@@ -11,9 +11,14 @@ from pathlib import Path
 from typing import Any
 
 
+def json_text(data: Any) -> str:
+    """`data` as :func:`write_json_atomic` writes it (indent 1, UTF-8 kept, anything else by its `str`)."""
+    return json.dumps(data, indent=1, ensure_ascii=False, default=str)
+
+
 def write_json_atomic(path: str | Path, data: Any) -> None:
     """Write JSON to a temporary file beside `path`, then rename it into place."""
-    write_text_atomic(path, json.dumps(data, indent=1, ensure_ascii=False, default=str))
+    write_text_atomic(path, json_text(data))
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
@@ -90,4 +95,4 @@ class UnitCheckpoint:
         write_json_atomic(self.path, {"scope": self.scope, "units": self.units})
 
 
-__all__ = ["StageFiles", "UnitCheckpoint", "settings_key", "write_json_atomic", "write_text_atomic"]
+__all__ = ["StageFiles", "UnitCheckpoint", "json_text", "settings_key", "write_json_atomic", "write_text_atomic"]

@@ -22,6 +22,7 @@ from typing import Any
 
 from juice.data.context_types import ContextItem
 from juice.eval.runner import ItemResult
+from juice.io import json_text
 from juice.when_to_steer.evaluation import QUESTION_ONLY, result_id
 
 VERDICTS = ("use", "true", "copies", "degenerate")
@@ -190,7 +191,7 @@ HALF_FORMAT = "juice-outcomes-half/1"
 def outcomes_text(o: Outcomes) -> str:
     """`o` as the study writes `outcomes.json` (:func:`juice.io.write_json_atomic`): the text whose
     SHA-256 a pre-registered record holds (:func:`outcomes_sha256`)."""
-    return json.dumps(o.to_json(), indent=1, ensure_ascii=False, default=str)
+    return json_text(o.to_json())
 
 
 def outcomes_sha256(o: Outcomes) -> str:
