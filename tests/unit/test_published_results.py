@@ -136,6 +136,46 @@ def test_the_when_to_steer_verdict_leads_every_page_from_the_published_record():
     assert verdict < page.index("## The context types") and sentences[0] in page[verdict:page.index("## The context types")]
 
 
+NUMBER = re.compile(r"(?<![\d.])[+-]?\d+\.\d+(?: \[[+-]?\d+\.\d+, [+-]?\d+\.\d+\])?")
+"""A decimal number in prose, with its interval where one follows ("65.0 [57.1, 71.3]", "-10.1 [-11.8, -8.4]")."""
+
+
+def verdict_prose() -> dict[str, str]:
+    """Where the pages interpret the published when-to-steer verdict in their own words: the page's
+    verdict section (to the record's provenance), the README's paragraph, the home page's first
+    paragraph and the FAQ's bullet on `auto`; white space collapsed."""
+    def span(name: str, start: str, end: str) -> str:
+        text = (ROOT / name).read_text(encoding="utf-8")
+        at = text.index(start)
+        return " ".join(text[at:text.index(end, at)].split())
+
+    return {"docs/when-to-steer.md": span("docs/when-to-steer.md", "## The verdict",
+                                          "The committed record `benchmarks/results/when-to-steer-published.json`"),
+            "README.md": span("README.md", "**When to steer**", "\n\n"),
+            "docs/index.md": span("docs/index.md", "# juice", "\n\n**For researchers**"),
+            "docs/faq.md": span("docs/faq.md", "- `auto` chooses per request.", "\n\n")}
+
+
+def test_every_number_the_pages_interpret_the_when_to_steer_verdict_with_is_a_committed_record_s():
+    """Issue 77: the prose around the verdict (not only the rendered sentences) states no number,
+    interval or sign the records do not hold: each decimal, with its interval, is in the published
+    record or the gate classifier's, as the benchmarks render them (0.5, chance, aside)."""
+    import gate_classifier
+    import when_to_steer_study
+
+    results = ROOT / "benchmarks" / "results"
+    published = json.loads((results / "when-to-steer-published.json").read_text(encoding="utf-8"))
+    gate = json.loads((results / "gate-classifier.json").read_text(encoding="utf-8"))
+    rendered = [when_to_steer_study.published_markdown(published), gate_classifier.headline(gate),
+                *gate_classifier.claims(gate), *(gate_classifier.record_markdown(gate, d) for d in gate["datasets"])]
+    source = " ".join(" ".join(rendered).split())
+    for name, prose in verdict_prose().items():
+        numbers = [m.group(0) for m in NUMBER.finditer(prose)]
+        assert numbers, name
+        for number in numbers:
+            assert number == "0.5" or number in source, (name, number)
+
+
 def test_the_published_when_to_steer_record_is_what_its_committed_outcomes_give():
     """The pre-registered record is re-checkable without a model: every dataset's decoded outcomes
     are committed (benchmarks/results/when-to-steer-outcomes/<dataset>/, a file per half), they
