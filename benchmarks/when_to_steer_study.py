@@ -238,8 +238,8 @@ def sensitivity(datasets: dict, without: str) -> dict:
 
 
 def sensitivity_sentences(rec: dict) -> list[str]:
-    """The sensitivity analyses (:data:`SENSITIVITY`), one sentence per analysis and dataset, as
-    docs/when-to-steer.md quotes them."""
+    """The sensitivity analyses (:data:`SENSITIVITY`), one sentence per analysis and dataset, then one
+    per fit across datasets, as docs/when-to-steer.md quotes them."""
     out = []
     for label, part in rec.get("sensitivity", {}).items():
         for name, d in part["datasets"].items():
@@ -252,6 +252,11 @@ def sensitivity_sentences(rec: dict) -> list[str]:
                           f" points; auto keeps {100 * keeps['mean']:.1f} [{100 * keeps['low']:.1f}, "
                           f"{100 * keeps['high']:.1f}] % of known answers under misleading passages")
                        + " and " + ("does no measurable harm" if verdict["no measurable harm"] else "harms") + ".")
+        for e in part["estimates"]:
+            if " -> " in e["dataset"]:   # fitted on one dataset, scored on the other
+                shown = " -> ".join(DISPLAY.get(d, d) for d in e["dataset"].split(" -> "))
+                out.append(f"{shown}, {label}: auto minus the best static method {e['design']} "
+                           f"{e['difference']:+.1f} [{e['low']:+.1f}, {e['high']:+.1f}] points.")
     return out
 
 

@@ -176,6 +176,19 @@ def test_every_number_the_pages_interpret_the_when_to_steer_verdict_with_is_a_co
             assert number == "0.5" or number in source, (name, number)
 
 
+def test_the_page_states_every_sensitivity_estimate_the_published_record_holds():
+    """Beside the plan's estimates, the page shows each sensitivity analysis's estimate in every
+    design the record holds, the fits across datasets included."""
+    import when_to_steer_study
+
+    record = json.loads((ROOT / "benchmarks" / "results" / "when-to-steer-published.json").read_text(encoding="utf-8"))
+    text = " ".join(when_to_steer_study.sensitivity_sentences(record))
+    estimates = [e for part in record["sensitivity"].values() for e in part["estimates"]]
+    assert any(" -> " in e["dataset"] for e in estimates)
+    for e in estimates:
+        assert f"{e['design']} {e['difference']:+.1f} [{e['low']:+.1f}, {e['high']:+.1f}]" in text, e
+
+
 def test_the_published_when_to_steer_record_is_what_its_committed_outcomes_give():
     """The pre-registered record is re-checkable without a model: every dataset's decoded outcomes
     are committed (benchmarks/results/when-to-steer-outcomes/<dataset>/, a file per half), they
