@@ -156,7 +156,7 @@ def verdict_prose() -> dict[str, str]:
             "docs/faq.md": span("docs/faq.md", "- `auto` chooses per request.", "\n\n")}
 
 
-def test_every_number_the_pages_interpret_the_when_to_steer_verdict_with_is_a_committed_record_s():
+def test_every_number_in_the_pages_own_verdict_prose_is_in_a_committed_record():
     """Issue 77: the prose around the verdict (not only the rendered sentences) states no number,
     interval or sign the records do not hold: each decimal, with its interval, is in the published
     record or the gate classifier's, as the benchmarks render them (0.5, chance, aside)."""
