@@ -237,6 +237,12 @@ def sensitivity(datasets: dict, without: str) -> dict:
     return out
 
 
+def dataset_title(name: str) -> str:
+    """A record's dataset name as the pages show it, a fit across datasets included
+    ("paraconflict -> nqswap": "ParaConflict (juice's templated domains) -> NQ-Swap")."""
+    return " -> ".join(DISPLAY.get(d, d) for d in name.split(" -> "))
+
+
 def sensitivity_sentences(rec: dict) -> list[str]:
     """The sensitivity analyses (:data:`SENSITIVITY`), one sentence per analysis and dataset, then one
     per fit across datasets, as docs/when-to-steer.md quotes them."""
@@ -254,8 +260,7 @@ def sensitivity_sentences(rec: dict) -> list[str]:
                        + " and " + ("does no measurable harm" if verdict["no measurable harm"] else "harms") + ".")
         for e in part["estimates"]:
             if " -> " in e["dataset"]:   # fitted on one dataset, scored on the other
-                shown = " -> ".join(DISPLAY.get(d, d) for d in e["dataset"].split(" -> "))
-                out.append(f"{shown}, {label}: auto minus the best static method {e['design']} "
+                out.append(f"{dataset_title(e['dataset'])}, {label}: auto minus the best static method {e['design']} "
                            f"{e['difference']:+.1f} [{e['low']:+.1f}, {e['high']:+.1f}] points.")
     return out
 
@@ -266,20 +271,17 @@ def verdict_sentences(rec: dict) -> list[str]:
     (:mod:`juice.when_to_steer.harm`'s rule)."""
     from juice.when_to_steer.preregistered import PRIMARY
 
-    def shown(dataset: str) -> str:
-        return " -> ".join(DISPLAY.get(d, d) for d in dataset.split(" -> "))
-
     out = []
     for e in rec["estimates"]:
         if e["procedure"] != PRIMARY:
             continue
         chosen = e["best_static"] if isinstance(e["best_static"], str) else "the best static method of each fold"
-        out.append(f"{shown(e['dataset'])}, {e['design']}: auto - {chosen} {e['difference']:+.1f} "
+        out.append(f"{dataset_title(e['dataset'])}, {e['design']}: auto - {chosen} {e['difference']:+.1f} "
                    f"[{e['low']:+.1f}, {e['high']:+.1f}] points on {e['questions']} questions.")
     for name, part in rec["datasets"].items():
         verdicts = part["harm"]["verdicts"]
         both = [m for m, v in verdicts.items() if v["no measurable harm"] and v["uses relevant passages"]]
-        out.append(f"{shown(name)} (test half, {part['questions']['test']} questions): "
+        out.append(f"{dataset_title(name)} (test half, {part['questions']['test']} questions): "
                    + (f"{', '.join(both)} {'does' if len(both) == 1 else 'do'} no measurable harm and "
                       f"{'uses' if len(both) == 1 else 'use'} relevant passages." if both else
                       "no method does no measurable harm while using relevant passages."))
