@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from juice.architectures import HeadGeometry
-from juice.interventions import Head
+from juice.interventions import Head, HeadSelection
 from juice.steering import JuICE, JuNE, Prune
 from juice.steering_request import request_fields
 from juice.steering_request import SteeringRequestError
@@ -327,7 +327,7 @@ def test_every_route_steers_the_juice_field_or_refuses_it_in_its_own_error_shape
             if path == "/v1/messages":
                 assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
             message = error["error"]["message"]
-            assert message.startswith(f"{field}: juice steers /v1/completions") and f"{path} would serve" in message
+            assert message.startswith(f"{field}: juice checks and steers /v1/completions") and f"not {path} " in message
         assert client.post(path, json={"input": "x", "juice": None}).status_code == 200   # null: no fields
         assert reached.pop() == (path, {"input": "x", "juice": None})
     for path in STEERED_PATHS:
@@ -336,6 +336,41 @@ def test_every_route_steers_the_juice_field_or_refuses_it_in_its_own_error_shape
             assert answer.status_code == 400 and "juice does not steer beam search" in answer.json()["error"]["message"]
         assert client.post(path, json={"prompt": "x", "use_beam_search": True}).status_code == 200
         assert reached.pop() == (path, {"prompt": "x", "use_beam_search": True})
+    assert reached == []
+
+
+def test_behind_a_root_path_the_steered_routes_steer_and_vllm_xargs_juice_with_beam_search_is_refused(two_files,
+                                                                                                     monkeypatch):
+    """Issue 88, item 7: with vLLM's `--root-path /x` the ASGI `path` carries the prefix; the
+    middleware matches the route vLLM's router matches (the path less the root path), so a juice
+    request is steered there, not answered 400. `vllm_xargs: {"juice": "<a string>"}` is a juice
+    field (the plugin reads `extra_args["juice"]`): with beam search it is refused, not run as an
+    unsteered beam search."""
+    from starlette.testclient import TestClient
+
+    from juice.vllm.middleware import JuiceFieldMiddleware
+
+    monkeypatch.setenv("JUICE_VLLM_HEADS", os.pathsep.join(two_files.files.values()))
+    reached = []
+
+    async def vllm(scope, receive, send):
+        message = await receive()
+        reached.append((scope["path"], json.loads(message.get("body", b"{}"))))
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    june = {"method": "june", "direction": "context", "beta_plus": 1.0, "beta_minus": 0.0}
+    client = TestClient(JuiceFieldMiddleware(vllm), root_path="/x")
+    answer = client.post("/v1/completions", json={"prompt": "x", "juice": june})
+    assert answer.status_code == 200, answer.text
+    assert reached.pop()[1] == {"prompt": "x", "vllm_xargs": {f"juice_{k}": v for k, v in june.items()}}
+    assert client.post("/v1/responses", json={"input": "x", "juice": june}).status_code == 400
+    plain = TestClient(JuiceFieldMiddleware(vllm))
+    for value in ("method:june", json.dumps(june)):
+        answer = plain.post("/v1/completions", json={"prompt": "x", "use_beam_search": True, "n": 2,
+                                                     "vllm_xargs": {"juice": value}})
+        assert answer.status_code == 400
+        assert answer.json()["error"]["message"].startswith("vllm_xargs.juice: juice does not steer beam search")
     assert reached == []
 
 
@@ -360,3 +395,53 @@ def test_a_heads_file_made_at_float32_fits_the_model_in_bfloat16_and_not_another
     older = {k: v for k, v in made.items() if k != BF16_DIGEST_KEY}
     assert fingerprint_mismatch(older, fp32.fingerprint()) is None
     assert "weights_sha256_16" in fingerprint_mismatch(older, served)
+
+
+@pytest.mark.parametrize("bad, match", [("L2H9", "head L2H9 is out"), ("L9H0", "head L9H0 is out")])
+def test_the_plugin_refuses_a_heads_file_with_a_head_or_layer_outside_the_model_in_one_line(tmp_path, bad, match):
+    """Issue 88, item 1: a heads file whose fingerprint fits the model but names a head (or layer)
+    the model does not have. Before, `head_slots` dropped such a head silently and a
+    direction-only request was admitted and then decoded as Original in the worker (a layer past
+    the model crashed start with a raw IndexError); now the set-up is refused in one line, by the
+    plugin's reader, by `JUICE_VLLM_GEOMETRY` where the file has no geometry, and so by
+    `juice serve --engine vllm` before vLLM starts."""
+    from juice.vllm.options import config_entry
+
+    model = {"name": "m", "model_type": "llama", "n_layers": 4, "n_heads": 4, "head_dim": 32}
+    path = write_heads(tmp_path / "bad.json", model, "parametric", HeadSelection((Head(1, 0), Head.parse(bad)), ()))
+    for read in (lambda: plugin_heads({"JUICE_VLLM_HEADS": path}), lambda: config_entry({"JUICE_VLLM_HEADS": path})):
+        with pytest.raises(ValueError, match=match) as refused:
+            read()
+        assert "\n" not in str(refused.value) and path in str(refused.value)
+    bare = {k: v for k, v in model.items() if k not in ("n_layers", "n_heads")}
+    path = write_heads(tmp_path / "bare.json", bare, "parametric", HeadSelection((Head.parse(bad),), ()))
+    plugin_heads({"JUICE_VLLM_HEADS": path, "JUICE_VLLM_GEOMETRY": "10x10"})   # fits a model that has it
+    with pytest.raises(ValueError, match=f"{match}side the served model, which has 4 layers x 4 heads"):
+        plugin_heads({"JUICE_VLLM_HEADS": path, "JUICE_VLLM_GEOMETRY": "4x4"})
+
+
+def test_admission_builds_each_request_s_steering_as_the_worker_will(two_files):
+    """Issue 88, item 1: the logits processor's admission builds the steering with the served
+    geometry (`parse_request(fields, server, server.geometry)`), the same call the worker makes,
+    so a request it admits cannot fail there; the worker raises instead of decoding it as
+    Original (juice.vllm.processor.SteeringBuildError, checked in vLLM's environment)."""
+    ask = {"method": "juice", "direction": "context", "beta_plus": 2.0, "beta_minus": 0.0}
+    admitted = parse_request(ask, two_files, two_files.geometry)
+    assert admitted is not None and admitted.add.shape == (4, 4) and admitted.add.abs().sum() > 0
+    assert torch.equal(admitted.add, parse_request(ask, two_files, GEOMETRY).add)
+
+
+def test_an_offline_prompt_dict_s_juice_key_is_taken_never_dropped(two_files):
+    """Issue 88, item 4: vLLM's `LLM.generate` drops a prompt dict's `juice` key (its prompts are
+    TypedDicts). juice's offline builder takes it as the request's juice fields (checked; into
+    `extra_args`), refuses it beside `juice=`, and keeps no `juice` key in the prompt it returns."""
+    from juice.vllm.options import offline_request
+
+    ask = {"method": "june", "direction": "context", "beta_plus": 1.0, "beta_minus": 0.0}
+    prompt, extra = offline_request({"prompt_token_ids": [1, 2], "juice": ask}, server=two_files)
+    assert prompt == {"prompt_token_ids": [1, 2]} and extra == {"juice": ask}
+    assert offline_request({"prompt": "x", "juice": None}, server=two_files) == ({"prompt": "x"}, {})
+    with pytest.raises(SteeringRequestError, match="both give juice fields"):
+        offline_request({"prompt": "x", "juice": ask}, ask, server=two_files)
+    with pytest.raises(SteeringRequestError, match="direction"):
+        offline_request({"prompt": "x", "juice": {"method": "june", "direction": "sideways"}}, server=two_files)

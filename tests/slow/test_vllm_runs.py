@@ -53,11 +53,12 @@ def test_vllm_tokens_equal_juice_generate_on_a_tiny_llama_mixed_and_alone(tmp_pa
     lm, folder = tiny_llama_dir(tmp_path)
     prompts = ["the capital of france is paris", "who wrote the book ? answer :", "japan tokyo spain"]
     case = equality_case(lm, folder, tmp_path, prompts, {"parametric": PARAMETRIC, "contextual": CONTEXTUAL},
-                         STEERINGS, max_tokens=12, llm=MODES[mode],
+                         STEERINGS, max_tokens=12, llm=MODES[mode], modes=("mixed", "alone", "helper"),
                          bad=[{"method": "jucie"}, {"method": "juice", "direction": "parametric", "beta_plus": 1e9},
                               {"method": "ph3", "heads": ["L1H1", "L9H0"]}])
     assert case["mixed"] == case["expected"]
     assert case["alone"] == case["expected"]
+    assert case["helper"] == case["expected"]   # issue 88: juice.vllm.generate, the juice key in each prompt dict
     assert len({tuple(t) for t in case["expected"]}) >= 4, "the steerings should change the tokens"
     assert case["bad"][0] is not None and "juice.method must be one of" in case["bad"][0]
     assert case["bad"][1] is not None and "|beta| <= 100" in case["bad"][1]
@@ -507,7 +508,7 @@ def test_on_vllm_beam_search_and_the_unsteered_routes_refuse_juice_fields_and_in
         with pytest.raises(openai.BadRequestError, match=f"{field}: juice does not steer beam search"):
             client.completions.create(model=folder, prompt=prompt, max_tokens=4,
                                       extra_body={"use_beam_search": True, "n": 2, **extra})
-    with pytest.raises(openai.BadRequestError, match="/v1/responses would serve the request unsteered"):
+    with pytest.raises(openai.BadRequestError, match="not /v1/responses .its juice fields are not checked there"):
         client.responses.create(model=folder, input="the capital of france is", extra_body={"juice": ask})
 
     def post(path: str, body: dict) -> tuple[int, dict]:
@@ -521,7 +522,7 @@ def test_on_vllm_beam_search_and_the_unsteered_routes_refuse_juice_fields_and_in
 
     status, error = post("/v1/messages", {"model": folder, "max_tokens": 4, "juice": ask,
                                           "messages": [{"role": "user", "content": "hi"}]})
-    assert status == 400 and error["type"] == "error" and "/v1/messages would serve" in error["error"]["message"]
+    assert status == 400 and error["type"] == "error" and "not /v1/messages" in error["error"]["message"]
     body = {"model": folder, "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
             "return_token_ids": True, "juice": ask}
     expected = generate(lm, ["the capital of france is paris"],

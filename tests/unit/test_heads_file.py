@@ -49,3 +49,22 @@ def test_both_engines_refuse_a_bad_heads_file_with_the_same_line(tmp_path, docum
     with pytest.raises(ValueError) as vllm_error:
         read_heads_file(path)
     assert str(vllm_error.value) == str(juice_error.value) and "\n" not in str(juice_error.value)
+
+
+@pytest.mark.parametrize("bad, shape", [("L6H9", "L6H9 is out of range for a model of 18 layers x 4 heads"),
+                                        ("L18H0", "L18H0 is out of range for a model of 18 layers x 4 heads")])
+def test_a_heads_file_naming_a_head_outside_its_own_fingerprint_is_refused_by_both_readers(tmp_path, bad, shape):
+    """Issue 88, item 1: the shipped parametric heads with one head changed to one Gemma 3 270M
+    does not have (18 layers x 4 heads; a head or a layer too far): the fingerprint still matches
+    the model, so only the heads tell. juice's reader and the plugin's refuse the file in one line
+    naming the head and the shape, before any model or engine is built."""
+    from juice.stage1.shipped import shipped_path
+
+    data = json.loads(shipped_path("gemma-3-270m", "parametric").read_text(encoding="utf-8"))
+    data["positive_heads"][1] = bad
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    for read in (load_heads, read_heads_file):
+        with pytest.raises(ValueError, match=shape) as refused:
+            read(path)
+        assert str(refused.value).startswith(str(path)) and "\n" not in str(refused.value)

@@ -428,3 +428,24 @@ def test_vllms_own_graph_splitter_puts_run_1_in_a_piece_of_its_own():
     assert [p[0] for p in pieces] == ["False", "True", "False"], done.stdout
     assert "juice.clean_run" in pieces[1][1] and "|" not in pieces[1][1]
     assert "juice.clean_run" not in pieces[0][1] + pieces[2][1]
+
+
+def test_kv_transfer_kv_offloading_and_weight_transfer_are_refused_naming_the_flag():
+    """Issue 88, items 2 and 5: a KV connector (LMCache and the others; `--kv-offloading-size`
+    becomes one) looks blocks up without the steering's cache salt, and weight transfer replaces
+    the weights the heads files were fingerprinted on: both refused at start in one line."""
+    def config(**extra):
+        base = SimpleNamespace(model_config=SimpleNamespace(enforce_eager=True),
+                               parallel_config=SimpleNamespace(enable_dbo=False, ubatch_size=0))
+        for key, value in extra.items():
+            setattr(base, key, value)
+        return base
+
+    check_engine_config(config(kv_transfer_config=None, weight_transfer_config=None), breakable=False)
+    with pytest.raises(PluginConfigError, match="--kv-transfer-config and --kv-offloading-size") as refused:
+        check_engine_config(config(kv_transfer_config=SimpleNamespace(kv_connector="LMCacheConnectorV1")),
+                            breakable=False)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(PluginConfigError, match="without --weight-transfer-config"):
+        check_engine_config(config(weight_transfer_config=SimpleNamespace(backend="nccl")), breakable=False)
+

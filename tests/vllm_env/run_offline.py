@@ -228,6 +228,13 @@ def main() -> None:
             for p, q in zip(prompts, params):
                 out["sequence"].append(tokens(llm.generate([p], [q], use_tqdm=False))[0])
                 out["cache"].append(prefix_cache(llm))
+        elif mode == "helper":   # juice.vllm.generate: each prompt dict carries its own `juice` key
+            from juice.vllm import generate
+
+            dicts = [{"prompt_token_ids": r["prompt_token_ids"], "juice": r.get("juice")} for r in spec["requests"]]
+            bases = [SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True)
+                     for r in spec["requests"]]
+            out["helper"] = tokens(generate(llm, dicts, bases, use_tqdm=False))
         elif mode == "arrivals":
             out["arrivals"] = arrivals(llm, prompts, params, spec["arrive"])
     errors = []

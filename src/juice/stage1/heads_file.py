@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from juice.data.records import ConflictExample, ContextualExample, Direction
+from juice.architectures import HeadGeometry
 from juice.interventions import Head, HeadSelection, check_heads
 from juice.io import write_json_atomic
 from juice.models import LoadedModel, fingerprint_mismatch
@@ -21,6 +22,10 @@ from juice.stage1.scoring import HeadScores
 
 class HeadsFileMismatchError(ValueError):
     """A heads file made for another model."""
+
+
+class HeadOutOfRangeError(ValueError):
+    """A heads file naming a head (`L<layer>H<head>`, from 0) that the model does not have."""
 
 
 @dataclass
@@ -101,6 +106,7 @@ def heads_from_json(data: Any, path: str | Path) -> HeadsArtifact:
         ValueError: not a juice heads file (another format, no model fingerprint, a missing field,
             a head name that does not parse, a direction that does not, a "tuned" that is not an
             object or is malformed, :mod:`juice.tuned`); one line naming `path`.
+        HeadOutOfRangeError: a head outside the geometry of the file's own model fingerprint.
     """
     if not isinstance(data, dict) or data.get("format") != "juice-heads/1":
         raise ValueError(f"{path} is not a juice heads file (no 'format': 'juice-heads/1')")
@@ -121,7 +127,7 @@ def heads_from_json(data: Any, path: str | Path) -> HeadsArtifact:
         selection = HeadSelection(
             tuple(Head.parse(h) for h in data["positive_heads"]), tuple(Head.parse(h) for h in data["negative_heads"])
         )
-        return HeadsArtifact(
+        artifact = HeadsArtifact(
             data["model"], direction, data["k"], data["alphas_positive"], data["alphas_negative"],
             selection, data.get("head_set", []), data.get("scores", {}), data.get("data", {}), tuned,
         )
@@ -129,6 +135,39 @@ def heads_from_json(data: Any, path: str | Path) -> HeadsArtifact:
         raise ValueError(f"{path}: a juice heads file without the field {missing}") from None
     except (TypeError, AttributeError, ValueError):
         raise ValueError(f"{path}: heads must be lists of names like 'L6H3'") from None
+    _check_heads_in_fingerprint(selection, data["model"], path)
+    return artifact
+
+
+def _check_heads_in_fingerprint(selection: HeadSelection, model: dict[str, Any], path: str | Path) -> None:
+    """Refuse a selection with a head outside the geometry its own model fingerprint states
+    (`n_layers` x `n_heads`, where both are integers): such a file cannot be served by the model
+    it names, whatever engine reads it.
+
+    Raises:
+        HeadOutOfRangeError: one line naming `path`, the head and the fingerprint's shape.
+    """
+    layers, heads = model.get("n_layers"), model.get("n_heads")
+    if isinstance(layers, int) and isinstance(heads, int):
+        try:
+            check_heads([*selection.positive, *selection.negative], HeadGeometry(layers, heads, 0))
+        except IndexError as err:
+            raise HeadOutOfRangeError(f"{path}: {err} (its model fingerprint's shape)") from None
+
+
+def check_selection_fits(selection: HeadSelection, geometry: HeadGeometry, path: str | Path,
+                         model: str = "the served model") -> None:
+    """Refuse a heads file's selection with a head outside `geometry`, the model that will steer
+    with it (juice's engine, `juice serve`, the vLLM plugin at start: one rule for all).
+
+    Raises:
+        HeadOutOfRangeError: one line naming `path`, the head and `model`'s shape.
+    """
+    for head in (*selection.positive, *selection.negative):
+        if not (0 <= head.layer < geometry.n_layers and 0 <= head.head < geometry.n_heads):
+            raise HeadOutOfRangeError(f"{path}: head {head} is outside {model}, which has {geometry.n_layers} layers "
+                                      f"x {geometry.n_heads} heads (L0H0 to L{geometry.n_layers - 1}H"
+                                      f"{geometry.n_heads - 1})")
 
 
 def read_heads_json(path: str | Path) -> Any:
@@ -160,10 +199,7 @@ def load_heads(path: str | Path, lm: LoadedModel | None = None) -> HeadsArtifact
         mismatch = fingerprint_mismatch(artifact.model, lm.fingerprint())
         if mismatch is not None:
             raise HeadsFileMismatchError(f"{path} {mismatch}")
-        try:
-            check_heads(list(artifact.selection.positive) + list(artifact.selection.negative), lm.geometry)
-        except IndexError as err:
-            raise ValueError(f"{path}: {err}") from None
+        check_selection_fits(artifact.selection, lm.geometry, path, f"model {lm.name!r}")
     return artifact
 
 

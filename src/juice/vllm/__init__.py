@@ -59,6 +59,53 @@ def offline_request(prompt, juice=None, *, cache_salt=None, server=None):
     return make(prompt, juice, cache_salt=cache_salt, server=server)
 
 
+def generate(llm, prompts, sampling_params=None, **kwargs):
+    """vLLM's offline `llm.generate` with a juice steering per prompt that cannot be lost: each
+    prompt (text, token ids, or a prompt dict whose `juice` key holds its juice fields) is
+    checked and built by :func:`offline_request`, and its fields go into a copy of its
+    `SamplingParams`' `extra_args`, where the plugin reads them. vLLM's own `LLM.generate` drops
+    a prompt dict's `juice` key without a word (its prompts are TypedDicts); this never does.
+
+    Args:
+        llm: vLLM's `LLM`, built with :func:`llm_options`.
+        prompts: one prompt or a list (text, token ids, or prompt dicts with an optional `juice`).
+        sampling_params: one `SamplingParams` for all, one per prompt, or None (vLLM's defaults).
+        **kwargs: passed to `llm.generate` (e.g. `use_tqdm=False`).
+
+    Returns:
+        `llm.generate`'s `RequestOutput`s, one per prompt, in order.
+
+    Raises:
+        juice.steering_request.SteeringRequestError: a prompt's juice fields are wrong, or a
+            prompt gives them both in its `juice` key and in its `SamplingParams.extra_args`.
+    """
+    from vllm import SamplingParams
+
+    from juice.steering_request import SteeringRequestError, request_fields
+
+    single = isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
+                                                   and isinstance(prompts[0], int))
+    prompts = [prompts] if single else list(prompts)
+    if sampling_params is None or not isinstance(sampling_params, (list, tuple)):
+        sampling_params = [sampling_params] * len(prompts)
+    if len(sampling_params) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts and {len(sampling_params)} sampling parameters")
+    built, params = [], []
+    for prompt, base in zip(prompts, sampling_params):
+        base = SamplingParams() if base is None else base
+        carries = isinstance(prompt, dict) and prompt.get("juice") is not None
+        if carries and request_fields(base.extra_args) is not None:
+            raise SteeringRequestError("a prompt gives juice fields in its 'juice' key and in its SamplingParams' "
+                                       "extra_args; give one")
+        request, extra = offline_request(prompt)
+        copy = base.clone()
+        if extra:
+            copy.extra_args = {**(base.extra_args or {}), **extra}
+        built.append(request)
+        params.append(copy)
+    return llm.generate(built, params, **kwargs)
+
+
 def register() -> None:
     """vLLM's general plugin hook: register the steered classes when the plugin is on.
 
@@ -66,15 +113,29 @@ def register() -> None:
     only the on-switch (:func:`juice.vllm.options.plugin_enabled`), no heads file: a worker on
     another node reads the heads from vLLM's config (`juice serve --engine vllm` has Ray copy the
     `JUICE_` variables to its workers, :func:`juice.vllm.launch.server_environment`).
+
+    Raises:
+        PluginConfigError: with the plugin on, a vLLM release it was not verified on, or a
+            process that would skip its request checks (`vllm run-batch`, `vllm serve --grpc`,
+            the Rust frontend): :func:`juice.vllm.processes.check_process`.
     """
+    import logging
+    import sys
+
+    import vllm
+
+    from juice.vllm.processes import check_process
     from juice.vllm.options import plugin_enabled
 
     if not plugin_enabled():
         return
+    warning = check_process(sys.argv, vllm.__version__)   # an unverified vLLM, or a frontend without the checks
+    if warning is not None:
+        logging.getLogger("juice").warning(warning)
     from vllm import ModelRegistry
 
     for architecture, name in ARCHITECTURES.items():
         ModelRegistry.register_model(architecture, f"juice.vllm.models:{name}")
 
 
-__all__ = ["ARCHITECTURES", "LOGITS_PROCESSOR", "SCHEDULER", "llm_options", "offline_request", "register"]
+__all__ = ["ARCHITECTURES", "LOGITS_PROCESSOR", "SCHEDULER", "generate", "llm_options", "offline_request", "register"]

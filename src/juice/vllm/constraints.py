@@ -30,7 +30,14 @@ one-line :class:`PluginConfigError` naming the flag, before any request is serve
 - no speculative decoding (`--speculative-config`): the draft model would be steered too, and
   the dual run does not return what EAGLE-style drafts read;
 - no KV-sharing attention layers (`kv_sharing_target_layer_name`): run 1's clean attention would
-  write its KV into another layer's cache.
+  write its KV into another layer's cache;
+- no KV transfer or offloading (`--kv-transfer-config`, `--kv-offloading-size`): a connector
+  such as LMCache's looks blocks up by their tokens without the request's `cache_salt`, so a
+  steered request could load another steering's KV (and JuICE's clean layers, which Original
+  never writes);
+- no weight transfer (`--weight-transfer-config`, the RL weight updates): the heads files'
+  fingerprints are checked against the weights served at start, and new weights would be
+  steered with another model's heads;
 - juice's logits processor named in vLLM's `logits_processors` (`--logits-processors
   juice.vllm.processor:JuiceSteeringProcessor`): it carries each request's steering to the model;
   without it every request would be served unsteered;
@@ -61,13 +68,10 @@ import typing
 from typing import Any
 
 from juice.vllm import LOGITS_PROCESSOR, SCHEDULER
+from juice.vllm.processes import PluginConfigError
 
 ROW_FIELD = "query_start_loc"
 """The attention metadata field the steered model reads each request's token rows from."""
-
-
-class PluginConfigError(ValueError):
-    """vLLM was started in a way the steering cannot run in (the message says how to start it)."""
 
 
 def check_engine_config(vllm_config: Any, breakable: bool | None = None) -> None:
@@ -76,7 +80,7 @@ def check_engine_config(vllm_config: Any, breakable: bool | None = None) -> None
     Args:
         vllm_config: vLLM's `VllmConfig` (reads `parallel_config.enable_dbo` and `.ubatch_size`,
             `compilation_config` (:func:`cuda_graph_refusal`), `lora_config`, `speculative_config`,
-            `use_v2_model_runner`).
+            `kv_transfer_config`, `weight_transfer_config`, `use_v2_model_runner`).
         breakable: whether vLLM uses breakable CUDA graphs; None reads this process's environment
             as vLLM does (:func:`breakable_cuda_graphs`).
 
@@ -97,6 +101,15 @@ def check_engine_config(vllm_config: Any, breakable: bool | None = None) -> None
     if getattr(vllm_config, "speculative_config", None) is not None:
         raise PluginConfigError("juice's vLLM plugin does not support speculative decoding (the draft model would "
                                 "be steered too): start vLLM without --speculative-config")
+    if getattr(vllm_config, "kv_transfer_config", None) is not None:
+        raise PluginConfigError("juice's vLLM plugin does not support KV transfer or offloading (a KV connector such "
+                                "as LMCache looks prompts up by their tokens without the steering's cache salt, and "
+                                "would load another steering's KV, or JuICE clean layers Original never wrote): start "
+                                "vLLM without --kv-transfer-config and --kv-offloading-size")
+    if getattr(vllm_config, "weight_transfer_config", None) is not None:
+        raise PluginConfigError("juice's vLLM plugin does not support weight transfer (heads files are chosen on, and "
+                                "fingerprinted to, the weights served at start; new weights would be steered with "
+                                "another model's heads): start vLLM without --weight-transfer-config")
     if getattr(vllm_config, "use_v2_model_runner", False) is True:
         raise PluginConfigError("juice's vLLM plugin was built and tested on vLLM's V1 model runner, not Model "
                                 "Runner V2 (its request state and metadata are unverified): start vLLM with "
@@ -366,3 +379,4 @@ def missing_rows_message(backend_name: str) -> str:
     return (f"juice's vLLM plugin cannot steer with the {backend_name} attention backend (its metadata has no "
             f"{ROW_FIELD} to find each request's tokens): start vLLM with --attention-backend naming another "
             "(e.g. FLASH_ATTN, TRITON_ATTN; CPU_ATTN on the CPU)")
+

@@ -95,6 +95,28 @@ ASKS_PER_CALL = 4096
 """Offline (:class:`juice.vllm.offline.OfflineWorker`): asks per `LLM.generate` call."""
 
 
+
+def dtype_arguments(dtype: torch.dtype, cuda: bool, extra: Sequence[str]) -> list[str]:
+    """The `--dtype` the pipeline's vLLM is started with, as juice's launcher chooses it
+    (:func:`juice.vllm.launch.server_command`): none where `extra` names one; on the CPU the
+    model's dtype in juice (float32 by default: the heads file's checksum is at it); on a GPU
+    vLLM's own (the model's dtype, bfloat16 for most) unless the run asked for another than
+    juice's float32 default (a float32 attention backend is not what a GPU serves with; a heads
+    file made at float32 still fits, :data:`juice.models.BF16_DIGEST_KEY`).
+
+    >>> dtype_arguments(torch.float32, False, [])
+    ['--dtype', 'float32']
+    >>> dtype_arguments(torch.float32, True, [])
+    []
+    >>> dtype_arguments(torch.float16, True, [])
+    ['--dtype', 'float16']
+    >>> dtype_arguments(torch.float32, True, ["--dtype=float32"])
+    []
+    """
+    if any(a.split("=")[0] == "--dtype" for a in extra) or (cuda and dtype == torch.float32):
+        return []
+    return ["--dtype", str(dtype).removeprefix("torch.")]
+
 class VllmEngineError(RuntimeError):
     """vLLM could not serve the pipeline: the server refused its configuration at start, stopped,
     or answered a request with an error (one line naming the fix where there is one)."""
@@ -240,8 +262,7 @@ class VllmEngine:
         cuda = bool(self.platform()["cuda"])   # the device vLLM will use, not this process's torch
         if not cuda and not any(a.split("=")[0] in COMPILATION_ARGS or a.startswith("-O") for a in extra):
             extra.append("--enforce-eager")   # on a CPU the compiled start costs more than it saves
-        if not any(a.split("=")[0] == "--dtype" for a in extra):
-            extra += ["--dtype", str(lm.dtype).removeprefix("torch.")]   # the heads file's checksum is at it
+        extra += dtype_arguments(lm.dtype, cuda, extra)
         own_length = any(a.split("=")[0] == "--max-model-len" for a in extra)
         limit = context_length(lm)
         port = _free_port()
@@ -696,4 +717,4 @@ def open_engine(engine: str, model: str, workdir: str | Path, vllm_args: Sequenc
 
 __all__ = ["ASKS_PER_CALL", "COMPILATION_ARGS", "IN_FLIGHT", "MAX_MODEL_LEN", "PROMPTS_PER_REQUEST", "VllmEngine",
            "VllmEngineError",
-           "check_shared_gpu", "data_parallel_size", "local_device", "open_engine"]
+           "check_shared_gpu", "data_parallel_size", "dtype_arguments", "local_device", "open_engine"]

@@ -274,6 +274,25 @@ def launch_plan(model: str, heads: Sequence[str | Path], *, host: str = "127.0.0
     return python, command, env
 
 
+def batch_plan(model: str, heads: Sequence[str | Path], input_file: str | Path, output_file: str | Path, *,
+               dual_run: bool = True, extra: Sequence[str] = (), default: str | None = None,
+               max_model_len: int | None = None, base: dict | None = None) -> tuple[str, list[str], dict[str, str]]:
+    """How to run vLLM's batch runner with juice's plugin (`juice run-batch`, :mod:`juice.vllm.batch`):
+    (vLLM's Python, the command, its environment). The engine is the one :func:`launch_plan`
+    starts for a server (the same model folder, plugin options, dtype and heads), less what only a
+    server takes (:func:`juice.vllm.offline.engine_arguments`), with the model's served name.
+
+    Raises:
+        as :func:`launch_plan`.
+    """
+    from juice.vllm.offline import engine_arguments
+
+    python, command, env = launch_plan(model, heads, dual_run=dual_run, extra=extra, default=default,
+                                       max_model_len=max_model_len, base=base)
+    return python, [python, "-m", "juice.vllm.batch", "-i", str(input_file), "-o", str(output_file),
+                    *engine_arguments(command), "--served-model-name", model], env
+
+
 def describe(command: Sequence[str], env: dict[str, str]) -> str:
     """The command as a shell line with the plugin's variables, to print or copy."""
     keys = ("JUICE_VLLM_HEADS", "JUICE_VLLM", "JUICE_VLLM_DUAL_RUN", "JUICE_VLLM_GEOMETRY", "JUICE_VLLM_DEFAULT",
@@ -281,6 +300,6 @@ def describe(command: Sequence[str], env: dict[str, str]) -> str:
     return " ".join([*(f"{k}={shlex.quote(env[k])}" for k in keys if k in env), *map(shlex.quote, command)])
 
 
-__all__ = ["FEW_CPUS", "RAY_PREFIXES", "REPO_VENV", "VllmNotFoundError", "describe", "find_vllm_python",
+__all__ = ["FEW_CPUS", "RAY_PREFIXES", "REPO_VENV", "VllmNotFoundError", "batch_plan", "describe", "find_vllm_python",
            "folder_geometry", "launch_plan", "server_command", "server_environment", "served_folder", "usable_cpus",
            "vllm_platform"]

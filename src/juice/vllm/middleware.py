@@ -83,14 +83,15 @@ checked and moved into `vllm_xargs`."""
 
 
 def juice_field(body: dict[str, Any]) -> str | None:
-    """The name of the body's field that carries juice fields (`juice`, or `vllm_xargs.juice_<key>`
-    for the first such key), or None when it has none (a `juice` of null is none)."""
+    """The name of the body's field that carries juice fields (`juice`, or `vllm_xargs.juice` /
+    `vllm_xargs.juice_<key>` for the first such key, the forms the plugin reads from `extra_args`),
+    or None when it has none (a `juice` of null is none)."""
     if body.get("juice") is not None:
         return "juice"
     xargs = body.get("vllm_xargs")
     if isinstance(xargs, dict):
         for key in xargs:
-            if isinstance(key, str) and key.startswith("juice_"):
+            if isinstance(key, str) and (key == "juice" or key.startswith("juice_")):
                 return f"vllm_xargs.{key}"
     return None
 
@@ -98,8 +99,8 @@ def juice_field(body: dict[str, Any]) -> str | None:
 def refusal(path: str, body: dict[str, Any]) -> str | None:
     """Why a POST body to `path` cannot be steered as it asks (module docstring), or None.
 
-    >>> refusal("/v1/responses", {"input": "hi", "juice": {"method": "june"}})[-47:]
-    '/v1/responses would serve the request unsteered'
+    >>> refusal("/v1/responses", {"input": "hi", "juice": {"method": "june"}})[-49:]
+    'send this request to /v1/chat/completions instead'
     >>> beam = {"prompt": "hi", "use_beam_search": True, "vllm_xargs": {"juice_method": "june"}}
     >>> refusal("/v1/completions", beam)[:57]
     'vllm_xargs.juice_method: juice does not steer beam search'
@@ -110,8 +111,9 @@ def refusal(path: str, body: dict[str, Any]) -> str | None:
     if field is None:
         return None
     if path not in STEERED_PATHS:
-        return (f"{field}: juice steers {', '.join(STEERED_PATHS[:-1])} and {STEERED_PATHS[-1]} on this server; "
-                f"{path} would serve the request unsteered")
+        return (f"{field}: juice checks and steers {', '.join(STEERED_PATHS[:-1])} and {STEERED_PATHS[-1]} on this "
+                f"server, not {path} (its juice fields are not checked there, and a juice object would be dropped): "
+                "send this request to /v1/chat/completions instead")
     if body.get("use_beam_search"):
         return (f"{field}: juice does not steer beam search (vLLM runs each beam step without the request's "
                 "vllm_xargs); drop use_beam_search or the juice fields")
@@ -124,6 +126,21 @@ def error_body(message: str, path: str = "") -> bytes:
         return json.dumps({"type": "error", "error": {"type": "invalid_request_error", "message": message}}).encode()
     return json.dumps({"error": {"message": message, "type": "BadRequestError", "param": "juice",
                                  "code": 400}}).encode()
+
+
+def route_path(scope) -> str:
+    """The path vLLM's router matches: the request's `path` less the app's `root_path` (vLLM's
+    `--root-path`), as Starlette strips it; the ASGI spec's `path` includes the root path.
+
+    >>> route_path({"path": "/x/v1/completions", "root_path": "/x"})
+    '/v1/completions'
+    >>> route_path({"path": "/v1/completions", "root_path": "/x"})
+    '/v1/completions'
+    """
+    path, root = scope.get("path", ""), scope.get("root_path", "") or ""
+    if root and path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
+        return path[len(root):] or "/"
+    return path
 
 
 def _is_json(scope) -> bool:
@@ -143,7 +160,7 @@ class JuiceFieldMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("method") != "POST" or not _is_json(scope):
             return await self.app(scope, receive, send)
-        path = scope.get("path", "")
+        path = route_path(scope)
         chunks, more = [], True
         while more:
             message = await receive()
@@ -202,4 +219,4 @@ def _replay(messages: list[dict], receive):
 
 
 __all__ = ["STEERED_PATHS", "JuiceFieldMiddleware", "check_body", "error_body", "juice_field", "juice_field_to_xargs",
-           "refusal"]
+           "refusal", "route_path"]

@@ -54,9 +54,13 @@ Constraints, checked when the model is built (one-line errors, :mod:`juice.vllm.
 no dual-batch overlap or micro-batching (a micro-batch's `query_start_loc` counts its requests
 from 0), an attention backend whose metadata has `query_start_loc` (not FlashInfer's), no
 pipeline parallelism. Tensor parallelism works: each rank steers its own heads' slice of the
-row-parallel output projection. After the weights load, each heads file's model fingerprint
-(model type, geometry, vocabulary, a checksum of layer 0's output projection:
-:func:`juice.models.model_fingerprint`) is checked against the served model. The geometry the
+row-parallel output projection. Every heads file's head must be in the served model
+(:func:`juice.stage1.heads_file.check_selection_fits`). After the weights load, each heads
+file's model fingerprint (model type, geometry, vocabulary, a checksum of layer 0's output
+projection: :func:`juice.models.model_fingerprint`) is checked against the served model: in
+`load_weights`; a loader that writes the weights without it (`--load-format dummy`,
+`sharded_state`, `ipc_cache`) is refused at start, in vLLM's model-level post-load hook (or, where
+a loader skips that hook, at the first forward). The geometry the
 API server checks pruned heads against at admission (:attr:`juice.vllm.options.PluginHeads.geometry`)
 must be there and, where `JUICE_VLLM_GEOMETRY` gave it, equal the model's; else the model refuses
 to build, naming the value to set.
@@ -77,6 +81,7 @@ from vllm.model_executor.layers.attention import Attention
 
 from juice.architectures import config_geometry
 from juice.models import fingerprint_mismatch, weights_digests
+from juice.stage1.heads_file import check_selection_fits
 from juice.vllm.constraints import (CLEAN_RUN_OP, ROW_FIELD, PluginConfigError, check_attention_backend,
                                     check_engine_config, check_kv_sharing, check_logits_processor, check_scheduler,
                                     compiled_mode, missing_rows_message, note_compiled_structure, split_at_run1)
@@ -177,6 +182,12 @@ class SteerableMixin:
                                                                                                   g.n_heads):
             raise PluginConfigError(f"{ENV_GEOMETRY}={told.n_layers}x{told.n_heads}, but the served model has "
                                     f"{g.n_layers} layers x {g.n_heads} heads")   # a heads file: load_weights
+        for direction, selection in self.juice_plugin.selections.items():   # before any table or layer index
+            try:
+                check_selection_fits(selection, g, self.juice_plugin.files[direction])
+            except ValueError as err:
+                raise PluginConfigError(str(err)) from None
+        self.juice_weights_checked = not self.juice_plugin.fingerprints   # load_weights or the first forward checks
         tp = get_tensor_model_parallel_world_size()
         self.juice_local_heads = self.juice_geometry.n_heads // tp
         first = get_tensor_model_parallel_rank() * self.juice_local_heads
@@ -348,6 +359,8 @@ class SteerableMixin:
         return weight.device, weight.dtype
 
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
+        if not self.juice_weights_checked:   # weights that did not come through load_weights (module docstring)
+            self.juice_require_checked()
         n_tokens = input_ids.shape[0] if input_ids is not None else inputs_embeds.shape[0]
         state = self._juice_plan(n_tokens)
         if state is None:
@@ -494,13 +507,53 @@ class SteerableMixin:
     # --- the heads files' fingerprints ----------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> set[str]:
         loaded = super().load_weights(weights)
+        self.juice_check_weights()
+        return loaded
+
+    def process_weights_after_loading(self) -> None:
+        """vLLM's model-level post-load hook (`process_weights_after_loading` in
+        `vllm.model_executor.model_loader.utils`, called by every loader built on vLLM's base
+        loader, `dummy` and `sharded_state` included, after the layers' own post-processing):
+        refuses weights that did not come through `load_weights` (:meth:`juice_require_checked`)."""
+        parent = getattr(super(), "process_weights_after_loading", None)
+        if parent is not None:
+            parent()
+        self.juice_require_checked()
+
+    def juice_check_weights(self) -> None:
+        """Check every heads file's model fingerprint against the weights `load_weights` just
+        wrote (:func:`juice.models.fingerprint_mismatch`), before the layers' post-processing
+        (which on the CPU repacks the output projection's weight).
+
+        Raises:
+            PluginConfigError: one line naming the heads file and what differs.
+        """
         if self.juice_plugin.fingerprints:
             mine = self.juice_fingerprint()
             for direction, theirs in self.juice_plugin.fingerprints.items():
                 mismatch = fingerprint_mismatch(theirs, mine, "the served model has")
                 if mismatch is not None:
                     raise PluginConfigError(f"{self.juice_plugin.files[direction]} {mismatch}")
-        return loaded
+        self.juice_weights_checked = True
+
+    def juice_require_checked(self) -> None:
+        """Refuse a model with heads files whose weights never went through `load_weights`, so
+        that their fingerprint was never checked (:meth:`juice_check_weights`): vLLM's `dummy`,
+        `sharded_state` and `ipc_cache` loaders write the weights themselves, and a heads file for
+        another model (or random weights) would be served without a word. Called from vLLM's
+        post-load hook and, where a loader skips it (`ipc_cache` in zero-copy mode), at the first
+        forward (on a GPU vLLM's profiling run, before any request).
+
+        Raises:
+            PluginConfigError: one line naming the load format.
+        """
+        if self.juice_weights_checked:
+            return
+        fmt = getattr(getattr(self.juice_vllm_config, "load_config", None), "load_format", "?")
+        raise PluginConfigError(f"juice's vLLM plugin checks each heads file against the weights as load_weights "
+                                f"reads them, and --load-format {fmt} writes them without it (the heads could be "
+                                "another model's): load with a format that reads the checkpoint (auto, "
+                                "safetensors, gguf)")
 
     def juice_fingerprint(self) -> dict:
         """:func:`juice.models.model_fingerprint` of the served model (the output projection's

@@ -46,7 +46,7 @@ import torch
 
 from juice.architectures import HeadGeometry
 from juice.interventions import Head, HeadSelection
-from juice.stage1.heads_file import heads_from_json, read_heads_json
+from juice.stage1.heads_file import check_selection_fits, heads_from_json, read_heads_json
 from juice.steering_request import (ServedHeads, SteeringAsk, SteeringRequestError, parse_spec, read_steering,
                                     request_fields)
 
@@ -234,6 +234,10 @@ def _build_plugin_heads(documents: list[tuple[str, Any]], on: str, dual: str, ge
         if geometry is None and isinstance(layers, int) and isinstance(heads_, int):
             geometry = HeadGeometry(layers, heads_, int(fingerprint.get("head_dim") or 0))
             source = files[direction]
+    if geometry is not None:   # every file's heads in the model, before anything starts
+        for direction, selection in selections.items():
+            check_selection_fits(selection, geometry, files[direction],
+                                 "the served model" if source == ENV_GEOMETRY else "its model fingerprint's shape")
     server = PluginHeads(selections=selections, tuned=tuned,
                          default=parse_spec(default, ENV_DEFAULT) if default.strip() else None,
                          dual_run=dual.strip() not in ("0", "false", "no", "off"), geometry=geometry, files=files,
@@ -287,22 +291,30 @@ def offline_request(prompt: str | list[int] | Mapping[str, Any], juice: Mapping[
     (:mod:`juice.vllm.scheduler`), so a request built by hand is served the same way.
 
     Args:
-        prompt: text, token ids, or a prompt dict (`{"prompt": ...}` / `{"prompt_token_ids": ...}`).
-        juice: the request's juice fields (None: the server's default steering).
+        prompt: text, token ids, or a prompt dict (`{"prompt": ...}` / `{"prompt_token_ids": ...}`);
+            a dict's `juice` key, which vLLM's `LLM.generate` would drop, is taken as `juice`.
+        juice: the request's juice fields (None: the prompt dict's `juice`, else the server's
+            default steering).
         cache_salt: the caller's own salt (the engine combines it with the steering's).
         server: the plugin's set-up (default: from the environment, as vLLM's processes read it).
 
     Raises:
-        SteeringRequestError: the fields are wrong (the one-line message vLLM would answer with).
+        SteeringRequestError: the fields are wrong (the one-line message vLLM would answer with),
+            or both the prompt dict's `juice` key and `juice` give them.
     """
     server = plugin_heads() if server is None else server
     if isinstance(prompt, Mapping):
         out = dict(prompt)
+        if "juice" in out:   # vLLM's LLM.generate would drop this key (prompts are TypedDicts)
+            carried = out.pop("juice")
+            if juice is not None and carried is not None:
+                raise SteeringRequestError("the prompt's 'juice' key and juice= both give juice fields; give one")
+            juice = carried if juice is None else juice
     elif isinstance(prompt, str):
         out = {"prompt": prompt}
     else:
         out = {"prompt_token_ids": list(prompt)}
-    extra: dict[str, Any] = {} if juice is None else {"juice": dict(juice)}
+    extra: dict[str, Any] = {} if juice is None else {"juice": dict(juice) if isinstance(juice, Mapping) else juice}
     request_ask(request_fields(extra or None), server)
     if cache_salt is not None:
         out["cache_salt"] = cache_salt

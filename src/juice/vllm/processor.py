@@ -10,8 +10,6 @@ added to, removed from and moved within the persistent batch. The processor keep
 
 from __future__ import annotations
 
-import logging
-
 import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
@@ -19,10 +17,13 @@ from juice.architectures import config_geometry
 from juice.vllm import ARCHITECTURES
 from juice.vllm.constraints import PluginConfigError, check_plugin_on_here
 from juice.steering_request import request_fields
-from juice.vllm.options import RequestSteering, parse_request, plugin_enabled, plugin_heads, request_ask, served_heads
+from juice.vllm.options import RequestSteering, parse_request, plugin_enabled, plugin_heads, served_heads
 from juice.steering_request import SteeringRequestError
 
-log = logging.getLogger(__name__)
+class SteeringBuildError(RuntimeError):
+    """An admitted request's steering failed to build in the worker: admission and the worker
+    disagree about the served heads (never expected; the engine stops rather than serve the
+    request unsteered)."""
 
 
 class BatchSteering:
@@ -45,15 +46,18 @@ class JuiceSteeringProcessor(LogitsProcessor):
 
     @classmethod
     def validate_params(cls, sampling_params) -> None:
-        """Refuse a request whose juice fields are wrong (:func:`juice.vllm.options.request_ask`,
-        which :func:`~juice.vllm.options.parse_request` applies in the worker). Its KV cache salt
-        is set in the engine core from the same fields (:mod:`juice.vllm.scheduler`).
+        """Refuse a request whose juice fields are wrong: its steering is built here as the worker
+        will build it (:func:`juice.vllm.options.parse_request` with the served geometry, which
+        the steered model checks equal to its own at start), so a request admitted here cannot
+        fail in the worker. Its KV cache salt is set in the engine core from the same fields
+        (:mod:`juice.vllm.scheduler`).
 
         Raises:
             ValueError: the one-line reason (vLLM answers HTTP 400 with it).
         """
+        server = plugin_heads()
         try:
-            request_ask(request_fields(sampling_params.extra_args), plugin_heads())
+            parse_request(request_fields(sampling_params.extra_args), server, server.geometry)
         except SteeringRequestError as err:
             raise ValueError(str(err)) from None
 
@@ -91,9 +95,10 @@ class JuiceSteeringProcessor(LogitsProcessor):
         for index, params, _prompt, _output in batch_update.added:
             try:
                 steering = parse_request(request_fields(params.extra_args), self.server, self.geometry)
-            except SteeringRequestError as err:   # validate_params admitted it, so this is not expected
-                log.error("juice: request at batch index %d decoded without steering: %s", index, err)
-                steering = None
+            except SteeringRequestError as err:   # admission built the same steering, so this cannot be a
+                raise SteeringBuildError(        # request's fault: stop rather than decode it unsteered
+                    f"juice: a request admitted with steering could not be steered in the worker ({err}); "
+                    "stopping instead of decoding it as Original") from None
             if steering is None:
                 rows.pop(index, None)
             else:
@@ -107,4 +112,4 @@ class JuiceSteeringProcessor(LogitsProcessor):
         BATCH.version += 1
 
 
-__all__ = ["BATCH", "BatchSteering", "JuiceSteeringProcessor"]
+__all__ = ["BATCH", "BatchSteering", "JuiceSteeringProcessor", "SteeringBuildError"]

@@ -6,12 +6,12 @@ from juice.apps.commands.evaluate import evaluate
 from juice.apps.commands.generate import generate
 from juice.apps.commands.identify import identify
 from juice.apps.commands.reproduce import reproduce
-from juice.apps.commands.serve import serve
+from juice.apps.commands.serve import run_batch, serve
 from juice.apps.commands.sweep import sweep
 from juice.apps.commands.toy import toy
 from juice.apps.commands.tune import tune
 
-COMMANDS = (reproduce, sweep, identify, tune, evaluate, generate, serve, toy, tasks, models)
+COMMANDS = (reproduce, sweep, identify, tune, evaluate, generate, serve, run_batch, toy, tasks, models)
 """The commands, in `juice --help`'s order."""
 
 __all__ = ["COMMANDS"]

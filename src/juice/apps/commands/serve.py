@@ -136,3 +136,42 @@ def _serve_vllm(model: str, heads: list[Path], host: str, port: int, max_total_t
     console.print(f"starting vLLM with juice's plugin ({', '.join(sorted(plugin_heads(env).selections)) or 'no heads'}"
                   f"{', dual run' if dual_run and heads else ''}): {describe(command, env)}")
     os.execve(python, command, env)
+
+
+def run_batch(
+    input_file: Path = typer.Option(..., "-i", "--input-file", exists=True, dir_okay=False,
+                                    help="vLLM's batch input (JSONL: custom_id, method, url, body); a body may "
+                                         "carry the juice field, as juice serve takes it"),
+    output_file: Path = typer.Option(..., "-o", "--output-file", dir_okay=False,
+                                     help="the answers, one line per input line, in input order"),
+    model: str = typer.Option(DEFAULT_MODEL, help="embedded alias, .gguf file, model directory or hub id"),
+    heads: list[Path] = typer.Option([], exists=True, dir_okay=False,
+                                     help="a heads file (repeat: one per direction); none: the heads juice ships "
+                                          "for an embedded model"),
+    default: Optional[str] = typer.Option(None, help="SPEC: the juice options of a line that sends none"),
+    dual_run: bool = typer.Option(True, help="hold JuICE's second KV cache (--no-dual-run: JuNE and pruning only)"),
+    vllm_arg: list[str] = typer.Option([], help="one more engine argument for vLLM (repeat)"),
+):
+    """vLLM's batch runner (vllm run-batch) with juice's plugin: every line's juice fields are
+    checked as juice serve --engine vllm checks a request, a refused line gets a one-line error
+    in its place in the output, and the rest are steered (docs/vllm.md, "Batch files").
+
+    Example: juice run-batch -i requests.jsonl -o answers.jsonl
+    """
+    import os
+
+    from juice.data.records import Direction
+    from juice.stage1.shipped import shipped_path
+    from juice.vllm.launch import batch_plan, describe
+
+    if not heads:
+        heads = [path for d in Direction if (path := shipped_path(model, d)).is_file()]
+    try:
+        python, command, env = batch_plan(model, heads, input_file, output_file, dual_run=dual_run, extra=vllm_arg,
+                                          default=default)
+    except ValueError as err:
+        hint = "--default" if "JUICE_VLLM_DEFAULT" in str(err) else "--vllm-arg" if "--additional-config" in str(
+            err) else "--heads"
+        raise typer.BadParameter(str(err), param_hint=hint) from None
+    console.print(f"running vLLM's batch runner with juice's plugin: {describe(command, env)}")
+    os.execve(python, command, env)
