@@ -360,11 +360,12 @@ def test_behind_a_root_path_the_steered_routes_steer_and_vllm_xargs_juice_with_b
         await send({"type": "http.response.body", "body": b"{}"})
 
     june = {"method": "june", "direction": "context", "beta_plus": 1.0, "beta_minus": 0.0}
-    client = TestClient(JuiceFieldMiddleware(vllm), root_path="/x")
-    answer = client.post("/v1/completions", json={"prompt": "x", "juice": june})
+    client = TestClient(JuiceFieldMiddleware(vllm), root_path="/x")   # as uvicorn: the path holds the root path
+    answer = client.post("/x/v1/completions", json={"prompt": "x", "juice": june})
     assert answer.status_code == 200, answer.text
-    assert reached.pop()[1] == {"prompt": "x", "vllm_xargs": {f"juice_{k}": v for k, v in june.items()}}
-    assert client.post("/v1/responses", json={"input": "x", "juice": june}).status_code == 400
+    assert reached.pop() == ("/x/v1/completions", {"prompt": "x",
+                                                   "vllm_xargs": {f"juice_{k}": v for k, v in june.items()}})
+    assert client.post("/x/v1/responses", json={"input": "x", "juice": june}).status_code == 400
     plain = TestClient(JuiceFieldMiddleware(vllm))
     for value in ("method:june", json.dumps(june)):
         answer = plain.post("/v1/completions", json={"prompt": "x", "use_beam_search": True, "n": 2,

@@ -107,11 +107,13 @@ def test_weights_loaded_past_load_weights_and_a_kv_connector_stop_vllm_at_start(
     lm, folder = tiny_llama_dir(tmp_path)
     files = _files(tmp_path, lm)
     requests = [{"prompt_token_ids": [1, 4, 8], "juice": None, "max_tokens": 2}]
-    log = run_vllm(folder, requests, files, tmp_path, llm={"load_format": "dummy"}, fails=True, timeout=600)
+    log = run_vllm(folder, requests, files, tmp_path, llm={"load_format": "dummy"}, fails=True, timeout=600,
+                   modes=())   # no request: refused at start, not at the first forward
     assert "--load-format dummy writes them without it" in log
     connector = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
                  "kv_connector_extra_config": {"shared_storage_path": str(tmp_path / "kv")}}
-    log = run_vllm(folder, requests, files, tmp_path, llm={"kv_transfer_config": connector}, fails=True, timeout=600)
+    log = run_vllm(folder, requests, files, tmp_path, llm={"kv_transfer_config": connector}, fails=True, timeout=600,
+                   modes=())
     assert "does not support KV transfer or offloading" in log and "--kv-transfer-config" in log
 
 
@@ -128,7 +130,7 @@ def test_a_heads_file_with_a_head_outside_the_model_stops_vllm_and_a_failed_buil
                       HeadSelection((Head(1, 0), Head(2, 9)), ()))
     requests = [{"prompt_token_ids": [1, 4, 8], "juice": {"method": "juice", "direction": "parametric"},
                  "max_tokens": 2}]
-    log = run_vllm(folder, requests, [bad], tmp_path, fails=True, timeout=600)
+    log = run_vllm(folder, requests, [bad], tmp_path, fails=True, timeout=600, modes=())
     assert "head L2H9 is out of range for a model of 4 layers x 4 heads" in log
     script = """
 import json, sys
