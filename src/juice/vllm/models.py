@@ -187,7 +187,7 @@ class SteerableMixin:
                 check_selection_fits(selection, g, self.juice_plugin.files[direction])
             except ValueError as err:
                 raise PluginConfigError(str(err)) from None
-        self.juice_weights_checked = not self.juice_plugin.fingerprints   # load_weights or the first forward checks
+        self.juice_weights_checked = not self.juice_plugin.fingerprints   # set by load_weights (juice_check_weights)
         tp = get_tensor_model_parallel_world_size()
         self.juice_local_heads = self.juice_geometry.n_heads // tp
         first = get_tensor_model_parallel_rank() * self.juice_local_heads

@@ -20,6 +20,7 @@ from juice.steering_request import request_fields
 from juice.vllm.options import RequestSteering, parse_request, plugin_enabled, plugin_heads, served_heads
 from juice.steering_request import SteeringRequestError
 
+
 class SteeringBuildError(RuntimeError):
     """An admitted request's steering failed to build in the worker: admission and the worker
     disagree about the served heads (never expected; the engine stops rather than serve the
