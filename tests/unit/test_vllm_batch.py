@@ -55,3 +55,21 @@ def test_the_output_keeps_input_order_with_refused_lines_in_their_places(heads_e
     assert out[1]["response"]["status_code"] == 400 and "not /v1/embeddings" in out[1]["error"]
     with pytest.raises(RuntimeError, match="answered 1 lines for 2 sent"):
         merge(checked, ['{"custom_id": "a"}'])
+
+
+def test_a_line_vllm_s_runner_cannot_read_gets_its_error_in_place_instead_of_stopping_the_batch(heads_env):
+    """Review of issue 88: vLLM's batch runner reads every line before it runs any and stops the
+    whole batch at one it cannot read; juice reads each line as vLLM does first (`validate`,
+    `BatchRequestInput.model_validate_json` in vLLM's Python) and refuses only that line."""
+    def vllm_reads(text: str) -> None:   # a stand-in for vLLM's reader: needs custom_id and url
+        line = json.loads(text)
+        if "custom_id" not in line or "url" not in line:
+            raise ValueError("1 validation error for BatchRequestInput\ncustom_id\n  Field required")
+
+    good = _line("/v1/chat/completions", {"messages": []}, "ok")
+    assert check_line(good, vllm_reads).text == good
+    refused = check_line(json.dumps({"method": "POST", "body": {"messages": []}}), vllm_reads)
+    assert refused.text is None
+    assert refused.error == "vLLM's batch runner cannot read this line: 1 validation error for BatchRequestInput"
+    assert check_line("not json", vllm_reads).error.startswith("vLLM's batch runner cannot read this line: ")
+    assert check_line("not json").text == "not json"   # without vLLM's reader: passed on

@@ -46,3 +46,22 @@ def test_frontends_that_skip_the_request_checks_are_refused_at_start(argv, envir
     for fine in (["/v/juice/vllm/batch.py", "-i", "a"], ["/v/vllm/entrypoints/openai/api_server.py", "--grpc-port", "1"],
                  ["/v/juice/vllm/offline.py"], ["/x/bin/vllm", "serve", "m"]):
         assert frontend_refusal(fine, {"VLLM_USE_RUST_FRONTEND": "0"}) is None, fine
+    rust = {"VLLM_USE_RUST_FRONTEND": "1"}   # read by `vllm serve` only: not by the processes below
+    for fine in (["/v/vllm/entrypoints/openai/api_server.py", "--model", "m"], ["/v/juice/vllm/batch.py", "-i", "a"],
+                 ["/v/juice/vllm/offline.py"], ["/x/bin/vllm", "serve", "m", "--headless"]):
+        assert frontend_refusal(fine, rust) is None, fine
+
+
+def test_grpc_set_in_a_config_file_is_refused_as_the_flag_is(tmp_path):
+    """Review of issue 88: `vllm serve --config x.yaml` with `grpc: true` expands into `--grpc`
+    after the plugin reads `sys.argv`; the YAML is read too."""
+    from juice.vllm.processes import frontend_refusal
+
+    on, off = tmp_path / "on.yaml", tmp_path / "off.yaml"
+    on.write_text("grpc: true\nmodel: m\n")
+    off.write_text("grpc: false\n")
+    assert "gRPC server" in frontend_refusal(["/x/bin/vllm", "serve", "--config", str(on)], {})
+    assert "gRPC server" in frontend_refusal(["/x/bin/vllm", "serve", f"--config={on}"], {})
+    for argv in (["/x/bin/vllm", "serve", "--config", str(off)], ["/x/bin/vllm", "serve", "--config",
+                                                                   str(tmp_path / "missing.yaml")]):
+        assert frontend_refusal(argv, {}) is None

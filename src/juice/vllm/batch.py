@@ -17,8 +17,9 @@ vLLM's batch runner itself, in vLLM's Python (`python -m juice.vllm.batch -i IN 
 2. the lines that pass go to vLLM's batch runner (`vllm.entrypoints.launchers.run_batch.main`),
    unchanged otherwise;
 3. the output file holds one line per input line, in input order: vLLM's answer, or for a refused
-   line an error in vLLM's batch output shape (`response.status_code` 400 and `error` the
-   message), so nothing is lost; it is written atomically.
+   line (or one vLLM's runner cannot read, which would stop its whole batch) an error in vLLM's
+   batch output shape (`response.status_code` 400 and `error` the message), so nothing is lost;
+   it is written atomically.
 
 Only local input and output files are taken (vLLM's runner also takes URLs).
 """
@@ -30,6 +31,7 @@ import os
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,11 +49,13 @@ class CheckedLine:
     error: str | None = None
 
 
-def check_line(text: str) -> CheckedLine:
+def check_line(text: str, validate: Callable[[str], None] | None = None) -> CheckedLine:
     """One line of a batch input file, checked as the middleware checks a request body
     (:func:`juice.vllm.middleware.refusal`, :func:`~juice.vllm.middleware.check_body`) and with
     its `juice` field moved into `vllm_xargs` (:func:`~juice.vllm.middleware.juice_field_to_xargs`).
-    A line that is not a JSON object with an object `body` goes to vLLM as it is (vLLM answers it).
+    `validate` (vLLM's own reading of a line, `BatchRequestInput.model_validate_json`, in
+    :func:`main`) refuses a line vLLM's runner cannot read, which would stop its whole batch: such a
+    line gets its error (its first line) in its place, as a refused one does.
 
     >>> check_line('{"custom_id": "a", "url": "/v1/embeddings", "body": {"juice": {"method": "june"}}}').error[:40]
     'juice: juice checks and steers /v1/compl'
@@ -61,9 +65,9 @@ def check_line(text: str) -> CheckedLine:
     try:
         line = json.loads(text)
     except ValueError:
-        return CheckedLine(text)
+        line = None
     if not isinstance(line, dict) or not isinstance(line.get("body"), dict):
-        return CheckedLine(text)
+        return _readable(CheckedLine(text), validate)
     body, url, custom_id = line["body"], str(line.get("url", "")), str(line.get("custom_id", ""))
     try:
         why = refusal(url, body)
@@ -74,8 +78,20 @@ def check_line(text: str) -> CheckedLine:
     except SteeringRequestError as err:
         return CheckedLine(None, custom_id, str(err))
     if "juice" in body and url in STEERED_PATHS:
-        return CheckedLine(json.dumps({**line, "body": juice_field_to_xargs(body)}), custom_id)
-    return CheckedLine(text, custom_id)
+        return _readable(CheckedLine(json.dumps({**line, "body": juice_field_to_xargs(body)}), custom_id), validate)
+    return _readable(CheckedLine(text, custom_id), validate)
+
+
+def _readable(line: CheckedLine, validate: Callable[[str], None] | None) -> CheckedLine:
+    """`line`, or its refusal where `validate` cannot read it (:func:`check_line`)."""
+    if validate is None or line.text is None:
+        return line
+    try:
+        validate(line.text)
+    except Exception as err:   # pydantic's ValidationError, or anything vLLM's reading raises
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        return CheckedLine(None, line.custom_id, f"vLLM's batch runner cannot read this line: {first}")
+    return line
 
 
 def error_line(custom_id: str, message: str) -> str:
@@ -135,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, UnicodeDecodeError) as err:
         print(f"juice run-batch: cannot read {source}: {err}", file=sys.stderr)
         return 2
-    checked = [check_line(line.strip()) for line in text.strip().split("\n") if line.strip()]
+    reader = _vllm_reader()
+    checked = [check_line(line.strip(), reader) for line in text.strip().split("\n") if line.strip()]
     refused = sum(c.text is None for c in checked)
     if refused:
         print(f"juice run-batch: {refused} of {len(checked)} lines refused (their errors are in {target})",
@@ -153,6 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _vllm_reader() -> Callable[[str], None]:
+    """How vLLM's batch runner reads a line (`BatchRequestInput.model_validate_json`)."""
+    from vllm.entrypoints.launchers.run_batch import BatchRequestInput
+
+    return BatchRequestInput.model_validate_json
+
+
 def _run_vllm(argv: list[str], lines: list[str], folder: Path) -> list[str]:
     """vLLM's batch runner on `lines` with its engine arguments `argv`: its output lines."""
     import asyncio
@@ -161,6 +185,12 @@ def _run_vllm(argv: list[str], lines: list[str], folder: Path) -> list[str]:
     from vllm.entrypoints.launchers.run_batch import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    try:   # what `vllm run-batch` sets up first (the spawn start method, vLLM's environment)
+        from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+
+        cli_env_setup()
+    except ImportError:
+        pass
     (folder / "in.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     parser = make_arg_parser(FlexibleArgumentParser(description="juice run-batch"))
     args = parser.parse_args(["-i", str(folder / "in.jsonl"), "-o", str(folder / "out.jsonl"), *argv])

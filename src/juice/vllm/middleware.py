@@ -112,7 +112,7 @@ def refusal(path: str, body: dict[str, Any]) -> str | None:
         return None
     if path not in STEERED_PATHS:
         return (f"{field}: juice checks and steers {', '.join(STEERED_PATHS[:-1])} and {STEERED_PATHS[-1]} on this "
-                f"server, not {path} (its juice fields are not checked there, and a juice object would be dropped): "
+                f"server, not {path} (a juice object would be dropped there, and its steering is not tested): "
                 "send this request to /v1/chat/completions instead")
     if body.get("use_beam_search"):
         return (f"{field}: juice does not steer beam search (vLLM runs each beam step without the request's "

@@ -59,8 +59,10 @@ row-parallel output projection. Every heads file's head must be in the served mo
 file's model fingerprint (model type, geometry, vocabulary, a checksum of layer 0's output
 projection: :func:`juice.models.model_fingerprint`) is checked against the served model: in
 `load_weights`; a loader that writes the weights without it (`--load-format dummy`,
-`sharded_state`, `ipc_cache`) is refused at start, in vLLM's model-level post-load hook (or, where
-a loader skips that hook, at the first forward). The geometry the
+`sharded_state`, `runai_streamer_sharded`, `ipc_cache`) is refused at start, in vLLM's model-level
+post-load hook, and one that skips that hook too (`tensorizer` on a vLLM-tensorized model) at the
+first forward (on a GPU vLLM's profiling run; on the CPU in eager mode the first request, which
+fails rather than be served). Without heads files there is no fingerprint, and nothing to refuse. The geometry the
 API server checks pruned heads against at admission (:attr:`juice.vllm.options.PluginHeads.geometry`)
 must be there and, where `JUICE_VLLM_GEOMETRY` gave it, equal the model's; else the model refuses
 to build, naming the value to set.
@@ -512,9 +514,10 @@ class SteerableMixin:
 
     def process_weights_after_loading(self) -> None:
         """vLLM's model-level post-load hook (`process_weights_after_loading` in
-        `vllm.model_executor.model_loader.utils`, called by every loader built on vLLM's base
-        loader, `dummy` and `sharded_state` included, after the layers' own post-processing):
-        refuses weights that did not come through `load_weights` (:meth:`juice_require_checked`)."""
+        `vllm.model_executor.model_loader.utils`, called after the layers' own post-processing by
+        vLLM's base loader and so by `dummy`, `sharded_state`, `runai_streamer_sharded` and
+        `ipc_cache`): refuses weights that did not come through `load_weights`
+        (:meth:`juice_require_checked`)."""
         parent = getattr(super(), "process_weights_after_loading", None)
         if parent is not None:
             parent()
@@ -539,10 +542,10 @@ class SteerableMixin:
     def juice_require_checked(self) -> None:
         """Refuse a model with heads files whose weights never went through `load_weights`, so
         that their fingerprint was never checked (:meth:`juice_check_weights`): vLLM's `dummy`,
-        `sharded_state` and `ipc_cache` loaders write the weights themselves, and a heads file for
-        another model (or random weights) would be served without a word. Called from vLLM's
-        post-load hook and, where a loader skips it (`ipc_cache` in zero-copy mode), at the first
-        forward (on a GPU vLLM's profiling run, before any request).
+        `sharded_state`, `runai_streamer_sharded` and `ipc_cache` loaders write the weights
+        themselves, and a heads file for another model (or random weights) would be served without
+        a word. Called from vLLM's post-load hook and, where a loader skips it (`tensorizer` on a
+        vLLM-tensorized model), at the first forward (on a GPU vLLM's profiling run).
 
         Raises:
             PluginConfigError: one line naming the load format.

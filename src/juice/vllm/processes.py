@@ -56,8 +56,11 @@ def frontend_refusal(argv: list[str], environ: Any = None) -> str | None:
 
     - `vllm run-batch` (and `python -m vllm.entrypoints.openai.run_batch`): `juice run-batch`
       runs it with the same checks per line (:mod:`juice.vllm.batch`);
-    - `vllm serve --grpc` (and vLLM's gRPC server module): no middleware;
-    - the Rust frontend (`VLLM_USE_RUST_FRONTEND=1`): no middleware.
+    - `vllm serve --grpc` (also set in a `--config` YAML, and vLLM's gRPC server module): no
+      middleware;
+    - `vllm serve` with the Rust frontend (`VLLM_USE_RUST_FRONTEND=1`; only `vllm serve`
+      reads it, not vLLM's OpenAI server module that `juice serve --engine vllm` runs, nor
+      `--headless`): no middleware.
 
     Args:
         argv: the process's `sys.argv` (vLLM's spawned processes inherit it).
@@ -71,13 +74,36 @@ def frontend_refusal(argv: list[str], environ: Any = None) -> str | None:
         return ("juice's vLLM plugin does not steer vllm run-batch (it builds no HTTP app, so a line's juice field "
                 "would be dropped unchecked): run juice run-batch, which checks every line and runs vLLM's batch "
                 "runner with the plugin")
-    if any(a == "--grpc" or a.startswith("--grpc=") for a in argv[1:]) or program == "grpc_server.py":
+    if any(a == "--grpc" or a.startswith("--grpc=") for a in argv[1:]) or program == "grpc_server.py" or _config_says(
+            argv, "grpc"):
         return ("juice's vLLM plugin does not steer vLLM's gRPC server (vllm serve --grpc runs no middleware, so "
                 "requests' juice fields would go unchecked): serve over HTTP (juice serve --engine vllm)")
-    if env.get("VLLM_USE_RUST_FRONTEND", "0").strip() not in ("", "0"):
+    serve = len(argv) > 1 and argv[1] == "serve" and "--headless" not in argv
+    if serve and env.get("VLLM_USE_RUST_FRONTEND", "0").strip() not in ("", "0"):
         return ("juice's vLLM plugin does not steer behind vLLM's Rust frontend (VLLM_USE_RUST_FRONTEND=1 runs no "
                 "middleware, so requests' juice fields would go unchecked): start vLLM with VLLM_USE_RUST_FRONTEND=0")
     return None
+
+
+def _config_says(argv: list[str], key: str) -> bool:
+    """Whether a `--config FILE` (vLLM's YAML of command-line options) in `argv` sets `key` true
+    (vLLM expands it into options after the plugin could read `sys.argv`); False where it has
+    none or cannot be read."""
+    path = None
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+    if not path:
+        return False
+    try:
+        import yaml
+
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except Exception:   # unreadable or not YAML: vLLM refuses the file itself
+        return False
+    return isinstance(data, dict) and data.get(key) in (True, "true", "True", 1)
 
 
 def check_process(argv: list[str], version: str, environ: Any = None) -> str | None:
