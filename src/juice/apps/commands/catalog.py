@@ -41,9 +41,10 @@ def models():
     from juice.architectures import adapter_for, supported_model_types
     from juice.models import EMBEDDED_MODELS
 
-    console.print("[bold]embedded models[/bold] (no download):")
+    console.print("[bold]embedded models[/bold] (from the package index, no hub download):")
     for alias, (description, _) in EMBEDDED_MODELS.items():
-        console.print(f"  {alias:<14} {description}" + ("  (default)" if alias == DEFAULT_MODEL else ""))
+        width = max(len(a) for a in EMBEDDED_MODELS)
+        console.print(f"  {alias:<{width}} {description}" + ("  (default)" if alias == DEFAULT_MODEL else ""))
     console.print("[bold]architectures[/bold] (config.model_type -> layers / output projection):")
     for t in supported_model_types():
         a = adapter_for(t)
