@@ -83,6 +83,37 @@ def _run(step: str, model: str, dtype: str = "float32") -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def cost_markdown(record: dict) -> str:
+    """The record as docs/models.md shows it (a test keeps the page equal to it)."""
+    gib = 1 << 30
+    fp32, bf16 = record["float32"], record["bfloat16"]
+    rows = [("assemble the GGUF from its parts (once)", f"{record['assemble']['seconds']:.0f} s",
+             f"{record['assemble']['bytes'] / gib:.2f} GiB on disk"),
+            ("first load: convert the GGUF into juice's cache (once)", f"{record['first_load']['load_s']:.0f} s",
+             f"peak {record['first_load']['peak_rss_mib'] / 1024:.1f} GiB; {record['converted_bytes'] / gib:.2f} GiB "
+             "on disk"),
+            ("a later load and the runs below, float32", f"{fp32['load_s']:.0f} s",
+             f"peak {fp32['peak_rss_mib'] / 1024:.1f} GiB"),
+            ("a later load and the runs below, bfloat16", f"{bf16['load_s']:.0f} s",
+             f"peak {bf16['peak_rss_mib'] / 1024:.1f} GiB"),
+            (f"a forward of {fp32['prompt_tokens']} tokens", f"{fp32['forward_s']:.2f} s (bfloat16 "
+             f"{bf16['forward_s']:.2f} s)", ""),
+            ("a decoded token (greedy, one stream)", f"{fp32['decode_s_per_token']:.2f} s (bfloat16 "
+             f"{bf16['decode_s_per_token']:.2f} s)", "")]
+    lines = ["| step | time | memory, disk |", "|---|---|---|", *(f"| {a} | {b} | {c} |" for a, b, c in rows)]
+    if "agreement" in record:
+        lines.append("")
+        a = record["agreement"]
+        fp32_scores = [p - a["float32"][0] for p in a["float32"][1:]]
+        bf16_scores = [p - a["bfloat16"][0] for p in a["bfloat16"][1:]]
+        flips = sum((x > 0) != (y > 0) for x, y in zip(fp32_scores, bf16_scores))
+        lines.append(f"Stage 1's read-out (the target token's probability, clean and with {len(fp32_scores)} "
+                     f"interventions on layer {a['interventions'][1].split('H')[0][1:]}'s heads) differs by up to "
+                     f"{a['max_abs_diff']:.4f} between float32 and bfloat16, and {flips} of the {len(fp32_scores)} "
+                     "scores (the change from clean) change sign.")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")

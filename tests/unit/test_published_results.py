@@ -226,3 +226,17 @@ def test_the_gpu_section_of_the_models_page_quotes_the_newest_gpu_record_and_not
     assert gpu_check.page_markdown(json.loads(newest.read_text(encoding="utf-8")), newest.name) in section
     assert gpu_check.NO_RECORD not in section
     assert not any(older.name in page for older in records[:-1])
+
+
+def test_the_embedded_qwen_s_costs_on_the_models_page_are_the_committed_record():
+    """Issue 89: what loading and running the embedded Qwen costs, as docs/models.md states it, is
+    benchmarks/bench_embedded_cost.py's committed record, rendered, with its command and commit."""
+    import bench_embedded_cost
+
+    record = json.loads((ROOT / "benchmarks" / "results" / "embedded-cost-qwen2.5-coder-1.5b.json")
+                        .read_text(encoding="utf-8"))
+    assert record["command"].startswith("python benchmarks/bench_embedded_cost.py --model qwen2.5-coder-1.5b")
+    assert len(record["commit"]) == 40 and record["dirty"] is False and record["assemble"]["bytes"] == 1_117_320_768
+    page = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
+    assert bench_embedded_cost.cost_markdown(record) in page
+    assert f"`{record['command']}`" in page and record["commit"][:12] in page
