@@ -147,6 +147,40 @@ def test_gpu_settings_come_from_the_python_that_runs_vllm_not_juices_torch(tmp_p
     launch.vllm_platform.cache_clear()
 
 
+class _Started(Exception):
+    """Raised by the stand-in for launch_plan: the engine's arguments are what the test reads."""
+
+
+@pytest.mark.parametrize("cuda, dtype, extra, want", [
+    (False, torch.float32, [], ["--dtype", "float32"]), (True, torch.float32, [], []),
+    (True, torch.bfloat16, [], ["--dtype", "bfloat16"]), (True, torch.float32, ["--dtype=float16"], [])])
+def test_reproduce_on_vllm_passes_the_pipelines_dtype_only_where_the_launcher_would(monkeypatch, tmp_path, cuda,
+                                                                                   dtype, extra, want):
+    """Issue 88, item 7: `juice reproduce --engine vllm` on a GPU left vLLM at the pipeline's
+    default float32 (unlike `juice serve --engine vllm`); now the pipeline's dtype reaches vLLM on
+    the CPU, and on a GPU only where the run asked for another than float32."""
+    import types
+
+    import juice.vllm.engine as engine_module
+
+    seen = {}
+
+    def plan(model, heads, *, extra, **kwargs):
+        seen["extra"] = list(extra)
+        raise _Started
+
+    engine = VllmEngine("m", tmp_path, vllm_args=extra)
+    monkeypatch.setattr(engine, "platform", lambda: {"cuda": cuda})
+    monkeypatch.setattr("juice.vllm.launch.launch_plan", plan)
+    monkeypatch.setattr(engine_module, "context_length", lambda lm: 256)
+    lm = types.SimpleNamespace(dtype=dtype, geometry=GEOMETRY)
+    with pytest.raises(_Started):
+        engine._start(lm, frozenset())
+    dtypes = [a for i, a in enumerate(seen["extra"]) if a.startswith("--dtype") or
+              (i and seen["extra"][i - 1] == "--dtype")]
+    assert dtypes == (want or [a for a in extra if a.startswith("--dtype")])
+
+
 def test_stage_1_asks_each_head_and_alpha_of_all_prompts_in_one_request(monkeypatch, tmp_path):
     """Issue 75: Stage 1 on the embedded model's D (12 prompts; 18 layers x 4 heads x 8 alphas)
     sends 1 + 576 requests, each with every prompt, where one per (prompt, head, alpha) made 6,924;
