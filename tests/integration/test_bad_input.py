@@ -79,7 +79,7 @@ CASES = [
      "without the field 'negative_heads'"),
     ("generate: an unknown model alias", lambda tmp, sd: ["generate", "x", "--model", "gemma-3-27m", "--heads",
                                                           str(write(tmp / "h.json", json.dumps(HEADS)))],
-     "not an embedded alias (gemma-3-270m, smollm2-135m)"),
+     "not an embedded alias (gemma-3-270m, smollm2-135m, qwen2.5-coder-1.5b)"),
     ("tune: a row without target", lambda tmp, sd: ["tune", "--heads", str(write(tmp / "h.json", json.dumps(HEADS))),
                                                      "--data", str(write(tmp / "v.jsonl", '{"prompt": "x is"}\n'))],
      "line 1: no target"),

@@ -19,8 +19,14 @@ from juice.stage1.shipped import SHIPPED_DIR, shipped_path
 SHIPPED = sorted(SHIPPED_DIR.glob("*.json"))
 
 
+NO_HEADS_YET = {"qwen2.5-coder-1.5b"}
+"""Embedded models whose heads are not shipped yet: the 1.5B model's come from its reproduction
+(issue 89); until then its Steerer needs a heads file."""
+
+
 def test_one_file_ships_per_embedded_model_and_direction():
-    assert {p.name for p in SHIPPED} == {shipped_path(m, d).name for m in EMBEDDED_MODELS for d in Direction}
+    assert {p.name for p in SHIPPED} == {shipped_path(m, d).name for m in EMBEDDED_MODELS if m not in NO_HEADS_YET
+                                         for d in Direction}
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)

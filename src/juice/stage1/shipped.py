@@ -44,7 +44,7 @@ def how_to_make(name: str, direction: Direction) -> str:
     flag, made = ("", "heads.json") if direction is Direction.PARAMETRIC else (" --direction contextual",
                                                                             "heads_contextual.json")
     return (f"no {direction.value} heads file ships for {name!r} (juice ships them for "
-            f"{' and '.join(EMBEDDED_MODELS)}): make one with `juice reproduce --model {name}{flag}` "
+            f"{' and '.join(m for m in EMBEDDED_MODELS if shipped_path(m, direction).is_file())}): make one with `juice reproduce --model {name}{flag}` "
             f"(juice-output/{made}) or, on your rows, `juice identify --model {name} --data rows.jsonl{flag} "
             f"--out heads.json` and `juice tune --heads heads.json --data validation.jsonl`; then pass it")
 
