@@ -118,21 +118,15 @@ def _serve_vllm(model: str, heads: list[Path], host: str, port: int, max_total_t
     """`juice serve --engine vllm`: replace this process with vLLM's OpenAI server (:mod:`juice.vllm.launch`)."""
     import os
 
-    from juice.data.records import Direction
-    from juice.stage1.shipped import shipped_path
     from juice.vllm.launch import describe, launch_plan
     from juice.vllm.options import plugin_heads
 
-    if not heads:   # an embedded alias: its shipped heads (the plugin checks them against the served model)
-        heads = [path for d in Direction if (path := shipped_path(model, d)).is_file()]
-
+    heads = _heads_or_shipped(model, heads)
     try:   # malformed heads files, two for one direction, a default they cannot honour, a bad --vllm-arg: one line
         python, command, env = launch_plan(model, heads, host=host, port=port, dual_run=dual_run, extra=extra,
                                            default=default, max_model_len=max_total_tokens or None)
     except ValueError as err:
-        hint = ("--default" if "JUICE_VLLM_DEFAULT" in str(err) else "--vllm-arg" if "--additional-config" in str(err)
-                else "--heads")
-        raise typer.BadParameter(str(err), param_hint=hint) from None
+        raise _launch_error(err) from None
     console.print(f"starting vLLM with juice's plugin ({', '.join(sorted(plugin_heads(env).selections)) or 'no heads'}"
                   f"{', dual run' if dual_run and heads else ''}): {describe(command, env)}")
     os.execve(python, command, env)
@@ -160,18 +154,29 @@ def run_batch(
     """
     import os
 
-    from juice.data.records import Direction
-    from juice.stage1.shipped import shipped_path
     from juice.vllm.launch import batch_plan, describe
 
-    if not heads:
-        heads = [path for d in Direction if (path := shipped_path(model, d)).is_file()]
+    heads = _heads_or_shipped(model, heads)
     try:
         python, command, env = batch_plan(model, heads, input_file, output_file, dual_run=dual_run, extra=vllm_arg,
                                           default=default)
     except ValueError as err:
-        hint = "--default" if "JUICE_VLLM_DEFAULT" in str(err) else "--vllm-arg" if "--additional-config" in str(
-            err) else "--heads"
-        raise typer.BadParameter(str(err), param_hint=hint) from None
+        raise _launch_error(err) from None
     console.print(f"running vLLM's batch runner with juice's plugin: {describe(command, env)}")
     os.execve(python, command, env)
+
+
+def _heads_or_shipped(model: str, heads: list[Path]) -> list[Path]:
+    """The heads files vLLM is started with: those given, else an embedded alias's shipped heads
+    (the plugin checks them against the served model)."""
+    from juice.data.records import Direction
+    from juice.stage1.shipped import shipped_path
+
+    return heads or [path for d in Direction if (path := shipped_path(model, d)).is_file()]
+
+
+def _launch_error(err: ValueError) -> typer.BadParameter:
+    """A refused vLLM launch plan as a one-line usage error naming the option at fault."""
+    text = str(err)
+    hint = "--default" if "JUICE_VLLM_DEFAULT" in text else "--vllm-arg" if "--additional-config" in text else "--heads"
+    return typer.BadParameter(text, param_hint=hint)
