@@ -450,7 +450,8 @@ def load_model(
     Raises:
         UnsupportedArchitectureError: the model type has no adapter.
         FileNotFoundError: a local path that does not exist.
-        OSError: `spec` is none of the above and cannot be fetched from the hub (one line).
+        OSError: `spec` is none of the above and cannot be fetched from the hub (one line; at
+            once where the hub cannot be reached, :func:`hub_unreachable`).
         ValueError: an unknown or unavailable device.
         juice.selfcheck.ModelLoadError: the self-check failed (the message names the check and the
             package versions).
@@ -465,6 +466,11 @@ def load_model(
         if not gguf.is_file():
             raise FileNotFoundError(f"no GGUF file at {gguf}")
         cache_key = f"{gguf.stem}-{gguf.stat().st_size}"
+    if gguf is None and (why := hub_unreachable(spec)) is not None:   # one line now, not five retries
+        if spec.startswith((".", "/", "~")):
+            raise FileNotFoundError(f"no model directory at {Path(spec).expanduser()}")
+        raise OSError(f"could not load {spec!r}: not an embedded alias ({', '.join(EMBEDDED_MODELS)}), a model "
+                      f"directory or a .gguf file, not in the Hugging Face cache, and {why}")
     if defer and device_map is None and offload_folder is None:
         if gguf is None:
             source = spec
@@ -587,6 +593,49 @@ def _checkpoint_rows(source: str, key: str, prefix: str, n: int = 8) -> torch.Te
         if hit is None:
             return None
         return f.get_slice(hit)[:n]
+
+
+HUB_PROBE_TIMEOUT_S = 3.0
+"""Seconds :func:`hub_unreachable` waits for a TCP connection to the hub."""
+
+
+def hub_unreachable(spec: str) -> str | None:
+    """Why hub id `spec` cannot load at all, or None where it may: asked before any download, so an
+    unknown id on a machine without a network fails in one line at once instead of after the hub
+    client's five retries (about 25 s).
+
+    None (let transformers try) where `spec` is a local folder, is in the Hugging Face cache
+    (its config.json), `HF_HUB_OFFLINE` is set (transformers then reads the cache alone and
+    fails at once), an HTTP(S) proxy is configured (a direct connection says nothing), or one
+    TCP connection to the hub's endpoint (`HF_ENDPOINT`) opens within
+    :data:`HUB_PROBE_TIMEOUT_S`.
+
+    Returns:
+        One line: the endpoint and the system's reason; or None.
+    """
+    import socket
+    from urllib.parse import urlparse
+
+    import huggingface_hub.constants as hub
+    from huggingface_hub import try_to_load_from_cache
+
+    if Path(spec).expanduser().exists() or hub.HF_HUB_OFFLINE:
+        return None
+    try:
+        if isinstance(try_to_load_from_cache(spec, "config.json"), str):
+            return None
+    except Exception:   # not a valid repo id: let transformers say so
+        return None
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
+                                       "all_proxy")):
+        return None
+    url = urlparse(hub.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=HUB_PROBE_TIMEOUT_S).close()
+    except OSError as err:
+        return f"the hub ({host}:{port}) cannot be reached: {err.strerror or err}"
+    return None
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:

@@ -187,7 +187,8 @@ registry's JuNE and JuICE entries build with them."""
 
 
 class UntunedBetasWarning(UserWarning):
-    """JuICE or JuNE runs with :data:`DEFAULT_BETAS` because the heads file holds no tuned betas."""
+    """JuICE or JuNE runs with :data:`DEFAULT_BETAS` because the heads file holds no tuned betas, or
+    with a beta outside the range the file was tuned over (:func:`chosen_betas`)."""
 
 
 def chosen_betas(method: str, tuned: "TunedSettings | Mapping[str, Any] | None", beta_plus: float | None = None,
@@ -204,7 +205,10 @@ def chosen_betas(method: str, tuned: "TunedSettings | Mapping[str, Any] | None",
 
     Returns:
         (beta+, beta-, warning): the warning is one line naming `juice tune` where a default was
-        used, else None.
+        used; else, where the file records the betas it was tuned over
+        (:meth:`juice.tuned.TunedSettings.beta_range`) and a beta lies outside them, one line
+        naming that range (juice's check, not the paper's: its grids stay within 0..5 and -3..0);
+        else None.
     """
     mine = TunedSettings.of(tuned).betas(method)
     bp = beta_plus if beta_plus is not None else (mine.beta_plus if mine else None)
@@ -216,4 +220,11 @@ def chosen_betas(method: str, tuned: "TunedSettings | Mapping[str, Any] | None",
         warning = (f"{method} with untuned betas (beta_plus={float(bp):g}, beta_minus={float(bm):g}): the heads file "
                    f"holds none for {method}, and defaults can break a model's text; run `juice tune` on "
                    "validation rows, or pass both betas")
+    elif (span := TunedSettings.of(tuned).beta_range(method)) is not None:
+        outside = [f"{name}={float(b):g}" for name, b, (lo, hi) in (("beta_plus", bp, span[0]), ("beta_minus", bm, span[1]))
+                   if not lo <= b <= hi]
+        if outside:
+            warning = (f"{method} with {' and '.join(outside)}, outside the range the heads file was tuned over "
+                       f"(beta_plus {span[0][0]:g}..{span[0][1]:g}, beta_minus {span[1][0]:g}..{span[1][1]:g}): "
+                       "untested there, the text may not be an answer")
     return float(bp), float(bm), warning

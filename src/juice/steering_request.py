@@ -371,6 +371,8 @@ def steering_ask(fields: Mapping[str, Any], served: ServedHeads) -> SteeringAsk:
         except ValueError:
             raise SteeringRequestError(f"juice.method must be one of {', '.join(allowed)}, "
                                        f"not {fields['method']!r}") from None
+    for key in ("beta_plus", "beta_minus"):   # a malformed beta is named first, before what else the request lacks
+        _beta(fields, key)
     if "heads" in fields and (spec is None or spec.request_heads is None):
         takers = [n for n in allowed if REGISTRY[n].request_heads]
         raise SteeringRequestError(f"juice.heads is for methods {', '.join(takers)} (the heads PH3 zeroes, or "

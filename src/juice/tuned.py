@@ -4,6 +4,7 @@
 On disk (the heads file's "tuned" object, unchanged since it was introduced; older files load):
 
     {"juice": {"beta_plus": 2.0, "beta_minus": -1.0, "accuracy": ..., "grid": [...], ...},
+               # or, for the shipped heads: "beta_range": {"beta_plus": [0, 5], "beta_minus": [-3, 0]}
      "june":  {"beta_plus": ..., "beta_minus": ..., ...},
      "ph3":   {"k": 3, "pruned": ["L1H0", ...], "accuracy": ..., "grid": [...], ...},
      "auto":  {... juice.when_to_steer.auto.AutoPolicy.to_json() ..., "validation": ..., "data": ...},
@@ -117,6 +118,27 @@ class TunedSettings(Mapping[str, Mapping[str, Any]]):
         if not isinstance(record, Mapping) or "beta_plus" not in record or "beta_minus" not in record:
             return None
         return TunedBetas(float(record["beta_plus"]), float(record["beta_minus"]))
+
+    def beta_range(self, method: str) -> tuple[tuple[float, float], tuple[float, float]] | None:
+        """The betas `method` was tuned over, ((lowest, highest) beta+, (lowest, highest) beta-):
+        the record's "beta_range" (`{"beta_plus": [lo, hi], "beta_minus": [lo, hi]}`, written
+        for the shipped heads from `juice reproduce`'s grid), else the span of its "grid" points
+        (`juice tune`); None where the file says neither (a request's betas are then not
+        compared with anything)."""
+        record = self._raw.get(method)
+        if not isinstance(record, Mapping):
+            return None
+        given = record.get("beta_range")
+        if isinstance(given, Mapping) and all(isinstance(given.get(k), list) and len(given[k]) == 2
+                                              for k in ("beta_plus", "beta_minus")):
+            (a, b), (c, d) = given["beta_plus"], given["beta_minus"]
+            return (float(a), float(b)), (float(c), float(d))
+        points = [p for p in record.get("grid") or () if isinstance(p, Mapping) and "beta_plus" in p
+                  and "beta_minus" in p]
+        if not points:
+            return None
+        plus, minus = [float(p["beta_plus"]) for p in points], [float(p["beta_minus"]) for p in points]
+        return (min(plus), max(plus)), (min(minus), max(minus))
 
     @property
     def ph3(self) -> TunedPh3 | None:

@@ -33,7 +33,8 @@ FUZZ_FIELDS = ["model", "prompt", "messages", "max_tokens", "temperature", "top_
 
 PARAMETRIC = HeadSelection((Head(1, 0), Head(2, 3)), (Head(1, 2),))
 CONTEXTUAL = HeadSelection((Head(2, 1),), (Head(1, 3), Head(2, 3)))
-TUNED_PARAMETRIC = {"june": {"beta_plus": 3.0, "beta_minus": -0.5}}
+TUNED_PARAMETRIC = {"june": {"beta_plus": 3.0, "beta_minus": -0.5,
+                             "beta_range": {"beta_plus": [0.0, 5.0], "beta_minus": [-3.0, 0.0]}}}
 
 ABSENT = object()
 """A body without a `juice` field."""
@@ -53,6 +54,10 @@ BODIES: list[tuple[str, object, int, str | None, bool]] = [
     ("integer and float betas", {"method": "june", "direction": "context", "beta_plus": 2, "beta_minus": 0.5},
      200, None, False),
     ("method absent: the tuned one", {"direction": "parametric"}, 200, None, False),
+    ("a beta inside the range the file was tuned over", {"method": "june", "direction": "memory", "beta_plus": 5},
+     200, None, False),
+    ("a beta outside the range the file was tuned over: a warning",
+     {"method": "june", "direction": "memory", "beta_plus": -5}, 200, None, True),
     ("method absent, untuned: JuICE", {"direction": "contextual"}, 200, None, True),
     ("ph3 with a list", {"method": "ph3", "heads": ["L1H1", "L2H0"]}, 200, None, False),
     ("ph3 with a string", {"method": "ph3", "heads": "L1H1, L2H0"}, 200, None, False),
@@ -71,6 +76,8 @@ BODIES: list[tuple[str, object, int, str | None, bool]] = [
      "juice.beta_plus must be a number, not True", False),
     ("string beta", {"method": "june", "direction": "context", "beta_minus": "2"}, 400,
      "juice.beta_minus must be a number, not '2'", False),
+    ("string beta, no direction on a two-file server", {"beta_plus": "abc"}, 400,
+     "juice.beta_plus must be a number, not 'abc'", False),
     ("beta out of range", {"method": "june", "direction": "context", "beta_plus": 1e6}, 400, "|beta| <= 100", False),
     ("ph3 without heads", {"method": "ph3"}, 400, "needs juice.heads", False),
     ("ph3 with an empty list", {"method": "ph3", "heads": []}, 400, "needs juice.heads", False),

@@ -41,8 +41,30 @@ def _contextual_root(tmp, nq_lines):
     return root
 
 
+_LISTENING: list = []
+
+
+def _port_in_use() -> str:
+    """A port another socket listens on (kept open for the session)."""
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    _LISTENING.append(sock)
+    return str(sock.getsockname()[1])
+
+
 # (case, argv builder, expected text in the one line)
 CASES = [
+    ("serve: a port out of range", lambda tmp, sd: ["serve", "--port", "99999"],
+     "Invalid value for '--port': Input should be less than or equal to 65535"),
+    ("serve: a port in use", lambda tmp, sd: ["serve", "--port", _port_in_use()], "in use (another server?); pick "
+                                                                                   "another --port"),
+    ("serve: a host that does not resolve", lambda tmp, sd: ["serve", "--host", "no-such-host.invalid"],
+     "'no-such-host.invalid' does not resolve"),
+    ("serve --engine vllm: a port in use", lambda tmp, sd: ["serve", "--engine", "vllm", "--port", _port_in_use()],
+     "in use"),
     ("reproduce: --data does not exist", lambda tmp, sd: ["reproduce", "--data", str(tmp / "nope")], "does not exist"),
     ("reproduce: --data holds no domain", lambda tmp, sd: ["reproduce", "--data", str(tmp)],
      "holds no ParaConflict domain"),

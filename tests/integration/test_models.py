@@ -186,3 +186,36 @@ def test_parts_are_assembled_once_and_a_wrong_size_or_checksum_is_refused(tmp_pa
             assemble_parts(parts, other, size, digest)
         assert "\n" not in str(refused.value) and not other.exists()
     assert sorted(p.name for p in other.parent.iterdir()) == ["model.gguf", "model.gguf.sha256"]
+
+
+def test_an_unknown_hub_id_without_a_network_fails_in_one_line_before_any_hub_call(monkeypatch):
+    """Issue 92: `juice reproduce --model nosuch/model` on a machine without a network said so
+    only after the hub client's five retries; one TCP probe now says it at once, and no hub call
+    is made."""
+    import socket
+
+    import huggingface_hub.constants
+    import transformers
+
+    import juice.models as models
+
+    def unreachable(address, timeout=None):
+        assert address == ("huggingface.co", 443) and timeout == models.HUB_PROBE_TIMEOUT_S
+        raise OSError(101, "Network is unreachable")
+
+    def no_hub_call(*args, **kwargs):
+        raise AssertionError("the hub was asked")
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    for key in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", no_hub_call)
+    with pytest.raises(OSError) as err:
+        models.load_model("nosuch-org/nosuch-model")
+    assert str(err.value) == ("could not load 'nosuch-org/nosuch-model': not an embedded alias (gemma-3-270m, "
+                              "smollm2-135m, qwen2.5-coder-1.5b), a model directory or a .gguf file, not in the "
+                              "Hugging Face cache, and the hub (huggingface.co:443) cannot be reached: Network is "
+                              "unreachable")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")   # behind a proxy a direct probe says nothing: no verdict
+    assert models.hub_unreachable("nosuch-org/nosuch-model") is None

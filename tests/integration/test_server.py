@@ -274,6 +274,40 @@ def test_short_requests_join_a_long_one_and_finish_first_with_their_tokens_alone
     assert together == [short(i) for i in range(6)]
 
 
+def test_a_request_over_the_token_limit_is_refused_at_once_while_another_is_served():
+    """Issue 92: one huge request (100,000 characters) is refused with a 400 in OpenAI's shape by
+    the per-request token limit (`juice serve --max-request-tokens`), before it takes a row, while
+    a request under the limit is decoding; that one still gets its tokens alone."""
+    from juice.apps.openai_schema import ServerLimits
+
+    lm = build_tiny("llama")
+    app = create_app(lm, [], model_name="tiny", limits=ServerLimits(max_request_tokens=300))
+    with serving_client(app) as client:
+        engine, port = app.state.worker, _port(client)
+        done, text = threading.Event(), {}
+
+        def under():   # 9 prompt tokens + 220 to generate: admitted
+            out = client.completions.create(model="tiny", prompt=LONG_PROMPT, max_tokens=220, temperature=0)
+            text["t"] = out.choices[0].text
+            done.set()
+
+        threading.Thread(target=under).start()
+        _until(lambda: engine.running >= 1, "the request under the limit to start")
+        huge = " ".join(["w1"] * 50_000)   # 100,000 characters
+        status, data, _ = _post(port, "/v1/completions", {"model": "tiny", "prompt": huge, "max_tokens": 4})
+        assert status == 400 and set(data["error"]) == {"message", "type", "param", "code"}
+        assert data["error"]["type"] == "invalid_request_error" and data["error"]["code"] == "request_too_large"
+        assert "at most 300 per request (its --max-request-tokens)" in data["error"]["message"]
+        assert "\n" not in data["error"]["message"]
+        # the limit counts the tokens to generate too: every choice of every prompt
+        status, data, _ = _post(port, "/v1/completions", {"model": "tiny", "prompt": ["x", "y"], "n": 2,
+                                                          "max_tokens": 100})
+        assert status == 400 and "2 prompt(s) x n=2 x max_tokens=100" in data["error"]["message"]
+        assert not done.is_set() and engine.session.rows == 1   # refused while the other decodes, never batched
+        done.wait(120)
+        assert text["t"] == _alone_text(lm, LONG_PROMPT, 220)
+
+
 def test_an_abandoned_stream_and_a_closed_connection_leave_the_batch(served):
     lm, client, engine = served
     port = _port(client)
@@ -336,7 +370,12 @@ def test_errors_have_openai_shape_and_the_server_keeps_serving(served):
         assert message in data["error"]["message"], (body, data)
     got, data, _ = _post(port, "/v1/completions", b'{"model": "tiny", "prompt": ', raw=True)
     assert got == 400 and data["error"]["message"].startswith("malformed JSON")
-    assert _post(port, "/v1/nothing", {})[0] == 404
+    got, data, _ = _post(port, "/v1/completions", {"model": "gpt-4", "prompt": "x"})   # OpenAI's own shape
+    assert data["error"] == {"message": "The model `gpt-4` does not exist. This server serves tiny (GET /v1/models).",
+                             "type": "invalid_request_error", "param": "model", "code": "model_not_found"}
+    got, data, _ = _post(port, "/v1/nothing", {})
+    assert got == 404 and data["error"]["type"] == "invalid_request_error" and data["error"]["code"] == "unknown_url"
+    assert data["error"]["message"].startswith("Invalid URL (POST /v1/nothing)")
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="gpt-4", prompt="x", max_tokens=2)
     assert _get(port, "/health") == (200, '{"status":"ok"}')

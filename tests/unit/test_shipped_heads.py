@@ -38,6 +38,7 @@ def test_a_shipped_file_is_a_tuned_heads_file_with_its_provenance(path):
     assert len(artifact.selection.positive) == len(artifact.selection.negative) == artifact.k == 5
     for method in STEERINGS:
         assert artifact.tuned.betas(method) is not None, method
+        assert artifact.tuned.beta_range(method) == ((0.0, 5.0), (-3.0, 0.0)), method   # the paper's grid
     prov = data["provenance"]
     flag = "" if direction == "parametric" else " --direction contextual"
     assert prov["command"] == f"juice reproduce --model {model}{flag}"
@@ -53,7 +54,8 @@ def _run(tmp_path, model="gemma-3-270m"):
     betas = {m: {"beta_plus": 3.0, "beta_minus": -1.0, "accuracy": 75.0, "p_answer": 0.3, "degeneration": 0.0,
                  "per_type": [75.0]} for m in STEERINGS}
     results = {"config": {"model": model, "seed": 0},
-               "protocol": {"heads_from": "world_capital D", "scoring_label": "exact Stage 1 (paper Alg. 2)"},
+               "protocol": {"heads_from": "world_capital D", "scoring_label": "exact Stage 1 (paper Alg. 2)",
+                            "beta_grid": {"beta_plus": [0.0, 1.0, 3.0], "beta_minus": [0.0, -1.0]}},
                "choices": {"world_capital": {"betas": betas, "n_validation": 2},
                            "book_author": {"betas": {m: {**betas[m], "beta_plus": 1.0} for m in STEERINGS},
                                            "n_validation": 2}},
@@ -70,6 +72,7 @@ def test_the_maker_takes_the_heads_and_the_betas_tuned_on_ds_own_domain(tmp_path
     for method in STEERINGS:   # World Capital's (D's domain), not Book Author's
         assert (artifact.tuned.betas(method).beta_plus, artifact.tuned.betas(method).beta_minus) == (3.0, -1.0)
         assert "p_answer" not in made["tuned"][method] and made["tuned"][method]["degeneration"] == 0.0
+        assert artifact.tuned.beta_range(method) == ((0.0, 3.0), (-1.0, 0.0))   # the run's grid, for the warning
     assert made["provenance"]["command"] == "juice reproduce --model gemma-3-270m"
     assert made["provenance"]["commit"] == "abc1234"
     assert made["provenance"]["head_set"]["ids"] == ["facts#1"]

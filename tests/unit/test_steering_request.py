@@ -102,3 +102,16 @@ def test_juice_serve_answers_the_protocol_table(tmp_path):
     with serving(app) as base:
         got = answers(base, "tiny", token_ids(lm.tokenizer, "the capital of france is"))
     check_table(got)
+
+
+def test_a_beta_outside_the_tuned_range_is_served_with_a_warning_naming_the_range():
+    """Issue 92: `beta_plus: -5` toward memory is inside the protocol's bound (|beta| <= 100) but
+    outside the betas the heads file was tuned over; it is served, with one line that says so."""
+    ask = read_steering({"method": "june", "direction": "memory", "beta_plus": -5, "beta_minus": 1}, TWO)
+    assert (ask.beta_plus, ask.beta_minus) == (-5.0, 1.0)
+    assert ask.warning == ("june with beta_plus=-5 and beta_minus=1, outside the range the heads file was tuned "
+                           "over (beta_plus 0..5, beta_minus -3..0): untested there, the text may not be an answer")
+    assert read_steering({"method": "june", "direction": "memory", "beta_plus": 0, "beta_minus": -3}, TWO).warning is None
+    # a file that records no range (no grid, no beta_range) is compared with nothing
+    bare = ServedHeads({"parametric": PARAMETRIC}, {"parametric": {"june": {"beta_plus": 3.0, "beta_minus": -0.5}}})
+    assert read_steering({"method": "june", "beta_plus": -5}, bare).warning is None

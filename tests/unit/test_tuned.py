@@ -67,3 +67,14 @@ def test_the_heads_file_keeps_its_format(tmp_path):
         load_heads(tmp_path / "bad.json")
     untuned = HeadsArtifact({"name": "m"}, "parametric", 1, [1.0], [-1.0], HeadSelection((), ()))
     assert "tuned" not in untuned.to_json()
+
+
+def test_the_tuned_range_is_the_recorded_one_else_the_span_of_the_grid_else_unknown():
+    grid = [{"beta_plus": bp, "beta_minus": bm, "accuracy": 50.0} for bp in (0.0, 2.0) for bm in (0.0, -1.0)]
+    tuned = TunedSettings({"juice": {"beta_plus": 2.0, "beta_minus": 0.0, "grid": grid},
+                           "june": {"beta_plus": 1.0, "beta_minus": 0.0,
+                                    "beta_range": {"beta_plus": [0, 5], "beta_minus": [-3, 0]}, "grid": grid},
+                           "ph3": {"k": 1, "pruned": ["L0H0"], "grid": [{"k": 1}]}})
+    assert tuned.beta_range("juice") == ((0.0, 2.0), (-1.0, 0.0))
+    assert tuned.beta_range("june") == ((0.0, 5.0), (-3.0, 0.0))   # the recorded range wins over the grid
+    assert tuned.beta_range("ph3") is None and tuned.beta_range("auto") is None

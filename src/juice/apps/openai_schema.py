@@ -31,6 +31,10 @@ class ServerLimits:
             stream: an error event); None: no limit.
         max_total_tokens: most prompt + `max_tokens` tokens per prompt; None: the model's context.
         default_max_tokens: `max_tokens` when a request gives none (OpenAI's completions: 16).
+        max_request_tokens: most tokens per request: its prompts' tokens plus `n` x `max_tokens`
+            for each prompt; None: no limit. `juice serve` sets
+            :data:`juice.apps.commands.serve.CPU_MAX_REQUEST_TOKENS` on
+            the CPU, where one request of 24k tokens would hold the server for minutes.
     """
 
     max_n: int = 16
@@ -40,11 +44,14 @@ class ServerLimits:
     request_timeout_s: float | None = 600.0
     max_total_tokens: int | None = None
     default_max_tokens: int = 16
+    max_request_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_n", "max_prompts", "max_rows", "max_queued", "default_max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_request_tokens is not None and self.max_request_tokens < 1:
+            raise ValueError(f"max_request_tokens must be at least 1 (None: no limit), got {self.max_request_tokens}")
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
 

@@ -65,7 +65,9 @@ def shipped_heads_json(out: Path, model: str, direction: str | Direction, commit
     if not choice or not all(m in choice.get("betas", {}) for m in STEERINGS):
         raise ValueError(f"{out / results_name}: no tuned betas for {split}")
     keep = ("beta_plus", "beta_minus", "accuracy", "degeneration")
-    tuned = {m: {k: choice["betas"][m][k] for k in keep} for m in STEERINGS}
+    grid = results["protocol"]["beta_grid"]   # the range a request's betas are compared with (juice.tuned)
+    span = {key: [min(grid[key]), max(grid[key])] for key in ("beta_plus", "beta_minus")}
+    tuned = {m: {**{k: choice["betas"][m][k] for k in keep}, "beta_range": span} for m in STEERINGS}
     first = heads["head_set"][0]
     head_domain = first.get("dataset") or first.get("domain")   # D's split (World Capital, MemoTrap's proverbs)
     provenance = {

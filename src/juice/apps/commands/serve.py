@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from typing import Optional
 
@@ -10,6 +11,11 @@ import typer
 from juice.apps.commands.common import console
 from juice.models import DEFAULT_MODEL
 
+CPU_MAX_REQUEST_TOKENS = 4096
+"""`juice serve`'s default `--max-request-tokens` on the CPU (:attr:`ServerLimits.max_request_tokens`;
+docs/serving.md, "Limits"): a request's prompts plus its tokens to generate. One request of 24k
+tokens would hold a 2-core server for minutes; on a GPU there is no default limit."""
+
 
 def serve(
     model: str = typer.Option(DEFAULT_MODEL, help="embedded alias, .gguf file, model directory or hub id"),
@@ -17,13 +23,16 @@ def serve(
                                      help="a heads file (repeat: one per direction, e.g. parametric and contextual); "
                                           "none: the heads juice ships for an embedded model, both directions"),
     host: str = typer.Option("127.0.0.1"),
-    port: int = typer.Option(8000),
+    port: int = typer.Option(8000, min=0, max=65535, help="TCP port (0: any free one)"),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N | mps"),
     max_rows: int = typer.Option(64, min=1, help="most rows decoding at once (a JuICE request holds two per choice)"),
     max_queued: int = typer.Option(256, min=1, help="most requests waiting to start; past it: HTTP 429"),
     max_n: int = typer.Option(16, min=1, help="most choices per prompt (n)"),
     max_prompts: int = typer.Option(64, min=1, help="most prompts in one completions request"),
     max_total_tokens: int = typer.Option(0, min=0, help="most prompt + max_tokens tokens (0: the model's context)"),
+    max_request_tokens: Optional[int] = typer.Option(
+        None, min=0, help=f"most tokens per request, prompts plus n x max_tokens; above: HTTP 400 (default "
+                          f"{CPU_MAX_REQUEST_TOKENS} on the CPU, none on a GPU; 0: none)"),
     request_timeout: float = typer.Option(600.0, min=0.0,
                                           help="seconds before a request ends with HTTP 504 (0: no limit)"),
     alias: list[str] = typer.Option([], help="NAME=SPEC: another model name whose requests get these juice "
@@ -50,7 +59,11 @@ def serve(
     """
     if engine not in ("juice", "vllm"):
         raise typer.BadParameter(f"--engine must be juice or vllm, not {engine!r}", param_hint="--engine")
+    check_listen(host, port)   # before the model loads: a port in use is one line, not a traceback after minutes
     if engine == "vllm":
+        if max_request_tokens is not None:
+            raise typer.BadParameter("--max-request-tokens is for --engine juice (vLLM bounds each prompt with "
+                                     "--max-total-tokens, its max_model_len)", param_hint="--max-request-tokens")
         if alias:
             raise typer.BadParameter("--alias is for --engine juice (vLLM serves one model name; send the juice "
                                      "field, or vllm_xargs, per request)", param_hint="--alias")
@@ -74,11 +87,14 @@ def serve(
         default_options = None if default is None else parse_spec(default)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--default") from None
-    limits = ServerLimits(max_n=max_n, max_prompts=max_prompts, max_rows=max_rows, max_queued=max_queued,
-                          request_timeout_s=request_timeout or None, max_total_tokens=max_total_tokens or None)
     for path in heads:
         load_heads(path)   # malformed files fail before the model loads
     lm = load_model(model, device=device)
+    if max_request_tokens is None:
+        max_request_tokens = CPU_MAX_REQUEST_TOKENS if lm.device.type == "cpu" else 0
+    limits = ServerLimits(max_n=max_n, max_prompts=max_prompts, max_rows=max_rows, max_queued=max_queued,
+                          request_timeout_s=request_timeout or None, max_total_tokens=max_total_tokens or None,
+                          max_request_tokens=max_request_tokens or None)
     paths = list(heads) or _shipped(lm)
     artifacts = [load_heads(path, lm) for path in paths]
     try:
@@ -87,7 +103,9 @@ def serve(
         raise typer.BadParameter(str(err), param_hint="--default" if str(err).startswith("--default")
                                  else "--alias") from None
     console.print(f"serving {lm.name}{''.join(f', {a}' for a in aliases)} on http://{host}:{port}/v1 with heads for "
-                  f"{', '.join(sorted(str(a.direction) for a in artifacts)) or 'no direction (Original only)'}")
+                  f"{', '.join(sorted(str(a.direction) for a in artifacts)) or 'no direction (Original only)'}; "
+                  f"at most {limits.max_request_tokens or 'any number of'} tokens per request; "
+                  f"the playground: http://{host}:{port}/", highlight=False)
     from juice.methods import TUNED_STEERINGS
     from juice.steering import DEFAULT_BETAS
 
@@ -97,6 +115,29 @@ def serve(
                       "without a juice field gets Original there, and one asking for JuICE or JuNE without betas "
                       f"gets {DEFAULT_BETAS[0]:g} and {DEFAULT_BETAS[1]:g} with an X-Juice-Warning header")
     uvicorn.run(app_, host=host, port=port, log_level="info")
+
+
+def check_listen(host: str, port: int) -> None:
+    """Refuse, in one line naming the option, a host that does not resolve or a port this process
+    cannot listen on (in use, or privileged), as uvicorn would bind it (SO_REUSEADDR set).
+
+    Raises:
+        typer.BadParameter: the host or the port, with the system's reason.
+    """
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as err:
+        raise typer.BadParameter(f"{host!r} does not resolve: {err.strerror}", param_hint="--host") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as err:
+            why = "in use (another server?)" if err.errno == errno.EADDRINUSE else err.strerror
+            raise typer.BadParameter(f"cannot listen on {host}:{port}: {why}; pick another --port",
+                                     param_hint="--port") from None
 
 
 def _shipped(lm) -> list[Path]:

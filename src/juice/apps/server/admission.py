@@ -114,7 +114,9 @@ class Admission:
                 as in vLLM).
         """
         if req.model is not None and req.model != self.name and req.model not in self.aliases:
-            raise ApiError(404, f"The model `{req.model}` does not exist.", "NotFoundError", "model", 404)
+            raise ApiError(404, f"The model `{req.model}` does not exist. This server serves "
+                                f"{', '.join(self.model_names)} (GET /v1/models).", "invalid_request_error", "model",
+                           "model_not_found")
         if message := req.unsupported():
             raise ApiError(400, message)
         if req.vllm_xargs is not None and not isinstance(req.vllm_xargs, dict):
@@ -216,7 +218,8 @@ class Admission:
 
         Raises:
             ApiError: 400 for too many choices or stop strings, an empty prompt, a prompt and
-                completion longer than the context, a steering the protocol refuses, or auto
+                completion longer than the context, a request's tokens (every prompt's, and
+                n x max_tokens per prompt) over the server's `max_request_tokens`, a steering the protocol refuses, or auto
                 with echo.
         """
         limits = self.limits
@@ -229,6 +232,14 @@ class Admission:
             raise ApiError(400, "echo is not supported with juice.method auto (its steering is chosen after the prompt)",
                            param="echo")
         max_new = limits.default_max_tokens if max_tokens is None else max_tokens
+        if limits.max_request_tokens is not None:   # before any row is made: one huge request never waits in the batch
+            prompt_tokens, generated = sum(map(len, ids)), len(ids) * req.n * max_new
+            if prompt_tokens + generated > limits.max_request_tokens:
+                raise ApiError(400, f"This request has {prompt_tokens + generated} tokens ({prompt_tokens} in its "
+                                    f"prompts, {generated} to generate: {len(ids)} prompt(s) x n={req.n} x "
+                                    f"max_tokens={max_new}); this server admits at most "
+                                    f"{limits.max_request_tokens} per request (its --max-request-tokens).",
+                               param="prompt", code="request_too_large")
         for row in ids:
             if not row:
                 raise ApiError(400, "prompt is empty (no tokens)", param="prompt")

@@ -39,8 +39,11 @@ def _error_handlers(app, metrics: ServerMetrics) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, exc: StarletteHTTPException):
-        return error_response(exc.status_code, str(exc.detail), "not_found_error" if exc.status_code == 404
-                              else "invalid_request_error")
+        if exc.status_code == 404:   # OpenAI's words for a route it does not have
+            return error_response(404, f"Invalid URL ({request.method} {request.url.path}): this server answers "
+                                       "/v1/models, /v1/completions, /v1/chat/completions, /health, /metrics and /",
+                                  code="unknown_url")
+        return error_response(exc.status_code, str(exc.detail))
 
     @app.exception_handler(Exception)
     async def server_error(request, exc: Exception):
