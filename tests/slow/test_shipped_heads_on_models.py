@@ -21,7 +21,7 @@ from juice.stage1.shipped import SHIPPED_DIR, shipped_files, shipped_path
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-QUICK_START_PAGES = ["README.md", "docs/getting-started.md", "docs/steering.md"]
+QUICK_START_PAGES = ["README.md", "docs/index.md", "docs/getting-started.md", "docs/steering.md"]
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +69,28 @@ def test_every_example_with_its_output_prints_it_on_the_embedded_model(page, rea
     assert len(quick) == 1 and len(quick[0].strip().splitlines()) <= 10, f"{page}: no ten-line quick start"
     monkeypatch.setattr(juice, "load_model", lambda *a, **k: real_model)   # loaded once for the module
     for code, shown in examples:
+        if "OpenAI(" in code:   # a server's client: test_the_readmes_serve_example_prints_its_output
+            continue
         exec(compile(code, page, "exec"), {})
         assert capsys.readouterr().out == shown, code[:200]
     if page == "docs/steering.md":
         assert len(examples) == 2   # the quick start and the RAG loop
+
+
+def test_the_readmes_serve_example_prints_its_output(real_model, capsys):
+    """`juice serve` with the shipped heads (the README's command) and its client example: the text
+    the README shows, from the embedded Gemma."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("openai")
+    from helpers.request_protocol import serving
+    from juice.apps.server import create_app
+
+    (code, shown), = [(c, s) for c, s in _examples_with_output("README.md") if "OpenAI(" in c]
+    assert "juice serve --port 8000     # the shipped heads" in (ROOT / "README.md").read_text(encoding="utf-8")
+    app = create_app(real_model, [load_heads(p, real_model) for p in shipped_files(real_model).values()])
+    with serving(app) as base:
+        exec(compile(code.replace("http://127.0.0.1:8000/v1", base), "README.md", "exec"), {})
+    assert capsys.readouterr().out == shown
 
 
 def test_juice_generate_without_heads_prints_the_shipped_line(real_model, monkeypatch):

@@ -50,7 +50,7 @@ def test_the_signals_auroc_tables_on_the_when_to_steer_page_are_the_committed_re
         assert gate_classifier.record_markdown(record, dataset) in page
     for claim in gate_classifier.claims(record):   # every sentence of the verdict that states a number
         assert claim in page
-    for name in ("README.md", "docs/index.md", "docs/faq.md", "docs/when-to-steer.md"):   # the gate's headline
+    for name in ("docs/faq.md", "docs/when-to-steer.md"):   # the gate's headline
         assert f"{gate_classifier.headline(record)} (0.5 is chance)" in (ROOT / name).read_text(encoding="utf-8"), name
 
 
@@ -110,8 +110,8 @@ def test_the_when_to_steer_tables_and_claims_are_the_committed_record():
 
 
 def test_the_when_to_steer_verdict_leads_every_page_from_the_published_record():
-    """Issue 77: the README, the home page, the FAQ and docs/when-to-steer.md state the published
-    size's verdict first, every sentence of it as the record renders it (a flipped sign or verdict
+    """Issue 77: the FAQ and docs/when-to-steer.md state the published size's verdict (the page
+    first, after its plain words), every sentence of it as the record renders it (a flipped sign or verdict
     fails), and the page holds the record's tables; the plan in code is the plan the record followed."""
     import when_to_steer_study
     from juice.when_to_steer.auto import AutoPolicy
@@ -126,7 +126,7 @@ def test_the_when_to_steer_verdict_leads_every_page_from_the_published_record():
     assert when_to_steer_study.published_markdown(record) in page
     for part in record["datasets"].values():
         assert AutoPolicy.from_json(part["policy"]).describe() in page
-    docs = {name: (ROOT / name).read_text(encoding="utf-8") for name in ("README.md", "docs/index.md", "docs/faq.md")}
+    docs = {name: (ROOT / name).read_text(encoding="utf-8") for name in ("docs/faq.md",)}
     sentences = when_to_steer_study.verdict_sentences(record)
     assert sentences
     for sentence in sentences:
@@ -142,8 +142,9 @@ NUMBER = re.compile(r"(?<![\d.])[+-]?\d+\.\d+(?: \[[+-]?\d+\.\d+, [+-]?\d+\.\d+\
 
 def verdict_prose() -> dict[str, str]:
     """Where the pages interpret the published when-to-steer verdict in their own words: the page's
-    verdict section (to the record's provenance), the README's paragraph, the home page's first
-    paragraph and the FAQ's bullet on `auto`; white space collapsed."""
+    verdict section (to the record's provenance) and the FAQ's bullet on `auto`; white space
+    collapsed (the README and the home page state it in words alone:
+    test_the_front_pages_teach_first_and_leave_the_numbers_to_their_pages)."""
     def span(name: str, start: str, end: str) -> str:
         text = (ROOT / name).read_text(encoding="utf-8")
         at = text.index(start)
@@ -151,8 +152,6 @@ def verdict_prose() -> dict[str, str]:
 
     return {"docs/when-to-steer.md": span("docs/when-to-steer.md", "## The verdict",
                                           "The committed record `benchmarks/results/when-to-steer-published.json`"),
-            "README.md": span("README.md", "**When to steer**", "\n\n"),
-            "docs/index.md": span("docs/index.md", "# juice", "\n\n**For researchers**"),
             "docs/faq.md": span("docs/faq.md", "- `auto` chooses per request.", "\n\n")}
 
 
@@ -240,3 +239,25 @@ def test_the_embedded_qwen_s_costs_on_the_models_page_are_the_committed_record()
     page = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
     assert bench_embedded_cost.cost_markdown(record) in page
     assert f"`{record['command']}`" in page and record["commit"][:12] in page
+
+
+def test_the_front_pages_teach_first_and_leave_the_numbers_to_their_pages():
+    """Issue 92: the README and the home page open with what juice does and the quick start with
+    its output, then point to Results and When to steer; they state the findings in words, with
+    no interval and no verdict sentence (those are on their pages, from the records)."""
+    import when_to_steer_study
+
+    record = json.loads((ROOT / "benchmarks" / "results" / "when-to-steer-published.json").read_text(encoding="utf-8"))
+    for name, links in (("README.md", ("docs/results.md", "docs/when-to-steer.md")),
+                        ("docs/index.md", ("results.md", "when-to-steer.md"))):
+        text = (ROOT / name).read_text(encoding="utf-8")
+        assert text.index("for method, direction in runs:") < text.index(f"]({links[0]})"), name   # teach, then point
+        assert not re.search(r"\[[+-]?\d+\.\d+, [+-]?\d+\.\d+\]|±", text), name   # no interval on a front page
+        flat = " ".join(text.split())
+        assert not any(s in flat for s in when_to_steer_study.verdict_sentences(record)), name
+        for link in links:
+            assert f"]({link})" in text, (name, link)
+    page = (ROOT / "docs" / "when-to-steer.md").read_text(encoding="utf-8")
+    verdict = page[page.index("## The verdict"):]
+    plain = verdict[:verdict.index(when_to_steer_study.verdict_sentences(record)[0][:40])]
+    assert "In plain words" in plain and not NUMBER.search(plain)   # words first, then the numbers
