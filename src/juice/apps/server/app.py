@@ -4,6 +4,7 @@ admission, response, metrics and worker rooms (:mod:`juice.apps.server`)."""
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations (Request, the
 # request models) at run time, and Request is imported inside create_app (the server extra).
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from juice.apps.server.worker import Worker
@@ -13,6 +14,12 @@ from juice.apps.server.metrics import ServerMetrics
 from juice.apps.server.responses import Responder
 from juice.models import LoadedModel
 from juice.steering_request import ServedHeads
+
+PLAYGROUND = Path(__file__).with_name("playground.html")
+"""The page `GET /` answers: a prompt, an optional passage, a direction and a strength; Original,
+JuNE and JuICE side by side, each one request to this server's `/v1/completions`; the steered
+heads on a layer x head grid (from `GET /v1/models`' `juice` view,
+:meth:`juice.apps.server.admission.Admission.heads_view`). One file, no script from another host."""
 
 
 def _error_handlers(app, metrics: ServerMetrics) -> None:
@@ -71,7 +78,7 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
             an alias or default whose options the server cannot honour (the message says why).
     """
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.responses import HTMLResponse, JSONResponse, Response
 
     limits = limits or ServerLimits()
     metrics = ServerMetrics()
@@ -97,10 +104,15 @@ def create_app(lm: LoadedModel, heads: Sequence[Any] = (), *, model_name: str | 
         body, media_type = metrics.exposition()
         return Response(body, media_type=media_type)
 
+    @app.get("/", include_in_schema=False)
+    def playground() -> HTMLResponse:
+        return HTMLResponse(PLAYGROUND.read_text(encoding="utf-8"))
+
     @app.get("/v1/models")
     def models() -> dict:
-        return {"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "juice"}
-                                           for n in admission.model_names]}
+        view = admission.heads_view()   # an extra `juice` key, which OpenAI's clients ignore
+        return {"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "juice",
+                                            "juice": view} for n in admission.model_names]}
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Any:
