@@ -22,6 +22,7 @@ import typer
 
 from juice.analysis.common import DEFAULT_OUT, AnalysisOptions
 from juice.progress import Progress
+from juice.apps.help_format import MARKUP, HelpGroup, command_options
 from juice.apps.progress import make_console, progress_bars
 from juice.models import DEFAULT_MODEL, LoadedModel
 
@@ -85,9 +86,11 @@ COMMANDS: tuple[Command, ...] = (
 """Every analysis, in the order `all` runs them."""
 
 
-analyze_app = typer.Typer(add_completion=False, no_args_is_help=True,
+analyze_app = typer.Typer(add_completion=False, no_args_is_help=True, cls=HelpGroup, rich_markup_mode=MARKUP,
                           help="The paper's mechanistic studies (Fig. 3, the superposition table, Table 3 / Fig. 6) "
-                               "and robustness sweeps; each writes JSON, a Markdown table and a PNG into --out.")
+                               "and robustness sweeps; each writes JSON, a Markdown table and a PNG into --out."
+                               "\n\nExamples:\n\n    juice analyze knockout --quick\n"
+                               "    juice analyze all --out juice-analysis")
 
 
 def cli_options(model: str, out: Path, quick: bool, full: bool, seed: int, device: str, max_rows: str) -> AnalysisOptions:
@@ -149,8 +152,9 @@ def register_command(app: typer.Typer, command: Command) -> None:
     body.__signature__ = inspect.Signature(params)
     body.__annotations__ = {p.name: p.annotation for p in params}
     body.__name__ = command.name
-    body.__doc__ = command.help
-    app.command(command.name, help=command.help)(body)
+    text = f"{command.help}\n\nExamples:\n\n    juice analyze {command.name} --quick\n    juice analyze {command.name}"
+    body.__doc__ = text
+    app.command(command.name, help=text, **command_options(text))(body)
 
 
 for _command in COMMANDS:
@@ -169,12 +173,17 @@ def report_markdown(results: list[tuple[str, str, Any]], options: Any, model_nam
     return "\n".join(lines)
 
 
-@analyze_app.command("all")
 def run_all(model: ModelOption = DEFAULT_MODEL, out: OutOption = DEFAULT_OUT, quick: QuickOption = False,
             full: FullOption = False, seed: SeedOption = 0, device: DeviceOption = "auto",
             max_rows: MaxRowsOption = "auto") -> None:
     """Run every analysis in order on one loaded model (their own options at their defaults) and
-    write `<out>/report.md`."""
+    write `<out>/report.md`.
+
+    Examples:
+
+        juice analyze all --quick --out juice-analysis
+        juice analyze all --model smollm2-135m
+    """
     console = make_console(width=200)
     options = cli_options(model, out, quick, full, seed, device, max_rows)
     lm = load_for(options)
@@ -189,6 +198,9 @@ def run_all(model: ModelOption = DEFAULT_MODEL, out: OutOption = DEFAULT_OUT, qu
     path = Path(options.out) / "report.md"
     path.write_text(report_markdown(results, options, lm.name, time.perf_counter() - start), encoding="utf-8")
     console.print(f"wrote {path}")
+
+
+analyze_app.command("all", **command_options(run_all.__doc__))(run_all)
 
 
 __all__ = ["COMMANDS", "Command", "analyze_app", "cli_options", "load_for", "register_command",

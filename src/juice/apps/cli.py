@@ -7,20 +7,23 @@ from __future__ import annotations
 import typer
 
 from juice.apps.commands import COMMANDS
+from juice.apps.help_format import MARKUP, HelpGroup, command_options
 
-app = typer.Typer(name="juice", add_completion=False, help="Steer a language model toward its parametric memory or its context (JuICE).")
+app = typer.Typer(name="juice", add_completion=False, cls=HelpGroup, rich_markup_mode=MARKUP,
+                  help="Steer a language model toward its parametric memory or its context (JuICE, JuNE, "
+                       "the paper's baselines). Every command: juice COMMAND --help.")
 
 
 def _add_analyze() -> None:
     from juice.apps.analyze import analyze_app
 
-    app.add_typer(analyze_app, name="analyze", help="The paper's analyses: knockout (Fig. 3), superposition, "
+    app.add_typer(analyze_app, name="analyze", short_help="The paper's analyses: knockout (Fig. 3), superposition, "
                   "interventions (Table 3, Fig. 6), robustness (Fig. 5), paraphrase (App. D), norm; all.")
 
 
 _add_analyze()
 for _command in COMMANDS:
-    app.command()(_command)
+    app.command(**command_options(_command.__doc__))(_command)
 
 
 RESUME = "interrupted: finished stages are saved; run the same command again to resume"

@@ -22,7 +22,12 @@ def tasks(
     subtasks scored as the paper scores them, and the context-type evaluation (gold,
     conflicting, irrelevant, none), for `lm_eval --include_path OUT` with any model type.
 
-    Example: juice tasks --out juice-tasks --data-root data/ && lm_eval --include_path juice-tasks --tasks juice_nqswap,juice_memotrap --model hf --model_args pretrained=...
+    Examples:
+
+        juice tasks --out juice-tasks --data-root data/
+        lm_eval --include_path juice-tasks \\
+            --tasks juice_nqswap,juice_memotrap --model hf \\
+            --model_args pretrained=...
     """
     from juice.eval.harness_tasks import write_tasks
 
@@ -36,7 +41,9 @@ def tasks(
 def models():
     """List the supported architectures and the embedded model aliases.
 
-    Example: juice models
+    Examples:
+
+        juice models
     """
     from juice.architectures import adapter_for, supported_model_types
     from juice.models import EMBEDDED_MODELS

@@ -61,12 +61,15 @@ def evaluate(
     --contexts: every method on gold, conflicting, irrelevant and no context, under both
     objectives (use relevant context, trust memory) and the rate of answers that follow the passage.
 
-    Example: juice evaluate --heads heads.json --data test.jsonl --methods original,prompt,juice,june,cad
-
-    Example: juice evaluate --contexts gold,conflicting,irrelevant,none --data nqswap/ --heads heads_contextual.json
-
     With --contexts the default is the first 40 items per source whose prompts hold at most
     --max-prompt-tokens tokens (about 15 minutes on 2 cores); --full runs them all.
+
+    Examples:
+
+        juice evaluate --heads heads.json --data test.jsonl \\
+            --methods original,prompt,juice,june,cad
+        juice evaluate --contexts gold,conflicting,irrelevant,none \\
+            --data nqswap/ --heads heads_contextual.json
     """
     if study and engine != "juice":
         raise typer.BadParameter("--study fits auto, which decides per request from a second, question-only "

@@ -26,9 +26,11 @@ def generate(
 ):
     """Print the original, JuNE and JuICE continuations of a prompt.
 
-    Example: juice generate "The capital of France is Rome. The capital of France is"
+    Examples:
 
-    Example: juice generate --heads heads.json --beta-plus 2 --beta-minus -1 "The capital of France is Rome. The capital of France is"
+        juice generate "The capital of France is Rome. The capital of France is"
+        juice generate --heads heads.json --beta-plus 2 --beta-minus -1 \\
+            "The capital of France is Rome. The capital of France is"
     """
     from juice.data.records import Direction
     from juice.engine import Stream

@@ -39,7 +39,11 @@ def identify(
     (filtered for the model: only D's items need be known), and write a heads JSON file that
     records its data.
 
-    Example: juice identify --data my_conflicts.jsonl --direction contextual --out heads.json
+    Examples:
+
+        juice identify --out heads.json
+        juice identify --data my_conflicts.jsonl --direction contextual \\
+            --out heads.json
     """
     from juice.data.paraconflict import DOMAINS
     from juice.io import StageFiles

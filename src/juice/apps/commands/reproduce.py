@@ -62,8 +62,12 @@ def reproduce(
     """Run the protocol of Table 1 (parametric; the paper's Table 3) or Table 2 (contextual; the paper's
     Table 4) and print the tables.
 
-    Example: juice reproduce; juice reproduce --direction contextual; juice reproduce --full;
-    juice reproduce --engine vllm --vllm-arg=--tensor-parallel-size=2
+    Examples:
+
+        juice reproduce
+        juice reproduce --direction contextual
+        juice reproduce --full
+        juice reproduce --engine vllm --vllm-arg=--tensor-parallel-size=2
     """
     from juice.pipeline.run import ReproduceConfig
     from juice.experiments.table1 import reproduce as run_parametric

@@ -36,14 +36,13 @@ def serve(
     request_timeout: float = typer.Option(600.0, min=0.0,
                                           help="seconds before a request ends with HTTP 504 (0: no limit)"),
     alias: list[str] = typer.Option([], help="NAME=SPEC: another model name whose requests get these juice "
-                                             "options, e.g. gemma+juice=direction:contextual,method:juice,beta_plus:2 "
+                                             "options, e.g. gemma+juice=method:juice,direction:context "
                                              "(repeat; for lm-evaluation-harness, whose request bodies are fixed)"),
     default: Optional[str] = typer.Option(None, help="SPEC (as --alias's): the juice options of a request that sends "
                                                      "none, e.g. method:juice,beta_plus:2 (unset: the heads file's "
                                                      "tuned steering, else Original)"),
     engine: str = typer.Option("juice", help="juice (this process's engine) | vllm (vLLM's OpenAI server with "
-                                             "juice's plugin, run from vLLM's environment; README, \"Serving at "
-                                             "scale with vLLM\")"),
+                                             "juice's plugin, run from vLLM's environment; docs/vllm.md)"),
     dual_run: bool = typer.Option(True, help="--engine vllm: hold JuICE's second KV cache (--no-dual-run: JuNE "
                                              "and pruning only, twice the KV capacity on the dual-run layers)"),
     vllm_arg: list[str] = typer.Option([], help="--engine vllm: one more argument for vLLM's server (repeat), "
@@ -53,9 +52,15 @@ def serve(
     /metrics) with per-request steering in the body's "juice" field (needs the server extra:
     FastAPI, uvicorn, prometheus-client). Requests join the running batch at the next decoding step.
 
-    Example: juice serve --port 8000   (an embedded model: juice's shipped heads, both directions)
+    On an embedded model, without --heads, the heads juice ships for it steer, both directions;
+    the playground is at the server's root page (docs/serving.md, "The playground").
 
-    Example: juice serve --heads heads.json --heads heads_contextual.json --port 8000
+    Examples:
+
+        juice serve --port 8000
+        juice serve --model MODEL --heads heads.json \\
+            --heads heads_contextual.json --port 8000
+        juice serve --engine vllm --port 8000
     """
     if engine not in ("juice", "vllm"):
         raise typer.BadParameter(f"--engine must be juice or vllm, not {engine!r}", param_hint="--engine")
@@ -191,7 +196,9 @@ def run_batch(
     checked as juice serve --engine vllm checks a request, a refused line gets a one-line error
     in its place in the output, and the rest are steered (docs/vllm.md, "Batch files").
 
-    Example: juice run-batch -i requests.jsonl -o answers.jsonl
+    Examples:
+
+        juice run-batch -i requests.jsonl -o answers.jsonl
     """
     import os
 

@@ -23,7 +23,10 @@ def sweep(
     finished ones, and print one table (exact match with 95% intervals and n per domain and
     method). Exit status 1 if a job failed (the others are kept; run again to resume).
 
-    Example: juice sweep sweep.toml --address auto
+    Examples:
+
+        juice sweep sweep.toml --out juice-sweep
+        juice sweep sweep.toml --address auto
     """
     from juice.experiments.sweep import load_sweep, run_sweep, sweep_markdown
 

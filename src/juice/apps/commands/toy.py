@@ -17,7 +17,9 @@ def toy(
 ):
     """The paper's Sec. 5 theory on a two-layer attention-only transformer.
 
-    Example: juice toy juice --out juice-toy
+    Examples:
+
+        juice toy juice --out juice-toy
     """
     from juice.extras import require
 

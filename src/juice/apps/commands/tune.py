@@ -34,13 +34,16 @@ def tune(
     into the heads file with the grid's accuracies: a tuned heads file alone is enough to steer
     (`juice.Steerer`) and to serve (`juice serve`).
 
-    With auto (juice's per-request policy, :mod:`juice.when_to_steer.auto`): the JuICE/JuNE betas are tuned
+    With auto (juice's per-request policy, docs/when-to-steer.md): the JuICE/JuNE betas are tuned
     first (if asked), then the policy on gold, conflicting, irrelevant and no-context items
     built from --data's validation rows.
 
-    Example: juice tune --heads heads.json --data validation.jsonl --methods juice,june,ph3
+    Examples:
 
-    Example: juice tune --heads heads_contextual.json --data nqswap_validation.jsonl --methods juice,auto
+        juice tune --heads heads.json --data validation.jsonl \\
+            --methods juice,june,ph3
+        juice tune --heads heads_contextual.json \\
+            --data nqswap_validation.jsonl --methods juice,auto
     """
     from juice.methods import names as method_names
     from juice.stage1 import load_heads, save_heads
