@@ -1,0 +1,146 @@
+"""Stage 1 in float32 against bfloat16 on the CPU (issue 89, item 2): the exact Stage 1 (paper
+Alg. 2-3, `scoring="exact"`) of `juice identify` on World Capital's D, filtered for the model, run
+once per dtype, each in a process of its own (its time and peak memory its own), and how far the
+two agree: the K heads selected per sign, the sign of every head's score per conflict type (what
+Alg. 3's filter reads), the largest score difference, and the rank correlation of the summed scores.
+
+Each dtype's heads file is written as soon as its Stage 1 ends (`<out>/heads-<dtype>.json`, with
+its time and memory beside it), and a run skips a dtype whose file is there: a killed run resumes
+at the dtype it was in, and the two dtypes can run on different machines (copy the files into one
+`--out`). The record is written when both are there.
+
+Run (the record committed under benchmarks/results/):
+    python benchmarks/bench_stage1_dtype.py --model qwen2.5-coder-1.5b --threads 1 \
+        --out stage1-dtype-qwen --record benchmarks/results/stage1-dtype-qwen2.5-coder-1.5b.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import git_state  # noqa: E402
+
+DTYPES = ("bfloat16", "float32")
+
+
+def _child(model: str, dtype: str, out: Path, threads: int) -> None:
+    """One dtype's Stage 1 in this process: writes `heads-<dtype>.json` and `cost-<dtype>.json`."""
+    import resource
+
+    import torch
+
+    from juice.io import StageFiles, write_json_atomic
+    from juice.models import load_model
+    from juice.pipeline.run import ReproduceConfig
+    from juice.pipeline.stages import identify_on_domain
+    from juice.stage1 import save_heads
+
+    torch.set_num_threads(threads)
+    started = time.perf_counter()
+    lm = load_model(model, dtype=getattr(torch, dtype), device="cpu")
+    lm.model   # a deferred model loads its weights here
+    loaded = time.perf_counter()
+    cfg = ReproduceConfig(model=model, dtype=dtype, scoring="exact", device="cpu")
+    artifact = identify_on_domain(lm, cfg, StageFiles(out / f"state-{dtype}"), command="bench_stage1_dtype")
+    done = time.perf_counter()
+    save_heads(artifact, out / f"heads-{dtype}.json")
+    write_json_atomic(out / f"cost-{dtype}.json", {
+        "load_s": round(loaded - started, 1), "stage1_s": round(done - loaded, 1), "threads": threads,
+        "rows": artifact.data.get("rows"), "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)})
+
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    for rank, i in enumerate(order):
+        ranks[i] = float(rank)
+    return ranks
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation of two equally long lists (ties broken by position)."""
+    ra, rb = _ranks(a), _ranks(b)
+    n = len(a)
+    mean = (n - 1) / 2
+    cov = sum((x - mean) * (y - mean) for x, y in zip(ra, rb))
+    var = sum((x - mean) ** 2 for x in ra)
+    return cov / var
+
+
+def agreement(reference: dict, other: dict) -> dict:
+    """How far `other`'s heads file (bfloat16) agrees with `reference`'s (float32): per sign the
+    selected heads (same set, overlap), every head's per-type score sign (as Alg. 3's filter
+    reads it: non-negative or not), the largest absolute score difference, and the Spearman
+    correlation of the summed scores over all heads."""
+    out = {}
+    for sign, key in (("positive", "positive_heads"), ("negative", "negative_heads")):
+        ref, oth = reference["scores"][sign], other["scores"][sign]
+        heads = sorted(ref)
+        pairs = [(ref[h][t], oth[h][t]) for h in heads for t in ref[h]]
+        flips = sum((a >= 0) != (b >= 0) for a, b in pairs)
+        kept_ref = {h for h in heads if all(v >= 0 for v in ref[h].values())}
+        kept_oth = {h for h in heads if all(v >= 0 for v in oth[h].values())}
+        out[sign] = {
+            "selected_float32": reference[key], "selected_bfloat16": other[key],
+            "same_selection": set(reference[key]) == set(other[key]),
+            "same_order": reference[key] == other[key],
+            "overlap": len(set(reference[key]) & set(other[key])), "k": len(reference[key]),
+            "scores": len(pairs), "sign_flips": flips,
+            "kept_by_filter": {"float32": len(kept_ref), "bfloat16": len(kept_oth),
+                               "differ": len(kept_ref ^ kept_oth)},
+            "max_abs_diff": round(max(abs(a - b) for a, b in pairs), 6),
+            "spearman_summed": round(spearman([sum(ref[h].values()) for h in heads],
+                                              [sum(oth[h].values()) for h in heads]), 4),
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--out", type=Path, default=Path("stage1-dtype"))
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per Stage 1 (1 leaves a core free)")
+    parser.add_argument("--record", type=Path, default=None)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args.model, args.child, args.out, args.threads)
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    source = git_state()
+    for dtype in DTYPES:   # bfloat16 first: the faster one gives its answer first
+        if (args.out / f"heads-{dtype}.json").is_file():
+            print(f"{dtype}: done before, kept", flush=True)
+            continue
+        print(f"{dtype}: Stage 1 on World Capital's D ...", flush=True)
+        subprocess.run([sys.executable, __file__, "--model", args.model, "--out", str(args.out),
+                        "--threads", str(args.threads), "--child", dtype], check=True)
+    heads = {d: json.loads((args.out / f"heads-{d}.json").read_text()) for d in DTYPES}
+    cost = {d: json.loads((args.out / f"cost-{d}.json").read_text()) for d in DTYPES}
+    import torch
+    import transformers
+
+    record = {"command": "python " + " ".join(sys.argv), **source, "date": time.strftime("%Y-%m-%d"),
+              "machine": {"cpus": len(__import__("os").sched_getaffinity(0)), "processor": platform.processor()},
+              "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+              "model": args.model, "fingerprint": heads["float32"]["model"],
+              "head_set": heads["float32"]["data"], "alphas": {"positive": heads["float32"]["alphas_positive"],
+                                                               "negative": heads["float32"]["alphas_negative"]},
+              "cost": cost, "agreement": agreement(heads["float32"], heads["bfloat16"])}
+    print(json.dumps(record["agreement"], indent=1), flush=True)
+    if args.record:
+        from juice.io import write_json_atomic
+
+        write_json_atomic(args.record, record)
+        print(f"wrote {args.record}")
+
+
+if __name__ == "__main__":
+    main()
