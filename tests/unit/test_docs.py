@@ -267,3 +267,34 @@ def test_what_has_run_where_is_one_table_on_the_vllm_and_models_pages():
     vllm, models = table("vllm.md"), table("models.md")
     assert vllm == models and len(vllm) == 6
     assert any(row.startswith("| GPU | vLLM 0.32") and "| never |" in row for row in vllm)
+
+
+def _headings(path: Path) -> list[str]:
+    """A Markdown page's headings, backticks dropped, code blocks skipped."""
+    prose = "".join(path.read_text(encoding="utf-8").split("```")[0::2])
+    return [h.replace("`", "").strip() for h in re.findall(r"^#+ (.+)$", prose, re.M)]
+
+
+def test_every_page_and_section_the_code_names_exists():
+    """Issue 92 (and 91's stale references): where a docstring, comment, message or script sends
+    the reader to a page (`docs/vllm.md`) or a section (`docs/serving.md, "Limits"`, `README,
+    "..."`), that page exists and has a heading holding those words (any case). Lines are joined and
+    comment markers dropped first, so a reference broken over two lines is read whole."""
+    sources = [*sorted((ROOT / "src").rglob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py")),
+               *sorted((ROOT / "scripts").glob("*.sh")), *sorted((ROOT / "tests").rglob("*.py"))]
+    pattern = re.compile(r"""(README|docs/[\w./-]+\.md)(?:,? \\?"([^"\\]{2,80})\\?")?""")
+    checked, bad = 0, []
+    for source in sources:
+        text = re.sub(r'"\s*\n\s*"|\s*\n\s*#?\s*', lambda m: "" if m.group(0).strip().startswith('"') else " ",
+                      source.read_text(encoding="utf-8"))
+        for page, section in pattern.findall(text):
+            if (page == "README" and not section) or section == "...":
+                continue   # "the README" in prose; a placeholder
+            path = ROOT / ("README.md" if page == "README" else page)
+            checked += 1
+            if not path.is_file():
+                bad.append(f"{source.relative_to(ROOT)}: {page} does not exist")
+            elif section and not any(section.lower() in h.lower() for h in _headings(path)):
+                bad.append(f"{source.relative_to(ROOT)}: {page} has no section {section!r}")
+    assert checked > 50, checked   # the code does name pages: the check is not empty
+    assert not bad, bad

@@ -63,7 +63,7 @@ PAPER_COUNTS = {"layer": 0, "attention": 6, "mlp": 1}
 three conflict types (paper Sec. 3.1, Observation 1)."""
 SIZES = {"default": 16, "quick": 3, "full": None}
 """Filtered World Capital items per mode (`--full`: all of them; Gemma 3 270M knows 48 of the 181 for
-seed 0). One item costs about 15-25 s on 2 busy CPU cores (README, "Wall time")."""
+seed 0). One item costs about 15-25 s on 2 busy CPU cores (docs/development.md, "Measured")."""
 
 
 class Component(NamedTuple):

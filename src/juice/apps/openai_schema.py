@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """What `juice serve` admits (README, "Limits"; each a `juice serve` option).
+    """What `juice serve` admits (docs/serving.md, "Limits"; each a `juice serve` option).
 
     Attributes:
         max_n: most choices per prompt (`n`; OpenAI allows 128).

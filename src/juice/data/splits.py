@@ -156,8 +156,8 @@ def find_paper_domains(folder: str | Path, head_set_size: int = 4) -> dict[str, 
 
 
 def load_paper_domains(folder: str | Path, head_set_size: int = 4) -> dict[str, DomainPool]:
-    """The paper's ParaConflict layout (:func:`find_paper_domains`; docs/protocol.md, "Splits per
-    domain"), every file read and checked before any model work.
+    """The paper's ParaConflict layout (:func:`find_paper_domains`; docs/protocol.md, "Parametric direction:
+    splits and filtering"), every file read and checked before any model work.
 
     The authors' splits: `head_pool` is the head-finding file (D, in the head domain), `pool` the
     validation file (`filtered_validation.json`: the domain's validation split and, in the head

@@ -4,7 +4,7 @@
 - PH3: the number of pruned heads k in {1, 3, 5, 7, 9, 15}.
 
 Both are chosen per domain (dataset) on that domain's own validation split (docs/protocol.md,
-"Hyperparameters per domain"). Every grid point also records its share of degenerate outputs
+"Tuning grids"). Every grid point also records its share of degenerate outputs
 (:mod:`juice.eval.degeneration`), which the paper's criterion does not read; `juice tune` on your
 own rows also guards against it (:func:`juice.workflow.tune`). The setting with the best accuracy wins (mean over conflict types
 in the parametric direction; the dataset's accuracy in the contextual one), ties broken by the
@@ -161,7 +161,7 @@ def tune_per_domain(
     engine: Engine | None = None,
 ) -> dict[str, DomainChoice]:
     """JuICE's and JuNE's (beta+, beta-) and PH3's k, chosen per domain on that domain's own
-    validation split (docs/protocol.md, "Hyperparameters per domain"; paper App. D.1).
+    validation split (docs/protocol.md, "Tuning grids"; paper App. D.1).
 
     Every setting of every domain is decoded in one call, so all settings of a prompt share its
     clean prefill; the choice for a domain reads only that domain's results. The criterion is

@@ -1,8 +1,8 @@
-"""The parametric direction's data per domain (docs/protocol.md, "Splits per domain"): each domain's
-development pool and test split, and the pool *filtered* for the loaded model (its clean prompts
-decoded greedily until enough items are known), from which D (the head domain only), the
-validation split and PH3-l's development set (head domain only) come, each item with the
-answer alias the model prefers (:mod:`juice.aliases`).
+"""The parametric direction's data per domain (docs/protocol.md, "Parametric direction: splits
+and filtering"): each domain's development pool and test split, and the pool *filtered* for the
+loaded model (its clean prompts decoded greedily until enough items are known), from which D (the
+head domain only), the validation split and PH3-l's development set (head domain only) come,
+each item with the answer alias the model prefers (:mod:`juice.aliases`).
 
 With the authors' files (`--data`), those are the authors' splits: D from the head domain's
 head-finding file, each domain's validation split from its own `filtered_validation.json`

@@ -105,7 +105,7 @@ DEFAULT_TEST_ITEMS = {"parametric": 30, "contextual": 20}
 class ReproduceConfig:
     """Settings of `juice reproduce` (both directions). The defaults run the paper's protocol
     (exact Stage 1, per-domain tuning) sized to fit 20 minutes per direction on 2 CPU cores with
-    Gemma 3 270M (README, "Wall time"); `juice reproduce --full` uses every item."""
+    Gemma 3 270M (docs/development.md, "Measured"); `juice reproduce --full` uses every item."""
 
     model: str = DEFAULT_MODEL
     out_dir: Path = Path("juice-output")

@@ -12,8 +12,7 @@ steered model refuses to start without it. With prefix caching, juice's schedule
 (:data:`SCHEDULER`, :mod:`juice.vllm.scheduler`) gives each steered request its steering's KV
 cache salt in the engine core; the steered model refuses to start with prefix caching on
 without it. vLLM itself is not a dependency of juice's core: this package imports it only when
-vLLM loads it.
-README, "Serving at scale with vLLM".
+vLLM loads it. For users: docs/vllm.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`juice serve --engine vllm`: start vLLM's OpenAI-compatible server with juice's plugin.
 
 vLLM runs in its own Python environment (vLLM's CPU build pins transformers below juice's floor;
-README, "Serving at scale with vLLM"), found by :func:`find_vllm_python`. The launcher resolves
+docs/vllm.md, "Install"), found by :func:`find_vllm_python`. The launcher resolves
 the model to a folder vLLM reads (an embedded alias or a `.gguf` file: juice's converted,
 self-checked safetensors copy), checks the heads files before anything starts, and runs
 
@@ -58,8 +58,8 @@ def find_vllm_python(required: bool = True) -> str | None:
         return str(REPO_VENV)
     if required:
         raise VllmNotFoundError("no vLLM environment: run scripts/install-vllm.sh in juice's checkout, or set "
-                                "JUICE_VLLM_PYTHON to a Python with vllm and juice installed (README, "
-                                "\"Serving at scale with vLLM\")")
+                                "JUICE_VLLM_PYTHON to a Python with vllm and juice installed (docs/vllm.md, "
+                                "\"Install\")")
     return None
 
 
@@ -179,7 +179,7 @@ def server_environment(heads: Sequence[str | Path], dual_run: bool = True, base:
     `VLLM_CPU_NUM_OF_RESERVED_CPU` is set, `VLLM_CPU_NUM_OF_RESERVED_CPU=0`: vLLM's automatic
     binding keeps one core per tensor-parallel rank for its scheduler process, which on 2 cores
     leaves the model one: on 2 cores, Original's throughput at 32 clients rose from 79 to 140
-    tokens/s when both ran the model (README, "Serving at scale with vLLM"). With 8 cores or more the
+    tokens/s when both ran the model (docs/vllm.md, "Threads on the CPU"). With 8 cores or more the
     reserved core is 1/8 of the machine or less, and vLLM's default stands. The GPU build ignores both.
     `VLLM_USE_V2_MODEL_RUNNER=0` pins vLLM's V1 model runner, the one the plugin is verified on
     (:func:`juice.vllm.constraints.check_engine_config` refuses V2); `VLLM_USE_BREAKABLE_CUDAGRAPH=0`

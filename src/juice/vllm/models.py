@@ -39,8 +39,8 @@ Python that fills the tables and runs run 1: they are refused at start
 (:func:`juice.vllm.constraints.cuda_graph_refusal`). The graph depends on the heads files
 (which heads have slots in `juice_clean`) and on the op, so the model puts both in vLLM's
 `additional_config`, part of vLLM's compile cache key
-(:func:`juice.vllm.constraints.note_compiled_structure`). Measured on the CPU only (README,
-"Serving at scale with vLLM").
+(:func:`juice.vllm.constraints.note_compiled_structure`). Measured on the CPU only (docs/vllm.md,
+"Compiled mode").
 
 Prefix caching (vLLM's default) is correct because every steered request is cached under its
 steering's `cache_salt` (:func:`juice.vllm.options.steering_salt`), which juice's scheduler sets

@@ -8,7 +8,7 @@ client passes it with `extra_body`):
     "juice": {"direction": "context", "method": "juice", "beta_plus": 2, "beta_minus": 0}
 
 The fields, their defaults and their errors are juice's one request protocol
-(:mod:`juice.steering_request`, README "The juice request field"), shared with vLLM's plugin: a
+(:mod:`juice.steering_request`, docs/serving.md, "The juice request field"), shared with vLLM's plugin: a
 body gets the same status and message from `juice serve` and `juice serve --engine vllm`.
 `method` "juice" | "june" | "original" | "prune" (with `heads`); betas default to the heads
 file's tuned values for the method (`juice tune`), else 2 and 0 with a warning in the
@@ -30,7 +30,7 @@ The rooms: :mod:`~juice.apps.server.app` (the routes), :mod:`~juice.apps.server.
 offsets), :mod:`~juice.apps.server.metrics` (Prometheus); the request bodies are
 :mod:`juice.apps.openai_schema`, the worker :mod:`juice.apps.server.worker`.
 
-Admission (:class:`juice.apps.openai_schema.ServerLimits`, README "Limits"): every field is
+Admission (:class:`juice.apps.openai_schema.ServerLimits`, docs/serving.md, "Limits"): every field is
 checked before a request is queued; errors come in OpenAI's shape
 (`{"error": {"message", "type", "param", "code"}}`): 400 for a bad value or what is not
 implemented (`logprobs`, `echo`, ...), 404 for a `model` the server does not serve, 429 with
