@@ -3,7 +3,10 @@ estimate with its interval, in every design, from the decoded outcomes alone (is
 juice's measurement, not the paper's).
 
 What it compares is fixed here, before any outcome is read (:data:`PLAN`; its SHA-256 goes into
-the record beside the numbers):
+the record beside the numbers). Amended once, after the first analysis of ParaConflict's
+published-size outcomes: the Prompt baseline toward memory joined `auto`'s candidates (SHA-256
+`799b3312679c8357...` -> `33339366fe962b8a...`); the plan without it is the record's sensitivity
+analysis (docs/when-to-steer.md, "The study at the published size"):
 
 - the **policies**: every static method the study decoded (the best static method is chosen
   among them, on the training items of each design, by the objective below) and the `auto`
