@@ -7,11 +7,16 @@ Alg. 3's filter reads), the largest score difference, and the rank correlation o
 Each dtype's heads file is written as soon as its Stage 1 ends (`<out>/heads-<dtype>.json`, with
 its time and memory beside it), and a run skips a dtype whose file is there: a killed run resumes
 at the dtype it was in, and the two dtypes can run on different machines (copy the files into one
-`--out`). The record is written when both are there.
+`--out`). The record is written when both are there. `--reference RUN` takes float32's Stage 1
+from a `juice reproduce` run's folder instead (its `heads.json`, the same exact Stage 1 on the same
+D, resumable per prompt), so the reference is computed once, by the run that needs it anyway.
 
 Run (the record committed under benchmarks/results/):
     python benchmarks/bench_stage1_dtype.py --model qwen2.5-coder-1.5b --threads 1 \
         --out stage1-dtype-qwen --record benchmarks/results/stage1-dtype-qwen2.5-coder-1.5b.json
+    # float32 from a protocol run instead of a Stage 1 of its own:
+    python benchmarks/bench_stage1_dtype.py --model qwen2.5-coder-1.5b --out stage1-dtype-qwen \
+        --reference qwen-output --record benchmarks/results/stage1-dtype-qwen2.5-coder-1.5b.json
 """
 
 from __future__ import annotations
@@ -74,12 +79,21 @@ def spearman(a: list[float], b: list[float]) -> float:
     return cov / var
 
 
+def reference_run(folder: Path) -> tuple[dict, dict]:
+    """float32's heads file and cost from a `juice reproduce` run's folder: its `heads.json` and
+    the Stage 1 time of its `results.json` (None until the run has finished)."""
+    heads = json.loads((folder / "heads.json").read_text(encoding="utf-8"))
+    results = folder / "results.json"
+    timings = json.loads(results.read_text(encoding="utf-8"))["timings_s"] if results.is_file() else {}
+    return heads, {"from": str(folder), "stage1_s": timings.get("stage1_heads"), "dtype": "float32"}
+
+
 def agreement(reference: dict, other: dict) -> dict:
     """How far `other`'s heads file (bfloat16) agrees with `reference`'s (float32): per sign the
     selected heads (same set, overlap), every head's per-type score sign (as Alg. 3's filter
     reads it: non-negative or not), the largest absolute score difference, and the Spearman
     correlation of the summed scores over all heads."""
-    out = {}
+    out: dict = {"same_head_set": reference["head_set"] == other["head_set"]}   # the same D, else not comparable
     for sign, key in (("positive", "positive_heads"), ("negative", "negative_heads")):
         ref, oth = reference["scores"][sign], other["scores"][sign]
         heads = sorted(ref)
@@ -108,6 +122,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("stage1-dtype"))
     parser.add_argument("--threads", type=int, default=1, help="torch threads per Stage 1 (1 leaves a core free)")
     parser.add_argument("--record", type=Path, default=None)
+    parser.add_argument("--reference", type=Path, default=None,
+                        help="a juice reproduce run's folder (float32): its heads.json is float32's Stage 1")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -115,15 +131,18 @@ def main() -> None:
         return
     args.out.mkdir(parents=True, exist_ok=True)
     source = git_state()
-    for dtype in DTYPES:   # bfloat16 first: the faster one gives its answer first
+    dtypes = [d for d in DTYPES if not (args.reference and d == "float32")]
+    for dtype in dtypes:   # bfloat16 first: the faster one gives its answer first
         if (args.out / f"heads-{dtype}.json").is_file():
             print(f"{dtype}: done before, kept", flush=True)
             continue
         print(f"{dtype}: Stage 1 on World Capital's D ...", flush=True)
         subprocess.run([sys.executable, __file__, "--model", args.model, "--out", str(args.out),
                         "--threads", str(args.threads), "--child", dtype], check=True)
-    heads = {d: json.loads((args.out / f"heads-{d}.json").read_text()) for d in DTYPES}
-    cost = {d: json.loads((args.out / f"cost-{d}.json").read_text()) for d in DTYPES}
+    heads = {d: json.loads((args.out / f"heads-{d}.json").read_text()) for d in dtypes}
+    cost = {d: json.loads((args.out / f"cost-{d}.json").read_text()) for d in dtypes}
+    if args.reference:
+        heads["float32"], cost["float32"] = reference_run(args.reference)
     import torch
     import transformers
 
