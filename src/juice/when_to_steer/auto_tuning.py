@@ -277,14 +277,14 @@ def cross_validate(verdicts: Mapping[str, Sequence[bool]], static: Mapping[str, 
         pick = lambda seq: [seq[i] for i in train]   # noqa: E731
         fit = fit_policy({c: pick(v) for c, v in verdicts.items()}, pick(signal), pick(types), pick(sources), betas,
                          pick(passage), None if degenerate is None else {c: pick(v) for c, v in degenerate.items()},
-                         margin, {name: pick(v) for name, v in gates.items()} if gates else None)
-        name = best_static_name({m: pick(v) for m, v in static.items()}, pick(types), pick(sources))
-        chosen.append(name)
+                         margin, {gate: pick(v) for gate, v in gates.items()} if gates else None)
+        best_name = best_static_name({m: pick(v) for m, v in static.items()}, pick(types), pick(sources))
+        chosen.append(best_name)
         picks = policy_picks(fit.policy, [signal[i] for i in held], [passage[i] for i in held],
-                             {name: [v[i] for i in held] for name, v in gates.items()})
+                             {gate: [v[i] for i in held] for gate, v in gates.items()})
         for i, c in zip(held, picks):
             auto[i] = bool(verdicts[c][i])
-            best[i] = bool(static[name][i])
+            best[i] = bool(static[best_name][i])
     return {"auto": auto, "best_static": best, "chosen": chosen, "folds": k}
 
 
