@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import string
 import unicodedata
 from collections.abc import Iterable
 
@@ -69,3 +70,42 @@ def contains_answer(prediction: str, answers: Iterable[str]) -> bool:
 def overlaps(a: str, b: str) -> bool:
     """True if either normalized string contains the other on word boundaries."""
     return contains_answer(a, [b]) or contains_answer(b, [a])
+
+_PUNCTUATION = frozenset(string.punctuation)
+_SQUAD_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def squad_normalize(text: str) -> str:
+    """SQuAD's answer normalization (Rajpurkar et al. 2016's evaluation script), as TriState-Bench's
+    evaluation and screening use it (:mod:`juice.data.tristate`): lower case, ASCII punctuation
+    removed (not replaced: "Payne-Gaposchkin" -> "paynegaposchkin"), the articles a, an, the
+    removed, white space collapsed. Unlike :func:`normalize_answer`, accents are kept.
+
+    >>> squad_normalize("The Payne-Gaposchkin, Cecilia!")
+    'paynegaposchkin cecilia'
+    """
+    text = "".join(c for c in text.lower() if c not in _PUNCTUATION)
+    return " ".join(_SQUAD_ARTICLES.sub(" ", text).split())
+
+
+def first_line(output: str) -> str:
+    """The output's first line, stripped (what TriState-Bench's metric reads)."""
+    return output.strip().split("\n")[0].strip()
+
+
+def first_line_match(output: str, answers: Iterable[str]) -> bool:
+    """TriState-Bench's exact match: the output's first line, normalized as SQuAD does
+    (:func:`squad_normalize`), equals a normalized answer.
+
+    >>> first_line_match(" Paris.", ["Paris"]), first_line_match("It is Paris.", ["Paris"])
+    (True, False)
+    """
+    line = squad_normalize(first_line(output))
+    return any(line == squad_normalize(a) for a in answers)
+
+
+def first_line_contains(output: str, answers: Iterable[str]) -> bool:
+    """TriState-Bench's substring exact match: a normalized answer occurs in the output's
+    normalized first line (a substring, not on word boundaries)."""
+    line = squad_normalize(first_line(output))
+    return any(squad_normalize(a) in line for a in answers)

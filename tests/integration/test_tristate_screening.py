@@ -75,3 +75,31 @@ def test_labels_do_not_depend_on_the_facts_screened_beside_them_and_a_screening_
         assert screen(tiny, facts, seed=1, max_new_tokens=4, checkpoint=tmp_path / "gaps.json") == together
     finally:
         module._round = original
+
+
+def test_a_models_states_decode_through_the_context_type_evaluation_scored_by_the_benchmarks_metric(tiny):
+    """The states built from a screening run through juice's context-type evaluation (every
+    method of the registry could): each state's outputs are scored on the true answer with the
+    benchmark's first-line exact match, and agreement and correction items stay apart."""
+    from juice.data.tristate import build_states, context_items
+    from juice.steering import ORIGINAL, JuICE
+    from juice.interventions import Head, HeadSelection
+    from juice.text import first_line_match
+    from juice.when_to_steer.evaluation import evaluate_context_types
+
+    base = _facts(tiny)
+    facts = [TriStateFact(f.fact_id, f.answer_type, f.answer, f.aliases, f.questions, f"w{i} passage {f.answer} .",
+                          f"w{i} passage other .", "other") for i, f in enumerate(base)]
+    priors = {facts[0].fact_id: "P_right", facts[1].fact_id: "P_wrong", facts[2].fact_id: "P_uncertain"}
+    states = build_states(facts, priors)
+    assert {s: [i.fact.fact_id for i in v] for s, v in states.items()} == {
+        "correction": ["person_1"], "resistance": ["person_0"], "agreement": ["person_0"]}
+    items = context_items(states).items
+    methods = {"Original": ORIGINAL, "JuICE": JuICE(tiny, HeadSelection((Head(1, 2),), (Head(0, 1),)), 2.0, -1.0)}
+    results = evaluate_context_types(tiny, items, methods)
+    assert len(results) == len(items) * 2
+    assert {r.item for r in results} == {"person_0/agreement", "person_0/resistance", "person_1/correction",
+                                         "person_0", "person_1"}
+    by_id = {f.fact_id: f for f in facts}
+    for r in results:
+        assert r.follows_parametric == first_line_match(r.output, by_id[r.subject].aliases)

@@ -19,17 +19,19 @@ def _example(metric: str) -> ContextualExample:
 
 
 def test_the_papers_metrics_hold_their_budgets_records_and_prompt_forms():
-    assert [(m.name, m.new_tokens) for m in METRICS.values()] == [("first_words", 10), ("memotrap", 10), ("nqswap", 20)]
-    assert metrics_for(CONTEXTUAL) == ("memotrap", "nqswap") and metrics_for(CONTEXT_ITEM) == ("first_words", "nqswap")
+    assert [(m.name, m.new_tokens) for m in METRICS.values()] == [("first_words", 10), ("memotrap", 10), ("nqswap", 20),
+                                                                   ("tristate", 32)]   # TriState-Bench's budget
+    assert metrics_for(CONTEXTUAL) == ("memotrap", "nqswap")
+    assert metrics_for(CONTEXT_ITEM) == ("first_words", "nqswap", "tristate")
     assert [n for n, m in METRICS.items() if m.likelihood] == ["memotrap"]   # Table 2's likelihood comparison
-    assert [n for n, m in METRICS.items() if m.prompt_form == "question"] == ["nqswap"]
+    assert [n for n, m in METRICS.items() if m.prompt_form == "question"] == ["nqswap", "tristate"]
     assert METRICS["nqswap"].match(" 24 of them", ["2"]) and not METRICS["nqswap"].context_match(" 24 of them", ["2"])
 
 
 def test_a_record_naming_another_records_metric_is_refused_with_the_list():
     with pytest.raises(ValueError, match="recipes/0: unknown metric 'first_words'; one of memotrap, nqswap"):
         _example("first_words")
-    with pytest.raises(ValueError, match="unknown metric 'memotrap'; one of first_words, nqswap"):
+    with pytest.raises(ValueError, match="unknown metric 'memotrap'; one of first_words, nqswap, tristate"):
         ContextItem("memotrap", "0", "none", "Q", "Q", ("a",), metric="memotrap")
     with pytest.raises(ValueError, match="unknown metric 'bleu'"):
         new_tokens("bleu")

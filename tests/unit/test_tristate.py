@@ -11,9 +11,11 @@ from collections import Counter
 import pytest
 from conftest import SHARED
 
-from juice.data.tristate import (STATES, build_states, context_prompt, exact_match, gaps_label, load_tristate,
-                                 normalize, published_screening, question_prompt, question_verdict,
-                                 questions_to_ask, state_files, substring_match, vote)
+from juice.data.metrics import METRICS
+from juice.data.tristate import (STATES, build_states, context_items, context_prompt, gaps_label, load_tristate,
+                                 published_screening, question_prompt, question_verdict, questions_to_ask,
+                                 state_files, vote)
+from juice.text import first_line_contains, first_line_match, squad_normalize
 
 FOLDER = SHARED / "data" / "tristate"
 needs_data = pytest.mark.skipif(not FOLDER.is_dir(), reason="needs ../shared/data/tristate (TriState-Bench's files)")
@@ -116,9 +118,33 @@ def test_the_gaps_rule_stops_where_its_anchor_is_contradicted():
 
 
 def test_the_metric_reads_the_first_line_and_normalizes_as_squad():
-    assert normalize("  The Hague-Gaposchkin's!  ") == "haguegaposchkins"
-    assert exact_match(" Paris.\nThe capital of France.", ["Paris"])
-    assert not exact_match("It is Paris.", ["Paris"]) and substring_match("It is Paris.", ["Paris"])
-    assert not substring_match("Lyon\nParis", ["Paris"])   # the first line only
+    assert squad_normalize("  The Hague-Gaposchkin's!  ") == "haguegaposchkins"
+    assert first_line_match(" Paris.\nThe capital of France.", ["Paris"])
+    assert not first_line_match("It is Paris.", ["Paris"]) and first_line_contains("It is Paris.", ["Paris"])
+    assert not first_line_contains("Lyon\nParis", ["Paris"])   # the first line only
     assert vote("Lyon\nParis", ["Paris"])   # screening reads the whole response
     assert vote("Parisian", ["Paris"])      # a substring, as the published votes count it
+    assert METRICS["tristate"].match is first_line_match and METRICS["tristate"].new_tokens == 32
+
+
+@needs_data
+def test_a_models_states_become_context_items_scored_on_the_true_answer(facts, screening):
+    """Agreement and correction are gold passages, resistance a conflicting one whose passage
+    answer is the wrong one; under the trust-memory objective every state's target is the true
+    answer, the benchmark's gold; one question-alone item per fact."""
+    states = build_states(facts, {fid: r["prior"] for fid, r in screening.items()})
+    items = context_items(states).items
+    by_state = {s: [i for i in items if i.variant == s] for s in STATES}
+    assert {s: len(v) for s, v in by_state.items()} == {s: len(v) for s, v in states.items()}
+    assert {i.context_type for i in by_state["resistance"]} == {"conflicting"}
+    assert {i.context_type for i in by_state["agreement"] + by_state["correction"]} == {"gold"}
+    by_id = {f.fact_id: f for f in facts}
+    for item in items:
+        fact = by_id[item.uid]
+        assert item.target("trust_memory") == fact.aliases and item.metric == "tristate"
+        assert item.question == question_prompt(fact.questions[0])
+        if item.variant == "resistance":
+            assert item.context_answers == (fact.wrong_answer,) and item.prompt == context_prompt(
+                fact.wrong_passage, fact.questions[0])
+    none = [i for i in items if i.context_type == "none"]
+    assert len(none) == len({i.uid for i in items}) and all(i.prompt == i.question for i in none)

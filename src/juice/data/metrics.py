@@ -9,6 +9,8 @@ module plus one :class:`Metric` here.
 
 The paper's metrics (Sec. 4, 4.2; App. D): exact match in the first 5 words (Table 1; ParaConflict,
 your rows), MemoTrap's continuation match and NQ-Swap's substring match (Table 2).
+Beyond the paper: TriState-Bench's exact match (Jiang et al. 2026), the output's first line equal to
+an answer after SQuAD's normalization, with its 32-token budget (:mod:`juice.data.tristate`).
 
 Parametric direction (paper Sec. 4, Table 1): the first 5 words of the output are correct if any
 accepted answer occurs in them after normalization (lower case, accents folded, punctuation and
@@ -27,7 +29,7 @@ import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from juice.text import contains_answer, first_words, normalize_answer
+from juice.text import contains_answer, first_line_match, first_words, normalize_answer
 
 N_WORDS = 5
 """The words of an output the exact match reads (paper Sec. 4)."""
@@ -116,6 +118,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            frozenset({CONTEXTUAL}), likelihood=True),
     Metric("nqswap", 20, "NQ-Swap's substring match (paper Sec. 4.2, Table 2)", nqswap_match,
            frozenset({CONTEXTUAL, CONTEXT_ITEM}), context_match=contains_answer, prompt_form="question"),
+    Metric("tristate", 32, "TriState-Bench's exact match: the first line, SQuAD's normalization (Jiang et al. "
+           "2026; juice.data.tristate)", first_line_match, frozenset({CONTEXT_ITEM}),
+           context_match=first_line_match, prompt_form="question"),
 )}
 """Every metric, by name, in table order: the one place its facts live."""
 

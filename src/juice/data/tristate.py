@@ -35,19 +35,25 @@ the three paraphrases are asked in order, stopping at the first that disagrees w
 chooses temperature 1.0 (the model's own distribution), the question-only prompt of the benchmark
 (:func:`question_prompt`) and 32 new tokens, the evaluation's budget (juice.pipeline.tristate).
 
-The benchmark's metric (:func:`exact_match`): the output's first line, normalized as SQuAD does
-(:func:`normalize`), equal to a normalized alias; :func:`substring_match` is its substring form.
+The benchmark's metric: the output's first line, normalized as SQuAD does, equal to a normalized
+alias (:func:`juice.text.first_line_match`, the metric "tristate" of
+:data:`juice.data.metrics.METRICS`); :func:`juice.text.first_line_contains` is its substring form.
+A model's states become context-type items (:func:`context_items`): agreement and correction
+are gold passages, resistance a conflicting one, and the benchmark's score in every state is
+the "trust memory" objective's (the true answer), so juice's context-type evaluation and the
+when-to-steer study run every method on them.
 """
 
 from __future__ import annotations
 
 import ast
 import json
-import re
-import string
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from juice.data.context_types import ContextItem, ContextItems
+from juice.text import squad_normalize
 
 STATES: dict[str, str] = {"correction": "C_right_P_wrong", "resistance": "C_wrong_P_right",
                           "agreement": "C_right_P_right"}
@@ -131,28 +137,11 @@ def question_prompt(question: str) -> str:
     return f"{QUESTION_INSTRUCTION}Question: {question} ?\nAnswer:"
 
 
-def normalize(text: str) -> str:
-    """SQuAD's answer normalization, as the benchmark's evaluation and screening use it: lower
-    case, ASCII punctuation removed (not replaced: "Payne-Gaposchkin" -> "paynegaposchkin"),
-    the articles a, an, the removed, white space collapsed. (juice's own
-    :func:`juice.text.normalize_answer` differs: it folds accents and turns punctuation into spaces.)
-
-    >>> normalize("The Payne-Gaposchkin, Cecilia!")
-    'paynegaposchkin cecilia'
-    """
-    text = "".join(c for c in text.lower() if c not in _PUNCTUATION)
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())
-
-
-_PUNCTUATION = frozenset(string.punctuation)
-
-
 def vote(response: str, aliases: Iterable[str]) -> bool:
     """GAPS's vote: a normalized alias occurs anywhere in the normalized response (a substring,
     not a word match; the whole response, not its first line)."""
-    text = normalize(response)
-    return any(normalize(a) in text for a in aliases)
+    text = squad_normalize(response)
+    return any(squad_normalize(a) in text for a in aliases)
 
 
 def question_verdict(votes: Sequence[bool]) -> str | None:
@@ -200,19 +189,6 @@ def questions_to_ask(verdicts: Sequence[str]) -> bool:
     """Whether GAPS asks the next paraphrase after `verdicts`: fewer than three asked, none
     uncertain, all equal to the first."""
     return len(verdicts) < 3 and "uncertain" not in verdicts and all(v == verdicts[0] for v in verdicts)
-
-
-def exact_match(output: str, aliases: Iterable[str]) -> bool:
-    """The benchmark's EM: the output's first line, normalized (:func:`normalize`), equals a
-    normalized alias."""
-    first = normalize(output.strip().split("\n")[0].strip())
-    return any(first == normalize(a) for a in aliases)
-
-
-def substring_match(output: str, aliases: Iterable[str]) -> bool:
-    """The benchmark's substring EM: a normalized alias occurs in the output's normalized first line."""
-    first = normalize(output.strip().split("\n")[0].strip())
-    return any(normalize(a) in first for a in aliases)
 
 
 def _literal(value):
@@ -320,6 +296,35 @@ def published_screening(folder: str | Path) -> dict[str, dict]:
     return screening
 
 
+def context_items(states: Mapping[str, Sequence[TriStateItem]], none: bool = True) -> ContextItems:
+    """A model's states (:func:`build_states`) as context-type items (:mod:`juice.data.context_types`),
+    so that juice's evaluations run on them: agreement and correction a "gold" item (the passage
+    states the true answer), resistance a "conflicting" one (its answer the wrong one); the state
+    in `variant`, the fact's answer type in `source` (`tristate/person`, ...), metric "tristate";
+    the prompt and the question alone are the benchmark's (:func:`context_prompt`,
+    :func:`question_prompt`). With `none`, each fact also gets a "none" item (its question alone),
+    which `auto` and the question-only baseline read.
+
+    Returns:
+        the items, grouped by fact.
+    """
+    out = ContextItems()
+    seen: set[str] = set()
+    for state, items in states.items():
+        for item in items:
+            fact = item.fact
+            answers = (fact.wrong_answer,) if state == "resistance" else fact.aliases
+            out.items.append(ContextItem(f"tristate/{fact.answer_type}", fact.fact_id,
+                                         "conflicting" if state == "resistance" else "gold", item.context_prompt(),
+                                         item.question_prompt(), fact.aliases, answers, "tristate", state))
+            if none and fact.fact_id not in seen:
+                out.items.append(ContextItem(f"tristate/{fact.answer_type}", fact.fact_id, "none",
+                                             item.question_prompt(), item.question_prompt(), fact.aliases, (),
+                                             "tristate"))
+            seen.add(fact.fact_id)
+    return out
+
+
 def build_states(facts: Sequence[TriStateFact], priors: Mapping[str, str]) -> dict[str, list[TriStateItem]]:
     """A model's three states from its prior per fact (:func:`gaps_label`): correction, the P_wrong
     facts with a right passage; agreement and resistance, the same P_right facts, those with both
@@ -338,5 +343,5 @@ def build_states(facts: Sequence[TriStateFact], priors: Mapping[str, str]) -> di
 
 
 __all__ = ["ANSWER_TYPES", "PRIORS", "SAMPLES", "STATES", "TriStateFact", "TriStateItem", "build_states",
-           "context_prompt", "exact_match", "gaps_label", "load_tristate", "normalize", "published_screening",
-           "question_prompt", "question_verdict", "questions_to_ask", "state_files", "substring_match", "vote"]
+           "context_items", "context_prompt", "gaps_label", "load_tristate", "published_screening", "question_prompt",
+           "question_verdict", "questions_to_ask", "state_files", "vote"]
