@@ -28,7 +28,7 @@ warning that both servers send in the :data:`WARNING_HEADER` response header.
 Decided once for both servers: booleans are not numbers (`"beta_plus": true` is refused);
 directions are read as :meth:`Direction.parse` reads them; `ph3` takes explicit heads on both
 engines; `june` and `juice` with per-head coefficients (Stage 1's single-head scalings, a
-pipeline's own steerings: :mod:`juice.engine.vllm_engine`) take no direction and no betas; an
+pipeline's own steerings: :mod:`juice.vllm.engine`) take no direction and no betas; an
 unknown field is refused.
 """
 

@@ -4,7 +4,7 @@
     lm = juice.load_model("gemma-3-270m")
     heads = juice.identify(lm, "my_conflicts.jsonl", direction="context")      # Stage 1 (paper Alg. 2-3)
     juice.tune(lm, heads, "my_validation.jsonl")                                # (beta+, beta-) into `heads.tuned`
-    report = juice.evaluate_rows(lm, heads, "my_test.jsonl", ["original", "juice", "june"])
+    report = juice.evaluate_file(lm, heads, "my_test.jsonl", ["original", "juice", "june"])
 
 Rows come from :func:`juice.userdata.load_rows` (JSONL/CSV with `prompt`, `target`, optional
 `other`, `conflict_type`, `question`, `aliases`; ParaConflict JSON; NQ-Swap JSONL; MemoTrap CSV).

@@ -113,3 +113,50 @@ def test_no_test_module_imports_another():
     found = [f"{path.relative_to(TESTS)}:{line} imports {name}" for path in sorted(TESTS.rglob("*.py"))
              for line, name in imports_of_test_modules(path.read_text(encoding="utf-8"))]
     assert not found, "import shared helpers from tests/helpers instead:\n" + "\n".join(found)
+
+
+def _resolves(name: str) -> bool:
+    """Whether a dotted `juice.` name is a module, or an attribute (a dataclass field included)
+    of one, importing what it must; a module that needs a missing optional dependency counts."""
+    import dataclasses
+    import importlib
+
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError as err:
+            if err.name and not err.name.startswith("juice"):
+                return True   # an optional extra (vllm, ray, ...) is not installed here
+            continue
+        for attr in parts[i:]:
+            fields = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set()
+            if attr in fields:
+                return True
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_every_dotted_juice_name_in_the_code_resolves():
+    """Issue 91: a docstring or comment naming `juice.x.y` names something that exists (stale
+    references such as a renamed module are caught). The request protocol's field names
+    (`juice.method`, `juice.direction`, ...) are JSON fields, not Python names."""
+    import re
+
+    from juice.steering_request import FIELDS
+
+    pattern = re.compile(r"(?<![\w./])juice(?:\.[A-Za-z_]\w*)+")
+    fields = {f"juice.{f}" for f in FIELDS}
+    bad, seen = [], set()
+    for path in sorted(SRC.rglob("*.py")):
+        for name in set(pattern.findall(path.read_text(encoding="utf-8"))):
+            if name in fields or name in seen:
+                continue
+            seen.add(name)
+            if not _resolves(name):
+                bad.append(f"{path.relative_to(SRC.parent)}: {name}")
+    assert len(seen) > 300, len(seen)   # the code does name juice's parts: the check is not empty
+    assert not bad, bad

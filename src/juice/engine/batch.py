@@ -185,7 +185,7 @@ def generate(
             every step): its rows leave the batch, the others go on, and its text is what was
             decoded up to there (its later tokens read as EOS with `stop_at_eos`, else as the
             pad token). For a metric that reads only a prefix of the text, e.g. exact match's
-            first five words (:func:`juice.eval.metrics.first_words_final`). Any stream (sampled,
+            first five words (:func:`juice.text.first_words_final`). Any stream (sampled,
             penalized, contrastive; the session's stop rule), not with `forced_tokens`. With the static cache a stopped stream keeps its rows (fixed shapes) and
             its later tokens are dropped: the same tokens, without the saving.
 
