@@ -91,6 +91,24 @@ def test_pipeline_evaluates_every_domain_of_the_paper_layout_writes_outputs_and_
         mp.undo()
     assert second.table.to_json() == first.table.to_json() and second.selection == first.selection
 
+    # The state folder copied elsewhere (another machine, another session) resumes there: its
+    # keys hold no path, so nothing is recomputed, evaluations included.
+    import shutil
+
+    from juice.eval import runner
+
+    shutil.copytree(out / "state", tmp_path / "elsewhere" / "state")
+    mp = pytest.MonkeyPatch()
+    for module, name in ((stages, "identify_heads"), (stages, "tune_per_domain"), (stages, "path_patching_effects"),
+                         (domains, "clean_outputs"), (runner, "decode_requests")):
+        mp.setattr(module, name, boom)
+    try:
+        moved = reproduce(replace(cfg, out_dir=tmp_path / "elsewhere"), lm=tiny_llama)
+    finally:
+        mp.undo()
+    assert moved.table.to_json() == first.table.to_json()
+    assert json.dumps(moved.choices) == json.dumps(first.choices)   # tuples read back as lists
+
 
 def test_filtering_gives_known_disjoint_splits_and_stops_decoding_early(tiny_llama, tmp_path, monkeypatch):
     """With a simulated model that knows every third item: D, validation and PH3-l's
