@@ -306,7 +306,7 @@ def context_items(states: Mapping[str, Sequence[TriStateItem]], none: bool = Tru
     which `auto` and the question-only baseline read.
 
     Returns:
-        the items, grouped by fact.
+        the items, state by state (in `states`' order), each fact's none item after its first.
     """
     out = ContextItems()
     seen: set[str] = set()
