@@ -6,8 +6,9 @@ Alg. 3's filter reads), the largest score difference, and the rank correlation o
 
 Each dtype's heads file is written as soon as its Stage 1 ends (`<out>/heads-<dtype>.json`, with
 its time and memory beside it), and a run skips a dtype whose file is there: a killed run resumes
-at the dtype it was in, and the two dtypes can run on different machines (copy the files into one
-`--out`). The record is written when both are there. `--reference RUN` takes float32's Stage 1
+at the prompt it was in (each prompt's scores are saved as they are computed, in
+`<out>/state-<dtype>/units.json`), and the two dtypes can run on different machines (copy the files
+into one `--out`). The record is written when both are there. `--reference RUN` takes float32's Stage 1
 from a `juice reproduce` run's folder instead (its `heads.json`, the same exact Stage 1 on the same
 D, resumable per prompt), so the reference is computed once, by the run that needs it anyway.
 
@@ -41,7 +42,7 @@ def _child(model: str, dtype: str, out: Path, threads: int) -> None:
 
     import torch
 
-    from juice.io import StageFiles, write_json_atomic
+    from juice.io import StageFiles, UnitCheckpoint, write_json_atomic
     from juice.models import load_model
     from juice.pipeline.run import ReproduceConfig
     from juice.pipeline.stages import identify_on_domain
@@ -53,7 +54,9 @@ def _child(model: str, dtype: str, out: Path, threads: int) -> None:
     lm.model   # a deferred model loads its weights here
     loaded = time.perf_counter()
     cfg = ReproduceConfig(model=model, dtype=dtype, scoring="exact", device="cpu")
-    artifact = identify_on_domain(lm, cfg, StageFiles(out / f"state-{dtype}"), command="bench_stage1_dtype")
+    state = out / f"state-{dtype}"
+    artifact = identify_on_domain(lm, cfg, StageFiles(state), command="bench_stage1_dtype",
+                                  checkpoint=UnitCheckpoint(state / "units.json", lm.fingerprint()))
     done = time.perf_counter()
     save_heads(artifact, out / f"heads-{dtype}.json")
     write_json_atomic(out / f"cost-{dtype}.json", {

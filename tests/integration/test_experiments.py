@@ -353,13 +353,27 @@ def test_identify_needs_only_d_and_too_few_known_items_name_the_options(tiny_lla
     assert "only 4 development items" in message and "need at least 5" in message and "\n" not in message
     assert "--head-set-size 3" in message and "--data FILE" in message and "another domain" in message
     # `juice identify`'s library call: Stage 1 on those 4 items, the artifact naming its data
+    from juice.io import UnitCheckpoint
     from juice.pipeline.stages import identify_on_domain
 
     cfg = ReproduceConfig(out_dir=tmp_path, domains=("world_capital",), k=2, alphas_positive=(1.0,),
                           alphas_negative=(-1.0,), validation_size=3)   # ignored: identify asks for none
-    artifact = identify_on_domain(tiny_llama, cfg, run_mod.StageFiles(tmp_path / "c"), command="identify")
+    units = UnitCheckpoint(tmp_path / "units.json", tiny_llama.fingerprint())
+    artifact = identify_on_domain(tiny_llama, cfg, run_mod.StageFiles(tmp_path / "c"), command="identify",
+                                  checkpoint=units)
     assert artifact.data == {"folder": "built-in", "domain": "world_capital", "rows": 4}
     assert len(artifact.selection.positive) <= 2 and artifact.model == tiny_llama.fingerprint()
+    # with a checkpoint, every prompt's scores are saved: a second Stage 1 reads them, computes none
+    from juice.engine.backend import JuiceEngine
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a saved prompt was scored again")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(JuiceEngine, "intervention_probs_many", boom)
+        again = identify_on_domain(tiny_llama, cfg, run_mod.StageFiles(tmp_path / "c"), command="identify",
+                                   checkpoint=UnitCheckpoint(tmp_path / "units.json", tiny_llama.fingerprint()))
+    assert again.scores == artifact.scores and again.selection == artifact.selection
 
 
 def test_without_the_filter_the_items_used_still_get_the_preferred_alias(tiny_llama, tmp_path, monkeypatch):

@@ -66,7 +66,8 @@ def identify_heads(
 
 
 def identify_on_domain(lm: LoadedModel, cfg: ReproduceConfig, state: StageFiles, progress: Progress = no_progress,
-                       engine: Engine | None = None, **key: Any) -> HeadsArtifact:
+                       engine: Engine | None = None, checkpoint: UnitCheckpoint | None = None,
+                       **key: Any) -> HeadsArtifact:
     """`juice identify` without a data file: Stage 1 (paper Alg. 2-3) on the D of `cfg`'s head
     domain (World Capital unless `cfg.domains` names another built-in domain, or `cfg.data`'s
     head-finding file), filtered for `lm`. Only D's items need be known (no validation split).
@@ -76,6 +77,8 @@ def identify_on_domain(lm: LoadedModel, cfg: ReproduceConfig, state: StageFiles,
             `validation_size`, `baselines` and `limit` are ignored (0, off, 0).
         state: where the filter's stage files go (keyed on the model, the data and the seed).
         engine: what decodes and scores (:mod:`juice.engine.backend`; None: juice's own engine).
+        checkpoint: where each prompt's scores are saved as soon as they are computed (a killed
+            Stage 1 resumes at its next prompt); None: not saved.
         key: more of the stage keys' common part (e.g. the command).
 
     Returns:
@@ -94,7 +97,7 @@ def identify_on_domain(lm: LoadedModel, cfg: ReproduceConfig, state: StageFiles,
     splits, _, head_domain, _ = prepare_domains(StageRun(lm, cfg, state, progress, engine=engine_or_default(engine)),
                                                 base)
     head_set = splits[head_domain].head_set
-    scores, selection = identify_heads(lm, cfg, head_set, progress, engine=engine)
+    scores, selection = identify_heads(lm, cfg, head_set, progress, checkpoint=checkpoint, engine=engine)
     artifact = make_artifact(lm, scores, selection, cfg.k, "parametric", head_set)
     artifact.data = {"folder": str(cfg.data) if cfg.data else "built-in", "domain": head_domain, "rows": len(head_set)}
     return artifact
