@@ -112,3 +112,28 @@ def test_in_a_browser_the_three_texts_equal_the_apis_for_the_requests_the_page_s
         reply, _ = _post(root + "v1/completions", body)
         assert shown[method] == reply["choices"][0]["text"], method
     assert len({shown["original"], shown["juice"]}) == 2   # the steering reached the page: not one text three times
+
+
+def test_in_a_browser_a_server_without_heads_offers_original_only():
+    """Without a heads file the page says so, draws no steered head and decodes Original alone."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed")
+    if _chromium() is None:
+        pytest.skip("no Chromium here (Debian's package `chromium`; .ci/run installs it; or set JUICE_CHROMIUM)")
+    lm = build_tiny("llama")
+    with serving(create_app(lm, [], model_name="tiny")) as base, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=_chromium(), args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(base.removesuffix("v1"))
+            page.wait_for_selector("body[data-ready=true]", timeout=30_000)
+            assert page.locator("#direction").is_disabled()
+            assert page.locator("#grid td.positive, #grid td.negative").count() == 0
+            assert "no heads file" in page.locator("#grid-note").text_content()
+            page.fill("#prompt", "the capital of france is")
+            page.fill("#max-tokens", "4")
+            page.click("#run")
+            page.wait_for_function("document.querySelectorAll('.output[data-done]').length === 1", timeout=60_000)
+            cards = page.locator(".output").evaluate_all("cs => cs.map(c => [c.dataset.method, c.dataset.done])")
+        finally:
+            browser.close()
+    assert cards == [["original", "ok"]]
