@@ -11,6 +11,22 @@ from pathlib import Path
 from typing import Any
 
 
+def read_jsonl(path: str | Path) -> list[Any]:
+    """The rows of a JSON-lines file, blank lines skipped.
+
+    Raises:
+        ValueError: a line that is not JSON (`<path>:<line>: not JSON (<why>)`).
+    """
+    rows = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{n}: not JSON ({err.msg})") from None
+    return rows
+
+
 def json_text(data: Any) -> str:
     """`data` as :func:`write_json_atomic` writes it (indent 1, UTF-8 kept, anything else by its `str`)."""
     return json.dumps(data, indent=1, ensure_ascii=False, default=str)

@@ -47,12 +47,12 @@ when-to-steer study run every method on them.
 from __future__ import annotations
 
 import ast
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from juice.data.context_types import ContextItem, ContextItems
+from juice.io import read_jsonl
 from juice.text import squad_normalize
 
 STATES: dict[str, str] = {"correction": "C_right_P_wrong", "resistance": "C_wrong_P_right",
@@ -209,17 +209,6 @@ def _passage(line: Mapping) -> str:
     return passage
 
 
-def _jsonl(path: Path) -> list[dict]:
-    rows = []
-    for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if text.strip():
-            try:
-                rows.append(json.loads(text))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path} line {number}: not JSON ({err.msg})") from None
-    return rows
-
-
 def state_files(folder: Path) -> dict[str, dict[str, Path]]:
     """Screened model -> state -> its file, for every model folder under `folder` (the files
     sit in the model's folder or in its `data/`)."""
@@ -258,7 +247,7 @@ def load_tristate(folder: str | Path) -> list[TriStateFact]:
     wrong: dict[str, tuple[str, str]] = {}
     for model, files in state_files(folder).items():
         for state, path in files.items():
-            for line in _jsonl(path):
+            for line in read_jsonl(path):
                 if line.get("assigned_process") != 0:
                     continue
                 fid = line["fact_id"]
@@ -275,7 +264,7 @@ def load_tristate(folder: str | Path) -> list[TriStateFact]:
         path = pool_model / "facts" / f"{answer_type}.jsonl"
         if not path.is_file():
             continue
-        for row in _jsonl(path):
+        for row in read_jsonl(path):
             fid = row["fact_id"]
             wrong_passage, wrong_answer = wrong.get(fid, (None, None))
             facts.append(TriStateFact(fid, row["answer_type"], row["answer"], tuple(row["aliases"]),
@@ -290,7 +279,7 @@ def published_screening(folder: str | Path) -> dict[str, dict]:
     them (a skipped question has no responses and the verdict "skipped")."""
     screening = {}
     for path in sorted(Path(folder).glob("*/facts/*.jsonl")):
-        for row in _jsonl(path):
+        for row in read_jsonl(path):
             screening[row["fact_id"]] = {"responses": _literal(row["responses"]), "votes": row["vote_details"],
                                          "verdicts": row["per_q_verdict"], "prior": row["prior_state"]}
     return screening

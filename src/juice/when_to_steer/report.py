@@ -44,6 +44,7 @@ from juice.when_to_steer.evaluation import (MEAN, TABLES, QuestionBootstrap, con
 from juice.eval.runner import ItemResult, results_to_json
 from juice.recipe import Method
 from juice.eval.tables import AVERAGE, IntervalTable
+from juice.io import read_jsonl
 from juice.models import LoadedModel
 from juice.progress import Progress, no_progress
 from juice.stage1 import HeadsArtifact
@@ -74,14 +75,7 @@ def _read_rows(path: Path) -> list[dict]:
                 if isinstance(row.get(key), str) and "|" in row[key]:
                     row[key] = [a for a in row[key].split("|") if a.strip()]
         return rows
-    rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{n}: not JSON ({err.msg})") from None
-    return rows
+    return read_jsonl(path)
 
 
 def _is_nqswap(path: Path) -> bool:
