@@ -14,6 +14,9 @@ in :mod:`juice.steering`, a baseline in :mod:`juice.baselines`, a choice in :mod
 | `cad` | CAD | Shi et al. 2024, alpha = 1 | a passage (contextual) |
 | `adacad` | AdaCAD | Wang et al. 2025, alpha = JSD in bits | a passage (contextual) |
 | `ckplug` | CK-PLUG | Bi et al., ICLR 2026, adaptive (:mod:`juice.baselines.ckplug`) | a passage (contextual) |
+| `cocoa` | CoCoA | TriState-Bench's version (:mod:`juice.baselines.cocoa`) | a passage (contextual) |
+| `coiecd` | COIECD | Yuan et al. 2024, TriState-Bench's copy (:mod:`juice.baselines.coiecd`) | a passage (contextual) |
+| `grd` | GRD | TriState-Bench's gated reversal decoding (:mod:`juice.baselines.grd`) | a passage (contextual) |
 | `ph3` (`prune`) | PH3 | Jin et al. 2024: zero k heads | heads file with PH3's tuned k, or explicit heads |
 | `june` | JuNE | Alg. 4 (one run) | heads file; betas (tuned, given, else :data:`~juice.steering.DEFAULT_BETAS`) |
 | `juice` | JuICE | Alg. 1 (dual run) | heads file; betas (as JuNE) |
@@ -31,6 +34,9 @@ from typing import Any
 from juice.architectures import HeadGeometry
 from juice.baselines.cad import CadPolicy, jsd_alpha
 from juice.baselines.ckplug import CkPlugPolicy
+from juice.baselines.cocoa import CocoaPolicy
+from juice.baselines.coiecd import CoiecdPolicy
+from juice.baselines.grd import GrdPolicy
 from juice.interventions import Head, HeadSelection
 from juice.models import LoadedModel
 from juice.recipe import Method
@@ -166,6 +172,21 @@ def _ckplug(x: MethodInputs) -> Built:
     return Built(_method(contrast=CkPlugPolicy()), {"mode": "adaptive"})
 
 
+def _cocoa(x: MethodInputs) -> Built:
+    p = CocoaPolicy()
+    return Built(_method(contrast=p), {"global_alpha": p.global_alpha, "gamma": p.gamma, "lambda_pm": p.lambda_pm})
+
+
+def _coiecd(x: MethodInputs) -> Built:
+    p = CoiecdPolicy()
+    return Built(_method(contrast=p), {"alpha": p.alpha, "threshold_ratio": p.threshold_ratio})
+
+
+def _grd(x: MethodInputs) -> Built:
+    p = GrdPolicy()
+    return Built(_method(contrast=p), {"lambda": p.grd_lambda, "gate_mode": p.gate_mode})
+
+
 def _ph3(x: MethodInputs) -> Built:
     if x.pruned is not None:
         heads = list(x.pruned)
@@ -212,6 +233,12 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("adacad", "AdaCAD", _adacad, summary="CAD with alpha = the branches' JSD in bits (Wang et al. 2025)"),
     MethodSpec("ckplug", "CK-PLUG", _ckplug, aliases=("ck-plug",),
                summary="adaptive CK-PLUG: parametric and context logits blended by entropy (Bi et al. 2026)"),
+    MethodSpec("cocoa", "CoCoA", _cocoa,
+               summary="CoCoA as TriState-Bench runs it: greedily, CAD at alpha 0.5 (Jiang et al. 2026)"),
+    MethodSpec("coiecd", "COIECD", _coiecd,
+               summary="CAD on the tokens the context makes likely, the prior elsewhere (Yuan et al. 2024)"),
+    MethodSpec("grd", "GRD", _grd,
+               summary="gated reversal decoding: trust the prior or the context from the first conflict on (Jiang et al. 2026)"),
     MethodSpec("ph3", "PH3", _ph3, aliases=("prune",), protocol=True, heads=True, tuned="k", tune=True,
                steering="scale", request_heads="zero", summary="zero k heads, k tuned on validation (Jin et al. 2024)"),
     MethodSpec("june", "JuNE", _steering("june", "scale"), protocol=True, heads=True, tuned="betas",

@@ -22,6 +22,7 @@ from juice.analysis.knockout import Component, knocked_out
 from juice.baselines.cad import ALPHA, AlphaRule, CadPolicy
 from juice.budget import resolve_max_rows
 from juice.engine.likelihood import continuation_ids, sequence_logits
+from juice.engine.streams import StatefulContrastRule
 from juice.interventions import (
     Head,
     RowPlan,
@@ -119,12 +120,16 @@ def cad_generate_naive(
 def contrast_generate_naive(lm: LoadedModel, prompt: str, question: str, max_new_tokens: int,
                             policy) -> tuple[Tensor, Tensor]:
     """:func:`cad_generate_naive` for any contrast rule (`policy`: with-context logits,
-    question-only logits -> logits; e.g. :class:`juice.baselines.ckplug.CkPlugPolicy`)."""
+    question-only logits -> logits; e.g. :class:`juice.baselines.ckplug.CkPlugPolicy`; a
+    :class:`juice.engine.StatefulContrastRule` gets its state back at each step)."""
     branches = [encode(lm.tokenizer, [text]).input_ids.to(lm.device) for text in (prompt, question)]
-    new, first = [], None
+    new, first, states = [], None, [None]
     for _ in range(max_new_tokens):
         lc, lq = (lm.model(input_ids=ids, use_cache=False).logits[:, -1].float() for ids in branches)
-        adjusted = policy(lc, lq)
+        if isinstance(policy, StatefulContrastRule):
+            adjusted, states = policy.step(lc, lq, states)
+        else:
+            adjusted = policy(lc, lq)
         if first is None:
             first = adjusted[0].softmax(-1).cpu()
         token = adjusted.argmax(-1, keepdim=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -582,3 +583,57 @@ def test_ck_plug_streams_equal_a_naive_run_and_each_stream_alone(tiny_llama):
         torch.testing.assert_close(batch.first_probs[row], first[probes[row]], rtol=0, atol=1e-5)
         alone = generate(lm, texts, [streams[row]], 6)
         assert alone.tokens[0].tolist() == tokens.tolist()
+
+
+@pytest.mark.parametrize("rule", ["cocoa", "coiecd", "grd"])
+def test_tristate_rules_stream_as_a_naive_rerun_and_each_stream_alone(tiny_llama, rule):
+    """CoCoA, COIECD and GRD (TriState-Bench's rules) through the engine, two streams of the
+    rule beside an Original and a CAD stream in one batch, equal a naive re-run of both branches
+    at every step (GRD's gate carried by the engine per stream as by the reference) and each
+    stream alone; the question branch is any text (the benchmark's question-only prompt)."""
+    from juice.baselines.cocoa import CocoaPolicy
+    from juice.baselines.coiecd import CoiecdPolicy
+    from juice.baselines.grd import GrdPolicy
+    from juice.engine import Contrast, Stream, generate
+    from juice.reference import contrast_generate_naive
+
+    policy = {"cocoa": CocoaPolicy(), "coiecd": CoiecdPolicy(), "grd": GrdPolicy(grd_lambda=0.5)}[rule]
+    lm = tiny_llama
+    texts = ["w5 w6 w7 the capital of france is", "answer : the capital of france is",
+             "w9 w8 who wrote the book ?", "answer : who wrote the book ?"]
+    streams = [Stream(0, contrast=Contrast(1, policy)), Stream(0),
+               Stream(2, contrast=Contrast(3, policy)), Stream(2, contrast=Contrast(3, CadPolicy(1.0)))]
+    batch = generate(lm, texts, streams, 8)
+    for row, (p, q) in [(0, (0, 1)), (2, (2, 3))]:
+        tokens, _ = contrast_generate_naive(lm, texts[p], texts[q], 8, policy)
+        assert batch.tokens[row].tolist() == tokens.tolist()
+        assert generate(lm, texts, [streams[row]], 8).tokens[0].tolist() == tokens.tolist()
+
+
+@dataclass(frozen=True)
+class _CountingRule:
+    """A stateful contrast rule whose state counts the stream's steps from `start` and whose
+    token is that count: it tells whether each stream gets its own state back."""
+
+    start: int
+
+    def step(self, with_context, without_context, states):
+        states = [self.start if s is None else s + 1 for s in states]
+        scores = torch.full_like(with_context, -1e9)
+        for r, s in enumerate(states):
+            scores[r, s] = 0.0
+        return scores, states
+
+
+def test_the_engine_keeps_a_stateful_rules_state_per_stream(tiny_llama):
+    """A :class:`juice.engine.StatefulContrastRule` gets back, at each step, the state its stream
+    returned at the previous one (None at the first), each stream its own, however the streams
+    are batched: two streams of one rule and one of another decode their own counts."""
+    from juice.engine import Contrast, StatefulContrastRule, Stream, generate
+
+    assert isinstance(_CountingRule(0), StatefulContrastRule)
+    texts = ["w5 w6 the capital of", "the capital of", "w9 who wrote the book ?", "who wrote"]
+    streams = [Stream(0, contrast=Contrast(1, _CountingRule(3))), Stream(2, contrast=Contrast(3, _CountingRule(3))),
+               Stream(2, contrast=Contrast(1, _CountingRule(10))), Stream(0)]
+    out = generate(tiny_llama, texts, streams, 5)
+    assert [t.tolist() for t in out.tokens[:3]] == [[3, 4, 5, 6, 7], [3, 4, 5, 6, 7], [10, 11, 12, 13, 14]]

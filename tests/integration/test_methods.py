@@ -37,8 +37,8 @@ def test_names_aliases_and_the_request_protocol_come_from_the_table():
     assert steerer.METHODS == ("original", "june", "juice", "auto")
     assert methods.names(tune=True) == ("ph3", "june", "juice")
     assert methods.TUNED_STEERINGS == ("juice", "june")
-    assert [s.title for s in REGISTRY.values()] == ["Original", "Prompt", "CAD", "AdaCAD", "CK-PLUG", "PH3", "JuNE",
-                                                   "JuICE", "auto"]
+    assert [s.title for s in REGISTRY.values()] == ["Original", "Prompt", "CAD", "AdaCAD", "CK-PLUG", "CoCoA", "COIECD",
+                                                   "GRD", "PH3", "JuNE", "JuICE", "auto"]
 
 
 def test_building_a_method_is_the_preset_it_names(tiny_llama):
@@ -56,6 +56,14 @@ def test_building_a_method_is_the_preset_it_names(tiny_llama):
     assert torch.equal(pruned.method.steering.coefficients, Prune(tiny_llama, [juice.Head(0, 1)]).coefficients)
     assert build("adacad", MethodInputs()).method.contrast == CadPolicy(jsd_alpha)
     assert build("cad", MethodInputs()).method.contrast == CadPolicy(1.0)
+    from juice.baselines.cocoa import CocoaPolicy
+    from juice.baselines.coiecd import CoiecdPolicy
+    from juice.baselines.grd import GrdPolicy
+
+    assert build("cocoa", MethodInputs()).method.contrast == CocoaPolicy(0.5, 1.0, 100.0)
+    assert build("coiecd", MethodInputs()).method.contrast == CoiecdPolicy(1.0, 4.0)
+    grd = build("GRD", MethodInputs())
+    assert grd.method.contrast == GrdPolicy(0.75, "full") and grd.settings == {"lambda": 0.75, "gate_mode": "full"}
 
 
 def test_what_a_method_needs_is_refused_before_a_model_loads():

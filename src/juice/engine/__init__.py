@@ -25,8 +25,9 @@ from juice.engine.batch import KV_CACHES, PAD_SLACK, decode_chunks, generate, gr
 from juice.engine.forward import compiled_forward, forward_last, plan_applier
 from juice.engine.session import DecodingSession, StepToken
 from juice.engine.streams import (INSTRUCTED, QUESTION_ALONE, Choice, ChoiceRule, Contrast, ContrastRule, Generation,
-                                  Instructed, QuestionAlone, Stream, row_layout)
+                                  Instructed, QuestionAlone, StatefulContrastRule, Stream, row_layout)
 
-__all__ = ["INSTRUCTED", "Instructed", "QUESTION_ALONE", "Choice", "ChoiceRule", "QuestionAlone", "Contrast", "ContrastRule", "DecodingSession", "Generation", "KV_CACHES", "PAD_SLACK", "StepToken", "Stream",
+__all__ = ["INSTRUCTED", "Instructed", "QUESTION_ALONE", "Choice", "ChoiceRule", "QuestionAlone", "Contrast", "ContrastRule", "DecodingSession", "Generation", "KV_CACHES", "PAD_SLACK", "StatefulContrastRule",
+           "StepToken", "Stream",
            "compiled_forward", "decode_chunks", "forward_last", "generate", "greedy_generate", "length_buckets",
            "plan_applier", "row_layout"]

@@ -44,6 +44,7 @@ verified earlier in the process).
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 
@@ -52,7 +53,8 @@ from torch import Tensor
 
 from juice.architectures import ModelHeads
 import juice.engine.forward as fwd
-from juice.engine.streams import ChoiceRule, ContrastRule, Instructed, QuestionAlone, RowLayout, Stream, row_layout
+from juice.engine.streams import (ChoiceRule, ContrastRule, Instructed, QuestionAlone, RowLayout, StatefulContrastRule,
+                                  Stream, row_layout)
 from juice.interventions import RowPlan, planned_rows
 from juice.models import LoadedModel
 from juice.engine.sampling import penalize_repetition, pick_token
@@ -83,6 +85,7 @@ class _Live:
     preset: int | None = None           # a choice made from the request's structure (no passage)
     instructed_ids: list[int] | None = None   # a choice's instructed prompt (Instructed candidate)
     instructed_key: Hashable | None = None
+    contrast_state: Any = None          # a stateful contrast rule's state (GRD's gate), None before its first step
 
     @property
     def rows(self) -> int:
@@ -335,7 +338,12 @@ class DecodingSession:
         for rule, rs in by_rule.items():
             ks = torch.tensor(rs, device=device)
             question = self.lm.logits(hidden[torch.tensor([question_rows[r] for r in rs], device=device)]).float()
-            logits[ks] = rule(logits[ks], question)
+            if isinstance(rule, StatefulContrastRule):   # GRD: one state per stream, carried across steps
+                logits[ks], states = rule.step(logits[ks], question, [streams[r].contrast_state for r in rs])
+                for r, state in zip(rs, states):
+                    streams[r].contrast_state = state
+            else:
+                logits[ks] = rule(logits[ks], question)
         wanted = [r for r, s in enumerate(streams) if s.logprobs is not None and not s.finished]
         raw = logits[wanted].log_softmax(-1) if wanted else None   # [len(wanted), vocab]
         if any(s.seen is not None for s in streams):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -31,6 +32,21 @@ ContrastRule = Callable[[Tensor, Tensor], Tensor]
 `r` of the inputs only."""
 
 
+@runtime_checkable
+class StatefulContrastRule(Protocol):
+    """A contrast rule that remembers, per stream, what it decided at earlier steps (GRD's gate,
+    :class:`juice.baselines.grd.GrdPolicy`): the engine keeps one state per stream, None before
+    the stream's first step, and passes it back at the next.
+
+    `step(prompt logits, question logits, states)` takes `[rows, vocab]` logits and one state per
+    row, and returns (`[rows, vocab]` logits to choose the next tokens from, the rows' new
+    states); row `r` of the result may depend on row `r` of the inputs and state `r` only.
+    """
+
+    def step(self, with_context: Tensor, without_context: Tensor, states: list[Any]
+             ) -> tuple[Tensor, list[Any]]: ...
+
+
 @dataclass(frozen=True)
 class Contrast:
     """A contrastive decoding policy of a :class:`Stream`: the stream decodes two unmodified rows
@@ -42,11 +58,12 @@ class Contrast:
 
     Attributes:
         question: index of the second prompt (CAD: the question without its context).
-        rule: a :data:`ContrastRule` (hashable: the streams are grouped by it).
+        rule: a :data:`ContrastRule`, or a :class:`StatefulContrastRule` (hashable: the streams
+            are grouped by it).
     """
 
     question: int
-    rule: ContrastRule
+    rule: "ContrastRule | StatefulContrastRule"
 
 
 @dataclass(frozen=True)
@@ -397,4 +414,4 @@ def _decoding_layout(rows: _Rows, streams: Sequence[Stream], prompt_keys: Sequen
 
 
 __all__ = ["INSTRUCTED", "QUESTION_ALONE", "Choice", "ChoiceRule", "Contrast", "ContrastRule", "Generation", "Instructed", "QuestionAlone", "RowLayout",
-           "Stream", "join_layer", "row_layout"]
+           "StatefulContrastRule", "Stream", "join_layer", "row_layout"]

@@ -21,7 +21,8 @@ def evaluate(
     heads: list[Path] = typer.Option([], exists=True, dir_okay=False, help=(
         "a heads file (needed for juice, june, ph3); with --contexts one per direction (repeat)")),
     methods: Optional[str] = typer.Option(None, help=(
-        "comma-separated: original, prompt, juice, june, cad, adacad, ckplug (rows need question), ph3 (after "
+        "comma-separated: original, prompt, juice, june, cad, adacad, ckplug, cocoa, coiecd, grd (rows need "
+        "question), ph3 (after "
         "`juice tune --methods ph3`), auto (with --contexts, after `juice tune --methods auto`); default original,"
         "prompt,juice,june (with --contexts: original,prompt,cad,adacad,ckplug,june,juice, and ph3 and auto where a "
         "heads file holds them)")),
