@@ -126,6 +126,24 @@ def margin_at(lm, rule, x: dict, ids: list[int], step: int) -> float:
     return float(top[0] - top[1])
 
 
+TITLES = {"cad": "CAD (alpha 1)", "adacad": "AdaCAD, juice's (JSD in bits)", "adacad-nats": "AdaCAD, JSD in nats",
+          "cocoa": "CoCoA", "coiecd": "COIECD", "grd": "GRD"}
+
+
+def parity_markdown(record: dict) -> str:
+    """The record's table: per method and state, the outputs equal to theirs out of n, and the
+    largest margin at a first difference (juice's rule's top-two gap there)."""
+    states = list(next(iter(record["results"].values())))
+    lines = ["| method | " + " | ".join(states) + " | largest margin where they differ |",
+             "|---|" + "---|" * len(states) + "---|"]
+    for name, per_state in record["results"].items():
+        margins = [d["margin"] for r in per_state.values() for d in r["differ"] if d["margin"] is not None]
+        widest = f"{max(margins):.2g}" if margins else "(none differ)"
+        lines.append(f"| {TITLES.get(name, name)} | " + " | ".join(
+            f"{r['equal']}/{r['n']}" for r in per_state.values()) + f" | {widest} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--theirs", type=Path, required=True, help="a checkout holding their methods/ package")

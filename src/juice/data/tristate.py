@@ -221,6 +221,12 @@ def state_files(folder: Path) -> dict[str, dict[str, Path]]:
     return found
 
 
+def is_tristate_folder(folder: str | Path) -> bool:
+    """`folder` is TriState-Bench's `data/TriState/` (a model folder in it holds `facts/*.jsonl`)."""
+    folder = Path(folder)
+    return folder.is_dir() and any(folder.glob("*/facts/*.jsonl"))
+
+
 def load_tristate(folder: str | Path) -> list[TriStateFact]:
     """The pool of facts, each with the passages some screened model's files hold.
 
@@ -332,5 +338,5 @@ def build_states(facts: Sequence[TriStateFact], priors: Mapping[str, str]) -> di
 
 
 __all__ = ["ANSWER_TYPES", "PRIORS", "SAMPLES", "STATES", "TriStateFact", "TriStateItem", "build_states",
-           "context_items", "context_prompt", "gaps_label", "load_tristate", "published_screening", "question_prompt",
+           "context_items", "context_prompt", "gaps_label", "is_tristate_folder", "load_tristate", "published_screening", "question_prompt",
            "question_verdict", "questions_to_ask", "state_files", "vote"]

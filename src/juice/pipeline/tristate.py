@@ -19,18 +19,31 @@ Not published by the benchmark, chosen here (docs: the module docstring of
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from juice.data.tristate import (SAMPLES, TriStateFact, gaps_label, question_prompt, question_verdict,
-                                 questions_to_ask, vote)
+from juice.data.context_types import ContextItem
+from juice.data.metrics import is_correct
+from juice.data.tristate import (SAMPLES, STATES, TriStateFact, TriStateItem, build_states, context_items, gaps_label,
+                                 question_prompt, question_verdict, questions_to_ask, vote)
 from juice.engine import Stream, generate
 from juice.engine.sampling import Sampling
+from juice.eval.degeneration import is_degenerate
+from juice.eval.runner import ItemResult
+from juice.eval.stats import bootstrap_interval, paired_difference_interval
 from juice.io import UnitCheckpoint
 from juice.models import LoadedModel
 from juice.progress import Progress, no_progress
+from juice.stage1 import HeadsArtifact
 from juice.steering import ORIGINAL
+from juice.text import first_line_match
+from juice.methods import REGISTRY, UNSTEERED
+from juice.when_to_steer.evaluation import QUESTION_ONLY, evaluate_context_types, question_only_results, result_id
+from juice.when_to_steer.auto_tuning import candidate_methods, tune_auto
+from juice.when_to_steer.report import context_methods
 
 MAX_NEW_TOKENS = 32
 """New tokens per screening response (the benchmark's evaluation budget; its screening's is not published)."""
@@ -123,4 +136,260 @@ def screening_counts(records: dict[str, dict], facts: Sequence[TriStateFact]) ->
     return {**counts(list(records)), "by_type": by_type}
 
 
-__all__ = ["MAX_NEW_TOKENS", "sample_seed", "screen", "screening_counts"]
+STATE_CHUNK = 50
+"""Facts per checkpointed unit of the measurement (:func:`measure`)."""
+
+
+def measure(lm: LoadedModel, states: Mapping[str, Sequence[TriStateItem]], artifacts: Sequence[HeadsArtifact],
+            names: Sequence[str], *, chunk: int = STATE_CHUNK, checkpoint: str | Path | None = None,
+            max_rows: int | str = 64, progress: Progress = no_progress) -> tuple[list[ContextItem], list[ItemResult]]:
+    """Every method of `names` on a model's three states (:func:`juice.data.tristate.build_states`),
+    decoded as juice's context-type evaluation decodes them
+    (:func:`juice.when_to_steer.evaluation.evaluate_context_types`: the benchmark's prompt, its
+    question-only prompt as the contrastive methods' second branch, greedy, 32 new tokens), plus
+    "Question-only" (Original's output on the fact's question alone, scored in each state).
+
+    Args:
+        states: state -> its items.
+        artifacts: heads files, at most one per direction (JuNE, JuICE, PH3 and auto read them).
+        names: method names of :data:`juice.methods.REGISTRY`.
+        chunk: facts per unit of work; each unit's results are saved to `checkpoint` as it ends,
+            keyed on the model, the methods' settings and the unit's facts, so a killed run
+            resumes at its next unit.
+
+    Returns:
+        (the context-type items, one :class:`~juice.eval.runner.ItemResult` per item and method).
+
+    Raises:
+        ValueError: as :func:`juice.when_to_steer.report.context_methods`.
+    """
+    items = context_items(states, none=True).items
+    methods, settings = context_methods(lm, artifacts, names)
+    units = None if checkpoint is None else UnitCheckpoint(
+        checkpoint, {"model": lm.fingerprint(), "methods": sorted(methods), "settings": settings})
+    facts = list(dict.fromkeys(i.uid for i in items))
+    original = REGISTRY[UNSTEERED].title
+    stated = sum(i.context_type != "none" for i in items)
+    advance = progress(f"TriState: {len(methods)} methods x {stated} items", len(methods) * stated + len(items) - stated)
+    results: list[ItemResult] = []
+    for start in range(0, len(facts), chunk):
+        ids = set(facts[start:start + chunk])
+        part = [i for i in items if i.uid in ids]
+        unit = UnitCheckpoint.unit_id([result_id(i) for i in part])
+        saved = None if units is None else units.get(unit)
+        if saved is None:
+            stated = [i for i in part if i.context_type != "none"]
+            alone = [i for i in part if i.context_type == "none"]   # Original only: Question-only's outputs
+            got = evaluate_context_types(lm, stated, methods, max_rows=max_rows, on_progress=advance)
+            if original in methods and alone:
+                got += evaluate_context_types(lm, alone, {original: methods[original]}, max_rows=max_rows,
+                                              on_progress=advance)
+            saved = [dataclasses.asdict(r) for r in got]
+            if units is not None:
+                units.put(unit, saved)
+        else:
+            advance(sum(len(methods) if i.context_type != "none" else 1 for i in part))
+        results += [ItemResult(**r) for r in saved]
+    if original in methods:
+        results += question_only_results([i for i in items if i.context_type != "none"], results, original=original,
+                                         name=QUESTION_ONLY)
+    return items, results
+
+
+def state_table(items: Sequence[ContextItem], results: Sequence[ItemResult], *, resamples: int = 2000,
+                seed: int = 0) -> dict[str, dict[str, dict]]:
+    """Each state's score per method: the benchmark's exact match (the first line equal to an
+    alias after SQuAD's normalization, :func:`juice.text.first_line_match`, against the true
+    answer in every state), juice's first-words rule beside it (an alias in the first 5 words,
+    :func:`juice.data.metrics.is_correct`), the share of degenerate outputs
+    (:func:`juice.eval.degeneration.is_degenerate`), each with its 95% bootstrap interval over
+    the state's facts (one item a fact).
+
+    Returns:
+        state -> method -> {"em", "first_words", "degenerate"}: interval JSON (fractions),
+        plus "facts": [fact id] and "em_by_fact": [0 | 1] in that order (for paired comparisons).
+    """
+    state_of = {result_id(i): i.variant for i in items if i.context_type != "none"}
+    answers = {result_id(i): i.memory_answers for i in items}
+    table: dict[str, dict[str, dict]] = {}
+    for r in results:
+        state = state_of.get(r.item)
+        if state is None:
+            continue
+        row = table.setdefault(state, {}).setdefault(r.method, {"facts": [], "em": [], "fw": [], "deg": []})
+        row["facts"].append(r.subject)
+        row["em"].append(first_line_match(r.output, answers[r.item]))
+        row["fw"].append(is_correct(r.output, answers[r.item]))
+        row["deg"].append(is_degenerate(r.output))
+    out: dict[str, dict[str, dict]] = {}
+    for state in (s for s in STATES if s in table):
+        out[state] = {}
+        for method, row in table[state].items():
+            order = sorted(range(len(row["facts"])), key=lambda k: row["facts"][k])
+            def interval(key: str) -> dict:
+                return bootstrap_interval([row[key][k] for k in order], resamples=resamples, seed=seed).to_json()
+            out[state][method] = {"em": interval("em"), "first_words": interval("fw"), "degenerate": interval("deg"),
+                                  "facts": [row["facts"][k] for k in order],
+                                  "em_by_fact": [int(row["em"][k]) for k in order]}
+    return out
+
+
+def verdict(table: Mapping[str, Mapping[str, Mapping]], *, against: Sequence[str] = ("GRD",), resamples: int = 2000,
+            seed: int = 0) -> dict:
+    """What the measurement says (issue 90): per state the best method by exact match and the
+    methods whose paired 95% interval of the difference with it includes 0 ("within"); the
+    methods within on every state; and each method's paired difference with `against` (GRD)
+    per state.
+
+    Raises:
+        ValueError: a state whose methods were scored on different facts.
+    """
+    out: dict[str, Any] = {"best": {}, "within": {}, "versus": {}}
+    for state, rows in table.items():
+        facts = {m: tuple(r["facts"]) for m, r in rows.items()}
+        if len(set(facts.values())) > 1:
+            raise ValueError(f"{state}: methods were scored on different facts")
+        best = max(rows, key=lambda m: (rows[m]["em"]["mean"] or 0.0, m))
+        out["best"][state] = best
+        out["within"][state] = sorted(m for m in rows if m == best or paired_difference_interval(
+            rows[m]["em_by_fact"], rows[best]["em_by_fact"], resamples=resamples, seed=seed).high >= 0)
+        for ref in against:
+            if ref not in rows:
+                continue
+            for m in rows:
+                if m != ref:
+                    out["versus"].setdefault(f"{m} - {ref}", {})[state] = paired_difference_interval(
+                        rows[m]["em_by_fact"], rows[ref]["em_by_fact"], resamples=resamples, seed=seed).to_json()
+    common = set.intersection(*(set(w) for w in out["within"].values())) if out["within"] else set()
+    out["within_every_state"] = sorted(common)
+    return out
+
+
+VALIDATION_SHARE = 1 / 3
+"""The share of facts `auto` is tuned on (:func:`fact_split`); the rest are scored."""
+
+DEFAULT_METHODS = ("original", "prompt", "cad", "adacad", "ckplug", "cocoa", "coiecd", "grd", "june", "juice")
+"""What :func:`run_benchmark` decodes by default (and `auto`, tuned on the validation facts)."""
+
+
+def fact_split(fact_id: str, share: float = VALIDATION_SHARE, seed: int = 0) -> str:
+    """"validation" or "test": a fact's half, by a hash of the seed and its id (so it does not
+    depend on the model, its labels or the other facts)."""
+    digest = hashlib.sha256(f"{seed}/{fact_id}".encode()).digest()
+    return "validation" if int.from_bytes(digest[:8], "little") / 2 ** 64 < share else "test"
+
+
+def run_benchmark(lm: LoadedModel, facts: Sequence[TriStateFact], artifacts: Sequence[HeadsArtifact], out: str | Path,
+                  *, names: Sequence[str] = DEFAULT_METHODS, auto: bool = True, priors: Mapping[str, str] | None = None,
+                  share: float = VALIDATION_SHARE, seed: int = 0, limit: int | None = None, chunk: int = STATE_CHUNK,
+                  max_rows: int | str = 64, resamples: int = 2000, progress: Progress = no_progress) -> dict[str, Any]:
+    """TriState-Bench on one model, end to end (issue 90): its GAPS screening (:func:`screen`, the
+    facts with a passage), its three states (:func:`juice.data.tristate.build_states`), the facts
+    split by :func:`fact_split`, `auto` tuned on the validation facts' items
+    (:func:`juice.when_to_steer.auto_tuning.tune_auto`, into the parametric heads file, in
+    memory), and every method scored on the test facts (:func:`measure`, :func:`state_table`,
+    :func:`verdict`). Every stage is saved under `out` as it ends (the screening per round and
+    chunk of facts, auto's policy, the measurement per chunk): a killed run resumes.
+
+    Args:
+        facts: the pool (:func:`juice.data.tristate.load_tristate`).
+        artifacts: heads files, one per direction at most; auto is tuned into the parametric one
+            (its `tuned` replaced: pass a copy to keep yours).
+        names: methods of :data:`juice.methods.REGISTRY` (auto: set `auto`).
+        priors: fact id -> GAPS label, to skip the screening (a screening record's labels).
+        limit: the first N test (and validation) facts of each state only.
+
+    Returns:
+        {"counts" (the screening's, :func:`screening_counts`; None with `priors`), "states"
+        (per state: facts in all, validation, test), "auto" (the tuned policy), "table"
+        (:func:`state_table`), "verdict" (:func:`verdict`), "facts" (per state, the test facts in
+        the table's order)}.
+
+    Raises:
+        ValueError: no parametric heads file while `auto` is set; what :func:`measure` raises.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    counts = None
+    if priors is None:
+        screened = [f for f in facts if f.right_passage is not None]
+        records: dict[str, dict] = {}
+        for start in range(0, len(screened), 200):
+            records.update(screen(lm, screened[start:start + 200], seed=seed, max_rows=max_rows, progress=progress,
+                                  checkpoint=out / "screening" / f"chunk-{start // 200:03d}.json"))
+        priors = {fid: r["prior"] for fid, r in records.items()}
+        counts = screening_counts(records, screened)
+    states = build_states(facts, priors)
+    halves = {s: {h: [i for i in items if fact_split(i.fact.fact_id, share, seed) == h][:limit]
+                  for h in ("validation", "test")} for s, items in states.items()}
+    names = list(names)
+    policy = None
+    if auto:
+        target = next((a for a in artifacts if str(a.direction) == "parametric"), None)
+        if target is None:
+            raise ValueError("auto is tuned into the parametric heads file: give one (or leave auto out)")
+        scope = {"model": lm.fingerprint(), "heads": target.to_json(), "share": share, "seed": seed, "limit": limit}
+        fits = UnitCheckpoint(out / "auto.json", scope)   # another model, heads file or split: tuned again
+        if fits.get("auto") is None:
+            tuning = context_items({s: h["validation"] for s, h in halves.items()}, none=True).items
+            tune_auto(lm, target, tuning, max_rows=max_rows,
+                      where={"source": "tristate", "split": "validation", "share": share, "seed": seed},
+                      on_progress=progress(f"auto: tuning on {len(tuning)} validation items",
+                                           len(candidate_methods(lm, target)) * len(tuning)))
+            fits.put("auto", dict(target.tuned.auto))
+        target.tuned = target.tuned.with_record("auto", fits.get("auto"))
+        policy = dict(target.tuned.auto)
+        names.append("auto")
+    items, results = measure(lm, {s: h["test"] for s, h in halves.items()}, artifacts, names, chunk=chunk,
+                             checkpoint=out / "measurement.json", max_rows=max_rows, progress=progress)
+    table = state_table(items, results, resamples=resamples, seed=seed)
+    return {"counts": counts,
+            "states": {s: {"all": len(v), "validation": len(halves[s]["validation"]), "test": len(halves[s]["test"])}
+                       for s, v in states.items()},
+            "auto": policy, "table": table, "verdict": verdict(table, resamples=resamples, seed=seed),
+            "facts": {s: next(iter(rows.values()))["facts"] for s, rows in table.items()}}
+
+
+def benchmark_markdown(result: Mapping[str, Any]) -> str:
+    """The result's table: per method, each state's exact match (%, 95% interval) and the share of
+    degenerate outputs; a row per method in the table's order; n facts in each header."""
+    table = result["table"]
+    states = list(table)
+    methods = list(dict.fromkeys(m for rows in table.values() for m in rows))
+
+    def cell(row: Mapping | None, key: str) -> str:
+        if row is None or row[key]["n"] == 0:
+            return "–"
+        c = row[key]
+        return f"{100 * c['mean']:.1f} [{100 * c['low']:.1f}, {100 * c['high']:.1f}]"
+
+    header = " | ".join(f"{s} EM (n={next(iter(table[s].values()))['em']['n']})" for s in states)
+    lines = [f"| method | {header} | degenerate, % ({', '.join(states)}) |", "|---|" + "---|" * (len(states) + 1)]
+    for m in methods:
+        deg = ", ".join("–" if m not in table[s] else f"{100 * table[s][m]['degenerate']['mean']:.0f}" for s in states)
+        lines.append(f"| {m} | " + " | ".join(cell(table[s].get(m), "em") for s in states) + f" | {deg} |")
+    return "\n".join(lines)
+
+
+def verdict_markdown(result: Mapping[str, Any], against: str = "GRD") -> str:
+    """The verdict in sentences: each state's best method by exact match and those within its
+    interval, the methods within on every state, and JuICE's, JuNE's and auto's rows against
+    `against` (paired differences in points with their 95% intervals)."""
+    v = result["verdict"]
+    lines = [f"- {state}: best {best}; within its interval: {', '.join(v['within'][state])}"
+             for state, best in v["best"].items()]
+    every = ", ".join(v["within_every_state"]) or "none"
+    lines.append(f"- within the best's interval on every state: {every}")
+    for name, per_state in v["versus"].items():
+        if not name.startswith(("JuICE", "JuNE", "auto")) or not name.endswith(f" - {against}"):
+            continue
+        cells = "; ".join(f"{state} {100 * c['mean']:+.1f} [{100 * c['low']:+.1f}, {100 * c['high']:+.1f}]"
+                          for state, c in per_state.items())
+        lines.append(f"- {name}: {cells}")
+    return "\n".join(lines)
+
+
+__all__ = ["DEFAULT_METHODS", "MAX_NEW_TOKENS", "STATE_CHUNK", "VALIDATION_SHARE", "benchmark_markdown", "fact_split",
+           "verdict_markdown",
+           "measure", "run_benchmark", "sample_seed", "screen", "screening_counts", "state_table",
+           "verdict"]

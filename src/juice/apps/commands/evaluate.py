@@ -1,4 +1,5 @@
-"""`juice evaluate`: methods on your test rows, or on context types (`--contexts`, `--study`)."""
+"""`juice evaluate`: methods on your test rows, on context types (`--contexts`, `--study`), or on
+TriState-Bench (`--data` its folder)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def evaluate(
     data: Optional[Path] = typer.Option(None, exists=True, help=(
         "test rows (the formats of `juice tune --data`); with --contexts: an NQ-Swap file or folder, your own "
         "JSONL/CSV rows (question, context, answer, optional context_answer), a ParaConflict JSON file or the "
-        "authors' folder of domains (absent: the built-in domains)")),
+        "authors' folder of domains (absent: the built-in domains); TriState-Bench's data/TriState/ folder: "
+        "that benchmark, screened for the model (docs/tristate.md; resumable in --out)")),
     heads: list[Path] = typer.Option([], exists=True, dir_okay=False, help=(
         "a heads file (needed for juice, june, ph3); with --contexts one per direction (repeat)")),
     methods: Optional[str] = typer.Option(None, help=(
@@ -30,7 +32,8 @@ def evaluate(
     beta_plus: Optional[float] = typer.Option(None, help="override the heads file's tuned beta+"),
     beta_minus: Optional[float] = typer.Option(None, help="override the heads file's tuned beta-"),
     limit: Optional[int] = typer.Option(None, min=1, help="evaluate the first N rows (with --contexts: items per "
-                                                           f"source, default {CONTEXT_LIMIT}) only"),
+                                                           f"source, default {CONTEXT_LIMIT}; TriState-Bench: facts "
+                                                           "per state and half) only"),
     full: bool = typer.Option(False, "--full", help="with --contexts: every item and every prompt length"),
     max_prompt_tokens: int = typer.Option(256, help="with --contexts: drop items whose prompts are longer "
                                                     "(NQ-Swap's table passages), unless --full"),
@@ -71,6 +74,8 @@ def evaluate(
             --methods original,prompt,juice,june,cad
         juice evaluate --contexts gold,conflicting,irrelevant,none \\
             --data nqswap/ --heads heads_contextual.json
+        juice evaluate --data conflict-aware-decoding/data/TriState \\
+            --limit 20
     """
     if study and engine != "juice":
         raise typer.BadParameter("--study fits auto, which decides per request from a second, question-only "
@@ -87,8 +92,52 @@ def evaluate(
                            out, model, device, None if full else max_prompt_tokens, split, validation, engine,
                            vllm_arg)
         return
+    from juice.data.tristate import is_tristate_folder
+
+    if data is not None and is_tristate_folder(data):
+        if engine != "juice":
+            raise typer.BadParameter("TriState-Bench tunes auto and runs GRD, which juice's engine decodes: drop "
+                                     "--engine vllm", param_hint="--engine")
+        _evaluate_tristate(data, heads, methods, limit, out, model, device)
+        return
     _evaluate_rows(data, heads, methods, direction, beta_plus, beta_minus, limit, out, model, device, engine,
                    vllm_arg)
+
+
+def _evaluate_tristate(data: Path, heads: list[Path], methods: Optional[str], limit: Optional[int], out: Path,
+                       model: str, device: str) -> None:
+    """`juice evaluate --data <TriState-Bench's data/TriState/>` (:func:`juice.pipeline.tristate.run_benchmark`)."""
+    from juice.data.tristate import load_tristate
+    from juice.io import write_json_atomic
+    from juice.methods import lookup
+    from juice.models import load_model
+    from juice.pipeline.tristate import DEFAULT_METHODS, benchmark_markdown, run_benchmark, verdict_markdown
+    from juice.stage1 import load_heads
+    from juice.stage1.shipped import shipped_heads
+
+    try:   # bad input fails before the model loads
+        facts = load_tristate(data)
+        names = [lookup(m).name for m in (methods.split(",") if methods else [*DEFAULT_METHODS, "auto"]) if m.strip()]
+    except (ValueError, FileNotFoundError) as err:
+        raise typer.BadParameter(str(err), param_hint="--methods" if "method" in str(err) else "--data") from None
+    for path in heads:
+        load_heads(path)
+    lm = load_model(model, device=device)
+    needs_heads = any(lookup(n).heads for n in names)
+    artifacts = ([load_heads(p, lm) for p in heads] if heads or not needs_heads
+                 else [shipped_heads(lm, d) for d in ("parametric", "contextual")])
+    try:
+        with progress() as task:
+            result = run_benchmark(lm, facts, artifacts, out / "state", names=[n for n in names if n != "auto"],
+                                   auto="auto" in names, limit=limit, progress=task)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--heads") from None
+    report = (f"# TriState-Bench on {lm.name}\n\nExact match, % [95% interval], on the test facts; "
+              f"degenerate outputs, %.\n\n{benchmark_markdown(result)}\n\n{verdict_markdown(result)}\n")
+    write_json_atomic(out / "tristate.json", result)
+    (out / "tristate.md").write_text(report, encoding="utf-8")
+    console.print(report)
+    console.print(f"wrote {out / 'tristate.json'}, {out / 'tristate.md'}")
 
 
 def _evaluate_rows(data: Optional[Path], heads: list[Path], methods: Optional[str], direction: Optional[str],

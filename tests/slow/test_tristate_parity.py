@@ -1,0 +1,51 @@
+"""juice's CAD, AdaCAD, CoCoA, COIECD and GRD against TriState-Bench's own implementations, replayed
+from the committed reference (benchmarks/results/tristate-parity-gemma-3-270m.json, written by
+benchmarks/tristate_parity.py from their code, which this test does not need): on the embedded
+Gemma 3 270M, every input whose output the record found equal to theirs is still equal, and
+every difference the record explains is the same one."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORD = ROOT / "benchmarks" / "results" / "tristate-parity-gemma-3-270m.json"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+@pytest.fixture(scope="module")
+def record() -> dict:
+    if not RECORD.is_file():
+        pytest.skip(f"{RECORD.name} is not committed")
+    return json.loads(RECORD.read_text(encoding="utf-8"))
+
+
+def test_juice_still_gives_their_outputs_where_the_record_says_it_does(record, real_model, shared_data):
+    import tristate_parity as parity
+
+    from juice.data.tristate import state_files
+
+    lm = real_model
+    assert record["fingerprint"] == json.loads(json.dumps(lm.fingerprint(), default=str))
+    files = state_files(shared_data / "tristate")[record["inputs"]["folder"]]
+    inputs = {s: parity.read_inputs(path, record["inputs"]["per_state"]) for s, path in files.items()}
+    for state, xs in inputs.items():
+        assert [x["index"] for x in xs] == record["inputs"]["indices"][state]
+    eos = {lm.tokenizer.eos_token_id, *([lm.model.generation_config.eos_token_id]
+                                        if isinstance(lm.model.generation_config.eos_token_id, int)
+                                        else lm.model.generation_config.eos_token_id or [])}
+    for name, rule in parity.juice_rules().items():
+        method = "adacad" if name == "adacad-nats" else name
+        for state, xs in inputs.items():
+            ids = parity.juice_tokens(lm, rule, xs, eos)
+            texts = [parity.text_of(lm.tokenizer, t) for t in ids]
+            differ = {d["index"]: d for d in record["results"][name][state]["differ"]}
+            for x, got, want in zip(xs, texts, record["reference"][method][state]):
+                if x["index"] in differ:
+                    assert got == differ[x["index"]]["juice"], (name, state, x["index"])
+                else:
+                    assert got == want, (name, state, x["index"])
