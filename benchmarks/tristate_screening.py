@@ -3,6 +3,8 @@ state can use (those with a passage in the published files) labelled by the mode
 (:func:`juice.pipeline.tristate.screen`), the label counts in the published `summary.json`'s shape,
 and how many facts land in each state (:func:`juice.data.tristate.build_states`).
 
+The facts with both passages (those every state can use: 696) are screened first, then those
+with the right passage only (correction's other candidates), each group in the pool's order.
 Facts are screened in chunks of `--chunk`, each chunk's rounds checkpointed under `--out`: a
 killed run resumes at its next round, and the labels do not depend on the chunking (each
 sample's seed is its fact's, paraphrase's and rank's). The record holds every fact's label and
@@ -33,7 +35,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-rows", default="64")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--limit", type=int, default=0, help="the first N facts only (a smoke run)")
+    parser.add_argument("--limit", type=int, default=0, help="the first N facts only (696: those with both passages)")
     parser.add_argument("--record", type=Path, default=None)
     args = parser.parse_args()
     source = git_state()
@@ -47,7 +49,9 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    facts = [f for f in load_tristate(args.data) if f.right_passage is not None][:args.limit or None]
+    pool = [f for f in load_tristate(args.data) if f.right_passage is not None]
+    # the facts every state can use (both passages) first: `--limit 696` screens exactly those
+    facts = sorted(pool, key=lambda f: f.wrong_passage is None)[:args.limit or None]
     lm = load_model(args.model, device="cpu")
     max_rows = args.max_rows if args.max_rows == "auto" else int(args.max_rows)
     args.out.mkdir(parents=True, exist_ok=True)
