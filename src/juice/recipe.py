@@ -1,5 +1,5 @@
 """The recipe one row of a table, or one request, is decoded with: a head steering, or a
-contrastive decoding rule (CAD, AdaCAD, CK-PLUG), or the Prompt baseline's instruction, or auto's
+contrastive decoding rule (CAD, AdaCAD, CK-PLUG, CoCoA, COIECD, GRD), or the Prompt baseline's instruction, or auto's
 per-request choice (:class:`Method`). The method registry (:mod:`juice.methods`) builds one per
 method; the evaluation (:mod:`juice.eval.runner`), the context-type study and auto run them.
 """
@@ -18,7 +18,7 @@ class Method:
 
     How it decodes is one of three runs (:attr:`decoding`): its head steering's single or dual run
     (:class:`~juice.steering.Steering`: Original, JuNE, PH3's pruning run once, JuICE twice), a
-    contrastive stream (`contrast`: CAD, AdaCAD, CK-PLUG), or auto's per-request choice (`choice`).
+    contrastive stream (`contrast`: CAD, AdaCAD, CK-PLUG, CoCoA, COIECD, GRD), or auto's per-request choice (`choice`).
 
     Attributes:
         steering: head steering during decoding (Original, JuNE, JuICE, PH3 pruning).
@@ -49,13 +49,14 @@ class Method:
         if self.instruction not in (None, "parametric", "contextual"):
             raise ValueError(f"instruction must be parametric or contextual, not {self.instruction!r}")
         if self.contrast is not None and self.steering.steers:
-            raise ValueError("CAD, AdaCAD and CK-PLUG decode the unsteered model; the steering would be ignored")
+            raise ValueError("a contrastive method (CAD, AdaCAD, CK-PLUG, CoCoA, COIECD, GRD) decodes the unsteered "
+                             "model; the steering would be ignored")
         if self.choice is not None and (self.contrast is not None or self.steering.steers):
             raise ValueError("a choosing method (auto) takes no steering and no contrast of its own")
 
     @property
     def decoding(self) -> str:
-        """How it decodes: "choice" (auto), "contrastive stream" (CAD, AdaCAD, CK-PLUG), "dual run"
+        """How it decodes: "choice" (auto), "contrastive stream" (CAD and the other contrastive methods), "dual run"
         (JuICE, Alg. 1) or "single run" (Original, Prompt, JuNE, PH3's pruning)."""
         if self.choice is not None:
             return "choice"

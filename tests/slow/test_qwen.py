@@ -28,3 +28,35 @@ def test_the_embedded_qwen_loads_checked_and_resists_a_conflicting_context():
     assert "Paris" in steerer.generate("The capital of France is", max_new_tokens=4)[0]
     assert steerer.generate("The capital of France is Rome. The capital of France is", max_new_tokens=3)[0].startswith(
         " Paris")
+
+
+def test_vllm_serves_the_embedded_qwen_with_juice_generates_tokens(tmp_path):
+    """Issue 89, item 5: the vLLM plugin steers the embedded Qwen (Qwen2, GQA 6:1): greedy tokens
+    for Original, JuNE and JuICE in both directions and PH3 equal juice's own `generate`, in one
+    mixed batch and each request alone (compiled, prefix caching on). The heads are a fixed
+    choice of each kind, not tuned ones: the test is the two engines' agreement."""
+    from helpers.vllm import VLLM_PYTHON, equality_case
+
+    if VLLM_PYTHON is None:
+        pytest.skip("no vLLM environment (run scripts/install-vllm.sh, or set JUICE_VLLM_PYTHON)")
+    import juice
+    from juice.interventions import Head, HeadSelection
+    from juice.models import cache_dir
+
+    lm = juice.load_model("qwen2.5-coder-1.5b", device="cpu")
+    folder = cache_dir() / "models" / "qwen2.5-coder-1.5b"
+    assert (folder / "config.json").is_file()
+    selections = {"parametric": HeadSelection((Head(20, 3), Head(23, 7), Head(26, 1)), (Head(18, 5), Head(24, 10))),
+                  "contextual": HeadSelection((Head(18, 5), Head(24, 10)), (Head(20, 3), Head(23, 7)))}
+    steerings = [None,
+                 {"method": "june", "direction": "parametric", "beta_plus": 2.0, "beta_minus": -1.0},
+                 {"method": "juice", "direction": "parametric", "beta_plus": 3.0, "beta_minus": -1.0},
+                 {"method": "juice", "direction": "contextual", "beta_plus": 3.0, "beta_minus": 0.0},
+                 {"method": "ph3", "heads": ["L26H1", "L27H4"]}]
+    prompts = ["The capital of France is", "The capital of France is Rome. The capital of France is"]
+    case = equality_case(lm, str(folder), tmp_path, prompts, selections, steerings, max_tokens=8,
+                         llm={"enforce_eager": False, "enable_prefix_caching": True, "block_size": 32},
+                         modes=("mixed", "alone"))
+    assert case["mixed"] == case["expected"]
+    assert case["alone"] == case["expected"]
+    assert len({tuple(t) for t in case["expected"]}) >= 3, "the steerings should change the tokens"

@@ -277,7 +277,8 @@ def evaluate(
     """
     methods = {name: as_method(m) for name, m in methods.items()}
     if any(m.contrast is not None for m in methods.values()):
-        raise ValueError("CAD, AdaCAD and CK-PLUG apply to the contextual direction; use evaluate_contextual")
+        raise ValueError("the contrastive methods (CAD, AdaCAD, CK-PLUG, CoCoA, COIECD, GRD) apply to the "
+                         "contextual direction; use evaluate_contextual")
     meta, requests = [], []
     model_type = lm.config.model_type
     for ex in examples:
