@@ -6,7 +6,8 @@ Their side: the repository's decoding functions (`keith-Jiang/conflict-aware-dec
 `methods/inference.py`: `cad_generate`, `adacad_generate`, `cocoa_generate`, `coiecd_generate`,
 `grd_generate`, each with its command line's defaults), imported from a checkout given with
 `--theirs` (never copied into juice) and called on the model juice loaded (its Hugging Face
-module, float32, the same weights) and a copy of its tokenizer: text out, cut at the end of
+module, float32 where their command line defaults to float16 for a GPU, the same weights) and
+a copy of its tokenizer: text out, cut at the end of
 sequence, special tokens skipped, stripped, as their runner writes it. Juice's side: each method's
 contrastive stream through juice's engine (batched), its tokens cut at their end-of-sequence
 ids and decoded the same way. AdaCAD is run twice on juice's side: juice's default (the
@@ -102,11 +103,18 @@ def first_departure(tokenizer, ids: list[int], theirs: str) -> int:
     return len(ids)
 
 
-def margin_at(lm, rule, x: dict, ids: list[int], step: int) -> float:
-    """juice's rule's score of its token at `step` minus the runner-up's, from an uncached re-run
-    of both branches with juice's tokens before `step` fed."""
+def margin_at(lm, rule, x: dict, ids: list[int], step: int) -> dict:
+    """At `step` of an uncached re-run of both branches (juice's tokens before it fed): juice's
+    rule's score of its token minus the runner-up's, and how near its hard thresholds the step
+    was: GRD's gate signals (`p(a_p) - 0.5`, `H(question) - H(passage)` in nats), COIECD's
+    nearest token to either set's boundary (in log-probability). A rounding can tip a threshold
+    while the score margin stays wide."""
+    import math
+
     import torch
 
+    from juice.baselines.coiecd import CoiecdPolicy
+    from juice.baselines.grd import GrdPolicy
     from juice.engine import StatefulContrastRule
     from juice.tokens import encode
 
@@ -123,7 +131,17 @@ def margin_at(lm, rule, x: dict, ids: list[int], step: int) -> float:
                 token = torch.tensor([[ids[k]]])
                 branches = [torch.cat([b, token], dim=1) for b in branches]
     top = scores[0].topk(2).values
-    return float(top[0] - top[1])
+    out = {"margin": round(float(top[0] - top[1]), 6)}
+    c, p = lc[0].log_softmax(-1), lp[0].log_softmax(-1)
+    if isinstance(rule, GrdPolicy):
+        entropy = lambda v: float(-(v.exp() * v).sum())   # noqa: E731
+        out["gate_confidence"] = round(float(p.max().exp()) - 0.5, 6)
+        out["gate_entropy"] = round(entropy(p) - entropy(c), 6)
+    if isinstance(rule, CoiecdPolicy):
+        r = math.log(rule.threshold_ratio)
+        edges = torch.stack([(c - (c.max() - r)).abs().min(), (c - (c.min() + r)).abs().min()])
+        out["set_boundary"] = round(float(edges.min()), 6)
+    return out
 
 
 TITLES = {"cad": "CAD (alpha 1)", "adacad": "AdaCAD, juice's (JSD in bits)", "adacad-nats": "AdaCAD, JSD in nats",
@@ -206,17 +224,20 @@ def main() -> None:
                 got = text_of(tokenizer, t)
                 if got != want:
                     step = first_departure(tokenizer, t, want)
+                    near = margin_at(lm, rule, x, t, step) if step < len(t) else {"margin": None}
                     differs.append({"index": x["index"], "fact_id": x["fact_id"], "juice": got, "theirs": want,
-                                    "step": step, "margin": round(margin_at(lm, rule, x, t, step), 6)
-                                    if step < len(t) else None})
+                                    "step": step, **near})
             per_state[state] = {"n": len(xs), "equal": len(xs) - len(differs), "differ": differs}
         results[name] = per_state
         print(f"[{time.perf_counter() - started:6.0f} s] juice {name}: "
               + ", ".join(f"{s} {r['equal']}/{r['n']}" for s, r in per_state.items()), flush=True)
     record = {"command": "python " + " ".join(sys.argv), **source, "date": time.strftime("%Y-%m-%d"),
               "theirs": {"repository": "keith-Jiang/conflict-aware-decoding", "commit": args.commit,
-                         "settings": "their command line's defaults: CAD alpha 1.0; AdaCAD warmup 0 (JSD in nats); "
-                                     "CoCoA 0.5/1.0/100; COIECD alpha 1.0, ratio 4; GRD lambda 0.75, gate full"},
+                         "settings": "their command line's defaults (CAD alpha 1.0; AdaCAD warmup 0, JSD in nats; "
+                                     "CoCoA 0.5/1.0/100; COIECD alpha 1.0, ratio 4; GRD lambda 0.75, gate full; "
+                                     "32 new tokens) except the dtype: float32 on both sides (theirs defaults to "
+                                     "float16, for a GPU)"},
+              "eos_ids": sorted(eos),
               "model": lm.name, "fingerprint": lm.fingerprint(), "dtype": "float32", "max_new_tokens": MAX_NEW_TOKENS,
               "inputs": {"folder": args.inputs, "per_state": args.n,
                          "indices": {s: [x["index"] for x in xs] for s, xs in inputs.items()}},

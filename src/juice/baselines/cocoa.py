@@ -14,10 +14,11 @@ with the median and the median absolute deviation over the vocabulary, per row, 
 defaults a = 0.5 (`--cocoa_global_alpha`), gamma = 1 (`--cocoa_gamma`), lambda = 100
 (`--cocoa_lambda_pm`). The second line is increasing in `s`, so the greedy token is the argmax of
 `1.5 * lc - 0.5 * lp`: CAD at alpha 0.5. Its docstring and `get_tau` call this interpolation
-(tau 0.5); the weight on the context is 1.5 (extrapolation). CoCoA's own repository computes an
-entropy gap, a Renyi divergence and an adaptive weight, then sets the weight to 0.5 before use,
-so its greedy tokens are these too (TriState's `CoCoA/group_decode_fileio_CoCoA.py`, read, not
-run here).
+(tau 0.5); the weight on the context is 1.5 (extrapolation). The benchmark's copy of the original
+two-process CoCoA (`CoCoA/group_decode_fileio_CoCoA.py`, read, not run here) computes an entropy
+gap, a Renyi divergence and an adaptive weight, then sets the weight to 0.5 before use; it also
+bans the end of sequence at every step (its `gen_len < 5` never stops holding: `gen_len` is never
+incremented), so its outputs run to the token budget where this rule's would stop.
 
 juice's choices: the median is torch's (the lower of the two middle values for an even
 vocabulary, as theirs); each row is its own (their runner decodes one input at a time).

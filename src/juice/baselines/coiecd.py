@@ -13,8 +13,8 @@ At every step, from the two branches' log-probabilities `lc` (passage and questi
 - F, the tokens less than r times as likely as the least likely one (`p(y) < r * min p`);
 - c(y) = 0 on T minus F, 1 elsewhere, and the scores
   `c * lc + (1 - c) * lp + alpha * (lc - lp)`:
-  CAD's `(1 + alpha) * lc - alpha * lp` on the tokens the context makes likely, and
-  `alpha * lc + (1 - alpha) * lp` (with alpha 1: `lc`) on the rest.
+  CAD's `(1 + alpha) * lc - alpha * lp` on the tokens the context makes likely (outside T) and
+  on F, and `alpha * lc + (1 - alpha) * lp` (with alpha 1: `lc`) on the rest.
 
 The code's entropy constraint, the prior's entropy subtracted from `-lc` before a log-softmax,
 is a constant per row that the log-softmax removes: the sets above do not depend on the prior's

@@ -19,8 +19,8 @@ Each step reads the two branches' log-probabilities `lc` (passage and question) 
    (the "commitment depth", 0.75) moves the mix toward the prior.
 
 So that the engine chooses, samples and reports probabilities as for any contrast, the rule gives
-the scores `tau * lc + (1 - tau) * lp` for every row, with `tau = 1` where `a_c` is emitted (the
-with-context distribution itself): their argmax is GRD's token. The benchmark's paper v1 names
+scores for every row: `tau * lc + (1 - tau) * lp` where it reverses, `lc` itself where `a_c` is
+emitted (the with-context distribution): their argmax is GRD's token. The benchmark's paper v1 names
 another method (ARR, deleted from the repository); GRD is what the repository's README and
 scripts run, so juice runs GRD.
 
@@ -87,8 +87,9 @@ class GrdPolicy:
         tie = torch.where(total.abs() > 1e-9, m_p / torch.where(total == 0, torch.ones_like(total), total),
                           torch.ones_like(total))
         reverse = conflict & torch.tensor([g == PRIOR for g in gates], device=lc.device)
-        tau = torch.where(reverse, (1.0 - self.grd_lambda) * tie, torch.ones_like(tie))[:, None]
-        return tau * lc + (1 - tau) * lp, gates
+        tau = ((1.0 - self.grd_lambda) * tie)[:, None]
+        mixed = tau * lc + (1 - tau) * lp
+        return torch.where(reverse[:, None], mixed, lc), gates   # lc itself elsewhere (no 0 * -inf)
 
 
 __all__ = ["GATE_MODES", "GrdPolicy", "LAMBDA"]

@@ -149,6 +149,11 @@ def measure(lm: LoadedModel, states: Mapping[str, Sequence[TriStateItem]], artif
     question-only prompt as the contrastive methods' second branch, greedy, 32 new tokens), plus
     "Question-only" (Original's output on the fact's question alone, scored in each state).
 
+    A row stops at the tokenizer's end of sequence, as every juice evaluation does; the
+    benchmark's runner also stops at the ids of the model's `generation_config`. The two agree
+    for the embedded models (Gemma 3 270M: both `<eos>`, id 1); where a model's generation
+    config lists another id (an instruct model's end of turn), juice decodes past it.
+
     Args:
         states: state -> its items.
         artifacts: heads files, at most one per direction (JuNE, JuICE, PH3 and auto read them).
@@ -236,8 +241,9 @@ def state_table(items: Sequence[ContextItem], results: Sequence[ItemResult], *, 
 
 def verdict(table: Mapping[str, Mapping[str, Mapping]], *, against: Sequence[str] = ("GRD",), resamples: int = 2000,
             seed: int = 0) -> dict:
-    """What the measurement says (issue 90): per state the best method by exact match and the
-    methods whose paired 95% interval of the difference with it includes 0 ("within"); the
+    """What the measurement says (issue 90): per state the best method by exact match (of tied
+    methods, the first in the table's order) and the methods whose paired 95% interval of the
+    difference with it reaches 0 ("within", ties included); the
     methods within on every state; and each method's paired difference with `against` (GRD)
     per state.
 
@@ -249,7 +255,8 @@ def verdict(table: Mapping[str, Mapping[str, Mapping]], *, against: Sequence[str
         facts = {m: tuple(r["facts"]) for m, r in rows.items()}
         if len(set(facts.values())) > 1:
             raise ValueError(f"{state}: methods were scored on different facts")
-        best = max(rows, key=lambda m: (rows[m]["em"]["mean"] or 0.0, m))
+        order = list(rows)   # the table's order: a tie goes to the method listed first
+        best = min(rows, key=lambda m: (-(rows[m]["em"]["mean"] or 0.0), order.index(m)))
         out["best"][state] = best
         out["within"][state] = sorted(m for m in rows if m == best or paired_difference_interval(
             rows[m]["em_by_fact"], rows[best]["em_by_fact"], resamples=resamples, seed=seed).high >= 0)
@@ -273,8 +280,8 @@ DEFAULT_METHODS = ("original", "prompt", "cad", "adacad", "ckplug", "cocoa", "co
 
 
 def fact_split(fact_id: str, share: float = VALIDATION_SHARE, seed: int = 0) -> str:
-    """"validation" or "test": a fact's half, by a hash of the seed and its id (so it does not
-    depend on the model, its labels or the other facts)."""
+    """"validation" (a `share` of the facts) or "test", by a hash of the seed and the fact's id
+    (so it does not depend on the model, its labels or the other facts)."""
     digest = hashlib.sha256(f"{seed}/{fact_id}".encode()).digest()
     return "validation" if int.from_bytes(digest[:8], "little") / 2 ** 64 < share else "test"
 
@@ -328,7 +335,8 @@ def run_benchmark(lm: LoadedModel, facts: Sequence[TriStateFact], artifacts: Seq
         target = next((a for a in artifacts if str(a.direction) == "parametric"), None)
         if target is None:
             raise ValueError("auto is tuned into the parametric heads file: give one (or leave auto out)")
-        scope = {"model": lm.fingerprint(), "heads": target.to_json(), "share": share, "seed": seed, "limit": limit}
+        scope = {"model": lm.fingerprint(), "heads": target.to_json(), "share": share, "seed": seed, "limit": limit,
+                 "facts": {s: [i.fact.fact_id for i in h["validation"]] for s, h in halves.items()}}
         fits = UnitCheckpoint(out / "auto.json", scope)   # another model, heads file or split: tuned again
         if fits.get("auto") is None:
             tuning = context_items({s: h["validation"] for s, h in halves.items()}, none=True).items
