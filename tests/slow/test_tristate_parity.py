@@ -24,7 +24,9 @@ def record() -> dict:
     return json.loads(RECORD.read_text(encoding="utf-8"))
 
 
-def test_juice_still_gives_their_outputs_where_the_record_says_it_does(record, real_model, shared_data):
+@pytest.mark.parametrize("per_state", [pytest.param(None, marks=pytest.mark.long), 8])
+def test_juice_still_gives_their_outputs_where_the_record_says_it_does(record, real_model, shared_data, per_state):
+    """Every input of the record (`pytest -m long`), or its first 8 per state (CI)."""
     import tristate_parity as parity
 
     from juice.data.tristate import state_files
@@ -32,9 +34,11 @@ def test_juice_still_gives_their_outputs_where_the_record_says_it_does(record, r
     lm = real_model
     assert record["fingerprint"] == json.loads(json.dumps(lm.fingerprint(), default=str))
     files = state_files(shared_data / "tristate")[record["inputs"]["folder"]]
-    inputs = {s: parity.read_inputs(path, record["inputs"]["per_state"]) for s, path in files.items()}
+    n = record["inputs"]["per_state"]
+    inputs = {s: parity.read_inputs(path, n) for s, path in files.items()}
     for state, xs in inputs.items():
         assert [x["index"] for x in xs] == record["inputs"]["indices"][state]
+    inputs = {s: xs[:per_state or n] for s, xs in inputs.items()}
     eos = set(record["eos_ids"])   # their runner's: the generation config's and the tokenizer's
     for name, rule in parity.juice_rules().items():
         method = "adacad" if name == "adacad-nats" else name
