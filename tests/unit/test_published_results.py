@@ -261,3 +261,23 @@ def test_the_front_pages_teach_first_and_leave_the_numbers_to_their_pages():
     verdict = page[page.index("## The verdict"):]
     plain = verdict[:verdict.index(when_to_steer_study.verdict_sentences(record)[0][:40])]
     assert "In plain words" in plain and not NUMBER.search(plain)   # words first, then the numbers
+
+
+def test_the_tristate_parity_table_on_its_page_is_the_committed_record():
+    """docs/tristate.md's parity table (juice's CAD, AdaCAD, CoCoA, COIECD and GRD against the
+    benchmark's own decoding functions) is the committed record's, with its command and commit;
+    the page gives the number of outputs of juice's default AdaCAD that differ (bits against their
+    nats), and with nats none does."""
+    import tristate_parity
+
+    record = json.loads((ROOT / "benchmarks" / "results" / "tristate-parity-gemma-3-270m.json")
+                        .read_text(encoding="utf-8"))
+    assert record["command"].startswith("python benchmarks/tristate_parity.py") and len(record["commit"]) == 40
+    assert not record["dirty"] and record["theirs"]["commit"].startswith("581a4d5")
+    assert all(r["n"] == 50 for per_state in record["results"].values() for r in per_state.values())
+    page = (ROOT / "docs" / "tristate.md").read_text(encoding="utf-8")
+    assert tristate_parity.parity_markdown(record) in page
+    command = record["command"].replace("../shared/data/tristate", "conflict-aware-decoding/data/TriState")
+    assert f"`{command}`" in page and record["commit"][:12] in page   # the data as a user's clone names it
+    differ = {name: sum(len(r["differ"]) for r in per_state.values()) for name, per_state in record["results"].items()}
+    assert f"with\nbits, {differ['adacad']} of 150 outputs differ" in page and differ["adacad-nats"] == 0
