@@ -174,8 +174,11 @@ def measure(lm: LoadedModel, states: Mapping[str, Sequence[TriStateItem]], artif
         checkpoint, {"model": lm.fingerprint(), "methods": sorted(methods), "settings": settings})
     facts = list(dict.fromkeys(i.uid for i in items))
     original = REGISTRY[UNSTEERED].title
-    stated = sum(i.context_type != "none" for i in items)
-    advance = progress(f"TriState: {len(methods)} methods x {stated} items", len(methods) * stated + len(items) - stated)
+
+    def streams(part: Sequence[ContextItem]) -> int:   # every method on a passage; Original alone on none
+        return sum(len(methods) if i.context_type != "none" else int(original in methods) for i in part)
+
+    advance = progress(f"TriState: {len(methods)} methods x {len(items)} items", streams(items))
     results: list[ItemResult] = []
     for start in range(0, len(facts), chunk):
         ids = set(facts[start:start + chunk])
@@ -183,9 +186,9 @@ def measure(lm: LoadedModel, states: Mapping[str, Sequence[TriStateItem]], artif
         unit = UnitCheckpoint.unit_id([result_id(i) for i in part])
         saved = None if units is None else units.get(unit)
         if saved is None:
-            stated = [i for i in part if i.context_type != "none"]
+            with_passage = [i for i in part if i.context_type != "none"]
             alone = [i for i in part if i.context_type == "none"]   # Original only: Question-only's outputs
-            got = evaluate_context_types(lm, stated, methods, max_rows=max_rows, on_progress=advance)
+            got = evaluate_context_types(lm, with_passage, methods, max_rows=max_rows, on_progress=advance)
             if original in methods and alone:
                 got += evaluate_context_types(lm, alone, {original: methods[original]}, max_rows=max_rows,
                                               on_progress=advance)
@@ -193,7 +196,7 @@ def measure(lm: LoadedModel, states: Mapping[str, Sequence[TriStateItem]], artif
             if units is not None:
                 units.put(unit, saved)
         else:
-            advance(sum(len(methods) if i.context_type != "none" else 1 for i in part))
+            advance(streams(part))
         results += [ItemResult(**r) for r in saved]
     if original in methods:
         results += question_only_results([i for i in items if i.context_type != "none"], results, original=original,
