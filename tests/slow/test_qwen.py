@@ -30,6 +30,7 @@ def test_the_embedded_qwen_loads_checked_and_resists_a_conflicting_context():
         " Paris")
 
 
+@pytest.mark.long   # 6 minutes on this 2-core machine; the qwen extra is not in the README's test command
 def test_vllm_serves_the_embedded_qwen_with_juice_generates_tokens(tmp_path):
     """Issue 89, item 5: the vLLM plugin steers the embedded Qwen (Qwen2, GQA 6:1): greedy tokens
     for Original, JuNE and JuICE in both directions and PH3 equal juice's own `generate`, in one
@@ -48,15 +49,17 @@ def test_vllm_serves_the_embedded_qwen_with_juice_generates_tokens(tmp_path):
     assert (folder / "config.json").is_file()
     selections = {"parametric": HeadSelection((Head(20, 3), Head(23, 7), Head(26, 1)), (Head(18, 5), Head(24, 10))),
                   "contextual": HeadSelection((Head(18, 5), Head(24, 10)), (Head(20, 3), Head(23, 7)))}
-    steerings = [None,
-                 {"method": "june", "direction": "parametric", "beta_plus": 2.0, "beta_minus": -1.0},
-                 {"method": "juice", "direction": "parametric", "beta_plus": 3.0, "beta_minus": -1.0},
-                 {"method": "juice", "direction": "contextual", "beta_plus": 3.0, "beta_minus": 0.0},
-                 {"method": "ph3", "heads": ["L26H1", "L27H4"]}]
+    steerings = [None,   # each changes juice's tokens on at least one prompt (checked below)
+                 {"method": "june", "direction": "parametric", "beta_plus": 8.0, "beta_minus": -3.0},
+                 {"method": "juice", "direction": "parametric", "beta_plus": 10.0, "beta_minus": -4.0},
+                 {"method": "juice", "direction": "contextual", "beta_plus": 10.0, "beta_minus": 0.0},
+                 {"method": "ph3", "heads": [f"L0H{h}" for h in range(6)]}]
     prompts = ["The capital of France is", "The capital of France is Rome. The capital of France is"]
     case = equality_case(lm, str(folder), tmp_path, prompts, selections, steerings, max_tokens=8,
                          llm={"enforce_eager": False, "enable_prefix_caching": True, "block_size": 32},
                          modes=("mixed", "alone"))
     assert case["mixed"] == case["expected"]
     assert case["alone"] == case["expected"]
-    assert len({tuple(t) for t in case["expected"]}) >= 3, "the steerings should change the tokens"
+    per_prompt = [case["expected"][i:i + len(steerings)] for i in range(0, len(case["expected"]), len(steerings))]
+    for j, steering in enumerate(steerings[1:], start=1):   # else the equality would say nothing of the steering
+        assert any(rows[j] != rows[0] for rows in per_prompt), f"{steering} leaves juice's tokens unchanged"
