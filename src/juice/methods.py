@@ -43,6 +43,10 @@ from juice.recipe import Method
 from juice.steering import ORIGINAL, PRESETS, PerHead, Prune, UntunedBetasWarning, chosen_betas
 from juice.tuned import TunedSettings
 
+TABLES = ("table1", "table2")
+"""The paper's tables a method can be a row of: Table 1 (the parametric direction, ParaConflict's
+domains) and Table 2 (the contextual direction, MemoTrap and NQ-Swap)."""
+
 SHORT = {"parametric": "mem", "contextual": "ctx"}
 """A direction's suffix on a heads method's title where both directions are evaluated ("JuICE-ctx")."""
 
@@ -119,6 +123,11 @@ class MethodSpec:
         per_instruction: the context-type evaluation runs it once per instruction
             ("-mem" and "-ctx" rows; the Prompt baseline).
         summary: one line for help texts.
+        tables: the paper's tables it is a row of (:data:`TABLES`: "table1", the parametric
+            direction's; "table2", the contextual direction's), in registry order, where
+            `juice reproduce`, `juice sweep` and the golden runs read their rows
+            (:func:`table_methods`; PH3 gives its PH3-l and PH3-s rows there). A method other
+            than Original and the tuned steerings is a baseline row: it runs with the baselines.
     """
 
     name: str
@@ -136,6 +145,12 @@ class MethodSpec:
     summary: str = ""
     request_heads: str | None = None
     question: bool = False
+    tables: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = [t for t in self.tables if t not in TABLES]
+        if unknown:
+            raise ValueError(f"method {self.name}: no table {unknown[0]!r} ({', '.join(TABLES)})")
 
     @property
     def dual_run(self) -> bool:
@@ -226,11 +241,12 @@ def _above(target: str) -> Callable[[MethodInputs], Built]:
 
 REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("original", "Original", _original, protocol=True, steerer=True, steering="none",
-               summary="the unmodified model"),
+               summary="the unmodified model", tables=("table1", "table2")),
     MethodSpec("prompt", "Prompt", _prompt, per_instruction=True,
-               summary="an instruction to follow the context or memory before the prompt (App. D.1)"),
-    MethodSpec("cad", "CAD", _cad, summary="context-aware decoding, alpha 1 (Shi et al. 2024)"),
-    MethodSpec("adacad", "AdaCAD", _adacad, summary="CAD with alpha = the branches' JSD in bits (Wang et al. 2025)"),
+               summary="an instruction to follow the context or memory before the prompt (App. D.1)", tables=("table1", "table2")),
+    MethodSpec("cad", "CAD", _cad, summary="context-aware decoding, alpha 1 (Shi et al. 2024)", tables=("table2",)),
+    MethodSpec("adacad", "AdaCAD", _adacad, summary="CAD with alpha = the branches' JSD in bits (Wang et al. 2025)",
+               tables=("table2",)),
     MethodSpec("ckplug", "CK-PLUG", _ckplug, aliases=("ck-plug",),
                summary="adaptive CK-PLUG: parametric and context logits blended by entropy (Bi et al. 2026)"),
     MethodSpec("cocoa", "CoCoA", _cocoa,
@@ -240,13 +256,14 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("grd", "GRD", _grd,
                summary="gated reversal decoding: trust the prior or the context from the first conflict on (Jiang et al. 2026)"),
     MethodSpec("ph3", "PH3", _ph3, aliases=("prune",), protocol=True, heads=True, tuned="k", tune=True,
-               steering="scale", request_heads="zero", summary="zero k heads, k tuned on validation (Jin et al. 2024)"),
+               steering="scale", request_heads="zero", summary="zero k heads, k tuned on validation (Jin et al. 2024)",
+               tables=("table1", "table2")),
     MethodSpec("june", "JuNE", _steering("june", "scale"), protocol=True, heads=True, tuned="betas",
                tune=True, steerer=True, steering="scale", request_heads="coefficients",
-               summary="scale the heads' live outputs, one run (Alg. 4)"),
+               summary="scale the heads' live outputs, one run (Alg. 4)", tables=("table1", "table2")),
     MethodSpec("juice", "JuICE", _steering("juice", "add"), protocol=True, heads=True, tuned="betas",
                tune=True, steerer=True, steering="add", request_heads="coefficients",
-               summary="add the clean run's head outputs, two runs (Alg. 1)"),
+               summary="add the clean run's head outputs, two runs (Alg. 1)", tables=("table1", "table2")),
     MethodSpec("auto", "auto", _above("juice.when_to_steer.auto:build"), protocol=True, heads=True, tuned="policy",
                rows=False, steerer=True, question=True,
                summary="per request, Original, the question alone or a steering (juice.when_to_steer.auto)"),
@@ -268,6 +285,18 @@ def names(**where: bool | str) -> tuple[str, ...]:
         value = getattr(spec, key)
         return bool(value) == want if isinstance(want, bool) else value == want
     return tuple(n for n, s in REGISTRY.items() if all(has(s, k, v) for k, v in where.items()))
+
+
+def table_methods(table: str) -> tuple[MethodSpec, ...]:
+    """The methods that are rows of `table` (:data:`TABLES`), in registry order (the table's row
+    order), read from the registry when called, so an entry added later is a row too.
+
+    Raises:
+        ValueError: `table` is not one of :data:`TABLES`.
+    """
+    if table not in TABLES:
+        raise ValueError(f"no table {table!r} ({', '.join(TABLES)})")
+    return tuple(s for s in REGISTRY.values() if table in s.tables)
 
 
 def protocol_names() -> tuple[str, ...]:
@@ -374,5 +403,6 @@ def build(name: str, inputs: MethodInputs, *, warn: bool = True) -> Built:
     return built
 
 
-__all__ = ["Built", "MethodInputs", "MethodSpec", "REGISTRY", "SHORT", "STEERINGS", "TUNED_STEERINGS", "UNSTEERED",
-           "build", "by_protocol", "check", "coefficients_method", "lookup", "names", "protocol_names", "recipe_of"]
+__all__ = ["Built", "MethodInputs", "MethodSpec", "REGISTRY", "SHORT", "STEERINGS", "TABLES", "TUNED_STEERINGS",
+           "UNSTEERED", "build", "by_protocol", "check", "coefficients_method", "lookup", "names", "protocol_names",
+           "recipe_of", "table_methods"]

@@ -5,6 +5,7 @@ method is one entry."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -102,6 +103,52 @@ def test_a_new_method_is_one_entry(tiny_llama, monkeypatch):
     from juice import steerer, steering_request
 
     assert "juice-half" in steerer.METHODS and "juice-half" not in steering_request.METHODS   # read when asked
+
+
+def test_a_new_baseline_is_a_row_of_both_tables_and_a_sweep_from_its_entry(shared_data, tiny_llama, tmp_path,
+                                                                           monkeypatch):
+    """Issue 91: a baseline added as one entry with `tables` is a row of Table 1 and Table 2
+    (`juice reproduce`, both directions), after the registry's rows, with an item per test prompt as
+    Original has; a contrastive entry of Table 2 only is a row there and not in Table 1; a sweep
+    file may name both and then runs the baselines. Nothing but the two entries is added."""
+    import shutil
+
+    from helpers.data import write_contextual_data
+
+    from juice.experiments.sweep import load_sweep
+    from juice.experiments.table1 import reproduce
+    from juice.experiments.table2 import reproduce_contextual
+    from juice.pipeline.run import ReproduceConfig
+    from juice.recipe import Method
+
+    zero = MethodSpec("zero-l1h2", "Zero L1H2", lambda x: methods.Built(Method(Prune(x.geometry, [juice.Head(1, 2)]))),
+                      tables=("table1", "table2"))
+    half = MethodSpec("cad-half", "CAD/2", lambda x: methods.Built(Method(contrast=CadPolicy(0.5))), tables=("table2",))
+    for entry in (zero, half):
+        monkeypatch.setitem(REGISTRY, entry.name, entry)
+    with pytest.raises(ValueError, match="no table 'table3'"):
+        MethodSpec("x", "X", zero.build, tables=("table3",))
+    shutil.copytree(shared_data / "paraconflict" / "world_capital", tmp_path / "data" / "world_capital")
+    write_contextual_data(tmp_path / "contextual")
+    common = dict(limit=2, alphas_positive=(1.0,), alphas_negative=(-1.0,), k=2, ph3_dev_size=2,
+                  bootstrap_resamples=1000, contexts=())
+    one = reproduce(ReproduceConfig(out_dir=tmp_path / "t1", data=tmp_path / "data", validation_size=2, filter=False,
+                                    **common), lm=tiny_llama)
+    two = reproduce_contextual(ReproduceConfig(out_dir=tmp_path / "t2", data_root=tmp_path / "contextual",
+                                               validation_per_dataset=1, scoring="exact", **common), lm=tiny_llama)
+    assert list(one.methods) == ["Original", "Prompt", "PH3-l", "PH3-s", "JuNE", "JuICE", "Zero L1H2"]
+    assert list(two.methods) == ["Original", "Prompt", "CAD", "AdaCAD", "PH3-l", "PH3-s", "JuNE", "JuICE",
+                                 "Zero L1H2", "CAD/2"]
+    for out, name in ((tmp_path / "t1", "results.json"), (tmp_path / "t2", "results_contextual.json")):
+        items = json.loads((out / name).read_text())["items"]
+        keys = {m: sorted((r["domain"], r["subject"], r["conflict_type"]) for r in items if r["method"] == m)
+                for m in ("Original", "Zero L1H2", "CAD/2")}
+        assert keys["Zero L1H2"] == keys["Original"] and keys["Original"]
+        assert keys["CAD/2"] == (keys["Original"] if out.name == "t2" else [])
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text('[grid]\nmodels = ["m"]\ndirections = ["contextual"]\ndomains = ["nqswap"]\n'
+                     'methods = ["Original", "CAD/2", "Zero L1H2"]\n')
+    assert "baselines" not in dict(load_sweep(sweep).jobs()[0].settings)   # a baseline named: they run
 
 
 def test_a_new_method_is_served_by_both_servers_from_its_entry(tmp_path, monkeypatch):

@@ -51,11 +51,28 @@ from juice.data.contextual import DATASETS as CONTEXTUAL_DATASETS   # the contex
 from juice.io import write_json_atomic, write_text_atomic
 
 DIRECTIONS = ("parametric", "contextual")
-STEERING_ROWS = ("Original", "JuNE", "JuICE")
-"""The rows every job decodes; the others are baselines (:data:`BASELINE_ROWS`)."""
-BASELINE_ROWS = ("Prompt", "PH3-l", "PH3-s", "PH3-l (knock-out)", "CAD", "AdaCAD")
-"""Table 1's and Table 2's baseline rows: a sweep whose methods name none of them runs without the
-baselines (`baselines = false`, no PH3 stage) unless its `[settings]` say otherwise."""
+
+
+def steering_rows() -> tuple[str, ...]:
+    """The rows every job decodes: Original and the tuned steerings (JuNE, JuICE), the titles of
+    the registry's table methods (:func:`juice.methods.table_methods`) that are no baseline."""
+    from juice.methods import TABLES, UNSTEERED, table_methods
+
+    specs = dict.fromkeys(s for t in TABLES for s in table_methods(t))
+    return tuple(s.title for s in specs if s.name == UNSTEERED or s.tuned == "betas")
+
+
+def baseline_rows() -> tuple[str, ...]:
+    """Table 1's and Table 2's baseline rows, read from the registry when called (a new entry with
+    `tables` is one): every table method's title but :func:`steering_rows`'s, PH3 as its rows
+    (:data:`juice.pipeline.stages.PH3_ROWS`). A sweep whose methods name none of them runs without
+    the baselines (`baselines = false`, no PH3 stage) unless its `[settings]` say otherwise."""
+    from juice.methods import TABLES, UNSTEERED, table_methods
+    from juice.pipeline.stages import PH3_ROWS
+
+    specs = dict.fromkeys(s for t in TABLES for s in table_methods(t))
+    return tuple(row for s in specs if s.name != UNSTEERED and s.tuned != "betas"
+                 for row in (PH3_ROWS if s.tuned == "k" else (s.title,)))
 FIXED = ("model", "out_dir", "domains")
 """ReproduceConfig fields a sweep sets itself (`[settings]` may not)."""
 
@@ -103,9 +120,9 @@ class Sweep:
 
     def jobs(self) -> list[Job]:
         """The jobs, models x directions, in the file's order; without baselines where no method
-        is one (:data:`BASELINE_ROWS`) and the settings do not say."""
+        is one (:func:`baseline_rows`) and the settings do not say."""
         settings = dict(self.settings)
-        if "baselines" not in settings and not set(self.methods) & set(BASELINE_ROWS):
+        if "baselines" not in settings and not set(self.methods) & set(baseline_rows()):
             settings["baselines"] = False
         out = []
         for model in self.models:
@@ -140,10 +157,10 @@ def load_sweep(path: str | Path) -> Sweep:
         if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
             raise SweepError(f"{path}: [grid] {key} must be a non-empty list of names")
         lists[key] = tuple(value)
-    unknown = [m for m in lists["methods"] if m not in STEERING_ROWS + BASELINE_ROWS]
+    rows = steering_rows() + baseline_rows()
+    unknown = [m for m in lists["methods"] if m not in rows]
     if unknown:
-        raise SweepError(f"{path}: [grid] methods: {unknown[0]!r} is not a table row "
-                         f"({', '.join(STEERING_ROWS + BASELINE_ROWS)})")
+        raise SweepError(f"{path}: [grid] methods: {unknown[0]!r} is not a table row ({', '.join(rows)})")
     bad = [d for d in lists["directions"] if d not in DIRECTIONS]
     if bad:
         raise SweepError(f"{path}: [grid] directions: {bad[0]!r} is not parametric or contextual")
@@ -363,5 +380,5 @@ def _cell(row: dict | None) -> str:
     return f"{row['mean']:.1f} [{row['low']:.1f}, {row['high']:.1f}]"
 
 
-__all__ = ["BASELINE_ROWS", "DIRECTIONS", "STEERING_ROWS", "Job", "Sweep", "SweepError", "SweepResult", "finished",
-           "job_cells", "load_sweep", "run_job", "run_sweep", "sweep_markdown"]
+__all__ = ["DIRECTIONS", "Job", "Sweep", "SweepError", "SweepResult", "baseline_rows", "finished",
+           "job_cells", "load_sweep", "run_job", "run_sweep", "steering_rows", "sweep_markdown"]

@@ -91,7 +91,7 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
     selection, ph3, choices, key_tuning = protocol_stages(run, base, key_heads, splits, head_domain, "parametric",
                                                           out / "heads.json", timings)
     all_results, methods_order = evaluate_test_splits(
-        run, splits, lambda d: domain_methods(lm, selection, choices[d], cfg.baselines, list(ph3)),
+        run, splits, lambda d: domain_methods(lm, selection, choices[d], cfg.baselines, list(ph3), "table1"),
         lambda d, sp, methods: {"tuning": key_tuning, "choice": choices[d], "methods": list(methods),
                                 "test": [ex.to_json() for ex in sp.test], "items": [ex.uid for ex in sp.test]},
         "eval_{}", titles, len(CONFLICT_TYPES), evaluate, timings)

@@ -57,7 +57,7 @@ from juice.pipeline.stages import (domain_methods, evaluate_test_splits, evaluat
                                    stage1_key)
 from juice.progress import Progress, no_progress
 from juice.io import write_json_atomic
-from juice.methods import REGISTRY, STEERINGS, MethodInputs, build
+from juice.methods import STEERINGS
 from juice.models import LoadedModel
 from juice.tokens import token_ids
 
@@ -137,13 +137,8 @@ def reproduce_contextual(
     selection, ph3, choices, key_tuning = protocol_stages(run, base, key_heads, splits, HEAD_DATASET, "contextual",
                                                           out / "heads_contextual.json", timings)
 
-    def methods_of(name: str) -> dict[str, Method]:   # Original, Prompt, CAD, AdaCAD, then the rest
-        methods = domain_methods(lm, selection, choices[name], cfg.baselines, list(ph3))
-        if not cfg.baselines:
-            return methods
-        first = ("Original", "Prompt")
-        return {**{k: v for k, v in methods.items() if k in first}, **_cad_rows(lm),
-                **{k: v for k, v in methods.items() if k not in first}}
+    def methods_of(name: str) -> dict[str, Method]:   # Original, Prompt, CAD, AdaCAD, PH3, JuNE, JuICE
+        return domain_methods(lm, selection, choices[name], cfg.baselines, list(ph3), "table2")
 
     all_results, order = evaluate_test_splits(
         run, splits, methods_of,
@@ -257,11 +252,6 @@ def study_line(dataset: str, headline: Mapping[str, Any]) -> str:
     parts += [f"cross-validation ({k}): {'qualified' if v['qualified'] else 'not qualified'}, {v['difference'][0]:+.1f}"
               for k, v in headline.get("cross_validation", {}).items()]
     return "; ".join(parts) + f" ({headline['study']})"
-
-
-def _cad_rows(lm: LoadedModel) -> dict[str, Method]:
-    """Table 2's contrastive baselines, CAD and AdaCAD, from the method registry."""
-    return {REGISTRY[m].title: build(m, MethodInputs(lm.geometry)).method for m in ("cad", "adacad")}
 
 
 def _write(result: ReproduceResult, results, out: Path) -> None:

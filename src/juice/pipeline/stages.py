@@ -31,7 +31,7 @@ from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
 from juice.interventions import Head, HeadSelection
 from juice.io import StageFiles, UnitCheckpoint, settings_key, write_json_atomic
 from juice.models import LoadedModel
-from juice.methods import REGISTRY, STEERINGS, MethodInputs, build
+from juice.methods import UNSTEERED, MethodInputs, build, table_methods
 from juice.pipeline.run import SCORING_LABELS, ReproduceConfig, StageRun
 from juice.progress import OnProgress, Progress, no_progress
 from juice.stage1 import (
@@ -48,6 +48,8 @@ from juice.tokens import answer_first_token
 
 PH3_KNOCKOUT = "PH3-l (knock-out)"
 """The row of PH3-l scored by knock-out instead of path patching (`ph3_knockout`)."""
+PH3_ROWS = ("PH3-l", "PH3-s", PH3_KNOCKOUT)
+"""PH3's rows in the tables: k chosen on the large development set, on D, and PH3-l scored by knock-out."""
 PH3_CONFLICT_TYPES = ("substitution", "coherent")
 """The conflict types whose prompts PH3's knock-out scorer reads."""
 
@@ -229,7 +231,7 @@ def ph3_stage(
     Returns:
         row name -> head scores.
     """
-    variants = [("PH3-l", large_dev, False), ("PH3-s", small_dev, False)]
+    variants = [(PH3_ROWS[0], large_dev, False), (PH3_ROWS[1], small_dev, False)]
     if run.cfg.ph3_knockout:
         variants.append((PH3_KNOCKOUT, large_dev, True))
     out = {}
@@ -293,21 +295,30 @@ def tuning_stage(
 
 
 def domain_methods(lm: LoadedModel, selection: HeadSelection, choice: dict[str, Any], baselines: bool,
-                   ph3_rows: Sequence[str], instructed: bool = True) -> dict[str, Method]:
-    """The table's rows for one domain: Original, Prompt, the PH3 rows with the domain's k, and
-    JuNE and JuICE with the domain's betas."""
+                   ph3_rows: Sequence[str], table: str, instructed: bool = True) -> dict[str, Method]:
+    """The rows of `table` (:data:`juice.methods.TABLES`) for one domain, title -> recipe, in the
+    registry's order (:func:`juice.methods.table_methods`): Original; with `baselines`, each
+    baseline (Prompt where `instructed`, the contrastive methods, any other entry of the table);
+    PH3's rows `ph3_rows` that the domain's choice has a k for; the tuned steerings (JuNE, JuICE)
+    with the domain's betas.
+
+    Raises:
+        KeyError: a tuned steering of the table without betas in `choice`.
+    """
     g = lm.geometry
-    methods: dict[str, Method] = {REGISTRY["original"].title: build("original", MethodInputs(g)).method}
-    if baselines and instructed:
-        methods[REGISTRY["prompt"].title] = build("prompt", MethodInputs(g)).method
-    for name in ph3_rows:
-        if name in choice["prune"]:
-            pruned = [Head.parse(h) for h in choice["prune"][name]["pruned"]]
-            methods[name] = build("ph3", MethodInputs(g, pruned=pruned)).method
-    for m in STEERINGS:
-        b = choice["betas"][m]
-        methods[REGISTRY[m].title] = build(m, MethodInputs(g, selection, beta_plus=b["beta_plus"],
-                                                           beta_minus=b["beta_minus"])).method
+    methods: dict[str, Method] = {}
+    for spec in table_methods(table):
+        if spec.tuned == "k":   # PH3: a row per development set, with the domain's k
+            for name in ph3_rows:
+                if name in choice["prune"]:
+                    pruned = [Head.parse(h) for h in choice["prune"][name]["pruned"]]
+                    methods[name] = build(spec.name, MethodInputs(g, pruned=pruned)).method
+        elif spec.tuned == "betas":
+            b = choice["betas"][spec.name]
+            methods[spec.title] = build(spec.name, MethodInputs(g, selection, beta_plus=b["beta_plus"],
+                                                                beta_minus=b["beta_minus"])).method
+        elif spec.name == UNSTEERED or (baselines and (instructed or not spec.per_instruction)):
+            methods[spec.title] = build(spec.name, MethodInputs(g)).method
     return methods
 
 
