@@ -371,6 +371,48 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
             names no half, an unknown one, or not both without `decode_only`; `decode_shard` is
             not (k, n) with 0 <= k < n, or is a shard without `decode_only`.
     """
+    _check_decode_options(decode_only, decode_halves, decode_shard)
+    out = Path(out)
+    halves = {}
+    for split, limit in (("validation", validation_limit), ("test", test_limit)):
+        items, where = context_items(source, domain=domain, limit=limit, keep=keep, split=split, seed=seed)
+        if not items.items:
+            raise ValueError(f"no {split} items")
+        halves[split] = (items.items, where)
+    plan = _study_methods(lm, artifact, names, auto)
+    timings: dict[str, float] = {}
+    results, features, decode_seconds = _decode_halves(lm, halves, plan, out, auto=auto, decode_halves=decode_halves,
+                                                       decode_shard=decode_shard, max_rows=max_rows,
+                                                       progress=progress, timings=timings)
+    if decode_only:
+        return None
+    boot = dict(resamples=resamples, seed=seed)
+    t0 = time.perf_counter()
+    fit, cv = None, {}
+    if auto:
+        val_items, val_where = halves["validation"]
+        fit, cv = _fit_auto(artifact, val_items, results["validation"], features["validation"], val_where,
+                            plan.candidates, plan.static_names, plan.betas, out, **boot)
+    validation = _validation_half(halves["validation"], results["validation"], plan, **boot)
+    timings["validation"] += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    test = _test_half(halves["test"], results["test"], features.get("test"), plan, fit, validation, **boot)
+    timings["test"] += time.perf_counter() - t0
+    for half, spent in decode_seconds.items():   # decoding, whether now or when the cache was written
+        timings[f"{half} decoding (all chunks)"] = sum(v for k, v in spent.items() if k != "chunks without a time")
+        if spent.get("chunks without a time"):
+            timings[f"{half} chunks without a time"] = spent["chunks without a time"]
+    study = Study(validation, test, fit, timings, cv)
+    _write_study(study, out)
+    return study
+
+
+def _check_decode_options(decode_only: bool, decode_halves: Sequence[str], decode_shard: tuple[int, int]) -> None:
+    """:func:`run_study`'s decoding options, refused before anything loads.
+
+    Raises:
+        ValueError: as :func:`run_study` says.
+    """
     k, n = decode_shard
     if not 0 <= k < n:
         raise ValueError(f"decode_shard: {decode_shard} is not (k, n) with 0 <= k < n")
@@ -380,15 +422,31 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
     if unknown or not decode_halves or (not decode_only and set(decode_halves) != set(HALVES)):
         raise ValueError(f"decode_halves: {list(decode_halves)} is not a non-empty subset of {list(HALVES)}"
                          + ("" if decode_only else " holding both (only --decode-only decodes one half)"))
-    out = Path(out)
-    cache = out / "cache"
-    timings: dict[str, float] = {}
-    halves = {}
-    for split, limit in (("validation", validation_limit), ("test", test_limit)):
-        items, where = context_items(source, domain=domain, limit=limit, keep=keep, split=split, seed=seed)
-        if not items.items:
-            raise ValueError(f"no {split} items")
-        halves[split] = (items.items, where)
+
+
+@dataclass
+class _StudyMethods:
+    """What a study decodes: the static methods (title -> recipe), auto's candidates that are not
+    among them, every decoded method's settings, auto's candidates by name (candidate -> title),
+    the static rows with the question alone, auto's candidates' betas and the heads' direction
+    suffix ("ctx", "mem")."""
+
+    static: dict[str, Method]
+    extra: dict[str, Method]
+    settings: dict[str, Any]
+    candidates: dict[str, str]
+    static_names: list[str]
+    betas: dict[str, tuple[float, float]]
+    suffix: str
+
+    @property
+    def decoded(self) -> dict[str, Method]:
+        return {**self.static, **self.extra}
+
+
+def _study_methods(lm: LoadedModel, artifact: HeadsArtifact, names: Sequence[str] | None, auto: bool
+                   ) -> _StudyMethods:
+    """The methods :func:`run_study` decodes (its `names`, and with `auto` its candidates)."""
     if names is None:
         names = [n for n, spec in REGISTRY.items() if spec.tuned in (None, "betas")]
     static, settings = context_methods(lm, [artifact], [n for n in names if lookup(n).tuned != "policy"])   # not auto
@@ -402,23 +460,36 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
             if c.method is not None and titles[c.name] not in static and (not c.steered or c.name in betas):
                 extra[titles[c.name]] = auto_candidate(lm, artifact, c.name, betas)
                 settings = {**settings, titles[c.name]: {"candidate": c.name, "betas": betas.get(c.name)}}
-    decoded = {**static, **extra}
-    candidates = {c: t for c, t in titles.items() if t in decoded or c == "question"}
-    static_names = [*static, QUESTION_ONLY]
+    candidates = {c: t for c, t in titles.items() if t in static or t in extra or c == "question"}
+    return _StudyMethods(static, extra, settings, candidates, [*static, QUESTION_ONLY], betas, suffix)
 
+
+def _decode_halves(lm: LoadedModel, halves: Mapping[str, tuple[list[ContextItem], dict]], plan: _StudyMethods,
+                   out: Path, *, auto: bool, decode_halves: Sequence[str], decode_shard: tuple[int, int],
+                   max_rows: int | str, progress: Progress, timings: dict[str, float]
+                   ) -> tuple[dict[str, list[ItemResult]], dict[str, Features], dict[str, dict[str, float]]]:
+    """Every method of `plan` decoded once on each half of `decode_halves` (through the cache
+    `out/cache`), with the question alone's rows and, with `auto`, the first steps' signals; each
+    half's outcomes written as it is done, both halves' when both are (`auto` is routed later, not
+    decoded). A shard (`decode_shard` (k, n), n > 1) only fills the cache.
+
+    Returns:
+        half -> results, half -> signals (with `auto`), half -> decoding seconds per chunk.
+    """
+    decoded, cache, n = plan.decoded, out / "cache", decode_shard[1]
     results: dict[str, list[ItemResult]] = {}
     features: dict[str, Features] = {}
     decode_seconds: dict[str, dict[str, float]] = {"validation": {}, "test": {}}
     half_outcomes: dict[str, Outcomes] = {}
     decoding = {"code": decoding_code_key(), "features": decoding_code_key(FEATURE_MODULES),
-                "model": settings_key(lm.fingerprint()), "settings": settings_key(settings)}
-    for split, (items, _) in halves.items():   # every method once, both halves; auto is routed, not decoded
+                "model": settings_key(lm.fingerprint()), "settings": settings_key(plan.settings)}
+    for split, (items, _) in halves.items():
         if split not in decode_halves:
             continue
         t0 = time.perf_counter()
         advance = progress(f"{split}: {len(decoded)} methods x {len(items)} items", len(decoded) * len(items))
-        results[split] = decode_cached(lm, items, decoded, settings, cache, max_rows=max_rows, on_progress=advance,
-                                       seconds=decode_seconds[split], shard=decode_shard)
+        results[split] = decode_cached(lm, items, decoded, plan.settings, cache, max_rows=max_rows,
+                                       on_progress=advance, seconds=decode_seconds[split], shard=decode_shard)
         if n > 1:   # a shard: into the cache only
             if auto:
                 features_cached(lm, items, cache, shard=decode_shard)
@@ -427,60 +498,54 @@ def run_study(lm: LoadedModel, artifact: HeadsArtifact, source: str | Path | Non
         if auto:
             features[split] = features_cached(lm, items, cache)
             half_outcomes[split] = outcomes_of(items, results[split], [*decoded, QUESTION_ONLY], features[split],
-                                               split, candidates=candidates, static=static_names, betas=betas)
+                                               split, candidates=plan.candidates, static=plan.static_names,
+                                               betas=plan.betas)
             write_json_atomic(out / f"outcomes-{split}.json", half_to_json(half_outcomes[split], decoding))
         timings[split] = time.perf_counter() - t0
     if auto and len(half_outcomes) == len(HALVES):   # every analysis, without the model (outcomes.py)
         write_json_atomic(out / "outcomes.json", Outcomes.concatenate(list(half_outcomes.values())).to_json())
-    if decode_only:
-        return None
+    return results, features, decode_seconds
 
-    t0 = time.perf_counter()
-    val_items, val_where = halves["validation"]
-    val_results = results["validation"]
-    fit, cv = None, {}
-    if auto:
-        fit, cv = _fit_auto(artifact, val_items, val_results, features["validation"], val_where, candidates,
-                            static_names, betas, out, resamples, seed)
-    val_results += oracle_results(val_items, val_results, list(candidates.values()))
-    val_titles = [*static_names, *extra, ORACLE]
+
+def _validation_half(half: tuple[list[ContextItem], dict], results: list[ItemResult], plan: _StudyMethods, *,
+                     resamples: int, seed: int):
+    """The validation half's evaluation with the oracle's rows, its best static method and its
+    summary (:class:`juice.when_to_steer.ContextsEvaluation`); extends `results` with the oracle's."""
+    items, where = half
+    results += oracle_results(items, results, list(plan.candidates.values()))
+    titles = [*plan.static_names, *plan.extra, ORACLE]
     validation = ContextsEvaluation(
-        val_results, context_type_tables(val_results, val_titles, resamples=resamples, seed=seed), val_titles,
-        settings, {**val_where, "best_static_from": "this validation run"})
-    best = best_static_method({"means": validation.means(), "methods": static_names}, among=static_names)
+        results, context_type_tables(results, titles, resamples=resamples, seed=seed), titles,
+        plan.settings, {**where, "best_static_from": "this validation run"})
+    best = best_static_method({"means": validation.means(), "methods": plan.static_names}, among=plan.static_names)
     validation.best_static = best
-    validation.summary = summarize(val_results, val_titles, best, resamples=resamples, seed=seed)
-    timings["validation"] += time.perf_counter() - t0
+    validation.summary = summarize(results, titles, best, resamples=resamples, seed=seed)
+    return validation
 
-    t0 = time.perf_counter()
-    test_items, test_where = halves["test"]
-    test_results = results["test"]
-    test_settings = dict(settings)
+
+def _test_half(half: tuple[list[ContextItem], dict], results: list[ItemResult], features: Features | None,
+               plan: _StudyMethods, fit, validation, *, resamples: int, seed: int):
+    """The test half's evaluation: the static methods, `auto` routed by `fit`'s policy (when
+    fitted) and the oracle, against the best static method chosen on `validation`."""
+    items, where = half
+    settings = dict(plan.settings)
     routed = []
-    if auto:
-        test_settings[f"auto-{suffix}"] = fit.policy.to_json()
-        signal, gates, passage = features["test"]
+    if fit is not None:
+        name = f"auto-{plan.suffix}"
+        settings[name] = fit.policy.to_json()
+        signal, gates, passage = features
         picks = policy_picks(fit.policy, signal, passage, gates)
-        test_results += routed_results(test_items, test_results, picks, candidates, f"auto-{suffix}")
-        routed = [f"auto-{suffix}"]
-    test_results += oracle_results(test_items, test_results, list(candidates.values()))
-    test_titles = [*static_names, *routed, ORACLE]
-    kept = [r for r in test_results if r.method in test_titles]
-    test_where = {**test_where, "best_static_from": f"validation split of {val_where.get('source')}"}
-    test = ContextsEvaluation(
-        kept, context_type_tables(kept, test_titles, focus=f"auto-{suffix}" if auto else "Original",
-                                  resamples=resamples, seed=seed),
-        test_titles, test_settings, test_where, summarize(kept, test_titles, best, resamples=resamples, seed=seed),
-        best)
-    timings["test"] += time.perf_counter() - t0
-
-    for half, spent in decode_seconds.items():   # decoding, whether now or when the cache was written
-        timings[f"{half} decoding (all chunks)"] = sum(v for k, v in spent.items() if k != "chunks without a time")
-        if spent.get("chunks without a time"):
-            timings[f"{half} chunks without a time"] = spent["chunks without a time"]
-    study = Study(validation, test, fit, timings, cv)
-    _write_study(study, out)
-    return study
+        results += routed_results(items, results, picks, plan.candidates, name)
+        routed = [name]
+    results += oracle_results(items, results, list(plan.candidates.values()))
+    titles = [*plan.static_names, *routed, ORACLE]
+    kept = [r for r in results if r.method in titles]
+    where = {**where, "best_static_from": f"validation split of {validation.data.get('source')}"}
+    best = validation.best_static
+    return ContextsEvaluation(
+        kept, context_type_tables(kept, titles, focus=routed[0] if routed else "Original", resamples=resamples,
+                                  seed=seed),
+        titles, settings, where, summarize(kept, titles, best, resamples=resamples, seed=seed), best)
 
 
 def _fit_auto(artifact: HeadsArtifact, items: Sequence[ContextItem], results: Sequence[ItemResult],
