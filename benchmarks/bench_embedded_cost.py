@@ -62,7 +62,7 @@ def _child(step: str, model: str, dtype: str) -> dict:
         out["greedy"] = lm.tokenizer.decode(gen.tokens[0].tolist())
     if step == "agreement":
         from juice.interventions import Head
-        from juice.sweeps import intervention_probs
+        from juice.readout import intervention_probs
 
         g = lm.heads.geometry
         layer = g.n_layers // 2

@@ -21,7 +21,7 @@ from juice.stage1 import ALPHAS_NEGATIVE, ALPHAS_POSITIVE
 from juice.interventions import Head
 from juice.models import load_model
 from juice.steering import Steering, steering_coefficients
-from juice.sweeps import intervention_probs
+from juice.readout import intervention_probs
 from juice.tokens import token_ids
 
 

@@ -24,7 +24,7 @@ from juice.stage1 import ALPHAS_NEGATIVE, ALPHAS_POSITIVE, attribution_scores, h
 from juice.interventions import Head, head_coefficients, scaled_heads
 from juice.models import load_model
 from juice.reference import intervention_probs_naive
-from juice.sweeps import intervention_probs
+from juice.readout import intervention_probs
 from juice.tokens import encode
 
 K = 5

@@ -25,7 +25,7 @@ METHOD_NAMES = {"original", "june", "juice", "prune", "ph3", "auto", "prompt", "
 METRIC_NAMES = {"first_words", "memotrap", "nqswap"}
 WHEN_TO_STEER = ["data/context_types.py", "eval/contexts.py", "when_to_steer.py", "context_study.py", "auto.py",
                  "when_to_steer/__init__.py", "when_to_steer/signals.py", "when_to_steer/auto.py",
-                 "when_to_steer/evaluation.py", "when_to_steer/report.py", "when_to_steer/auto_tuning.py",
+                 "when_to_steer/evaluation.py", "when_to_steer/report.py", "when_to_steer/contexts.py", "when_to_steer/auto_tuning.py",
                  "when_to_steer/study.py"]
 """The when-to-steer modules, before (five files in four places) and after (the items in data/, auto's
 policy beside the registry, the rest in when_to_steer/): whichever stand are counted."""

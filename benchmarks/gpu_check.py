@@ -29,7 +29,7 @@ section's unused time goes to the next; what did not fit is recorded as skipped,
    travel; :data:`bench_gpu.CONFIGS`), at batch 1 and 32: JuICE step / plain cached step (target
    <= 1.1x), plain juice decoding / Hugging Face `generate` (target <= 1.0x), both per decoding
    path (dynamic and static KV cache; `--compiled` adds the compiled step); and exact Stage 1
-   (:func:`juice.sweeps.intervention_probs`, the growing batch) against one intervention per
+   (:func:`juice.readout.intervention_probs`, the growing batch) against one intervention per
    forward (:func:`juice.reference.intervention_probs_naive`) on three layers x every head x the
    paper's alphas (target >= 10x), with the largest probability difference between the two.
 
@@ -429,7 +429,7 @@ def stage1_ratio(lm, emit=print) -> dict:
     from juice.interventions import Head
     from juice.reference import intervention_probs_naive
     from juice.stage1 import ALPHAS_NEGATIVE, ALPHAS_POSITIVE, scoring_prompts
-    from juice.sweeps import intervention_probs
+    from juice.readout import intervention_probs
 
     g = lm.heads.geometry
     prompt = scoring_prompts(lm, build_domain("world_capital")[:1], conflict_types=("substitution",))[0]

@@ -13,7 +13,7 @@ from juice.data.paraconflict import build_domain
 from juice.engine import greedy_generate
 from juice.data.metrics import new_tokens
 from juice.when_to_steer.evaluation import context_type_means, context_type_tables, evaluate_context_types
-from juice.eval.metrics import context_verdicts
+from juice.eval.verdicts import context_verdicts
 from juice.recipe import Method
 from juice.interventions import Head, HeadSelection
 from juice.steering import ORIGINAL, JuICE, JuNE

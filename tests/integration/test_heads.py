@@ -11,7 +11,7 @@ from juice.data.paraconflict import build_domain
 from juice.stage1 import HeadScores, HeadsFileMismatchError, load_heads, make_artifact, save_heads, score_heads, scoring_prompts, select_heads
 from juice.interventions import Head
 from juice.reference import intervention_probs_naive
-from juice.sweeps import intervention_probs
+from juice.readout import intervention_probs
 
 PROMPT = "the capital of france is paris . the capital of france is"
 

@@ -12,7 +12,7 @@ from juice.interventions import Head
 from juice.models import load_model
 from juice.reference import greedy_generate_naive, intervention_probs_naive
 from juice.steering import Steering, steering_coefficients
-from juice.sweeps import intervention_probs
+from juice.readout import intervention_probs
 
 PROMPTS = ["the capital of france is paris . the capital of france is", "w3 w4 w5 golf is"]
 

@@ -12,7 +12,7 @@ from juice.stage1 import scoring_prompts
 from juice.interventions import Head
 from juice.reference import greedy_generate_naive, intervention_probs_naive
 from juice.steering import Steering, steering_coefficients
-from juice.sweeps import intervention_probs
+from juice.readout import intervention_probs
 from juice.tokens import answer_first_token, encode
 
 pytestmark = pytest.mark.slow

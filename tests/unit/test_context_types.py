@@ -3,7 +3,7 @@ NQ-Swap rows and ParaConflict items (one item per distinct question, gold holds 
 and not the distractor, an irrelevant passage states its recorded context answer and never the
 item's own, a distractor is the passage BM25 ranks highest or one about the same subject and
 another relation or one stating no answer, skips are counted), split by question, and scored under
-both objectives (:func:`juice.eval.metrics.context_verdicts`)."""
+both objectives (:func:`juice.eval.verdicts.context_verdicts`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from juice.data.context_types import (CONTEXT_TYPES, ContextItem, coherent_passa
 from juice.data.nqswap import read_records, strip_markup
 from juice.data.paraconflict import DOMAINS, build_domain, load_paraconflict_json
 from juice.data.records import ConflictExample
-from juice.eval.metrics import context_verdicts
+from juice.eval.verdicts import context_verdicts
 from juice.text import contains_answer, normalize_answer
 
 from helpers.context_rows import ROWS

@@ -10,7 +10,7 @@ from juice.data import metrics
 from juice.data.context_types import ContextItem
 from juice.data.metrics import CONTEXT_ITEM, CONTEXTUAL, METRICS, Metric, metric_named, metrics_for, new_tokens
 from juice.data.records import ContextualExample
-from juice.eval.metrics import context_match, contextual_correct
+from juice.eval.verdicts import context_match, contextual_correct
 
 
 def _example(metric: str) -> ContextualExample:

@@ -11,7 +11,7 @@ import pytest
 
 from juice.data.context_types import CONTEXT_TYPES, ContextItem, nqswap_context_items
 from juice.eval.harness_tasks import write_tasks
-from juice.eval.metrics import context_verdicts
+from juice.eval.verdicts import context_verdicts
 from helpers.context_rows import ROWS
 
 

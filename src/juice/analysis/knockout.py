@@ -18,7 +18,7 @@ items shaded; the table adds 95% bootstrap intervals of the mean. The paper coun
 (26 layers), the components whose knock-out raises that probability in all three conflict types:
 0 whole layers, 1 MLP, 6 attention blocks.
 
-Batched like Stage 1 (:func:`juice.sweeps.intervention_readout`): one forward per prompt holds
+Batched like Stage 1 (:func:`juice.readout.intervention_readout`): one forward per prompt holds
 the clean row and every knock-out row; a row knocking out layer l's component joins the batch at
 layer l's input as a copy of the clean residual stream.
 """
@@ -51,7 +51,7 @@ from juice.eval.stats import Interval, bootstrap_interval
 from juice.interventions import Head
 from juice.io import UnitCheckpoint
 from juice.models import LoadedModel
-from juice.sweeps import growing_readout, intervention_readout
+from juice.readout import growing_readout, intervention_readout
 from juice.tokens import answer_first_token
 from juice.progress import OnProgress
 
@@ -198,7 +198,7 @@ def head_knockout_deltas(
     on_progress: OnProgress | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Change of the context and the parametric answer's first-token probability when each head is
-    knocked out alone (`H <- 0`, :func:`juice.sweeps.intervention_readout`), per item and type.
+    knocked out alone (`H <- 0`, :func:`juice.readout.intervention_readout`), per item and type.
 
     The superposition table and Table 3's ranking read it (paper Sec. 3.1; App. D).
 

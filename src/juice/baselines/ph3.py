@@ -88,7 +88,7 @@ from juice.interventions import Head, check_heads, projection_input_hooks
 from juice.io import UnitCheckpoint
 from juice.models import LoadedModel
 from juice.engine.backend import Engine, engine_or_default
-from juice.sweeps import grow_batch
+from juice.readout import grow_batch
 from juice.tokens import answer_first_token, encode
 from juice.progress import OnProgress
 
@@ -141,7 +141,7 @@ def logit_difference_effects(
     """Zero-ablate every head alone on every prompt and record the change of LD (module docstring).
 
     Cost: one batched forward per prompt holding `n_layers * n_heads` ablation rows (the
-    growing batch of :func:`juice.sweeps.intervention_readout`). With `checkpoint`, each
+    growing batch of :func:`juice.readout.intervention_readout`). With `checkpoint`, each
     prompt's result is saved as soon as it is computed (an interrupted sweep resumes). `engine`
     computes the logit differences (:meth:`juice.engine.backend.Engine.intervention_logit_differences`;
     None: juice's own engine).

@@ -51,7 +51,7 @@ aliases (word-bounded, normalized: :func:`juice.text.contains_answer`), nor reco
 answer that normalizes like one of them: copying an irrelevant passage must never score as the
 true answer.
 
-Two objectives score an output (:func:`juice.eval.metrics.context_verdicts`): **use relevant
+Two objectives score an output (:func:`juice.eval.verdicts.context_verdicts`): **use relevant
 context** (gold and conflicting: the context's answer; irrelevant, distractor and none: the
 memory answer) and **trust memory** (the memory answer everywhere).
 """

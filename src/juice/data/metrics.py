@@ -2,7 +2,7 @@
 budget, how it matches an output to answers, and the Prompt baseline's form for its items. Every
 reader asks the table: the records check their metric's name against it (:mod:`juice.data.records`,
 :mod:`juice.data.context_types`), the evaluations group and score by it (:mod:`juice.eval.runner`,
-:mod:`juice.when_to_steer.evaluation`, :mod:`juice.eval.metrics`), the Prompt baseline picks its instruction by
+:mod:`juice.when_to_steer.evaluation`, :mod:`juice.eval.verdicts`), the Prompt baseline picks its instruction by
 it (:mod:`juice.baselines.prompt`) and `juice tasks` writes the lm-evaluation-harness budgets from
 it (:mod:`juice.eval.harness_tasks`). A contextual dataset with a metric of its own is one data
 module plus one :class:`Metric` here.
@@ -90,7 +90,7 @@ class Metric:
         match: `(output, answers) -> bool`, the table's rule (Table 1 or Table 2).
         records: the records that may name it (:data:`CONTEXTUAL`, :data:`CONTEXT_ITEM`).
         context_match: the context-type evaluation's rule, where :data:`CONTEXT_ITEM` records name
-            it (NQ-Swap's: on word boundaries, :func:`juice.eval.metrics.context_match`).
+            it (NQ-Swap's: on word boundaries, :func:`juice.eval.verdicts.context_match`).
         prompt_form: the Prompt baseline's contextual instruction for its items: "question" (NQ-Swap's
             instruction over `Context: ...\nQuestion: ...\nAnswer:`) or "completion"
             (:mod:`juice.baselines.prompt`).

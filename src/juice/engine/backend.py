@@ -13,7 +13,7 @@ context-type evaluations; :mod:`juice.pipeline`) ask an engine for three things:
 - the logit difference of two tokens there, clean and under the same scalings
   (:meth:`Engine.intervention_logit_differences`; PH3's knock-out scorer).
 
-:data:`JUICE_ENGINE` answers them with this package's decoding loop and :mod:`juice.sweeps`'
+:data:`JUICE_ENGINE` answers them with this package's decoding loop and :mod:`juice.readout`'
 growing batch, in this process; :class:`juice.vllm.engine.VllmEngine` answers them with steered
 requests to vLLM's OpenAI server (juice's plugin), which does the batching, placement and
 parallelism. A stage receives an engine and never asks which one it is; an engine says which
@@ -91,7 +91,7 @@ class Engine(Protocol):
 
 class JuiceEngine:
     """juice's own engine: :func:`juice.engine.generate` and the growing-batch sweeps of
-    :mod:`juice.sweeps`, in this process, on the loaded model's device."""
+    :mod:`juice.readout`, in this process, on the loaded model's device."""
 
     name = "juice"
     prompts_per_call = 1
@@ -106,18 +106,18 @@ class JuiceEngine:
         return generate(lm, prompts, streams, max_new_tokens, **options)
 
     def intervention_probs(self, lm, prompt, target_token, interventions, max_rows=256):
-        from juice.sweeps import intervention_probs
+        from juice.readout import intervention_probs
 
         return intervention_probs(lm, prompt, target_token, interventions, max_rows=max_rows)
 
     def intervention_probs_many(self, lm, targets, interventions, max_rows=256):
-        """One prompt at a time: the growing batch is per prompt (:mod:`juice.sweeps`)."""
+        """One prompt at a time: the growing batch is per prompt (:mod:`juice.readout`)."""
         return [self.intervention_probs(lm, prompt, target, interventions, max_rows) for prompt, target in targets]
 
     def intervention_logit_differences(self, lm, prompt, pair, interventions, max_rows=256):
         import torch
 
-        from juice.sweeps import intervention_readout
+        from juice.readout import intervention_readout
 
         tokens = torch.tensor(list(pair))
         clean, values = intervention_readout(lm, prompt, interventions,

@@ -58,7 +58,7 @@ from juice.engine.streams import (ChoiceRule, ContrastRule, Instructed, Question
 from juice.interventions import RowPlan, planned_rows
 from juice.models import LoadedModel
 from juice.engine.sampling import penalize_repetition, pick_token
-from juice.sweeps import grow_rows
+from juice.readout import grow_rows
 from juice.tokens import pad_left
 
 

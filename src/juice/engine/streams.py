@@ -302,7 +302,7 @@ def row_layout(geometry: HeadGeometry, streams: Sequence[Stream], prompt_keys: S
             stream order (no stream may have a choice left: it is made at the prefill).
         grow: (with `share`) a steered row whose prompt has a clean row joins the batch at the
             first layer it steers, as a copy of that row (below it the two are the same
-            computation; :func:`juice.sweeps.grow_rows`); rows are ordered by the layer they join.
+            computation; :func:`juice.readout.grow_rows`); rows are ordered by the layer they join.
 
     Returns:
         the :class:`RowLayout`.

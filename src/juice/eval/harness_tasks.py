@@ -4,7 +4,7 @@
 (`hf`, `vllm`, `local-completions` against `juice serve` with an alias naming the steering).
 The harness has no NQ-Swap task, and its MemoTrap (`inverse_scaling_memo_trap`) is scored as a
 two-way likelihood comparison, not as the paper scores it. These tasks score as juice does, by
-importing juice's own metrics (`utils.py` calls :mod:`juice.eval.metrics`), so juice must be
+importing juice's own metrics (`utils.py` calls :mod:`juice.eval.verdicts`), so juice must be
 installed where the harness runs:
 
 - one task per contextual dataset (:data:`juice.data.contextual.DATASETS`), scored by its metric's
@@ -18,7 +18,7 @@ installed where the harness runs:
 - `juice_contexts_<source>_<type>` (group `juice_contexts`): the context-type evaluation
   (:mod:`juice.data.context_types`): NQ-Swap's and the built-in ParaConflict domains' questions
   with a gold, conflicting, irrelevant and no context; metrics `use_relevant`, `trust_memory`
-  and `follows_context` (:func:`~juice.eval.metrics.context_verdicts`). ParaConflict items
+  and `follows_context` (:func:`~juice.eval.verdicts.context_verdicts`). ParaConflict items
   generate 10 tokens and are scored on their first 5 words (juice's own run stops a row once
   those are final: the same verdicts).
 
@@ -47,7 +47,7 @@ UTILS = '''"""Written by `juice tasks`: the harness's scores are juice's own met
 
 from juice.data.context_types import ContextItem
 from juice.data.metrics import METRICS
-from juice.eval.metrics import context_verdicts
+from juice.eval.verdicts import context_verdicts
 
 
 def contextual(doc, results):

@@ -1,5 +1,5 @@
 """The evaluation runner: decode every (item, conflict type, method) in shared batches and score it
-with the paper's metrics (:mod:`juice.eval.metrics`) for Tables 1 and 2.
+with the paper's metrics (:mod:`juice.eval.verdicts`) for Tables 1 and 2.
 
 Parametric direction (paper Sec. 4, Table 1): greedy decoding of 10 new tokens; the first 5 words
 are correct if any accepted answer occurs in them after normalization (lower case, accents
@@ -39,7 +39,7 @@ from juice.engine import Contrast, Instructed, QuestionAlone, Stream
 from juice.engine.backend import Engine, engine_or_default
 from juice.engine.likelihood import continuation_ids
 from juice.data.metrics import CONTEXTUAL, METRICS, N_WORDS, is_correct, metrics_for
-from juice.eval.metrics import contextual_correct
+from juice.eval.verdicts import contextual_correct
 from juice.models import LoadedModel
 from juice.steering import Steering
 from juice.text import first_words_final
@@ -79,7 +79,7 @@ class ItemResult:
             items; for your own rows the row's label.
         method: the method's name in the run (a table row, or a tuning label such as "juice:2:-1").
         output: the decoded continuation.
-        correct: exact match with the target answer (the metric of :mod:`juice.eval.metrics`).
+        correct: exact match with the target answer (the metric of :mod:`juice.eval.verdicts`).
         follows_context: the output gives the context answer (parametric direction) instead.
         p_parametric, p_context: first-step probabilities of the parametric and the context
             answer's first token.

@@ -211,7 +211,7 @@ def when_to_steer_stage(run: StageRun, choices: Mapping[str, Any], root: Path,
     """
     from juice.when_to_steer.study import run_study
     from juice.stage1 import load_heads
-    from juice.when_to_steer.report import prompt_fits
+    from juice.when_to_steer.contexts import prompt_fits
 
     cfg, lm, out = run.cfg, run.lm, Path(run.cfg.out_dir)
     if not cfg.contexts:
@@ -298,7 +298,7 @@ def _write(result: ReproduceResult, results, out: Path) -> None:
     if result.contexts:
         from juice.data.context_types import CONTEXT_TYPES
         from juice.when_to_steer.evaluation import LOWER_IS_BETTER
-        from juice.when_to_steer.report import TITLES
+        from juice.when_to_steer.contexts import TITLES
 
         text.append("\n## When to steer: NQ-Swap's test questions with a gold, conflicting, irrelevant or no context\n")
         for name, table in result.contexts.items():

@@ -43,7 +43,7 @@ from juice.text import first_line_match
 from juice.methods import REGISTRY, UNSTEERED
 from juice.when_to_steer.evaluation import QUESTION_ONLY, evaluate_context_types, question_only_results, result_id
 from juice.when_to_steer.auto_tuning import candidate_methods, tune_auto
-from juice.when_to_steer.report import context_methods
+from juice.when_to_steer.contexts import context_methods
 
 MAX_NEW_TOKENS = 32
 """New tokens per screening response (the benchmark's evaluation budget; its screening's is not published)."""
@@ -166,7 +166,7 @@ def measure(lm: LoadedModel, states: Mapping[str, Sequence[TriStateItem]], artif
         (the context-type items, one :class:`~juice.eval.runner.ItemResult` per item and method).
 
     Raises:
-        ValueError: as :func:`juice.when_to_steer.report.context_methods`.
+        ValueError: as :func:`juice.when_to_steer.contexts.context_methods`.
     """
     items = context_items(states, none=True).items
     methods, settings = context_methods(lm, artifacts, names)

@@ -7,7 +7,7 @@ target answer's first token, summed over the head identification set D. Heads wh
 negative for any conflict type are dropped; the top K by summed score are kept, one set for
 positive and one for negative scaling.
 
-Exact scoring is batched (:mod:`juice.sweeps`): one forward per prompt (or per chunk of `max_rows` rows) holds every
+Exact scoring is batched (:mod:`juice.readout`): one forward per prompt (or per chunk of `max_rows` rows) holds every
 (head, alpha) intervention as a batch row. Row 0 is the clean model. The batch *grows* layer by
 layer: the rows that intervene at layer l are appended at layer l's input as copies of the clean
 residual stream, since every layer below l is identical for them. Logits are computed at the
@@ -26,7 +26,7 @@ from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, Co
 from juice.interventions import Head, HeadSelection
 from juice.io import UnitCheckpoint
 from juice.models import LoadedModel
-from juice.sweeps import intervention_probs
+from juice.readout import intervention_probs
 from juice.tokens import answer_first_token
 from juice.progress import OnProgress
 
@@ -125,7 +125,7 @@ def score_heads(
         max_rows: most intervention rows per forward.
         probs: how one prompt's interventions are read out: `(lm, prompt, target_token,
             [(head, alpha), ...], max_rows) -> (clean probability, [n_interventions] probabilities)`;
-            default the batched growing sweep (:func:`juice.sweeps.intervention_probs`). The
+            default the batched growing sweep (:func:`juice.readout.intervention_probs`). The
             benchmarks and tests pass the naive one-forward-per-intervention reference
             (`juice.reference.intervention_probs_naive`).
         heads: score only these heads (the rest get score 0 and `scored` False); all by default.

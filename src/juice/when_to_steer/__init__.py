@@ -9,7 +9,7 @@ the method that decides per request whether to steer.
   question": AUROC with intervals over questions, reliability bins;
 - :mod:`juice.when_to_steer.evaluation`: decoding and scoring the items per context type, the
   tables and the question-resampled intervals;
-- :mod:`juice.when_to_steer.report`: end to end (`juice evaluate --contexts`): the sources, the
+- :mod:`juice.when_to_steer.contexts`: end to end (`juice evaluate --contexts`): the sources, the
   methods, the summary, the files written;
 - :mod:`juice.when_to_steer.auto_tuning`: tuning `auto` on validation items;
 - :mod:`juice.when_to_steer.study`: the study (`juice evaluate --contexts --study`): methods and
@@ -23,7 +23,7 @@ the method that decides per request whether to steer.
 """
 
 from juice.when_to_steer.evaluation import MEAN
-from juice.when_to_steer.report import (SUMMARIZED, ContextsEvaluation, best_static_method, context_items,
+from juice.when_to_steer.contexts import (SUMMARIZED, ContextsEvaluation, best_static_method, context_items,
                                         context_methods, evaluate_contexts, prompt_fits, summarize, summary_table)
 
 __all__ = ["MEAN", "SUMMARIZED", "ContextsEvaluation", "best_static_method", "context_items", "context_methods",

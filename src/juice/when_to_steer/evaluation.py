@@ -31,7 +31,7 @@ from juice.data.context_types import CONTEXT_TYPES, ContextItem
 from juice.eval.degeneration import correct_not_degenerate
 from juice.data.metrics import CONTEXT_ITEM, metrics_for
 from juice.data.metrics import METRICS
-from juice.eval.metrics import context_verdicts
+from juice.eval.verdicts import context_verdicts
 from juice.eval.stats import Interval, _check
 from juice.engine.backend import Engine
 from juice.eval.runner import DecodeRequest, ItemResult, decode_requests, exact_match_decided

@@ -56,7 +56,7 @@ from juice.when_to_steer.auto_tuning import (cross_validate, fit_outcomes, polic
 from juice.when_to_steer.outcomes import HALVES, Outcomes, half_to_json, outcomes_of
 from juice.when_to_steer.evaluation import (MEAN, POWER_Z, QUESTION_ONLY, context_type_tables, evaluate_context_types,
                                             question_bootstrap, question_only_results, result_id)
-from juice.when_to_steer.report import (SHORT, TITLES, ContextsEvaluation, best_static_method, context_items,
+from juice.when_to_steer.contexts import (SHORT, TITLES, ContextsEvaluation, best_static_method, context_items,
                                         context_methods, summarize)
 
 CHUNK = 40
@@ -68,7 +68,7 @@ ORACLE = "oracle"
 CACHE_VERSION = "contexts/3"
 """Bumped when the cache's layout changes, so older caches are not read."""
 
-DECODING_MODULES = ("juice.engine", "juice.baselines", "juice.eval.runner", "juice.eval.metrics",
+DECODING_MODULES = ("juice.engine", "juice.baselines", "juice.eval.runner", "juice.eval.verdicts",
                     "juice.eval.degeneration", "juice.data.metrics", "juice.when_to_steer.evaluation", "juice.recipe",
                     "juice.steering", "juice.interventions", "juice.methods", "juice.models", "juice.architectures",
                     "juice.post_norm", "juice.tokens", "juice.text")

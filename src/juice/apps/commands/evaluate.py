@@ -197,7 +197,7 @@ def _study(data: Optional[Path], heads: list[Path], methods: Optional[str], doma
     from juice.models import load_model
     from juice.stage1 import load_heads
     from juice.when_to_steer.evaluation import MEAN
-    from juice.when_to_steer.report import context_items, prompt_fits
+    from juice.when_to_steer.contexts import context_items, prompt_fits
 
     if len(heads) != 1:
         raise typer.BadParameter("--study takes one heads file", param_hint="--heads")
@@ -231,13 +231,13 @@ def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optiona
                        limit: Optional[int], out: Path, model: str, device: str,
                        max_prompt_tokens: Optional[int] = None, split: Optional[str] = None,
                        validation: Optional[Path] = None, engine: str = "juice", vllm_args: list[str] = ()) -> None:
-    """`juice evaluate --contexts` (:mod:`juice.when_to_steer.report`)."""
+    """`juice evaluate --contexts` (:mod:`juice.when_to_steer.contexts`)."""
     from juice.apps.terminal import interval_rich
     from juice.io import write_json_atomic
     from juice.models import load_model
     from juice.plots import have_matplotlib
     from juice.stage1 import load_heads
-    from juice.when_to_steer.report import TITLES, context_items, evaluate_contexts
+    from juice.when_to_steer.contexts import TITLES, context_items, evaluate_contexts
 
     try:   # bad input fails before the model loads
         kinds = [c.strip().lower() for c in contexts.split(",") if c.strip()]
@@ -255,7 +255,7 @@ def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optiona
     names = [m.strip().lower() for m in methods.split(",") if m.strip()]
     lm = load_model(model, device=model_device(engine, device), defer=engine != "juice")
     if max_prompt_tokens is not None:   # the first `limit` items whose prompts fit
-        from juice.when_to_steer.report import prompt_fits
+        from juice.when_to_steer.contexts import prompt_fits
 
         items, where = context_items(data, domain=domain, limit=limit, contexts=kinds, split=split,
                                      keep=prompt_fits(lm.tokenizer, max_prompt_tokens))

@@ -57,7 +57,7 @@ def tune(
     names = [m.strip().lower() for m in methods.split(",") if m.strip()]
     policies = [m for m in names if m in method_names(tuned="policy")]   # auto: fitted on context-type items
     if policies:
-        from juice.when_to_steer.report import context_items
+        from juice.when_to_steer.contexts import context_items
 
         try:
             items, where = context_items(data, limit=limit, split=split)
