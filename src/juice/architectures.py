@@ -42,6 +42,10 @@ class ArchitectureAdapter:
             "conv1d" (GPT-2's `Conv1D`, weight `[in, out]`: a head owns rows).
         attn_implementation: attention implementation to request at load time, or None for the
             library's default. Gemma 2 soft-caps attention logits, which `sdpa` drops: "eager".
+        vllm: the model types juice's vLLM plugin steers, each as (model type, vLLM's model
+            module under `vllm.model_executor.models`, vLLM's architecture class): the plugin's
+            steered class is `juice.vllm.models.Juice<class>`, registered under the class's name
+            (:func:`vllm_architectures`, :mod:`juice.vllm`).
     """
 
     model_types: tuple[str, ...]
@@ -49,6 +53,12 @@ class ArchitectureAdapter:
     output_projection: str = "self_attn.o_proj"
     weight_layout: Literal["linear", "conv1d"] = "linear"
     attn_implementation: str | None = None
+    vllm: tuple[tuple[str, str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        stray = [t for t, _, _ in self.vllm if t not in self.model_types]
+        if stray:
+            raise ValueError(f"vllm names model type {stray[0]!r}, which this adapter does not serve")
 
 
 _REGISTRY: dict[str, ArchitectureAdapter] = {}
@@ -68,14 +78,26 @@ def register_architecture(adapter: ArchitectureAdapter, *, overwrite: bool = Fal
 
 for _adapter in (
     ArchitectureAdapter(("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma3_text", "olmo", "olmo2",
-                         "stablelm", "phi3", "mixtral", "granite")),
-    ArchitectureAdapter(("gemma2",), attn_implementation="eager"),
+                         "stablelm", "phi3", "mixtral", "granite"),
+                        vllm=(("gemma3_text", "gemma3", "Gemma3ForCausalLM"), ("llama", "llama", "LlamaForCausalLM"),
+                              ("qwen2", "qwen2", "Qwen2ForCausalLM"), ("qwen3", "qwen3", "Qwen3ForCausalLM"),
+                              ("mistral", "mistral", "MistralForCausalLM"), ("phi3", "phi3", "Phi3ForCausalLM"))),
+    ArchitectureAdapter(("gemma2",), attn_implementation="eager", vllm=(("gemma2", "gemma2", "Gemma2ForCausalLM"),)),
     ArchitectureAdapter(("phi",), output_projection="self_attn.dense"),
     ArchitectureAdapter(("gpt2",), layers="transformer.h", output_projection="attn.c_proj",
                         weight_layout="conv1d"),
     ArchitectureAdapter(("gpt_neox",), layers="gpt_neox.layers", output_projection="attention.dense"),
 ):
     register_architecture(_adapter)
+
+
+def vllm_architectures() -> dict[str, str]:
+    """vLLM's architecture class name -> its model module (under `vllm.model_executor.models`),
+    for every architecture juice's vLLM plugin steers (the adapters' `vllm`), read from the
+    registry when called. OLMo 2 is not among them: vLLM 0.32 serves it through its Transformers
+    backend, whose layers the plugin does not drive (the plugin refuses to start on it,
+    :class:`juice.vllm.processor.JuiceSteeringProcessor`)."""
+    return {cls: module for adapter in dict.fromkeys(_REGISTRY.values()) for _, module, cls in adapter.vllm}
 
 
 def supported_model_types() -> list[str]:

@@ -58,3 +58,22 @@ def test_registering_a_new_architecture(monkeypatch):
     assert ModelHeads(model).geometry.n_heads == 2
     with pytest.raises(ValueError, match="already has an adapter"):
         register_architecture(ArchitectureAdapter(("my_llama_variant",)))
+
+
+def test_the_vllm_plugin_steers_what_the_one_architecture_table_names(monkeypatch):
+    """Issue 91: one table (the adapters' `vllm`) names each architecture's adapter and its vLLM
+    steered class; the plugin's list (:func:`juice.vllm.steered_architectures`) is read from it,
+    so an adapter registered with a vLLM class is steered there too."""
+    import juice.architectures as arch
+    from juice.vllm import steered_architectures
+
+    assert steered_architectures() == {c: f"Juice{c}" for c in (
+        "Gemma3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
+        "Phi3ForCausalLM", "Gemma2ForCausalLM")}
+    assert arch.vllm_architectures()["Gemma3ForCausalLM"] == "gemma3"
+    monkeypatch.setattr(arch, "_REGISTRY", dict(arch._REGISTRY))
+    register_architecture(ArchitectureAdapter(("my_llama_variant",),
+                                              vllm=(("my_llama_variant", "llama", "MyLlamaForCausalLM"),)))
+    assert steered_architectures()["MyLlamaForCausalLM"] == "JuiceMyLlamaForCausalLM"
+    with pytest.raises(ValueError, match="'other', which this adapter does not serve"):
+        ArchitectureAdapter(("mine",), vllm=(("other", "llama", "LlamaForCausalLM"),))

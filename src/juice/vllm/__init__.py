@@ -17,13 +17,12 @@ vLLM loads it. For users: docs/vllm.md.
 
 from __future__ import annotations
 
-ARCHITECTURES = {"Gemma3ForCausalLM": "JuiceGemma3ForCausalLM", "Gemma2ForCausalLM": "JuiceGemma2ForCausalLM",
-                 "LlamaForCausalLM": "JuiceLlamaForCausalLM", "Qwen2ForCausalLM": "JuiceQwen2ForCausalLM",
-                 "Qwen3ForCausalLM": "JuiceQwen3ForCausalLM", "MistralForCausalLM": "JuiceMistralForCausalLM",
-                 "Phi3ForCausalLM": "JuicePhi3ForCausalLM"}
-"""vLLM architecture name -> its steered class in :mod:`juice.vllm.models`. OLMo 2 is not among them:
-vLLM 0.32 serves it through its Transformers backend, whose layers the plugin does not drive
-(the plugin refuses to start on it, :class:`juice.vllm.processor.JuiceSteeringProcessor`)."""
+def steered_architectures() -> dict[str, str]:
+    """vLLM architecture name -> its steered class in :mod:`juice.vllm.models` (`Juice<name>`),
+    from the one architecture table (:func:`juice.architectures.vllm_architectures`)."""
+    from juice.architectures import vllm_architectures
+
+    return {name: f"Juice{name}" for name in vllm_architectures()}
 
 
 LOGITS_PROCESSOR = "juice.vllm.processor:JuiceSteeringProcessor"
@@ -133,8 +132,9 @@ def register() -> None:
         logging.getLogger("juice").warning(warning)
     from vllm import ModelRegistry
 
-    for architecture, name in ARCHITECTURES.items():
+    for architecture, name in steered_architectures().items():
         ModelRegistry.register_model(architecture, f"juice.vllm.models:{name}")
 
 
-__all__ = ["ARCHITECTURES", "LOGITS_PROCESSOR", "SCHEDULER", "generate", "llm_options", "offline_request", "register"]
+__all__ = ["LOGITS_PROCESSOR", "SCHEDULER", "generate", "llm_options", "offline_request", "register",
+           "steered_architectures"]

@@ -218,14 +218,14 @@ class VllmEngine:
             juice.extras.MissingExtraError: no `openai` client (the vllm extra).
         """
         from juice.extras import require
-        from juice.vllm import ARCHITECTURES
+        from juice.vllm import steered_architectures
         from juice.vllm.launch import find_vllm_python
 
         require("vllm", "--engine vllm")
 
-        served = lm.architectures
-        if not any(a in ARCHITECTURES for a in served):
-            raise VllmEngineError(f"juice's vLLM plugin steers {', '.join(sorted(ARCHITECTURES))}; this model is "
+        served, steered = lm.architectures, steered_architectures()
+        if not any(a in steered for a in served):
+            raise VllmEngineError(f"juice's vLLM plugin steers {', '.join(sorted(steered))}; this model is "
                                   f"{', '.join(served) or 'of an unknown architecture'}: run with --engine juice")
         find_vllm_python()
 

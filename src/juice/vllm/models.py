@@ -81,7 +81,7 @@ from vllm.distributed import (get_pp_group, get_tensor_model_parallel_rank, get_
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention import Attention
 
-from juice.architectures import config_geometry
+from juice.architectures import config_geometry, vllm_architectures
 from juice.models import fingerprint_mismatch, weights_digests
 from juice.stage1.heads_file import check_selection_fits
 from juice.vllm.constraints import (CLEAN_RUN_OP, ROW_FIELD, PluginConfigError, check_attention_backend,
@@ -581,13 +581,7 @@ def _load(module: str, name: str) -> type:
     return getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), name)
 
 
-JuiceGemma3ForCausalLM = _steerable(_load("gemma3", "Gemma3ForCausalLM"))
-JuiceGemma2ForCausalLM = _steerable(_load("gemma2", "Gemma2ForCausalLM"))
-JuiceLlamaForCausalLM = _steerable(_load("llama", "LlamaForCausalLM"))
-JuiceQwen2ForCausalLM = _steerable(_load("qwen2", "Qwen2ForCausalLM"))
-JuiceQwen3ForCausalLM = _steerable(_load("qwen3", "Qwen3ForCausalLM"))
-JuiceMistralForCausalLM = _steerable(_load("mistral", "MistralForCausalLM"))
-JuicePhi3ForCausalLM = _steerable(_load("phi3", "Phi3ForCausalLM"))
+for _class, _module in vllm_architectures().items():   # the architecture table's (juice.architectures)
+    globals()[f"Juice{_class}"] = _steerable(_load(_module, _class))
 
-__all__ = ["JuiceGemma2ForCausalLM", "JuiceGemma3ForCausalLM", "JuiceLlamaForCausalLM", "JuiceMistralForCausalLM",
-           "JuicePhi3ForCausalLM", "JuiceQwen2ForCausalLM", "JuiceQwen3ForCausalLM", "SteerableMixin"]
+__all__ = ["SteerableMixin", *sorted(f"Juice{c}" for c in vllm_architectures())]

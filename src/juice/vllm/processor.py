@@ -14,7 +14,7 @@ import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from juice.architectures import config_geometry
-from juice.vllm import ARCHITECTURES
+from juice.vllm import steered_architectures
 from juice.vllm.constraints import PluginConfigError, check_plugin_on_here
 from juice.steering_request import request_fields
 from juice.vllm.options import RequestSteering, parse_request, plugin_enabled, plugin_heads, served_heads
@@ -64,7 +64,7 @@ class JuiceSteeringProcessor(LogitsProcessor):
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
         """Raises: PluginConfigError: the plugin is on and the served architecture has no steered
-        class (:data:`juice.vllm.ARCHITECTURES`), or vLLM's config turns it on and this worker's
+        class (:func:`juice.vllm.steered_architectures`), or vLLM's config turns it on and this worker's
         environment does not (:func:`juice.vllm.constraints.check_plugin_on_here`): its requests
         would be served unsteered.
 
@@ -73,8 +73,9 @@ class JuiceSteeringProcessor(LogitsProcessor):
         self.server = served_heads(vllm_config)
         check_plugin_on_here(self.server.enabled, plugin_enabled())
         served = list(getattr(vllm_config.model_config.hf_config, "architectures", None) or [])
-        if self.server.enabled and not any(a in ARCHITECTURES for a in served):
-            raise PluginConfigError(f"juice's vLLM plugin steers {', '.join(sorted(ARCHITECTURES))}; this model is "
+        steered = steered_architectures()
+        if self.server.enabled and not any(a in steered for a in served):
+            raise PluginConfigError(f"juice's vLLM plugin steers {', '.join(sorted(steered))}; this model is "
                                     f"{', '.join(served) or 'of an unknown architecture'} (juice serve steers it "
                                     "with juice's own engine)")
         self.geometry = config_geometry(vllm_config.model_config.hf_config)
