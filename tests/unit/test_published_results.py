@@ -284,3 +284,25 @@ def test_the_tristate_parity_table_on_its_page_is_the_committed_record():
                      for r in record["results"]["adacad"].values() for d in r["differ"])
     assert (f"with\nbits, {differ['adacad']} of 150 outputs differ, {first_line} of them on the first line"
             in page and differ["adacad-nats"] == 0)
+
+
+def test_the_results_page_is_the_committed_record_of_its_four_runs():
+    """Issue 89, item 3: every table of docs/results.md (Table 1 and Table 2, under the paper's
+    protocol and with the degeneration margin: accuracy, correct and not degenerate, the degenerate
+    share, the paired differences, the heads, the choices, the validation-vs-test shares) is the
+    record's, as benchmarks/results_page.py renders it; the page names each run's command and the
+    commit the runs came from."""
+    import results_page
+
+    record = json.loads(results_page.RECORD.read_text(encoding="utf-8"))
+    assert record["model"]["name"] == "gemma-3-270m" and len(record["runs_commit"]) == 40
+    assert set(record["runs"]) == set(results_page.RUNS)
+    page = results_page.PAGE.read_text(encoding="utf-8")
+    rendered = results_page.blocks(record)
+    assert len(rendered) == 20
+    for name, text in rendered.items():
+        assert results_page.marked(name, text) in page, name
+    assert results_page.write_page(page, rendered) == page   # no marked block the record does not render
+    for command, _ in results_page.RUNS.values():
+        assert f"`{command}`" in page, command
+    assert record["runs_commit"][:12] in page

@@ -1,0 +1,262 @@
+"""The record of docs/results.md (issue 89, item 3): the embedded Gemma 3 270M's Table 1 and
+Table 2, each under the paper's protocol and with the degeneration margin, as compact cells (mean,
+95% bootstrap bounds, n) with the heads, the per-domain choices and the paired differences; and
+the page's tables rendered from that record (:func:`blocks`), which tests/unit/test_published_results.py
+finds in the page.
+
+The four runs are `juice reproduce` with the defaults (:data:`RUNS` gives each command), in one
+folder RUNS_DIR (their `--out` folders, juice-output/ and juice-output-margin/, beside each other).
+
+Run:
+  python benchmarks/results_page.py record RUNS_DIR --runs-commit COMMIT --record benchmarks/results/results-gemma-3-270m.json
+  python benchmarks/results_page.py page [--record ...] [--write docs/results.md]
+    (prints the blocks; --write replaces each block between its markers in the page)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import sys
+from datetime import date
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RECORD = HERE / "results" / "results-gemma-3-270m.json"
+PAGE = HERE.parent / "docs" / "results.md"
+
+RUNS = {   # key -> (command, results file under RUNS_DIR)
+    "table1": ("juice reproduce --out juice-output", "juice-output/results.json"),
+    "table1_margin": ("juice reproduce --degeneration-margin 10 --out juice-output-margin",
+                      "juice-output-margin/results.json"),
+    "table2": ("juice reproduce --direction contextual --out juice-output", "juice-output/results_contextual.json"),
+    "table2_margin": ("juice reproduce --direction contextual --degeneration-margin 10 --out juice-output-margin",
+                      "juice-output-margin/results_contextual.json"),
+}
+SCORES = ("table", "correct_not_degenerate", "degeneration")
+"""A run's three interval tables: accuracy (the paper's exact match), correct and not degenerate,
+the degenerate share."""
+TYPES = ("clean", "substitution", "coherent")
+
+
+def compact(results: dict) -> dict:
+    """One run's record: its methods in table order, its domains in run order, heads, per-domain
+    choices and the three interval tables' cells and paired differences, from its results file
+    (Table 1: the averages over the domains, as the page shows; Table 2: every dataset too)."""
+    table = results["table"]
+    methods = list(table["cells"])
+    contextual = "context" in table["cells"][methods[0]]["Average"]
+    keep = lambda cells: {name: {col: gs for col, gs in cols.items() if contextual or col == "Average"}  # noqa: E731
+                          for name, cols in cells.items()}
+    choices = {d: {"juice": [c["betas"]["juice"]["beta_plus"], c["betas"]["juice"]["beta_minus"]],
+                   "june": [c["betas"]["june"]["beta_plus"], c["betas"]["june"]["beta_minus"]],
+                   "ph3_k": {row: p["k"] for row, p in c.get("prune", {}).items()}}
+               for d, c in results["choices"].items()}
+    return {"methods": methods, "domains": list(results["choices"]), "model": results["model"],
+            "heads": results["heads"], "choices": choices,
+            "degeneration_margin": results["config"].get("degeneration_margin"),
+            "scores": {s: {"cells": keep(results[s]["cells"]),
+                           "differences": {name: {"Average": cols["Average"]}
+                                           for name, cols in results[s]["differences"].items()}}
+                       for s in SCORES}}
+
+
+def _interval(cell: dict):
+    from juice.eval.stats import Interval
+
+    return Interval.from_json(cell)
+
+
+def _table(score: dict):
+    from juice.eval.tables import IntervalTable
+
+    conv = lambda c: {a: {col: {g: _interval(iv) for g, iv in gs.items()} for col, gs in cols.items()}   # noqa: E731
+                      for a, cols in c.items()}
+    return IntervalTable(conv(score["cells"]), conv(score["differences"]), 2000, 0.95, 0)
+
+
+def _titles(run: dict) -> dict[str, str]:
+    from juice.data.contextual import dataset_titles
+    from juice.data.paraconflict import DOMAINS
+
+    return {**{d: DOMAINS[d].title for d in DOMAINS}, **dataset_titles()}
+
+
+def _betas(run: dict, titles: dict[str, str], ph3_rows: tuple[str, ...]) -> str:
+    """'Athlete Sport (0, -2) / (3, -1), ...; PH3-l k = 3, 5, ...' in the run's domain order."""
+    pair = lambda b: f"({b[0]:g}, {b[1]:g})"   # noqa: E731
+    text = ", ".join(f"{titles.get(d, d)} {pair(run['choices'][d]['juice'])} / {pair(run['choices'][d]['june'])}"
+                     for d in run["domains"])
+    ks = [f"{row} k = " + ", ".join(str(run["choices"][d]["ph3_k"][row]) for d in run["domains"])
+          for row in ph3_rows if all(row in run["choices"][d]["ph3_k"] for d in run["domains"])]
+    return text + ("; " + " and ".join(ks) if ks else "")
+
+
+def _diff(iv) -> str:
+    mean, low, high = (round(100 * v, 1) + 0.0 for v in (iv.mean, iv.low, iv.high))
+    mark = "*" if iv.low > 1e-9 or iv.high < -1e-9 else ""
+    return f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]{mark}"
+
+
+def blocks(record: dict) -> dict[str, str]:
+    """The page's tables and the lines that state the runs' heads and choices, rendered from the
+    record: block name -> Markdown (each held verbatim between the page's markers)."""
+    from juice.eval.report import difference_markdown, interval_markdown
+
+    out: dict[str, str] = {}
+    one, one_m = record["runs"]["table1"], record["runs"]["table1_margin"]
+    two, two_m = record["runs"]["table2"], record["runs"]["table2_margin"]
+    titles = _titles(one)
+    avg = [("Average", t) for t in TYPES]
+    t = {s: _table(one["scores"][s]) for s in SCORES}
+    out["table1-accuracy"] = interval_markdown(t["table"], one["methods"], avg, list(TYPES))
+    out["table1-correct-not-degenerate"] = interval_markdown(t["correct_not_degenerate"], one["methods"], avg,
+                                                             list(TYPES))
+    out["table1-degenerate"] = interval_markdown(t["degeneration"], one["methods"], avg, list(TYPES), bold=False)
+    out["table1-differences"] = difference_markdown(t["table"], avg, list(TYPES))
+    out["table1-differences-correct-not-degenerate"] = difference_markdown(t["correct_not_degenerate"], avg,
+                                                                           list(TYPES))
+    heads = lambda run: (f"+ {', '.join(run['heads']['positive'])}; - {', '.join(run['heads']['negative'])}")  # noqa: E731
+    out["table1-choices"] = (f"Heads (exact Stage 1 on World Capital's D): {heads(one)}. Per-domain (beta+, beta-) "
+                             f"for JuICE / JuNE: {_betas(one, titles, ('PH3-l',))} in the same order.\n")
+    tm = {s: _table(one_m["scores"][s]) for s in SCORES}
+
+    def triple(table, m) -> str:
+        return " / ".join(f"{100 * table.cells[m]['Average'][g].mean:.1f}" for g in TYPES)
+
+    rows = ["| Method | accuracy 1/2/3, paper | accuracy 1/2/3, margin 10 | degenerate 1/2/3, margin 10 | "
+            "correct and not degenerate 1/2/3, margin 10 |", "|---|---|---|---|---|"]
+    for m in one["methods"]:
+        rows.append(f"| {m} | {triple(t['table'], m)} | {triple(tm['table'], m)} | {triple(tm['degeneration'], m)} | "
+                    f"{triple(tm['correct_not_degenerate'], m)} |")
+    n = t["table"].cells[one["methods"][0]]["Average"]["clean"].n
+    rows.append(f"| n | {n} each | {n} each | {n} each | {n} each |")
+    out["table1-margin"] = "\n".join(rows) + "\n"
+    juice_orig = tm["table"].differences["JuICE - Original"]["Average"]
+    out["table1-margin-choices"] = (
+        "JuICE - Original with the margin: " + ", ".join(_diff(juice_orig[g]) for g in TYPES) + " (accuracy);\n"
+        f"per-domain (beta+, beta-) for JuICE / JuNE: {_betas(one_m, titles, ('PH3-l',))}.\n")
+
+    cols2 = [(d, "context") for d in two["domains"]]
+    u = {s: _table(two["scores"][s]) for s in SCORES}
+    um = {s: _table(two_m["scores"][s]) for s in SCORES}
+    rows = ["| Method | accuracy | correct and not degenerate | degenerate |", "|---|---|---|---|"]
+    for m in two["methods"]:
+        rows.append(f"| {m} | " + " | ".join(u[s].cells[m]["Average"]["context"].format() for s in SCORES) + " |")
+    n2 = u["table"].cells[two["methods"][0]]["Average"]["context"].n
+    rows.append(f"| n | {n2} | {n2} | {n2} |")
+    out["table2-average"] = "\n".join(rows) + "\n"
+    heads2 = [titles.get(d, d) for d in two["domains"]]
+    out["table2-accuracy"] = interval_markdown(u["table"], two["methods"], cols2, heads2, bold=False)
+    out["table2-degenerate"] = interval_markdown(u["degeneration"], two["methods"], cols2, heads2, bold=False)
+    out["table2-correct-not-degenerate"] = interval_markdown(u["correct_not_degenerate"], two["methods"], cols2,
+                                                             heads2, bold=False)
+    rows = ["| Comparison | accuracy | correct and not degenerate |", "|---|---|---|"]
+    for name, cols in u["table"].differences.items():
+        rows.append(f"| {name} | {_diff(cols['Average']['context'])} | "
+                    f"{_diff(u['correct_not_degenerate'].differences[name]['Average']['context'])} |")
+    out["table2-differences"] = "\n".join(rows) + "\n"
+    out["table2-choices"] = (f"Heads: {heads(two)}. Per-dataset (beta+, beta-) for JuICE / JuNE: "
+                             f"{_betas(two, titles, ('PH3-l', 'PH3-s'))} in the same order.\n")
+    for s, name in (("table", "accuracy"), ("correct_not_degenerate", "correct-not-degenerate"),
+                    ("degeneration", "degenerate")):
+        rows = ["| Method | paper's protocol | margin 10 |", "|---|---|---|"]
+        for m in two["methods"]:
+            rows.append(f"| {m} | {u[s].cells[m]['Average']['context'].format()} | "
+                        f"{um[s].cells[m]['Average']['context'].format()} |")
+        rows.append(f"| n | {n2} | {n2} |")
+        out[f"table2-margin-{name}"] = "\n".join(rows) + "\n"
+    d = {s: um[s].differences for s in ("table", "correct_not_degenerate")}
+    pick = lambda s, m: _diff(d[s][f"{m} - Original"]["Average"]["context"])   # noqa: E731
+    out["table2-margin-choices"] = (
+        f"With the margin, against Original: JuICE {pick('table', 'JuICE')} on accuracy and "
+        f"{pick('correct_not_degenerate', 'JuICE')} on correct and not degenerate; JuNE {pick('table', 'JuNE')} and "
+        f"{pick('correct_not_degenerate', 'JuNE')}. Chosen (beta+, beta-) for JuICE / JuNE: "
+        f"{_betas(two_m, titles, ('PH3-l', 'PH3-s'))}.\n")
+    for key, run in (("table2-validation", two), ("table2-margin-validation", two_m)):
+        rows = ["| Dataset | Method | (beta+, beta-) | Validation [95%] | Original (validation) | Test |",
+                "|---|---|---|---|---|---|"]
+        for r in run["validation_degeneration"]:
+            low, high = r["validation_interval"]
+            rows.append(f"| {titles.get(r['domain'], r['domain'])} | {r['method']} | ({r['beta_plus']:g}, "
+                        f"{r['beta_minus']:g}) | {r['validation']:.1f} [{low:.1f}, {high:.1f}] | "
+                        f"{r['original_validation']:.1f} | {r['test']:.1f} |")
+        out[key] = "\n".join(rows) + "\n"
+    return out
+
+
+def marked(name: str, text: str) -> str:
+    """A block as the page holds it, between its markers (HTML comments: not shown)."""
+    return f"<!-- record {name} -->\n\n{text}\n<!-- /record -->"
+
+
+def write_page(page: str, rendered: dict[str, str]) -> str:
+    """`page` with each marked block replaced by its rendering.
+
+    Raises:
+        KeyError: the page marks a block the record does not render, or lacks one it renders.
+    """
+    found = re.findall(r"<!-- record ([\w-]+) -->", page)
+    missing = sorted(set(rendered) - set(found))
+    unknown = sorted(set(found) - set(rendered))
+    if missing or unknown:
+        raise KeyError(f"blocks the page lacks: {missing}; blocks the record does not render: {unknown}")
+    return re.sub(r"<!-- record ([\w-]+) -->\n.*?<!-- /record -->", lambda m: marked(m.group(1), rendered[m.group(1)]),
+                  page, flags=re.S)
+
+
+def record_runs(runs_dir: Path, runs_commit: str) -> dict:
+    sys.path.insert(0, str(HERE))
+    from _common import git_state
+
+    import juice
+    import torch
+
+    runs = {}
+    from degeneration_labels import predict
+
+    for key, (command, file) in RUNS.items():
+        runs[key] = {"command": command, **compact(json.loads((runs_dir / file).read_text(encoding="utf-8")))}
+        if key.startswith("table2"):   # the chosen settings' degenerate share on validation and on test
+            runs[key]["validation_degeneration"] = predict(runs_dir / file)
+    models = {json.dumps(r.pop("model"), sort_keys=True) for r in runs.values()}
+    if len(models) != 1:
+        raise SystemExit("the four runs are not of one model")
+    return {"command": f"python benchmarks/results_page.py record RUNS_DIR --runs-commit {runs_commit}",
+            "runs_commit": runs_commit, "runs_env": "one thread each (OMP_NUM_THREADS=1), in a folder outside the "
+            "checkout with JUICE_DATA=../shared/data, two runs side by side on 2 cores", "record": git_state(), "juice": juice.__version__, "torch": torch.__version__,
+            "date": date.today().isoformat(), "machine": f"{platform.machine()}, 2 CPU cores, one thread per run",
+            "model": json.loads(models.pop()), "runs": runs}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    rec = sub.add_parser("record")
+    rec.add_argument("runs_dir", type=Path)
+    rec.add_argument("--runs-commit", required=True, help="the commit the four runs started from (clean)")
+    rec.add_argument("--record", type=Path, default=RECORD)
+    page = sub.add_parser("page")
+    page.add_argument("--record", type=Path, default=RECORD)
+    page.add_argument("--write", type=Path, default=None)
+    args = parser.parse_args()
+    if args.what == "record":
+        from juice.io import write_json_atomic
+
+        write_json_atomic(args.record, record_runs(args.runs_dir, args.runs_commit))
+        print(f"wrote {args.record}")
+        return 0
+    rendered = blocks(json.loads(args.record.read_text(encoding="utf-8")))
+    if args.write:
+        args.write.write_text(write_page(args.write.read_text(encoding="utf-8"), rendered), encoding="utf-8")
+        print(f"wrote {len(rendered)} blocks into {args.write}")
+    else:
+        for name, text in rendered.items():
+            print(marked(name, text))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
