@@ -196,15 +196,19 @@ def write_page(page: str, rendered: dict[str, str]) -> str:
     """`page` with each marked block replaced by its rendering.
 
     Raises:
-        KeyError: the page marks a block the record does not render, or lacks one it renders.
+        KeyError: the page marks a block the record does not render, lacks one it renders, marks
+            one twice, or has an opening marker without its closing one (nothing is replaced).
     """
-    found = re.findall(r"<!-- record ([\w-]+) -->", page)
-    missing = sorted(set(rendered) - set(found))
-    unknown = sorted(set(found) - set(rendered))
+    block = re.compile(r"<!-- record ([\w-]+) -->\n(?:(?!<!-- record ).)*?<!-- /record -->", re.S)
+    opened = re.findall(r"<!-- record ([\w-]+) -->", page)
+    closed = [m.group(1) for m in block.finditer(page)]
+    if closed != opened or page.count("<!-- /record -->") != len(opened) or len(set(opened)) != len(opened):
+        raise KeyError(f"the page's markers do not pair up: opened {opened}, closed {closed}")
+    missing = sorted(set(rendered) - set(opened))
+    unknown = sorted(set(opened) - set(rendered))
     if missing or unknown:
         raise KeyError(f"blocks the page lacks: {missing}; blocks the record does not render: {unknown}")
-    return re.sub(r"<!-- record ([\w-]+) -->\n.*?<!-- /record -->", lambda m: marked(m.group(1), rendered[m.group(1)]),
-                  page, flags=re.S)
+    return block.sub(lambda m: marked(m.group(1), rendered[m.group(1)]), page)
 
 
 def record_runs(runs_dir: Path, runs_commit: str) -> dict:

@@ -97,7 +97,8 @@ def vllm_architectures() -> dict[str, str]:
     registry when called. OLMo 2 is not among them: vLLM 0.32 serves it through its Transformers
     backend, whose layers the plugin does not drive (the plugin refuses to start on it,
     :class:`juice.vllm.processor.JuiceSteeringProcessor`)."""
-    return {cls: module for adapter in dict.fromkeys(_REGISTRY.values()) for _, module, cls in adapter.vllm}
+    return {cls: module for adapter in dict.fromkeys(_REGISTRY.values()) for model_type, module, cls in adapter.vllm
+            if _REGISTRY.get(model_type) is adapter}   # not a model type another adapter has since taken over
 
 
 def supported_model_types() -> list[str]:

@@ -77,3 +77,5 @@ def test_the_vllm_plugin_steers_what_the_one_architecture_table_names(monkeypatc
     assert steered_architectures()["MyLlamaForCausalLM"] == "JuiceMyLlamaForCausalLM"
     with pytest.raises(ValueError, match="'other', which this adapter does not serve"):
         ArchitectureAdapter(("mine",), vllm=(("other", "llama", "LlamaForCausalLM"),))
+    register_architecture(ArchitectureAdapter(("qwen2",)), overwrite=True)   # qwen2 now has no vLLM class
+    assert "Qwen2ForCausalLM" not in steered_architectures() and "LlamaForCausalLM" in steered_architectures()

@@ -9,6 +9,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -303,6 +305,9 @@ def test_the_results_page_is_the_committed_record_of_its_four_runs():
     for name, text in rendered.items():
         assert results_page.marked(name, text) in page, name
     assert results_page.write_page(page, rendered) == page   # no marked block the record does not render
+    unclosed = page.replace("<!-- /record -->", "", 1)   # a lost closing marker replaces nothing
+    with pytest.raises(KeyError, match="do not pair up"):
+        results_page.write_page(unclosed, rendered)
     for command, _ in results_page.RUNS.values():
         assert f"`{command}`" in page, command
     assert record["runs_commit"][:12] in page

@@ -71,12 +71,12 @@ CACHE_VERSION = "contexts/3"
 DECODING_MODULES = ("juice.engine", "juice.baselines", "juice.eval.runner", "juice.eval.verdicts",
                     "juice.eval.degeneration", "juice.data.metrics", "juice.when_to_steer.evaluation", "juice.recipe",
                     "juice.steering", "juice.interventions", "juice.methods", "juice.models", "juice.architectures",
-                    "juice.post_norm", "juice.tokens", "juice.text")
+                    "juice.post_norm", "juice.tokens", "juice.text", "juice.readout")
 """The modules (a package: every module in it) whose source is part of a decoded chunk's cache
 key (:func:`decoding_code_key`): the engine, the methods and how an output is scored."""
 
 FEATURE_MODULES = ("juice.engine", "juice.baselines", "juice.when_to_steer.signals", "juice.models",
-                   "juice.architectures", "juice.tokens")
+                   "juice.architectures", "juice.tokens", "juice.readout")
 """The modules whose source is part of the first-step signals' cache key (:func:`features_cached`)."""
 
 
