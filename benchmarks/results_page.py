@@ -77,7 +77,8 @@ def _table(score: dict):
     return IntervalTable(conv(score["cells"]), conv(score["differences"]), 2000, 0.95, 0)
 
 
-def _titles(run: dict) -> dict[str, str]:
+def _titles() -> dict[str, str]:
+    """Every ParaConflict domain's and contextual dataset's column title."""
     from juice.data.contextual import dataset_titles
     from juice.data.paraconflict import DOMAINS
 
@@ -108,7 +109,7 @@ def blocks(record: dict) -> dict[str, str]:
     out: dict[str, str] = {}
     one, one_m = record["runs"]["table1"], record["runs"]["table1_margin"]
     two, two_m = record["runs"]["table2"], record["runs"]["table2_margin"]
-    titles = _titles(one)
+    titles = _titles()
     avg = [("Average", t) for t in TYPES]
     t = {s: _table(one["scores"][s]) for s in SCORES}
     out["table1-accuracy"] = interval_markdown(t["table"], one["methods"], avg, list(TYPES))

@@ -153,6 +153,12 @@ class MethodSpec:
             raise ValueError(f"method {self.name}: no table {unknown[0]!r} ({', '.join(TABLES)})")
 
     @property
+    def baseline(self) -> bool:
+        """A table row that runs only with the baselines (`ReproduceConfig.baselines`): every
+        method but Original and the tuned steerings (JuNE, JuICE)."""
+        return self.name != UNSTEERED and self.tuned != "betas"
+
+    @property
     def dual_run(self) -> bool:
         """Its run is the paper's dual run (JuICE, Alg. 1): it needs a server that keeps run 1."""
         return self.steering == "add"
@@ -243,7 +249,8 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("original", "Original", _original, protocol=True, steerer=True, steering="none",
                summary="the unmodified model", tables=("table1", "table2")),
     MethodSpec("prompt", "Prompt", _prompt, per_instruction=True,
-               summary="an instruction to follow the context or memory before the prompt (App. D.1)", tables=("table1", "table2")),
+               summary="an instruction to follow the context or memory before the prompt (App. D.1)",
+               tables=("table1", "table2")),
     MethodSpec("cad", "CAD", _cad, summary="context-aware decoding, alpha 1 (Shi et al. 2024)", tables=("table2",)),
     MethodSpec("adacad", "AdaCAD", _adacad, summary="CAD with alpha = the branches' JSD in bits (Wang et al. 2025)",
                tables=("table2",)),

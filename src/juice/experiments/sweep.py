@@ -53,13 +53,17 @@ from juice.io import write_json_atomic, write_text_atomic
 DIRECTIONS = ("parametric", "contextual")
 
 
+def _table_specs() -> tuple:
+    """Every method that is a row of Table 1 or Table 2, once, in registry order."""
+    from juice.methods import TABLES, table_methods
+
+    return tuple(dict.fromkeys(s for t in TABLES for s in table_methods(t)))
+
+
 def steering_rows() -> tuple[str, ...]:
     """The rows every job decodes: Original and the tuned steerings (JuNE, JuICE), the titles of
     the registry's table methods (:func:`juice.methods.table_methods`) that are no baseline."""
-    from juice.methods import TABLES, UNSTEERED, table_methods
-
-    specs = dict.fromkeys(s for t in TABLES for s in table_methods(t))
-    return tuple(s.title for s in specs if s.name == UNSTEERED or s.tuned == "betas")
+    return tuple(s.title for s in _table_specs() if not s.baseline)
 
 
 def baseline_rows() -> tuple[str, ...]:
@@ -67,12 +71,11 @@ def baseline_rows() -> tuple[str, ...]:
     `tables` is one): every table method's title but :func:`steering_rows`'s, PH3 as its rows
     (:data:`juice.pipeline.stages.PH3_ROWS`). A sweep whose methods name none of them runs without
     the baselines (`baselines = false`, no PH3 stage) unless its `[settings]` say otherwise."""
-    from juice.methods import TABLES, UNSTEERED, table_methods
     from juice.pipeline.stages import PH3_ROWS
 
-    specs = dict.fromkeys(s for t in TABLES for s in table_methods(t))
-    return tuple(row for s in specs if s.name != UNSTEERED and s.tuned != "betas"
-                 for row in (PH3_ROWS if s.tuned == "k" else (s.title,)))
+    return tuple(row for s in _table_specs() if s.baseline for row in (PH3_ROWS if s.tuned == "k" else (s.title,)))
+
+
 FIXED = ("model", "out_dir", "domains")
 """ReproduceConfig fields a sweep sets itself (`[settings]` may not)."""
 

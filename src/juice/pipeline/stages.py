@@ -31,7 +31,7 @@ from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
 from juice.interventions import Head, HeadSelection
 from juice.io import StageFiles, UnitCheckpoint, settings_key, write_json_atomic
 from juice.models import LoadedModel
-from juice.methods import UNSTEERED, MethodInputs, build, table_methods
+from juice.methods import MethodInputs, build, table_methods
 from juice.pipeline.run import SCORING_LABELS, ReproduceConfig, StageRun
 from juice.progress import OnProgress, Progress, no_progress
 from juice.stage1 import (
@@ -317,7 +317,7 @@ def domain_methods(lm: LoadedModel, selection: HeadSelection, choice: dict[str, 
             b = choice["betas"][spec.name]
             methods[spec.title] = build(spec.name, MethodInputs(g, selection, beta_plus=b["beta_plus"],
                                                                 beta_minus=b["beta_minus"])).method
-        elif spec.name == UNSTEERED or (baselines and (instructed or not spec.per_instruction)):
+        elif not spec.baseline or (baselines and (instructed or not spec.per_instruction)):
             methods[spec.title] = build(spec.name, MethodInputs(g)).method
     return methods
 
