@@ -5,7 +5,12 @@ The Steerer (:class:`juice.Steerer`), `juice evaluate` (rows and `--contexts`), 
 `juice reproduce`'s tables, the context-type study and both servers' request protocol
 (:mod:`juice.steering_request`) read their vocabularies and build their methods here. Adding a
 method is one :class:`MethodSpec` in :data:`REGISTRY` plus its implementation (a steering preset
-in :mod:`juice.steering`, a baseline in :mod:`juice.baselines`, a choice in :mod:`juice.when_to_steer.auto`).
+in :mod:`juice.steering`, a baseline in :mod:`juice.baselines`). A method implemented above the
+registry (it builds through it) registers itself as a plugin would: :func:`register` from a
+function named in the `juice.methods` entry-point group (:data:`PLUGIN_GROUP`), which the registry
+calls the first time it is listed or asked for a name it lacks. juice's own `auto` registers so
+(:func:`juice.when_to_steer.auto.register`); another package adds a method the same way, without
+editing juice.
 
 | name | title | paper / source | needs |
 |---|---|---|---|
@@ -20,15 +25,16 @@ in :mod:`juice.steering`, a baseline in :mod:`juice.baselines`, a choice in :mod
 | `ph3` (`prune`) | PH3 | Jin et al. 2024: zero k heads | heads file with PH3's tuned k, or explicit heads |
 | `june` | JuNE | Alg. 4 (one run) | heads file; betas (tuned, given, else :data:`~juice.steering.DEFAULT_BETAS`) |
 | `juice` | JuICE | Alg. 1 (dual run) | heads file; betas (as JuNE) |
-| `auto` | auto | juice's per-request choice (:mod:`juice.when_to_steer.auto`) | heads file with a tuned policy; each request's question |
+| `auto` | auto | juice's per-request choice (:mod:`juice.when_to_steer.auto`, a plugin) | heads file with a tuned policy; each request's question |
 """
 
 from __future__ import annotations
 
-import pkgutil
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import EntryPoint, PackageNotFoundError, distribution, entry_points
+from pathlib import Path
 from typing import Any
 
 from juice.architectures import HeadGeometry
@@ -236,16 +242,7 @@ def _steering(name: str, kind: str) -> Callable[[MethodInputs], Built]:
     return build
 
 
-def _above(target: str) -> Callable[[MethodInputs], Built]:
-    """The build of a method implemented above the registry (`"module:function"`): auto's, which
-    builds its candidates through the registry (:func:`recipe_of`). Resolved when first called
-    (:func:`pkgutil.resolve_name`, as an entry point is), so the registry imports nothing above it."""
-    def build(x: MethodInputs) -> Built:
-        return pkgutil.resolve_name(target)(x)
-    return build
-
-
-REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
+_BUILT_IN: tuple[MethodSpec, ...] = (
     MethodSpec("original", "Original", _original, protocol=True, steerer=True, steering="none",
                summary="the unmodified model", tables=("table1", "table2")),
     MethodSpec("prompt", "Prompt", _prompt, per_instruction=True,
@@ -271,15 +268,132 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("juice", "JuICE", _steering("juice", "add"), protocol=True, heads=True, tuned="betas",
                tune=True, steerer=True, steering="add", request_heads="coefficients",
                summary="add the clean run's head outputs, two runs (Alg. 1)", tables=("table1", "table2")),
-    MethodSpec("auto", "auto", _above("juice.when_to_steer.auto:build"), protocol=True, heads=True, tuned="policy",
-               rows=False, steerer=True, question=True,
-               summary="per request, Original, the question alone or a steering (juice.when_to_steer.auto)"),
-)}
-"""name -> spec, in table order."""
+)
 
-STEERINGS: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.tuned == "betas")
-"""The head steerings, the methods with tuned betas (a heads file's `tuned[name] = {"beta_plus",
-"beta_minus", ...}`), in table order (JuNE, JuICE)."""
+
+
+PLUGIN_GROUP = "juice.methods"
+"""The entry-point group of methods implemented above the registry: each entry names a function
+of no arguments that calls :func:`register` (juice's own: `auto = "juice.when_to_steer.auto:register"`)."""
+
+
+def plugin_entry_points(group: str = PLUGIN_GROUP) -> list[EntryPoint]:
+    """The entry points of `group` that installed packages declare; where juice itself runs from a
+    checkout that is not installed (`PYTHONPATH=src`, as the GPU check runs it), juice's own are
+    read from the checkout's `pyproject.toml` (`[project.entry-points."juice.methods"]`), so its
+    plugins (`auto`) register there too."""
+    points = list(entry_points(group=group))
+    try:
+        distribution("juice")
+    except PackageNotFoundError:
+        import tomllib
+
+        project = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        if project.is_file():
+            declared = tomllib.loads(project.read_text(encoding="utf-8"))["project"].get("entry-points", {})
+            points += [EntryPoint(name, value, group) for name, value in declared.get(group, {}).items()]
+    return points
+
+
+class Registry(MutableMapping[str, MethodSpec]):
+    """name -> :class:`MethodSpec`, in table order: juice's built-in methods, then those the
+    `juice.methods` entry points register (:data:`PLUGIN_GROUP`), loaded the first time the
+    registry is listed or asked for a name it lacks (so importing juice loads no plugin, and a
+    built-in method is found without loading any).
+
+    Setting an entry (`registry[name] = spec`, as a test's monkeypatch does) checks only that the
+    name is the spec's; :func:`register` is the checked way in.
+    """
+
+    def __init__(self, specs: Sequence[MethodSpec], group: str = PLUGIN_GROUP) -> None:
+        self._specs: dict[str, MethodSpec] = {s.name: s for s in specs}
+        self._group = group
+        self._plugins = "unloaded"   # -> "loading" -> "loaded"
+
+    def _load_plugins(self) -> None:
+        if self._plugins != "unloaded":   # loaded, or a plugin's import reads the registry
+            return
+        self._plugins = "loading"
+        try:
+            for point in plugin_entry_points(self._group):
+                try:
+                    point.load()()
+                except Exception as exc:
+                    raise RuntimeError(f"the method plugin {point.name} ({point.value}) failed to register: "
+                                       f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self._plugins = "loaded"
+
+    def register(self, spec: MethodSpec) -> None:
+        """Add `spec` after the methods already there (see :func:`register`)."""
+        same = self._specs.get(spec.name)
+        if same is spec:
+            return
+        taken = {spec.name, *spec.aliases} & {n for s in self._specs.values() for n in (s.name, *s.aliases)}
+        if taken:
+            raise ValueError(f"method {spec.name}: the name {sorted(taken)[0]!r} is taken")
+        self._specs[spec.name] = spec
+
+    def find(self, name: str) -> MethodSpec | None:
+        """The spec whose name or alias is `name` (any case, spaces around ignored), or None;
+        the plugins are loaded only when no method registered so far has it."""
+        key = str(name).strip().lower()
+        for attempt in range(2):
+            for spec in self._specs.values():
+                if key == spec.name or key in spec.aliases:
+                    return spec
+            if attempt == 0:
+                self._load_plugins()
+        return None
+
+    def __getitem__(self, name: str) -> MethodSpec:
+        if name not in self._specs:
+            self._load_plugins()
+        return self._specs[name]
+
+    def __setitem__(self, name: str, spec: MethodSpec) -> None:
+        if name != spec.name:
+            raise ValueError(f"registry key {name!r} is not the method's name {spec.name!r}")
+        self._specs[name] = spec
+
+    def __delitem__(self, name: str) -> None:
+        del self._specs[name]
+
+    def __iter__(self) -> Iterator[str]:
+        self._load_plugins()
+        return iter(tuple(self._specs))
+
+    def __len__(self) -> int:
+        self._load_plugins()
+        return len(self._specs)
+
+    def __contains__(self, name: object) -> bool:
+        if name not in self._specs:
+            self._load_plugins()
+        return name in self._specs
+
+    def __repr__(self) -> str:
+        return f"Registry({', '.join(self._specs)})"
+
+
+REGISTRY: Registry = Registry(_BUILT_IN)
+"""name -> spec, in table order (:class:`Registry`): the built-in methods, then the plugins'
+(`auto`)."""
+
+
+def register(spec: MethodSpec) -> None:
+    """Add a method to :data:`REGISTRY`, after those there: what a function in the `juice.methods`
+    entry-point group (:data:`PLUGIN_GROUP`) calls. Registering the same spec again does nothing.
+
+    Raises:
+        ValueError: its name or an alias is another method's name or alias.
+    """
+    REGISTRY.register(spec)
+
+
+STEERINGS: tuple[str, ...] = tuple(s.name for s in _BUILT_IN if s.tuned == "betas")
+"""The head steerings, the built-in methods with tuned betas (a heads file's `tuned[name] =
+{"beta_plus", "beta_minus", ...}`), in table order (JuNE, JuICE)."""
 
 TUNED_STEERINGS: tuple[str, ...] = tuple(reversed(STEERINGS))
 """:data:`STEERINGS` in the order a server's default and the tuners prefer them (JuICE first)."""
@@ -324,11 +438,10 @@ def lookup(name: str, choices: Sequence[str] | None = None) -> MethodSpec:
     Raises:
         ValueError: an unknown name (the message lists `choices`).
     """
-    key = str(name).strip().lower()
+    spec = REGISTRY.find(name)
+    if spec is not None and (choices is None or spec.name in choices):
+        return spec
     allowed = tuple(choices) if choices is not None else tuple(REGISTRY)
-    for spec in REGISTRY.values():
-        if spec.name in allowed and (key == spec.name or key in spec.aliases):
-            return spec
     raise ValueError(f"unknown method {name!r}; choose from {', '.join(allowed)}")
 
 
@@ -410,6 +523,6 @@ def build(name: str, inputs: MethodInputs, *, warn: bool = True) -> Built:
     return built
 
 
-__all__ = ["Built", "MethodInputs", "MethodSpec", "REGISTRY", "SHORT", "STEERINGS", "TABLES", "TUNED_STEERINGS",
+__all__ = ["Built", "MethodInputs", "MethodSpec", "PLUGIN_GROUP", "REGISTRY", "Registry", "SHORT", "STEERINGS", "TABLES", "TUNED_STEERINGS",
            "UNSTEERED", "build", "by_protocol", "check", "coefficients_method", "lookup", "names", "protocol_names",
-           "recipe_of", "table_methods"]
+           "recipe_of", "plugin_entry_points", "register", "table_methods"]

@@ -4,6 +4,7 @@ method is one entry."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 
@@ -40,6 +41,76 @@ def test_names_aliases_and_the_request_protocol_come_from_the_table():
     assert methods.TUNED_STEERINGS == ("juice", "june")
     assert [s.title for s in REGISTRY.values()] == ["Original", "Prompt", "CAD", "AdaCAD", "CK-PLUG", "CoCoA", "COIECD",
                                                    "GRD", "PH3", "JuNE", "JuICE", "auto"]
+
+
+class _EntryPoint:
+    """An entry point of the `juice.methods` group, as :func:`importlib.metadata.entry_points` gives it."""
+
+    def __init__(self, name: str, function) -> None:
+        self.name, self.value, self._function = name, f"plugin:{name}", function
+
+    def load(self):
+        return self._function
+
+
+def test_auto_registers_itself_as_a_plugin_and_the_registry_names_nothing_above_it():
+    from importlib.metadata import entry_points
+    from pathlib import Path
+
+    from juice.when_to_steer import auto
+
+    assert [(p.name, p.value) for p in entry_points(group=methods.PLUGIN_GROUP)] == [
+        ("auto", "juice.when_to_steer.auto:register")]
+    assert REGISTRY["auto"] is auto.SPEC and list(REGISTRY)[-1] == "auto"
+    tree = ast.parse(Path(methods.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not any(m.startswith(("juice.when_to_steer", "juice.apps", "juice.pipeline")) for m in imported), imported
+    called = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+              for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    assert not called & {"resolve_name", "import_module", "__import__"}   # nothing named in a string and imported
+
+
+def test_a_checkout_that_is_not_installed_reads_its_own_plugins_from_its_pyproject(monkeypatch):
+    from importlib.metadata import PackageNotFoundError
+
+    from juice.when_to_steer import auto
+
+    def not_installed(name: str):
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(methods, "entry_points", lambda group: [])   # no installed metadata (PYTHONPATH=src)
+    monkeypatch.setattr(methods, "distribution", not_installed)
+    (point,) = methods.plugin_entry_points()
+    assert (point.name, point.group) == ("auto", "juice.methods") and point.load() is auto.register
+
+
+def test_a_plugin_registers_a_method_after_the_built_in_ones_when_first_listed(monkeypatch):
+    fresh = methods.Registry(methods._BUILT_IN)
+    half = MethodSpec("cad-half", "CAD/2", lambda x: methods.Built(juice.recipe.Method(contrast=CadPolicy(0.5))))
+    calls = []
+
+    def plug() -> None:
+        calls.append(1)
+        assert fresh.find("juice").name == "juice"   # a plugin's import may read the registry while it loads
+        fresh.register(half)
+
+    monkeypatch.setattr(methods, "plugin_entry_points", lambda group: [_EntryPoint("half", plug)] if group == "juice.methods" else [])
+    assert fresh["juice"].title == "JuICE" and calls == []   # a built-in name loads no plugin
+    assert list(fresh)[-1] == "cad-half" and fresh["cad-half"] is half and calls == [1]
+    assert len(fresh) == len(methods._BUILT_IN) + 1 and calls == [1]   # loaded once
+    fresh.register(half)   # the same spec again: nothing
+    with pytest.raises(ValueError, match="method prune2: the name 'prune' is taken"):
+        fresh.register(MethodSpec("prune2", "PH3/2", lambda x: None, aliases=("prune",)))
+
+    def broken() -> None:
+        raise ImportError("no module named nowhere")
+
+    failing = methods.Registry(methods._BUILT_IN)
+    monkeypatch.setattr(methods, "plugin_entry_points", lambda group: [_EntryPoint("broken", broken)])
+    with pytest.raises(RuntimeError, match=r"the method plugin broken \(plugin:broken\) failed to register: "
+                                           "ImportError: no module named nowhere"):
+        list(failing)
 
 
 def test_building_a_method_is_the_preset_it_names(tiny_llama):

@@ -1,6 +1,8 @@
 """`auto`: steering that decides per request whether to steer, and how strongly (issue 35, part 2;
-juice's own method, not the paper's). Its registry entry (:data:`juice.methods.REGISTRY`) builds
-with :func:`build`; its candidates build through the registry (:func:`juice.methods.recipe_of`).
+juice's own method, not the paper's). It builds its candidates through the registry
+(:func:`juice.methods.recipe_of`), so it registers itself there as a plugin would
+(:func:`register`, named in juice's `juice.methods` entry points): its entry, :data:`SPEC`, builds
+with :func:`build`.
 
 The signal is AdaCAD's (Wang et al., NAACL 2025): the Jensen-Shannon divergence, in bits, between
 the model's next-token distribution with the context and without it (the question alone), at the
@@ -62,7 +64,8 @@ from torch import Tensor
 
 from juice.baselines.cad import jsd_alpha
 from juice.engine import INSTRUCTED, QUESTION_ALONE, Choice, Contrast, Instructed
-from juice.methods import REGISTRY, SHORT, UNSTEERED as UNSTEERED_METHOD, Built, MethodInputs, lookup, recipe_of
+from juice.methods import (REGISTRY, SHORT, UNSTEERED as UNSTEERED_METHOD, Built, MethodInputs, MethodSpec, lookup,
+                           recipe_of, register as register_method)
 from juice.models import LoadedModel
 from juice.recipe import Method
 from juice.steering import Steering, chosen_betas
@@ -357,5 +360,18 @@ def build(x: MethodInputs) -> Built:
     return Built(Method(choice=policy.choice(x.model, x.selection)), policy.to_json())
 
 
+SPEC = MethodSpec("auto", "auto", build, protocol=True, heads=True, tuned="policy", rows=False, steerer=True,
+                  question=True,
+                  summary="per request, Original, the question alone or a steering (juice.when_to_steer.auto)")
+"""auto's registry entry: a request may ask for it; it needs a heads file with a tuned policy
+(`juice tune --methods auto`) and each request's question; it is no row of the paper's tables."""
+
+
+def register() -> None:
+    """Add :data:`SPEC` to :data:`juice.methods.REGISTRY` (juice's `juice.methods` entry point
+    `auto`, which the registry calls when first listed: :data:`juice.methods.PLUGIN_GROUP`)."""
+    register_method(SPEC)
+
+
 __all__ = ["AutoPolicy", "AutoRule", "CANDIDATE", "CANDIDATES", "CANDIDATE_TABLE", "Candidate", "MAX_THRESHOLDS",
-           "NO_PASSAGE", "THRESHOLD_GRID", "UNSTEERED", "build", "candidate_betas", "candidate_option", "candidate_recipe", "policy_of"]
+           "NO_PASSAGE", "SPEC", "THRESHOLD_GRID", "UNSTEERED", "build", "candidate_betas", "candidate_option", "candidate_recipe", "policy_of", "register"]
