@@ -6,7 +6,9 @@ reading a heads file's `tuned` by key; functions over 100 lines; the CLI module'
 folders; and for issue 64: comparisons of a steering's method to a method name (`x.method ==
 "juice"`, `x.method in (...)`) per file; modules parsing a heads file's fields (the constant
 "positive_heads" in code); modules importing from `juice` at import time that copy the
-registry's names into a module constant; the when-to-steer modules and their lines.
+registry's names into a module constant; the when-to-steer modules and their lines; and for issue
+91: an engine's name compared in code, a method's title compared or used as a key, and a juice
+module named in a string and imported at run time.
 
 Run: python benchmarks/code_counts.py [ROOT]   (ROOT: another checkout, e.g. a worktree of an older commit)
 """
@@ -127,6 +129,60 @@ def _code_strings(text: str) -> set[str]:
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs}
 
 
+ENGINE_NAMES = {"juice", "vllm"}
+TITLES = {"Original", "Prompt", "CAD", "AdaCAD", "CK-PLUG", "CoCoA", "COIECD", "GRD", "PH3", "PH3-l", "PH3-s", "JuNE",
+          "JuICE", "JuNE-mem", "JuNE-ctx", "JuICE-mem", "JuICE-ctx"}
+"""The table titles of the registry's methods (written out here, so that the count runs on any commit)."""
+
+
+def _engine_comparisons(tree: ast.AST, text: str) -> int:
+    """Comparisons (`==`, `!=`, `in`, `not in`) of an engine's name as a literal ("juice", "vllm")
+    with an operand that names an engine (`engine != "juice"`, `cfg.engine == "vllm"`,
+    `engine.name != "juice"`, `stage1_engine == "juice"`) (issue 91)."""
+    n = 0
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        for i, o in enumerate(operands):
+            values = ([o.value] if isinstance(o, ast.Constant) else
+                      [e.value for e in getattr(o, "elts", []) if isinstance(e, ast.Constant)]
+                      if isinstance(o, (ast.Tuple, ast.List, ast.Set)) else [])
+            if not any(isinstance(v, str) and v in ENGINE_NAMES for v in values):
+                continue
+            if any("engine" in (ast.get_source_segment(text, x) or "") for j, x in enumerate(operands) if j != i):
+                n += 1
+                break
+    return n
+
+
+def _title_uses(tree: ast.AST) -> int:
+    """A method's table title compared or used as a key in code (`r.method == "Original"`,
+    `steer["JuNE"]`, `("JuNE", "JuICE")` in a comparison) (issue 91: rows keyed by title)."""
+    n = 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            for o in (node.left, *node.comparators):
+                values = ([o.value] if isinstance(o, ast.Constant) else
+                          [e.value for e in getattr(o, "elts", []) if isinstance(e, ast.Constant)]
+                          if isinstance(o, (ast.Tuple, ast.List, ast.Set)) else [])
+                if any(isinstance(v, str) and v in TITLES for v in values):
+                    n += 1
+                    break
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in TITLES:
+            n += 1
+    return n
+
+
+def _names_resolved_at_run_time(tree: ast.AST) -> int:
+    """String literals in code (bare string statements, i.e. docstrings, aside) that name a juice
+    object as `"juice.module:name"`, the form `pkgutil.resolve_name` and entry points import at run
+    time (`"juice.when_to_steer.auto:build"` in the registry): an upward call no import graph shows."""
+    bare = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    return sum(1 for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+               and id(n) not in bare and re.fullmatch(r"juice(\.\w+)+:\w+", n.value))
+
+
 def main() -> None:
     files = sorted(SRC.rglob("*.py"))
     june = [f for f in files if '"june"' in f.read_text()]
@@ -195,6 +251,16 @@ def main() -> None:
     print(f"modules copying the registry's names at import: {len(copies)}  " + ", ".join(copies))
     print(f"when-to-steer modules: {len(room)}, {sum(n for _, n in room)} lines  "
           + ", ".join(f"{m} ({n})" for m, n in room))
+    engines = {str(f.relative_to(SRC)): c for f in files if (c := _engine_comparisons(ast.parse(f.read_text()), f.read_text()))}
+    titles = {str(f.relative_to(SRC)): c for f in files if f.name != "methods.py"
+              if (c := _title_uses(ast.parse(f.read_text())))}
+    resolved = {str(f.relative_to(SRC)): c for f in files if (c := _names_resolved_at_run_time(ast.parse(f.read_text())))}
+    print(f"an engine's name compared in code (issue 91): {sum(engines.values())} in {len(engines)} files  "
+          + ", ".join(f"{k} ({v})" for k, v in sorted(engines.items())))
+    print(f"a method's title compared or used as a key in code (outside methods.py): {sum(titles.values())} in "
+          f"{len(titles)} files  " + ", ".join(f"{k} ({v})" for k, v in sorted(titles.items())))
+    print(f"a juice module named in a string and imported at run time: {sum(resolved.values())} in {len(resolved)} "
+          "files  " + ", ".join(f"{k} ({v})" for k, v in sorted(resolved.items())))
 
 
 if __name__ == "__main__":

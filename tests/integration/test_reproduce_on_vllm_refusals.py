@@ -51,6 +51,7 @@ def test_stage_1_runs_on_juices_engine_where_asked_and_the_run_records_it(tiny_l
 
     class Standin(JuiceEngine):
         name = "vllm"
+        in_process = every_stream = False   # decodes elsewhere, as vLLM does
 
         def __init__(self):
             self.asked = []
@@ -89,6 +90,7 @@ def test_on_vllm_juices_copy_of_the_model_waits_for_a_stage_that_needs_it(tmp_pa
 
     class Standin(JuiceEngine):
         name = "vllm"
+        in_process = every_stream = False   # decodes elsewhere, as vLLM does
 
         def check(self, lm):
             pass

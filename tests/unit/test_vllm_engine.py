@@ -17,7 +17,7 @@ from juice.interventions import Head, HeadSelection
 from juice.engine.sampling import Sampling
 from juice.steering import ORIGINAL, JuICE, JuNE, Prune, Steering
 from juice.steering_request import ServedHeads, read_steering
-from juice.vllm.engine import VllmEngine, _cut, _steering_xargs, _why, open_engine
+from juice.vllm.engine import VllmEngine, _cut, _steering_xargs, _why
 from juice.steering_request import request_fields
 from juice.vllm.options import PluginHeads
 
@@ -102,15 +102,26 @@ def test_a_server_that_stops_at_start_is_explained_by_its_refusal_line(tmp_path)
     assert _why(log) == "something odd happened"
 
 
-def test_open_engine_refuses_what_does_not_fit_in_one_line(tmp_path):
-    from juice.engine.backend import JUICE_ENGINE
+def test_an_engine_name_is_read_once_and_its_class_opens_it_refusing_what_does_not_fit_in_one_line(tmp_path):
+    from juice.engine.backend import JUICE_ENGINE, Engine, JuiceEngine, stage_key
+    from juice.engines import ENGINES, engine_class
 
-    assert open_engine("juice", "m", tmp_path) is JUICE_ENGINE
+    assert engine_class("juice") is JuiceEngine and engine_class("vllm") is VllmEngine and list(ENGINES) == ["juice", "vllm"]
+    assert JuiceEngine.open("m", tmp_path) is JUICE_ENGINE
     with pytest.raises(ValueError, match="--vllm-arg is for --engine vllm"):
-        open_engine("juice", "m", tmp_path, ["--enforce-eager"])
-    with pytest.raises(ValueError, match="engine must be juice or vllm"):
-        open_engine("sglang", "m", tmp_path)
-    assert isinstance(open_engine("vllm", "m", tmp_path), VllmEngine)
+        JuiceEngine.open("m", tmp_path, ["--enforce-eager"])
+    with pytest.raises(ValueError, match="--vllm-offline is for --engine vllm"):
+        JuiceEngine.open("m", tmp_path, offline=True)
+    with pytest.raises(ValueError, match="^engine must be juice or vllm, not 'sglang'$"):
+        engine_class("sglang")
+    opened = VllmEngine.open("m", tmp_path, ["--enforce-eager"], offline=True)
+    assert isinstance(opened, VllmEngine) and opened.vllm_args == ["--enforce-eager"] and opened.offline
+    for engine in (JUICE_ENGINE, opened):
+        assert isinstance(engine, Engine)   # both are the one interface the stages read
+    # what a stage reads instead of a name: in this process or not, every stream or not, the keys it adds
+    assert (JuiceEngine.in_process, JuiceEngine.every_stream, VllmEngine.in_process, VllmEngine.every_stream) == (
+        True, True, False, False)
+    assert stage_key(JUICE_ENGINE) == {} and stage_key(VllmEngine) == stage_key(opened) == {"engine": "vllm"}
 
 
 def test_the_in_flight_bound_scales_with_vllms_data_parallel_size():
@@ -220,11 +231,11 @@ def test_juices_copy_goes_where_the_stages_on_juices_engine_run():
     GPU where there is one), and on a GPU beside vLLM it needs vLLM to leave it room."""
     import types
 
-    from juice.vllm.engine import VllmEngineError, check_shared_gpu, local_device
+    from juice.engine.backend import JuiceEngine
+    from juice.vllm.engine import VllmEngineError, check_shared_gpu
 
-    assert local_device("vllm", "auto") == "cpu" and local_device("vllm", "auto", "vllm") == "cpu"
-    assert local_device("vllm", "auto", "juice") == "auto" and local_device("juice", "auto") == "auto"
-    assert local_device("vllm", "cuda:1") == "cuda:1"
+    assert VllmEngine.model_device("auto") == "cpu" and VllmEngine.model_device("auto", stage1_in_process=True) == "auto"
+    assert JuiceEngine.model_device("auto") == "auto" and VllmEngine.model_device("cuda:1") == "cuda:1"
     on_gpu = types.SimpleNamespace(device=torch.device("cuda", 0))
     with pytest.raises(VllmEngineError, match="--gpu-memory-utilization=0.5"):
         check_shared_gpu(on_gpu, ["--tensor-parallel-size=1"])

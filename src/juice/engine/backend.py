@@ -16,13 +16,17 @@ context-type evaluations; :mod:`juice.pipeline`) ask an engine for three things:
 :data:`JUICE_ENGINE` answers them with this package's decoding loop and :mod:`juice.readout`'
 growing batch, in this process; :class:`juice.vllm.engine.VllmEngine` answers them with steered
 requests to vLLM's OpenAI server (juice's plugin), which does the batching, placement and
-parallelism. A stage receives an engine and never asks which one it is; an engine says which
-streams it decodes itself (:meth:`Engine.decodes`), so the results can record it.
+parallelism. A stage receives an engine and never asks which one it is: it reads what the engine
+can do (its capabilities: `in_process`, `every_stream`, :meth:`Engine.model_device`,
+:func:`stage_key`), and an engine says which streams it decodes itself (:meth:`Engine.decodes`),
+so the results can record it. An engine's name is read once, where it enters
+(:func:`juice.engines.engine_class`); an engine is made by its class's :meth:`Engine.open`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from torch import Tensor
@@ -40,13 +44,37 @@ class Engine(Protocol):
 
     Attributes:
         name: "juice" (this process's engine) or "vllm" (vLLM's server with juice's plugin),
-            recorded in the results (`protocol.engine`).
+            recorded in the results (`protocol.engine`); read by no stage.
         prompts_per_call: how many prompts Stage 1 gives :meth:`intervention_probs_many` at once
             (1 where the engine gains nothing from more: a checkpoint then holds every prompt).
+        in_process: it decodes in this process, on juice's loaded copy of the model (loaded when
+            the run starts); otherwise juice's copy is deferred (:class:`juice.models.DeferredModel`)
+            and loaded only by a stage handed to juice's engine.
+        every_stream: it decodes every kind of stream itself (auto's choices, stateful contrasts
+            such as GRD's gate), so a command that needs them all (auto's fit, TriState-Bench)
+            may run on it.
     """
 
     name: str
     prompts_per_call: int
+    in_process: bool
+    every_stream: bool
+
+    @classmethod
+    def open(cls, model: str, workdir: str | Path, vllm_args: Sequence[str] = (), *,
+             log: Callable[[str], None] = print, offline: bool = False) -> "Engine":
+        """The engine a command or run uses (an engine that starts a server is closed by its
+        caller: use it as a context manager).
+
+        Raises:
+            ValueError: settings this engine does not take (vLLM's arguments on juice's engine).
+        """
+
+    @classmethod
+    def model_device(cls, device: str, stage1_in_process: bool = False) -> str:
+        """Where juice's own copy of the model goes when a run on this engine asks for `device`
+        ("auto", "cpu", "cuda:1", ...), `stage1_in_process` saying whether Stage 1 is asked onto
+        juice's engine (`--stage1-engine juice`)."""
 
     def check(self, lm: LoadedModel) -> None:
         """Refuse, before any stage runs, a model or set-up this engine cannot serve (one line
@@ -95,6 +123,25 @@ class JuiceEngine:
 
     name = "juice"
     prompts_per_call = 1
+    in_process = True
+    every_stream = True
+
+    @classmethod
+    def open(cls, model, workdir, vllm_args=(), *, log=print, offline=False) -> "JuiceEngine":
+        """:data:`JUICE_ENGINE`.
+
+        Raises:
+            ValueError: vLLM's arguments, or offline (one line)."""
+        if vllm_args:
+            raise ValueError("--vllm-arg is for --engine vllm")
+        if offline:
+            raise ValueError("--vllm-offline is for --engine vllm")
+        return JUICE_ENGINE
+
+    @classmethod
+    def model_device(cls, device: str, stage1_in_process: bool = False) -> str:
+        """`device` as asked: the model is this engine's."""
+        return device
 
     def check(self, lm: LoadedModel) -> None:
         return None
@@ -132,9 +179,17 @@ JUICE_ENGINE = JuiceEngine()
 """juice's own engine, the default of every stage."""
 
 
+def stage_key(engine: Engine | type[Engine]) -> dict[str, str]:
+    """What a run's stage keys and its per-prompt checkpoint add for `engine` (an engine or its
+    class): nothing for an engine in this process (juice's own keeps the keys it had before there
+    were engines), its name otherwise (another engine's floats differ in the last bits, so a run
+    resumed on another engine recomputes)."""
+    return {} if engine.in_process else {"engine": engine.name}
+
+
 def engine_or_default(engine: Engine | None) -> Engine:
     """`engine`, or :data:`JUICE_ENGINE` where None."""
     return JUICE_ENGINE if engine is None else engine
 
 
-__all__ = ["Engine", "JUICE_ENGINE", "JuiceEngine", "engine_or_default"]
+__all__ = ["Engine", "JUICE_ENGINE", "JuiceEngine", "engine_or_default", "stage_key"]

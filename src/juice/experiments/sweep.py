@@ -211,7 +211,6 @@ def run_job(job: Job, out: str | Path) -> dict[str, Any]:
     from juice.experiments.table1 import reproduce
     from juice.experiments.table2 import reproduce_contextual
     from juice.pipeline.run import ReproduceConfig, selection_to_json
-    from juice.vllm.engine import open_engine
 
     folder = Path(out) / "jobs" / job.name
     settings = dict(job.settings)
@@ -219,8 +218,8 @@ def run_job(job: Job, out: str | Path) -> dict[str, Any]:
     cfg = ReproduceConfig(model=job.model, out_dir=folder, **({"domains": job.domains} if parametric else {}),
                           **settings)
     started = time.perf_counter()
-    engine = open_engine(cfg.engine, cfg.model, folder / "vllm", cfg.vllm_args, log=lambda line: None,
-                         offline=cfg.vllm_offline)
+    engine = cfg.engine_class.open(cfg.model, folder / "vllm", cfg.vllm_args, log=lambda line: None,
+                                   offline=cfg.vllm_offline)
     try:
         result = (reproduce if parametric else reproduce_contextual)(cfg, engine=engine)
     finally:

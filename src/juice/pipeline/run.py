@@ -18,7 +18,7 @@ import torch
 
 from juice.data.contextual import DATASETS, STUDY_SIZE_NAMES
 from juice.data.paraconflict import DOMAINS
-from juice.engine.backend import JUICE_ENGINE, Engine
+from juice.engine.backend import JUICE_ENGINE, Engine, stage_key
 from juice.eval.tables import IntervalTable
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID
 from juice.interventions import HeadSelection
@@ -57,7 +57,7 @@ class StageRun:
     def ran(self, stage: str, where: str | None = None) -> None:
         """Record that `stage` ran on the run's engine, or, with `where`, on juice's engine for
         that reason (said once in the notes)."""
-        if where is None or self.engine.name == "juice":
+        if where is None or self.engine.in_process:
             self.engines[stage] = self.engine.name
             return
         self.engines[stage] = f"juice ({where})"
@@ -71,7 +71,7 @@ class StageRun:
         (`juice_copy`: loaded, device, seconds; :class:`juice.models.DeferredModel`) and
         :meth:`juice.vllm.engine.VllmEngine.provenance`."""
         record = {"name": self.engine.name, "stages": dict(self.engines), "rows": dict(self.row_engines)}
-        if self.engine.name != "juice":   # juice's own copy of the model: loaded only by a stage on juice's engine
+        if not self.engine.in_process:   # juice's own copy of the model: loaded only by a stage on juice's engine
             seconds = getattr(self.lm, "load_seconds", None)
             record["juice_copy"] = {"loaded": self.lm.loaded, "device": str(self.lm.device),
                                     **({"load_seconds": round(seconds, 3)} if seconds is not None else {})}
@@ -92,10 +92,6 @@ def study_sizes() -> dict[str, dict[str, tuple[int, int]]]:
     the published tables hold at least 250 test and 300 validation questions per source."""
     return {**{name: dict(d.study_sizes) for name, d in DATASETS.items() if d.study_sizes},
             "paraconflict": dict(PARACONFLICT_STUDY_SIZES)}
-
-ENGINES = ("juice", "vllm")
-"""What runs the stages (:mod:`juice.engine.backend`): juice's own engine in this process, or vLLM's
-OpenAI server with juice's plugin (:class:`juice.vllm.engine.VllmEngine`)."""
 
 DEFAULT_TEST_ITEMS = {"parametric": 30, "contextual": 20}
 """Test items per domain / dataset by default: as many as fit 20 minutes on 2 CPU cores (README)."""
@@ -168,16 +164,31 @@ class ReproduceConfig:
             raise ValueError(f"study_size must be default or published, not {self.study_size!r}")
         if self.max_rows != "auto" and not (isinstance(self.max_rows, int) and self.max_rows > 0):
             raise ValueError(f'max_rows must be a positive number of rows or "auto", not {self.max_rows!r}')
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine must be {' or '.join(ENGINES)}, not {self.engine!r}")
+        kind = self.engine_class   # the engine's name read here, once (juice.engines)
         self.vllm_args = tuple(self.vllm_args)
-        if self.vllm_args and self.engine != "vllm":
+        if self.vllm_args and kind.in_process:
             raise ValueError("vllm_args are for engine vllm")
-        if self.stage1_engine not in (None, self.engine, "juice"):
+        if self.stage1_engine not in (None, self.engine) and not (
+                self.stage1_engine in _engine_names() and _engine_class(self.stage1_engine).in_process):
             raise ValueError(f"stage1_engine must be juice or the run's engine ({self.engine}), "
                              f"not {self.stage1_engine!r}")
-        if self.vllm_offline and self.engine != "vllm":
+        if self.vllm_offline and kind.in_process:
             raise ValueError("vllm_offline is for engine vllm")
+
+    @property
+    def engine_class(self) -> "type[Engine]":
+        """The class of the engine `engine` names (:func:`juice.engines.engine_class`).
+
+        Raises:
+            ValueError: no engine has that name."""
+        return _engine_class(self.engine)
+
+    @property
+    def stage1_in_process(self) -> bool:
+        """Exact Stage 1 is asked onto juice's own engine (`stage1_engine` names an engine that
+        runs in this process) while the run's engine is another."""
+        return (self.stage1_engine is not None and not self.engine_class.in_process
+                and _engine_class(self.stage1_engine).in_process)
 
     def test_limit(self, direction: str) -> int | None:
         """Test items per domain (parametric) or dataset (contextual); None = all.
@@ -220,6 +231,18 @@ class ReproduceResult:
     engines: dict[str, Any] | None = None   # protocol.engine: the engine, where each stage and row ran
 
 
+def _engine_class(name: str) -> "type[Engine]":
+    from juice.engines import engine_class
+
+    return engine_class(name)
+
+
+def _engine_names() -> tuple[str, ...]:
+    from juice.engines import ENGINES
+
+    return tuple(ENGINES)
+
+
 def tuning_label(cfg: ReproduceConfig, unit: str) -> str:
     """How the betas and k were chosen, for the results' "protocol" record."""
     label = f"per {unit}, on its own validation split"
@@ -237,27 +260,21 @@ def start_run(cfg: ReproduceConfig, lm: LoadedModel | None, progress: Progress =
     Raises:
         ValueError: `engine` is not the engine `cfg.engine` names, or not offline as
             `cfg.vllm_offline` says (an engine other than juice's is made and closed by the caller:
-            :func:`juice.vllm.engine.open_engine`).
+            its class's `open`, :attr:`ReproduceConfig.engine_class`).
     """
     engine = engine or JUICE_ENGINE
     if engine.name != cfg.engine:
         raise ValueError(f"the configuration names engine {cfg.engine}, but the {engine.name} engine was given "
-                         "(juice.vllm.engine.open_engine makes vLLM's)")
+                         "(cfg.engine_class.open makes it)")
     if bool(getattr(engine, "offline", False)) != cfg.vllm_offline:
         raise ValueError(f"the configuration says vllm_offline={cfg.vllm_offline}, but the engine given "
                          f"{'is' if getattr(engine, 'offline', False) else 'is not'} offline")
     t = time.perf_counter()
     if lm is None:
-        from juice.vllm.engine import local_device
-
         lm = load_model(cfg.model, dtype=getattr(torch, cfg.dtype), device_map=cfg.device_map,
-                        device=local_device(cfg.engine, cfg.device, cfg.stage1_engine),
-                        defer=cfg.engine != "juice")   # loaded by the first stage run on juice's engine
+                        device=engine.model_device(cfg.device, cfg.stage1_in_process),
+                        defer=not engine.in_process)   # else loaded by the first stage run on juice's engine
     engine.check(lm)
-    if cfg.engine == "vllm":
-        from juice.vllm.engine import check_shared_gpu
-
-        check_shared_gpu(lm, cfg.vllm_args)
     return (StageRun(lm, cfg, StageFiles(Path(cfg.out_dir) / "state"), progress, engine=engine),
             {"load_model": time.perf_counter() - t})
 
@@ -268,8 +285,7 @@ def run_key_base(lm: LoadedModel, cfg: ReproduceConfig, **extra: Any) -> dict[st
     resumed on another engine recomputes; juice's own keeps the keys it always had)."""
     from juice import __version__
 
-    engine = {} if cfg.engine == "juice" else {"engine": cfg.engine}
-    return {"model": lm.fingerprint(), "juice": __version__, "seed": cfg.seed, **engine, **extra}
+    return {"model": lm.fingerprint(), "juice": __version__, "seed": cfg.seed, **stage_key(cfg.engine_class), **extra}
 
 
 def scoring_title(cfg: ReproduceConfig) -> str:

@@ -24,7 +24,7 @@ from juice.baselines.ph3 import (
     ph3_patching_prompts,
 )
 from juice.data.records import CONFLICT_TYPES, ConflictExample
-from juice.engine.backend import JUICE_ENGINE, Engine, engine_or_default
+from juice.engine.backend import JUICE_ENGINE, Engine, engine_or_default, stage_key
 from juice.eval.runner import ItemResult, method_engine, results_from_json, results_to_json
 from juice.recipe import Method
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
@@ -151,7 +151,7 @@ def heads_stage(
     engine = run.engine
     if cfg.scoring != "exact":
         run.ran("stage 1", "attribution patching needs gradients, which vLLM does not give")
-    elif cfg.stage1_engine == "juice" and engine.name != "juice":
+    elif cfg.stage1_in_process:
         run.ran("stage 1", "--stage1-engine juice: its growing batch runs the layers below a scaled head once")
         engine = JUICE_ENGINE
     else:
@@ -339,8 +339,7 @@ def units(run: StageRun) -> UnitCheckpoint:
     """The run's per-prompt checkpoint of its sweeps (`<out>/state/units.json`), scoped to the
     model and, where it is not juice's own, the engine."""
     scope = run.lm.fingerprint()
-    return UnitCheckpoint(run.state.folder / "units.json",
-                          scope if run.engine.name == "juice" else {**scope, "engine": run.engine.name})
+    return UnitCheckpoint(run.state.folder / "units.json", {**scope, **stage_key(run.engine)})
 
 
 def ph3_scoring(choices: dict[str, dict[str, Any]]) -> dict[str, str]:

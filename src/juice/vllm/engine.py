@@ -168,6 +168,25 @@ class VllmEngine:
 
     name = "vllm"
     prompts_per_call = PROMPTS_PER_REQUEST   # Stage 1: each (head, alpha) of these prompts in one request
+    in_process = False
+    every_stream = False   # CAD's two distributions per step, auto's choices, GRD's gate: juice's engine
+
+    @classmethod
+    def open(cls, model: str, workdir: str | Path, vllm_args: Sequence[str] = (), *,
+             log: Callable[[str], None] = print, offline: bool = False) -> "VllmEngine":
+        """A :class:`VllmEngine` (its server starts at the first stage that asks it)."""
+        return cls(model, workdir, vllm_args, log=log, offline=offline)
+
+    @classmethod
+    def model_device(cls, device: str, stage1_in_process: bool = False) -> str:
+        """Where juice's own process puts its copy of the model (its tokenizer, the heads file's
+        fingerprint, and the stages vLLM cannot run: PH3's path patching, CAD, AdaCAD, `auto`):
+        for device "auto", the CPU, so that vLLM's server has the GPUs to itself (it takes 90% of
+        a GPU's memory by default), unless Stage 1 runs on juice's engine (`stage1_in_process`):
+        then "auto" (a GPU where there is one), the device that stage is asked onto juice's
+        engine for (:meth:`check` refuses it beside vLLM's default share); otherwise `device` as
+        given."""
+        return "cpu" if device == "auto" and not stage1_in_process else device
 
     def __init__(self, model: str, workdir: str | Path, vllm_args: Sequence[str] = (), *,
                  log: Callable[[str], None] = print, start_timeout: float = 1800.0,
@@ -213,7 +232,9 @@ class VllmEngine:
         """Refuse, before any stage, what this engine cannot serve.
 
         Raises:
-            VllmEngineError: the model's architecture has no steered class in juice's plugin.
+            VllmEngineError: the model's architecture has no steered class in juice's plugin;
+                juice's copy of the model on a GPU beside vLLM's default 90% share
+                (:func:`check_shared_gpu`).
             juice.vllm.launch.VllmNotFoundError: no Python with vLLM.
             juice.extras.MissingExtraError: no `openai` client (the vllm extra).
         """
@@ -228,6 +249,7 @@ class VllmEngine:
             raise VllmEngineError(f"juice's vLLM plugin steers {', '.join(sorted(steered))}; this model is "
                                   f"{', '.join(served) or 'of an unknown architecture'}: run with --engine juice")
         find_vllm_python()
+        check_shared_gpu(lm, self.vllm_args)
 
     def _ensure(self, lm: LoadedModel, juice_heads: set[Head]) -> _Server:
         """The running server, started (or restarted once, with the union of the heads) where
@@ -669,19 +691,6 @@ def _stop(process: subprocess.Popen) -> None:
         pass
 
 
-def local_device(engine: str, device: str, stage1_engine: str | None = None) -> str:
-    """Where juice's own process puts its copy of the model (its tokenizer, the heads file's
-    fingerprint, and the stages vLLM cannot run: PH3's path patching, CAD, AdaCAD, `auto`): with
-    engine vllm and device "auto", the CPU, so that vLLM's server has the GPUs to itself (it
-    takes 90% of a GPU's memory by default), unless Stage 1 runs on juice's engine
-    (`stage1_engine` "juice"): then "auto" (a GPU where there is one), the device that stage is
-    asked onto juice's engine for (:func:`check_shared_gpu` says what vLLM must leave of it);
-    otherwise `device` as given."""
-    if engine == "vllm" and device == "auto" and stage1_engine != "juice":
-        return "cpu"
-    return device
-
-
 def check_shared_gpu(lm: LoadedModel, vllm_args: Sequence[str]) -> None:
     """Refuse, before any stage, juice's copy of the model on a GPU beside vLLM's when vLLM would
     take its default 90% of the GPU's memory.
@@ -696,25 +705,6 @@ def check_shared_gpu(lm: LoadedModel, vllm_args: Sequence[str]) -> None:
                               "--device cpu")
 
 
-def open_engine(engine: str, model: str, workdir: str | Path, vllm_args: Sequence[str] = (),
-                log: Callable[[str], None] = print, offline: bool = False):
-    """The engine a command runs its stages on: :data:`juice.engine.backend.JUICE_ENGINE` for
-    "juice", a :class:`VllmEngine` (to be closed: use it as a context manager) for "vllm".
-
-    Raises:
-        ValueError: another name, or vLLM arguments for juice's engine.
-    """
-    if engine == "juice":
-        if vllm_args:
-            raise ValueError("--vllm-arg is for --engine vllm")
-        if offline:
-            raise ValueError("--vllm-offline is for --engine vllm")
-        return JUICE_ENGINE
-    if engine == "vllm":
-        return VllmEngine(model, workdir, vllm_args, log=log, offline=offline)
-    raise ValueError(f"engine must be juice or vllm, not {engine!r}")
-
-
 __all__ = ["ASKS_PER_CALL", "COMPILATION_ARGS", "IN_FLIGHT", "MAX_MODEL_LEN", "PROMPTS_PER_REQUEST", "VllmEngine",
            "VllmEngineError",
-           "check_shared_gpu", "data_parallel_size", "dtype_arguments", "local_device", "open_engine"]
+           "check_shared_gpu", "data_parallel_size", "dtype_arguments"]

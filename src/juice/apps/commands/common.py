@@ -31,15 +31,33 @@ VLLM_ARG_HELP = ("--engine vllm: one more argument for vLLM's server (repeat), e
                  "--vllm-arg=--distributed-executor-backend=ray")
 
 
-@contextmanager
-def engine_for(name: str, model: str, workdir, vllm_args, offline: bool = False):
-    """The engine a command runs on (:func:`juice.vllm.engine.open_engine`), closed (its vLLM
-    server stopped) on exit; a usage error for a bad combination."""
-    from juice.vllm.engine import open_engine
+def engine_kind(name: str):
+    """The class of the engine `--engine` names (:func:`juice.engines.engine_class`): the one
+    place a command reads the name; a usage error for an unknown one."""
+    from juice.engines import engine_class
 
     try:
-        engine = open_engine(name, model, workdir, list(vllm_args),
-                             log=lambda line: console.print(f"[dim]{line}[/dim]"), offline=offline)
+        return engine_class(name)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--engine") from None
+
+
+def load_for(kind, model: str, device: str):
+    """juice's copy of the model for a command on engine `kind`: on its device
+    (`kind.model_device`), deferred where the engine decodes elsewhere (loaded only by a step on
+    juice's engine: `load_model(defer=True)`)."""
+    from juice.models import load_model
+
+    return load_model(model, device=kind.model_device(device), defer=not kind.in_process)
+
+
+@contextmanager
+def engine_for(kind, model: str, workdir, vllm_args, offline: bool = False):
+    """The engine a command runs on (`kind.open`), closed (its vLLM server stopped) on exit; a
+    usage error for a bad combination."""
+    try:
+        engine = kind.open(model, workdir, list(vllm_args),
+                           log=lambda line: console.print(f"[dim]{line}[/dim]"), offline=offline)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--engine") from None
     try:
@@ -48,14 +66,6 @@ def engine_for(name: str, model: str, workdir, vllm_args, offline: bool = False)
         close = getattr(engine, "close", None)
         if close is not None:
             close()
-
-
-def model_device(engine: str, device: str) -> str:
-    """Where the command loads juice's copy of the model (:func:`juice.vllm.engine.local_device`); on
-    vLLM it is deferred (`load_model(defer=True)`): loaded only by a step on juice's engine."""
-    from juice.vllm.engine import local_device
-
-    return local_device(engine, device)
 
 
 def progress():
@@ -78,5 +88,5 @@ def parse_grid(text: Optional[str], option: str) -> Optional[tuple[float, ...]]:
 
 __all__ = ["BETA_MINUS_GRID_HELP", "CONTEXT_LIMIT", "ENGINE_HELP", "STAGE1_ENGINE_HELP", "VLLM_ARG_HELP",
            "VLLM_OFFLINE_HELP", "console",
-           "engine_for", "model_device",
+           "engine_for", "engine_kind", "load_for",
            "parse_grid", "progress"]

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from juice.apps.commands.common import (CONTEXT_LIMIT, ENGINE_HELP, VLLM_ARG_HELP, console, engine_for,
-                                       model_device, progress)
+                                       engine_kind, load_for, progress)
 from juice.models import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from juice.engine.backend import Engine
 
 
 def evaluate(
@@ -77,7 +80,8 @@ def evaluate(
         juice evaluate --data conflict-aware-decoding/data/TriState \\
             --limit 20
     """
-    if study and engine != "juice":
+    kind = engine_kind(engine)   # the name read once; below, what the engine can do
+    if study and not kind.every_stream:
         raise typer.BadParameter("--study fits auto, which decides per request from a second, question-only "
                                  "sequence that vLLM cannot run: drop --engine vllm", param_hint="--engine")
     if contexts is not None and study:
@@ -89,18 +93,18 @@ def evaluate(
         raise typer.BadParameter("--study is for the context-type evaluation: add --contexts", param_hint="--study")
     if contexts is not None:
         _evaluate_contexts(data, heads, methods, contexts, domain, None if full else (limit or CONTEXT_LIMIT),
-                           out, model, device, None if full else max_prompt_tokens, split, validation, engine,
+                           out, model, device, None if full else max_prompt_tokens, split, validation, kind,
                            vllm_arg)
         return
     from juice.data.tristate import is_tristate_folder
 
     if data is not None and is_tristate_folder(data):
-        if engine != "juice":
+        if not kind.every_stream:
             raise typer.BadParameter("TriState-Bench tunes auto and runs GRD, which juice's engine decodes: drop "
                                      "--engine vllm", param_hint="--engine")
         _evaluate_tristate(data, heads, methods, limit, out, model, device)
         return
-    _evaluate_rows(data, heads, methods, direction, beta_plus, beta_minus, limit, out, model, device, engine,
+    _evaluate_rows(data, heads, methods, direction, beta_plus, beta_minus, limit, out, model, device, kind,
                    vllm_arg)
 
 
@@ -142,13 +146,12 @@ def _evaluate_tristate(data: Path, heads: list[Path], methods: Optional[str], li
 
 def _evaluate_rows(data: Optional[Path], heads: list[Path], methods: Optional[str], direction: Optional[str],
                    beta_plus: Optional[float], beta_minus: Optional[float], limit: Optional[int], out: Path,
-                   model: str, device: str, engine: str = "juice", vllm_args: list[str] = ()) -> None:
-    """`juice evaluate` on your test rows (:func:`juice.workflow.evaluate_file`)."""
+                   model: str, device: str, kind: "type[Engine]", vllm_args: list[str] = ()) -> None:
+    """`juice evaluate` on your test rows (:func:`juice.workflow.evaluate_file`), on the engine of class `kind`."""
     from juice.apps.terminal import interval_rich
     from juice.eval.report import degeneration_markdown, difference_markdown, interval_markdown
     from juice.stage1 import load_heads
     from juice.io import write_json_atomic
-    from juice.models import load_model
     from juice.userdata import load_rows
     from juice.workflow import check_methods, evaluate_file, parse_direction
 
@@ -161,9 +164,9 @@ def _evaluate_rows(data: Optional[Path], heads: list[Path], methods: Optional[st
     chosen = parse_direction(direction or (artifact.direction if artifact else "parametric"))
     load_rows(data, chosen)
     check_methods(names, artifact)
-    lm = load_model(model, device=model_device(engine, device), defer=engine != "juice")
+    lm = load_for(kind, model, device)
     artifact = load_heads(heads[0], lm) if heads else None
-    with engine_for(engine, model, out / "vllm", vllm_args) as runner, progress() as task:
+    with engine_for(kind, model, out / "vllm", vllm_args) as runner, progress() as task:
         runner.check(lm)
         report = evaluate_file(lm, artifact, data, names, direction=chosen, beta_plus=beta_plus,
                                beta_minus=beta_minus, limit=limit, progress=task, engine=runner)
@@ -229,12 +232,11 @@ def _study(data: Optional[Path], heads: list[Path], methods: Optional[str], doma
 
 def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optional[str], contexts: str, domain: Optional[str],
                        limit: Optional[int], out: Path, model: str, device: str,
-                       max_prompt_tokens: Optional[int] = None, split: Optional[str] = None,
-                       validation: Optional[Path] = None, engine: str = "juice", vllm_args: list[str] = ()) -> None:
-    """`juice evaluate --contexts` (:mod:`juice.when_to_steer.contexts`)."""
+                       max_prompt_tokens: Optional[int], split: Optional[str],
+                       validation: Optional[Path], kind: "type[Engine]", vllm_args: list[str] = ()) -> None:
+    """`juice evaluate --contexts` (:mod:`juice.when_to_steer.contexts`), on the engine of class `kind`."""
     from juice.apps.terminal import interval_rich
     from juice.io import write_json_atomic
-    from juice.models import load_model
     from juice.plots import have_matplotlib
     from juice.stage1 import load_heads
     from juice.when_to_steer.contexts import TITLES, context_items, evaluate_contexts
@@ -253,7 +255,7 @@ def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optiona
         methods = ("original,prompt,cad,adacad,ckplug" + (",ph3" if any(f.tuned.ph3 for f in files) else "")
                    + ",june,juice" + (",auto" if any(f.tuned.auto for f in files) else ""))
     names = [m.strip().lower() for m in methods.split(",") if m.strip()]
-    lm = load_model(model, device=model_device(engine, device), defer=engine != "juice")
+    lm = load_for(kind, model, device)
     if max_prompt_tokens is not None:   # the first `limit` items whose prompts fit
         from juice.when_to_steer.contexts import prompt_fits
 
@@ -262,7 +264,7 @@ def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optiona
         where["max_prompt_tokens"] = max_prompt_tokens
     artifacts = [load_heads(path, lm) for path in heads]
     try:
-        with engine_for(engine, model, out / "vllm", vllm_args) as runner, progress() as task:
+        with engine_for(kind, model, out / "vllm", vllm_args) as runner, progress() as task:
             runner.check(lm)
             report = evaluate_contexts(lm, artifacts, items, names, data=where, progress=task, validation=chosen_on,
                                        engine=runner)

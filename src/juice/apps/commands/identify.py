@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from juice.apps.commands.common import (ENGINE_HELP, VLLM_ARG_HELP, console, engine_for, model_device,
+from juice.apps.commands.common import (ENGINE_HELP, VLLM_ARG_HELP, console, engine_for, engine_kind, load_for,
                                        progress)
 from juice.models import DEFAULT_MODEL
 
@@ -51,7 +51,6 @@ def identify(
     from juice.pipeline.run import ReproduceConfig
     from juice.pipeline.stages import identify_on_domain
     from juice.stage1 import save_heads
-    from juice.models import load_model
     from juice.userdata import load_rows
 
     try:
@@ -71,16 +70,16 @@ def identify(
         from juice.workflow import parse_direction
 
         load_rows(data, parse_direction(direction))   # bad data fails before the model loads
-        lm = load_model(model, device=model_device(engine, device), defer=engine != "juice")
-        with engine_for(engine, model, out.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:
+        lm = load_for(engine_kind(engine), model, device)
+        with engine_for(engine_kind(engine), model, out.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:
             runner.check(lm)
             artifact = identify_rows(lm, data, direction=direction, k=k, scoring=scoring, shortlist=shortlist,
                                      progress=task, engine=runner)
         selection = artifact.selection
     else:
         domain_sources(cfg)   # bad data fails before the model loads
-        lm = load_model(model, device=model_device(engine, device), defer=engine != "juice")
-        with engine_for(engine, model, out.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:
+        lm = load_for(engine_kind(engine), model, device)
+        with engine_for(engine_kind(engine), model, out.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:
             runner.check(lm)
             artifact = identify_on_domain(lm, cfg, StageFiles(out.parent / ".juice-state"), task, engine=runner,
                                           command="identify")

@@ -95,7 +95,7 @@ def reproduce(
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     start = time.perf_counter()
-    with engine_for(engine, model, out / "vllm", vllm_arg, vllm_offline) as runner, progress() as task:
+    with engine_for(cfg.engine_class, model, out / "vllm", vllm_arg, vllm_offline) as runner, progress() as task:
         if direction == "parametric":
             result = run_parametric(cfg, progress=task, engine=runner)
         else:

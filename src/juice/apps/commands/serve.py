@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from juice.apps.commands.common import console
+from juice.apps.commands.common import console, engine_kind
 from juice.models import DEFAULT_MODEL
 
 CPU_MAX_REQUEST_TOKENS = 4096
@@ -62,10 +62,9 @@ def serve(
             --heads heads_contextual.json --port 8000
         juice serve --engine vllm --port 8000
     """
-    if engine not in ("juice", "vllm"):
-        raise typer.BadParameter(f"--engine must be juice or vllm, not {engine!r}", param_hint="--engine")
+    kind = engine_kind(engine)
     check_listen(host, port)   # before the model loads: a port in use is one line, not a traceback after minutes
-    if engine == "vllm":
+    if not kind.in_process:   # vLLM's OpenAI server with juice's plugin
         if max_request_tokens is not None:
             raise typer.BadParameter("--max-request-tokens is for --engine juice (vLLM bounds each prompt with "
                                      "--max-total-tokens, its max_model_len)", param_hint="--max-request-tokens")

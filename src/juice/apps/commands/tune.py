@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from juice.apps.commands.common import (BETA_MINUS_GRID_HELP, ENGINE_HELP, VLLM_ARG_HELP, console, engine_for,
-                                       model_device, parse_grid, progress)
+                                       engine_kind, load_for, parse_grid, progress)
 from juice.models import DEFAULT_MODEL
 
 
@@ -47,7 +47,6 @@ def tune(
     """
     from juice.methods import names as method_names
     from juice.stage1 import load_heads, save_heads
-    from juice.models import load_model
     from juice.userdata import load_rows
     from juice.workflow import check_tune_methods
     from juice.workflow import tune as tune_rows
@@ -67,10 +66,10 @@ def tune(
     if grid_names or not names:
         load_rows(data, artifact.direction)
         check_tune_methods(grid_names)
-    lm = load_model(model, device=model_device(engine, device), defer=engine != "juice")
+    lm = load_for(engine_kind(engine), model, device)
     artifact = load_heads(heads, lm)
     chosen = {}
-    with engine_for(engine, model, heads.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:
+    with engine_for(engine_kind(engine), model, heads.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:
         runner.check(lm)
         if grid_names:
             chosen = tune_rows(lm, artifact, data, methods=grid_names, limit=limit, progress=task, engine=runner,
