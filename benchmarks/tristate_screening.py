@@ -26,6 +26,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import git_state  # noqa: E402
 
 
+LABELS = {"P_right": "right", "P_wrong": "wrong", "P_uncertain": "uncertain"}
+STATES = {"correction": "correction (passage right, prior wrong)", "resistance": "resistance (passage wrong, prior right)",
+          "agreement": "agreement (passage right, prior right)"}
+
+
+def screening_markdown(record: dict) -> str:
+    """The record's label counts and state sizes as docs/tristate.md shows them (two tables)."""
+    counts, total = record["counts"], record["counts"]["total"]
+    lines = ["| the model's prior (GAPS label) | facts | share |", "|---|---|---|"]
+    lines += [f"| {label} | {counts[key]} | {100 * counts[key] / total:.1f}% |" for key, label in LABELS.items()]
+    lines += [f"| screened | {total} | 100% |", "", "| state | facts |", "|---|---|"]
+    lines += [f"| {title} | {record['states'][state]} |" for state, title in STATES.items()]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gemma-3-270m")

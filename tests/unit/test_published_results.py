@@ -288,6 +288,34 @@ def test_the_tristate_parity_table_on_its_page_is_the_committed_record():
             in page and differ["adacad-nats"] == 0)
 
 
+def test_the_tristate_screening_on_its_page_is_the_committed_record():
+    """Issue 90, item 1: docs/tristate.md's screening of Gemma 3 270M (label counts, state sizes
+    and the sentence that reads them) is the committed record's, whose counts and states follow
+    from its own per-fact labels (every screened fact has both passages: correction holds the
+    facts labelled wrong, resistance and agreement those labelled right)."""
+    import tristate_screening
+
+    record = json.loads((ROOT / "benchmarks" / "results" / "tristate-screening-gemma-3-270m.json")
+                        .read_text(encoding="utf-8"))
+    assert record["command"].startswith("python benchmarks/tristate_screening.py") and len(record["commit"]) == 40
+    assert not record["dirty"] and record["model"] == "gemma-3-270m"
+    priors = [label["prior"] for label in record["labels"].values()]
+    counts = record["counts"]
+    assert len(priors) == record["facts_screened"] == counts["total"] == 696
+    assert {k: priors.count(k) for k in ("P_right", "P_wrong", "P_uncertain")} == {
+        k: counts[k] for k in ("P_right", "P_wrong", "P_uncertain")}
+    assert sum(t["total"] for t in counts["by_type"].values()) == counts["total"]
+    assert record["states"] == {"correction": counts["P_wrong"], "resistance": counts["P_right"],
+                                "agreement": counts["P_right"]}
+    page = (ROOT / "docs" / "tristate.md").read_text(encoding="utf-8")
+    assert tristate_screening.screening_markdown(record) in page
+    command = record["command"].replace("../shared/data/tristate", "conflict-aware-decoding/data/TriState")
+    assert f"`{command}`" in page and record["commit"][:7] in page
+    right, total = counts["P_right"], counts["total"]
+    assert (f"The model's prior is right on {right} of the {total} facts, so resistance and agreement hold {right} "
+            f"facts each\nand correction {counts['P_wrong']}") in page
+
+
 def test_the_results_page_is_the_committed_record_of_its_four_runs():
     """Issue 89, item 3: every table of docs/results.md (Table 1 and Table 2, under the paper's
     protocol and with the degeneration margin: accuracy, correct and not degenerate, the degenerate
