@@ -2,7 +2,12 @@
 node's Python (3.12, torch 2.11, transformers 5.17, no server stack) with only the carried wheels,
 installed as benchmarks/gpu_check.sh installs them, the check's dry run resolves every requirement,
 uses every carried wheel and runs every section to the end. The node's image is built once into
-~/.cache/juice (a minute or two; about 5 GB) and reused."""
+~/.cache/juice (a minute or two; about 5 GB) and reused.
+
+In the `long` tier (about 6 minutes, a tenth of CI's time, for a script that runs only on a lent
+GPU): run it before the device call of a session that has a GPU,
+`python -m pytest -m long tests/slow/test_gpu_rehearsal.py` (docs/models.md, "The GPU check").
+Its tests section has a time share, so on a heavily shared machine it can stop short."""
 
 from __future__ import annotations
 
@@ -11,9 +16,12 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.long
 def test_the_rehearsal_of_the_gpu_check_passes_with_only_the_carried_wheels(tmp_path):
     done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-rehearse.sh"), str(tmp_path)],
                           capture_output=True, text=True, timeout=1500)
