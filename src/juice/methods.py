@@ -30,10 +30,11 @@ editing juice.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import EntryPoint, PackageNotFoundError, distribution, entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
@@ -278,28 +279,30 @@ of no arguments that calls :func:`register` (juice's own: `auto = "juice.when_to
 
 
 def plugin_entry_points(group: str = PLUGIN_GROUP) -> list[EntryPoint]:
-    """The entry points of `group` that installed packages declare; where juice itself runs from a
-    checkout that is not installed (`PYTHONPATH=src`, as the GPU check runs it), juice's own are
-    read from the checkout's `pyproject.toml` (`[project.entry-points."juice.methods"]`), so its
-    plugins (`auto`) register there too."""
+    """The entry points of `group` that installed packages declare, and, where juice runs from a
+    checkout, those its `pyproject.toml` declares (`[project.entry-points."juice.methods"]`) that
+    no installed package does: so juice's own plugins (`auto`) register in a checkout that is not
+    installed (`PYTHONPATH=src`, as the GPU check runs it) or was installed before they existed."""
     points = list(entry_points(group=group))
-    try:
-        distribution("juice")
-    except PackageNotFoundError:
+    project = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if project.is_file():
         import tomllib
 
-        project = Path(__file__).resolve().parents[2] / "pyproject.toml"
-        if project.is_file():
-            declared = tomllib.loads(project.read_text(encoding="utf-8"))["project"].get("entry-points", {})
-            points += [EntryPoint(name, value, group) for name, value in declared.get(group, {}).items()]
+        meta = tomllib.loads(project.read_text(encoding="utf-8")).get("project", {})
+        if meta.get("name") == "juice":
+            have = {p.name for p in points}
+            points += [EntryPoint(name, value, group) for name, value in meta.get("entry-points", {}).get(group, {}).items()
+                       if name not in have]
     return points
 
 
 class Registry(MutableMapping[str, MethodSpec]):
     """name -> :class:`MethodSpec`, in table order: juice's built-in methods, then those the
-    `juice.methods` entry points register (:data:`PLUGIN_GROUP`), loaded the first time the
-    registry is listed or asked for a name it lacks (so importing juice loads no plugin, and a
-    built-in method is found without loading any).
+    `juice.methods` entry points register (:data:`PLUGIN_GROUP`, :func:`plugin_entry_points`),
+    loaded the first time the registry is listed or asked for a name it lacks (so importing juice
+    loads no plugin, and a built-in method is found without loading any); another thread listing
+    it meanwhile waits for them. A plugin that fails to register is warned about
+    (`RuntimeWarning`), kept in `failures` and named when its method is asked for; the others load.
 
     Setting an entry (`registry[name] = spec`, as a test's monkeypatch does) checks only that the
     name is the spec's; :func:`register` is the checked way in.
@@ -309,20 +312,29 @@ class Registry(MutableMapping[str, MethodSpec]):
         self._specs: dict[str, MethodSpec] = {s.name: s for s in specs}
         self._group = group
         self._plugins = "unloaded"   # -> "loading" -> "loaded"
+        self._lock = threading.RLock()
+        self.failures: list[str] = []   # one line per plugin that failed to register
 
     def _load_plugins(self) -> None:
-        if self._plugins != "unloaded":   # loaded, or a plugin's import reads the registry
+        """Load the plugins once. Another thread that lists the registry meanwhile waits for them;
+        the loading thread itself (a plugin's import reading the registry) goes on without."""
+        if self._plugins == "loaded":
             return
-        self._plugins = "loading"
-        try:
-            for point in plugin_entry_points(self._group):
-                try:
-                    point.load()()
-                except Exception as exc:
-                    raise RuntimeError(f"the method plugin {point.name} ({point.value}) failed to register: "
-                                       f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            self._plugins = "loaded"
+        with self._lock:
+            if self._plugins != "unloaded":   # loaded while this thread waited, or this thread is loading
+                return
+            self._plugins = "loading"
+            try:
+                for point in plugin_entry_points(self._group):
+                    try:
+                        point.load()()
+                    except Exception as exc:   # the other plugins still load; said now and with an unknown name
+                        failure = (f"the method plugin {point.name} ({point.value}) failed to register: "
+                                   f"{type(exc).__name__}: {exc}")
+                        self.failures.append(failure)
+                        warnings.warn(failure, RuntimeWarning, stacklevel=2)
+            finally:
+                self._plugins = "loaded"
 
     def register(self, spec: MethodSpec) -> None:
         """Add `spec` after the methods already there (see :func:`register`)."""
@@ -339,7 +351,7 @@ class Registry(MutableMapping[str, MethodSpec]):
         the plugins are loaded only when no method registered so far has it."""
         key = str(name).strip().lower()
         for attempt in range(2):
-            for spec in self._specs.values():
+            for spec in tuple(self._specs.values()):   # another thread may be registering
                 if key == spec.name or key in spec.aliases:
                     return spec
             if attempt == 0:
@@ -442,7 +454,8 @@ def lookup(name: str, choices: Sequence[str] | None = None) -> MethodSpec:
     if spec is not None and (choices is None or spec.name in choices):
         return spec
     allowed = tuple(choices) if choices is not None else tuple(REGISTRY)
-    raise ValueError(f"unknown method {name!r}; choose from {', '.join(allowed)}")
+    failed = f" ({'; '.join(REGISTRY.failures)})" if REGISTRY.failures else ""
+    raise ValueError(f"unknown method {name!r}; choose from {', '.join(allowed)}{failed}")
 
 
 def by_protocol(name: str) -> MethodSpec:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -54,13 +55,11 @@ class _EntryPoint:
 
 
 def test_auto_registers_itself_as_a_plugin_and_the_registry_names_nothing_above_it():
-    from importlib.metadata import entry_points
     from pathlib import Path
 
     from juice.when_to_steer import auto
 
-    assert [(p.name, p.value) for p in entry_points(group=methods.PLUGIN_GROUP)] == [
-        ("auto", "juice.when_to_steer.auto:register")]
+    assert [(p.name, p.value) for p in methods.plugin_entry_points()] == [("auto", "juice.when_to_steer.auto:register")]
     assert REGISTRY["auto"] is auto.SPEC and list(REGISTRY)[-1] == "auto"
     tree = ast.parse(Path(methods.__file__).read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
@@ -71,16 +70,31 @@ def test_auto_registers_itself_as_a_plugin_and_the_registry_names_nothing_above_
     assert not called & {"resolve_name", "import_module", "__import__"}   # nothing named in a string and imported
 
 
-def test_a_checkout_that_is_not_installed_reads_its_own_plugins_from_its_pyproject(monkeypatch):
-    from importlib.metadata import PackageNotFoundError
+def test_a_thread_that_lists_the_registry_while_another_loads_the_plugins_waits_for_them(monkeypatch):
+    import threading
 
+    fresh = methods.Registry(methods._BUILT_IN)
+    loading, listed = threading.Event(), {}
+
+    def slow_plugin() -> None:
+        loading.set()
+        threading.Event().wait(0.3)   # a plugin whose import takes a while
+        fresh.register(MethodSpec("late", "Late", lambda x: None))
+
+    monkeypatch.setattr(methods, "plugin_entry_points", lambda group: [_EntryPoint("late", slow_plugin)])
+    first = threading.Thread(target=lambda: listed.setdefault("first", list(fresh)))
+    first.start()
+    assert loading.wait(5)
+    listed["second"] = list(fresh)   # while the first thread is still loading
+    first.join()
+    assert listed["first"][-1] == listed["second"][-1] == "late"
+
+
+def test_a_checkout_not_installed_or_installed_before_its_plugins_reads_them_from_its_pyproject(monkeypatch):
     from juice.when_to_steer import auto
 
-    def not_installed(name: str):
-        raise PackageNotFoundError(name)
-
-    monkeypatch.setattr(methods, "entry_points", lambda group: [])   # no installed metadata (PYTHONPATH=src)
-    monkeypatch.setattr(methods, "distribution", not_installed)
+    # no installed entry point: a checkout on PYTHONPATH=src, or installed before the group existed
+    monkeypatch.setattr(methods, "entry_points", lambda group: [])
     (point,) = methods.plugin_entry_points()
     assert (point.name, point.group) == ("auto", "juice.methods") and point.load() is auto.register
 
@@ -107,10 +121,16 @@ def test_a_plugin_registers_a_method_after_the_built_in_ones_when_first_listed(m
         raise ImportError("no module named nowhere")
 
     failing = methods.Registry(methods._BUILT_IN)
-    monkeypatch.setattr(methods, "plugin_entry_points", lambda group: [_EntryPoint("broken", broken)])
-    with pytest.raises(RuntimeError, match=r"the method plugin broken \(plugin:broken\) failed to register: "
-                                           "ImportError: no module named nowhere"):
-        list(failing)
+    monkeypatch.setattr(methods, "plugin_entry_points", lambda group: [_EntryPoint("broken", broken),
+                                                                       _EntryPoint("half", lambda: failing.register(half))])
+    failure = "the method plugin broken (plugin:broken) failed to register: ImportError: no module named nowhere"
+    with pytest.warns(RuntimeWarning, match=re.escape(failure)):
+        assert list(failing)[-1] == "cad-half"   # the plugin after the broken one still registers
+    assert failing.failures == [failure]
+    monkeypatch.setattr(methods, "REGISTRY", failing)
+    with pytest.raises(ValueError, match=re.escape(f"unknown method 'broken'; choose from original") + ".*"
+                       + re.escape(f"({failure})")):
+        lookup("broken")
 
 
 def test_building_a_method_is_the_preset_it_names(tiny_llama):

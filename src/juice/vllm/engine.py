@@ -700,7 +700,7 @@ def check_shared_gpu(lm: LoadedModel, vllm_args: Sequence[str]) -> None:
             `--gpu-memory-utilization` (one line naming it).
     """
     if lm.device.type == "cuda" and not any(a.split("=")[0] == "--gpu-memory-utilization" for a in vllm_args):
-        raise VllmEngineError("juice's copy of the model is on the GPU (Stage 1 on juice's engine) and vLLM takes 90% "
+        raise VllmEngineError("juice's copy of the model is on the GPU beside vLLM's, which takes 90% "
                               "of it by default: give vLLM a share, e.g. --vllm-arg=--gpu-memory-utilization=0.5, or "
                               "--device cpu")
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from juice.apps.commands.common import (ENGINE_HELP, VLLM_ARG_HELP, console, engine_for, engine_kind, load_for,
+from juice.apps.commands.common import (ENGINE_HELP, VLLM_ARG_HELP, console, engine_for, load_for,
                                        progress)
 from juice.models import DEFAULT_MODEL
 
@@ -70,16 +70,16 @@ def identify(
         from juice.workflow import parse_direction
 
         load_rows(data, parse_direction(direction))   # bad data fails before the model loads
-        lm = load_for(engine_kind(engine), model, device)
-        with engine_for(engine_kind(engine), model, out.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:
+        lm = load_for(cfg.engine_class, model, device)
+        with engine_for(cfg.engine_class, model, out.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:
             runner.check(lm)
             artifact = identify_rows(lm, data, direction=direction, k=k, scoring=scoring, shortlist=shortlist,
                                      progress=task, engine=runner)
         selection = artifact.selection
     else:
         domain_sources(cfg)   # bad data fails before the model loads
-        lm = load_for(engine_kind(engine), model, device)
-        with engine_for(engine_kind(engine), model, out.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:
+        lm = load_for(cfg.engine_class, model, device)
+        with engine_for(cfg.engine_class, model, out.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:
             runner.check(lm)
             artifact = identify_on_domain(lm, cfg, StageFiles(out.parent / ".juice-state"), task, engine=runner,
                                           command="identify")

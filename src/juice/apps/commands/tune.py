@@ -66,10 +66,11 @@ def tune(
     if grid_names or not names:
         load_rows(data, artifact.direction)
         check_tune_methods(grid_names)
-    lm = load_for(engine_kind(engine), model, device)
+    kind = engine_kind(engine)
+    lm = load_for(kind, model, device)
     artifact = load_heads(heads, lm)
     chosen = {}
-    with engine_for(engine_kind(engine), model, heads.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:
+    with engine_for(kind, model, heads.parent / ".juice-vllm", vllm_arg) as runner, progress() as task:
         runner.check(lm)
         if grid_names:
             chosen = tune_rows(lm, artifact, data, methods=grid_names, limit=limit, progress=task, engine=runner,
