@@ -375,6 +375,16 @@ class Registry(MutableMapping[str, MethodSpec]):
         self._load_plugins()
         return iter(tuple(self._specs))
 
+    def values(self):
+        """The specs, in table order (read straight from the table, not name by name)."""
+        self._load_plugins()
+        return dict(self._specs).values()
+
+    def items(self):
+        """(name, spec), in table order (read straight from the table, not name by name)."""
+        self._load_plugins()
+        return dict(self._specs).items()
+
     def __len__(self) -> int:
         self._load_plugins()
         return len(self._specs)
