@@ -50,27 +50,39 @@ NOT_A_METHOD = ("engine", "device", "max_rows", "extra_args", "body", "data", "v
 "auto" a device's, a batch size's and the guard's setting."""
 
 
-def _any_method_comparisons(tree: ast.AST, text: str) -> int:
-    """Any comparison (`==`, `!=`, `in`, `not in`) of a method's name as a literal with another
-    operand, on either side (`"ph3" in methods`, `name != "auto"`, `m == "ph3"`), except where that
-    operand is an engine, a device or a request body (:data:`NOT_A_METHOD`)."""
+def _literals(o: ast.AST) -> list:
+    """The values of a literal operand: a constant, or a tuple, list or set of constants."""
+    if isinstance(o, ast.Constant):
+        return [o.value]
+    if isinstance(o, (ast.Tuple, ast.List, ast.Set)):
+        return [e.value for e in o.elts if isinstance(e, ast.Constant)]
+    return []
+
+
+def _literal_comparisons(tree: ast.AST, text: str, names: set[str], counts) -> int:
+    """Comparisons (`==`, `!=`, `in`, `not in`) with a literal operand holding one of `names`,
+    counted where `counts` (the other operands' source texts -> bool) says so; once per comparison."""
     n = 0
     for node in ast.walk(tree):
         if not isinstance(node, ast.Compare):
             continue
         operands = [node.left, *node.comparators]
         for i, o in enumerate(operands):
-            values = ([o.value] if isinstance(o, ast.Constant) else
-                      [e.value for e in getattr(o, "elts", []) if isinstance(e, ast.Constant)]
-                      if isinstance(o, (ast.Tuple, ast.List, ast.Set)) else [])
-            if not any(isinstance(v, str) and v in METHOD_NAMES for v in values):
+            if not any(isinstance(v, str) and v in names for v in _literals(o)):
                 continue
-            others = [ast.get_source_segment(text, x) or "" for j, x in enumerate(operands) if j != i]
-            if not any(word in NOT_A_METHOD or set(word.split("_")) & set(NOT_A_METHOD)
-                       for t in others for word in re.findall(r"\w+", t)):
+            if counts([ast.get_source_segment(text, x) or "" for j, x in enumerate(operands) if j != i]):
                 n += 1
                 break
     return n
+
+
+def _any_method_comparisons(tree: ast.AST, text: str) -> int:
+    """Any comparison (`==`, `!=`, `in`, `not in`) of a method's name as a literal with another
+    operand, on either side (`"ph3" in methods`, `name != "auto"`, `m == "ph3"`), except where that
+    operand is an engine, a device or a request body (:data:`NOT_A_METHOD`)."""
+    return _literal_comparisons(tree, text, METHOD_NAMES, lambda others: not any(
+        word in NOT_A_METHOD or set(word.split("_")) & set(NOT_A_METHOD)
+        for t in others for word in re.findall(r"\w+", t)))
 
 
 def _metric_comparisons(tree: ast.AST) -> int:
@@ -139,21 +151,7 @@ def _engine_comparisons(tree: ast.AST, text: str) -> int:
     """Comparisons (`==`, `!=`, `in`, `not in`) of an engine's name as a literal ("juice", "vllm")
     with an operand that names an engine (`engine != "juice"`, `cfg.engine == "vllm"`,
     `engine.name != "juice"`, `stage1_engine == "juice"`) (issue 91)."""
-    n = 0
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Compare):
-            continue
-        operands = [node.left, *node.comparators]
-        for i, o in enumerate(operands):
-            values = ([o.value] if isinstance(o, ast.Constant) else
-                      [e.value for e in getattr(o, "elts", []) if isinstance(e, ast.Constant)]
-                      if isinstance(o, (ast.Tuple, ast.List, ast.Set)) else [])
-            if not any(isinstance(v, str) and v in ENGINE_NAMES for v in values):
-                continue
-            if any("engine" in (ast.get_source_segment(text, x) or "") for j, x in enumerate(operands) if j != i):
-                n += 1
-                break
-    return n
+    return _literal_comparisons(tree, text, ENGINE_NAMES, lambda others: any("engine" in t for t in others))
 
 
 def _title_uses(tree: ast.AST) -> int:
@@ -162,13 +160,7 @@ def _title_uses(tree: ast.AST) -> int:
     n = 0
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
-            for o in (node.left, *node.comparators):
-                values = ([o.value] if isinstance(o, ast.Constant) else
-                          [e.value for e in getattr(o, "elts", []) if isinstance(e, ast.Constant)]
-                          if isinstance(o, (ast.Tuple, ast.List, ast.Set)) else [])
-                if any(isinstance(v, str) and v in TITLES for v in values):
-                    n += 1
-                    break
+            n += any(isinstance(v, str) and v in TITLES for o in (node.left, *node.comparators) for v in _literals(o))
         elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in TITLES:
             n += 1
     return n
