@@ -272,7 +272,6 @@ _BUILT_IN: tuple[MethodSpec, ...] = (
 )
 
 
-
 PLUGIN_GROUP = "juice.methods"
 """The entry-point group of methods implemented above the registry: each entry names a function
 of no arguments that calls :func:`register` (juice's own: `auto = "juice.when_to_steer.auto:register"`)."""
@@ -350,13 +349,16 @@ class Registry(MutableMapping[str, MethodSpec]):
         """The spec whose name or alias is `name` (any case, spaces around ignored), or None;
         the plugins are loaded only when no method registered so far has it."""
         key = str(name).strip().lower()
-        for attempt in range(2):
-            for spec in tuple(self._specs.values()):   # another thread may be registering
-                if key == spec.name or key in spec.aliases:
-                    return spec
-            if attempt == 0:
-                self._load_plugins()
-        return None
+
+        def match() -> MethodSpec | None:
+            return next((s for s in tuple(self._specs.values())   # a copy: another thread may be registering
+                         if key == s.name or key in s.aliases), None)
+
+        spec = match()
+        if spec is None:
+            self._load_plugins()
+            spec = match()
+        return spec
 
     def __getitem__(self, name: str) -> MethodSpec:
         if name not in self._specs:
