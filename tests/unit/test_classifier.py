@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from juice.data.context_types import ContextItem
 from juice.when_to_steer.classifier import (POOLED, auroc_interval, auroc_table, reliability, reliability_curves,
-                                           wrong_types)
+                                           weighted_auroc, wrong_types)
 
 pytestmark = pytest.mark.unit
 
@@ -32,6 +32,23 @@ def test_the_auroc_is_the_share_of_pairs_a_positive_wins_ties_half(cases):
     assert iv.mean == pytest.approx(_pairwise(values, positive))
     assert iv.low - 1e-12 <= iv.high and 0.0 <= iv.low and iv.high <= 1.0
     assert iv.n == len(cases)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0, 2.0]), st.booleans(), st.integers(0, 3)),
+                min_size=2, max_size=25)
+       .filter(lambda xs: sum(w for _, p, w in xs if p) > 0 and sum(w for _, p, w in xs if not p) > 0))
+def test_the_bootstraps_weighted_auroc_is_scikit_learns(cases):
+    """The interval's resamples use :func:`weighted_auroc` (all of them in one pass) in place of
+    one `roc_auc_score` call each: the same number, ties and zero weights included."""
+    from sklearn.metrics import roc_auc_score
+
+    x = np.array([v for v, _, _ in cases])
+    pos = np.array([p for _, p, _ in cases])
+    w = np.array([[float(k) for _, _, k in cases], [1.0] * len(cases)])
+    got = weighted_auroc(x, pos, w)
+    assert got[0] == pytest.approx(roc_auc_score(pos.astype(int), x, sample_weight=w[0]), abs=1e-12)
+    assert got[1] == pytest.approx(_pairwise(x.tolist(), pos.tolist()), abs=1e-12)
 
 
 def test_separation_gives_one_its_reverse_zero_and_items_on_neither_side_take_no_part():

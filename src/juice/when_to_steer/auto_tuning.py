@@ -160,13 +160,7 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
     if unknown:
         raise ValueError(f"auto: unknown gate signal {unknown[0]!r}; choose from {', '.join(GATE_SIGNALS)}")
 
-    cuts = _midpoints(x[has], THRESHOLD_GRID)
-    splits = []   # (k, edges, [n, k + 1] one-hot bins): the same for every gate
-    for k in range(MAX_THRESHOLDS + 1):
-        for edges in itertools.combinations(cuts, k):
-            onehot = np.zeros((n, k + 1))
-            onehot[np.arange(n), np.searchsorted(np.array(edges), x, side="right") if k else 0] = 1.0
-            splits.append((k, edges, onehot))
+    splits = _splits(x, _midpoints(x[has], THRESHOLD_GRID))
     gates: list[tuple[str | None, float | None, int | None]] = [(None, None, None)]
     if has.any():
         gates += [(name, g, j) for name in GATE_SIGNALS if name in values
@@ -179,14 +173,17 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
         gated = 0.0 if gate is None else float(score[gate_pick][below].sum())
         live = score * ~below   # [cands, n]: items that reach the bins
         rank = 0 if gate_name is None else GATE_SIGNALS.index(gate_name)
-        for k, edges, onehot in splits:
-            per_bin = live @ onehot   # [cands, bins]
-            picks = np.round(per_bin, 9).argmax(0)   # the best candidate per bin, ties to the less steered
-            total = fixed + gated + float(per_bin[picks, np.arange(k + 1)].sum())
-            tried += 1
-            key = (round(total, 9), gate is None, -k, -int(steer_rank[picks].sum()), -rank)
+        for k, edges, onehot in splits:   # every split with k thresholds at once
+            per_bin = np.matmul(live, onehot).transpose(1, 0, 2)   # [cands, splits, bins]
+            picks = np.round(per_bin, 9).argmax(0)   # [splits, bins]: the best candidate per bin, ties to the less steered
+            totals = fixed + gated + np.take_along_axis(per_bin, picks[None], 0)[0].sum(axis=1)
+            steered = steer_rank[picks].sum(axis=1)
+            tried += len(edges)
+            # the split with the highest (total, -steered), the earliest on a tie, as a loop over splits keeps it
+            first = int(np.lexsort((np.arange(len(edges)), steered, -np.round(totals, 9)))[0])
+            key = (round(float(totals[first]), 9), gate is None, -k, -int(steered[first]), -rank)
             if best is None or key > best[0]:
-                best = (key, gate_name, gate, gate_pick, edges, tuple(names[j] for j in picks))
+                best = (key, gate_name, gate, gate_pick, edges[first], tuple(names[j] for j in picks[first]))
     _, gate_name, gate, gate_pick, edges, picks = best
     if len(set(picks)) == 1:   # one candidate everywhere: no thresholds needed
         edges, picks = (), picks[:1]
@@ -203,6 +200,22 @@ def fit_policy(verdicts: Mapping[str, Sequence[bool]], signal: Sequence[float], 
     return AutoFit(policy, sum(per_type.values()) / len(present), static, per_type, tried, share, refused)
 
 
+def _splits(x: np.ndarray, cuts: Sequence[float]) -> list[tuple[int, list[tuple[float, ...]], np.ndarray]]:
+    """The signal's splits into bins that :func:`fit_policy` tries, by number of thresholds k
+    (0 to :data:`juice.when_to_steer.auto.MAX_THRESHOLDS`): (k, every k-subset of `cuts` in
+    order, `[splits, n, k + 1]` each one's one-hot bins of `x`). The same for every gate."""
+    out = []
+    for k in range(MAX_THRESHOLDS + 1):
+        edges = list(itertools.combinations(cuts, k))
+        if not edges:
+            continue
+        onehot = np.zeros((len(edges), len(x), k + 1))
+        for s, e in enumerate(edges):
+            onehot[s, np.arange(len(x)), np.searchsorted(np.array(e), x, side="right") if k else 0] = 1.0
+        out.append((k, edges, onehot))
+    return out
+
+
 def _midpoints(values, size: int) -> list[float]:
     """The midpoints between consecutive distinct `values` (a numpy array), thinned to at most
     `size` evenly spaced ones: the candidate thresholds of :func:`fit_policy`."""
@@ -216,11 +229,15 @@ def _midpoints(values, size: int) -> list[float]:
 def _type_means(values: Sequence[bool], types: Sequence[str], sources: Sequence[str], present: Sequence[str]
                 ) -> dict[str, float]:
     """Context type -> accuracy (%) of `values` averaged over sources, for the types `present`."""
+    right: dict[tuple[str, str], int] = {}
+    items: dict[tuple[str, str], int] = {}
+    for v, t, src in zip(values, types, sources):   # one pass: counts per (type, source)
+        items[t, src] = items.get((t, src), 0) + 1
+        right[t, src] = right.get((t, src), 0) + bool(v)
     out = {}
     for t in present:
-        srcs = sorted({src for tt, src in zip(types, sources) if tt == t})
-        out[t] = sum(100.0 * sum(bool(v) for v, tt, ss in zip(values, types, sources) if tt == t and ss == src)
-                     / sum(1 for tt, ss in zip(types, sources) if tt == t and ss == src) for src in srcs) / len(srcs)
+        srcs = sorted(src for tt, src in items if tt == t)
+        out[t] = sum(100.0 * right[t, src] / items[t, src] for src in srcs) / len(srcs)
     return out
 
 
