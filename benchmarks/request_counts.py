@@ -1,8 +1,9 @@
-"""Registry lookups and steering parses per request on `juice serve` (issue 91's count).
+"""Registry lookups and steering parses per request on `juice serve` and on vLLM with juice's
+plugin (issue 91's count).
 
-Serves a tiny random Llama with a heads file (juice serve's app, in a thread, asked through the
-`openai` client) and counts, for one completion request per method, the calls made while it is
-answered:
+`juice serve`: serves a tiny random Llama with a heads file (juice serve's app, in a thread, asked
+through the `openai` client) and counts, for one completion request per method, the calls made
+while it is answered:
 - lookups: `juice.methods.Registry.find` and `Registry.__getitem__` (every way a method's name
   reaches its registry entry);
 - scans: the registry listed whole (`Registry.values`, `.items`, iteration: the request
@@ -10,14 +11,31 @@ answered:
 - parses: `steering_ask` as the server's admission calls it (the request's `juice` field read
   into a `juice.steering_request.SteeringAsk`).
 
+vLLM (`--vllm`, in vLLM's environment, scripts/install-vllm.sh): the same model and requests
+through vLLM's offline `LLM` with the plugin, its engine core and worker in this process
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so every call is counted wherever vLLM's processes would
+make it. Three roads: `juice serve --engine vllm`'s (the HTTP middleware's check of the body,
+:func:`juice.vllm.middleware.check_body`, then vLLM's admission, engine core and worker on the
+rewritten `vllm_xargs`), the offline one (:func:`juice.vllm.generate`) and `juice reproduce --engine
+vllm`'s (a built steering sent as per-head coefficients, `juice.vllm.engine`, as its offline worker
+sends it to the same `LLM`). Parses are
+`juice.steering_request.read_steering` calls (the fields read into a steering), split by where
+they run: the API process (middleware, admission) and the engine core and worker; the plugin's
+resolutions kept from earlier requests (:func:`juice.vllm.options.resolve`) are dropped before
+each counted request, so a count is a request whose fields were never seen.
+
 Warm-up requests run first, so a count is what a request costs, not the first one's loading.
 
-Run: python benchmarks/request_counts.py
+Run: python benchmarks/request_counts.py [--vllm]
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -33,7 +51,7 @@ ASKS = {
 }
 
 
-def main() -> None:
+def serve_counts() -> None:
     from conftest import build_tiny
     from helpers.server import serving_client
 
@@ -73,6 +91,132 @@ def main() -> None:
     print("|---|---|---|---|")
     for name, lookups, scans, parses in rows:
         print(f"| {name} | {lookups} | {scans} | {parses} |")
+
+
+def vllm_counts() -> None:
+    """The vLLM roads' counts (module docstring): builds the model and heads files here, counts in
+    a child in vLLM's environment."""
+    from conftest import build_tiny   # noqa: F401  (tests/ on the path: the helpers' imports)
+    from helpers.vllm import CONTEXTUAL, tiny_llama_dir, write_heads
+
+    from juice.vllm.launch import find_vllm_python
+
+    python = find_vllm_python(required=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        lm, folder = tiny_llama_dir(Path(tmp))
+        heads = write_heads(Path(tmp) / "contextual.json", lm.fingerprint(), "contextual", CONTEXTUAL,
+                            tuned={"juice": {"beta_plus": 1.0, "beta_minus": -1.0},
+                                                 "june": {"beta_plus": 1.0, "beta_minus": -1.0}})
+        env = {**os.environ, "JUICE_VLLM_HEADS": heads, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+               "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
+        done = subprocess.run([python, __file__, "--vllm-child", folder], env=env, capture_output=True, text=True,
+                              timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(done.stderr[-3000:])
+    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    print("| road | request's juice field | registry lookups by name | parses in the API process "
+          "(middleware + admission) | parses in the engine core and worker |")
+    print("|---|---|---|---|---|")
+    for road, name, lookups, api, engine in rows:
+        print(f"| {road} | {name} | {lookups} | {api} | {engine} |")
+
+
+def vllm_child(folder: str) -> None:
+    """In vLLM's environment: count per request on each road (module docstring); prints JSON rows."""
+    import contextvars
+
+    from vllm import LLM, SamplingParams
+
+    from juice import methods
+    from juice.vllm import generate, llm_options, middleware, options, processor
+
+    place = contextvars.ContextVar("place", default="engine")
+    counts: Counter[str] = Counter()
+    read = options.read_steering
+
+    def counted_read(*args, **kwargs):
+        counts["api" if place.get() == "api" else "engine"] += 1
+        return read(*args, **kwargs)
+    options.read_steering = counted_read
+    for name in ("find", "__getitem__"):
+        original = getattr(methods.Registry, name)
+
+        def lookup(*args, _original=original, **kwargs):
+            counts["lookups"] += 1
+            return _original(*args, **kwargs)
+        setattr(methods.Registry, name, lookup)
+    validate = processor.JuiceSteeringProcessor.validate_params.__func__
+
+    def admission(cls, params):
+        token = place.set("api")
+        try:
+            return validate(cls, params)
+        finally:
+            place.reset(token)
+    processor.JuiceSteeringProcessor.validate_params = classmethod(admission)
+    build_request = options.offline_request
+
+    def offline_request(*args, **kwargs):   # juice.vllm.generate's check of each prompt, in the API process
+        token = place.set("api")
+        try:
+            return build_request(*args, **kwargs)
+        finally:
+            place.reset(token)
+    options.offline_request = offline_request
+
+    from juice.architectures import HeadGeometry
+    from juice.interventions import Head, HeadSelection
+    from juice.steering import ORIGINAL, JuICE, JuNE, Prune
+    from juice.vllm.engine import _steering_xargs
+
+    llm = LLM(model=folder, dtype="float32", enforce_eager=True, enable_prefix_caching=False, seed=0,
+              max_model_len=64, max_num_seqs=4, **llm_options())
+    params = SamplingParams(max_tokens=2, temperature=0)
+    geometry, heads = HeadGeometry(4, 4, 32), HeadSelection((Head(2, 1),), (Head(1, 3), Head(2, 3)))
+    built = {"original": ORIGINAL, "juice": JuICE(geometry, heads, 2.0, -1.0), "june": JuNE(geometry, heads, 2.0, -1.0),
+             "ph3": Prune(geometry, [Head(0, 1)])}
+    rows = []
+    for name, ask in ASKS.items():
+        for road in ("juice serve --engine vllm", "offline", "juice reproduce --engine vllm"):
+            if road.startswith("juice reproduce") and name not in built:
+                continue
+            for _ in (True, False):   # a warm-up request, then the counted one
+                counts.clear()
+                getattr(options, "_resolved", {}).clear()   # no resolution kept from the warm-up: a new request's cost
+                if road == "offline":
+                    generate(llm, {"prompt_token_ids": [1, 4, 8, 9], "juice": ask}, params, use_tqdm=False)
+                    continue
+                if road.startswith("juice reproduce"):   # juice.vllm.engine's offline worker: a built steering sent
+                    token = place.set("api")             # as per-head coefficients (juice/vllm/offline.py)
+                    try:
+                        xargs = _steering_xargs(built[name])
+                    finally:
+                        place.reset(token)
+                    copy = params.clone()
+                    copy.extra_args = xargs
+                    llm.generate([{"prompt_token_ids": [1, 4, 8, 9]}], copy, use_tqdm=False)
+                    continue
+                body = {"prompt": "x", "max_tokens": 2} | ({} if ask is None else {"juice": ask})
+                token = place.set("api")
+                try:
+                    middleware.check_body(body)
+                finally:
+                    place.reset(token)
+                xargs = middleware.juice_field_to_xargs(body).get("vllm_xargs")
+                copy = params.clone()
+                copy.extra_args = dict(xargs) if xargs else None
+                llm.generate([{"prompt_token_ids": [1, 4, 8, 9]}], copy, use_tqdm=False)
+            rows.append([road, name, counts["lookups"], counts["api"], counts["engine"]])
+    print(json.dumps(rows))
+
+
+def main() -> None:
+    if "--vllm-child" in sys.argv:
+        vllm_child(sys.argv[sys.argv.index("--vllm-child") + 1])
+    elif "--vllm" in sys.argv:
+        vllm_counts()
+    else:
+        serve_counts()
 
 
 if __name__ == "__main__":

@@ -135,7 +135,9 @@ def test_a_heads_file_with_a_head_outside_the_model_stops_vllm_and_a_failed_buil
     stops vLLM at start in one line (before: admitted, then every request decoded as Original with
     a log line). And the worker never decodes a steering it cannot build as Original: the logits
     processor's `update_state` raises `SteeringBuildError` (admission, which builds the same
-    steering, refuses the same fields with a ValueError, vLLM's 400)."""
+    steering, refuses the same fields with a ValueError, vLLM's 400): for a steering admitted where
+    the model's geometry was unknown (`JUICE_VLLM=1`, no heads files: the worker checks the heads),
+    and for a request handed over without admission, which the worker resolves from its fields (issue 91)."""
     lm, folder = tiny_llama_dir(tmp_path)
     bad = write_heads(tmp_path / "bad.json", lm.fingerprint(), "parametric",
                       HeadSelection((Head(1, 0), Head(2, 9)), ()))
@@ -148,26 +150,32 @@ import json, sys
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate
 from juice.architectures import HeadGeometry
-from juice.vllm.options import plugin_heads
+from juice.vllm.options import admit, plugin_heads
 from juice.vllm.processor import JuiceSteeringProcessor, SteeringBuildError
 processor = object.__new__(JuiceSteeringProcessor)   # the worker's state, without an engine
 processor.server, processor.geometry = plugin_heads(), HeadGeometry(4, 4, 32)
+processor.resolving = processor.server
 params = SamplingParams(extra_args={"juice": {"method": "ph3", "heads": ["L9H0"]}})
 try:
     JuiceSteeringProcessor.validate_params(params)
     admitted = "admitted"
 except ValueError as err:
     admitted = str(err)
-try:
-    processor.update_state(BatchUpdate(batch_size=1, removed=[], added=[(0, params, None, [])], moved=[]))
-    worker = "decoded"
-except SteeringBuildError as err:
-    worker = str(err)
-print(json.dumps([admitted, worker]))
+def worker(extra_args):
+    params = SamplingParams(extra_args=extra_args)
+    try:
+        processor.update_state(BatchUpdate(batch_size=1, removed=[], added=[(0, params, None, [])], moved=[]))
+        return "decoded"
+    except SteeringBuildError as err:
+        return str(err)
+blind = admit(params.extra_args, plugin_heads({"JUICE_VLLM": "1"}))   # admitted without the model's geometry
+print(json.dumps([admitted, worker(blind), worker(params.extra_args)]))
 """
     done = subprocess.run([VLLM_PYTHON, "-c", script], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "JUICE_VLLM_HEADS": os.pathsep.join(_files(tmp_path, lm))})
     assert done.returncode == 0, done.stderr[-2000:]
-    admitted, worker = json.loads(done.stdout.strip().splitlines()[-1])
+    admitted, blind, unadmitted = json.loads(done.stdout.strip().splitlines()[-1])
     assert "L9H0 is out of range" in admitted
-    assert worker.startswith("juice: a request admitted with steering could not be steered") and "L9H0" in worker
+    for worker in (blind, unadmitted):
+        assert worker.startswith("juice: a request's steering could not be applied in the worker"), worker
+        assert "L9H0 is out of range" in worker

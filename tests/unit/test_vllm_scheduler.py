@@ -1,8 +1,9 @@
 """The KV cache salt juice's scheduler sets in vLLM's engine core (:mod:`juice.vllm.scheduler`;
 issue 46, part 2): derived from the request's own steering, whatever salt it arrived with, so a
 request built by hand, or with a salt copied from another request, is cached under its own
-steering's salt. Runs without vLLM (a request is anything with vLLM's `Request` attributes);
-tests/integration/test_vllm.py runs the scheduler inside vLLM."""
+steering's salt; and the steering admission resolves once for the engine core and the worker
+(:func:`juice.vllm.options.admit`; issue 91). Runs without vLLM (a request is anything with vLLM's
+`Request` attributes); tests/integration/test_vllm.py runs the scheduler inside vLLM."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import pytest
 from juice.interventions import Head, HeadSelection
 from juice.stage1.heads_file import HeadsArtifact, save_heads
 from juice.vllm.launch import find_vllm_python
-from juice.vllm.options import SALT_PREFIX, plugin_heads, request_ask, request_cache_salt, steering_salt
+from juice.vllm.options import (SALT_PREFIX, WIRE_KEY, admit, plugin_heads, request_ask, request_cache_salt,
+                                steering_salt)
 from juice.vllm.scheduler import SaltsSteeredRequests, effective_salt, salt_request
 
 VLLM_PYTHON = find_vllm_python(required=False)
@@ -35,11 +37,13 @@ def server(tmp_path):
 
 
 class FakeRequest:
-    """vLLM's `Request` as the scheduler uses it: the block hashes are recomputed from the salt."""
+    """vLLM's `Request` as the scheduler uses it, admitted on `server` as vLLM's admission does
+    (`extra_args` with the resolved steering; `server=None`: as it arrived, no admission): the
+    block hashes are recomputed from the salt."""
 
-    def __init__(self, extra_args, cache_salt=None, request_id="r"):
+    def __init__(self, extra_args, cache_salt=None, request_id="r", server=None):
         self.request_id, self.cache_salt = request_id, cache_salt
-        self.sampling_params = SimpleNamespace(extra_args=extra_args)
+        self.sampling_params = SimpleNamespace(extra_args=extra_args if server is None else admit(extra_args, server))
         self.block_hashes = []
         self.update_block_hashes()
 
@@ -54,50 +58,87 @@ def salt_of(fields, server):
 def test_a_steered_request_is_cached_under_its_steerings_salt_however_it_arrived(server):
     june, juice = salt_of(JUNE, server), salt_of(JUICE, server)
     for arrived in (None, ""):   # built by hand (a plain prompt with a steered request's extra_args)
-        request = FakeRequest({"juice": JUNE}, arrived)
+        request = FakeRequest({"juice": JUNE}, arrived, server=server)
         salt_request(request, server)
         assert request.cache_salt == june
         assert request.block_hashes == [("block", 0, june), ("block", 1, june)]   # rehashed, not appended
-    copied = FakeRequest({"juice": JUNE}, juice)   # another steering's salt copied: a client salt like any other
+    copied = FakeRequest({"juice": JUNE}, juice, server=server)   # another steering's salt: a client salt like any
     salt_request(copied, server)
     assert copied.cache_salt == request_cache_salt(june, juice) not in (june, juice)
-    flat = FakeRequest({f"juice_{k}": v for k, v in JUNE.items()})   # vLLM's own vllm_xargs form
+    flat = FakeRequest({f"juice_{k}": v for k, v in JUNE.items()}, server=server)   # vLLM's own vllm_xargs form
     salt_request(flat, server)
     assert flat.cache_salt == june
-    tenant = FakeRequest({"juice": JUNE}, "tenant-a")   # the client's salt is kept, combined
+    tenant = FakeRequest({"juice": JUNE}, "tenant-a", server=server)   # the client's salt is kept, combined
     salt_request(tenant, server)
     assert tenant.cache_salt == request_cache_salt(june, "tenant-a") != june
 
 
 def test_original_keeps_the_clients_salt_unless_it_could_name_a_steered_block(server):
     for extra, arrived in [(None, None), (None, "tenant-a"), ({"juice": {"method": "original"}}, "tenant-a")]:
-        request = FakeRequest(extra, arrived)
+        request = FakeRequest(extra, arrived, server=server)
         salt_request(request, server)
         assert request.cache_salt == arrived and len(request.block_hashes) == 2
     copied = salt_of(JUICE, server)
     assert copied.startswith(SALT_PREFIX)
-    request = FakeRequest(None, copied)   # an Original request trying a JuICE request's salt
+    request = FakeRequest(None, copied, server=server)   # an Original request trying a JuICE request's salt
     salt_request(request, server)
     assert request.cache_salt != copied and request.block_hashes[0] == ("block", 0, request.cache_salt)
-    assert effective_salt(None, copied, server) == request.cache_salt   # deterministic: Originals still share
+    assert effective_salt(admit(None, server), copied, server) == request.cache_salt   # Originals still share
 
 
 def test_the_servers_default_steering_salts_a_request_without_fields(server, tmp_path):
     default = plugin_heads({"JUICE_VLLM_HEADS": os.pathsep.join(server.files.values()),
                             "JUICE_VLLM_DEFAULT": "method:june,direction:context,beta_plus:1,beta_minus:0"})
-    assert effective_salt(None, None, default) == salt_of(JUNE, server) is not None
-    assert effective_salt({"juice": {"method": "original"}}, None, default) is None
+    assert effective_salt(admit(None, default), None, default) == salt_of(JUNE, server) is not None
+    assert effective_salt(admit({"juice": {"method": "original"}}, default), None, default) is None
 
 
-def test_a_request_with_wrong_fields_is_left_for_admission_to_refuse(server):
+def test_the_engine_core_salts_from_admissions_steering_and_resolves_only_what_was_not_admitted(server):
+    """Issue 91: an admitted request's salt comes from the steering admission resolved, not from
+    its fields, which the engine core does not read (fields it could not parse change nothing). A
+    request handed to the engine without admission is resolved from its fields, as before; fields
+    that do not resolve leave its salt as it is (never raises in the engine core)."""
+    admitted = admit({"juice": JUNE}, server)
+    request = FakeRequest({**admitted, "juice": {"method": "jucie"}})
+    salt_request(request, server)
+    assert request.cache_salt == salt_of(JUNE, server)
+    request = FakeRequest({"juice": JUNE})   # no admission
+    salt_request(request, server)
+    assert request.cache_salt == salt_of(JUNE, server)
     request = FakeRequest({"juice": {"method": "jucie"}}, "kept")
-    salt_request(request, server)   # never raises in the engine core
+    salt_request(request, server)
     assert request.cache_salt == "kept" and len(request.block_hashes) == 2
 
 
+def test_admission_resolves_a_request_once_and_overwrites_a_steering_the_caller_sent(server, monkeypatch):
+    """Issue 91: :func:`juice.vllm.options.admit` writes the canonical steering (kind, per-head
+    coefficients, salt) over any a caller put in `extra_args`; the same fields on the same server
+    are parsed once per process (the middleware's check, then vLLM's admission); wrong fields are
+    refused in one line."""
+    from juice import steering_request
+    from juice.steering_request import SteeringRequestError
+    from juice.vllm import options
+
+    forged = {"juice": JUNE, WIRE_KEY: {"method": "original", "kind": "none", "heads": [], "salt": None}}
+    wire = admit(forged, server)[WIRE_KEY]
+    assert wire["kind"] == "scale" and wire["salt"] == salt_of(JUNE, server)
+    assert wire["heads"] == ((2, 1, 1.0),)   # JuNE's +1 at the contextual file's L2H1 (beta- = 0 at L1H3)
+    assert admit(admit(forged, server), server) == admit(forged, server)   # a second admission writes it alike
+    parses = []
+    monkeypatch.setattr(options, "read_steering", lambda *a: parses.append(a) or steering_request.read_steering(*a))
+    fields = {"method": "juice", "direction": "parametric", "beta_plus": 1.5, "beta_minus": -0.5}
+    first, second = admit({"juice": fields}, server), admit({"juice": dict(fields)}, server)
+    assert first == second and len(parses) == 1
+    admit({"juice": {**fields, "beta_plus": 1}}, server)   # another request's fields: parsed
+    assert len(parses) == 2
+    with pytest.raises(SteeringRequestError, match="juice.method must be one of"):
+        admit({"juice": {"method": "jucie"}}, server)
+
+
 def test_the_scheduler_salts_new_requests_before_vllms_add_request_and_not_a_sessions_next_chunk(server):
-    """The mixin reads the served heads from vLLM's config (`additional_config`, as every engine
-    core of a data-parallel or multi-node vLLM gets them) and salts before vLLM hashes a lookup."""
+    """The mixin salts from admission's steering before vLLM hashes a lookup, and reads the served
+    heads from vLLM's config (`additional_config`, as every engine core of a data-parallel or
+    multi-node vLLM gets them) for a request handed over without admission."""
     from juice.vllm.options import CONFIG_KEY, config_entry
 
     seen = []
@@ -116,9 +157,11 @@ def test_the_scheduler_salts_new_requests_before_vllms_add_request_and_not_a_ses
     entry = config_entry({"JUICE_VLLM_HEADS": os.pathsep.join(server.files.values())})
     scheduler = Scheduler(vllm_config=SimpleNamespace(additional_config={CONFIG_KEY: entry}), log_stats=False)
     june = salt_of(JUNE, server)
-    scheduler.add_request(FakeRequest({"juice": JUNE}, None, "a"))
-    scheduler.add_request(FakeRequest({"juice": JUNE}, "unchanged", "a"))   # a streaming session's next chunk
-    assert seen == [("a", june, ("block", 0, june)), ("a", "unchanged", ("block", 0, "unchanged"))]
+    scheduler.add_request(FakeRequest({"juice": JUNE}, None, "a", server))
+    scheduler.add_request(FakeRequest({"juice": JUNE}, "unchanged", "a", server))   # a streaming session's next chunk
+    scheduler.add_request(FakeRequest({"juice": JUNE}, None, "b"))   # handed over without admission: the config's heads
+    assert seen == [("a", june, ("block", 0, june)), ("a", "unchanged", ("block", 0, "unchanged")),
+                    ("b", june, ("block", 0, june))]
 
 
 def test_a_streaming_sessions_chunk_changes_its_steering_only_when_the_resolved_steering_differs(server):
@@ -128,13 +171,16 @@ def test_a_streaming_sessions_chunk_changes_its_steering_only_when_the_resolved_
     steering; fields vLLM's admission would refuse count as a change."""
     from juice.vllm.scheduler import steering_changed
 
-    juice = FakeRequest({"juice": JUICE})
-    assert not steering_changed(juice, FakeRequest({"juice": dict(JUICE)}, "another client salt"), server)
-    assert not steering_changed(FakeRequest(None), FakeRequest(None), server)
+    juice = FakeRequest({"juice": JUICE}, server=server)
+    assert not steering_changed(juice, FakeRequest({"juice": dict(JUICE)}, "another client salt", server=server),
+                                server)
+    assert not steering_changed(FakeRequest(None, server=server), FakeRequest(None, server=server), server)
     for other in (None, {"juice": {**JUICE, "beta_plus": 3.0}}, {"juice": {**JUICE, "method": "june"}},
-                  {"juice": {**JUICE, "direction": "contextual"}}, {"juice": {"method": "jucie"}}):
-        assert steering_changed(juice, FakeRequest(other), server), other
-    assert steering_changed(FakeRequest(None), juice, server)
+                  {"juice": {**JUICE, "direction": "contextual"}}):
+        assert steering_changed(juice, FakeRequest(other, server=server), server), other
+    assert steering_changed(FakeRequest(None, server=server), juice, server)
+    assert not steering_changed(juice, FakeRequest({"juice": JUICE}), server)   # a chunk no admission resolved
+    assert steering_changed(juice, FakeRequest({"juice": {"method": "jucie"}}), server)   # ... and cannot be
 
 
 @pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (run scripts/install-vllm.sh)")
@@ -151,7 +197,7 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
-from juice.vllm.options import plugin_heads
+from juice.vllm.options import admit, plugin_heads
 from juice.vllm.scheduler import _scheduler_class, effective_salt, salt_request
 hash_fn = get_hash_fn_by_name("sha256")
 init_none_hash(hash_fn)
@@ -161,10 +207,10 @@ extra = {{"juice": {JUNE!r}}}
 def request(salt, extra_args):
     return Request("r", list(range(10)), SamplingParams(max_tokens=1, extra_args=extra_args), None,
                    cache_salt=salt, block_hasher=hasher)
-plain = request(None, extra)
+plain = request(None, admit(extra, server))
 before = list(plain.block_hashes)
 salt_request(plain, server)
-salted = request(effective_salt(extra, None, server), extra)
+salted = request(effective_salt(admit(extra, server), None, server), extra)
 original = request(None, None)
 print("HASHES", len(before), plain.block_hashes == salted.block_hashes, before == original.block_hashes,
       plain.block_hashes != before)

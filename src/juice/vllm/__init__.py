@@ -79,7 +79,8 @@ def generate(llm, prompts, sampling_params=None, **kwargs):
     """
     from vllm import SamplingParams
 
-    from juice.steering_request import SteeringRequestError, request_fields
+    from juice.steering_request import SteeringRequestError
+    from juice.vllm.options import request_fields_of
 
     single = isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
                                                    and isinstance(prompts[0], int))
@@ -92,7 +93,7 @@ def generate(llm, prompts, sampling_params=None, **kwargs):
     for prompt, base in zip(prompts, sampling_params):
         base = SamplingParams() if base is None else base
         carries = isinstance(prompt, dict) and prompt.get("juice") is not None
-        if carries and request_fields(base.extra_args) is not None:
+        if carries and request_fields_of(base.extra_args) is not None:
             raise SteeringRequestError("a prompt gives juice fields in its 'juice' key and in its SamplingParams' "
                                        "extra_args; give one")
         request, extra = offline_request(prompt)

@@ -25,8 +25,8 @@ and runs each beam-search step with `SamplingParams` of its own, without the req
 juice fields (the `juice` object, or `juice_*` keys in `vllm_xargs`) to any route but
 :data:`STEERED_PATHS`, or with `use_beam_search`, is answered 400 in that route's error shape
 (Anthropic's on `/v1/messages`) naming the field, before vLLM sees it. A steered
-request's KV cache salt is not set here but in the engine core, from the request's own steering
-(:mod:`juice.vllm.scheduler`), so a request that reaches vLLM by another way is salted too.
+request's KV cache salt is not set here but in the engine core, from the steering vLLM's admission
+resolved (:mod:`juice.vllm.scheduler`), so a request that reaches vLLM by another way is salted too.
 """
 
 from __future__ import annotations
@@ -47,33 +47,50 @@ def juice_field_to_xargs(body: dict[str, Any]) -> dict[str, Any]:
     xargs = dict(out.get("vllm_xargs") or {})
     if isinstance(fields, dict):
         for key, value in fields.items():
-            if key == "heads" and isinstance(value, dict):   # per-head coefficients: vllm_xargs holds no objects
-                value = [f"{name}={number!r}" for name, number in value.items()]
-            xargs[f"juice_{key}"] = value
+            xargs[f"juice_{key}"] = _xargs_value(key, value)
     elif fields is not None:
         xargs["juice_invalid"] = str(fields)
     out["vllm_xargs"] = xargs
     return out
 
 
+def _xargs_value(key: Any, value: Any) -> Any:
+    """A juice field's value as `vllm_xargs` holds it: per-head coefficients `{"L1H2": 0.5}`
+    become `["L1H2=0.5"]` (vllm_xargs holds no objects); anything else as it is."""
+    if key == "heads" and isinstance(value, dict):
+        return [f"{name}={number!r}" for name, number in value.items()]
+    return value
+
+
 def check_body(body: dict[str, Any]) -> str | None:
-    """The steering warning of a request body, or None.
+    """The steering warning of a request body, or None. The body's steering, resolved from its
+    fields as the client sent them, is kept for vLLM's admission of the same request
+    (:func:`juice.vllm.options.remember`), which then reads it instead of parsing the fields again
+    (when the rewritten body's fields are the same; otherwise admission parses them itself).
 
     Raises:
         SteeringRequestError: the body's juice fields are wrong (the one-line message).
     """
-    return _ask(body).warning
-
-
-def _ask(body: dict[str, Any]):
     from juice.steering_request import request_fields
-    from juice.vllm.options import plugin_heads, request_ask
+    from juice.vllm.options import fields_key, plugin_heads, remember, request_ask, request_fields_of, wire_steering
 
+    server = plugin_heads()
     xargs = body.get("vllm_xargs")
     extra = dict(xargs) if isinstance(xargs, dict) else {}
     if "juice" in body and body["juice"] is not None:
         extra["juice"] = body["juice"]
-    return request_ask(request_fields(extra), plugin_heads())
+    fields = request_fields(extra)
+    ask = request_ask(fields, server)
+    wire = wire_steering(ask, server)
+    rewritten = juice_field_to_xargs(body).get("vllm_xargs")
+    try:
+        passed_on = request_fields_of(rewritten if isinstance(rewritten, dict) else None)
+    except SteeringRequestError:
+        passed_on = None
+    as_written = None if fields is None else {k: _xargs_value(k, v) for k, v in fields.items()}
+    if fields_key(passed_on) == fields_key(as_written):   # the JSON, which tells true from 1
+        remember(passed_on, server, wire)
+    return ask.warning
 
 
 STEERED_PATHS = ("/v1/completions", "/v1/chat/completions", "/invocations")

@@ -35,7 +35,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -45,10 +48,11 @@ from typing import Any
 import torch
 
 from juice.architectures import HeadGeometry
-from juice.interventions import Head, HeadSelection
+from juice.interventions import Head, HeadSelection, check_heads
 from juice.stage1.heads_file import check_selection_fits, heads_from_json, read_heads_json
-from juice.steering_request import (ServedHeads, SteeringAsk, SteeringRequestError, parse_spec, read_steering,
-                                    request_fields)
+from juice.steering import Steering
+from juice.steering_request import (MAX_ABS_BETA, ServedHeads, SteeringAsk, SteeringRequestError, parse_spec,
+                                    read_steering, request_fields)
 
 ENV_HEADS, ENV_ON, ENV_DUAL = "JUICE_VLLM_HEADS", "JUICE_VLLM", "JUICE_VLLM_DUAL_RUN"
 ENV_GEOMETRY, ENV_DEFAULT = "JUICE_VLLM_GEOMETRY", "JUICE_VLLM_DEFAULT"
@@ -315,7 +319,7 @@ def offline_request(prompt: str | list[int] | Mapping[str, Any], juice: Mapping[
     else:
         out = {"prompt_token_ids": list(prompt)}
     extra: dict[str, Any] = {} if juice is None else {"juice": dict(juice) if isinstance(juice, Mapping) else juice}
-    request_ask(request_fields(extra or None), server)
+    resolve(request_fields(extra or None), server)   # kept: vLLM's admission of the request reads it (one parse)
     if cache_salt is not None:
         out["cache_salt"] = cache_salt
     return out, extra
@@ -355,27 +359,222 @@ def request_ask(fields: Mapping[str, Any] | None, server: PluginHeads) -> Steeri
     return read_steering(fields, server)
 
 
-def parse_request(fields: Mapping[str, Any] | None, server: PluginHeads, geometry: HeadGeometry | None = None
-                  ) -> RequestSteering | None:
-    """Check one request's juice fields against the server (:func:`request_ask`); with `geometry`,
-    build its tables (without it, as at admission, pruned heads are checked against
-    `server.geometry`). Returns None for Original (nothing to apply).
+WIRE_KEY = "juice_steering"
+"""The `SamplingParams.extra_args` key of a request's steering as admission resolved it
+(:func:`admit`, :func:`wire_steering`): vLLM's engine core salts the request from it
+(:mod:`juice.vllm.scheduler`) and the worker applies it (:func:`applied`), neither reading the
+request's fields again. Admission writes it on every request, over any value a caller put there
+(the steering always follows the request's juice fields), and over HTTP the middleware answers it
+400 as an unknown juice field. A request that reaches the engine without it (vLLM's deprecated
+ways of handing the engine a ready `EngineCoreRequest`) is resolved from its fields there, as
+before admission wrote it (:func:`admitted_steering`)."""
+
+RESOLVED_KEPT = 256
+"""Resolutions :func:`resolve` keeps per process (the latest), each at most
+:data:`RESOLVED_MAX_HEADS` per-head coefficients."""
+RESOLVED_MAX_HEADS = 512
+_resolved: OrderedDict[tuple[int, str], tuple[PluginHeads, dict[str, Any]]] = OrderedDict()
+_resolved_lock = threading.Lock()
+
+
+def steering_name(ask: SteeringAsk) -> str:
+    """A resolved steering in words, for log lines: the method, and for JuNE and JuICE their
+    direction and betas (`juice contextual (2, -1)`)."""
+    if ask.spec.tuned != "betas":   # Original, pruning, auto: no direction and betas
+        return ask.method
+    return f"{ask.method} {ask.direction} ({ask.beta_plus:g}, {ask.beta_minus:g})"
+
+
+def wire_steering(ask: SteeringAsk, server: PluginHeads) -> dict[str, Any]:
+    """A checked request's steering in the form vLLM's processes pass on (:data:`WIRE_KEY`):
+
+    `{"method", "name", "kind", "heads", "salt", "warning"}`: the registry name,
+    :func:`steering_name`, the steering kind ("none", "scale": JuNE and pruning, "add": JuICE;
+    :data:`juice.steering.KINDS`), its nonzero per-head coefficients as `(layer, head,
+    coefficient)` triples (the :class:`juice.steering.Steering`'s, float32 values as exact floats),
+    the KV cache salt (:func:`steering_salt`; None for Original) and the request's warning (untuned
+    betas) or None. Built on the served geometry where admission knows it, else on one that just
+    covers the heads files' heads and the request's own (the worker checks them against its
+    model: :func:`applied`).
 
     Raises:
-        SteeringRequestError: see :func:`request_ask`; a heads file's head outside `geometry`.
+        SteeringRequestError: what :meth:`juice.steering_request.SteeringAsk.steering` refuses.
+    """
+    wire: dict[str, Any] = {"method": ask.method, "name": steering_name(ask), "kind": "none", "heads": (),
+                            "salt": None, "warning": ask.warning}
+    if not ask.steers:
+        return wire
+    steering = ask.steering(server.geometry or _covering(ask, server), server)
+    if not steering.steers:
+        return wire
+    table = steering.coefficients
+    heads = tuple((layer, head, float(table[layer, head])) for layer, head in table.nonzero().tolist())
+    return {**wire, "kind": steering.kind, "heads": heads, "salt": steering_salt(ask, server)}
+
+
+def _covering(ask: SteeringAsk, server: PluginHeads) -> HeadGeometry:
+    """The smallest geometry holding the heads files' heads and the request's own (admission
+    without the served geometry)."""
+    heads = [*(h for s in server.selections.values() for h in (*s.positive, *s.negative)),
+             *ask.heads, *(h for h, _ in ask.per_head)]
+    return HeadGeometry(max((h.layer for h in heads), default=0) + 1, max((h.head for h in heads), default=0) + 1, 0)
+
+
+def resolve(fields: Mapping[str, Any] | None, server: PluginHeads) -> dict[str, Any]:
+    """One request's juice fields checked against the server (:func:`request_ask`) and resolved
+    to :func:`wire_steering`'s form, once per process: a resolution is kept
+    (:data:`RESOLVED_KEPT`) by the fields' JSON and the server object, so the middleware's check
+    and vLLM's admission of the same request parse it once (:func:`remember`).
+
+    Raises:
+        SteeringRequestError: see :func:`request_ask` and :func:`wire_steering`.
+    """
+    key = fields_key(fields)
+    if key is not None:
+        with _resolved_lock:
+            hit = _resolved.get((id(server), key))
+            if hit is not None and hit[0] is server:
+                _resolved.move_to_end((id(server), key))
+                return dict(hit[1])
+    wire = wire_steering(request_ask(fields, server), server)
+    remember(fields, server, wire)
+    return dict(wire)
+
+
+def remember(fields: Mapping[str, Any] | None, server: PluginHeads, wire: Mapping[str, Any]) -> None:
+    """Keep `wire` as what :func:`resolve` gives for `fields` on `server` (the middleware resolves
+    a body's fields in the form it wrote, which admission then reads). Fields without a JSON form,
+    and steerings of more than :data:`RESOLVED_MAX_HEADS` heads, are not kept."""
+    key = fields_key(fields)
+    if key is None or len(wire["heads"]) > RESOLVED_MAX_HEADS:
+        return
+    with _resolved_lock:
+        _resolved[(id(server), key)] = (server, dict(wire))
+        while len(_resolved) > RESOLVED_KEPT:
+            _resolved.popitem(last=False)
+
+
+def fields_key(fields: Mapping[str, Any] | None) -> str | None:
+    """The fields' JSON (keys sorted), which tells 1, 1.0 and true apart, or None where they have
+    none (keys that are not strings): the key :func:`resolve` keeps a resolution under."""
+    try:
+        return json.dumps(fields, sort_keys=True, default=repr)
+    except (TypeError, ValueError):
+        return None
+
+
+
+def request_fields_of(extra_args: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The juice fields of a request's `extra_args` (:func:`juice.steering_request.request_fields`),
+    admission's :data:`WIRE_KEY` aside."""
+    if extra_args and WIRE_KEY in extra_args:
+        extra_args = {k: v for k, v in extra_args.items() if k != WIRE_KEY}
+    return request_fields(extra_args)
+
+
+def admit(extra_args: Mapping[str, Any] | None, server: PluginHeads) -> dict[str, Any]:
+    """A request's `extra_args` as vLLM's admission passes them on: its own, with
+    :data:`WIRE_KEY` set to its resolved steering (:func:`resolve`; over any the caller set).
+    Called once per request, in the process that admits it
+    (:meth:`juice.vllm.processor.JuiceSteeringProcessor.validate_params`).
+
+    Raises:
+        SteeringRequestError: the fields are wrong (the one-line message vLLM answers 400 with).
+    """
+    return {**(extra_args or {}), WIRE_KEY: resolve(request_fields_of(extra_args), server)}
+
+
+def admitted(extra_args: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The steering admission resolved for a request (:data:`WIRE_KEY` of its `extra_args`), or
+    None where no admission by juice's processor wrote one."""
+    wire = (extra_args or {}).get(WIRE_KEY)
+    return wire if isinstance(wire, Mapping) else None
+
+
+def admitted_steering(extra_args: Mapping[str, Any] | None, server: PluginHeads) -> Mapping[str, Any]:
+    """The steering a request runs with in the engine core and the worker: admission's
+    (:func:`admitted`), else, for a request handed to the engine without admission, its fields
+    resolved here on `server` (:func:`resolve`).
+
+    Raises:
+        SteeringRequestError: no admitted steering and fields that do not resolve.
+    """
+    wire = admitted(extra_args)
+    return resolve(request_fields_of(extra_args), server) if wire is None else wire
+
+
+class SteeringWireError(ValueError):
+    """An admitted steering the worker cannot apply: admission and the worker disagree about
+    the served model or heads, or the steering is not admission's form (never expected;
+    :mod:`juice.vllm.processor` stops the engine rather than decode the request unsteered)."""
+
+
+def applied(wire: Mapping[str, Any], geometry: HeadGeometry, server: PluginHeads) -> RequestSteering | None:
+    """The tables the forward applies for a resolved steering (:func:`wire_steering`'s form) on a
+    model of `geometry`; None for Original (nothing to apply). Reads no request field.
+
+    Raises:
+        SteeringWireError: an unknown kind, a coefficient that is not a finite number, a head
+            outside `geometry`, or a JuICE head without a dual-run slot on `server`
+            (:meth:`PluginHeads.addable`).
+    """
+    kind = wire.get("kind")
+    if kind == "none":
+        return None
+    if kind not in ("scale", "add"):
+        raise SteeringWireError(f"a steering of kind {kind!r}")
+    try:
+        entries = [(Head(int(layer), int(head)), float(c)) for layer, head, c in wire["heads"]]
+        check_heads([h for h, _ in entries], geometry)
+    except IndexError as err:
+        raise SteeringWireError(str(err)) from None
+    except (TypeError, ValueError, KeyError):
+        raise SteeringWireError("per-head coefficients that are not (layer, head, number) triples") from None
+    table = torch.zeros(geometry.n_layers, geometry.n_heads)
+    for head, coefficient in entries:
+        if not math.isfinite(coefficient) or abs(coefficient) > MAX_ABS_COEFFICIENT:
+            raise SteeringWireError(f"head {head}'s coefficient {coefficient!r} is not finite within "
+                                    f"+-{MAX_ABS_COEFFICIENT:g}")
+        if kind == "add" and not server.addable(head):
+            raise SteeringWireError(f"JuICE adds to head {head}, which this worker's heads files do not keep for "
+                                    "the dual run")
+        table[head.layer, head.head] = coefficient
+    scale, add = Steering(kind, table).scale_add(torch.zeros_like(table))
+    return RequestSteering(str(wire.get("method")), scale, add, wire.get("warning"))
+
+
+MAX_ABS_COEFFICIENT = (1 + MAX_ABS_BETA) ** 2
+"""The largest |coefficient| a checked request gives a head (JuNE's (1 + beta+)(1 + beta-) - 1 at a
+head in both sets, with |beta| <= :data:`juice.steering_request.MAX_ABS_BETA`)."""
+
+
+def parse_request(fields: Mapping[str, Any] | None, server: PluginHeads, geometry: HeadGeometry | None = None
+                  ) -> RequestSteering | None:
+    """One request's juice fields as the plugin applies them: checked and resolved as admission
+    resolves them (:func:`request_ask`, :func:`wire_steering`; not kept) and, with `geometry`,
+    built into the worker's tables (:func:`applied`; without it pruned heads are checked against
+    `server.geometry` and the tables are empty). Returns None for Original (nothing to apply).
+
+    Raises:
+        SteeringRequestError: see :func:`request_ask`; a head outside `geometry` (the one line).
     """
     if geometry is not None:
         server = replace(server, geometry=geometry)
-    ask = request_ask(fields, server)
-    if not ask.steers:
+    wire = wire_steering(request_ask(fields, server), server)
+    if wire["kind"] == "none":
         return None
     if geometry is None:
-        return RequestSteering(ask.method, torch.zeros(0), torch.zeros(0), ask.warning)
-    scale, add = ask.steering(geometry, server).scale_add(torch.zeros(geometry.n_layers, geometry.n_heads))
-    return RequestSteering(ask.method, scale, add, ask.warning)
+        return RequestSteering(wire["method"], torch.zeros(0), torch.zeros(0), wire["warning"])
+    try:
+        return applied(wire, geometry, server)
+    except SteeringWireError as err:
+        raise SteeringRequestError(str(err)) from None
 
 
-__all__ = ["CONFIG_KEY", "SALT_PREFIX", "config_entry", "heads_document", "plugin_enabled", "served_heads",
-           "offline_request", "request_cache_salt", "steering_salt", "ENV_DEFAULT", "ENV_DUAL", "ENV_GEOMETRY",
-           "ENV_HEADS", "ENV_ON", "RequestSteering", "PluginHeads", "head_slots", "parse_geometry", "parse_request",
+__all__ = ["CONFIG_KEY", "MAX_ABS_COEFFICIENT", "RESOLVED_KEPT", "RESOLVED_MAX_HEADS", "SALT_PREFIX", "WIRE_KEY",
+           "SteeringWireError", "admit", "admitted", "admitted_steering", "applied", "fields_key",
+           "remember", "request_fields_of", "resolve", "steering_name", "wire_steering", "config_entry",
+           "heads_document", "plugin_enabled", "served_heads", "offline_request", "request_cache_salt",
+           "steering_salt", "ENV_DEFAULT", "ENV_DUAL", "ENV_GEOMETRY", "ENV_HEADS", "ENV_ON",
+           "RequestSteering", "PluginHeads", "head_slots", "parse_geometry", "parse_request",
            "read_heads_file", "request_ask", "plugin_heads"]

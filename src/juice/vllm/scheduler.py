@@ -6,11 +6,16 @@ first steered head; JuICE's blocks also hold the clean KV of the dual run), so a
 must never reuse a block another steering, or Original, computed. The salt is therefore the
 steering's own (:func:`juice.vllm.options.steering_salt`, combined with the client's salt where it
 sent one), and it is set here, where the prefix cache reads it: the scheduler's `add_request`
-reads the request's `juice` fields from its `SamplingParams.extra_args`, resolves them against the
-served heads (the server's default steering included), sets `request.cache_salt` and recomputes
-the request's block hashes before vLLM looks anything up. A request cannot carry the wrong salt
-however it was built (offline with a plain prompt, over HTTP with `vllm_xargs`, a salt copied
-from another request): the salt is derived, never trusted.
+reads the steering admission resolved from the request's fields (the server's default steering
+included) and wrote into its `SamplingParams.extra_args` (:func:`juice.vllm.options.admit`,
+:data:`juice.vllm.options.WIRE_KEY`; no field is parsed here), sets `request.cache_salt` and
+recomputes the request's block hashes before vLLM looks anything up. A request cannot carry the
+wrong salt however it was built (offline with a plain prompt, over HTTP with `vllm_xargs`, a salt
+copied from another request): the salt is derived at admission, which overwrites any steering a
+caller put in `extra_args`, never trusted from the client. A request handed to the engine without
+admission (vLLM's deprecated ways of passing a ready `EngineCoreRequest`) is salted from its
+fields, resolved here on the served heads, as before admission resolved them
+(:func:`juice.vllm.options.admitted_steering`).
 
 Original requests keep their client's salt (they share blocks with unsteered vLLM), except a
 client salt that starts with `juice-` (the prefix of every steering's salt), which is re-keyed
@@ -42,32 +47,29 @@ import hashlib
 import logging
 from typing import Any
 
-from juice.methods import by_protocol
 from juice.steering_request import SteeringRequestError
-from juice.steering_request import request_fields
-from juice.vllm.options import (SALT_PREFIX, PluginHeads, request_ask, request_cache_salt, served_heads,
-                                steering_salt)
+from juice.vllm.options import SALT_PREFIX, PluginHeads, admitted_steering, request_cache_salt, served_heads
 
 LOG = logging.getLogger("juice")
 
 
 def effective_salt(extra_args: dict[str, Any] | None, client_salt: str | None, server: PluginHeads) -> str | None:
-    """The `cache_salt` a request is cached under: its steering's salt combined with the
-    client's (:func:`juice.vllm.options.request_cache_salt`) for a steered request; the client's
-    own for Original, re-keyed when it starts with :data:`juice.vllm.options.SALT_PREFIX`
-    (module docstring).
+    """The `cache_salt` a request is cached under: its steering's salt (admission's,
+    :func:`juice.vllm.options.admitted_steering`) combined with the client's
+    (:func:`juice.vllm.options.request_cache_salt`) for a steered request; the client's own for
+    Original, re-keyed when it starts with :data:`juice.vllm.options.SALT_PREFIX` (module
+    docstring).
 
     Args:
-        extra_args: the request's `SamplingParams.extra_args` (its juice fields; None: the
-            server's default steering).
+        extra_args: the request's `SamplingParams.extra_args`, as admission passed them on.
         client_salt: the `cache_salt` the request arrived with.
-        server: the served heads (:func:`juice.vllm.options.served_heads`).
+        server: the served heads (:func:`juice.vllm.options.served_heads`), which resolve the
+            fields of a request handed over without admission.
 
     Raises:
-        SteeringRequestError: the fields are wrong (vLLM's admission refuses such a request before
-            it reaches the engine: :class:`juice.vllm.processor.JuiceSteeringProcessor`).
+        SteeringRequestError: no admitted steering and fields that do not resolve.
     """
-    salt = steering_salt(request_ask(request_fields(extra_args), server), server)
+    salt = _salt_of(extra_args, server)
     if salt is not None:
         return request_cache_salt(salt, client_salt)
     if client_salt and client_salt.startswith(SALT_PREFIX):
@@ -122,11 +124,10 @@ class SaltsSteeredRequests:
 
 def salt_request(request: Any, server: PluginHeads) -> None:
     """Set a vLLM `Request`'s `cache_salt` to :func:`effective_salt` and recompute its block hashes
-    (vLLM hashed its blocks with the salt it arrived with). A request whose fields are wrong is
-    left as it is: vLLM's admission refused it already, and the steered model refuses it again."""
-    params = getattr(request, "sampling_params", None)
+    (vLLM hashed its blocks with the salt it arrived with). A request handed over without admission
+    whose fields do not resolve is left as it is (the worker refuses it)."""
     try:
-        salt = effective_salt(getattr(params, "extra_args", None), request.cache_salt, server)
+        salt = effective_salt(_extra_args(request), request.cache_salt, server)
     except SteeringRequestError:
         return
     if salt != request.cache_salt:
@@ -136,35 +137,34 @@ def salt_request(request: Any, server: PluginHeads) -> None:
 
 
 def steering_changed(session: Any, chunk: Any, server: PluginHeads) -> bool:
-    """Whether a streaming session's next chunk asks for another steering than the session's
-    (their resolved steerings' salts differ, :func:`juice.vllm.options.steering_salt`; a chunk
-    without juice fields gets the server's default, as its first chunk would have). A chunk whose
-    fields are wrong counts as changed (vLLM's admission refuses such fields before they arrive).
+    """Whether a streaming session's next chunk asks for another steering than the session's:
+    the salts of their admitted steerings differ (:func:`juice.vllm.options.steering_salt`; a
+    chunk without juice fields was given the server's default at admission, as its first chunk
+    was). A chunk whose steering does not resolve counts as changed.
 
     Args:
         session, chunk: vLLM `Request`s (reads `sampling_params.extra_args`).
-        server: the served heads (:func:`juice.vllm.options.served_heads`).
+        server: the served heads (for a request handed over without admission).
     """
     try:
-        return _steering_of(session, server) != _steering_of(chunk, server)
+        return _salt_of(_extra_args(session), server) != _salt_of(_extra_args(chunk), server)
     except SteeringRequestError:
         return True
 
 
-def _steering_of(request: Any, server: PluginHeads) -> str | None:
-    params = getattr(request, "sampling_params", None)
-    return steering_salt(request_ask(request_fields(getattr(params, "extra_args", None)), server), server)
+def _extra_args(request: Any) -> Any:
+    return getattr(getattr(request, "sampling_params", None), "extra_args", None)
+
+
+def _salt_of(extra_args: Any, server: PluginHeads) -> str | None:
+    return admitted_steering(extra_args, server).get("salt")
 
 
 def _steering_name(request: Any, server: PluginHeads) -> str:
-    params = getattr(request, "sampling_params", None)
     try:
-        ask = request_ask(request_fields(getattr(params, "extra_args", None)), server)
+        return str(admitted_steering(_extra_args(request), server).get("name"))
     except SteeringRequestError as err:
         return f"invalid: {err}"
-    if by_protocol(ask.method).tuned != "betas":   # Original, pruning, auto: no direction and betas
-        return ask.method
-    return f"{ask.method} {ask.direction} ({ask.beta_plus:g}, {ask.beta_minus:g})"
 
 
 @functools.cache
