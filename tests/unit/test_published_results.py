@@ -316,6 +316,38 @@ def test_the_tristate_screening_on_its_page_is_the_committed_record():
             f"facts each\nand correction {counts['P_wrong']}") in page
 
 
+def test_the_tristate_measurement_on_its_page_is_the_committed_record():
+    """Issue 90, item 3: docs/tristate.md's table and verdict for Gemma 3 270M are the committed
+    record's, as juice.pipeline.tristate renders them; each cell's exact match is the share of 1s
+    in its per-fact string, over the state's test facts; the states are the screening record's."""
+    from juice.pipeline.tristate import benchmark_markdown, verdict_markdown
+
+    results = ROOT / "benchmarks" / "results"
+    record = json.loads((results / "tristate-gemma-3-270m.json").read_text(encoding="utf-8"))
+    screening = json.loads((results / "tristate-screening-gemma-3-270m.json").read_text(encoding="utf-8"))
+    assert record["command"].startswith("python benchmarks/tristate_measurement.py") and len(record["commit"]) == 40
+    assert not record["dirty"] and record["fingerprint"] == screening["fingerprint"]
+    assert {s: v["all"] for s, v in record["states"].items()} == screening["states"]
+    for state, rows in record["table"].items():
+        assert all(v["validation"] + v["test"] == v["all"] for v in record["states"].values())
+        for method, row in rows.items():
+            em = row["em_by_fact"]
+            assert len(em) == row["em"]["n"] == record["states"][state]["test"], (state, method)
+            assert row["em"]["mean"] == pytest.approx(em.count("1") / len(em)), (state, method)
+    page = (ROOT / "docs" / "tristate.md").read_text(encoding="utf-8")
+    assert benchmark_markdown(record) in page and verdict_markdown(record) in page
+    command = record["command"].replace("../shared/data/tristate", "conflict-aware-decoding/data/TriState")
+    assert f"`{command}`" in page and record["commit"][:7] in page
+    # the page's sentences: JuNE and JuICE below GRD on correction, auto level with it, no best on every state
+    versus = record["verdict"]["versus"]
+    for name in ("JuNE-mem", "JuNE-ctx", "JuICE-mem", "JuICE-ctx"):
+        assert versus[f"{name} - GRD"]["correction"]["high"] < 0, name
+    auto = versus["auto-mem - GRD"]["correction"]
+    assert auto["low"] <= 0 <= auto["high"]
+    assert len(set(record["verdict"]["best"].values())) == 3
+    assert {"CoCoA", "COIECD", "AdaCAD", "CK-PLUG", "GRD", "Original"} <= set(record["verdict"]["within"]["correction"])
+
+
 def test_the_results_page_is_the_committed_record_of_its_four_runs():
     """Issue 89, item 3: every table of docs/results.md (Table 1 and Table 2, under the paper's
     protocol and with the degeneration margin: accuracy, correct and not degenerate, the degenerate
