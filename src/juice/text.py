@@ -6,13 +6,17 @@ import re
 import string
 import unicodedata
 from collections.abc import Iterable
+from functools import lru_cache
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _NON_WORD = re.compile(r"[^\w\s]|_")
 
 
+@lru_cache(maxsize=1 << 16)
 def normalize_answer(text: str) -> str:
     """Lower case, accents folded, punctuation and articles removed, white space collapsed.
+    Kept per process for the last 65,536 texts (a pure function: scoring and
+    :func:`juice.data.paraconflict.build_domain` ask for the same answers again and again).
 
     docs/protocol.md ("Exact match") deletes every non-word, non-space character after NFD and keeps
     articles. Ours, by choice: NFKD (also folds compatibility forms such as full-width letters);
