@@ -463,7 +463,6 @@ def fields_key(fields: Mapping[str, Any] | None) -> str | None:
         return None
 
 
-
 def request_fields_of(extra_args: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The juice fields of a request's `extra_args` (:func:`juice.steering_request.request_fields`),
     admission's :data:`WIRE_KEY` aside."""
