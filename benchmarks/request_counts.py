@@ -22,7 +22,10 @@ sends it to the same `LLM`). Parses are
 `juice.steering_request.read_steering` calls (the fields read into a steering), split by where
 they run: the API process (middleware, admission) and the engine core and worker; the plugin's
 resolutions kept from earlier requests (:func:`juice.vllm.options.resolve`) are dropped before
-each counted request, so a count is a request whose fields were never seen.
+each counted request, so a count is a request whose fields were never seen. The HTTP road is
+emulated in-process: the middleware's check, then the rewritten `vllm_xargs` as `extra_args` (vLLM's
+own request model, which parses the body in between, is not run; where it changed a value, admission
+would parse the fields again: 2 parses).
 
 Warm-up requests run first, so a count is what a request costs, not the first one's loading.
 
