@@ -23,9 +23,9 @@ sends it to the same `LLM`). Parses are
 they run: the API process (middleware, admission) and the engine core and worker; the plugin's
 resolutions kept from earlier requests (:func:`juice.vllm.options.resolve`) are dropped before
 each counted request, so a count is a request whose fields were never seen. The HTTP road is
-emulated in-process: the middleware's check, then the rewritten `vllm_xargs` as `extra_args` (vLLM's
-own request model, which parses the body in between, is not run; where it changed a value, admission
-would parse the fields again: 2 parses).
+emulated in-process: the middleware's check of the body, the rewritten body read by vLLM's own
+request model (`CompletionRequest`, as its server reads it), and its `vllm_xargs` as the request's
+`extra_args`.
 
 Warm-up requests run first, so a count is what a request costs, not the first one's loading.
 
@@ -129,6 +129,7 @@ def vllm_child(folder: str) -> None:
     import contextvars
 
     from vllm import LLM, SamplingParams
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
     from juice import methods
     from juice.vllm import generate, llm_options, middleware, options, processor
@@ -205,7 +206,8 @@ def vllm_child(folder: str) -> None:
                     middleware.check_body(body)
                 finally:
                     place.reset(token)
-                xargs = middleware.juice_field_to_xargs(body).get("vllm_xargs")
+                rewritten = {"model": folder, **middleware.juice_field_to_xargs(body)}
+                xargs = CompletionRequest.model_validate(rewritten).vllm_xargs   # vLLM's request model reads the body
                 copy = params.clone()
                 copy.extra_args = dict(xargs) if xargs else None
                 llm.generate([{"prompt_token_ids": [1, 4, 8, 9]}], copy, use_tqdm=False)
