@@ -34,6 +34,7 @@ Run: python benchmarks/request_counts.py [--vllm]
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -54,6 +55,17 @@ ASKS = {
 }
 
 
+def counted(owner, name: str, counts: Counter, label) -> None:
+    """Replace `owner.name` by a wrapper that adds 1 to `counts[label]` per call (`label`: a key,
+    or a function of no argument giving it when the call is made)."""
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        counts[label() if callable(label) else label] += 1
+        return original(*args, **kwargs)
+    setattr(owner, name, wrapper)
+
+
 def serve_counts() -> None:
     from conftest import build_tiny
     from helpers.server import serving_client
@@ -64,23 +76,14 @@ def serve_counts() -> None:
     from juice.stage1 import HeadsArtifact
 
     counts: Counter[str] = Counter()
-
-    def counted(owner, name: str, label: str) -> None:
-        original = getattr(owner, name)
-
-        def wrapper(*args, **kwargs):
-            counts[label] += 1
-            return original(*args, **kwargs)
-        setattr(owner, name, wrapper)
-
     lm = build_tiny("llama")
     selection = juice.HeadSelection((juice.Head(1, 2),), (juice.Head(0, 1),))
     heads = HeadsArtifact(lm.fingerprint(), "contextual", 1, [1.0], [-1.0], selection)
-    counted(methods.Registry, "find", "lookups")
-    counted(methods.Registry, "__getitem__", "lookups")
+    counted(methods.Registry, "find", counts, "lookups")
+    counted(methods.Registry, "__getitem__", counts, "lookups")
     for scan in ("values", "items", "__iter__"):
-        counted(methods.Registry, scan, "scans")
-    counted(admission, "steering_ask", "parses")
+        counted(methods.Registry, scan, counts, "scans")
+    counted(admission, "steering_ask", counts, "parses")
     rows = []
     with serving_client(create_app(lm, [heads], model_name="tiny")) as client:
         for name, ask in ASKS.items():
@@ -136,37 +139,27 @@ def vllm_child(folder: str) -> None:
 
     place = contextvars.ContextVar("place", default="engine")
     counts: Counter[str] = Counter()
-    read = options.read_steering
 
-    def counted_read(*args, **kwargs):
-        counts["api" if place.get() == "api" else "engine"] += 1
-        return read(*args, **kwargs)
-    options.read_steering = counted_read
-    for name in ("find", "__getitem__"):
-        original = getattr(methods.Registry, name)
+    @contextlib.contextmanager
+    def in_api():   # what runs in the process that admits requests
+        token = place.set("api")
+        try:
+            yield
+        finally:
+            place.reset(token)
 
-        def lookup(*args, _original=original, **kwargs):
-            counts["lookups"] += 1
-            return _original(*args, **kwargs)
-        setattr(methods.Registry, name, lookup)
+    def admitting(function):
+        def wrapper(*args, **kwargs):
+            with in_api():
+                return function(*args, **kwargs)
+        return wrapper
+
+    counted(options, "read_steering", counts, place.get)   # "api" or "engine"
+    counted(methods.Registry, "find", counts, "lookups")
+    counted(methods.Registry, "__getitem__", counts, "lookups")
     validate = processor.JuiceSteeringProcessor.validate_params.__func__
-
-    def admission(cls, params):
-        token = place.set("api")
-        try:
-            return validate(cls, params)
-        finally:
-            place.reset(token)
-    processor.JuiceSteeringProcessor.validate_params = classmethod(admission)
-    build_request = options.offline_request
-
-    def offline_request(*args, **kwargs):   # juice.vllm.generate's check of each prompt, in the API process
-        token = place.set("api")
-        try:
-            return build_request(*args, **kwargs)
-        finally:
-            place.reset(token)
-    options.offline_request = offline_request
+    processor.JuiceSteeringProcessor.validate_params = classmethod(admitting(validate))
+    options.offline_request = admitting(options.offline_request)   # juice.vllm.generate's check of each prompt
 
     from juice.architectures import HeadGeometry
     from juice.interventions import Head, HeadSelection
@@ -191,21 +184,15 @@ def vllm_child(folder: str) -> None:
                     generate(llm, {"prompt_token_ids": [1, 4, 8, 9], "juice": ask}, params, use_tqdm=False)
                     continue
                 if road.startswith("juice reproduce"):   # juice.vllm.engine's offline worker: a built steering sent
-                    token = place.set("api")             # as per-head coefficients (juice/vllm/offline.py)
-                    try:
+                    with in_api():                       # as per-head coefficients (juice/vllm/offline.py)
                         xargs = _steering_xargs(built[name])
-                    finally:
-                        place.reset(token)
                     copy = params.clone()
                     copy.extra_args = xargs
                     llm.generate([{"prompt_token_ids": [1, 4, 8, 9]}], copy, use_tqdm=False)
                     continue
                 body = {"prompt": "x", "max_tokens": 2} | ({} if ask is None else {"juice": ask})
-                token = place.set("api")
-                try:
+                with in_api():
                     middleware.check_body(body)
-                finally:
-                    place.reset(token)
                 rewritten = {"model": folder, **middleware.juice_field_to_xargs(body)}
                 xargs = CompletionRequest.model_validate(rewritten).vllm_xargs   # vLLM's request model reads the body
                 copy = params.clone()
