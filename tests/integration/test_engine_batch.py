@@ -175,3 +175,65 @@ def test_unknown_kind_is_refused():
         Steering("juicy", torch.zeros(2, 2))
     with pytest.raises(ValueError, match="needs coefficients"):
         Steering("add")
+
+
+def test_a_killed_call_resumes_from_its_checkpoint_with_the_same_results(tiny_llama, tmp_path, monkeypatch):
+    """`checkpoint`: a call killed after its first chunk and made again decodes only the chunks it
+    had not finished, and gives exactly the tokens, texts and first-step probabilities of a call
+    never killed; a call with other steering coefficients reads nothing from it."""
+    import juice.engine.batch as batch
+    from juice.io import UnitCheckpoint
+
+    steerings = [Steering(), Steering("add", coefficients(tiny_llama, 3.0, -2.0)),
+                 Steering("scale", coefficients(tiny_llama, 1.0, -1.0))]
+    streams = [Stream(p, s) for p in range(len(PROMPTS)) for s in steerings]
+    probes = torch.arange(4).repeat(len(streams), 1)
+    whole = generate(tiny_llama, PROMPTS, streams, 5, probe_tokens=probes, max_rows=2, stop_at_eos=True)
+    path, scope = tmp_path / "chunks.json", {"stage": "test"}
+    real, decoded = batch._run_chunk, []
+
+    def dying(*args, **kwargs):
+        if len(UnitCheckpoint(path, scope).units) == 1:
+            raise KeyboardInterrupt
+        decoded.append(tuple(args[-1]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(batch, "_run_chunk", dying)
+    with pytest.raises(KeyboardInterrupt):
+        generate(tiny_llama, PROMPTS, streams, 5, probe_tokens=probes, max_rows=2, stop_at_eos=True,
+                 checkpoint=UnitCheckpoint(path, scope))
+    first = set(decoded)
+    decoded.clear()
+    monkeypatch.setattr(batch, "_run_chunk", lambda *a, **k: (decoded.append(tuple(a[-1])), real(*a, **k))[1])
+    resumed = generate(tiny_llama, PROMPTS, streams, 5, probe_tokens=probes, max_rows=2, stop_at_eos=True,
+                       checkpoint=UnitCheckpoint(path, scope))
+    assert decoded and not first & set(decoded)          # the finished chunk was read, not decoded again
+    n_chunks = len(UnitCheckpoint(path, scope).units)
+    assert n_chunks == len(first) + len(set(decoded)) > 2
+    assert torch.equal(resumed.tokens, whole.tokens) and resumed.texts == whole.texts
+    assert torch.equal(resumed.first_probs, whole.first_probs)
+
+    decoded.clear()
+    other = [Stream(s.prompt, Steering(s.steering.kind, None if s.steering.coefficients is None
+                                       else 2 * s.steering.coefficients)) for s in streams]
+    again = generate(tiny_llama, PROMPTS, other, 5, probe_tokens=probes, max_rows=2, stop_at_eos=True,
+                     checkpoint=UnitCheckpoint(path, scope))
+    assert decoded and all(any(other[i].steering.steers for i in c) for c in decoded)   # changed: decoded anew
+    plain = generate(tiny_llama, PROMPTS, other, 5, probe_tokens=probes, max_rows=2, stop_at_eos=True)
+    assert torch.equal(again.tokens, plain.tokens) and torch.equal(again.first_probs, plain.first_probs)
+
+
+def test_a_checkpointed_chunk_reads_back_bit_for_bit():
+    """A chunk's probabilities and forced log-probabilities survive the JSON checkpoint exactly."""
+    import json
+
+    from juice.engine.batch import _packed, _unpacked
+
+    tokens = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    probs = torch.rand(2, 4, dtype=torch.float32) / 7
+    lp = torch.log(torch.rand(2, 3, dtype=torch.float64)) / 3
+    lp[1, 2] = float("-inf")
+    back = _unpacked(json.loads(json.dumps(_packed(tokens, probs, lp))))
+    assert torch.equal(back[0], tokens) and back[1].dtype == torch.float32 and torch.equal(back[1], probs)
+    assert back[2].dtype == torch.float64 and torch.equal(back[2], lp)
+    assert _unpacked(json.loads(json.dumps(_packed(tokens, None, None))))[1:] == (None, None)

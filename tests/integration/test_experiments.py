@@ -110,6 +110,56 @@ def test_pipeline_evaluates_every_domain_of_the_paper_layout_writes_outputs_and_
     assert json.dumps(moved.choices) == json.dumps(first.choices)   # tuples read back as lists
 
 
+def test_a_run_killed_in_the_tuning_resumes_at_its_next_chunk_with_the_same_results(shared_data, tiny_llama, tmp_path):
+    """Issue 89's resume at any point: a run killed in the middle of the per-domain tuning decodes,
+    when run again, only the tuning's chunks it had not finished (the stage's chunk checkpoint),
+    and gives the choices, table and outputs of a run never killed; the checkpoint goes once the
+    stage is saved."""
+    import juice.engine.batch as batch
+    from juice.io import UnitCheckpoint
+
+    data = _two_domain_folder(shared_data, tmp_path / "data")
+    cfg = ReproduceConfig(out_dir=tmp_path / "whole", data=data, limit=2, validation_size=2, filter=False,
+                          alphas_positive=(1.0,), alphas_negative=(-1.0,), k=2, ph3_dev_size=3,
+                          bootstrap_resamples=1000, max_rows=16)
+    real_put, real_run = UnitCheckpoint.put, batch._run_chunk
+    put: list[str] = []   # the tuning's chunks decoded (each is put in its checkpoint once decoded)
+
+    def counted(self, unit, value):
+        if self.path.name == "tuning_parametric.chunks.json":
+            put.append(unit)
+        return real_put(self, unit, value)
+
+    def dying(*args, **kwargs):
+        if len(put) == 3:
+            raise KeyboardInterrupt
+        return real_run(*args, **kwargs)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(UnitCheckpoint, "put", counted)
+    try:
+        whole = reproduce(cfg, lm=tiny_llama)
+        n_chunks, out = len(put), tmp_path / "killed"
+        put.clear()
+        mp.setattr(batch, "_run_chunk", dying)
+        with pytest.raises(KeyboardInterrupt):
+            reproduce(replace(cfg, out_dir=out), lm=tiny_llama)
+        assert (out / "state" / "tuning_parametric.chunks.json").is_file()
+        assert not (out / "state" / "tuning_parametric.json").exists()
+        done = list(put)
+        put.clear()
+        mp.setattr(batch, "_run_chunk", real_run)
+        again = reproduce(replace(cfg, out_dir=out), lm=tiny_llama)
+    finally:
+        mp.undo()
+    assert n_chunks > 4 and len(done) == 3 and len(put) == n_chunks - 3 and not set(done) & set(put)
+    assert not (out / "state" / "tuning_parametric.chunks.json").exists()
+    assert json.dumps(again.choices) == json.dumps(whole.choices)
+    assert again.table.to_json() == whole.table.to_json() and again.selection == whole.selection
+    assert json.loads((out / "results.json").read_text())["items"] == json.loads(
+        (tmp_path / "whole" / "results.json").read_text())["items"]
+
+
 def test_filtering_gives_known_disjoint_splits_and_stops_decoding_early(tiny_llama, tmp_path, monkeypatch):
     """With a simulated model that knows every third item: D, validation and PH3-l's
     development set hold only known items, are disjoint from each other and from the test split,

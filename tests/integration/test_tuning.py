@@ -34,7 +34,7 @@ def test_per_domain_tuning_picks_each_domains_betas_from_its_own_validation_only
 
     best_of = {"A": GridSetting("juice", 1, 0).label, "B": GridSetting("juice", 3, -2).label}
 
-    def fake_run(lm, items, steerings, direction, conflict_types, max_rows, on_progress, engine):
+    def fake_run(lm, items, steerings, direction, conflict_types, max_rows, on_progress, engine, checkpoint):
         out = []
         for ex in items:
             for t in conflict_types:
@@ -69,7 +69,7 @@ def test_a_degeneration_margin_refuses_the_most_accurate_setting_when_it_breaks_
 
     broken, fluent = GridSetting("juice", 5, 0).label, GridSetting("juice", 2, 0).label
 
-    def fake_run(lm, items, steerings, direction, conflict_types, max_rows, on_progress, engine):
+    def fake_run(lm, items, steerings, direction, conflict_types, max_rows, on_progress, engine, checkpoint):
         out = []
         for ex in items:
             for t in conflict_types:

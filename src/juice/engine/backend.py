@@ -90,7 +90,9 @@ class Engine(Protocol):
                  stop_at_eos: bool = False, stop_text: Callable[[str], bool] | None = None) -> Generation:
         """:func:`juice.engine.generate`'s contract: one entry per stream, in order (texts,
         `[n_streams, max_new_tokens]` tokens, `[n_streams, k]` first-step probe probabilities,
-        `[n_streams, max_new_tokens]` forced log-probabilities in nats)."""
+        `[n_streams, max_new_tokens]` forced log-probabilities in nats). An engine in this process
+        (`in_process`) also takes `checkpoint`, where a stage keeps its decoded chunks
+        (:func:`juice.engine.generate`'s; :func:`juice.pipeline.stages.chunk_checkpoint`)."""
 
     def intervention_probs(self, lm: LoadedModel, prompt: str, target_token: int,
                            interventions: Sequence[tuple[Head, float]], max_rows: int | str = 256

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
+import hashlib
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -46,6 +47,7 @@ from juice.engine.session import DecodingSession
 from juice.engine.streams import Choice, Contrast, Generation, Stream
 from juice.engine.guard import check_batch, needs_check
 from juice.interventions import RowPlan
+from juice.io import UnitCheckpoint
 from juice.models import LoadedModel
 from juice.engine.sampling import Sampling
 from juice.steering import ORIGINAL, Steering
@@ -139,6 +141,7 @@ def generate(
     compile_step: bool | None = None,
     apply_plan: Callable[[ModelHeads, RowPlan], AbstractContextManager] | None = None,
     stop_text: Callable[[str], bool] | None = None,
+    checkpoint: UnitCheckpoint | None = None,
 ) -> Generation:
     """Greedy or sampled decoding of many (prompt, steering or contrast) streams, batched and cached.
 
@@ -188,6 +191,12 @@ def generate(
             first five words (:func:`juice.text.first_words_final`). Any stream (sampled,
             penalized, contrastive; the session's stop rule), not with `forced_tokens`. With the static cache a stopped stream keeps its rows (fixed shapes) and
             its later tokens are dropped: the same tokens, without the saving.
+        checkpoint: each chunk's result is put there once decoded, and a chunk already there is
+            read instead of decoded (:func:`chunk_unit`), so a call killed midway and made again
+            with the same arguments resumes with the same results. Its scope must pin what a
+            chunk's unit id does not hash: the contrast rules' and choices' parameters and the
+            model (a pipeline stage's key does). With `on_token` it is not read (tokens are
+            handed out as they are decoded).
 
     Returns:
         Generation with one entry per stream, in the order of `streams`.
@@ -220,10 +229,47 @@ def generate(
         apply_plan = plan_applier(t for s in streams for t in s.steerings)
     run = partial(_run_chunk, lm, ids, streams, max_new_tokens, probe_tokens, forced_tokens, on_token, stop_at_eos,
                   kv_cache == "static", compile_step, stop_text, apply_plan=apply_plan)
+    unit_of = None
+    if checkpoint is not None and on_token is None:
+        def unit_of(chunk: list[int]) -> str:
+            return chunk_unit(ids, streams, chunk, max_new_tokens, probe_tokens, forced_tokens, stop_at_eos,
+                              stop_text is not None)
     return decode_chunks(lm, n, max_new_tokens, _chunks(streams, [len(i) for i in ids], max_rows), run,
                          lambda i: tuple(len(ids[p]) for p in _prompts_of(streams[i])), probe_tokens,
                          forced_tokens is not None, check=on_token is None, on_progress=on_progress,
-                         eos=lm.tokenizer.eos_token_id if stop_at_eos and forced_tokens is None else None)
+                         eos=lm.tokenizer.eos_token_id if stop_at_eos and forced_tokens is None else None,
+                         checkpoint=None if unit_of is None else (checkpoint, unit_of))
+
+
+def _steering_digest(s: Steering) -> tuple:
+    """A steering's identity in a chunk's unit id: "original" for one that changes nothing, else
+    its kind, site and the SHA-256 of its coefficients' bytes."""
+    if not s.steers or not bool(s.coefficients.ne(0).any()):
+        return ("original",)
+    data = s.coefficients.detach().cpu().contiguous()
+    return (s.kind, s.site, tuple(data.shape), str(data.dtype),
+            hashlib.sha256(data.numpy().tobytes()).hexdigest()[:16])
+
+
+def chunk_unit(ids: Sequence[Sequence[int]], streams: Sequence[Stream], chunk: Sequence[int], max_new_tokens: int,
+               probe_tokens: Tensor | None, forced_tokens: Tensor | None, stop_at_eos: bool, stop_text: bool) -> str:
+    """The unit id of one chunk of a :func:`generate` call in its `checkpoint`
+    (:meth:`juice.io.UnitCheckpoint.unit_id`): it hashes the call's size, the chunk's stream
+    indices, each stream's prompt (and question) token ids, steering (:func:`_steering_digest`),
+    sampling, penalty and the kinds of its contrast and choice, the probe and forced tokens,
+    `max_new_tokens` and the stop rules' presence. The contrast rules' and choices' parameters
+    and the model are the checkpoint scope's to pin."""
+    def stream(i: int) -> tuple:
+        s = streams[i]
+        return ([list(ids[p]) for p in _prompts_of(s)], _steering_digest(s.steering), repr(s.sampling),
+                s.repetition_penalty, None if s.contrast is None else type(s.contrast.rule).__name__,
+                None if s.choice is None else type(s.choice.rule).__name__)
+
+    rows = list(chunk)
+    return UnitCheckpoint.unit_id(
+        "chunk", len(streams), max_new_tokens, rows, [stream(i) for i in rows],
+        None if probe_tokens is None else probe_tokens[rows].tolist(),
+        None if forced_tokens is None else forced_tokens[rows].tolist(), stop_at_eos, stop_text)
 
 
 def _prompts_of(stream: Stream) -> tuple[int, ...]:
@@ -264,6 +310,7 @@ def decode_chunks(
     run: Callable[[list[int]], tuple[Tensor, Tensor | None, Tensor | None]], length_of: Callable[[int], Any],
     probe_tokens: Tensor | None = None, forced: bool = False, *, check: bool = True,
     on_progress: OnProgress | None = None, eos: int | None = None,
+    checkpoint: tuple[UnitCheckpoint, Callable[[list[int]], str]] | None = None,
 ) -> Generation:
     """The scaffolding of :func:`generate`: decode each chunk of the `n` streams with `run`, let
     the runtime guard check it against one-at-a-time decoding where needed (:mod:`juice.engine.guard`;
@@ -281,6 +328,9 @@ def decode_chunks(
         forced: whether `run` returns forced log-probabilities.
         eos: each stream's text ends before its first `eos` token (None: every token is decoded,
             special tokens skipped).
+        checkpoint: (where each chunk's result is kept, a chunk -> its unit id): a chunk found
+            there is read, not decoded (nor checked by the guard); one decoded is put there
+            after the guard's check (:func:`generate`'s `checkpoint`).
 
     Returns:
         :class:`Generation` with one entry per stream.
@@ -289,6 +339,14 @@ def decode_chunks(
     first_probs = None if probe_tokens is None else torch.zeros(probe_tokens.shape, dtype=torch.float32)
     forced_lp = torch.zeros(n, max_new_tokens, dtype=torch.float64) if forced else None
     for chunk in chunks:
+        unit = None if checkpoint is None else checkpoint[1](chunk)
+        kept = None if unit is None else checkpoint[0].get(unit)
+        if kept is not None:
+            out_tokens, out_probs, out_lp = _unpacked(kept)
+            _scatter(chunk, out_tokens, out_probs, out_lp, tokens, first_probs, forced_lp)
+            if on_progress:
+                on_progress(len(chunk))
+            continue
         result = [run(chunk)]
         if check and needs_check(lm):   # the runtime guard (juice.engine.guard): batched = one at a time
 
@@ -298,16 +356,39 @@ def decode_chunks(
 
             check_batch(lm, [length_of(i) for i in chunk], result[0], lambda r, chunk=chunk: run([chunk[r]]), redo)
         out_tokens, out_probs, out_lp = result[0]
-        tokens[chunk] = out_tokens
-        if first_probs is not None:
-            first_probs[chunk] = out_probs
-        if forced_lp is not None:
-            forced_lp[chunk] = out_lp
+        _scatter(chunk, out_tokens, out_probs, out_lp, tokens, first_probs, forced_lp)
+        if unit is not None:
+            checkpoint[0].put(unit, _packed(tokens[chunk], None if first_probs is None else first_probs[chunk],
+                                            None if forced_lp is None else forced_lp[chunk]))
         if on_progress:
             on_progress(len(chunk))
     rows = [r[: r.index(eos)] if eos in r else r for r in tokens.tolist()] if eos is not None else tokens
     texts = lm.tokenizer.batch_decode(rows, skip_special_tokens=True)
     return Generation(tokens, texts, first_probs, forced_lp)
+
+
+def _scatter(chunk: list[int], out_tokens: Tensor, out_probs: Tensor | None, out_lp: Tensor | None,
+             tokens: Tensor, first_probs: Tensor | None, forced_lp: Tensor | None) -> None:
+    """A chunk's results into the call's tensors, at the chunk's stream indices."""
+    tokens[chunk] = out_tokens
+    if first_probs is not None:
+        first_probs[chunk] = out_probs
+    if forced_lp is not None:
+        forced_lp[chunk] = out_lp
+
+
+def _packed(tokens: Tensor, probs: Tensor | None, lp: Tensor | None) -> dict[str, Any]:
+    """A chunk's result as JSON: token ids, and the probabilities as the float64 values of their
+    float32 (float64) entries, which JSON gives back exactly."""
+    return {"tokens": tokens.tolist(), "probs": None if probs is None else probs.double().tolist(),
+            "lp": None if lp is None else lp.tolist()}
+
+
+def _unpacked(kept: dict[str, Any]) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """:func:`_packed`'s inverse, bit for bit."""
+    return (torch.tensor(kept["tokens"], dtype=torch.long),
+            None if kept["probs"] is None else torch.tensor(kept["probs"], dtype=torch.float64).float(),
+            None if kept["lp"] is None else torch.tensor(kept["lp"], dtype=torch.float64))
 
 
 def _generate_chunk(

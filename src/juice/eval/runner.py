@@ -38,6 +38,7 @@ from juice.data.records import CONFLICT_TYPES, CONTEXT_TYPE, ConflictExample, Co
 from juice.engine import Contrast, Instructed, QuestionAlone, Stream
 from juice.engine.backend import Engine, engine_or_default
 from juice.engine.likelihood import continuation_ids
+from juice.io import UnitCheckpoint
 from juice.data.metrics import CONTEXTUAL, METRICS, N_WORDS, is_correct, metrics_for
 from juice.eval.verdicts import contextual_correct
 from juice.models import LoadedModel
@@ -152,7 +153,7 @@ def _request_key(r: DecodeRequest) -> tuple:
 def decode_requests(
     lm: LoadedModel, requests: Sequence[DecodeRequest], max_new_tokens: int, *, max_rows: int | str = 64,
     on_progress: OnProgress | None = None, stop_text: Callable[[str], bool] | None = None,
-    engine: Engine | None = None,
+    engine: Engine | None = None, checkpoint: UnitCheckpoint | None = None,
 ) -> list[tuple[str, Tensor]]:
     """Greedy decoding of every request in one :func:`juice.engine.generate` call per
     intervention site (:attr:`juice.steering.Steering.site`; Original and CAD requests go with
@@ -174,6 +175,9 @@ def decode_requests(
         on_progress: called with the number of requests finished after each batch (and once
             with the number of duplicates at the end).
         engine: what decodes (:mod:`juice.engine.backend`); None: juice's own engine.
+        checkpoint: where each decoded chunk is kept so that a killed call resumes
+            (:func:`juice.engine.generate`'s `checkpoint`); only an engine in this process
+            (`engine.in_process`) takes it, another decodes without.
 
     Returns:
         Per request, in order: (decoded text, `[len(probe)]` first-step probe probabilities).
@@ -188,7 +192,7 @@ def decode_requests(
     if len(unique) < len(requests):
         position = {u: k for k, u in enumerate(unique)}
         decoded = decode_requests(lm, [requests[i] for i in unique], max_new_tokens, max_rows=max_rows,
-                                  on_progress=on_progress, stop_text=stop_text, engine=engine)
+                                  on_progress=on_progress, stop_text=stop_text, engine=engine, checkpoint=checkpoint)
         if on_progress:
             on_progress(len(requests) - len(unique))   # the duplicates, done with their originals
         return [decoded[position[c]] for c in copy_of]
@@ -228,9 +232,11 @@ def decode_requests(
             else:
                 question = texts.setdefault(r.question, len(texts))
                 streams.append(Stream(prompt, contrast=Contrast(question, r.method.contrast)))
-        gen = engine_or_default(engine).generate(
+        decoder = engine_or_default(engine)
+        kept = {"checkpoint": checkpoint} if checkpoint is not None and decoder.in_process else {}
+        gen = decoder.generate(
             lm, list(texts), streams, max_new_tokens, probe_tokens=torch.tensor([list(requests[i].probe) for i in idx]),
-            max_rows=max_rows, on_progress=on_progress, stop_at_eos=True, stop_text=stop_text)
+            max_rows=max_rows, on_progress=on_progress, stop_at_eos=True, stop_text=stop_text, **kept)
         for i, text, probs in zip(idx, gen.texts, gen.first_probs):
             out[i] = (text, probs)
     return out
@@ -255,6 +261,7 @@ def evaluate(
     on_progress: OnProgress | None = None,
     full_outputs: bool = False,
     engine: Engine | None = None,
+    checkpoint: UnitCheckpoint | None = None,
 ) -> list[ItemResult]:
     """Generate for every example x conflict type x method in shared batches and score them.
 
@@ -270,6 +277,8 @@ def evaluate(
             "Original", "Prompt", "PH3-l", "JuICE").
         on_progress: called with the number of (prompt, method) streams finished.
         engine: what decodes (:mod:`juice.engine.backend`); None: juice's own engine.
+        checkpoint: where decoded chunks are kept, so a killed call resumes
+            (:func:`decode_requests`).
 
     Raises:
         EmptyAnswerError: an answer tokenizes to nothing.
@@ -292,7 +301,8 @@ def evaluate(
     if not requests:
         return []
     decoded = decode_requests(lm, requests, max_new_tokens, max_rows=max_rows, on_progress=on_progress,
-                              stop_text=None if full_outputs else exact_match_decided(lm.tokenizer), engine=engine)
+                              stop_text=None if full_outputs else exact_match_decided(lm.tokenizer), engine=engine,
+                              checkpoint=checkpoint)
     results = []
     for (ex, t, name), (text, probs) in zip(meta, decoded):
         results.append(ItemResult(
@@ -313,6 +323,7 @@ def evaluate_contextual(
     max_rows: int | str = 64,
     on_progress: OnProgress | None = None,
     engine: Engine | None = None,
+    checkpoint: UnitCheckpoint | None = None,
 ) -> list[ItemResult]:
     """Contextual-direction evaluation (module docstring): every example x method, generation
     batched per metric (10 new tokens for MemoTrap, 20 for NQ-Swap); CAD and AdaCAD as contrastive
@@ -321,7 +332,9 @@ def evaluate_contextual(
 
     Results use `domain` = dataset, `subject` = uid, `conflict_type` = "context"; `correct` means
     the contextual answer. With `likelihood`, MemoTrap items also get the likelihood comparison.
-    `engine` decodes (:mod:`juice.engine.backend`; None: juice's own engine).
+    `engine` decodes (:mod:`juice.engine.backend`; None: juice's own engine); `checkpoint` keeps
+    the generation's decoded chunks, so a killed call resumes (:func:`decode_requests`; the
+    likelihood comparison is redone).
 
     Raises:
         EmptyAnswerError: an answer tokenizes to nothing.
@@ -342,7 +355,7 @@ def evaluate_contextual(
                 meta.append((i, ex, name))
                 requests.append(DecodeRequest(prompt, method, probe, ex.question))
         decoded = decode_requests(lm, requests, new_tokens, max_rows=max_rows, on_progress=on_progress,
-                                  engine=engine)
+                                  engine=engine, checkpoint=checkpoint)
         for (i, ex, name), (text, probs) in zip(meta, decoded):
             correct = contextual_correct(ex, text, ex.context_answers)
             results[(i, name)] = ItemResult(

@@ -26,6 +26,7 @@ from juice.data.records import CONFLICT_TYPES, ConflictExample, ContextualExampl
 from juice.engine.backend import Engine
 from juice.eval.runner import ItemResult, evaluate, evaluate_contextual
 from juice.interventions import HeadSelection
+from juice.io import UnitCheckpoint
 from juice.models import LoadedModel
 from juice.methods import TUNED_STEERINGS, MethodInputs, build
 from juice.progress import OnProgress
@@ -71,12 +72,13 @@ class GridPoint:
         return (self.accuracy, self.p_answer)
 
 
-def _run(lm, validation, steerings, direction, conflict_types, max_rows, on_progress, engine) -> list[ItemResult]:
+def _run(lm, validation, steerings, direction, conflict_types, max_rows, on_progress, engine, checkpoint
+         ) -> list[ItemResult]:
     if Direction.parse(direction) == Direction.CONTEXTUAL:
         return evaluate_contextual(lm, validation, steerings, likelihood=False, max_rows=max_rows,
-                                   on_progress=on_progress, engine=engine)
+                                   on_progress=on_progress, engine=engine, checkpoint=checkpoint)
     return evaluate(lm, validation, steerings, conflict_types, max_rows=max_rows, on_progress=on_progress,
-                    engine=engine)
+                    engine=engine, checkpoint=checkpoint)
 
 
 def grid_points(
@@ -159,6 +161,7 @@ def tune_per_domain(
     site: str = "o_proj_input",
     degeneration_margin: float | None = None,
     engine: Engine | None = None,
+    checkpoint: UnitCheckpoint | None = None,
 ) -> dict[str, DomainChoice]:
     """JuICE's and JuNE's (beta+, beta-) and PH3's k, chosen per domain on that domain's own
     validation split (docs/protocol.md, "Tuning grids"; paper App. D.1).
@@ -179,6 +182,9 @@ def tune_per_domain(
             (betas or k) may add to Original's on the same domain (module docstring); None: the
             paper's criterion, accuracy only.
         engine: what decodes (:mod:`juice.engine.backend`); None: juice's own engine.
+        checkpoint: where the decoded chunks are kept, so a killed tuning resumes with the same
+            results (:func:`juice.eval.runner.decode_requests`); its scope must pin the
+            validation items, heads, grids and model (the tuning stage's key does).
 
     Returns:
         domain -> :class:`DomainChoice`.
@@ -202,7 +208,8 @@ def tune_per_domain(
             steerings[setting.label] = build("ph3", MethodInputs(
                 lm, pruned=heads_to_prune(scores, direction, k))).method.steering
     items = [ex for exs in validation.values() for ex in exs]
-    results = _run(lm, items, steerings, direction, conflict_types, max_rows, on_progress, engine) if items else []
+    results = _run(lm, items, steerings, direction, conflict_types, max_rows, on_progress, engine,
+                   checkpoint) if items else []
     out = {}
     for domain, exs in validation.items():
         if not exs:

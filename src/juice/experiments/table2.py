@@ -161,7 +161,7 @@ def reproduce_contextual(
         ctx_results = evaluation_stage(
             run, f"contexts_{STUDY_DATASET}", key_ctx, f"when to steer: {study.title} x its context types",
             len(items) * len(study_methods),
-            lambda advance: evaluate_context_types(lm, items, study_methods, max_rows=cfg.max_rows, on_progress=advance,
+            lambda advance, checkpoint: evaluate_context_types(lm, items, study_methods, max_rows=cfg.max_rows, on_progress=advance,
                                                    engine=run.engine))
         run.ran("contexts")
         contexts = context_type_tables(ctx_results, list(study_methods), **boot)

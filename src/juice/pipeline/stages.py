@@ -248,7 +248,8 @@ def tuning_stage(
     direction: str, head_domain: str,
 ) -> dict[str, dict[str, Any]]:
     """Betas and PH3's k per domain on its own validation split (:func:`juice.eval.tuning.tune_per_domain`),
-    cached in the state. A domain without validation items takes `head_domain`'s choice.
+    cached in the state; a tuning killed midway resumes from its decoded chunks
+    (:func:`chunk_checkpoint`). A domain without validation items takes `head_domain`'s choice.
 
     Returns:
         domain -> {"betas": method -> {beta_plus, beta_minus, accuracy, p_answer, per_type, degeneration},
@@ -258,6 +259,7 @@ def tuning_stage(
     run.ran("tuning")
     saved = state.load(f"tuning_{direction}", key)
     if saved is None:
+        checkpoint = chunk_checkpoint(run, f"tuning_{direction}", key)
         per_item = len(CONFLICT_TYPES) if direction == "parametric" else 1
         cfg = run.cfg
         n_settings = 2 * len(cfg.beta_plus_grid) * len(cfg.beta_minus_grid) + len(ph3) * len(PRUNE_K)
@@ -266,7 +268,8 @@ def tuning_stage(
         choices = tune_per_domain(run.lm, validation, selection, ph3, direction=direction,
                                   beta_plus_grid=cfg.beta_plus_grid, beta_minus_grid=cfg.beta_minus_grid,
                                   max_rows=run.cfg.max_rows, on_progress=advance,
-                                  degeneration_margin=cfg.degeneration_margin, engine=run.engine)
+                                  degeneration_margin=cfg.degeneration_margin, engine=run.engine,
+                                  checkpoint=checkpoint)
         saved = {}
         for domain, c in choices.items():
             saved[domain] = {
@@ -279,6 +282,7 @@ def tuning_stage(
                 "grid": [{f: v for f, v in asdict(g).items() if f != "k"} for g in c.grid],   # beta points: no k
             }
         state.save(f"tuning_{direction}", key, saved)
+        checkpoint.path.unlink(missing_ok=True)
     if head_domain not in saved:
         raise ValueError(f"no validation items in {head_domain}: nothing to tune the betas on")
     out = {}
@@ -324,15 +328,28 @@ def domain_methods(lm: LoadedModel, selection: HeadSelection, choice: dict[str, 
 
 def evaluation_stage(
     run: StageRun, stage: str, key: str, description: str, total: int,
-    evaluate_items: Callable[[OnProgress], list[ItemResult]],
+    evaluate_items: Callable[[OnProgress, UnitCheckpoint], list[ItemResult]],
 ) -> list[ItemResult]:
     """One domain's (dataset's) evaluation, read from the stage file `stage` when its settings
-    `key` match, else `evaluate_items(advance)` (a progress bar of `total` steps) and saved."""
+    `key` match, else `evaluate_items(advance, checkpoint)` (a progress bar of `total` steps, the
+    stage's :func:`chunk_checkpoint`, which a killed evaluation resumes from) and saved."""
     rows = run.state.load(stage, key)
     if rows is None:
-        rows = results_to_json(evaluate_items(run.progress(description, total)))
+        checkpoint = chunk_checkpoint(run, stage, key)
+        rows = results_to_json(evaluate_items(run.progress(description, total), checkpoint))
         run.state.save(stage, key, rows)
+        checkpoint.path.unlink(missing_ok=True)
     return results_from_json(rows)
+
+
+def chunk_checkpoint(run: StageRun, stage: str, key: str) -> UnitCheckpoint:
+    """Where stage `stage` (settings `key`) keeps its decoded chunks while it runs
+    (`<out>/state/<stage>.chunks.json`, :func:`juice.engine.generate`'s `checkpoint`): a run
+    killed within the stage decodes only the chunks it had not finished, with the same results.
+    Scoped to the stage, its key, the model and (where it is not juice's own) the engine; the
+    stage deletes it once its result is saved."""
+    return UnitCheckpoint(run.state.folder / f"{stage}.chunks.json",
+                          {"stage": stage, "key": key, **run.lm.fingerprint(), **stage_key(run.engine)})
 
 
 def units(run: StageRun) -> UnitCheckpoint:
@@ -452,7 +469,8 @@ def evaluate_test_splits(
         results += evaluation_stage(
             run, stage.format(domain), settings_key(key_of(domain, sp, methods)),
             f"evaluate {titles.get(domain, domain)}", len(sp.test) * units_per_item * len(methods),
-            lambda advance, sp=sp, methods=methods: evaluate_items(run.lm, sp.test, methods, max_rows=run.cfg.max_rows,
-                                                                   on_progress=advance, engine=run.engine))
+            lambda advance, checkpoint, sp=sp, methods=methods: evaluate_items(
+                run.lm, sp.test, methods, max_rows=run.cfg.max_rows, on_progress=advance, engine=run.engine,
+                checkpoint=checkpoint))
     timings["evaluation"] = time.perf_counter() - t
     return results, order
