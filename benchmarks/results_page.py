@@ -10,7 +10,9 @@ folder RUNS_DIR (their `--out` folders, juice-output/ and juice-output-margin/, 
 Run:
   python benchmarks/results_page.py record RUNS_DIR --runs-commit COMMIT --record benchmarks/results/results-gemma-3-270m.json
   python benchmarks/results_page.py page [--record ...] [--write docs/results.md]
-    (prints the blocks; --write replaces each block between its markers in the page)
+    (prints the blocks; --write replaces each block between its markers in the page; every other
+    `results-*.json` beside the record adds its model's tables and its column of the verdict on
+    the paper's ordering, :func:`ordering`)
 """
 
 from __future__ import annotations
@@ -188,6 +190,76 @@ def blocks(record: dict) -> dict[str, str]:
     return out
 
 
+ORDERING = (("table1", "JuNE", ("substitution", "coherent")), ("table1", "PH3-l", ("substitution", "coherent")),
+            ("table1", "PH3-s", ("substitution", "coherent")), ("table2", "CAD", ("context",)),
+            ("table2", "JuNE", ("context",)))
+"""The paper's ordering (Sec. 5, Tables 1 and 2) as paired comparisons: JuICE above JuNE and PH3 (both of
+juice's variants) on substitution and coherent conflicts (Table 1, the average over the domains), and
+above CAD and JuNE on the contextual average (Table 2): (table, method JuICE is compared with, groups)."""
+
+
+def ordering(record: dict) -> list[dict]:
+    """Each comparison of :data:`ORDERING` in one record's runs under the paper's protocol: the paired
+    difference JuICE - method (accuracy, the average column) with its 95% bootstrap interval and
+    its reading: "above" (the interval lies above 0), "below" (under 0) or "level" (it holds 0).
+
+    Raises:
+        KeyError: a run or comparison the record lacks."""
+    rows = []
+    for table, against, groups in ORDERING:
+        diffs = record["runs"][table]["scores"]["table"]["differences"][f"JuICE - {against}"]["Average"]
+        for group in groups:
+            iv = _interval(diffs[group])
+            reading = "above" if iv.low > 1e-9 else "below" if iv.high < -1e-9 else "level"
+            rows.append({"table": table, "against": against, "group": group, "interval": iv, "reading": reading})
+    return rows
+
+
+def ordering_verdict(rows: list[dict]) -> str:
+    """"holds" where JuICE is above in every comparison, "contradicted" where it is below in one,
+    else "not shown" (an interval holds 0: these n cannot tell)."""
+    readings = [r["reading"] for r in rows]
+    return "holds" if all(r == "above" for r in readings) else "contradicted" if "below" in readings else "not shown"
+
+
+def ordering_block(records: list[dict]) -> str:
+    """The page's verdict on the paper's ordering, one column per model (:func:`ordering`), then one
+    line per model with its verdict (:func:`ordering_verdict`) and its counts."""
+    names = [r["model"]["name"] for r in records]
+    per = [ordering(r) for r in records]
+    where = {"table1": "Table 1", "table2": "Table 2"}
+    rows = ["| JuICE minus | conflict | " + " | ".join(f"`{n}`" for n in names) + " |",
+            "|---|---|" + "---|" * len(names)]
+    for k, row in enumerate(per[0]):
+        group = "contextual average" if row["group"] == "context" else row["group"]
+        rows.append(f"| {row['against']} | {group} ({where[row['table']]}) | "
+                    + " | ".join(f"{_diff(p[k]['interval'])} {p[k]['reading']}" for p in per) + " |")
+    lines = []
+    for name, p in zip(names, per):
+        counts = {r: sum(x["reading"] == r for x in p) for r in ("above", "level", "below")}
+        lines.append(f"- `{name}`: **{ordering_verdict(p)}** (JuICE above in {counts['above']} of {len(p)} "
+                     f"comparisons, level in {counts['level']}, below in {counts['below']}).")
+    return "\n".join(rows) + "\n\n" + "\n".join(lines) + "\n"
+
+
+def page_blocks(records: list[dict]) -> dict[str, str]:
+    """Every block of the page: the first record's tables (:func:`blocks`), each other record's
+    under its model's name (`<name>-table1-accuracy`, ...), and the verdict on the paper's
+    ordering over all of them (`ordering`, :func:`ordering_block`)."""
+    out = dict(blocks(records[0]))
+    for record in records[1:]:
+        out.update({f"{record['model']['name']}-{k}": v for k, v in blocks(record).items()})
+    out["ordering"] = ordering_block(records)
+    return out
+
+
+def records(first: Path = RECORD) -> list[dict]:
+    """The page's records: `first` (Gemma 3 270M's), then every other `results-*.json` beside it,
+    by name."""
+    paths = [first] + sorted(p for p in first.parent.glob("results-*.json") if p != first)
+    return [json.loads(p.read_text(encoding="utf-8")) for p in paths]
+
+
 def marked(name: str, text: str) -> str:
     """A block as the page holds it, between its markers (HTML comments: not shown)."""
     return f"<!-- record {name} -->\n\n{text}\n<!-- /record -->"
@@ -253,7 +325,7 @@ def main() -> int:
         write_json_atomic(args.record, record_runs(args.runs_dir, args.runs_commit))
         print(f"wrote {args.record}")
         return 0
-    rendered = blocks(json.loads(args.record.read_text(encoding="utf-8")))
+    rendered = page_blocks(records(args.record))
     if args.write:
         args.write.write_text(write_page(args.write.read_text(encoding="utf-8"), rendered), encoding="utf-8")
         print(f"wrote {len(rendered)} blocks into {args.write}")

@@ -360,8 +360,10 @@ def test_the_results_page_is_the_committed_record_of_its_four_runs():
     assert record["model"]["name"] == "gemma-3-270m" and len(record["runs_commit"]) == 40
     assert set(record["runs"]) == set(results_page.RUNS)
     page = results_page.PAGE.read_text(encoding="utf-8")
-    rendered = results_page.blocks(record)
-    assert len(rendered) == 20
+    records = results_page.records()
+    assert records[0] == record
+    rendered = results_page.page_blocks(records)
+    assert len(rendered) == 21 * len(records) - (len(records) - 1)   # each record's 20 tables, one verdict
     for name, text in rendered.items():
         assert results_page.marked(name, text) in page, name
     assert results_page.write_page(page, rendered) == page   # no marked block the record does not render
@@ -371,3 +373,40 @@ def test_the_results_page_is_the_committed_record_of_its_four_runs():
     for command, _ in results_page.RUNS.values():
         assert f"`{command}`" in page, command
     assert record["runs_commit"][:12] in page
+
+
+def test_the_verdict_on_the_papers_ordering_reads_each_interval_and_names_every_model():
+    """Issue 89, item 3: the results page states, from the intervals, whether JuICE is above JuNE
+    and PH3 on substitution and coherent conflicts and above CAD and JuNE on the contextual
+    average; a second model's record adds its column and its tables under its name."""
+    import copy
+
+    import results_page
+
+    record = json.loads(results_page.RECORD.read_text(encoding="utf-8"))
+    rows = results_page.ordering(record)
+    assert [(r["against"], r["group"]) for r in rows] == [
+        ("JuNE", "substitution"), ("JuNE", "coherent"), ("PH3-l", "substitution"), ("PH3-l", "coherent"),
+        ("PH3-s", "substitution"), ("PH3-s", "coherent"), ("CAD", "context"), ("JuNE", "context")]
+    for r in rows:
+        iv = r["interval"]
+        assert r["reading"] == ("above" if iv.low > 0 else "below" if iv.high < 0 else "level")
+    assert results_page.ordering_verdict(rows) == (
+        "holds" if all(r["reading"] == "above" for r in rows)
+        else "contradicted" if any(r["reading"] == "below" for r in rows) else "not shown")
+    shifted = copy.deepcopy(record)   # every comparison moved well above 0, then one below it
+    shifted["model"]["name"] = "bigger"
+    for table, against, groups in results_page.ORDERING:
+        for g in groups:
+            cell = shifted["runs"][table]["scores"]["table"]["differences"][f"JuICE - {against}"]["Average"][g]
+            cell.update(mean=0.5, low=0.4, high=0.6)
+    assert results_page.ordering_verdict(results_page.ordering(shifted)) == "holds"
+    cell["low"], cell["mean"], cell["high"] = -0.3, -0.2, -0.1
+    assert results_page.ordering_verdict(results_page.ordering(shifted)) == "contradicted"
+    both = results_page.page_blocks([record, shifted])
+    assert "bigger-table1-accuracy" in both and both["table1-accuracy"] == results_page.blocks(record)["table1-accuracy"]
+    assert "| JuICE minus | conflict | `gemma-3-270m` | `bigger` |" in both["ordering"]
+    assert "- `bigger`: **contradicted** (JuICE above in 7 of 8 comparisons, level in 0, below in 1)." in both["ordering"]
+    page = results_page.PAGE.read_text(encoding="utf-8")
+    with pytest.raises(KeyError, match="bigger-table1-accuracy"):   # its tables need their place on the page
+        results_page.write_page(page, both)
