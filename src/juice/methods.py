@@ -452,6 +452,82 @@ def protocol_names() -> tuple[str, ...]:
 UNSTEERED = "original"
 """The method that steers nothing: a request's answer where no steering applies."""
 
+FOCUS = "juice"
+"""The method the tables compare with every other row (JuICE, the paper's)."""
+
+VARIANTS: dict[str, str] = {"l": "-l", "s": "-s", "l-knockout": "-l (knock-out)", "mem": "-mem", "ctx": "-ctx",
+                            "post-norm": " (post-norm)"}
+"""A row's variant -> what its title adds to the method's: PH3's development sets ("l": PH3-l, on the
+large one; "s": PH3-s, on D; "l-knockout": PH3-l scored by knock-out), a direction or instruction
+("mem", "ctx": JuICE-ctx, Prompt-mem) and the steering site ("post-norm": JuICE (post-norm))."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """A table row's identity: a registry method and its variant (:data:`VARIANTS`). Results, tables
+    and stages carry its :attr:`key`; its :attr:`title` is what tables, pages and records show
+    (rendered there: :func:`row_title`).
+
+    Raises:
+        ValueError: an unknown variant.
+    """
+
+    method: str
+    variant: str = ""
+
+    def __post_init__(self) -> None:
+        if self.variant and self.variant not in VARIANTS:
+            raise ValueError(f"row {self.method}: no variant {self.variant!r} ({', '.join(VARIANTS)})")
+
+    @property
+    def key(self) -> str:
+        """"ph3-l", "juice-ctx", "original": the method's name, then its variant."""
+        return f"{self.method}-{self.variant}" if self.variant else self.method
+
+    @property
+    def title(self) -> str:
+        """"PH3-l", "JuICE-ctx", "Original": the method's title, then its variant's suffix."""
+        return REGISTRY[self.method].title + VARIANTS.get(self.variant, "")
+
+
+_ROWS: list[Any] = [None, {}]   # (the registry's names and titles it was built from, the table)
+
+
+def _rows() -> dict[str, Row]:
+    """Every row key and title of the registry's methods -> its row (each method with each variant),
+    rebuilt only when the registry's names or titles change."""
+    stamp = tuple((name, spec.title) for name, spec in REGISTRY.items())
+    if _ROWS[0] != stamp:
+        table: dict[str, Row] = {}
+        for name, title in stamp:
+            for variant, suffix in (("", ""), *VARIANTS.items()):
+                row = Row(name, variant)
+                table[row.key] = table[title + suffix] = row
+        _ROWS[:] = [stamp, table]
+    return _ROWS[1]
+
+
+def row_of(label: str) -> Row | None:
+    """The row a key ("ph3-l") or a title ("PH3-l") names, or None (a label that is no row of the
+    registry: "Question-only", a tuning setting's "juice:2:-1")."""
+    return _rows().get(label)
+
+
+def row_key(label: str) -> str:
+    """A row's key from its key or title (where a saved file or a user names it: a results file,
+    a stage's state, a sweep file); any other label unchanged."""
+    row = row_of(label)
+    return label if row is None else row.key
+
+
+def row_title(label: str) -> str:
+    """What a table, page or record shows for a row key (:attr:`Row.title`), a paired difference
+    "a - b" of two (both sides titled) or any other label (unchanged)."""
+    if " - " in label:
+        return " - ".join(row_title(part) for part in label.split(" - "))
+    row = row_of(label)
+    return label if row is None else row.title
+
 
 def lookup(name: str, choices: Sequence[str] | None = None) -> MethodSpec:
     """The spec named `name` (any case, aliases included).
@@ -548,6 +624,6 @@ def build(name: str, inputs: MethodInputs, *, warn: bool = True) -> Built:
     return built
 
 
-__all__ = ["Built", "MethodInputs", "MethodSpec", "PLUGIN_GROUP", "REGISTRY", "Registry", "SHORT", "STEERINGS", "TABLES", "TUNED_STEERINGS",
-           "UNSTEERED", "build", "by_protocol", "check", "coefficients_method", "lookup", "names", "protocol_names",
-           "recipe_of", "plugin_entry_points", "register", "table_methods"]
+__all__ = ["Built", "FOCUS", "MethodInputs", "MethodSpec", "PLUGIN_GROUP", "REGISTRY", "Registry", "Row", "SHORT", "STEERINGS",
+           "TABLES", "TUNED_STEERINGS", "UNSTEERED", "VARIANTS", "build", "by_protocol", "check", "coefficients_method", "lookup", "names", "protocol_names",
+           "recipe_of", "plugin_entry_points", "register", "row_key", "row_of", "row_title", "table_methods"]

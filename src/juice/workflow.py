@@ -471,9 +471,10 @@ def evaluate_file(
     results = evaluate_rows(lm, rows, table_methods, direction=direction, max_rows=max_rows, on_progress=advance,
                             engine=engine)
     names = list(table_methods)
-    table = interval_table(results, names, resamples=resamples, seed=seed)
-    degeneration = interval_table(results, names, value=lambda r: r.degenerate, resamples=resamples, seed=seed)
-    usable = interval_table(results, names, value=correct_not_degenerate, resamples=resamples, seed=seed)
+    boot = dict(resamples=resamples, seed=seed, focus="JuICE", baseline="Original")   # rows by title here
+    table = interval_table(results, names, **boot)
+    degeneration = interval_table(results, names, value=lambda r: r.degenerate, **boot)
+    usable = interval_table(results, names, value=correct_not_degenerate, **boot)
     return RowsEvaluation(results, table, names, settings, {**where, "direction": direction}, degeneration, usable)
 
 

@@ -484,7 +484,7 @@ def test_a_repeated_test_subject_in_the_authors_layout_is_two_items_in_every_tab
     copy = [r for r in items if r["domain"] == "capital_copy" and r["method"] == "Original" and r["conflict_type"] == "clean"]
     assert [r["item"] for r in copy] == ["unfiltered_test#0", "unfiltered_test#1", "unfiltered_test#2"]
     assert copy[0]["subject"] == copy[1]["subject"]
-    assert result.table.cells["Original"]["capital_copy"]["clean"].n == 3
+    assert result.table.cells["original"]["capital_copy"]["clean"].n == 3   # the result keys rows, the file titles them
     assert result.splits["capital_copy"]["test"] == 3
 
 

@@ -44,6 +44,26 @@ def test_names_aliases_and_the_request_protocol_come_from_the_table():
                                                    "GRD", "PH3", "JuNE", "JuICE", "auto"]
 
 
+def test_a_row_is_a_registry_method_and_its_variant_keyed_in_results_and_titled_where_shown():
+    """Issue 91: rows travel as keys (the registry's name, then a variant) and are titled only
+    where a table, page or record shows them; a title read back from a file is a key again."""
+    from juice.methods import VARIANTS, Row, row_key, row_of, row_title
+
+    assert Row("ph3", "l").key == "ph3-l" and Row("ph3", "l").title == "PH3-l"
+    assert Row("ph3", "l-knockout").title == "PH3-l (knock-out)" and Row("juice", "ctx").title == "JuICE-ctx"
+    assert Row("juice", "post-norm").title == "JuICE (post-norm)" and Row("original").key == "original"
+    for name, spec in REGISTRY.items():
+        for variant in ("", *VARIANTS):
+            row = Row(name, variant)
+            assert row_key(row.title) == row_key(row.key) == row.key and row_title(row.key) == row.title
+            assert row_of(row.title) == row
+    assert row_title("juice - original") == "JuICE - Original" and row_title("juice - ph3-s") == "JuICE - PH3-s"
+    assert row_title("Question-only") == row_key("Question-only") == "Question-only"   # no row: unchanged
+    assert row_key("juice:2:-1") == "juice:2:-1"
+    with pytest.raises(ValueError, match="no variant 'big'"):
+        Row("juice", "big")
+
+
 class _EntryPoint:
     """An entry point of the `juice.methods` group, as :func:`importlib.metadata.entry_points` gives it."""
 
@@ -227,9 +247,11 @@ def test_a_new_baseline_is_a_row_of_both_tables_and_a_sweep_from_its_entry(share
                                     **common), lm=tiny_llama)
     two = reproduce_contextual(ReproduceConfig(out_dir=tmp_path / "t2", data_root=tmp_path / "contextual",
                                                validation_per_dataset=1, scoring="exact", **common), lm=tiny_llama)
-    assert list(one.methods) == ["Original", "Prompt", "PH3-l", "PH3-s", "JuNE", "JuICE", "Zero L1H2"]
-    assert list(two.methods) == ["Original", "Prompt", "CAD", "AdaCAD", "PH3-l", "PH3-s", "JuNE", "JuICE",
-                                 "Zero L1H2", "CAD/2"]
+    assert list(one.methods) == ["original", "prompt", "ph3-l", "ph3-s", "june", "juice", "zero-l1h2"]   # row keys
+    assert list(two.methods) == ["original", "prompt", "cad", "adacad", "ph3-l", "ph3-s", "june", "juice",
+                                 "zero-l1h2", "cad-half"]
+    assert list(json.loads((tmp_path / "t2" / "results_contextual.json").read_text())["table"]["cells"]) == [
+        "Original", "Prompt", "CAD", "AdaCAD", "PH3-l", "PH3-s", "JuNE", "JuICE", "Zero L1H2", "CAD/2"]   # titled
     for out, name in ((tmp_path / "t1", "results.json"), (tmp_path / "t2", "results_contextual.json")):
         items = json.loads((out / name).read_text())["items"]
         keys = {m: sorted((r["domain"], r["subject"], r["conflict_type"]) for r in items if r["method"] == m)

@@ -217,8 +217,8 @@ def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_
     boot = dict(resamples=options.bootstrap_resamples, seed=options.seed)
 
     def table(keep=None):
-        main = interval_table(results, METHOD_ORDER, keep=keep, focus="JuICE (post-norm)", **boot)
-        june = interval_table(results, METHOD_ORDER, keep=keep, focus="JuNE (post-norm)", **boot)
+        main = interval_table(results, METHOD_ORDER, keep=keep, focus="JuICE (post-norm)", baseline="Original", **boot)
+        june = interval_table(results, METHOD_ORDER, keep=keep, focus="JuNE (post-norm)", baseline="Original", **boot)
         main.differences = {k: v for k, v in main.differences.items()
                             if k in ("JuICE (post-norm) - JuICE", "JuICE (post-norm) - Original", "JuICE - Original",
                                      "JuNE - Original")}

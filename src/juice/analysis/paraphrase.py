@@ -209,8 +209,9 @@ def run_paraphrase(lm: LoadedModel, options: AnalysisOptions, progress: Progress
         results += results_from_json(rows["results"])
         known |= {(domain, s) for s in rows["known"]}
     boot = dict(resamples=options.bootstrap_resamples, seed=options.seed)
-    table = interval_table(results, METHODS, **boot)
-    table_known = interval_table(results, METHODS, keep=lambda r: r.item_key in known, **boot)
+    titles = dict(focus="JuICE", baseline="Original")   # its rows by title (METHODS)
+    table = interval_table(results, METHODS, **titles, **boot)
+    table_known = interval_table(results, METHODS, keep=lambda r: r.item_key in known, **titles, **boot)
     mode = {"quick": "quick: World Capital only, |D| = 1, 2 x 2 beta grid, 3 items", "full": "every test item",
             "default": f"reduced: {test_items} test items per domain"}[options.mode]
     result = ParaphraseResult(

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from juice.eval.runner import ItemResult
+from juice.methods import FOCUS, UNSTEERED, row_title
 from juice.eval.stats import Interval, bootstrap_interval, stratified_interval
 
 AVERAGE = "Average"
@@ -51,13 +52,21 @@ class IntervalTable:
         return {"cells": conv(self.cells), "differences": conv(self.differences), "bootstrap": {
             "resamples": self.resamples, "confidence": self.confidence, "seed": self.seed, "method": "percentile"}}
 
+    def titled(self, title: Callable[[str], str] = row_title) -> "IntervalTable":
+        """The same table with its rows and differences named by `title` (default: row keys to
+        their titles, "juice - original" to "JuICE - Original": :func:`juice.methods.row_title`),
+        for what renders or records it."""
+        return IntervalTable({title(m): cols for m, cols in self.cells.items()},
+                             {title(d): cols for d, cols in self.differences.items()},
+                             self.resamples, self.confidence, self.seed)
+
     def means(self) -> dict[str, dict[str, dict[str, float]]]:
         """method -> column -> group -> accuracy in percent (the plain table)."""
         return {m: {c: {g: 100.0 * iv.mean for g, iv in gs.items()} for c, gs in cols.items()}
                 for m, cols in self.cells.items()}
 
 
-def comparisons(methods: Sequence[str], focus: str = "JuICE", baseline: str = "Original") -> list[tuple[str, str]]:
+def comparisons(methods: Sequence[str], focus: str = FOCUS, baseline: str = UNSTEERED) -> list[tuple[str, str]]:
     """The (A, B) pairs whose difference A - B is reported: focus vs every other method, then
     every other method vs the baseline."""
     pairs = [(focus, m) for m in methods if m != focus] if focus in methods else []
@@ -72,8 +81,8 @@ def interval_table(
     *,
     keep: Callable[[ItemResult], bool] | None = None,
     value: Callable[[ItemResult], bool] = lambda r: r.correct,
-    focus: str = "JuICE",
-    baseline: str = "Original",
+    focus: str = FOCUS,
+    baseline: str = UNSTEERED,
     resamples: int = 2000,
     confidence: float = 0.95,
     seed: int = 0,
@@ -86,6 +95,8 @@ def interval_table(
         keep: only results for which it is true (e.g. the items the model knows).
         value: what a cell counts (default: exact match); e.g. `lambda r: r.degenerate` gives the
             share of degenerate outputs (:mod:`juice.eval.degeneration`).
+        focus, baseline: the rows compared with every other (default: JuICE's and Original's keys,
+            :class:`juice.methods.Row`; results labelled otherwise name theirs).
     """
     outcome: dict[str, dict[tuple[str, str, str], bool]] = defaultdict(dict)
     for r in results:

@@ -25,8 +25,8 @@ The sweep file (TOML)::
     directions = ["parametric"]                  # parametric | contextual
     domains = ["world_capital", "athlete_sport"]  # parametric: ParaConflict domains; contextual:
                                                  # memotrap | nqswap (the table's columns)
-    methods = ["Original", "JuICE"]               # the table's rows (Table 1's or Table 2's names;
-                                                 # none of the baselines: they are not run)
+    methods = ["Original", "JuICE"]               # the table's rows, by title or key ("juice");
+                                                 # none of the baselines: they are not run
     [settings]                                   # ReproduceConfig's fields, e.g.
     limit = 10
     [ray]                                        # optional
@@ -49,6 +49,7 @@ from typing import Any
 
 from juice.data.contextual import DATASETS as CONTEXTUAL_DATASETS   # the contextual direction's columns
 from juice.io import write_json_atomic, write_text_atomic
+from juice.methods import row_key, row_title
 
 DIRECTIONS = ("parametric", "contextual")
 
@@ -61,19 +62,19 @@ def _table_specs() -> tuple:
 
 
 def steering_rows() -> tuple[str, ...]:
-    """The rows every job decodes: Original and the tuned steerings (JuNE, JuICE), the titles of
+    """The rows every job decodes: Original and the tuned steerings (JuNE, JuICE), the keys of
     the registry's table methods (:func:`juice.methods.table_methods`) that are no baseline."""
-    return tuple(s.title for s in _table_specs() if not s.baseline)
+    return tuple(s.name for s in _table_specs() if not s.baseline)
 
 
 def baseline_rows() -> tuple[str, ...]:
     """Table 1's and Table 2's baseline rows, read from the registry when called (a new entry with
-    `tables` is one): every table method's title but :func:`steering_rows`'s, PH3 as its rows
+    `tables` is one): every table method's key but :func:`steering_rows`'s, PH3 as its rows
     (:data:`juice.pipeline.stages.PH3_ROWS`). A sweep whose methods name none of them runs without
     the baselines (`baselines = false`, no PH3 stage) unless its `[settings]` say otherwise."""
     from juice.pipeline.stages import PH3_ROWS
 
-    return tuple(row for s in _table_specs() if s.baseline for row in (PH3_ROWS if s.tuned == "k" else (s.title,)))
+    return tuple(row for s in _table_specs() if s.baseline for row in (PH3_ROWS if s.tuned == "k" else (s.name,)))
 
 
 FIXED = ("model", "out_dir", "domains")
@@ -110,7 +111,7 @@ class Job:
 
 @dataclass
 class Sweep:
-    """A parsed sweep file (module docstring)."""
+    """A parsed sweep file (module docstring); its methods by row key (:class:`juice.methods.Row`)."""
 
     models: tuple[str, ...]
     directions: tuple[str, ...]
@@ -161,9 +162,11 @@ def load_sweep(path: str | Path) -> Sweep:
             raise SweepError(f"{path}: [grid] {key} must be a non-empty list of names")
         lists[key] = tuple(value)
     rows = steering_rows() + baseline_rows()
-    unknown = [m for m in lists["methods"] if m not in rows]
+    unknown = [m for m in lists["methods"] if row_key(m) not in rows]
     if unknown:
-        raise SweepError(f"{path}: [grid] methods: {unknown[0]!r} is not a table row ({', '.join(rows)})")
+        raise SweepError(f"{path}: [grid] methods: {unknown[0]!r} is not a table row "
+                         f"({', '.join(map(row_title, rows))})")
+    lists["methods"] = tuple(map(row_key, lists["methods"]))
     bad = [d for d in lists["directions"] if d not in DIRECTIONS]
     if bad:
         raise SweepError(f"{path}: [grid] directions: {bad[0]!r} is not parametric or contextual")
@@ -228,7 +231,8 @@ def run_job(job: Job, out: str | Path) -> dict[str, Any]:
             close()
     record = {"job": job.name, "key": job.key(), "model": job.model, "direction": job.direction, "node": _node(),
               "seconds": round(time.perf_counter() - started, 1), "heads": selection_to_json(result.selection),
-              "stages": (result.engines or {}).get("stages", {}), "cells": job_cells(result.table, job)}
+              "stages": {row_title(k): v for k, v in (result.engines or {}).get("stages", {}).items()},
+              "cells": job_cells(result.table, job)}
     write_json_atomic(folder / "job.json", record)
     return record
 
@@ -248,15 +252,15 @@ def _node() -> str:
 
 def job_cells(table, job: Job) -> list[dict[str, Any]]:
     """The table's cells for the job's domains (and the average where the table has one), every
-    method and group: one dict per cell with n (distinct items), the mean and its 95% interval in
-    percent."""
+    method (by title: a record) and group: one dict per cell with n (distinct items), the mean and
+    its 95% interval in percent."""
     rows = []
     for method, columns in table.cells.items():
         for column, groups in columns.items():
             if column not in job.domains and column != "Average":
                 continue
             for group, iv in groups.items():
-                rows.append({"model": job.model, "direction": job.direction, "domain": column, "method": method,
+                rows.append({"model": job.model, "direction": job.direction, "domain": column, "method": row_title(method),
                              "group": group, "n": iv.n, "mean": _percent(iv.mean), "low": _percent(iv.low),
                              "high": _percent(iv.high)})
     return rows
@@ -343,16 +347,17 @@ def run_sweep(sweep: Sweep, out: str | Path, *, address: str | None = None,
             if owned:
                 ray.shutdown()
     rows = [row for job in jobs if done[job.name] is not None for row in done[job.name]["cells"]
-            if row["method"] in sweep.methods]
+            if row_key(row["method"]) in sweep.methods]
+    titles = [row_title(m) for m in sweep.methods]
     result = SweepResult(rows, [j.name for j in todo if j.name not in failed], resumed, failed,
                          round(time.perf_counter() - started, 1))
     write_json_atomic(out / "sweep.json", {"rows": rows, "ran": result.ran, "resumed": resumed, "failed": failed,
-                                           "seconds": result.seconds, "methods": list(sweep.methods),
+                                           "seconds": result.seconds, "methods": titles,
                                            "jobs": {j.name: done[j.name] and {k: done[j.name][k] for k in
                                                     ("model", "direction", "node", "seconds", "heads",
                                                      "stages")}
                                                     for j in jobs}})
-    write_text_atomic(out / "sweep.md", sweep_markdown(rows, sweep.methods))
+    write_text_atomic(out / "sweep.md", sweep_markdown(rows, titles))
     return result
 
 

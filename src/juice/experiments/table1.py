@@ -43,7 +43,7 @@ from juice.eval.report import degeneration_markdown, difference_markdown, interv
 from juice.eval.runner import evaluate, results_to_json, summary
 from juice.eval.tables import interval_table
 from juice.io import write_json_atomic
-from juice.methods import REGISTRY
+from juice.methods import REGISTRY, UNSTEERED, row_title
 from juice.models import LoadedModel
 from juice.pipeline.domains import HEAD_DOMAIN, domain_sources, prepare_domains
 from juice.pipeline.run import (
@@ -55,7 +55,8 @@ from juice.pipeline.run import (
     start_run,
     tuning_label,
 )
-from juice.pipeline.stages import domain_methods, evaluate_test_splits, ph3_scoring, protocol_stages, stage1_key
+from juice.pipeline.stages import (domain_methods, evaluate_test_splits, ph3_scoring, protocol_stages, stage1_key,
+                                   titled, titled_choice, titled_result)
 from juice.progress import Progress, no_progress
 
 
@@ -92,12 +93,13 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
                                                           out / "heads.json", timings)
     all_results, methods_order = evaluate_test_splits(
         run, splits, lambda d: domain_methods(lm, selection, choices[d], cfg.baselines, list(ph3), "table1"),
-        lambda d, sp, methods: {"tuning": key_tuning, "choice": choices[d], "methods": list(methods),
+        lambda d, sp, methods: {"tuning": key_tuning, "choice": titled_choice(choices[d]),
+                                "methods": [row_title(m) for m in methods],
                                 "test": [ex.to_json() for ex in sp.test], "items": [ex.uid for ex in sp.test]},
         "eval_{}", titles, len(CONFLICT_TYPES), evaluate, timings)
 
     known = {r.item_key for r in all_results
-             if r.method == "Original" and r.conflict_type == "clean" and r.correct}
+             if r.method == UNSTEERED and r.conflict_type == "clean" and r.correct}
     boot = dict(resamples=cfg.bootstrap_resamples, seed=cfg.seed)
     result = ReproduceResult(
         config=cfg, model=lm.fingerprint(), selection=selection, choices=choices,
@@ -121,9 +123,11 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
 def write_outputs(result: ReproduceResult, results, out: Path) -> None:
     """`results.json` (settings, heads, per-domain betas and k, tables with intervals, timings,
     per-item outputs), `table.md` (both views and the paired differences) and `table.png`
-    (without matplotlib, the `plots` extra, no PNG)."""
+    (without matplotlib, the `plots` extra, no PNG). Rows are named by their titles here
+    (:func:`juice.methods.row_title`): the result holds their keys."""
     from juice.plots import have_matplotlib, interval_bar_chart
 
+    result = titled_result(result)
     cfg = asdict(result.config)
     write_json_atomic(out / "results.json", {
         "config": cfg,
@@ -145,7 +149,7 @@ def write_outputs(result: ReproduceResult, results, out: Path) -> None:
         "timings_s": result.timings,
         "splits": result.splits,
         "notes": result.notes,
-        "items": results_to_json(results),
+        "items": results_to_json(titled(results)),
     })
     methods = list(result.methods)
     cols, headers = table1_columns(result.domains, result.titles)

@@ -54,10 +54,10 @@ from juice.pipeline.run import (
     tuning_label,
 )
 from juice.pipeline.stages import (domain_methods, evaluate_test_splits, evaluation_stage, ph3_scoring, protocol_stages,
-                                   stage1_key)
+                                   stage1_key, titled, titled_choice, titled_result)
 from juice.progress import Progress, no_progress
 from juice.io import write_json_atomic
-from juice.methods import STEERINGS
+from juice.methods import FOCUS, STEERINGS, UNSTEERED, row_title
 from juice.models import LoadedModel
 from juice.tokens import token_ids
 
@@ -142,8 +142,8 @@ def reproduce_contextual(
 
     all_results, order = evaluate_test_splits(
         run, splits, methods_of,
-        lambda d, sp, methods: {"tuning": key_tuning, "choice": choices[d], "methods": list(methods),
-                                "test": [ex.to_json() for ex in sp.test]},
+        lambda d, sp, methods: {"tuning": key_tuning, "choice": titled_choice(choices[d]),
+                                "methods": [row_title(m) for m in methods], "test": [ex.to_json() for ex in sp.test]},
         "eval_contextual_{}", dataset_titles(), 1, evaluate_contextual, timings)
 
     boot = dict(resamples=cfg.bootstrap_resamples, seed=cfg.seed)
@@ -156,7 +156,8 @@ def reproduce_contextual(
         fits = None if max_prompt_tokens is None else (
             lambda prompt: len(token_ids(lm.tokenizer, prompt)) <= max_prompt_tokens)
         items = study.context_items(root / study.folder, cfg.seed, [ex.uid for ex in splits[STUDY_DATASET].test], fits)
-        key_ctx = settings_key({"tuning": key_tuning, "choice": choices[STUDY_DATASET], "methods": list(study_methods),
+        key_ctx = settings_key({"tuning": key_tuning, "choice": titled_choice(choices[STUDY_DATASET]),
+                                "methods": [row_title(m) for m in study_methods],
                                 "items": [asdict(i) for i in items], "stage": "contexts/2"})
         ctx_results = evaluation_stage(
             run, f"contexts_{STUDY_DATASET}", key_ctx, f"when to steer: {study.title} x its context types",
@@ -164,7 +165,7 @@ def reproduce_contextual(
             lambda advance, checkpoint: evaluate_context_types(lm, items, study_methods, max_rows=cfg.max_rows, on_progress=advance,
                                                    engine=run.engine))
         run.ran("contexts")
-        contexts = context_type_tables(ctx_results, list(study_methods), **boot)
+        contexts = context_type_tables(ctx_results, list(study_methods), focus=FOCUS, baseline=UNSTEERED, **boot)
         timings["contexts"] = time.perf_counter() - t
     studies = when_to_steer_stage(run, choices, root, timings)
     by_likelihood = [replace(r, correct=r.likelihood_correct) for r in all_results if r.likelihood_correct is not None]
@@ -255,8 +256,10 @@ def study_line(dataset: str, headline: Mapping[str, Any]) -> str:
 
 
 def _write(result: ReproduceResult, results, out: Path) -> None:
+    """`results_contextual.json`, `table2.md` and the PNGs, rows named by title (:func:`titled_result`)."""
     from juice.plots import have_matplotlib, interval_bar_chart
 
+    result = titled_result(result)
     write_json_atomic(out / "results_contextual.json", {
         "config": asdict(result.config), "model": result.model, "heads": selection_to_json(result.selection),
         "protocol": {"scoring": result.config.scoring, "scoring_label": scoring_title(result.config),
@@ -272,7 +275,7 @@ def _write(result: ReproduceResult, results, out: Path) -> None:
         "contexts": {k: t.to_json() for k, t in result.contexts.items()} if result.contexts else None,
         "when_to_steer": result.studies or None,
         "summary": result.summary, "timings_s": result.timings,
-        "splits": result.splits, "notes": result.notes, "items": results_to_json(results),
+        "splits": result.splits, "notes": result.notes, "items": results_to_json(titled(results)),
     })
     methods = list(result.methods)
     cols, headers = table2_columns(result.domains, result.titles)

@@ -23,12 +23,13 @@ from juice.eval.tables import IntervalTable
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID
 from juice.interventions import HeadSelection
 from juice.io import StageFiles
+from juice.methods import row_title
 from juice.models import DEFAULT_MODEL, LoadedModel, load_model
 from juice.progress import Progress, no_progress
 from juice.stage1 import ALPHAS_NEGATIVE, ALPHAS_POSITIVE
 
-TABLE1_METHODS = ("Original", "Prompt", "PH3-l", "PH3-s", "JuNE", "JuICE")
-"""The rows of Table 1, in order."""
+TABLE1_METHODS = ("original", "prompt", "ph3-l", "ph3-s", "june", "juice")
+"""The rows of Table 1, in order (row keys, :class:`juice.methods.Row`)."""
 SCORING_LABELS = {
     "exact": "exact Stage 1 (paper Alg. 2)",
     "hybrid": "APPROXIMATE Stage 1: attribution shortlist + exact re-score (not the paper's)",
@@ -41,8 +42,9 @@ class StageRun:
     """What every stage of a run shares: the model, the configuration, the stage files under
     `<out>/state/`, the progress callback, the notes the report will carry (stages append), the
     engine the stages ask (:mod:`juice.engine.backend`; juice's own by default) and where each
-    stage ran (`engines`: stage -> engine name, or the reason it ran on juice's engine) and where
-    each table row was decoded (`row_engines`, the same for the test evaluation's rows).
+    stage ran (`engines`: stage or PH3 row key -> engine name, or the reason it ran on juice's
+    engine) and where each table row was decoded (`row_engines`, by row key, the same for the test
+    evaluation's rows); the record titles them (:meth:`engine_record`).
     """
 
     lm: LoadedModel
@@ -61,7 +63,7 @@ class StageRun:
             self.engines[stage] = self.engine.name
             return
         self.engines[stage] = f"juice ({where})"
-        note = f"{stage} ran on juice's engine: {where}"
+        note = f"{row_title(stage)} ran on juice's engine: {where}"
         if note not in self.notes:
             self.notes.append(note)
 
@@ -69,7 +71,8 @@ class StageRun:
         """results.json's `protocol.engine`: the run's engine, where each stage ran and where each
         table row was decoded; for vLLM also whether juice's own copy of the model was loaded
         (`juice_copy`: loaded, device, seconds; :class:`juice.models.DeferredModel`) and
-        :meth:`juice.vllm.engine.VllmEngine.provenance`."""
+        :meth:`juice.vllm.engine.VllmEngine.provenance`. Rows (and PH3's stages) by key; the
+        files title them (:func:`juice.experiments.table1.titled_result`)."""
         record = {"name": self.engine.name, "stages": dict(self.engines), "rows": dict(self.row_engines)}
         if not self.engine.in_process:   # juice's own copy of the model: loaded only by a stage on juice's engine
             seconds = getattr(self.lm, "load_seconds", None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,8 @@ from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
 from juice.interventions import Head, HeadSelection
 from juice.io import StageFiles, UnitCheckpoint, settings_key, write_json_atomic
 from juice.models import LoadedModel
-from juice.methods import MethodInputs, build, table_methods
-from juice.pipeline.run import SCORING_LABELS, ReproduceConfig, StageRun
+from juice.methods import MethodInputs, Row, build, row_key, row_title, table_methods
+from juice.pipeline.run import SCORING_LABELS, ReproduceConfig, ReproduceResult, StageRun
 from juice.progress import OnProgress, Progress, no_progress
 from juice.stage1 import (
     HeadsArtifact,
@@ -46,10 +46,11 @@ from juice.stage1 import (
 from juice.tokens import answer_first_token
 
 
-PH3_KNOCKOUT = "PH3-l (knock-out)"
+PH3_KNOCKOUT = Row("ph3", "l-knockout").key
 """The row of PH3-l scored by knock-out instead of path patching (`ph3_knockout`)."""
-PH3_ROWS = ("PH3-l", "PH3-s", PH3_KNOCKOUT)
-"""PH3's rows in the tables: k chosen on the large development set, on D, and PH3-l scored by knock-out."""
+PH3_ROWS = (Row("ph3", "l").key, Row("ph3", "s").key, PH3_KNOCKOUT)
+"""PH3's rows in the tables (their keys, :class:`juice.methods.Row`): k chosen on the large
+development set (PH3-l), on D (PH3-s), and PH3-l scored by knock-out."""
 PH3_CONFLICT_TYPES = ("substitution", "coherent")
 """The conflict types whose prompts PH3's knock-out scorer reads."""
 
@@ -194,7 +195,8 @@ def ph3_scores_stage(
 ) -> Ph3Scores:
     """PH3's head scores on one development set: path patching (Jin et al. 2024; the default) or
     the knock-out scorer (`knockout`); cached in the state, per-prompt results resumable."""
-    stem = name.lower().replace("-", "_").replace(" ", "_").replace("(", "").replace(")", "")
+    title = row_title(name)
+    stem = title.lower().replace("-", "_").replace(" ", "_").replace("(", "").replace(")", "")
     stage = f"ph3_{direction}_{stem}"   # both directions may share an output folder
     lm, cfg, state, progress = run.lm, run.cfg, run.state, run.progress
     if knockout:
@@ -207,12 +209,12 @@ def ph3_scores_stage(
         checkpoint = units(run)
         if knockout:
             prompts = ph3_prompts(lm, dev_set)
-            advance = progress(f"{name}: knock out each head on {len(prompts)} development prompts", len(prompts))
+            advance = progress(f"{title}: knock out each head on {len(prompts)} development prompts", len(prompts))
             scores = logit_difference_effects(lm, prompts, max_rows=_scoring_rows(cfg),
                                               on_progress=advance, checkpoint=checkpoint, engine=run.engine)
         else:
             prompts = ph3_patching_prompts(lm, dev_set)
-            advance = progress(f"{name}: path patching on {len(prompts)} development prompts", len(prompts))
+            advance = progress(f"{title}: path patching on {len(prompts)} development prompts", len(prompts))
             scores = path_patching_effects(lm, prompts, max_rows=_scoring_rows(cfg),
                                            on_progress=advance, checkpoint=checkpoint)
         saved = {"effects": scores.effects.tolist(), "clean_ld": scores.clean_ld.tolist(),
@@ -237,7 +239,7 @@ def ph3_stage(
     out = {}
     for name, dev_set, knockout in variants:
         if not dev_set:
-            run.notes.append(f"{name} skipped: no development items outside D and validation")
+            run.notes.append(f"{row_title(name)} skipped: no development items outside D and validation")
             continue
         out[name] = ph3_scores_stage(run, name, dev_set, key_of(dev_set), knockout, direction)
     return out
@@ -253,7 +255,8 @@ def tuning_stage(
 
     Returns:
         domain -> {"betas": method -> {beta_plus, beta_minus, accuracy, p_answer, per_type, degeneration},
-        "prune": PH3 row -> {k, accuracy, per_k, pruned}, "chosen_on": domain, "n_validation", "grid"}.
+        "prune": PH3 row key -> {k, accuracy, per_k, pruned}, "chosen_on": domain, "n_validation", "grid"}
+        (the state holds PH3's rows by title, as results.json does: :func:`titled_choice`).
     """
     state = run.state
     run.ran("tuning")
@@ -276,13 +279,15 @@ def tuning_stage(
                 "betas": {m: {"beta_plus": g.beta_plus, "beta_minus": g.beta_minus, "accuracy": g.accuracy,
                               "p_answer": g.p_answer, "per_type": list(g.per_type), "degeneration": g.degeneration}
                           for m, g in c.betas.items()},
-                "prune": {n: {"k": p.k, "accuracy": p.accuracy, "per_k": {str(k): v for k, v in p.per_k.items()}}
+                "prune": {row_title(n): {"k": p.k, "accuracy": p.accuracy,
+                                         "per_k": {str(k): v for k, v in p.per_k.items()}}
                           for n, p in c.prune.items()},
                 "chosen_on": domain, "n_validation": c.n_validation,
                 "grid": [{f: v for f, v in asdict(g).items() if f != "k"} for g in c.grid],   # beta points: no k
             }
         state.save(f"tuning_{direction}", key, saved)
         checkpoint.path.unlink(missing_ok=True)
+    saved = {d: {**c, "prune": {row_key(n): p for n, p in c["prune"].items()}} for d, c in saved.items()}
     if head_domain not in saved:
         raise ValueError(f"no validation items in {head_domain}: nothing to tune the betas on")
     out = {}
@@ -300,7 +305,7 @@ def tuning_stage(
 
 def domain_methods(lm: LoadedModel, selection: HeadSelection, choice: dict[str, Any], baselines: bool,
                    ph3_rows: Sequence[str], table: str, instructed: bool = True) -> dict[str, Method]:
-    """The rows of `table` (:data:`juice.methods.TABLES`) for one domain, title -> recipe, in the
+    """The rows of `table` (:data:`juice.methods.TABLES`) for one domain, row key -> recipe, in the
     registry's order (:func:`juice.methods.table_methods`): Original; with `baselines`, each
     baseline (Prompt where `instructed`, the contrastive methods, any other entry of the table);
     PH3's rows `ph3_rows` that the domain's choice has a k for; the tuned steerings (JuNE, JuICE)
@@ -319,10 +324,10 @@ def domain_methods(lm: LoadedModel, selection: HeadSelection, choice: dict[str, 
                     methods[name] = build(spec.name, MethodInputs(g, pruned=pruned)).method
         elif spec.tuned == "betas":
             b = choice["betas"][spec.name]
-            methods[spec.title] = build(spec.name, MethodInputs(g, selection, beta_plus=b["beta_plus"],
-                                                                beta_minus=b["beta_minus"])).method
+            methods[spec.name] = build(spec.name, MethodInputs(g, selection, beta_plus=b["beta_plus"],
+                                                               beta_minus=b["beta_minus"])).method
         elif not spec.baseline or (baselines and (instructed or not spec.per_instruction)):
-            methods[spec.title] = build(spec.name, MethodInputs(g)).method
+            methods[spec.name] = build(spec.name, MethodInputs(g)).method
     return methods
 
 
@@ -332,14 +337,48 @@ def evaluation_stage(
 ) -> list[ItemResult]:
     """One domain's (dataset's) evaluation, read from the stage file `stage` when its settings
     `key` match, else `evaluate_items(advance, checkpoint)` (a progress bar of `total` steps, the
-    stage's :func:`chunk_checkpoint`, which a killed evaluation resumes from) and saved."""
+    stage's :func:`chunk_checkpoint`, which a killed evaluation resumes from) and saved, its rows
+    by title (:func:`titled`; returned by key)."""
     rows = run.state.load(stage, key)
     if rows is None:
         checkpoint = chunk_checkpoint(run, stage, key)
-        rows = results_to_json(evaluate_items(run.progress(description, total), checkpoint))
+        rows = results_to_json(titled(evaluate_items(run.progress(description, total), checkpoint)))
         run.state.save(stage, key, rows)
         checkpoint.path.unlink(missing_ok=True)
-    return results_from_json(rows)
+    return keyed(results_from_json(rows))
+
+
+def titled(results: Sequence[ItemResult]) -> list[ItemResult]:
+    """`results` with their rows named by title (:func:`juice.methods.row_title`), as the state
+    and results.json hold them."""
+    return [replace(r, method=row_title(r.method)) for r in results]
+
+
+def keyed(results: Sequence[ItemResult]) -> list[ItemResult]:
+    """`results` read from a state or results file, their rows named by key again (:func:`juice.methods.row_key`)."""
+    return [replace(r, method=row_key(r.method)) for r in results]
+
+
+def titled_choice(choice: dict[str, Any]) -> dict[str, Any]:
+    """A domain's choice (:func:`tuning_stage`) with PH3's rows by title, as results.json and the
+    stage keys hold it."""
+    return {**choice, "prune": {row_title(n): p for n, p in choice.get("prune", {}).items()}}
+
+
+def titled_result(result: ReproduceResult) -> ReproduceResult:
+    """`result` as the files show it: its tables, rows, PH3 choices, summary and row engines named
+    by title (:func:`juice.methods.row_title`)."""
+    table = lambda t: None if t is None else t.titled()   # noqa: E731
+    engines = None if result.engines is None else {
+        **result.engines, **{part: {row_title(k): v for k, v in result.engines.get(part, {}).items()}
+                             for part in ("stages", "rows")}}
+    return replace(result, table=table(result.table), table_known=table(result.table_known),
+                   degeneration=table(result.degeneration), correct_not_degenerate=table(result.correct_not_degenerate),
+                   likelihood=table(result.likelihood), methods=tuple(map(row_title, result.methods)),
+                   choices={d: titled_choice(c) for d, c in result.choices.items()},
+                   summary={row_title(m): v for m, v in result.summary.items()},
+                   contexts=None if result.contexts is None else {k: t.titled() for k, t in result.contexts.items()},
+                   engines=engines)
 
 
 def chunk_checkpoint(run: StageRun, stage: str, key: str) -> UnitCheckpoint:
@@ -363,7 +402,7 @@ def ph3_scoring(choices: dict[str, dict[str, Any]]) -> dict[str, str]:
     """PH3 row -> how its heads were scored ("path patching", Jin et al. 2024, the default; or
     "knock-out"), for the rows in `choices` (results.json's "protocol")."""
     rows = dict.fromkeys(n for c in choices.values() for n in c.get("prune", {}))
-    return {n: "knock-out" if n == PH3_KNOCKOUT else "path patching" for n in rows}
+    return {row_title(n): "knock-out" if row_key(n) == PH3_KNOCKOUT else "path patching" for n in rows}
 
 
 STAGE1_SETTINGS = ("k", "scoring", "shortlist", "alphas_positive", "alphas_negative")
@@ -400,7 +439,7 @@ def ph3_and_tuning(
     other_grid = {} if grids == (BETA_PLUS_GRID, BETA_MINUS_GRID) else {"grid": grids}
     if run.cfg.degeneration_margin is not None:   # juice's option; the paper's runs keep their keys
         other_grid["degeneration_margin"] = float(run.cfg.degeneration_margin)
-    key_tuning = settings_key({"heads": key_heads, "ph3": {n: s.effects.tolist() for n, s in ph3.items()},
+    key_tuning = settings_key({"heads": key_heads, "ph3": {row_title(n): s.effects.tolist() for n, s in ph3.items()},
                                "validation": {d: [ex.to_json() for ex in v] for d, v in validation.items()},
                                **other_grid})
     choices = tuning_stage(run, key_tuning, validation, selection, ph3, direction, head_domain)
@@ -443,14 +482,15 @@ def evaluate_test_splits(
     resumable :func:`evaluation_stage` per domain; wall time into `timings["evaluation"]`.
 
     Args:
-        methods_of: domain -> its rows (title -> method).
-        key_of: (domain, split, methods) -> the settings of its stage key.
+        methods_of: domain -> its rows (row key -> method).
+        key_of: (domain, split, methods) -> the settings of its stage key (rows and choices by
+            title: :func:`titled_choice`, so that keys do not depend on how rows are named in memory).
         stage: the stage file's name, `{}` standing for the domain.
         units_per_item: progress units per test item and method (its prompts).
         evaluate_items: :func:`juice.eval.runner.evaluate` or `evaluate_contextual`.
 
     Returns:
-        (every item's results, the methods in table order).
+        (every item's results, the rows in table order; by key).
     """
     t = time.perf_counter()
     results: list[ItemResult] = []
@@ -459,11 +499,11 @@ def evaluate_test_splits(
     for domain, sp in splits.items():
         methods = methods_of(domain)
         order += [m for m in methods if m not in order]
-        for title, method in methods.items():
+        for name, method in methods.items():
             where = method_engine(method, run.engine)
-            run.row_engines[title] = where
+            run.row_engines[name] = where
             if where != run.engine.name:
-                note = f"{title} ran on juice's engine: {where[len('juice ('):-1]}"
+                note = f"{row_title(name)} ran on juice's engine: {where[len('juice ('):-1]}"
                 if note not in run.notes:
                     run.notes.append(note)
         results += evaluation_stage(

@@ -109,7 +109,9 @@ def _print_result(result, cfg, direction: str, out: Path, seconds: float) -> Non
     from juice.apps.terminal import interval_rich
     from juice.eval.report import table1_columns, table2_columns
     from juice.pipeline.run import scoring_title
+    from juice.pipeline.stages import titled_result
 
+    result = titled_result(result)   # rows by title, as the files show them
     name = result.model["name"]
     heads_note = scoring_title(cfg)
     methods = list(result.methods)
