@@ -52,10 +52,10 @@ from torch import Tensor
 from juice.analysis.common import AnalysisOptions, write_outputs
 from juice.progress import Progress, no_progress
 from juice.data.records import CONFLICT_TYPES
-from juice.eval.runner import ItemResult, evaluate, results_from_json, results_to_json
+from juice.eval.runner import ItemResult, evaluate, keyed, results_from_json, results_to_json, titled
 from juice.eval.tuning import tune_per_domain
 from juice.interventions import projection_input_hooks
-from juice.methods import REGISTRY, STEERINGS, TUNED_STEERINGS, MethodInputs, build
+from juice.methods import STEERINGS, TUNED_STEERINGS, UNSTEERED, MethodInputs, Row, build, row_title
 from juice.models import LoadedModel
 from juice.post_norm import POST_NORMS, head_contributions, norm_gain, post_norm_modules
 from juice.steering import Steering
@@ -102,11 +102,12 @@ def attenuation(lm: LoadedModel, prompts: Sequence[str], heads: Sequence, beta: 
 
 # ---------------------------------------------------------------- the study
 
-VARIANTS = {f"{REGISTRY[m].title}{suffix}": (m, site) for m in STEERINGS
-            for suffix, site in (("", "o_proj_input"), (" (post-norm)", "post_norm"))}
-"""Table row -> (method, intervention site :data:`juice.steering.SITES`): each head steering
-(:data:`juice.methods.STEERINGS`: JuNE, JuICE) at the paper's site and after the output norm."""
-METHOD_ORDER = ("Original", *VARIANTS)
+VARIANTS = {Row(m, variant).key: (m, site) for m in STEERINGS
+            for variant, site in (("", "o_proj_input"), ("post-norm", "post_norm"))}
+"""Table row key -> (method, intervention site :data:`juice.steering.SITES`): each head steering
+(:data:`juice.methods.STEERINGS`: JuNE, JuICE) at the paper's site and after the output norm
+("juice-post-norm", shown as "JuICE (post-norm)")."""
+METHOD_ORDER = (UNSTEERED, *VARIANTS)
 ATTENUATION_BETAS = (1.0, 2.0, 5.0)
 
 
@@ -118,7 +119,7 @@ class NormResult:
         post_norm: the model has an attention output norm (else both variants coincide).
         table: Original and both variants of JuNE and JuICE on every domain's test split.
         table_known: the same on the test items the model knows.
-        betas: domain -> method name (e.g. "JuICE (post-norm)") -> (beta+, beta-).
+        betas: domain -> row key (e.g. "juice-post-norm") -> (beta+, beta-).
         attenuation: beta -> head -> mean share of a pre-norm intervention that survives the norm.
     """
 
@@ -137,12 +138,15 @@ class NormResult:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
+        """`norm.json`'s fields, rows by title (:func:`juice.methods.row_title`)."""
+        table, known = self.table.titled(), self.table_known.titled()
         return {"title": self.title, "wall_s": self.wall_s, "mode": self.mode, "post_norm": self.post_norm,
-                "table": self.table.to_json(), "table_known": self.table_known.to_json(),
-                "accuracy": self.table.means(), "domains": self.domains, "titles": self.titles,
+                "table": table.to_json(), "table_known": known.to_json(),
+                "accuracy": table.means(), "domains": self.domains, "titles": self.titles,
                 "heads": {"positive": [str(h) for h in self.selection.positive],
                           "negative": [str(h) for h in self.selection.negative]},
-                "betas": self.betas, "attenuation": self.attenuation, "notes": self.notes}
+                "betas": {d: _titled(b) for d, b in self.betas.items()}, "attenuation": self.attenuation,
+                "notes": self.notes}
 
 
 def _post_norm_betas(lm: LoadedModel, setup, options: AnalysisOptions,
@@ -199,31 +203,34 @@ def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_
         steer = {name: replace(build(method, MethodInputs(g, setup.selection, beta_plus=betas[domain][name][0],
                                                           beta_minus=betas[domain][name][1])).method.steering, site=site)
                  for name, (method, site) in VARIANTS.items()}
-        key_eval = settings_key({"heads": setup.key_heads, "betas": betas[domain], "test": [ex.to_json() for ex in sp.test],
+        key_eval = settings_key({"heads": setup.key_heads, "betas": _titled(betas[domain]),
+                                 "test": [ex.to_json() for ex in sp.test],
                                  "items": [ex.uid for ex in sp.test]})
         rows = setup.state.load(f"norm_{domain}", key_eval)
         if rows is None:
             test = list(sp.test)
             advance = progress(f"{setup.titles[domain]}: both variants", len(test) * 3 * len(METHOD_ORDER))
-            pre = evaluate(lm, test, {"Original": Steering(), "JuNE": steer["JuNE"], "JuICE": steer["JuICE"]},
-                           max_rows=options.max_rows, on_progress=advance)
-            postr = evaluate(lm, test, {n: steer[n] for n in ("JuNE (post-norm)", "JuICE (post-norm)")},
-                             max_rows=options.max_rows, on_progress=advance)
-            rows = results_to_json([*pre, *postr])
+            by_site = lambda where: {n: steer[n] for n, (_, site) in VARIANTS.items() if site == where}   # noqa: E731
+            pre = evaluate(lm, test, {UNSTEERED: Steering(), **by_site("o_proj_input")}, max_rows=options.max_rows,
+                           on_progress=advance)
+            postr = evaluate(lm, test, by_site("post_norm"), max_rows=options.max_rows, on_progress=advance)
+            rows = results_to_json(titled([*pre, *postr]))
             setup.state.save(f"norm_{domain}", key_eval, rows)
-        res = results_from_json(rows)
+        res = keyed(results_from_json(rows))
         results += res
-        known |= {r.item_key for r in res if r.method == "Original" and r.conflict_type == "clean" and r.correct}
+        known |= {r.item_key for r in res if r.method == UNSTEERED and r.conflict_type == "clean" and r.correct}
     boot = dict(resamples=options.bootstrap_resamples, seed=options.seed)
 
+    juice, june = (Row(m, "post-norm").key for m in ("juice", "june"))
+
     def table(keep=None):
-        main = interval_table(results, METHOD_ORDER, keep=keep, focus="JuICE (post-norm)", baseline="Original", **boot)
-        june = interval_table(results, METHOD_ORDER, keep=keep, focus="JuNE (post-norm)", baseline="Original", **boot)
+        main = interval_table(results, METHOD_ORDER, keep=keep, focus=juice, **boot)
+        other = interval_table(results, METHOD_ORDER, keep=keep, focus=june, **boot)
         main.differences = {k: v for k, v in main.differences.items()
-                            if k in ("JuICE (post-norm) - JuICE", "JuICE (post-norm) - Original", "JuICE - Original",
-                                     "JuNE - Original")}
-        main.differences["JuNE (post-norm) - JuNE"] = june.differences["JuNE (post-norm) - JuNE"]
-        main.differences["JuNE (post-norm) - Original"] = june.differences["JuNE (post-norm) - Original"]
+                            if k in (f"{juice} - juice", f"{juice} - {UNSTEERED}", f"juice - {UNSTEERED}",
+                                     f"june - {UNSTEERED}")}
+        for k in (f"{june} - june", f"{june} - {UNSTEERED}"):
+            main.differences[k] = other.differences[k]
         return main
 
     t_all, t_known = table(), table(lambda r: r.item_key in known)
@@ -241,7 +248,7 @@ def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_
     result.wall_s = time.perf_counter() - start
     md.append(f"Wall time {result.wall_s:.0f} s (model loading excluded).")
     result.files = write_outputs(options.out, "norm", {**result.to_json(), "model": lm.fingerprint(),
-                                                       "options": options.to_json(), "items": results_to_json(results)},
+                                                       "options": options.to_json(), "items": results_to_json(titled(results))},
                                  "\n".join(md), _norm_figure(result, lm.name))
     return result
 
@@ -250,7 +257,9 @@ def _norm_markdown(result: NormResult, lm: LoadedModel, notes: list[str]) -> lis
     """`norm.md`'s lines but the wall time: the tables, paired differences, attenuation and betas."""
     from juice.eval.report import difference_markdown, interval_markdown, table1_columns
 
-    t_all, t_known, att, betas = result.table, result.table_known, result.attenuation, result.betas
+    t_all, t_known, att = result.table.titled(), result.table_known.titled(), result.attenuation
+    betas = {d: _titled(b) for d, b in result.betas.items()}
+    order, variants = [row_title(m) for m in METHOD_ORDER], [row_title(m) for m in VARIANTS]
     cols, headers = table1_columns(result.domains, result.titles)
     avg = [(c, h) for c, h in zip(cols, headers) if c[0] == "Average"]
     arch = (f"{lm.config.model_type} normalizes each attention output (`{POST_NORMS[lm.config.model_type]}`)"
@@ -261,10 +270,10 @@ def _norm_markdown(result: NormResult, lm: LoadedModel, notes: list[str]) -> lis
           "post-norm = beta times the head's contribution to the residual stream, `g(y) * W_h H_h` with the norm's "
           "gain g from the unmodified attention output, added after the norm (JuICE: from the clean run; JuNE: "
           "live). Betas tuned per domain, separately for each variant, on the same validation split and grid.\n",
-          "## Unfiltered test split\n", interval_markdown(t_all, list(METHOD_ORDER), cols, headers),
+          "## Unfiltered test split\n", interval_markdown(t_all, order, cols, headers),
           "\nAccuracy (%), exact match, ± the half-width of the 95% bootstrap interval; 1 = clean, 2 = substitution, "
           "3 = coherent.\n",
-          "## Test items the model knows\n", interval_markdown(t_known, list(METHOD_ORDER), cols, headers),
+          "## Test items the model knows\n", interval_markdown(t_known, order, cols, headers),
           "\n## Paired differences, unfiltered (percentage points; * excludes 0)\n",
           difference_markdown(t_all, [c for c, _ in avg], [h for _, h in avg]),
           "\n## Paired differences, known items\n",
@@ -273,8 +282,8 @@ def _norm_markdown(result: NormResult, lm: LoadedModel, notes: list[str]) -> lis
           "Mean over the positions of D's prompts of |post_norm(y + beta W_h H_h) - post_norm(y)| / |beta g(y) W_h H_h| "
           "(100% = passed through unchanged):\n", *att_lines, "",
           "## Betas (beta+, beta-)\n",
-          "| Domain | " + " | ".join(VARIANTS) + " |", "|" + "---|" * (len(VARIANTS) + 1),
-          *[f"| {result.titles[d]} | " + " | ".join(f"({b[n][0]:g}, {b[n][1]:g})" for n in VARIANTS) + " |"
+          "| Domain | " + " | ".join(variants) + " |", "|" + "---|" * (len(variants) + 1),
+          *[f"| {result.titles[d]} | " + " | ".join(f"({b[n][0]:g}, {b[n][1]:g})" for n in variants) + " |"
             for d, b in betas.items()], ""]
     return md + [f"Note: {n}\n" for n in notes]
 
@@ -284,9 +293,15 @@ def _norm_figure(result: NormResult, model_name: str):
     post-norm variants hatched."""
     from juice.plots import average_views_figure
 
-    return average_views_figure((("unfiltered test split", result.table), ("test items the model knows", result.table_known)),
-                                METHOD_ORDER, CONFLICT_TYPES, f"{model_name}: {result.title}", figsize=(12, 4.4),
+    return average_views_figure((("unfiltered test split", result.table.titled()),
+                                 ("test items the model knows", result.table_known.titled())),
+                                [row_title(m) for m in METHOD_ORDER], CONFLICT_TYPES, f"{model_name}: {result.title}", figsize=(12, 4.4),
                                 legend_size=7, hatch=lambda m: "//" if "post" in m else None)
+
+
+def _titled(betas: dict[str, Any]) -> dict[str, Any]:
+    """A domain's betas by row title, as `norm.json` and the stage key hold them."""
+    return {row_title(n): b for n, b in betas.items()}
 
 
 __all__ = ["METHOD_ORDER", "NormResult", "VARIANTS", "attenuation", "run_norm"]

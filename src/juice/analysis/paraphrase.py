@@ -41,7 +41,7 @@ from juice.data.paraconflict import DOMAINS
 from juice.data.paraphrases import paraphrase_example
 from juice.data.records import CONFLICT_TYPES
 from juice.data.splits import Splits
-from juice.eval.runner import ItemResult, evaluate, results_from_json, results_to_json
+from juice.eval.runner import ItemResult, evaluate, keyed, results_from_json, results_to_json, titled
 from juice.eval.tables import IntervalTable, interval_table
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
 from juice.pipeline.domains import prepare_domains
@@ -49,7 +49,7 @@ from juice.pipeline.run import ReproduceConfig, StageRun, run_key_base
 from juice.pipeline.stages import heads_stage
 from juice.interventions import HeadSelection
 from juice.io import StageFiles, settings_key
-from juice.methods import REGISTRY, STEERINGS, TUNED_STEERINGS, MethodInputs, build
+from juice.methods import REGISTRY, STEERINGS, TUNED_STEERINGS, UNSTEERED, MethodInputs, build, row_title
 from juice.models import LoadedModel
 from juice.steering import Steering
 
@@ -129,12 +129,12 @@ def benchmark_setup(lm: LoadedModel, options: AnalysisOptions, progress: Progres
 
 
 def method_steerings(lm: LoadedModel, setup: BenchmarkSetup, domain: str) -> dict[str, Steering]:
-    """Original, JuNE and JuICE with `domain`'s betas."""
+    """Original, JuNE and JuICE with `domain`'s betas, by row key."""
     g = lm.geometry
-    out = {REGISTRY["original"].title: Steering()}
+    out = {UNSTEERED: Steering()}
     for m in STEERINGS:
         bp, bm = setup.betas[domain][m]
-        out[REGISTRY[m].title] = build(m, MethodInputs(g, setup.selection, beta_plus=bp, beta_minus=bm)).method.steering
+        out[m] = build(m, MethodInputs(g, setup.selection, beta_plus=bp, beta_minus=bm)).method.steering
     return out
 
 
@@ -163,14 +163,17 @@ class ParaphraseResult:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"title": self.title, "wall_s": self.wall_s, "mode": self.mode, "table": self.table.to_json(),
-                "table_known": self.table_known.to_json(), "accuracy": self.table.means(), "domains": self.domains,
+        """`paraphrase.json`'s fields, rows by title (:func:`juice.methods.row_title`)."""
+        table = self.table.titled()
+        return {"title": self.title, "wall_s": self.wall_s, "mode": self.mode, "table": table.to_json(),
+                "table_known": self.table_known.titled().to_json(), "accuracy": table.means(), "domains": self.domains,
                 "titles": self.titles, "heads": {"positive": [str(h) for h in self.selection.positive],
                                                  "negative": [str(h) for h in self.selection.negative]},
                 "betas": self.betas, "templates": self.templates, "notes": self.notes}
 
 
-METHODS = ("Original", "JuNE", "JuICE")
+METHODS = (UNSTEERED, *STEERINGS)
+"""The table's rows, by key: Original, JuNE, JuICE."""
 
 
 def run_paraphrase(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_progress, *,
@@ -202,16 +205,15 @@ def run_paraphrase(lm: LoadedModel, options: AnalysisOptions, progress: Progress
             advance = progress(f"{setup.titles[domain]}: paraphrased prompts", len(items) * 3 * len(methods) + len(items))
             res = evaluate(lm, items, methods, max_rows=options.max_rows, on_progress=advance)
             # which items the model knows: Original on the default clean prompt (Table 1's known view)
-            clean = evaluate(lm, list(sp.test), {"Original": Steering()}, ("clean",), max_rows=options.max_rows,
+            clean = evaluate(lm, list(sp.test), {UNSTEERED: Steering()}, ("clean",), max_rows=options.max_rows,
                              on_progress=advance)
-            rows = {"results": results_to_json(res), "known": [r.item for r in clean if r.correct]}
+            rows = {"results": results_to_json(titled(res)), "known": [r.item for r in clean if r.correct]}
             setup.state.save(f"paraphrase_{domain}", key, rows)
-        results += results_from_json(rows["results"])
+        results += keyed(results_from_json(rows["results"]))
         known |= {(domain, s) for s in rows["known"]}
     boot = dict(resamples=options.bootstrap_resamples, seed=options.seed)
-    titles = dict(focus="JuICE", baseline="Original")   # its rows by title (METHODS)
-    table = interval_table(results, METHODS, **titles, **boot)
-    table_known = interval_table(results, METHODS, keep=lambda r: r.item_key in known, **titles, **boot)
+    table = interval_table(results, METHODS, **boot)
+    table_known = interval_table(results, METHODS, keep=lambda r: r.item_key in known, **boot)
     mode = {"quick": "quick: World Capital only, |D| = 1, 2 x 2 beta grid, 3 items", "full": "every test item",
             "default": f"reduced: {test_items} test items per domain"}[options.mode]
     result = ParaphraseResult(
@@ -223,27 +225,28 @@ def run_paraphrase(lm: LoadedModel, options: AnalysisOptions, progress: Progress
     avg = [(c, h) for c, h in zip(cols, headers) if c[0] == "Average"]
     betas = "; ".join(f"{setup.titles[d]}: " + ", ".join(f"{REGISTRY[m].title} {b[m]}" for m in TUNED_STEERINGS)
                       for d, b in setup.betas.items())
+    shown = [row_title(m) for m in METHODS]
     md = [f"# {result.title}\n",
           f"Model {lm.name}. One paraphrased template drawn per item and conflict type (seed {options.seed}; "
           f"`juice.data.paraphrases`, five per type and domain). Heads (exact Stage 1 on World Capital's D, "
           f"default templates): + {', '.join(map(str, setup.selection.positive))}; - "
           f"{', '.join(map(str, setup.selection.negative))}. (beta+, beta-) per domain, tuned on its validation "
           f"split with the default templates: {betas}.\n",
-          "## Unfiltered test split\n", interval_markdown(table, list(METHODS), cols, headers),
+          "## Unfiltered test split\n", interval_markdown(table.titled(), shown, cols, headers),
           "\nAccuracy (%), exact match, ± the half-width of the 95% bootstrap interval; 1 = clean, 2 = substitution, "
           "3 = coherent.\n",
           "## Test items the model knows (Original correct on the default clean prompt)\n",
-          interval_markdown(table_known, list(METHODS), cols, headers),
+          interval_markdown(table_known.titled(), shown, cols, headers),
           "\n## Paired differences, unfiltered (percentage points; * excludes 0)\n",
-          difference_markdown(table, [c for c, _ in avg], [h for _, h in avg]),
+          difference_markdown(table.titled(), [c for c, _ in avg], [h for _, h in avg]),
           "\n## Paired differences, known items\n",
-          difference_markdown(table_known, [c for c, _ in avg], [h for _, h in avg])]
+          difference_markdown(table_known.titled(), [c for c, _ in avg], [h for _, h in avg])]
     md += [f"Note: {n}\n" for n in setup.notes]
     result.wall_s = time.perf_counter() - start
     md.append(f"Wall time {result.wall_s:.0f} s (model loading excluded).")
     result.files = write_outputs(options.out, "paraphrase",
                                  {**result.to_json(), "model": lm.fingerprint(), "options": options.to_json(),
-                                  "items": results_to_json(results)},
+                                  "items": results_to_json(titled(results))},
                                  "\n".join(md), _figure(result, lm.name))
     return result
 
@@ -252,8 +255,9 @@ def _figure(result: ParaphraseResult, model_name: str):
     """Average accuracy per method and conflict type, both views, with 95% intervals."""
     from juice.plots import average_views_figure
 
-    return average_views_figure((("unfiltered test split", result.table), ("test items the model knows", result.table_known)),
-                                METHODS, CONFLICT_TYPES, f"{model_name}: {result.title}")
+    return average_views_figure((("unfiltered test split", result.table.titled()),
+                                 ("test items the model knows", result.table_known.titled())),
+                                [row_title(m) for m in METHODS], CONFLICT_TYPES, f"{model_name}: {result.title}")
 
 
 __all__ = ["BenchmarkSetup", "ParaphraseResult", "benchmark_setup", "method_steerings", "run_paraphrase"]

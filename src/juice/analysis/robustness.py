@@ -58,7 +58,7 @@ from juice.eval.stats import Interval, bootstrap_interval, paired_difference_int
 from juice.interventions import HeadSelection
 from juice.stage1 import ALPHAS_NEGATIVE, ALPHAS_POSITIVE, HeadScores, score_heads, scoring_prompts, select_heads
 from juice.io import UnitCheckpoint, settings_key
-from juice.methods import REGISTRY, TUNED_STEERINGS, MethodInputs, build
+from juice.methods import REGISTRY, TUNED_STEERINGS, UNSTEERED, MethodInputs, build
 from juice.models import LoadedModel
 from juice.steering import Steering
 
@@ -361,7 +361,7 @@ def run_robustness(lm: LoadedModel, options: AnalysisOptions, progress: Progress
 
     g = lm.geometry
     plan = sweep_settings(grid)
-    steerings: dict[str, Steering] = {"Original": Steering()}
+    steerings: dict[str, Steering] = {UNSTEERED: Steering()}
     name_of: dict[Setting, str] = {}
     for _, s in plan:
         steering = build(s.method, MethodInputs(g, _top(heads[s.d], s.k), beta_plus=s.beta_plus,
@@ -373,8 +373,8 @@ def run_robustness(lm: LoadedModel, options: AnalysisOptions, progress: Progress
     subjects = [ex.subject for ex in test]
     items = [ex.uid for ex in test]
     boot = dict(resamples=options.bootstrap_resamples, seed=options.seed)
-    original = cell_of("original", None, results["Original"], items, None, **boot)
-    cells = [cell_of(sweep, s, results[name_of[s]], items, results["Original"], **boot) for sweep, s in plan]
+    original = cell_of("original", None, results[UNSTEERED], items, None, **boot)
+    cells = [cell_of(sweep, s, results[name_of[s]], items, results[UNSTEERED], **boot) for sweep, s in plan]
     result = RobustnessResult(
         title=f"Fig. 5: robustness of JuICE and JuNE to |D|, K and (beta+, beta-) on World Capital "
               f"({grid.label} grid{'' if grid.label == 'paper' else ', not the paper size'})",

@@ -39,6 +39,7 @@ from juice.engine import Contrast, Instructed, QuestionAlone, Stream
 from juice.engine.backend import Engine, engine_or_default
 from juice.engine.likelihood import continuation_ids
 from juice.io import UnitCheckpoint
+from juice.methods import row_key, row_title
 from juice.data.metrics import CONTEXTUAL, METRICS, N_WORDS, is_correct, metrics_for
 from juice.eval.verdicts import contextual_correct
 from juice.models import LoadedModel
@@ -428,6 +429,17 @@ def likelihood_wins(
         for it, lp in zip(items, gen.forced_logprobs):
             logprob[it[:3]] = float(lp[: len(it[5])].sum())
     return {name: [logprob[(name, j, 0)] > logprob[(name, j, 1)] for j in range(len(examples))] for name in methods}
+
+
+def titled(results: Sequence[ItemResult]) -> list[ItemResult]:
+    """`results` with their rows named by title (:func:`juice.methods.row_title`), as the state
+    and results.json hold them."""
+    return [replace(r, method=row_title(r.method)) for r in results]
+
+
+def keyed(results: Sequence[ItemResult]) -> list[ItemResult]:
+    """`results` read from a state or results file, their rows named by key again (:func:`juice.methods.row_key`)."""
+    return [replace(r, method=row_key(r.method)) for r in results]
 
 
 def summary(results: Sequence[ItemResult]) -> dict[str, dict[str, float]]:

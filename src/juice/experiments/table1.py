@@ -40,7 +40,7 @@ from juice.data.records import CONFLICT_TYPES
 from juice.engine.backend import Engine
 from juice.eval.degeneration import correct_not_degenerate
 from juice.eval.report import degeneration_markdown, difference_markdown, interval_markdown, table1_columns
-from juice.eval.runner import evaluate, results_to_json, summary
+from juice.eval.runner import evaluate, results_to_json, summary, titled
 from juice.eval.tables import interval_table
 from juice.io import write_json_atomic
 from juice.methods import REGISTRY, UNSTEERED, row_title
@@ -56,7 +56,7 @@ from juice.pipeline.run import (
     tuning_label,
 )
 from juice.pipeline.stages import (domain_methods, evaluate_test_splits, ph3_scoring, protocol_stages, stage1_key,
-                                   titled, titled_choice, titled_result)
+                                   titled_choice, titled_result)
 from juice.progress import Progress, no_progress
 
 

@@ -38,7 +38,7 @@ from juice.engine.backend import Engine
 from juice.eval.degeneration import correct_not_degenerate
 from juice.eval.report import degeneration_markdown, difference_markdown, interval_markdown, table2_columns
 from juice.when_to_steer.evaluation import context_type_tables, evaluate_context_types
-from juice.eval.runner import evaluate_contextual, results_to_json, summary
+from juice.eval.runner import evaluate_contextual, results_to_json, summary, titled
 from juice.recipe import Method
 from juice.eval.tables import interval_table
 from juice.io import settings_key
@@ -54,7 +54,7 @@ from juice.pipeline.run import (
     tuning_label,
 )
 from juice.pipeline.stages import (domain_methods, evaluate_test_splits, evaluation_stage, ph3_scoring, protocol_stages,
-                                   stage1_key, titled, titled_choice, titled_result)
+                                   stage1_key, titled_choice, titled_result)
 from juice.progress import Progress, no_progress
 from juice.io import write_json_atomic
 from juice.methods import FOCUS, STEERINGS, UNSTEERED, row_title

@@ -25,7 +25,7 @@ from juice.baselines.ph3 import (
 )
 from juice.data.records import CONFLICT_TYPES, ConflictExample
 from juice.engine.backend import JUICE_ENGINE, Engine, engine_or_default, stage_key
-from juice.eval.runner import ItemResult, method_engine, results_from_json, results_to_json
+from juice.eval.runner import ItemResult, keyed, method_engine, results_from_json, results_to_json, titled
 from juice.recipe import Method
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, tune_per_domain
 from juice.interventions import Head, HeadSelection
@@ -346,17 +346,6 @@ def evaluation_stage(
         run.state.save(stage, key, rows)
         checkpoint.path.unlink(missing_ok=True)
     return keyed(results_from_json(rows))
-
-
-def titled(results: Sequence[ItemResult]) -> list[ItemResult]:
-    """`results` with their rows named by title (:func:`juice.methods.row_title`), as the state
-    and results.json hold them."""
-    return [replace(r, method=row_title(r.method)) for r in results]
-
-
-def keyed(results: Sequence[ItemResult]) -> list[ItemResult]:
-    """`results` read from a state or results file, their rows named by key again (:func:`juice.methods.row_key`)."""
-    return [replace(r, method=row_key(r.method)) for r in results]
 
 
 def titled_choice(choice: dict[str, Any]) -> dict[str, Any]:
