@@ -55,7 +55,7 @@ from juice.eval.tables import AVERAGE, IntervalTable, interval_table
 from juice.eval.tuning import BETA_MINUS_GRID, BETA_PLUS_GRID, GridSetting
 from juice.stage1 import HeadsArtifact, ScoringPrompt, make_artifact
 from juice.models import LoadedModel
-from juice.methods import REGISTRY, TUNED_STEERINGS, MethodInputs, build, check, lookup, names as method_names
+from juice.methods import REGISTRY, TUNED_STEERINGS, MethodInputs, build, check, lookup, names as method_names, row_title
 from juice.progress import OnProgress, Progress, no_progress
 from juice.recipe import Method, as_method
 from juice.steering import ORIGINAL
@@ -400,7 +400,9 @@ class RowsEvaluation:
             (:mod:`juice.eval.degeneration`).
         correct_not_degenerate: exact match on a non-degenerate output, laid out as `table`,
             with its paired differences (:func:`juice.eval.degeneration.correct_not_degenerate`).
-        methods: table names in order; settings: the betas / k each method used.
+        methods: the rows in order, by key (:class:`juice.methods.Row`: "original", "juice");
+            settings: the betas / k each row used. :meth:`titled` names them by title, as the
+            files and the terminal show them.
     """
 
     results: list[ItemResult]
@@ -415,20 +417,31 @@ class RowsEvaluation:
         labels = list(dict.fromkeys(r.domain for r in self.results))
         return [(c, "all") for c in [*labels, AVERAGE]]
 
+    def titled(self) -> "RowsEvaluation":
+        """The same evaluation with its rows named by title (:func:`juice.methods.row_title`)."""
+        from juice.eval.runner import titled
+
+        table = lambda t: None if t is None else t.titled()   # noqa: E731
+        return RowsEvaluation(titled(self.results), self.table.titled(), [row_title(m) for m in self.methods],
+                              {row_title(m): v for m, v in self.settings.items()}, self.data,
+                              table(self.degeneration), table(self.correct_not_degenerate))
+
     def to_json(self) -> dict[str, Any]:
+        """`evaluation.json`, rows by title."""
         from juice.eval.runner import results_to_json
 
-        return {"data": self.data, "methods": self.methods, "settings": self.settings,
-                "table": self.table.to_json(),
-                "degeneration": self.degeneration.to_json() if self.degeneration else None,
-                "correct_not_degenerate": (self.correct_not_degenerate.to_json()
-                                           if self.correct_not_degenerate else None),
-                "results": results_to_json(self.results)}
+        shown = self.titled()
+        return {"data": shown.data, "methods": shown.methods, "settings": shown.settings,
+                "table": shown.table.to_json(),
+                "degeneration": shown.degeneration.to_json() if shown.degeneration else None,
+                "correct_not_degenerate": (shown.correct_not_degenerate.to_json()
+                                           if shown.correct_not_degenerate else None),
+                "results": results_to_json(shown.results)}
 
 
 def evaluation_methods(lm: LoadedModel, artifact: HeadsArtifact | None, names: Sequence[str], *,
                        beta_plus: float | None = None, beta_minus: float | None = None) -> tuple[dict[str, Method], dict]:
-    """Table title -> :class:`Method` for `--methods` names (:data:`juice.methods.REGISTRY`), and
+    """Row key -> :class:`Method` for `--methods` names (:data:`juice.methods.REGISTRY`), and
     the settings each uses (the heads file's tuned betas / PH3 k unless betas are given; the
     defaults for an untuned file, with an :class:`~juice.steering.UntunedBetasWarning`).
 
@@ -443,9 +456,9 @@ def evaluation_methods(lm: LoadedModel, artifact: HeadsArtifact | None, names: S
     for raw in names:
         spec = lookup(raw)
         built = build(spec.name, inputs)
-        methods[spec.title] = built.method
+        methods[spec.name] = built.method
         if built.settings:
-            settings[spec.title] = built.settings
+            settings[spec.name] = built.settings
     return methods, settings
 
 
@@ -471,7 +484,7 @@ def evaluate_file(
     results = evaluate_rows(lm, rows, table_methods, direction=direction, max_rows=max_rows, on_progress=advance,
                             engine=engine)
     names = list(table_methods)
-    boot = dict(resamples=resamples, seed=seed, focus="JuICE", baseline="Original")   # rows by title here
+    boot = dict(resamples=resamples, seed=seed)
     table = interval_table(results, names, **boot)
     degeneration = interval_table(results, names, value=lambda r: r.degenerate, **boot)
     usable = interval_table(results, names, value=correct_not_degenerate, **boot)

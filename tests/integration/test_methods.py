@@ -205,12 +205,12 @@ def test_a_new_method_is_one_entry(tiny_llama, monkeypatch):
     monkeypatch.setitem(REGISTRY, entry.name, entry)
     heads = artifact({"juice": {"beta_plus": 4.0, "beta_minus": -2.0}})
     rows, settings = evaluation_methods(tiny_llama, heads, ["original", "juice-half"])
-    assert list(rows) == ["Original", "JuICE/2"] and settings["JuICE/2"] == {"beta_plus": 2.0, "beta_minus": -1.0}
-    assert torch.equal(rows["JuICE/2"].steering.coefficients, JuICE(tiny_llama, SEL, 2.0, -1.0).coefficients)
+    assert list(rows) == ["original", "juice-half"] and settings["juice-half"] == {"beta_plus": 2.0, "beta_minus": -1.0}
+    assert torch.equal(rows["juice-half"].steering.coefficients, JuICE(tiny_llama, SEL, 2.0, -1.0).coefficients)
     contexts, _ = context_methods(tiny_llama, [heads], ["juice-half"])
     assert list(contexts) == ["JuICE/2-ctx"]
     assert torch.equal(Steerer(tiny_llama, heads, method="juice-half").steering.coefficients,
-                       rows["JuICE/2"].steering.coefficients)
+                       rows["juice-half"].steering.coefficients)
     from juice import steerer, steering_request
 
     assert "juice-half" in steerer.METHODS and "juice-half" not in steering_request.METHODS   # read when asked

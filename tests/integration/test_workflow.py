@@ -175,7 +175,7 @@ def test_ph3_k_is_tuned_on_knockout_scores(lm, data):
     k = chosen["ph3"].k
     assert k in (1, 3) and chosen["ph3"].pruned == [str(h) for h in heads_to_prune(scores, "parametric", k)]
     methods, settings = evaluation_methods(lm, artifact, ["ph3"])
-    assert settings["PH3"]["k"] == k
+    assert settings["ph3"]["k"] == k
     with pytest.raises(ValueError, match="other"):
         ph3_knockout_scores(lm, [ConflictRow("a is", "paris")], "parametric")
 
@@ -189,19 +189,19 @@ def test_evaluation_methods_refuse_what_they_cannot_run(lm):
     with pytest.raises(ValueError, match="juice tune --methods ph3"):
         evaluation_methods(lm, artifact, ["ph3"])
     _, settings = evaluation_methods(lm, artifact, ["juice"], beta_minus=-1)
-    assert settings["JuICE"] == {"beta_plus": 2.0, "beta_minus": -1, "source": "given"}
+    assert settings["juice"] == {"beta_plus": 2.0, "beta_minus": -1, "source": "given"}
 
 
 def test_evaluate_file_table_has_n_and_the_mean_over_labels(lm, data):
     artifact = identify(lm, data, k=2)
     report = evaluate_file(lm, artifact, data, ["original", "prompt", "juice"], resamples=1000)
-    assert report.methods == ["Original", "Prompt", "JuICE"]
-    cells = report.table.cells["JuICE"]
+    assert report.methods == ["original", "prompt", "juice"]   # by key; the files title them
+    cells = report.table.cells["juice"]
     assert cells["clean"]["all"].n == 2 and cells["Average"]["all"].n == 4
     assert cells["Average"]["all"].mean == pytest.approx((cells["clean"]["all"].mean
                                                           + cells["substitution"]["all"].mean) / 2)
-    assert "JuICE - Original" in report.table.differences
-    assert report.settings["JuICE"]["source"] == "default"
+    assert "juice - original" in report.table.differences
+    assert report.settings["juice"]["source"] == "default"
     payload = report.to_json()
     assert len(payload["results"]) == 12 and payload["data"]["direction"] == "parametric"
     # the degeneration table: the share of each method's outputs that repeat themselves, with n
@@ -212,7 +212,9 @@ def test_evaluate_file_table_has_n_and_the_mean_over_labels(lm, data):
         per_label = [[is_degenerate(r.output) for r in report.results if r.method == m and r.domain == g]
                      for g in ("clean", "substitution")]
         assert cell.n == 4 and cell.mean == pytest.approx(sum(sum(v) / len(v) for v in per_label) / 2)
-    assert payload["degeneration"]["cells"].keys() == {"Original", "Prompt", "JuICE"}
+    assert payload["degeneration"]["cells"].keys() == {"Original", "Prompt", "JuICE"}   # titled
+    assert payload["methods"] == ["Original", "Prompt", "JuICE"] and "JuICE" in payload["settings"]
+    assert {r["method"] for r in payload["results"]} == {"Original", "Prompt", "JuICE"}
     assert all(math.isfinite(r["p_context"]) for r in payload["results"])   # every row has `other`
 
 

@@ -169,7 +169,7 @@ def _evaluate_rows(data: Optional[Path], heads: list[Path], methods: Optional[st
     with engine_for(kind, model, out / "vllm", vllm_args) as runner, progress() as task:
         runner.check(lm)
         report = evaluate_file(lm, artifact, data, names, direction=chosen, beta_plus=beta_plus,
-                               beta_minus=beta_minus, limit=limit, progress=task, engine=runner)
+                               beta_minus=beta_minus, limit=limit, progress=task, engine=runner).titled()
     columns = report.columns()
     headers = [c for c, _ in columns]
     console.print(interval_rich(report.table, report.methods, columns, headers,
