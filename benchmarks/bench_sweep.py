@@ -74,7 +74,9 @@ def main() -> None:
     again = run_sweep(sweep, out, log=print)
     again_s = time.perf_counter() - started
     job = json.loads((out / "sweep.json").read_text())["jobs"]["gemma-3-270m-parametric"]
-    record = {**source, "sweep": SWEEP, "methods": list(sweep.methods), "rows": first.rows,
+    from juice.methods import row_title
+
+    record = {**source, "sweep": SWEEP, "methods": [row_title(m) for m in sweep.methods], "rows": first.rows,
               "job_s": job["seconds"], "first_s": round(first_s, 1), "again_s": round(again_s, 1),
               "again_resumed": len(again.resumed), "again_ran": len(again.ran), "failed": first.failed,
               "heads": job["heads"]}

@@ -48,8 +48,8 @@ def test_juice_recovers_the_factual_answer_where_june_does_not():
     assert r["original_factual"] < 0.05
     assert r["conflict_only"]["negative_heads"] == ["L0H0", "L1H0"]
     rows = r["conflict_only"]["factual_accuracy"]
-    assert rows["-1"]["juice"] > 0.95   # keyed by the registry's names (JuNE's one run is PH3's at beta -1)
-    assert all(v["june"] < 0.5 for b, v in rows.items() if float(b) <= -1)
+    assert rows["-1"]["two_runs"] > 0.95   # JuICE; one run: JuNE, and PH3 at beta -1
+    assert all(v["one_run"] < 0.5 for b, v in rows.items() if float(b) <= -1)
 
 
 def test_gradient_descent_learns_the_superposed_terms():

@@ -221,15 +221,16 @@ def run_norm(lm: LoadedModel, options: AnalysisOptions, progress: Progress = no_
         known |= {r.item_key for r in res if r.method == UNSTEERED and r.conflict_type == "clean" and r.correct}
     boot = dict(resamples=options.bootstrap_resamples, seed=options.seed)
 
-    juice, june = (Row(m, "post-norm").key for m in ("juice", "june"))
+    juice, june = TUNED_STEERINGS   # JuICE, JuNE
+    post_row = {m: Row(m, "post-norm").key for m in TUNED_STEERINGS}
 
     def table(keep=None):
-        main = interval_table(results, METHOD_ORDER, keep=keep, focus=juice, **boot)
-        other = interval_table(results, METHOD_ORDER, keep=keep, focus=june, **boot)
+        main = interval_table(results, METHOD_ORDER, keep=keep, focus=post_row[juice], **boot)
+        other = interval_table(results, METHOD_ORDER, keep=keep, focus=post_row[june], **boot)
         main.differences = {k: v for k, v in main.differences.items()
-                            if k in (f"{juice} - juice", f"{juice} - {UNSTEERED}", f"juice - {UNSTEERED}",
-                                     f"june - {UNSTEERED}")}
-        for k in (f"{june} - june", f"{june} - {UNSTEERED}"):
+                            if k in (f"{post_row[juice]} - {juice}", f"{post_row[juice]} - {UNSTEERED}", f"{juice} - {UNSTEERED}",
+                                     f"{june} - {UNSTEERED}")}
+        for k in (f"{post_row[june]} - {june}", f"{post_row[june]} - {UNSTEERED}"):
             main.differences[k] = other.differences[k]
         return main
 

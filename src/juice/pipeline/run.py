@@ -28,8 +28,6 @@ from juice.models import DEFAULT_MODEL, LoadedModel, load_model
 from juice.progress import Progress, no_progress
 from juice.stage1 import ALPHAS_NEGATIVE, ALPHAS_POSITIVE
 
-TABLE1_METHODS = ("original", "prompt", "ph3-l", "ph3-s", "june", "juice")
-"""The rows of Table 1, in order (row keys, :class:`juice.methods.Row`)."""
 SCORING_LABELS = {
     "exact": "exact Stage 1 (paper Alg. 2)",
     "hybrid": "APPROXIMATE Stage 1: attribution shortlist + exact re-score (not the paper's)",
@@ -223,7 +221,7 @@ class ReproduceResult:
     domains: list[str]
     titles: dict[str, str]
     notes: list[str] = field(default_factory=list)
-    methods: tuple[str, ...] = TABLE1_METHODS
+    methods: tuple[str, ...] = ()               # the table's rows in order, by key (juice.methods.Row)
     likelihood: IntervalTable | None = None     # contextual: MemoTrap by likelihood comparison
     degeneration: IntervalTable | None = None   # share of degenerate outputs (juice.eval.degeneration)
     head_domain: str = "world_capital"          # whose D the heads come from

@@ -266,8 +266,8 @@ def run_juice_vs_june(cfg: ToyConfig, constants: Constants = Constants(C1=8.0, C
                 coeff = torch.zeros(2, dtype=torch.float64)
                 coeff[heads] = beta
                 rows[f"{beta:g}"] = {
-                    "june": _accuracy(toy_june(model, test.tokens, coeff), test.factual),   # = PH3 at beta -1
-                    "juice": _accuracy(toy_juice(model, test.tokens, coeff), test.factual),
+                    "one_run": _accuracy(toy_june(model, test.tokens, coeff), test.factual),   # JuNE; PH3 at -1
+                    "two_runs": _accuracy(toy_juice(model, test.tokens, coeff), test.factual),   # JuICE
                 }
             out[label] = {"negative_heads": [str(Head(h, 0)) for h in heads],
                           "positive_heads": [str(h) for h in selection.positive], "factual_accuracy": rows}
@@ -292,4 +292,4 @@ def headline(name: str, r: dict[str, Any]) -> str:
         return f"measured side agrees with exp(C1) C3 vs exp(C2) C4 in {r['agreement']:.0%} of {len(r['cells'])} cells"
     rows = r["conflict_only"]["factual_accuracy"]
     return (f"original factual {r['original_factual']:.2f}; heads {r['conflict_only']['negative_heads']}; "
-            + "; ".join(f"beta {b}: JuNE/PH3 {v['june']:.2f} JuICE {v['juice']:.2f}" for b, v in rows.items()))
+            + "; ".join(f"beta {b}: JuNE/PH3 {v['one_run']:.2f} JuICE {v['two_runs']:.2f}" for b, v in rows.items()))

@@ -76,8 +76,8 @@ def juice_figure(result: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(5, 3.2))
     width = 0.38
     xs = range(len(betas))
-    ax.bar([x - width / 2 for x in xs], [rows[b]["june"] for b in betas], width, label="JuNE / PH3 (one run)")
-    ax.bar([x + width / 2 for x in xs], [rows[b]["juice"] for b in betas], width, label="JuICE (two runs)")
+    ax.bar([x - width / 2 for x in xs], [rows[b]["one_run"] for b in betas], width, label="JuNE / PH3 (one run)")
+    ax.bar([x + width / 2 for x in xs], [rows[b]["two_runs"] for b in betas], width, label="JuICE (two runs)")
     ax.axhline(result["original_factual"], color="k", ls=":", label="original")
     ax.set_xticks(list(xs), [f"beta={b}" for b in betas])
     ax.set_ylim(0, 1.05)
