@@ -92,7 +92,8 @@ methods = ["Original", "JuNE", "JuICE"]
     before = _files(out / "jobs")
     units = out / "jobs" / "large-parametric" / "state" / "units.json"   # one entry per finished unit
     units_before = json.loads(units.read_text())["units"] if units.exists() else {}
-    saved_stages = [f for f in before if f.startswith("large-parametric/state/") and not f.endswith("units.json")]
+    saved_stages = [f for f in before if f.startswith("large-parametric/state/")
+                    and not f.endswith(("units.json", ".chunks.json"))]   # checkpoints, not stages
     assert saved_stages   # the killed job had finished stages to resume from
 
     second = _sweep(out, file, cluster.address)
@@ -104,6 +105,7 @@ methods = ["Original", "JuNE", "JuICE"]
     assert all(after[f] == before[f] for f in unchanged), [f for f in unchanged if after[f] != before[f]]
     units_after = json.loads(units.read_text())["units"]
     assert all(units_after[u] == v for u, v in units_before.items())   # finished units kept, as they were
+    assert not [f for f in after if f.endswith(".chunks.json")]   # a stage's chunks go once it is saved
 
     record = json.loads((out / "sweep.json").read_text())
     assert record["failed"] == {} and record["ran"] == ["large-parametric"]
