@@ -30,9 +30,9 @@ cores), the tokens equal the uncompiled ones (tested on the CPU), its GPU speed 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
-import hashlib
 from dataclasses import replace
 from functools import partial
 from typing import Any
