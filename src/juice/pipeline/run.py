@@ -70,7 +70,7 @@ class StageRun:
         table row was decoded; for vLLM also whether juice's own copy of the model was loaded
         (`juice_copy`: loaded, device, seconds; :class:`juice.models.DeferredModel`) and
         :meth:`juice.vllm.engine.VllmEngine.provenance`. Rows (and PH3's stages) by key; the
-        files title them (:func:`juice.experiments.table1.titled_result`)."""
+        files title them (:func:`juice.pipeline.stages.titled_result`)."""
         record = {"name": self.engine.name, "stages": dict(self.engines), "rows": dict(self.row_engines)}
         if not self.engine.in_process:   # juice's own copy of the model: loaded only by a stage on juice's engine
             seconds = getattr(self.lm, "load_seconds", None)
