@@ -32,8 +32,14 @@ def test_a_sweep_file_gives_one_job_per_model_and_direction(tmp_path):
     assert sweep.gpus == 1.0 and sweep.cpus == 1.0 and dict(jobs[0].settings)["vllm_args"] == ("--enforce-eager",)
     assert len({j.key() for j in jobs}) == 4
     assert dict(jobs[0].settings)["baselines"] is False   # no baseline among the methods: none run
+    assert sweep.methods == ("original", "juice")   # rows by key (juice.methods.Row)
     path.write_text(GOOD.replace('"Original", "JuICE"', '"Original", "PH3-l"'))
     assert "baselines" not in dict(load_sweep(path).jobs()[0].settings)   # ReproduceConfig's default: they run
+    path.write_text(GOOD.replace('"Original", "JuICE"', '"original", "ph3-s", "JuNE"'))   # names or titles
+    assert load_sweep(path).methods == ("original", "ph3-s", "june")
+    path.write_text(GOOD.replace('"Original", "JuICE"', '"Original", "JuICE-ctx"'))
+    with pytest.raises(SweepError, match="'JuICE-ctx' is not a table row \\(Original, JuNE, JuICE, Prompt"):
+        load_sweep(path)
 
 
 @pytest.mark.parametrize("change, words", [
