@@ -119,6 +119,22 @@ def agreement(reference: dict, other: dict) -> dict:
     return out
 
 
+def agreement_markdown(record: dict) -> str:
+    """What docs/models.md states of a record: per sign, whether the two dtypes select the same K
+    heads in the same order, the sign flips among the scores, the heads the filter keeps in each and
+    how many differ, and the rank correlation of the summed scores."""
+    rows = ["| sign | heads selected (float32) | bfloat16 selects | scores changing sign | kept by the filter, "
+            "float32 / bfloat16 (differ) | Spearman, summed scores |", "|---|---|---|---|---|---|"]
+    for sign in ("positive", "negative"):
+        a = record["agreement"][sign]
+        same = ("the same, in the same order" if a["same_order"] else "the same, in another order"
+                if a["same_selection"] else f"{a['overlap']} of {a['k']}")
+        kept = a["kept_by_filter"]
+        rows.append(f"| {sign} | {', '.join(a['selected_float32'])} | {same} | {a['sign_flips']} of {a['scores']} | "
+                    f"{kept['float32']} / {kept['bfloat16']} ({kept['differ']}) | {a['spearman_summed']} |")
+    return "\n".join(rows) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")

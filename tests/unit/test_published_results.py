@@ -243,6 +243,24 @@ def test_the_embedded_qwen_s_costs_on_the_models_page_are_the_committed_record()
     assert f"`{record['command']}`" in page and record["commit"][:12] in page
 
 
+def test_the_stage1_dtype_agreement_on_the_models_page_is_the_committed_record():
+    """Issue 89, item 2: a whole exact Stage 1 of the embedded Qwen in float32 and in bfloat16, as
+    docs/models.md states it, is benchmarks/bench_stage1_dtype.py's committed record, with its
+    command and commit; the record's counts are those of its own selections."""
+    import bench_stage1_dtype
+
+    record = json.loads((ROOT / "benchmarks" / "results" / "stage1-dtype-qwen2.5-coder-1.5b.json")
+                        .read_text(encoding="utf-8"))
+    assert record["dirty"] is False and len(record["commit"]) == 40
+    for sign in ("positive", "negative"):
+        a = record["agreement"][sign]
+        assert a["same_selection"] == (set(a["selected_float32"]) == set(a["selected_bfloat16"]))
+        assert a["same_order"] == (a["selected_float32"] == a["selected_bfloat16"]) and a["scores"] == 336 * 3
+    page = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
+    assert bench_stage1_dtype.agreement_markdown(record) in page
+    assert f"`{record['command']}`" in page and record["commit"][:12] in page
+
+
 def test_the_front_pages_teach_first_and_leave_the_numbers_to_their_pages():
     """Issue 92: the README and the home page open with what juice does and the quick start with
     its output, then point to Results and When to steer; they state the findings in words, with
