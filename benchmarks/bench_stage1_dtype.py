@@ -122,7 +122,8 @@ def agreement(reference: dict, other: dict) -> dict:
 def agreement_markdown(record: dict) -> str:
     """What docs/models.md states of a record: per sign, whether the two dtypes select the same K
     heads in the same order, the sign flips among the scores, the heads the filter keeps in each and
-    how many differ, and the rank correlation of the summed scores."""
+    how many differ, and the rank correlation of the summed scores; then which weights the float32
+    arm ran on, read from the record's fingerprint (:func:`weights_sentence`)."""
     rows = ["| sign | heads selected (float32) | bfloat16 selects | scores changing sign | kept by the filter, "
             "float32 / bfloat16 (differ) | Spearman, summed scores |", "|---|---|---|---|---|---|"]
     for sign in ("positive", "negative"):
@@ -132,7 +133,20 @@ def agreement_markdown(record: dict) -> str:
         kept = a["kept_by_filter"]
         rows.append(f"| {sign} | {', '.join(a['selected_float32'])} | {same} | {a['sign_flips']} of {a['scores']} | "
                     f"{kept['float32']} / {kept['bfloat16']} ({kept['differ']}) | {a['spearman_summed']} |")
-    return "\n".join(rows) + "\n"
+    return "\n".join(rows) + "\n\n" + weights_sentence(record["fingerprint"]) + "\n"
+
+
+def weights_sentence(fingerprint: dict) -> str:
+    """Which weights a float32 run had, from its fingerprint: where the exact checksum equals the
+    bfloat16 one, the weights were already rounded to bfloat16 (juice 0.4.0 cached a GGUF's
+    conversion at the dtype of the model's first load; :data:`juice.models.CONVERSION_DTYPE`)."""
+    if fingerprint["weights_sha256_16"] != fingerprint.get("weights_bf16_sha256_16"):
+        return "The float32 arm ran on the GGUF's weights dequantized at float32."
+    return ("Both arms ran on the GGUF's weights rounded to bfloat16 (the fingerprint's exact and bfloat16 "
+            f"checksums are both `{fingerprint['weights_sha256_16']}`): juice 0.4.0 cached the conversion "
+            "at the dtype of the model's first load, here bfloat16's. So the comparison measures the "
+            "arithmetic's precision, not the rounding of the weights (a conversion cached today is "
+            "float32, whatever the first load asks).")
 
 
 def main() -> None:

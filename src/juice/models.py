@@ -366,14 +366,20 @@ EMBEDDED_MODELS = {
 
 
 STAMP = "juice-conversion.json"
-"""Beside a cached conversion: the package versions that made it (a conversion made by other
-versions is redone, so a broken one does not outlive the versions that broke it)."""
+"""Beside a cached conversion: the package versions that made it and its dtype (a conversion made
+by other versions is redone, so a broken one does not outlive the versions that broke it; one
+cached at another dtype than :data:`CONVERSION_DTYPE`, as juice 0.4.0 did when a model's first
+load asked for bfloat16, is redone too)."""
+
+
+CONVERSION_DTYPE = torch.float32
+"""The dtype a GGUF is dequantized to and cached at; a load at another dtype casts from it."""
 
 
 def _conversion_stamp() -> dict[str, str]:
     import importlib.metadata as md
 
-    return {pkg: md.version(pkg) for pkg in ("transformers", "gguf")}
+    return {**{pkg: md.version(pkg) for pkg in ("transformers", "gguf")}, "dtype": str(CONVERSION_DTYPE)}
 
 
 def _cached_conversion_ok(folder: Path) -> bool:
@@ -430,8 +436,9 @@ def load_model(
             Hooks and caches follow each layer's device; saved head outputs are moved to it.
         offload_folder: where accelerate offloads weights mapped to "disk".
         attn_implementation: overrides the adapter's choice ("eager" for soft-capping models).
-        use_cache_dir: for GGUF sources, save and reuse a dequantized safetensors copy (saved
-            after the self-check passed, redone when the transformers or gguf version changes).
+        use_cache_dir: for GGUF sources, save and reuse a dequantized safetensors copy, always
+            at float32 whatever `dtype` is (saved after the self-check passed, redone when the
+            transformers or gguf version changes); `dtype` casts from it.
         device: where to put the model when no `device_map` is given: "auto" (a CUDA GPU if one
             is visible, else Apple's MPS, else the CPU; see :func:`resolve_device`), "cpu",
             "cuda", "cuda:1", "mps", or None to leave it where `from_pretrained` put it.
@@ -487,7 +494,9 @@ def load_model(
         kwargs["offload_folder"] = str(offload_folder)
     if gguf is not None:
         converted = cache_dir() / "models" / cache_key
-        if use_cache_dir and _cached_conversion_ok(converted):
+        if use_cache_dir and not _cached_conversion_ok(converted):
+            _convert(gguf, converted, spec, attn_implementation, self_check)
+        if use_cache_dir:
             source, extra = str(converted), {}
         else:
             source, extra = str(gguf.parent), {"gguf_file": gguf.name}
@@ -509,10 +518,20 @@ def load_model(
             said = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise OSError(f"could not load {spec!r}: not an embedded alias ({', '.join(EMBEDDED_MODELS)}), "
                           f"a model directory or a .gguf file, and the hub gave: {said}") from err
-    lm = _bind(model, _prepare_tokenizer(tokenizer), spec, target, self_check)
-    if gguf is not None and use_cache_dir and extra:   # a new conversion, cached only once it passed
-        _atomic_save(model, tokenizer, converted)
-    return lm
+    return _bind(model, _prepare_tokenizer(tokenizer), spec, target, self_check)
+
+
+def _convert(gguf: Path, target: Path, name: str, attn_implementation: str | None, self_check: bool) -> None:
+    """Dequantize `gguf` at float32, whatever dtype the caller asked for, and cache it at `target`
+    once it passed the self-check: every later load, at any dtype, starts from the same weights
+    (a conversion cached at bfloat16 would round them for every float32 load after it)."""
+    source, extra = str(gguf.parent), {"gguf_file": gguf.name}
+    config, attn = _config_and_attention(source, extra)
+    tokenizer = AutoTokenizer.from_pretrained(source, config=config, **extra)
+    model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=CONVERSION_DTYPE,
+                                                 attn_implementation=attn_implementation or attn, **extra)
+    _bind(model, _prepare_tokenizer(tokenizer), name, None, self_check)
+    _atomic_save(model, tokenizer, target)
 
 
 def _bind(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str, target: torch.device | None,

@@ -73,3 +73,25 @@ def test_the_relevance_gate_reads_the_words_a_real_tokenizer_splits_differently_
     assert shares == [0.25, 0.5, 0.0, 0.5] == [passage_relevance(p, q) for p, q in zip(prompts, questions)]
     gate = RelevanceGate(0.3, 1, tok)
     assert [gate(token_ids(tok, p), token_ids(tok, q)) for p, q in zip(prompts, questions)] == [1, None, 1, None]
+
+
+def test_a_first_load_at_bfloat16_caches_the_float32_conversion(tmp_path, monkeypatch):
+    """The conversion cache holds the GGUF dequantized at float32 whatever dtype its first load
+    asked for: a float32 load after a bfloat16 one has the weights of a float32 load straight
+    from the GGUF (juice 0.4.0 cached the bfloat16 cast, and every float32 load after it got
+    weights rounded to bfloat16)."""
+    import json
+
+    from juice.models import STAMP, load_model
+    from juice.stage1.shipped import SHIPPED_DIR
+
+    monkeypatch.setenv("JUICE_CACHE", str(tmp_path))
+    first = load_model("gemma-3-270m", dtype=torch.bfloat16)
+    assert first.dtype == torch.bfloat16
+    folder = tmp_path / "models" / "gemma-3-270m"
+    assert json.loads((folder / "config.json").read_text())["dtype"] == "float32"
+    assert json.loads((folder / STAMP).read_text())["dtype"] == "torch.float32"
+    cached = load_model("gemma-3-270m").fingerprint()
+    shipped = json.loads((SHIPPED_DIR / "gemma-3-270m.parametric.json").read_text())["model"]
+    assert cached["weights_sha256_16"] == shipped["weights_sha256_16"]   # made from a float32 conversion
+    assert cached["weights_sha256_16"] != cached["weights_bf16_sha256_16"]
