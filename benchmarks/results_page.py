@@ -7,8 +7,15 @@ finds in the page.
 The four runs are `juice reproduce` with the defaults (:data:`RUNS` gives each command), in one
 folder RUNS_DIR (their `--out` folders, juice-output/ and juice-output-margin/, beside each other).
 
+Another model's record holds its paper's-protocol runs (the margin runs are optional), each
+given with its results file, its command and the commits it started and resumed at
+(`record-model`); the page shows its tables under its name, its provenance (:func:`about`) and
+every model's accuracy side by side (:func:`side_by_side`).
+
 Run:
   python benchmarks/results_page.py record RUNS_DIR --runs-commit COMMIT --record benchmarks/results/results-gemma-3-270m.json
+  python benchmarks/results_page.py record-model --run table1 RESULTS.json "COMMAND" SHA[,SHA...] \
+      --run table2 RESULTS_CONTEXTUAL.json "COMMAND" SHA[,...] --runs-env TEXT --record benchmarks/results/results-MODEL.json
   python benchmarks/results_page.py page [--record ...] [--write docs/results.md]
     (prints the blocks; --write replaces each block between its markers in the page; every other
     `results-*.json` beside the record adds its model's tables and its column of the verdict on
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
 import sys
@@ -109,8 +117,8 @@ def blocks(record: dict) -> dict[str, str]:
     from juice.eval.report import difference_markdown, interval_markdown
 
     out: dict[str, str] = {}
-    one, one_m = record["runs"]["table1"], record["runs"]["table1_margin"]
-    two, two_m = record["runs"]["table2"], record["runs"]["table2_margin"]
+    one, one_m = record["runs"]["table1"], record["runs"].get("table1_margin")
+    two, two_m = record["runs"]["table2"], record["runs"].get("table2_margin")
     titles = _titles()
     avg = [("Average", t) for t in TYPES]
     t = {s: _table(one["scores"][s]) for s in SCORES}
@@ -124,6 +132,8 @@ def blocks(record: dict) -> dict[str, str]:
     heads = lambda run: (f"+ {', '.join(run['heads']['positive'])}; - {', '.join(run['heads']['negative'])}")  # noqa: E731
     out["table1-choices"] = (f"Heads (exact Stage 1 on World Capital's D): {heads(one)}. Per-domain (beta+, beta-) "
                              f"for JuICE / JuNE: {_betas(one, titles, ('PH3-l',))} in the same order.\n")
+    if one_m is None:
+        return out | table2_blocks(two, two_m, titles, heads)
     tm = {s: _table(one_m["scores"][s]) for s in SCORES}
 
     def triple(table, m) -> str:
@@ -141,10 +151,17 @@ def blocks(record: dict) -> dict[str, str]:
     out["table1-margin-choices"] = (
         "JuICE - Original with the margin: " + ", ".join(_diff(juice_orig[g]) for g in TYPES) + " (accuracy);\n"
         f"per-domain (beta+, beta-) for JuICE / JuNE: {_betas(one_m, titles, ('PH3-l',))}.\n")
+    return out | table2_blocks(two, two_m, titles, heads)
 
+
+def table2_blocks(two: dict, two_m: dict | None, titles: dict[str, str], heads) -> dict[str, str]:
+    """Table 2's blocks of :func:`blocks`: the paper's protocol, and with the margin where the
+    record has that run (`two_m`)."""
+    from juice.eval.report import interval_markdown
+
+    out: dict[str, str] = {}
     cols2 = [(d, "context") for d in two["domains"]]
     u = {s: _table(two["scores"][s]) for s in SCORES}
-    um = {s: _table(two_m["scores"][s]) for s in SCORES}
     rows = ["| Method | accuracy | correct and not degenerate | degenerate |", "|---|---|---|---|"]
     for m in two["methods"]:
         rows.append(f"| {m} | " + " | ".join(u[s].cells[m]["Average"]["context"].format() for s in SCORES) + " |")
@@ -163,6 +180,9 @@ def blocks(record: dict) -> dict[str, str]:
     out["table2-differences"] = "\n".join(rows) + "\n"
     out["table2-choices"] = (f"Heads: {heads(two)}. Per-dataset (beta+, beta-) for JuICE / JuNE: "
                              f"{_betas(two, titles, ('PH3-l', 'PH3-s'))} in the same order.\n")
+    if two_m is None:
+        return out | {"table2-validation": validation_block(two, titles)}
+    um = {s: _table(two_m["scores"][s]) for s in SCORES}
     for s, name in (("table", "accuracy"), ("correct_not_degenerate", "correct-not-degenerate"),
                     ("degeneration", "degenerate")):
         rows = ["| Method | paper's protocol | margin 10 |", "|---|---|---|"]
@@ -178,16 +198,22 @@ def blocks(record: dict) -> dict[str, str]:
         f"{pick('correct_not_degenerate', 'JuICE')} on correct and not degenerate; JuNE {pick('table', 'JuNE')} and "
         f"{pick('correct_not_degenerate', 'JuNE')}. Chosen (beta+, beta-) for JuICE / JuNE: "
         f"{_betas(two_m, titles, ('PH3-l', 'PH3-s'))}.\n")
-    for key, run in (("table2-validation", two), ("table2-margin-validation", two_m)):
-        rows = ["| Dataset | Method | (beta+, beta-) | Validation [95%] | Original (validation) | Test |",
-                "|---|---|---|---|---|---|"]
-        for r in run["validation_degeneration"]:
-            low, high = r["validation_interval"]
-            rows.append(f"| {titles.get(r['domain'], r['domain'])} | {r['method']} | ({r['beta_plus']:g}, "
-                        f"{r['beta_minus']:g}) | {r['validation']:.1f} [{low:.1f}, {high:.1f}] | "
-                        f"{r['original_validation']:.1f} | {r['test']:.1f} |")
-        out[key] = "\n".join(rows) + "\n"
+    out["table2-validation"] = validation_block(two, titles)
+    out["table2-margin-validation"] = validation_block(two_m, titles)
     return out
+
+
+def validation_block(run: dict, titles: dict[str, str]) -> str:
+    """Per dataset and steering method, the chosen setting's degenerate share on validation (with
+    its 95% interval) beside Original's and the test split's."""
+    rows = ["| Dataset | Method | (beta+, beta-) | Validation [95%] | Original (validation) | Test |",
+            "|---|---|---|---|---|---|"]
+    for r in run["validation_degeneration"]:
+        low, high = r["validation_interval"]
+        rows.append(f"| {titles.get(r['domain'], r['domain'])} | {r['method']} | ({r['beta_plus']:g}, "
+                    f"{r['beta_minus']:g}) | {r['validation']:.1f} [{low:.1f}, {high:.1f}] | "
+                    f"{r['original_validation']:.1f} | {r['test']:.1f} |")
+    return "\n".join(rows) + "\n"
 
 
 ORDERING = (("table1", "JuNE", ("substitution", "coherent")), ("table1", "PH3-l", ("substitution", "coherent")),
@@ -242,14 +268,68 @@ def ordering_block(records: list[dict]) -> str:
     return "\n".join(rows) + "\n\n" + "\n".join(lines) + "\n"
 
 
+def side_by_side(records: list[dict]) -> str:
+    """Every model's accuracy under the paper's protocol, one column pair per record: Table 1's
+    average over the domains per conflict type (clean / substitution / coherent) and Table 2's
+    contextual average, each mean with n; "-" where a model's run lacks the method."""
+    names = [r["model"]["name"] for r in records]
+    methods = list(dict.fromkeys(m for r in records for t in ("table1", "table2") for m in r["runs"][t]["methods"]))
+    rows = ["| Method | " + " | ".join(f"`{n}` Table 1, 1/2/3 | `{n}` Table 2" for n in names) + " |",
+            "|---|" + "---|---|" * len(names)]
+
+    def mean(record: dict, table: str, m: str, group: str) -> str:
+        cells = record["runs"][table]["scores"]["table"]["cells"]
+        return f"{100 * cells[m]['Average'][group]['mean']:.1f}" if m in cells else "-"
+
+    for m in methods:
+        rows.append(f"| {m} | " + " | ".join(" / ".join(mean(r, "table1", m, g) for g in TYPES) + " | "
+                                             + mean(r, "table2", m, "context") for r in records) + " |")
+    ns = []
+    for r in records:
+        first = lambda t: r["runs"][t]["scores"]["table"]["cells"][r["runs"][t]["methods"][0]]["Average"]  # noqa: E731
+        ns.append(f"{first('table1')['clean']['n']} each | {first('table2')['context']['n']}")
+    rows.append("| n | " + " | ".join(ns) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def weights_line(fingerprint: dict) -> str:
+    """What weights a record's runs had, read from its model's fingerprint: equal exact and
+    bfloat16 checksums mean the weights were rounded to bfloat16 (juice 0.4.0 cached a GGUF's
+    conversion at the dtype of the model's first load; :data:`juice.models.CONVERSION_DTYPE`)."""
+    exact, bf16 = fingerprint["weights_sha256_16"], fingerprint.get("weights_bf16_sha256_16")
+    if exact != bf16:
+        return f"float32 weights (checksum `{exact}`), computed in float32"
+    return (f"the GGUF's weights rounded to bfloat16, computed in float32 (the fingerprint's exact and "
+            f"bfloat16 checksums are both `{exact}`: the machine's cached conversion was made by a first "
+            "load at bfloat16, which juice 0.4.0 cached as such). A load today dequantizes at float32: "
+            "the same bfloat16 checksum, so the same shipped heads, but weights a rounding apart, so "
+            "these cells are not bit for bit what a run today gives")
+
+
+def about(record: dict) -> str:
+    """A non-first record's provenance on the page: its model, weights, runs (command, the commits
+    it started and resumed at) and how this record was made."""
+    runs = "; ".join(f"`{run['command']}` (started at `{run['commits'][0][:12]}`"
+                     + (", resumed at " + ", ".join(f"`{c[:12]}`" for c in run["commits"][1:]) if run["commits"][1:]
+                        else "") + ")" for run in record["runs"].values())
+    return (f"Model `{record['model']['name']}`: {weights_line(record['model'])}. Runs: {runs}; "
+            f"{record['runs_env']}. Record: `{record['command']}`, at `{record['record']['commit'][:12]}`.\n")
+
+
 def page_blocks(records: list[dict]) -> dict[str, str]:
     """Every block of the page: the first record's tables (:func:`blocks`), each other record's
-    under its model's name (`<name>-table1-accuracy`, ...), and the verdict on the paper's
-    ordering over all of them (`ordering`, :func:`ordering_block`)."""
+    under its model's name (`<name>-table1-accuracy`, ...) with its provenance (`<name>-about`,
+    :func:`about`), the verdict on the paper's ordering over all of them (`ordering`,
+    :func:`ordering_block`) and, with two or more, their accuracies side by side (`models`,
+    :func:`side_by_side`)."""
     out = dict(blocks(records[0]))
     for record in records[1:]:
-        out.update({f"{record['model']['name']}-{k}": v for k, v in blocks(record).items()})
+        name = record["model"]["name"]
+        out.update({f"{name}-{k}": v for k, v in blocks(record).items()})
+        out[f"{name}-about"] = about(record)
     out["ordering"] = ordering_block(records)
+    if len(records) > 1:
+        out["models"] = side_by_side(records)
     return out
 
 
@@ -272,8 +352,8 @@ def write_page(page: str, rendered: dict[str, str]) -> str:
         KeyError: the page marks a block the record does not render, lacks one it renders, marks
             one twice, or has an opening marker without its closing one (nothing is replaced).
     """
-    block = re.compile(r"<!-- record ([\w-]+) -->\n(?:(?!<!-- record ).)*?<!-- /record -->", re.S)
-    opened = re.findall(r"<!-- record ([\w-]+) -->", page)
+    block = re.compile(r"<!-- record ([\w.-]+) -->\n(?:(?!<!-- record ).)*?<!-- /record -->", re.S)
+    opened = re.findall(r"<!-- record ([\w.-]+) -->", page)
     closed = [m.group(1) for m in block.finditer(page)]
     if closed != opened or page.count("<!-- /record -->") != len(opened) or len(set(opened)) != len(opened):
         raise KeyError(f"the page's markers do not pair up: opened {opened}, closed {closed}")
@@ -308,6 +388,45 @@ def record_runs(runs_dir: Path, runs_commit: str) -> dict:
             "model": json.loads(models.pop()), "runs": runs}
 
 
+def record_model(runs: list[list[str]], runs_env: str, argv: list[str]) -> dict:
+    """A record of another model's runs, each given as (key, results file, its command, the
+    commits it started and resumed at, comma-separated); keys as in :data:`RUNS`, at least
+    table1 and table2 (the margin runs are optional).
+
+    Raises:
+        SystemExit: a key outside :data:`RUNS`, table1 or table2 missing, a commit that is not a
+            full hash, or runs of different models."""
+    sys.path.insert(0, str(HERE))
+    from _common import git_state
+    from degeneration_labels import predict
+
+    import juice
+    import torch
+
+    out = {}
+    for key, file, command, commits in runs:
+        shas = commits.split(",")
+        if key not in RUNS or not all(re.fullmatch(r"[0-9a-f]{40}", c) for c in shas):
+            raise SystemExit(f"--run {key}: a key of {', '.join(RUNS)} and full commit hashes, comma-separated")
+        out[key] = {"command": command, "commits": shas,
+                    **compact(json.loads(Path(file).read_text(encoding="utf-8")))}
+        if key.startswith("table2"):
+            out[key]["validation_degeneration"] = predict(Path(file))
+    if not {"table1", "table2"} <= set(out):
+        raise SystemExit("a record needs the table1 and table2 runs")
+    models = {json.dumps(r.pop("model"), sort_keys=True) for r in out.values()}
+    if len(models) != 1:
+        raise SystemExit("the runs are not of one model")
+    return {"command": "python benchmarks/results_page.py " + " ".join(map(_quoted, argv)), "runs_env": runs_env,
+            "record": git_state(), "juice": juice.__version__, "torch": torch.__version__,
+            "date": date.today().isoformat(), "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPU cores",
+            "model": json.loads(models.pop()), "runs": out}
+
+
+def _quoted(arg: str) -> str:
+    return f"'{arg}'" if re.search(r"[\s,]", arg) else arg
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -315,6 +434,11 @@ def main() -> int:
     rec.add_argument("runs_dir", type=Path)
     rec.add_argument("--runs-commit", required=True, help="the commit the four runs started from (clean)")
     rec.add_argument("--record", type=Path, default=RECORD)
+    other = sub.add_parser("record-model", help="another model's record: its runs given one by one")
+    other.add_argument("--run", nargs=4, action="append", required=True,
+                       metavar=("KEY", "RESULTS", "COMMAND", "COMMITS"))
+    other.add_argument("--runs-env", required=True, help="how the runs were run (threads, machine, data)")
+    other.add_argument("--record", type=Path, required=True)
     page = sub.add_parser("page")
     page.add_argument("--record", type=Path, default=RECORD)
     page.add_argument("--write", type=Path, default=None)
@@ -323,6 +447,12 @@ def main() -> int:
         from juice.io import write_json_atomic
 
         write_json_atomic(args.record, record_runs(args.runs_dir, args.runs_commit))
+        print(f"wrote {args.record}")
+        return 0
+    if args.what == "record-model":
+        from juice.io import write_json_atomic
+
+        write_json_atomic(args.record, record_model(args.run, args.runs_env, sys.argv[1:]))
         print(f"wrote {args.record}")
         return 0
     rendered = page_blocks(records(args.record))
