@@ -8,6 +8,7 @@ its `[n_layers, n_heads]` coefficients; :mod:`juice.engine` runs it (batched, ca
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -101,6 +102,19 @@ class Steering:
         """The paper's dual run (JuICE, Alg. 1): a clean run 1 whose head outputs run 2 adds, so a
         decoding engine gives the stream two rows; JuNE and Original run once."""
         return self.kind == "add"
+
+    def identity(self) -> tuple:
+        """What the numbers of a decoding under this steering depend on: ("original",) for one that
+        changes nothing (no steering, or coefficients all 0: H + 0 * H = H, the same numbers,
+        not an approximation), else its kind, site, the coefficients' shape and dtype and the
+        SHA-256 (16 hex digits) of their bytes. A stable value: decoded chunks are checkpointed
+        under it (:func:`juice.engine.batch.chunk_unit`) and requests deduplicated by it
+        (:func:`juice.eval.runner.decode_requests`)."""
+        if not self.steers or not bool(self.coefficients.ne(0).any()):
+            return ("original",)
+        data = self.coefficients.detach().cpu().contiguous()
+        return (self.kind, self.site, tuple(data.shape), str(data.dtype),
+                hashlib.sha256(data.numpy().tobytes()).hexdigest()[:16])
 
     def scale_add(self, zero: Tensor) -> tuple[Tensor, Tensor]:
         """(scale, add), each `[n_layers, n_heads]`: the rule the forward applies at a head's

@@ -30,7 +30,6 @@ cores), the tokens equal the uncompiled ones (tested on the CPU), its GPU speed 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
@@ -241,27 +240,17 @@ def generate(
                          checkpoint=None if unit_of is None else (checkpoint, unit_of))
 
 
-def _steering_digest(s: Steering) -> tuple:
-    """A steering's identity in a chunk's unit id: "original" for one that changes nothing, else
-    its kind, site and the SHA-256 of its coefficients' bytes."""
-    if not s.steers or not bool(s.coefficients.ne(0).any()):
-        return ("original",)
-    data = s.coefficients.detach().cpu().contiguous()
-    return (s.kind, s.site, tuple(data.shape), str(data.dtype),
-            hashlib.sha256(data.numpy().tobytes()).hexdigest()[:16])
-
-
 def chunk_unit(ids: Sequence[Sequence[int]], streams: Sequence[Stream], chunk: Sequence[int], max_new_tokens: int,
                probe_tokens: Tensor | None, forced_tokens: Tensor | None, stop_at_eos: bool, stop_text: bool) -> str:
     """The unit id of one chunk of a :func:`generate` call in its `checkpoint`
     (:meth:`juice.io.UnitCheckpoint.unit_id`): it hashes the call's size, the chunk's stream
-    indices, each stream's prompt (and question) token ids, steering (:func:`_steering_digest`),
+    indices, each stream's prompt (and question) token ids, steering (:meth:`juice.steering.Steering.identity`),
     sampling, penalty and the kinds of its contrast and choice, the probe and forced tokens,
     `max_new_tokens` and the stop rules' presence. The contrast rules' and choices' parameters
     and the model are the checkpoint scope's to pin."""
     def stream(i: int) -> tuple:
         s = streams[i]
-        return ([list(ids[p]) for p in _prompts_of(s)], _steering_digest(s.steering), repr(s.sampling),
+        return ([list(ids[p]) for p in _prompts_of(s)], s.steering.identity(), repr(s.sampling),
                 s.repetition_penalty, None if s.contrast is None else type(s.contrast.rule).__name__,
                 None if s.choice is None else type(s.choice.rule).__name__)
 

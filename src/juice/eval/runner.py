@@ -130,9 +130,8 @@ class DecodeRequest:
 
 
 def _request_key(r: DecodeRequest) -> tuple:
-    """What a request's decoding depends on: its prompt, question, probe and method, where a
-    steering whose coefficients are all 0 is the unmodified model (H + 0 * H = H, and adding 0
-    times the clean output adds nothing: the same numbers, not an approximation)."""
+    """What a request's decoding depends on: its prompt, question, probe and method, its steering
+    by :meth:`juice.steering.Steering.identity` (all-0 coefficients are the unmodified model)."""
     def key(s: "Steering | Contrast | QuestionAlone | Instructed") -> tuple:
         if isinstance(s, Contrast):   # a choice's contrast candidate (its question is the request's)
             return ("contrast", s.rule)
@@ -140,8 +139,7 @@ def _request_key(r: DecodeRequest) -> tuple:
             return ("question alone",)
         if isinstance(s, Instructed):   # its prompt is the request's
             return ("instructed",)
-        return ("original",) if not s.steers or not bool(s.coefficients.ne(0).any()) else (
-            s.kind, s.site, tuple(s.coefficients.shape), s.coefficients.detach().cpu().numpy().tobytes())
+        return s.identity()
 
     c = r.method.choice
     choice = None if c is None else (c.rule, tuple(key(s) for s in c.candidates), c.without_passage, c.gate)
