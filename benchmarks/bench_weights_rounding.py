@@ -81,19 +81,22 @@ def compare(a: list[dict], b: list[dict]) -> dict:
 
 def sentence(record: dict) -> str:
     """What docs/results.md states of a record: per row, the outputs and exact-match verdicts that
-    float32 weights give equal to the rounded ones, and each accuracy."""
+    float32 weights leave equal to the rounded ones' and the accuracy under each, then how many
+    of the run's own outputs the rounded weights give."""
     from juice.methods import row_title
 
-    parts = [f"{row_title(row)} {c['outputs_equal']} and {c['exact_match_equal']} of {c['prompts']} "
-             f"({c['accuracy'][0]:.1f}% vs {c['accuracy'][1]:.1f}%)"
-             for row, c in record["float32_vs_rounded"].items()]
-    check = record["rounded_vs_run"]
-    same = sum(c["outputs_equal"] for c in check.values())
-    total = sum(c["prompts"] for c in check.values())
+    rows = record["float32_vs_rounded"]
+    n = {c["prompts"] for c in rows.values()}
+    outputs = ", ".join(f"{c['outputs_equal']} ({row_title(row)})" for row, c in rows.items())
+    verdicts = ", ".join(f"{c['exact_match_equal']} ({row_title(row)})" for row, c in rows.items())
+    accuracy = ", ".join(f"{row_title(row)} {c['accuracy'][0]:.1f}% vs {c['accuracy'][1]:.1f}%"
+                         for row, c in rows.items())
+    check = record["rounded_vs_run"].values()
     return (f"Re-decoded with float32 weights (`{record['command']}`, at `{record['commit'][:12]}`), "
-            f"{record['domain'].replace('_', ' ').title()}'s test split gives the same outputs and the same "
-            f"exact-match verdicts as with the rounded weights in: " + "; ".join(parts)
-            + f" (float32 vs rounded). The rounded weights give {same} of the run's own {total} outputs.\n")
+            f"{record['domain'].replace('_', ' ').title()}'s test split ({'/'.join(map(str, sorted(n)))} prompts "
+            f"per row) keeps its outputs in {outputs} and its exact-match verdicts in {verdicts}; accuracy "
+            f"with float32 vs rounded weights: {accuracy}. The rounded weights give "
+            f"{sum(c['outputs_equal'] for c in check)} of the run's own {sum(c['prompts'] for c in check)} outputs.\n")
 
 
 def main() -> None:

@@ -309,8 +309,11 @@ def weights_line(fingerprint: dict) -> str:
 def about(record: dict) -> str:
     """A non-first record's provenance on the page: its model, weights, runs (command, the commits
     it started and resumed at) and how this record was made."""
-    runs = "; ".join(f"`{run['command']}` (started at `{run['commits'][0][:12]}`"
-                     + (", resumed at " + ", ".join(f"`{c[:12]}`" for c in run["commits"][1:]) if run["commits"][1:]
+    def commits(run: dict) -> list[str]:   # a record of :func:`record_runs` has one commit for all its runs
+        return run.get("commits") or [record["runs_commit"]]
+
+    runs = "; ".join(f"`{run['command']}` (started at `{commits(run)[0][:12]}`"
+                     + (", resumed at " + ", ".join(f"`{c[:12]}`" for c in commits(run)[1:]) if commits(run)[1:]
                         else "") + ")" for run in record["runs"].values())
     return (f"Model `{record['model']['name']}`: {weights_line(record['model'])}. Runs: {runs}; "
             f"{record['runs_env']}. Record: `{record['command']}`, at `{record['record']['commit'][:12]}`.\n")
