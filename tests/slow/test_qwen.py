@@ -30,6 +30,25 @@ def test_the_embedded_qwen_loads_checked_and_resists_a_conflicting_context():
         " Paris")
 
 
+def test_the_embedded_qwen_steers_with_its_shipped_heads_in_both_directions():
+    """Issue 89, item 4: the heads its `juice reproduce` runs made ship with juice, are found by the
+    loaded model's fingerprint (the runs' weights were rounded to bfloat16: the bfloat16 checksum
+    finds them, :func:`juice.models.fingerprint_mismatch`) and steer without a heads file."""
+    import juice
+    from juice.data.records import Direction
+    from juice.stage1 import load_heads
+    from juice.stage1.shipped import shipped_files, shipped_path
+
+    lm = juice.load_model("qwen2.5-coder-1.5b", device="cpu")
+    found = shipped_files(lm)
+    assert found == {d: shipped_path("qwen2.5-coder-1.5b", d) for d in Direction}
+    for direction, path in found.items():
+        artifact = load_heads(path, lm)   # every head checked against the model
+        steerer = juice.Steerer(lm, method="juice", direction=direction.value)
+        assert steerer.heads == artifact.selection
+        assert steerer.generate("The capital of France is Rome. The capital of France is", max_new_tokens=3)[0]
+
+
 @pytest.mark.long   # 6 minutes on this 2-core machine; the qwen extra is not in the README's test command
 def test_vllm_serves_the_embedded_qwen_with_juice_generates_tokens(tmp_path):
     """Issue 89, item 5: the vLLM plugin steers the embedded Qwen (Qwen2, GQA 6:1): greedy tokens

@@ -381,7 +381,9 @@ def test_the_results_page_is_the_committed_record_of_its_four_runs():
     records = results_page.records()
     assert records[0] == record
     rendered = results_page.page_blocks(records)
-    assert len(rendered) == 21 * len(records) - (len(records) - 1)   # each record's 20 tables, one verdict
+    others = records[1:]   # each another model's tables, its provenance; one verdict; the models side by side
+    assert len(results_page.blocks(record)) == 20
+    assert len(rendered) == 21 + sum(len(results_page.blocks(r)) + 1 for r in others) + (len(others) > 0)
     for name, text in rendered.items():
         assert results_page.marked(name, text) in page, name
     assert results_page.write_page(page, rendered) == page   # no marked block the record does not render
@@ -391,6 +393,46 @@ def test_the_results_page_is_the_committed_record_of_its_four_runs():
     for command, _ in results_page.RUNS.values():
         assert f"`{command}`" in page, command
     assert record["runs_commit"][:12] in page
+
+
+def test_another_models_record_holds_both_tables_with_each_runs_command_and_commits():
+    """Issue 89, item 3: the 1.5B model's record (and any other `results-*.json`) holds Table 1 and
+    Table 2 under the paper's protocol, each with the command it ran and the full commits it
+    started and resumed at, of one model named as its file; the page states which weights the
+    runs had, read from the fingerprint."""
+    import results_page
+
+    others = results_page.records()[1:]
+    assert [r["model"]["name"] for r in others] == ["qwen2.5-coder-1.5b"]
+    for record in others:
+        assert {"table1", "table2"} <= set(record["runs"]) <= set(results_page.RUNS)
+        assert len(record["record"]["commit"]) == 40 and record["record"]["dirty"] is False
+        for run in record["runs"].values():
+            assert run["command"].startswith(f"juice reproduce --model {record['model']['name']}")
+            assert run["commits"] and all(re.fullmatch(r"[0-9a-f]{40}", c) for c in run["commits"])
+            assert run["degeneration_margin"] is None   # the paper's protocol
+        assert results_page.weights_line(record["model"]) in results_page.about(record)
+    rounded = {"weights_sha256_16": "ab", "weights_bf16_sha256_16": "ab"}
+    assert "rounded to bfloat16" in results_page.weights_line(rounded)
+    assert "rounded" not in results_page.weights_line({**rounded, "weights_sha256_16": "cd"})
+
+
+def test_the_weights_rounding_on_the_results_page_is_the_committed_record():
+    """Issue 89: the 1.5B model's runs had bfloat16-rounded weights; docs/results.md states what
+    float32 weights change on one domain's test split, as benchmarks/bench_weights_rounding.py's
+    committed record has it, and the record's counts are within its prompts."""
+    import bench_weights_rounding
+
+    record = json.loads((ROOT / "benchmarks" / "results" / "weights-rounding-qwen2.5-coder-1.5b.json")
+                        .read_text(encoding="utf-8"))
+    assert record["dirty"] is False and len(record["commit"]) == 40
+    rounded, exact = record["fingerprints"]["bfloat16-rounded"], record["fingerprints"]["float32"]
+    assert rounded["weights_sha256_16"] == record["run_fingerprint"]["weights_sha256_16"] != exact["weights_sha256_16"]
+    for part in ("float32_vs_rounded", "rounded_vs_run"):
+        for c in record[part].values():
+            assert 0 <= c["outputs_equal"] <= c["exact_match_equal"] <= c["prompts"]
+    page = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    assert bench_weights_rounding.sentence(record) in page
 
 
 def test_the_verdict_on_the_papers_ordering_reads_each_interval_and_names_every_model():
