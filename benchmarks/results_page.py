@@ -316,7 +316,8 @@ def about(record: dict) -> str:
                      + (", resumed at " + ", ".join(f"`{c[:12]}`" for c in commits(run)[1:]) if commits(run)[1:]
                         else "") + ")" for run in record["runs"].values())
     return (f"Model `{record['model']['name']}`: {weights_line(record['model'])}. Runs: {runs}; "
-            f"{record['runs_env']}. Record: `{record['command']}`, at `{record['record']['commit'][:12]}`.\n")
+            f"{record['runs_env']}. Record: `{record['command'].split(' --')[0]} ...` (its whole command is in the "
+            f"record), at `{record['record']['commit'][:12]}`.\n")
 
 
 def page_blocks(records: list[dict]) -> dict[str, str]:
