@@ -43,7 +43,7 @@ from juice.eval.report import degeneration_markdown, difference_markdown, interv
 from juice.eval.runner import evaluate, results_to_json, summary, titled
 from juice.eval.tables import interval_table
 from juice.io import write_json_atomic
-from juice.methods import REGISTRY, UNSTEERED, row_title
+from juice.methods import REGISTRY, UNSTEERED
 from juice.models import LoadedModel
 from juice.pipeline.domains import HEAD_DOMAIN, domain_sources, prepare_domains
 from juice.pipeline.run import (
@@ -56,7 +56,7 @@ from juice.pipeline.run import (
     tuning_label,
 )
 from juice.pipeline.stages import (domain_methods, evaluate_test_splits, ph3_scoring, protocol_stages, stage1_key,
-                                   titled_choice, titled_result)
+                                   titled_result)
 from juice.progress import Progress, no_progress
 
 
@@ -93,10 +93,8 @@ def reproduce(cfg: ReproduceConfig, progress: Progress = no_progress, lm: Loaded
                                                           out / "heads.json", timings)
     all_results, methods_order = evaluate_test_splits(
         run, splits, lambda d: domain_methods(lm, selection, choices[d], cfg.baselines, list(ph3), "table1"),
-        lambda d, sp, methods: {"tuning": key_tuning, "choice": titled_choice(choices[d]),
-                                "methods": [row_title(m) for m in methods],
-                                "test": [ex.to_json() for ex in sp.test], "items": [ex.uid for ex in sp.test]},
-        "eval_{}", titles, len(CONFLICT_TYPES), evaluate, timings)
+        choices, key_tuning, "eval_{}", titles, len(CONFLICT_TYPES), evaluate, timings,
+        key_extra=lambda sp: {"items": [ex.uid for ex in sp.test]})
 
     known = {r.item_key for r in all_results
              if r.method == UNSTEERED and r.conflict_type == "clean" and r.correct}

@@ -141,10 +141,8 @@ def reproduce_contextual(
         return domain_methods(lm, selection, choices[name], cfg.baselines, list(ph3), "table2")
 
     all_results, order = evaluate_test_splits(
-        run, splits, methods_of,
-        lambda d, sp, methods: {"tuning": key_tuning, "choice": titled_choice(choices[d]),
-                                "methods": [row_title(m) for m in methods], "test": [ex.to_json() for ex in sp.test]},
-        "eval_contextual_{}", dataset_titles(), 1, evaluate_contextual, timings)
+        run, splits, methods_of, choices, key_tuning, "eval_contextual_{}", dataset_titles(), 1,
+        evaluate_contextual, timings)
 
     boot = dict(resamples=cfg.bootstrap_resamples, seed=cfg.seed)
     contexts = None

@@ -464,16 +464,21 @@ def protocol_stages(
 
 def evaluate_test_splits(
     run: StageRun, splits: Mapping[str, Any], methods_of: Callable[[str], dict[str, Method]],
-    key_of: Callable[[str, Any, dict[str, Method]], dict[str, Any]], stage: str, titles: Mapping[str, str],
+    choices: Mapping[str, dict[str, Any]], key_tuning: str, stage: str, titles: Mapping[str, str],
     units_per_item: int, evaluate_items: Callable[..., list[ItemResult]], timings: dict[str, float],
+    key_extra: Callable[[Any], dict[str, Any]] = lambda split: {},
 ) -> tuple[list[ItemResult], list[str]]:
     """Stage 5 of either table: every domain's (dataset's) test split under its methods, one
     resumable :func:`evaluation_stage` per domain; wall time into `timings["evaluation"]`.
 
+    A domain's stage key holds the tuning's key, its choice and its rows, both by title
+    (:func:`titled_choice`, :func:`juice.methods.row_title`: keys do not depend on how rows are
+    named in memory), its test items, and `key_extra(split)`.
+
     Args:
         methods_of: domain -> its rows (row key -> method).
-        key_of: (domain, split, methods) -> the settings of its stage key (rows and choices by
-            title: :func:`titled_choice`, so that keys do not depend on how rows are named in memory).
+        choices: domain -> its tuning choice (:func:`tuning_stage`).
+        key_tuning: the tuning stage's key.
         stage: the stage file's name, `{}` standing for the domain.
         units_per_item: progress units per test item and method (its prompts).
         evaluate_items: :func:`juice.eval.runner.evaluate` or `evaluate_contextual`.
@@ -495,8 +500,10 @@ def evaluate_test_splits(
                 note = f"{row_title(name)} ran on juice's engine: {where[len('juice ('):-1]}"
                 if note not in run.notes:
                     run.notes.append(note)
+        key = {"tuning": key_tuning, "choice": titled_choice(choices[domain]),
+               "methods": [row_title(m) for m in methods], "test": [ex.to_json() for ex in sp.test], **key_extra(sp)}
         results += evaluation_stage(
-            run, stage.format(domain), settings_key(key_of(domain, sp, methods)),
+            run, stage.format(domain), settings_key(key),
             f"evaluate {titles.get(domain, domain)}", len(sp.test) * units_per_item * len(methods),
             lambda advance, checkpoint, sp=sp, methods=methods: evaluate_items(
                 run.lm, sp.test, methods, max_rows=run.cfg.max_rows, on_progress=advance, engine=run.engine,
