@@ -140,7 +140,9 @@ def weights_sentence(fingerprint: dict) -> str:
     """Which weights a float32 run had, from its fingerprint: where the exact checksum equals the
     bfloat16 one, the weights were already rounded to bfloat16 (juice 0.4.0 cached a GGUF's
     conversion at the dtype of the model's first load; :data:`juice.models.CONVERSION_DTYPE`)."""
-    if fingerprint["weights_sha256_16"] != fingerprint.get("weights_bf16_sha256_16"):
+    from juice.models import rounded_to_bfloat16
+
+    if not rounded_to_bfloat16(fingerprint):
         return "The float32 arm ran on the GGUF's weights dequantized at float32."
     return ("Both arms ran on the GGUF's weights rounded to bfloat16 (the fingerprint's exact and bfloat16 "
             f"checksums are both `{fingerprint['weights_sha256_16']}`): juice 0.4.0 cached the conversion "

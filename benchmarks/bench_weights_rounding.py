@@ -128,7 +128,7 @@ def main() -> None:
 
     record = {
         "command": "python benchmarks/bench_weights_rounding.py " + " ".join(sys.argv[1:]),
-        **{k: v for k, v in git_state().items()}, "model": MODEL, "domain": args.domain,
+        **git_state(), "model": MODEL, "domain": args.domain,
         "betas": {row: results["choices"][args.domain]["betas"][row] for row in ("june", "juice")},
         "fingerprints": {arm: arms[arm]["fingerprint"] for arm in ARMS},
         "run_fingerprint": results["model"],

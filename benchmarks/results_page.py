@@ -296,8 +296,10 @@ def weights_line(fingerprint: dict) -> str:
     """What weights a record's runs had, read from its model's fingerprint: equal exact and
     bfloat16 checksums mean the weights were rounded to bfloat16 (juice 0.4.0 cached a GGUF's
     conversion at the dtype of the model's first load; :data:`juice.models.CONVERSION_DTYPE`)."""
-    exact, bf16 = fingerprint["weights_sha256_16"], fingerprint.get("weights_bf16_sha256_16")
-    if exact != bf16:
+    from juice.models import rounded_to_bfloat16
+
+    exact = fingerprint["weights_sha256_16"]
+    if not rounded_to_bfloat16(fingerprint):
         return f"float32 weights (checksum `{exact}`), computed in float32"
     return (f"the GGUF's weights rounded to bfloat16, computed in float32 (the fingerprint's exact and "
             f"bfloat16 checksums are both `{exact}`: the machine's cached conversion was made by a first "
@@ -368,6 +370,28 @@ def write_page(page: str, rendered: dict[str, str]) -> str:
     return block.sub(lambda m: marked(m.group(1), rendered[m.group(1)]), page)
 
 
+def _run_entry(key: str, command: str, file: Path, **extra) -> dict:
+    """One run of a record: its command, `extra`, its compact results (:func:`compact`) and, for
+    Table 2, the chosen settings' degenerate share on validation and on test."""
+    from degeneration_labels import predict
+
+    entry = {"command": command, **extra, **compact(json.loads(file.read_text(encoding="utf-8")))}
+    if key.startswith("table2"):
+        entry["validation_degeneration"] = predict(file)
+    return entry
+
+
+def _one_model(runs: dict) -> dict:
+    """The model all `runs` are of, taken out of each.
+
+    Raises:
+        SystemExit: runs of different models."""
+    models = {json.dumps(r.pop("model"), sort_keys=True) for r in runs.values()}
+    if len(models) != 1:
+        raise SystemExit("the runs are not of one model")
+    return json.loads(models.pop())
+
+
 def record_runs(runs_dir: Path, runs_commit: str) -> dict:
     sys.path.insert(0, str(HERE))
     from _common import git_state
@@ -375,21 +399,13 @@ def record_runs(runs_dir: Path, runs_commit: str) -> dict:
     import juice
     import torch
 
-    runs = {}
-    from degeneration_labels import predict
-
-    for key, (command, file) in RUNS.items():
-        runs[key] = {"command": command, **compact(json.loads((runs_dir / file).read_text(encoding="utf-8")))}
-        if key.startswith("table2"):   # the chosen settings' degenerate share on validation and on test
-            runs[key]["validation_degeneration"] = predict(runs_dir / file)
-    models = {json.dumps(r.pop("model"), sort_keys=True) for r in runs.values()}
-    if len(models) != 1:
-        raise SystemExit("the four runs are not of one model")
+    runs = {key: _run_entry(key, command, runs_dir / file) for key, (command, file) in RUNS.items()}
+    model = _one_model(runs)
     return {"command": f"python benchmarks/results_page.py record RUNS_DIR --runs-commit {runs_commit}",
             "runs_commit": runs_commit, "runs_env": "one thread each (OMP_NUM_THREADS=1), in a folder outside the "
             "checkout with JUICE_DATA=../shared/data, two runs side by side on 2 cores", "record": git_state(), "juice": juice.__version__, "torch": torch.__version__,
             "date": date.today().isoformat(), "machine": f"{platform.machine()}, 2 CPU cores, one thread per run",
-            "model": json.loads(models.pop()), "runs": runs}
+            "model": model, "runs": runs}
 
 
 def record_model(runs: list[list[str]], runs_env: str, argv: list[str]) -> dict:
@@ -402,7 +418,6 @@ def record_model(runs: list[list[str]], runs_env: str, argv: list[str]) -> dict:
             full hash, or runs of different models."""
     sys.path.insert(0, str(HERE))
     from _common import git_state
-    from degeneration_labels import predict
 
     import juice
     import torch
@@ -412,19 +427,14 @@ def record_model(runs: list[list[str]], runs_env: str, argv: list[str]) -> dict:
         shas = commits.split(",")
         if key not in RUNS or not all(re.fullmatch(r"[0-9a-f]{40}", c) for c in shas):
             raise SystemExit(f"--run {key}: a key of {', '.join(RUNS)} and full commit hashes, comma-separated")
-        out[key] = {"command": command, "commits": shas,
-                    **compact(json.loads(Path(file).read_text(encoding="utf-8")))}
-        if key.startswith("table2"):
-            out[key]["validation_degeneration"] = predict(Path(file))
+        out[key] = _run_entry(key, command, Path(file), commits=shas)
     if not {"table1", "table2"} <= set(out):
         raise SystemExit("a record needs the table1 and table2 runs")
-    models = {json.dumps(r.pop("model"), sort_keys=True) for r in out.values()}
-    if len(models) != 1:
-        raise SystemExit("the runs are not of one model")
+    model = _one_model(out)
     return {"command": "python benchmarks/results_page.py " + " ".join(map(_quoted, argv)), "runs_env": runs_env,
             "record": git_state(), "juice": juice.__version__, "torch": torch.__version__,
             "date": date.today().isoformat(), "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPU cores",
-            "model": json.loads(models.pop()), "runs": out}
+            "model": model, "runs": out}
 
 
 def _quoted(arg: str) -> str:

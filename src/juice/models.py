@@ -227,6 +227,13 @@ def weights_digests(rows: torch.Tensor) -> dict[str, str]:
     return {"weights_sha256_16": weights_digest(rows), BF16_DIGEST_KEY: weights_digest(rows, torch.bfloat16)}
 
 
+def rounded_to_bfloat16(fingerprint: dict[str, Any]) -> bool:
+    """Whether a fingerprint's weights were already rounded to bfloat16: its exact checksum equals
+    its :data:`BF16_DIGEST_KEY` one (as for a model held in bfloat16, or a float32 load of a GGUF
+    conversion juice 0.4.0 cached at bfloat16; :data:`CONVERSION_DTYPE`)."""
+    return fingerprint["weights_sha256_16"] == fingerprint.get(BF16_DIGEST_KEY)
+
+
 def _weights_agree(theirs: dict[str, Any], mine: dict[str, Any]) -> bool:
     if theirs.get("weights_sha256_16") == mine.get("weights_sha256_16"):
         return True
