@@ -166,6 +166,7 @@ def published_record(folders: dict[str, Path], reproduced: Path | None = None, s
     :func:`heads_and_betas`) or else of `reproduced`, the command, the commit and the dirty flag
     (`source`, read when the command started)."""
     from _common import git_state
+    from juice.methods import row_title
     from juice.when_to_steer.evaluation import QUESTION_ONLY
     from juice.when_to_steer.harm import area_under, auto_bins, harm_table, risk_coverage
     from juice.when_to_steer.outcomes import outcomes_sha256, read_outcomes
@@ -190,7 +191,7 @@ def published_record(folders: dict[str, Path], reproduced: Path | None = None, s
     for name, o in datasets.items():
         policy, test = primary_on_test(o, PLAN)
         methods = [*o.static, PRIMARY]
-        curves = {m: risk_coverage(test, test.verdicts["use"][m]) for m in o.static if m != QUESTION_ONLY}
+        curves = {row_title(m): risk_coverage(test, test.verdicts["use"][m]) for m in o.static if m != QUESTION_ONLY}
         curves[f"{PRIMARY} (its bins)"] = risk_coverage(test, auto_bins(test, policy))
         rec["datasets"][name] = {
             "outcomes_sha256": outcomes_sha256(read[name]),

@@ -30,10 +30,11 @@ editing juice.
 
 from __future__ import annotations
 
+import re
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
@@ -464,30 +465,42 @@ large one; "s": PH3-s, on D; "l-knockout": PH3-l scored by knock-out), a directi
 
 @dataclass(frozen=True)
 class Row:
-    """A table row's identity: a registry method and its variant (:data:`VARIANTS`). Results, tables
-    and stages carry its :attr:`key`; its :attr:`title` is what tables, pages and records show
-    (rendered there: :func:`row_title`).
+    """A table row's identity: a registry method, its variant (:data:`VARIANTS`) and the share of
+    its tuned betas it steers with. Results, tables and stages carry its :attr:`key`; its
+    :attr:`title` is what tables, pages and records show (rendered there: :func:`row_title`).
+
+    Attributes:
+        share: "" (the tuned betas) or "/N" (1/N of them: the when-to-steer study's "juice/2-ctx",
+            one of auto's candidates, :attr:`juice.when_to_steer.auto.Candidate.label`).
 
     Raises:
-        ValueError: an unknown variant.
+        ValueError: an unknown variant; a share that is not "/N".
     """
 
     method: str
     variant: str = ""
+    share: str = ""
 
     def __post_init__(self) -> None:
         if self.variant and self.variant not in VARIANTS:
             raise ValueError(f"row {self.method}: no variant {self.variant!r} ({', '.join(VARIANTS)})")
+        if self.share and not _SHARE.fullmatch(self.share):
+            raise ValueError(f"row {self.method}: a share is '/N' (a fraction of the tuned betas), got {self.share!r}")
 
     @property
     def key(self) -> str:
-        """"ph3-l", "juice-ctx", "original": the method's name, then its variant."""
-        return f"{self.method}-{self.variant}" if self.variant else self.method
+        """"ph3-l", "juice-ctx", "juice/2-ctx", "original": the method's name, its share, its variant."""
+        return f"{self.method}{self.share}-{self.variant}" if self.variant else self.method + self.share
 
     @property
     def title(self) -> str:
-        """"PH3-l", "JuICE-ctx", "Original": the method's title, then its variant's suffix."""
-        return REGISTRY[self.method].title + VARIANTS.get(self.variant, "")
+        """"PH3-l", "JuICE-ctx", "JuICE/2-ctx", "Original": the method's title, its share, then its
+        variant's suffix."""
+        return REGISTRY[self.method].title + self.share + VARIANTS.get(self.variant, "")
+
+
+_SHARE = re.compile(r"/[0-9]+(?:\.[0-9]+)?")
+"""A row's share of its method's tuned betas: "/2"."""
 
 
 _ROWS: list[Any] = [None, {}]   # (the registry's names and titles it was built from, the table)
@@ -508,14 +521,22 @@ def _rows() -> dict[str, Row]:
 
 
 def row_of(label: str) -> Row | None:
-    """The row a key ("ph3-l") or a title ("PH3-l") names, or None (a label that is no row of the
-    registry: "Question-only", a tuning setting's "juice:2:-1")."""
-    return _rows().get(label)
+    """The row a key ("ph3-l", "juice/2-ctx") or a title ("PH3-l", "JuICE/2-ctx") names, or None (a
+    label that is no row of the registry: "Question-only", a tuning setting's "juice:2:-1")."""
+    row = _rows().get(label)
+    if row is None and "/" in label:   # a share of the tuned betas: "juice/2-ctx" is "juice-ctx" at 1/2
+        share = _SHARE.search(label)
+        base = None if share is None else _rows().get(label[:share.start()] + label[share.end():])
+        row = None if base is None else replace(base, share=share.group())
+    return row
 
 
 def row_key(label: str) -> str:
     """A row's key from its key or title (where a saved file or a user names it: a results file,
-    a stage's state, a sweep file); any other label unchanged."""
+    a stage's state, a sweep file, a when-to-steer study's outcomes), a paired difference "A - B"
+    of two (both sides keyed) or any other label (unchanged)."""
+    if " - " in label:
+        return " - ".join(row_key(part) for part in label.split(" - "))
     row = row_of(label)
     return label if row is None else row.key
 

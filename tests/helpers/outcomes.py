@@ -6,8 +6,10 @@ from __future__ import annotations
 import random
 
 TYPES = ("gold", "conflicting", "irrelevant", "distractor", "none")
-CANDIDATES = {"original": "Original", "question": "Question-only", "juice": "JuICE-ctx"}
-STATIC = ["Original", "Prompt-mem", "JuICE-ctx", "Question-only"]
+CANDIDATES = {"original": "original", "question": "Question-only", "juice": "juice-ctx"}
+STATIC = ["original", "prompt-mem", "juice-ctx", "Question-only"]
+"""Methods by row key, as :class:`juice.when_to_steer.outcomes.Outcomes` holds them in memory
+(its files: by title)."""
 
 
 def synthetic(sources=("a", "b"), questions: int = 12, seed: int = 0, right=None, half_of=None):
@@ -22,7 +24,7 @@ def synthetic(sources=("a", "b"), questions: int = 12, seed: int = 0, right=None
     right = right or (lambda m, s, q, t: rng.random() < 0.5)
     half_of = half_of or (lambda q: "validation" if q % 2 == 0 else "test")
     rows = [(s, q, t) for s in sources for q in range(questions) for t in TYPES]
-    methods = [*STATIC, "JuICE/2-ctx"]
+    methods = [*STATIC, "juice/2-ctx"]
     use = {m: [bool(right(m, s, q, t)) for s, q, t in rows] for m in methods}
     true = {m: [u if t in ("irrelevant", "distractor", "none") else False for u, (s, q, t) in zip(use[m], rows)]
             for m in methods}
@@ -34,5 +36,5 @@ def synthetic(sources=("a", "b"), questions: int = 12, seed: int = 0, right=None
                     {"question_words_in_passage": [1.0 if t in ("gold", "conflicting") else 0.2 for s, q, t in rows],
                      "confidence_gain": [rng.random() for _ in rows], "context_peakedness": [rng.random() for _ in rows]},
                     {"use": use, "true": true, "copies": copies, "degenerate": {m: [False] * len(rows) for m in methods}},
-                    {**CANDIDATES, "juice/2": "JuICE/2-ctx"}, list(STATIC),
+                    {**CANDIDATES, "juice/2": "juice/2-ctx"}, list(STATIC),
                     {"juice": (1.0, -1.0), "juice/2": (0.5, -0.5)})

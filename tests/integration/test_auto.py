@@ -278,7 +278,7 @@ def test_tuning_reads_validation_items_only_and_auto_evaluates_as_its_choices(ti
     artifact = tiny_heads(lm)
     fit = tune_auto(lm, artifact, context_items(tmp_path / "same.jsonl", split="validation")[0])
     report = evaluate_contexts(lm, [artifact], items, ["original", "juice", "auto"], data=where, resamples=1000)
-    assert report.methods == ["Original", "JuICE-ctx", "auto-ctx"]
+    assert report.methods == ["original", "juice-ctx", "auto-ctx"]
     assert fit.policy == policy_of({"auto": policies["same"]})
     # auto's output on every test item is its chosen candidate's output, alone
     policy = fit.policy
@@ -379,7 +379,7 @@ def test_auto_choosing_adacad_evaluates_as_adacad(tiny_llama, tmp_path):
     outputs = {}
     for r in report.results:
         outputs.setdefault((r.item, r.conflict_type), {})[r.method] = r.output
-    assert all(o["auto-ctx"] == o["AdaCAD"] for o in outputs.values())
+    assert all(o["auto-ctx"] == o["adacad"] for o in outputs.values())
 
 
 def test_fit_policy_never_picks_a_candidate_that_degenerates_beyond_the_margin():

@@ -28,8 +28,8 @@ def test_the_study_chooses_on_validation_and_reports_on_test(tiny_llama, rows_fi
     val_q = {(r.domain, r.subject) for r in val.results}
     test_q = {(r.domain, r.subject) for r in test.results}
     assert val_q and test_q and not val_q & test_q
-    static = ["Original", "Prompt-mem", "Prompt-ctx", "CAD", "AdaCAD", "JuICE-ctx"]
-    assert test.methods == [*static, "Question-only", "auto-ctx", ORACLE] and "JuICE/2-ctx" in val.methods
+    static = ["original", "prompt-mem", "prompt-ctx", "cad", "adacad", "juice-ctx"]   # row keys (titled on disk)
+    assert test.methods == [*static, "Question-only", "auto-ctx", ORACLE] and "juice/2-ctx" in val.methods
     static.append("Question-only")
     means = val.means()["use_relevant"]
     assert test.best_static == best_static_method({"means": val.means(), "methods": static}, among=static)
@@ -37,15 +37,25 @@ def test_the_study_chooses_on_validation_and_reports_on_test(tiny_llama, rows_fi
     assert f"auto-ctx - {test.best_static}" in test.summary["use_relevant"].differences or test.best_static == "auto-ctx"
     saved = json.loads((tmp_path / "s" / "heads_auto.json").read_text())["tuned"]["auto"]
     assert saved["picks"] == list(study.fit.policy.picks) and saved["data"]["split"] == "validation"
-    candidates = ["Original", "Question-only", "AdaCAD", "JuICE-ctx", "JuICE/2-ctx"]
+    candidates = ["original", "Question-only", "adacad", "juice-ctx", "juice/2-ctx"]
     by = {(r.item, r.conflict_type, r.method): r.correct for r in val.results}
     for (item, kind, method), right in by.items():
         if method == ORACLE:
             assert right == any(by[item, kind, c] for c in candidates)
     boot = test.summary["use_relevant"]
-    assert boot.cells[ORACLE][MEAN].mean >= max(boot.cells[m][MEAN].mean for m in ("Original", "AdaCAD", "JuICE-ctx"))
+    assert boot.cells[ORACLE][MEAN].mean >= max(boot.cells[m][MEAN].mean for m in ("original", "adacad", "juice-ctx"))
     for name in ("study.md", "study.json", "validation/contexts.json", "test/contexts.md"):
         assert (tmp_path / "s" / name).is_file()
+    # the files show titles; read back, they are the same rows
+    from juice.methods import row_key, row_title
+
+    on_disk = json.loads((tmp_path / "s" / "validation" / "contexts.json").read_text())
+    assert on_disk["methods"] == [row_title(m) for m in val.methods] and "JuICE/2-ctx" in on_disk["methods"]
+    assert [row_key(m) for m in on_disk["methods"]] == val.methods
+    written = json.loads((tmp_path / "s" / "study.json").read_text())
+    assert written["best_static"] == row_title(test.best_static) and set(written["test"]["use_relevant"]["cells"]) \
+        == {row_title(m) for m in test.methods}
+    assert best_static_method(on_disk, among=static) == test.best_static   # a saved run's choice, as a key
 
     def no_decoding(*args, **kwargs):
         raise AssertionError("the cache should hold every chunk")
@@ -90,8 +100,8 @@ def test_auto_routed_from_the_cache_is_auto_decoded(tiny_llama, word_file, tmp_p
                        relevance=gain, gate=CONFIDENCE_GAIN)
     instructed = AutoPolicy((median,), ("prompt-mem", "juice"), {"juice": candidate_betas(fitted.tuned)["juice"]},
                             relevance=gain, gate=CONFIDENCE_GAIN)
-    titles = {"original": "Original", "question": "Question-only", "juice": "JuICE-ctx", "adacad": "AdaCAD",
-              "juice/2": "JuICE/2-ctx", "prompt-mem": "Prompt-mem"}
+    keys = {"original": "original", "question": "Question-only", "juice": "juice-ctx", "adacad": "adacad",
+            "juice/2": "juice/2-ctx", "prompt-mem": "prompt-mem"}
     for policy in (study.fit.policy, three, instructed):
         record_fit(fitted, replace_fit(study.fit, policy))
         picks = policy_picks(policy, signal, passage, gates)
@@ -100,7 +110,7 @@ def test_auto_routed_from_the_cache_is_auto_decoded(tiny_llama, word_file, tmp_p
         if policy is instructed:   # and Original where there is no passage
             assert set(picks) == {"original", "question", "prompt-mem", "juice"}
         routed = ([r for r in study.test.results if r.method == "auto-ctx"] if policy is study.fit.policy
-                  else routed_results(items, study.test.results, picks, titles, "auto"))
+                  else routed_results(items, study.test.results, picks, keys, "auto"))
         live = evaluate_context_types(lm, items, {"auto": build("auto", MethodInputs(lm, fitted.selection,
                                                                                      fitted.tuned)).method})
         assert len(routed) == len(live) == len(items)
@@ -209,7 +219,7 @@ def test_no_test_verdict_moves_the_best_static_method_autos_policy_or_its_cross_
     lm, real = tiny_llama, study_module.decode_cached
     names = ("original", "prompt", "cad", "adacad", "juice")
     studies = {}
-    for right in ("JuICE-ctx", "AdaCAD"):
+    for right in ("juice-ctx", "adacad"):
         monkeypatch.setattr(study_module, "decode_cached", _rigged(real, right))
         studies[right] = run_study(lm, tiny_heads(lm), rows_file, out=tmp_path / "s", names=names, resamples=1000)
     a, b = studies.values()
@@ -220,7 +230,7 @@ def test_no_test_verdict_moves_the_best_static_method_autos_policy_or_its_cross_
     assert a.cross_validation == b.cross_validation
     for right, study in studies.items():   # the rigging reached the test tables
         cells = study.test.summary["use_relevant"].cells
-        assert cells[right][MEAN].mean == 1.0 and cells["Original"][MEAN].mean == 0.0
+        assert cells[right][MEAN].mean == 1.0 and cells["original"][MEAN].mean == 0.0
 
 
 def test_the_published_record_is_built_from_the_decoded_outcomes_alone(tiny_llama, word_file, rows_file, tmp_path,

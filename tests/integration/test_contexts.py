@@ -61,20 +61,20 @@ def test_verdicts_equal_one_prompt_at_a_time(tiny_llama):
 
 def test_tables_hold_both_objectives_and_the_follow_rate(tiny_llama):
     items = _items()
-    methods = {"Original": ORIGINAL, "JuICE": JuICE(tiny_llama, SEL, 3.0, -1.0)}
+    methods = {"original": ORIGINAL, "juice": JuICE(tiny_llama, SEL, 3.0, -1.0)}
     tables = context_type_tables(evaluate_context_types(tiny_llama, items, methods), list(methods),
                                  resamples=1000)
     assert set(tables) == {"use_relevant", "trust_memory", "follows_context", "use_relevant_not_degenerate",
                             "degenerate"}
     use = tables["use_relevant"]
-    assert set(use.cells["JuICE"]) == {"world_capital", "nqswap", "Average"}
-    assert set(use.cells["JuICE"]["Average"]) == set(CONTEXT_TYPES)
-    assert use.cells["Original"]["world_capital"]["conflicting"].n == 6   # 3 items x 2 prompts
-    assert "none" not in tables["follows_context"].cells["Original"]["Average"]
-    assert "JuICE - Original" in use.differences
+    assert set(use.cells["juice"]) == {"world_capital", "nqswap", "Average"}
+    assert set(use.cells["juice"]["Average"]) == set(CONTEXT_TYPES)
+    assert use.cells["original"]["world_capital"]["conflicting"].n == 6   # 3 items x 2 prompts
+    assert "none" not in tables["follows_context"].cells["original"]["Average"]
+    assert "juice - original" in use.differences
     means = context_type_means(use)
-    assert set(means["JuICE"]) == {*CONTEXT_TYPES, "mean"}
-    assert means["JuICE"]["mean"] == pytest.approx(sum(means["JuICE"][t] for t in CONTEXT_TYPES) / 4)
+    assert set(means["juice"]) == {*CONTEXT_TYPES, "mean"}
+    assert means["juice"]["mean"] == pytest.approx(sum(means["juice"][t] for t in CONTEXT_TYPES) / 4)
 
 
 @pytest.mark.parametrize("direction", ["parametric", "contextual"])
@@ -175,7 +175,7 @@ def test_question_only_equals_decoding_the_question_alone(tiny_llama):
     from juice.when_to_steer.evaluation import QUESTION_ONLY, question_only_results
 
     items = _items()
-    results = evaluate_context_types(tiny_llama, items, {"Original": Method()})
+    results = evaluate_context_types(tiny_llama, items, {"original": Method()})
     alone = question_only_results(items, results)
     assert len(alone) == len(items) and {r.method for r in alone} == {QUESTION_ONLY}
     for item, r in zip(items, alone):

@@ -16,7 +16,7 @@ import juice
 import openai
 from juice import methods
 from juice.baselines.cad import CadPolicy, jsd_alpha
-from juice.methods import REGISTRY, MethodInputs, MethodSpec, build, lookup
+from juice.methods import REGISTRY, MethodInputs, MethodSpec, build, lookup, row_title
 from juice.stage1 import HeadsArtifact
 from juice.steering import DEFAULT_BETAS, JuICE, JuNE, Prune, UntunedBetasWarning
 from juice.tuned import TunedSettings
@@ -62,6 +62,14 @@ def test_a_row_is_a_registry_method_and_its_variant_keyed_in_results_and_titled_
     assert row_key("juice:2:-1") == "juice:2:-1"
     with pytest.raises(ValueError, match="no variant 'big'"):
         Row("juice", "big")
+    # a share of the tuned betas (the when-to-steer study's "juice/2-ctx", one of auto's candidates)
+    half = Row("juice", "ctx", "/2")
+    assert (half.key, half.title) == ("juice/2-ctx", "JuICE/2-ctx") and Row("juice", share="/2").key == "juice/2"
+    assert row_of("JuICE/2-ctx") == row_of("juice/2-ctx") == half and row_key("JuICE/2-ctx - Original") == \
+        "juice/2-ctx - original"
+    assert row_of("nothing/2-ctx") is None and row_title("nothing/2-ctx") == "nothing/2-ctx"
+    with pytest.raises(ValueError, match="a share is '/N'"):
+        Row("juice", "ctx", "half")
 
 
 class _EntryPoint:
@@ -208,7 +216,7 @@ def test_a_new_method_is_one_entry(tiny_llama, monkeypatch):
     assert list(rows) == ["original", "juice-half"] and settings["juice-half"] == {"beta_plus": 2.0, "beta_minus": -1.0}
     assert torch.equal(rows["juice-half"].steering.coefficients, JuICE(tiny_llama, SEL, 2.0, -1.0).coefficients)
     contexts, _ = context_methods(tiny_llama, [heads], ["juice-half"])
-    assert list(contexts) == ["JuICE/2-ctx"]
+    assert list(contexts) == ["juice-half-ctx"] and row_title("juice-half-ctx") == "JuICE/2-ctx"
     assert torch.equal(Steerer(tiny_llama, heads, method="juice-half").steering.coefficients,
                        rows["juice-half"].steering.coefficients)
     from juice import steerer, steering_request

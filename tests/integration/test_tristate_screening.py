@@ -127,12 +127,12 @@ def test_the_measurement_runs_every_method_on_every_state_and_resumes_from_its_u
     items, results = measure(tiny, states, [], names, chunk=2, checkpoint=tmp_path / "units.json")
     stated = [i for i in items if i.context_type != "none"]
     assert len(stated) == 3 + 3 + 3
-    methods = {"Original", "CAD", "GRD", "CoCoA", "Question-only"}
+    methods = {"original", "cad", "grd", "cocoa", "Question-only"}   # row keys (titled in the record)
     assert {r.method for r in results} == methods
     for m in methods - {"Question-only"}:
         assert sorted(r.item for r in results if r.method == m and r.conflict_type != "none") == sorted(
             f"{i.uid}/{i.variant}" for i in stated)
-    assert not any(r.conflict_type == "none" and r.method != "Original" for r in results)
+    assert not any(r.conflict_type == "none" and r.method != "original" for r in results)
     calls = []
     real = tristate.evaluate_context_types
     monkeypatch.setattr(tristate, "evaluate_context_types", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -146,10 +146,10 @@ def test_the_state_table_scores_each_state_on_the_true_answer_with_intervals_and
     method, the methods within its interval, and each method against GRD."""
     from juice.data.context_types import ContextItem
     from juice.eval.runner import ItemResult
-    from juice.pipeline.tristate import state_table, verdict
+    from juice.pipeline.tristate import state_table, titled_verdict, verdict
 
     items, results = [], []
-    outputs = {"A": "Paris\nmore", "B": "It is Paris, yes", "GRD": "Rome"}
+    outputs = {"A": "Paris\nmore", "B": "It is Paris, yes", "grd": "Rome"}
     for k in range(40):
         for state, kind in (("correction", "gold"), ("resistance", "conflicting")):
             item = ContextItem("tristate/location", f"location_{k}", kind, "p", "q", ("Paris",), ("Paris",)
@@ -162,11 +162,12 @@ def test_the_state_table_scores_each_state_on_the_true_answer_with_intervals_and
     a, b = table["correction"]["A"], table["correction"]["B"]
     assert a["em"]["mean"] == 0.75 == a["first_words"]["mean"] and a["em"]["n"] == 40
     assert b["em"]["mean"] == 0.0 and b["first_words"]["mean"] == 0.75   # "It is Paris": not the first line
-    assert table["resistance"]["GRD"]["em"]["mean"] == 0.0
+    assert table["resistance"]["grd"]["em"]["mean"] == 0.0
     v = verdict(table, resamples=1000)
     assert v["best"] == {"correction": "A", "resistance": "A"}
     assert v["within"]["correction"] == ["A"] and v["within_every_state"] == ["A"]
-    assert v["versus"]["A - GRD"]["correction"]["mean"] == 0.75
+    assert v["versus"]["A - grd"]["correction"]["mean"] == 0.75
+    assert titled_verdict(v)["versus"]["A - GRD"] == v["versus"]["A - grd"]   # the record's form
 
 
 def test_the_benchmark_screens_tunes_auto_on_validation_facts_and_scores_the_test_facts_only(tiny, tmp_path,

@@ -45,8 +45,8 @@ def test_methods_of_both_heads_files(tiny_llama):
     context = HeadsArtifact(tiny_llama.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL)
     with pytest.warns(UserWarning, match="untuned betas"):
         methods, settings = context_methods(tiny_llama, [memory, context], ["original", "prompt", "juice"])
-    assert list(methods) == ["Original", "Prompt-mem", "Prompt-ctx", "JuICE-mem", "JuICE-ctx"]
-    assert settings["JuICE-mem"]["source"] == "tuned" and settings["JuICE-ctx"]["source"] == "default"
+    assert list(methods) == ["original", "prompt-mem", "prompt-ctx", "juice-mem", "juice-ctx"]   # row keys
+    assert settings["juice-mem"]["source"] == "tuned" and settings["juice-ctx"]["source"] == "default"
     with pytest.raises(ValueError, match="juice needs a heads file"):
         context_methods(tiny_llama, [], ["juice"])
     with pytest.raises(ValueError, match="PH3 needs its k"):
@@ -60,8 +60,9 @@ def test_the_report_has_every_table(tiny_llama, tmp_path):
     context = HeadsArtifact(tiny_llama.fingerprint(), "contextual", 1, [1.0], [-1.0], SEL,
                             tuned={"june": {"beta_plus": 1.0, "beta_minus": 0.0}})
     report = evaluate_contexts(tiny_llama, [context], items, ["original", "june"], data=where, resamples=1000)
-    assert report.methods == ["Original", "JuNE-ctx"] and len(report.results) == 2 * 2 * len(CONTEXT_TYPES)
-    data = report.to_json()
+    assert report.methods == ["original", "june-ctx"] and len(report.results) == 2 * 2 * len(CONTEXT_TYPES)
+    data = report.to_json()   # by title
+    assert data["methods"] == ["Original", "JuNE-ctx"] and {r["method"] for r in data["results"]} == set(data["methods"])
     assert set(data["tables"]) == {"use_relevant", "trust_memory", "follows_context", "use_relevant_not_degenerate",
                             "degenerate"}
     assert set(data["means"]["use_relevant"]["JuNE-ctx"]) == {*CONTEXT_TYPES, "mean"}

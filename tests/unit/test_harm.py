@@ -18,15 +18,15 @@ def _rules(m, s, q, t):
     if t == "none":
         return known
     if t in ("gold", "conflicting"):
-        return m in ("JuICE-ctx", "JuICE/2-ctx") or (m == "Original" and q % 2 == 0)
-    return known and m in ("Prompt-mem", "Original", "Question-only")
+        return m in ("juice-ctx", "juice/2-ctx") or (m == "original" and q % 2 == 0)
+    return known and m in ("prompt-mem", "original", "Question-only")
 
 
 def test_the_table_splits_outputs_by_whether_the_model_knows_the_answer():
     from juice.when_to_steer.harm import KEEPS, USES, harm_markdown, harm_table
 
     o = synthetic(right=_rules, questions=12)
-    table = harm_table(o, ["Original", "Prompt-mem", "JuICE-ctx", "Question-only"], resamples=1000)
+    table = harm_table(o, ["original", "prompt-mem", "juice-ctx", "Question-only"], resamples=1000)
     rows, verdicts = table["rows"], table["verdicts"]
     assert table["known_questions"] == 12 and table["questions"] == 24
     assert rows["JuICE-ctx"][USES]["mean"] == 1.0 and rows["Prompt-mem"][USES]["mean"] == 0.0
@@ -46,7 +46,7 @@ def test_risk_coverage_runs_from_every_passage_to_none():
     from juice.when_to_steer.harm import area_under, risk_coverage
 
     o = synthetic(right=_rules, questions=12)
-    curve = risk_coverage(o, o.verdicts["use"]["JuICE-ctx"])
+    curve = risk_coverage(o, o.verdicts["use"]["juice-ctx"])
     assert curve[0]["coverage"] == 1.0 and curve[-1]["coverage"] == 0.0 and math.isnan(curve[-1]["risk"])
     covers = [p["coverage"] for p in curve]
     assert covers == sorted(covers, reverse=True)
@@ -66,7 +66,7 @@ def test_auto_bins_route_each_item_to_its_candidate():
     policy = AutoPolicy((0.5,), ("original", "juice"), {"juice": (1.0, -1.0)}, relevance=0.9)
     got = auto_bins(o, policy)
     for k, (x, has) in enumerate(zip(o.signal, o.passage)):
-        name = "Original" if not has or x < 0.5 else "JuICE-ctx"
+        name = "original" if not has or x < 0.5 else "juice-ctx"
         assert got[k] == o.verdicts["use"][name][k]
 
 
@@ -75,7 +75,7 @@ def test_the_risk_coverage_figure_is_written(tmp_path):
     from juice.when_to_steer.harm import risk_coverage, risk_coverage_figure
 
     o = synthetic(right=_rules)
-    curves = {"one": {m: risk_coverage(o, o.verdicts["use"][m]) for m in ("Original", "JuICE-ctx")}}
+    curves = {"one": {m: risk_coverage(o, o.verdicts["use"][m]) for m in ("original", "juice-ctx")}}
     path = risk_coverage_figure(curves, tmp_path / "rc.png", "title")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -85,8 +85,8 @@ def test_an_output_that_states_both_answers_counts_as_stating_the_true_one():
     from juice.when_to_steer.harm import harm_table
 
     o = synthetic(right=_rules, questions=12)
-    o.verdicts["copies"]["Original"] = [True] * len(o)   # every output also states the passage's answer
-    rows = harm_table(o, ["Original", "Question-only"], resamples=1000)["rows"]["Original"]
+    o.verdicts["copies"]["original"] = [True] * len(o)   # every output also states the passage's answer
+    rows = harm_table(o, ["original", "Question-only"], resamples=1000)["rows"]["Original"]   # by title
     for label, part in rows.items():
         if isinstance(part, dict) and "copies" in part:
             assert sum(part[k]["mean"] for k in ("copies", "true", "neither")) == pytest.approx(1.0)

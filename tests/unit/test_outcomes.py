@@ -14,8 +14,8 @@ def test_outcomes_survive_json_and_select_by_half():
     assert again.signal == [round(x, 7) for x in o.signal]
     test = o.where(half="test")
     assert set(test.half) == {"test"} and len(test) == len(o) // 2
-    assert Outcomes.concatenate([o.where(half="validation"), test]).verdicts["use"]["Original"] == \
-        [*o.where(half="validation").verdicts["use"]["Original"], *test.verdicts["use"]["Original"]]
+    assert Outcomes.concatenate([o.where(half="validation"), test]).verdicts["use"]["original"] == \
+        [*o.where(half="validation").verdicts["use"]["original"], *test.verdicts["use"]["original"]]
 
 
 def test_a_question_is_known_where_the_question_alone_states_the_true_answer():

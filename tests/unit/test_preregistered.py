@@ -24,15 +24,15 @@ def test_the_best_static_method_is_chosen_on_the_training_items():
     from juice.when_to_steer.preregistered import best_static, fit_and_route
 
     def right(m, s, q, t):
-        favoured = "Prompt-mem" if q % 2 == 0 else "JuICE-ctx"
+        favoured = "prompt-mem" if q % 2 == 0 else "juice-ctx"
         return m == favoured
 
     o = synthetic(right=right)
     train, held = o.where(half="validation"), o.where(half="test")
-    assert best_static(train) == "Prompt-mem" and best_static(held) == "JuICE-ctx"
+    assert best_static(train) == "prompt-mem" and best_static(held) == "juice-ctx"
     auto, chosen, best = fit_and_route(train, held, ())
-    assert chosen == "Prompt-mem" and not any(best)
-    assert auto == [bool(v) for v in held.verdicts["use"]["Original"]]   # no candidate right on train: Original
+    assert chosen == "prompt-mem" and not any(best)
+    assert auto == [bool(v) for v in held.verdicts["use"]["original"]]   # no candidate right on train: Original
 
 
 def test_auto_routes_to_the_candidate_its_gate_picks():
@@ -42,13 +42,13 @@ def test_auto_routes_to_the_candidate_its_gate_picks():
 
     def right(m, s, q, t):
         if t in ("gold", "conflicting"):
-            return m in ("JuICE-ctx", "JuICE/2-ctx")
-        return m in ("Question-only", "Original") if t == "none" else m == "Question-only"
+            return m in ("juice-ctx", "juice/2-ctx")
+        return m in ("Question-only", "original") if t == "none" else m == "Question-only"
 
     o = synthetic(right=right)
     auto, chosen, best = fit_and_route(o.where(half="validation"), o.where(half="test"),
                                        ("question_words_in_passage",))
-    assert all(auto) and chosen in ("JuICE-ctx", "Question-only") and not all(best)
+    assert all(auto) and chosen in ("juice-ctx", "Question-only") and not all(best)
     no_gate, _, _ = fit_and_route(o.where(half="validation"), o.where(half="test"), ())
     assert not all(no_gate)
 
@@ -77,15 +77,15 @@ def test_prompt_toward_memory_is_auto_s_candidate_where_the_study_decoded_it():
     from juice.when_to_steer.preregistered import PLAN, fit, fit_and_route, with_candidates
 
     def right(m, s, q, t):
-        return m == "Prompt-mem" or (t == "none" and m in ("Original", "Question-only"))
+        return m == "prompt-mem" or (t == "none" and m in ("original", "Question-only"))
 
     o = synthetic(right=right)
     assert "prompt-mem" not in o.candidates and "prompt-mem" in PLAN.candidates
     listed = with_candidates(o)
-    assert listed.candidates["prompt-mem"] == "Prompt-mem" and set(o.candidates) < set(listed.candidates)
+    assert listed.candidates["prompt-mem"] == "prompt-mem" and set(o.candidates) < set(listed.candidates)
     assert with_candidates(listed) == listed
     without, chosen, best = fit_and_route(o.where(half="validation"), o.where(half="test"), ())
-    assert chosen == "Prompt-mem" and all(best) and not all(without)
+    assert chosen == "prompt-mem" and all(best) and not all(without)
     got, chosen, best = fit_and_route(listed.where(half="validation"), listed.where(half="test"), ())
-    assert chosen == "Prompt-mem" and all(got) == all(best) is True
+    assert chosen == "prompt-mem" and all(got) == all(best) is True
     assert "prompt-mem" in fit(listed.where(half="validation"), ()).policy.picks

@@ -39,8 +39,8 @@ def _gated(sources, misleading):
 
     def right(m, s, q, t):
         if t in RELEVANT:
-            return m == "JuICE-ctx"
-        return m in ("Question-only", "Original") if t == "none" else m == "Question-only"
+            return m == "juice-ctx"
+        return m in ("Question-only", "original") if t == "none" else m == "Question-only"
 
     o = _flat_signal(synthetic(sources=sources, questions=6, right=right))
     share = [(0.2 if t in RELEVANT else 1.0) if s in misleading else (1.0 if t in RELEVANT else 0.2)
@@ -97,9 +97,9 @@ def test_the_routed_gate_reads_the_gate_signal_not_the_context_type():
 def _shifted_best_static(q: int, m: str, favoured: int) -> bool:
     """Prompt-mem right on the first `favoured` questions, JuICE on the others (every context type);
     Original and the question alone right without a passage only."""
-    if m in ("Original", "Question-only"):
+    if m in ("original", "Question-only"):
         return False
-    return m == ("Prompt-mem" if q < favoured else "JuICE-ctx")
+    return m == ("prompt-mem" if q < favoured else "juice-ctx")
 
 
 def test_validation_to_test_scores_the_best_static_method_of_validation_on_test():
@@ -110,9 +110,9 @@ def test_validation_to_test_scores_the_best_static_method_of_validation_on_test(
     from juice.when_to_steer.preregistered import analyze
 
     def right(m, s, q, t):
-        if t == "none" and m in ("Original", "Question-only"):
+        if t == "none" and m in ("original", "Question-only"):
             return True
-        return m == "JuICE-ctx" if q % 2 else _shifted_best_static(q, m, 8)
+        return m == "juice-ctx" if q % 2 else _shifted_best_static(q, m, 8)
 
     o = _flat_signal(synthetic(sources=("a",), questions=12, right=right))
     out = analyze({"x": o}, _plan(("validation -> test",), {"auto, no gate": ()}))
@@ -129,10 +129,10 @@ def test_across_datasets_scores_the_best_static_method_of_the_fitting_dataset_on
     from juice.when_to_steer.preregistered import analyze
 
     def prompt_right(m, s, q, t):
-        return (t == "none" and m in ("Original", "Question-only")) or _shifted_best_static(q, m, 8)
+        return (t == "none" and m in ("original", "Question-only")) or _shifted_best_static(q, m, 8)
 
     def juice_right(m, s, q, t):
-        return (t == "none" and m in ("Original", "Question-only")) or m == "JuICE-ctx"
+        return (t == "none" and m in ("original", "Question-only")) or m == "juice-ctx"
 
     datasets = {"prompt": _flat_signal(synthetic(sources=("p",), questions=12, right=prompt_right)),
                 "juice": _flat_signal(synthetic(sources=("j",), questions=12, right=juice_right))}
@@ -152,10 +152,10 @@ def test_validation_to_test_fits_auto_on_validation_items_only():
 
     def right(m, s, q, t):
         if t == "none":
-            return m in ("Original", "Question-only")
+            return m in ("original", "Question-only")
         if q % 2:   # test
             return m == "Question-only"
-        return m == ("JuICE-ctx" if q < 8 else "Question-only")
+        return m == ("juice-ctx" if q < 8 else "Question-only")
 
     o = _flat_signal(synthetic(sources=("a",), questions=12, right=right))
     out = analyze({"x": o}, _plan(("validation -> test",), {"auto, no gate": ()}))

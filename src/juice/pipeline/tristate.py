@@ -40,7 +40,7 @@ from juice.progress import Progress, no_progress
 from juice.stage1 import HeadsArtifact
 from juice.steering import ORIGINAL
 from juice.text import first_line_match
-from juice.methods import REGISTRY, UNSTEERED
+from juice.methods import UNSTEERED, row_of, row_title
 from juice.when_to_steer.evaluation import QUESTION_ONLY, evaluate_context_types, question_only_results, result_id
 from juice.when_to_steer.auto_tuning import candidate_methods, tune_auto
 from juice.when_to_steer.contexts import context_methods
@@ -173,7 +173,7 @@ def measure(lm: LoadedModel, states: Mapping[str, Sequence[TriStateItem]], artif
     units = None if checkpoint is None else UnitCheckpoint(
         checkpoint, {"model": lm.fingerprint(), "methods": sorted(methods), "settings": settings})
     facts = list(dict.fromkeys(i.uid for i in items))
-    original = REGISTRY[UNSTEERED].title
+    original = UNSTEERED
 
     def streams(part: Sequence[ContextItem]) -> int:   # every method on a passage; Original alone on none
         return sum(len(methods) if i.context_type != "none" else int(original in methods) for i in part)
@@ -214,7 +214,7 @@ def state_table(items: Sequence[ContextItem], results: Sequence[ItemResult], *, 
     the state's facts (one item a fact).
 
     Returns:
-        state -> method -> {"em", "first_words", "degenerate"}: interval JSON (fractions),
+        state -> method (its row key) -> {"em", "first_words", "degenerate"}: interval JSON (fractions),
         plus "facts": [fact id] and "em_by_fact": [0 | 1] in that order (for paired comparisons).
     """
     state_of = {result_id(i): i.variant for i in items if i.context_type != "none"}
@@ -242,13 +242,13 @@ def state_table(items: Sequence[ContextItem], results: Sequence[ItemResult], *, 
     return out
 
 
-def verdict(table: Mapping[str, Mapping[str, Mapping]], *, against: Sequence[str] = ("GRD",), resamples: int = 2000,
+def verdict(table: Mapping[str, Mapping[str, Mapping]], *, against: Sequence[str] = ("grd",), resamples: int = 2000,
             seed: int = 0) -> dict:
     """What the measurement says (issue 90): per state the best method by exact match (of tied
     methods, the first in the table's order) and the methods whose paired 95% interval of the
-    difference with it reaches 0 ("within", ties included); the
+    difference with it reaches 0 ("within", ties included, in the order of their titles); the
     methods within on every state; and each method's paired difference with `against` (GRD)
-    per state.
+    per state. Methods as `table` names them (row keys: :func:`state_table`).
 
     Raises:
         ValueError: a state whose methods were scored on different facts.
@@ -261,8 +261,8 @@ def verdict(table: Mapping[str, Mapping[str, Mapping]], *, against: Sequence[str
         order = list(rows)   # the table's order: a tie goes to the method listed first
         best = min(rows, key=lambda m: (-(rows[m]["em"]["mean"] or 0.0), order.index(m)))
         out["best"][state] = best
-        out["within"][state] = sorted(m for m in rows if m == best or paired_difference_interval(
-            rows[m]["em_by_fact"], rows[best]["em_by_fact"], resamples=resamples, seed=seed).high >= 0)
+        out["within"][state] = sorted((m for m in rows if m == best or paired_difference_interval(
+            rows[m]["em_by_fact"], rows[best]["em_by_fact"], resamples=resamples, seed=seed).high >= 0), key=row_title)
         for ref in against:
             if ref not in rows:
                 continue
@@ -271,8 +271,17 @@ def verdict(table: Mapping[str, Mapping[str, Mapping]], *, against: Sequence[str
                     out["versus"].setdefault(f"{m} - {ref}", {})[state] = paired_difference_interval(
                         rows[m]["em_by_fact"], rows[ref]["em_by_fact"], resamples=resamples, seed=seed).to_json()
     common = set.intersection(*(set(w) for w in out["within"].values())) if out["within"] else set()
-    out["within_every_state"] = sorted(common)
+    out["within_every_state"] = sorted(common, key=row_title)
     return out
+
+
+def titled_verdict(v: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`verdict`'s result with every method by its title (:func:`juice.methods.row_title`):
+    the record's form."""
+    return {"best": {s: row_title(m) for s, m in v["best"].items()},
+            "within": {s: [row_title(m) for m in ms] for s, ms in v["within"].items()},
+            "versus": {row_title(d): cells for d, cells in v["versus"].items()},
+            "within_every_state": [row_title(m) for m in v["within_every_state"]]}
 
 
 VALIDATION_SHARE = 1 / 3
@@ -357,7 +366,8 @@ def run_benchmark(lm: LoadedModel, facts: Sequence[TriStateFact], artifacts: Seq
     return {"counts": counts,
             "states": {s: {"all": len(v), "validation": len(halves[s]["validation"]), "test": len(halves[s]["test"])}
                        for s, v in states.items()},
-            "auto": policy, "table": table, "verdict": verdict(table, resamples=resamples, seed=seed),
+            "auto": policy, "table": {s: {row_title(m): row for m, row in rows.items()} for s, rows in table.items()},
+            "verdict": titled_verdict(verdict(table, resamples=resamples, seed=seed)),
             "facts": {s: next(iter(rows.values()))["facts"] for s, rows in table.items()}}
 
 
@@ -382,17 +392,23 @@ def benchmark_markdown(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+SENTENCES = ("juice", "june", "auto")
+"""The methods whose paired differences with GRD :func:`verdict_markdown` states."""
+
+
 def verdict_markdown(result: Mapping[str, Any], against: str = "GRD") -> str:
     """The verdict in sentences: each state's best method by exact match and those within its
     interval, the methods within on every state, and JuICE's, JuNE's and auto's rows against
-    `against` (paired differences in points with their 95% intervals)."""
+    `against` (paired differences in points with their 95% intervals). `result`: a record
+    (:func:`run_benchmark`'s; methods by title)."""
     v = result["verdict"]
     lines = [f"- {state}: best {best}; within its interval: {', '.join(v['within'][state])}"
              for state, best in v["best"].items()]
     every = ", ".join(v["within_every_state"]) or "none"
     lines.append(f"- within the best's interval on every state: {every}")
     for name, per_state in v["versus"].items():
-        if not name.startswith(("JuICE", "JuNE", "auto")) or not name.endswith(f" - {against}"):
+        method, _, ref = name.partition(" - ")
+        if getattr(row_of(method), "method", None) not in SENTENCES or ref != against:
             continue
         cells = "; ".join(f"{state} {100 * c['mean']:+.1f} [{100 * c['low']:+.1f}, {100 * c['high']:+.1f}]"
                           for state, c in per_state.items())
@@ -401,6 +417,6 @@ def verdict_markdown(result: Mapping[str, Any], against: str = "GRD") -> str:
 
 
 __all__ = ["DEFAULT_METHODS", "MAX_NEW_TOKENS", "STATE_CHUNK", "VALIDATION_SHARE", "benchmark_markdown", "fact_split",
-           "verdict_markdown",
+           "verdict_markdown", "titled_verdict",
            "measure", "run_benchmark", "sample_seed", "screen", "screening_counts", "state_table",
            "verdict"]

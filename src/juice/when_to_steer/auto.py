@@ -64,8 +64,8 @@ from torch import Tensor
 
 from juice.baselines.cad import jsd_alpha
 from juice.engine import INSTRUCTED, QUESTION_ALONE, Choice, Contrast, Instructed
-from juice.methods import (REGISTRY, SHORT, UNSTEERED as UNSTEERED_METHOD, Built, MethodInputs, MethodSpec, lookup,
-                           recipe_of, register as register_method)
+from juice.methods import (REGISTRY, SHORT, UNSTEERED as UNSTEERED_METHOD, Built, MethodInputs, MethodSpec, Row,
+                           lookup, recipe_of, register as register_method)
 from juice.models import LoadedModel
 from juice.recipe import Method
 from juice.steering import Steering, chosen_betas
@@ -105,17 +105,17 @@ class Candidate:
         """The suffix its title adds to its method's ("/2" for half the betas; "" for all)."""
         return "" if self.betas == 1 else f"/{1 / self.betas:g}"
 
-    def title(self, suffix: str) -> str:
-        """Its title in the study's tables: its method's title in :data:`juice.methods.REGISTRY`
-        with its label ("/2"), and the heads file's direction (`suffix`, "mem" or "ctx") after a
-        head steering's, its instruction's after an instructed one's ("Prompt-mem", whatever the
-        heads); the question alone's is :data:`juice.when_to_steer.evaluation.QUESTION_ONLY`."""
+    def key(self, suffix: str) -> str:
+        """Its row key in the study's tables (:class:`juice.methods.Row`): its method, its share of
+        the tuned betas (:attr:`label`, "/2") and the heads file's direction (`suffix`, "mem" or
+        "ctx") after a head steering's, its instruction's after an instructed one's ("prompt-mem",
+        whatever the heads): "juice/2-ctx", titled "JuICE/2-ctx" (:func:`juice.methods.row_title`);
+        the question alone's is :data:`juice.when_to_steer.evaluation.QUESTION_ONLY`."""
         if self.method is None:
             return QUESTION_ONLY
-        spec = REGISTRY[self.method]
         if self.instruction is not None:
-            return f"{spec.title}{self.label}-{SHORT[self.instruction]}"
-        return f"{spec.title}{self.label}" + (f"-{suffix}" if spec.heads else "")
+            return Row(self.method, SHORT[self.instruction], self.label).key
+        return Row(self.method, suffix if REGISTRY[self.method].heads else "", self.label).key
 
 
 CANDIDATE_TABLE: tuple[Candidate, ...] = (

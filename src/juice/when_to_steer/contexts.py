@@ -20,9 +20,10 @@ first N underlying items of each source (each with its context types).
 Methods: `original`, `prompt` (both instructions: "Prompt-mem" ignores the context,
 "Prompt-ctx" follows it), `cad`, `adacad`, `ckplug` (CK-PLUG's adaptive mode, Bi et al. 2026,
 :mod:`juice.baselines.ckplug`), and per heads file `juice`, `june`, `ph3` (named with
-the file's direction: "JuICE-ctx", "JuNE-mem", "PH3-ctx", ...), each with the file's tuned
-settings: the betas the paper's protocol tunes on conflicting validation items, so the table
-shows what that tuning costs on gold, irrelevant and missing context; and `auto` ("auto-ctx",
+the file's direction: rows "juice-ctx", "june-mem", "ph3-ctx", ..., titled "JuICE-ctx", ...),
+each with the file's tuned settings: the betas the paper's protocol tunes on conflicting
+validation items, so the table shows what that tuning costs on gold, irrelevant and missing
+context; and `auto` ("auto-ctx",
 :mod:`juice.when_to_steer.auto`), the per-request choice tuned on validation items of every context type
 (`juice tune --methods auto`).
 """
@@ -32,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,8 @@ from juice.io import read_jsonl
 from juice.models import LoadedModel
 from juice.progress import Progress, no_progress
 from juice.stage1 import HeadsArtifact
-from juice.methods import SHORT, MethodInputs, build, check, lookup
+from juice.methods import (FOCUS, REGISTRY, SHORT, UNSTEERED, MethodInputs, Row, build, check, lookup, row_key, row_of,
+                           row_title)
 
 SUMMARIZED = ("use_relevant", "trust_memory", "use_relevant_not_degenerate")
 """The objectives whose mean over context types gets question-resampled paired intervals."""
@@ -193,10 +195,11 @@ def prompt_fits(tokenizer, max_tokens: int) -> Callable[[ContextItem], bool]:
 
 def context_methods(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], names: Sequence[str]
                     ) -> tuple[dict[str, Method], dict[str, Any]]:
-    """Table title -> :class:`~juice.recipe.Method` for `names` (any of
-    :data:`juice.methods.REGISTRY`), and the settings each uses. A heads method runs once per
-    heads file, titled with the file's direction ("JuICE-ctx"); the Prompt baseline once per
-    instruction ("Prompt-mem", "Prompt-ctx"); auto from the file that holds its policy.
+    """Row key (:class:`juice.methods.Row`) -> :class:`~juice.recipe.Method` for `names` (any of
+    :data:`juice.methods.REGISTRY`), and the settings each uses (by row key). A heads method runs
+    once per heads file, its row's variant the file's direction ("juice-ctx", titled "JuICE-ctx");
+    the Prompt baseline once per instruction ("prompt-mem", "prompt-ctx"); auto from the file that
+    holds its policy ("auto-ctx").
 
     Raises:
         ValueError: an unknown name; juice, june, ph3 or auto without a heads file; PH3 or auto
@@ -212,13 +215,13 @@ def context_methods(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], names: 
         if spec.per_instruction:
             for instruction, suffix in SHORT.items():
                 built = build(spec.name, MethodInputs(lm, instruction=instruction))
-                methods[f"{spec.title}-{suffix}"] = built.method
+                methods[Row(spec.name, suffix).key] = built.method
             continue
         if not spec.heads:
             built = build(spec.name, MethodInputs(lm))
-            methods[spec.title] = built.method
+            methods[spec.name] = built.method
             if built.settings:
-                settings[spec.title] = built.settings
+                settings[spec.name] = built.settings
             continue
         if not artifacts:
             raise ValueError(f"{spec.name} needs a heads file (--heads)")
@@ -227,9 +230,9 @@ def context_methods(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], names: 
                     a.tuned.holds(spec.name) for a in artifacts):
                 continue   # the other direction's file holds the policy
             check(spec.name, artifact.tuned, has_heads=True, where=f" in the {artifact.direction} heads file")
-            title = f"{spec.title}-{SHORT[str(artifact.direction)]}"
+            key = Row(spec.name, SHORT[str(artifact.direction)]).key
             built = build(spec.name, MethodInputs(lm, artifact.selection, artifact.tuned))
-            methods[title], settings[title] = built.method, built.settings
+            methods[key], settings[key] = built.method, built.settings
     return methods, settings
 
 
@@ -241,12 +244,14 @@ class ContextsEvaluation:
         results: one per (item, method) (:func:`juice.when_to_steer.evaluation.evaluate_context_types`).
         tables: "use_relevant", "trust_memory", "follows_context" -> interval table (columns:
             sources and "Average"; groups: context types).
-        methods: table names in order; settings: the betas / k / alpha each used.
+        methods: row keys (:class:`juice.methods.Row`; "Question-only" and the study's "oracle"
+            beside them) in order; settings: the betas / k / alpha each used. Everything is keyed
+            by row key; :meth:`to_json`, :meth:`markdown` and :meth:`figure` show titles.
         data: the source, counts, skips, seed, limit, split.
         summary: objective (:data:`SUMMARIZED`) -> per method, each context type and the mean
             over them with intervals that resample whole questions, and paired differences
             against Original and against `best_static` (:func:`juice.when_to_steer.evaluation.question_bootstrap`).
-        best_static: the best static method (not `auto`) on the **validation** run it was
+        best_static: the best static method's key (not `auto`) on the **validation** run it was
             chosen from (:func:`best_static_method`), or None where none was given.
     """
 
@@ -268,10 +273,14 @@ class ContextsEvaluation:
         return {name: context_type_means(t) for name, t in self.tables.items()}
 
     def to_json(self) -> dict[str, Any]:
-        return {"data": self.data, "methods": self.methods, "settings": self.settings,
-                "tables": {k: t.to_json() for k, t in self.tables.items()}, "means": self.means(),
-                "summary": {k: v.to_json() for k, v in self.summary.items()}, "best_static": self.best_static,
-                "results": results_to_json(self.results)}
+        """`contexts.json`: every method by its title (read back by :func:`best_static_method`)."""
+        return {"data": self.data, "methods": [row_title(m) for m in self.methods],
+                "settings": {row_title(m): s for m, s in self.settings.items()},
+                "tables": {k: t.titled().to_json() for k, t in self.tables.items()},
+                "means": {k: {row_title(m): row for m, row in means.items()} for k, means in self.means().items()},
+                "summary": {k: v.titled().to_json() for k, v in self.summary.items()},
+                "best_static": None if self.best_static is None else row_title(self.best_static),
+                "results": results_to_json([replace(r, method=row_title(r.method)) for r in self.results])}
 
     def summary_markdown(self, objective: str = "use_relevant") -> str:
         """The per-question table of `objective` (:func:`summary_table`)."""
@@ -295,11 +304,13 @@ class ContextsEvaluation:
         for name, table in self.tables.items():
             cols = [(c, g) for c, g in columns if name != "follows_context" or g != "none"]
             heads = [g for _, g in cols]
-            parts += [f"## {TITLES[name]}\n", interval_markdown(table, self.methods, cols, heads,
+            parts += [f"## {TITLES[name]}\n", interval_markdown(table.titled(), [row_title(m) for m in self.methods],
+                                                                 cols, heads,
                                                                  bold=name not in ("follows_context", "degenerate")),
                       "\nPaired differences, percentage points [95% interval]:\n",
-                      difference_markdown(table, cols, heads)]
-        parts.append("\n## Settings\n\n" + "\n".join(f"- {m}: {json.dumps(s)}" for m, s in self.settings.items()))
+                      difference_markdown(table.titled(), cols, heads)]
+        parts.append("\n## Settings\n\n" + "\n".join(f"- {row_title(m)}: {json.dumps(s)}"
+                                                       for m, s in self.settings.items()))
         return "\n".join(parts) + "\n"
 
     def figure(self, path: str | Path) -> Path:
@@ -307,7 +318,7 @@ class ContextsEvaluation:
         intervals as error bars (needs matplotlib)."""
         from juice.plots import interval_bar_chart
 
-        cells = {m: dict(self.tables["use_relevant"].cells[m][AVERAGE]) for m in self.methods}
+        cells = {row_title(m): dict(self.tables["use_relevant"].cells[m][AVERAGE]) for m in self.methods}
         title = f"use relevant context by context type ({self.data.get('source')})"
         return interval_bar_chart(cells, path, title=title)
 
@@ -317,9 +328,12 @@ def summary_table(boot, methods: Sequence[str], best_static: str | None, best_st
     QuestionBootstrap`), each narrow enough for a page: first the headline, each method's mean over
     the context types (%, 95% interval) and its paired differences against Original and
     `best_static`; then the mean per context type; n distinct questions in both, and the minimum
-    detectable difference (a study's tables; a committed record's in docs/when-to-steer.md)."""
+    detectable difference (a study's tables; a committed record's in docs/when-to-steer.md).
+    `boot`, `methods` and `best_static` name methods by row key or by title (a record's); the
+    tables show titles."""
     types = [k for k in next(iter(boot.cells.values())) if k != MEAN]
-    against = ["Original"] + ([best_static] if best_static and best_static != "Original" else [])
+    original = next((m for m in methods if row_key(m) == UNSTEERED), UNSTEERED)
+    against = [original] + ([best_static] if best_static and best_static != original else [])
 
     def pct(iv) -> str:
         return "-" if math.isnan(iv.mean) else f"{100 * iv.mean:.1f} [{100 * iv.low:.1f}, {100 * iv.high:.1f}]"
@@ -332,20 +346,20 @@ def summary_table(boot, methods: Sequence[str], best_static: str | None, best_st
 
     shown = [m for m in methods if m in boot.cells]
     any_cell = next(iter(boot.cells.values()))
-    headline = [[m, pct(boot.cells[m][MEAN]),
+    headline = [[row_title(m), pct(boot.cells[m][MEAN]),
                  *[diff(boot.differences[f"{m} - {b}"][MEAN]) if f"{m} - {b}" in boot.differences else ""
                    for b in against]] for m in shown]
     headline.append(["n (questions)", str(any_cell[MEAN].n), *[""] * len(against)])
-    per_type = [[m, *[pct(boot.cells[m][t]) for t in types]] for m in shown]
+    per_type = [[row_title(m), *[pct(boot.cells[m][t]) for t in types]] for m in shown]
     per_type.append(["n (questions)", *[str(any_cell[t].n) for t in types]])
-    lines = table(["Method", "mean over the types", *[f"- {b}" for b in against]], headline)
+    lines = table(["Method", "mean over the types", *[f"- {row_title(b)}" for b in against]], headline)
     lines += ["", "Per context type:", ""] + table(["Method", *types], per_type)
     detect = [v for v in boot.detectable.values() if not math.isnan(v)]
     if detect:
         lines.append(f"\nMinimum detectable paired difference of the mean (80% power, two-sided 5%, from the "
                      f"observed spread): {100 * min(detect):.1f} to {100 * max(detect):.1f} points "
                      f"(median {100 * float(sorted(detect)[len(detect) // 2]):.1f}).")
-    lines.append("Best static method: " + (f"{best_static} (chosen on validation: "
+    lines.append("Best static method: " + (f"{row_title(best_static)} (chosen on validation: "
                                            f"{best_static_from})" if best_static
                                            else "not given (pass a validation run's contexts.json)") + ".")
     return "\n".join(lines) + "\n"
@@ -353,29 +367,38 @@ def summary_table(boot, methods: Sequence[str], best_static: str | None, best_st
 
 def best_static_method(validation: Mapping[str, Any], objective: str = "use_relevant",
                        among: Sequence[str] | None = None) -> str:
-    """The static method (every method but `auto`) with the highest mean over context types of
-    `objective` in a **validation** run's `contexts.json` (its "means"), among `among` (default:
-    all); ties go to the first in the run's method order.
+    """The row key of the static method (every method but `auto`) with the highest mean over
+    context types of `objective` in a **validation** run's `contexts.json` (its "means", by
+    title) or its :meth:`ContextsEvaluation.means` (by row key), among `among` (keys or titles;
+    default: all); ties go to the first in the run's method order.
 
     Raises:
         ValueError: the run has no means of `objective`, or no static method in `among`.
     """
-    means = validation.get("means", {}).get(objective)
+    means = {row_key(m): row for m, row in validation.get("means", {}).get(objective, {}).items()}
     if not means:
         raise ValueError(f"the validation run has no {objective!r} means "
                          "(a contexts.json of `juice evaluate --contexts`)")
-    order = [m for m in validation.get("methods", list(means)) if m in means and not m.startswith("auto")
-             and (among is None or m in among)]
+    allowed = None if among is None else {row_key(m) for m in among}
+    order = [m for m in map(row_key, validation.get("methods", list(means)))
+             if m in means and not chooses_per_request(m) and (allowed is None or m in allowed)]
     if not order:
         raise ValueError("the validation run shares no static method with this one")
     return max(order, key=lambda m: (means[m]["mean"], -order.index(m)))
 
 
+def chooses_per_request(key: str) -> bool:
+    """The row (a key or title) is a per-request choice among methods (`auto`, tuned by a policy),
+    not a static method."""
+    row = row_of(key)
+    return row is not None and REGISTRY[row.method].tuned == "policy"
+
+
 def summarize(results: Sequence[ItemResult], methods: Sequence[str], best_static: str | None = None, *,
               resamples: int = 2000, seed: int = 0) -> dict[str, QuestionBootstrap]:
     """:data:`SUMMARIZED` objective -> the question-resampled summary of every method, with the
-    paired differences of each method against Original and against `best_static`."""
-    pairs = [(m, "Original") for m in methods if m != "Original" and "Original" in methods]
+    paired differences of each method against Original and against `best_static` (row keys)."""
+    pairs = [(m, UNSTEERED) for m in methods if m != UNSTEERED and UNSTEERED in methods]
     if best_static in methods:
         pairs += [(m, best_static) for m in methods if m != best_static]
     return {name: question_bootstrap(results, methods, pairs, value=TABLES[name], resamples=resamples, seed=seed)
@@ -405,21 +428,21 @@ def evaluate_contexts(lm: LoadedModel, artifacts: Sequence[HeadsArtifact], items
     methods, settings = context_methods(lm, artifacts, names)
     advance = progress(f"contexts: {len(methods)} methods x {len(items)} items", len(methods) * len(items))
     results = evaluate_context_types(lm, items, methods, max_rows=max_rows, on_progress=advance, engine=engine)
-    titles = list(methods)
-    focus = next((t for t in titles if t.startswith("auto")),
-                 next((t for t in titles if t.startswith("JuICE")), titles[0]))
-    tables = context_type_tables(results, titles, focus=focus, resamples=resamples, seed=seed)
+    keys = list(methods)
+    focus = next((k for k in keys if chooses_per_request(k)),
+                 next((k for k in keys if getattr(row_of(k), "method", None) == FOCUS), keys[0]))
+    tables = context_type_tables(results, keys, focus=focus, resamples=resamples, seed=seed)
     data = dict(data or {})
     if validation is not None and data.get("split") and validation.get("data", {}).get("split") == data["split"]:
         raise ValueError(f"the validation run is of the {data['split']} split too: choose the best static method "
                          "on the other questions (--split validation)")
-    best = best_static_method(validation, among=titles) if validation is not None else None
+    best = best_static_method(validation, among=keys) if validation is not None else None
     if validation is not None:
         data["best_static_from"] = (f"{validation.get('data', {}).get('source', '?')}, split "
                                     f"{validation.get('data', {}).get('split') or 'all'}")
-    return ContextsEvaluation(results, tables, titles, settings, data,
-                              summarize(results, titles, best, resamples=resamples, seed=seed), best)
+    return ContextsEvaluation(results, tables, keys, settings, data,
+                              summarize(results, keys, best, resamples=resamples, seed=seed), best)
 
 
-__all__ = ["SUMMARIZED", "ContextsEvaluation", "best_static_method", "context_items", "context_methods",
-           "evaluate_contexts", "prompt_fits", "summarize", "summary_table"]
+__all__ = ["SUMMARIZED", "ContextsEvaluation", "best_static_method", "chooses_per_request", "context_items",
+           "context_methods", "evaluate_contexts", "prompt_fits", "summarize", "summary_table"]

@@ -37,6 +37,7 @@ from juice.engine.backend import Engine
 from juice.eval.runner import DecodeRequest, ItemResult, decode_requests, exact_match_decided
 from juice.recipe import Method, as_method
 from juice.eval.tables import IntervalTable, interval_table
+from juice.methods import FOCUS, UNSTEERED, row_title
 from juice.models import LoadedModel
 from juice.steering import Steering
 from juice.tokens import answer_first_token
@@ -131,7 +132,7 @@ QUESTION_ONLY = "Question-only"
 """The method that ignores the passage: the unmodified model on the question alone."""
 
 
-def question_only_results(items: Sequence[ContextItem], results: Sequence[ItemResult], *, original: str = "Original",
+def question_only_results(items: Sequence[ContextItem], results: Sequence[ItemResult], *, original: str = UNSTEERED,
                           name: str = QUESTION_ONLY) -> list[ItemResult]:
     """"Question-only" on every item, without decoding again: the unmodified model's output on
     the item's question alone is `original`'s output on the same question's *none* item (its
@@ -155,8 +156,8 @@ def question_only_results(items: Sequence[ContextItem], results: Sequence[ItemRe
     return out
 
 
-def context_type_tables(results: Sequence[ItemResult], methods: Sequence[str], *, focus: str = "JuICE",
-                        baseline: str = "Original", resamples: int = 2000, seed: int = 0) -> dict[str, IntervalTable]:
+def context_type_tables(results: Sequence[ItemResult], methods: Sequence[str], *, focus: str = FOCUS,
+                        baseline: str = UNSTEERED, resamples: int = 2000, seed: int = 0) -> dict[str, IntervalTable]:
     """The tables of a context-type evaluation: "use_relevant", "trust_memory" and
     "follows_context" (without none items), "use_relevant_not_degenerate" and "degenerate", each
     method -> source -> context type ->
@@ -209,6 +210,14 @@ class QuestionBootstrap:
     resamples: int
     confidence: float
     seed: int
+
+    def titled(self, title: Callable[[str], str] = row_title) -> "QuestionBootstrap":
+        """The same summary with its methods and differences named by `title` (default: row keys
+        to their titles, :func:`juice.methods.row_title`), for what renders or records it."""
+        return QuestionBootstrap({title(m): c for m, c in self.cells.items()},
+                                 {title(d): c for d, c in self.differences.items()},
+                                 {title(d): v for d, v in self.detectable.items()},
+                                 self.resamples, self.confidence, self.seed)
 
     def to_json(self) -> dict:
         return {"cells": {m: {k: iv.to_json() for k, iv in c.items()} for m, c in self.cells.items()},

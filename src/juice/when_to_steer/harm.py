@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from juice.eval.stats import Interval
+from juice.methods import UNSTEERED, row_title
 from juice.when_to_steer.evaluation import MEAN, QUESTION_ONLY, question_bootstrap
 from juice.when_to_steer.outcomes import Outcomes
 from juice.when_to_steer.signals import RELEVANCE
@@ -60,8 +61,8 @@ OUTPUTS = ("copies", "true", "neither")
 states no true answer), states the true answer (whether or not it also states the passage's),
 states neither."""
 
-ORIGINAL = "Original"
-"""The unmodified model: the reference for using relevant passages."""
+ORIGINAL = UNSTEERED
+"""The unmodified model's row key: the reference for using relevant passages."""
 
 KEEPS = "keeps known answers"
 USES = "uses relevant passages"
@@ -77,13 +78,14 @@ def _bootstrap(o: Outcomes, keep: Sequence[bool], methods: Sequence[str], values
 
 
 def harm_table(o: Outcomes, methods: Sequence[str], *, resamples: int = 2000, seed: int = 0) -> dict[str, Any]:
-    """The do-no-harm table (module docstring) of `methods` on `o` (one half, or both).
+    """The do-no-harm table (module docstring) of `methods` (row keys of `o`) on `o` (one half, or both).
 
     Returns:
-        {"known_questions": n, "questions": n, "rows": {method: {USES: interval, KEEPS: interval,
+        {"known_questions": n, "questions": n, "rows": {method's title: {USES: interval, KEEPS: interval,
         "<type>, known" / "<type>, not known": {output: interval}}}, "verdicts": {method:
         {"no measurable harm": bool, "uses relevant passages": bool}}} (intervals as fractions,
-        :meth:`juice.eval.stats.Interval.to_json`; n = distinct questions).
+        :meth:`juice.eval.stats.Interval.to_json`; n = distinct questions): a record's part,
+        methods by title (:func:`juice.methods.row_title`).
 
     Raises:
         KeyError: a method `o` does not hold, or no Question-only.
@@ -126,9 +128,10 @@ def harm_table(o: Outcomes, methods: Sequence[str], *, resamples: int = 2000, se
                     rows[m].setdefault(label, {})[output] = boot.cells[m][t]
     return {"questions": len(set(o.questions())),
             "known_questions": len({q for q, k in zip(o.questions(), known) if k}),
-            "rows": {m: {k: (v.to_json() if isinstance(v, Interval) else {o_: iv.to_json() for o_, iv in v.items()})
-                         for k, v in r.items()} for m, r in rows.items()},
-            "verdicts": verdicts}
+            "rows": {row_title(m): {k: (v.to_json() if isinstance(v, Interval) else
+                                        {o_: iv.to_json() for o_, iv in v.items()}) for k, v in r.items()}
+                     for m, r in rows.items()},
+            "verdicts": {row_title(m): v for m, v in verdicts.items()}}
 
 
 def harm_markdown(table: Mapping[str, Any]) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 from juice.data.context_types import ContextItem
 from juice.eval.runner import ItemResult
 from juice.io import json_text
+from juice.methods import row_key, row_title
 from juice.when_to_steer.evaluation import QUESTION_ONLY, result_id
 
 VERDICTS = ("use", "true", "copies", "degenerate")
@@ -45,10 +46,13 @@ class Outcomes:
         passage: it has a passage (:func:`juice.when_to_steer.signals.has_passage`).
         signal: the first-step JSD (bits, :data:`juice.when_to_steer.signals.SIGNAL`).
         gates: gate signal name (:data:`juice.when_to_steer.signals.GATE_SIGNALS`) -> values.
-        verdicts: kind (:data:`VERDICTS`) -> method title -> per item.
-        candidates: auto's candidate name -> the method title that decodes it.
-        static: the static methods' titles (the best static method is chosen among them).
+        verdicts: kind (:data:`VERDICTS`) -> method (its row key, :class:`juice.methods.Row`) -> per item.
+        candidates: auto's candidate name -> the row key of the method that decodes it.
+        static: the static methods' row keys (the best static method is chosen among them).
         betas: auto's steered candidates' betas.
+
+    In memory every method is its row key; :meth:`to_json` writes titles ("JuICE/2-ctx", the
+    files' and the pre-registered records' format) and :meth:`from_json` keys them again.
     """
 
     half: list[str]
@@ -69,7 +73,7 @@ class Outcomes:
 
     @property
     def methods(self) -> list[str]:
-        """Every decoded method's title (and Question-only)."""
+        """Every decoded method's row key (and Question-only)."""
         return list(self.verdicts["use"])
 
     def questions(self) -> list[tuple[str, str]]:
@@ -130,9 +134,10 @@ class Outcomes:
                 "context_type": self.context_type, "passage": self.passage,
                 "signal": [round(x, 7) for x in self.signal],
                 "gates": {n: [round(x, 7) for x in v] for n, v in self.gates.items()},
-                "verdicts": {kind: {m: "".join("1" if x else "0" for x in v) for m, v in per.items()}
+                "verdicts": {kind: {row_title(m): "".join("1" if x else "0" for x in v) for m, v in per.items()}
                              for kind, per in self.verdicts.items()},
-                "candidates": self.candidates, "static": self.static,
+                "candidates": {c: row_title(m) for c, m in self.candidates.items()},
+                "static": [row_title(m) for m in self.static],
                 "betas": {c: list(b) for c, b in self.betas.items()}}
 
     @classmethod
@@ -140,8 +145,10 @@ class Outcomes:
         return cls(list(data["half"]), list(data["source"]), list(data["question"]), list(data["item"]),
                    list(data["context_type"]), [bool(x) for x in data["passage"]], [float(x) for x in data["signal"]],
                    {n: [float(x) for x in v] for n, v in data["gates"].items()},
-                   {kind: {m: [c == "1" for c in v] for m, v in per.items()} for kind, per in data["verdicts"].items()},
-                   dict(data.get("candidates", {})), list(data.get("static", [])),
+                   {kind: {row_key(m): [c == "1" for c in v] for m, v in per.items()}
+                    for kind, per in data["verdicts"].items()},
+                   {c: row_key(m) for c, m in data.get("candidates", {}).items()},
+                   [row_key(m) for m in data.get("static", [])],
                    {c: (float(b[0]), float(b[1])) for c, b in data.get("betas", {}).items()})
 
     @classmethod
@@ -160,7 +167,7 @@ def outcomes_of(items: Sequence[ContextItem], results: Sequence[ItemResult], met
                 features: tuple[list[float], dict[str, list[float]], list[bool]], half: str, *,
                 candidates: Mapping[str, str] | None = None, static: Sequence[str] = (),
                 betas: Mapping[str, tuple[float, float]] | None = None) -> Outcomes:
-    """The :class:`Outcomes` of one half from its decoded results (`methods`: titles in
+    """The :class:`Outcomes` of one half from its decoded results (`methods`: row keys in
     `results`) and its first-step features (:func:`juice.when_to_steer.study.features_cached`).
 
     Raises:

@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from juice.methods import row_title
 from juice.when_to_steer.auto import CANDIDATE, CANDIDATES
 from juice.when_to_steer.auto_tuning import best_static_name, cross_validate, fit_policy, policy_picks
 from juice.when_to_steer.evaluation import MEAN, POWER_Z, question_bootstrap
@@ -94,23 +95,23 @@ PLAN = Plan()
 def with_candidates(o: Outcomes, plan: "Plan" = PLAN) -> Outcomes:
     """`o` with auto's candidates restricted to the plan's, and with each planned candidate that
     `o` decoded as a static method but does not list as a candidate (outcomes written before it
-    was one): one whose title does not depend on the heads file's direction ("Prompt-mem";
-    :meth:`juice.when_to_steer.auto.Candidate.title`)."""
-    listed = {c: t for c, t in o.candidates.items() if c in plan.candidates}
+    was one): one whose row does not depend on the heads file's direction ("prompt-mem";
+    :meth:`juice.when_to_steer.auto.Candidate.key`)."""
+    listed = {c: m for c, m in o.candidates.items() if c in plan.candidates}
     for name in plan.candidates:
         c = CANDIDATE[name]
-        title = c.title("")
-        if name not in listed and c.instruction is not None and title in o.verdicts["use"]:
-            listed[name] = title
+        key = c.key("")
+        if name not in listed and c.instruction is not None and key in o.verdicts["use"]:
+            listed[name] = key
     return replace(o, candidates={c: listed[c] for c in CANDIDATES if c in listed})
 
 
 def _candidate_verdicts(o: Outcomes, kind: str = "use") -> dict[str, list[bool]]:
-    return {c: o.verdicts[kind][title] for c, title in o.candidates.items()}
+    return {c: o.verdicts[kind][m] for c, m in o.candidates.items()}
 
 
 def best_static(o: Outcomes) -> str:
-    """The static method with the highest objective on `o` (ties: the earlier in `o.static`)."""
+    """The static method (its row key) with the highest objective on `o` (ties: the earlier in `o.static`)."""
     return best_static_name({m: o.verdicts["use"][m] for m in o.static}, o.context_type, o.source)
 
 
@@ -169,7 +170,7 @@ def analyze(datasets: Mapping[str, Outcomes], plan: Plan = PLAN) -> dict[str, An
     Returns:
         {"plan": plan, "plan_sha256": ..., "estimates": [one dict per (dataset, design,
         procedure): "dataset" (for across datasets: "A -> B"), "design", "procedure",
-        "best_static" (the name, or per fold the names), and :func:`paired_estimate`'s fields]}.
+        "best_static" (the title, or per fold the titles), and :func:`paired_estimate`'s fields]}.
 
     Raises:
         ValueError: more policies than `plan.max_policies`.
@@ -178,6 +179,7 @@ def analyze(datasets: Mapping[str, Outcomes], plan: Plan = PLAN) -> dict[str, An
     datasets = {name: with_candidates(o, plan) for name, o in datasets.items()}
 
     def add(dataset: str, design: str, procedure: str, held: Outcomes, auto, best, chosen) -> None:
+        chosen = row_title(chosen) if isinstance(chosen, str) else [row_title(m) for m in chosen]
         estimates.append({"dataset": dataset, "design": design, "procedure": procedure, "best_static": chosen,
                           **paired_estimate(held, auto, best, resamples=plan.resamples, seed=plan.seed)})
 

@@ -46,7 +46,7 @@ from juice.when_to_steer.signals import GATE_SIGNALS
 from juice.data.context_types import ContextItem
 from juice.eval.runner import ItemResult, results_from_json, results_to_json
 from juice.io import settings_key, write_json_atomic
-from juice.methods import REGISTRY, lookup
+from juice.methods import REGISTRY, UNSTEERED, lookup, row_title
 from juice.models import LoadedModel
 from juice.progress import OnProgress, Progress, no_progress
 from juice.recipe import Method
@@ -56,8 +56,8 @@ from juice.when_to_steer.auto_tuning import (cross_validate, fit_outcomes, polic
 from juice.when_to_steer.outcomes import HALVES, Outcomes, half_to_json, outcomes_of
 from juice.when_to_steer.evaluation import (MEAN, POWER_Z, QUESTION_ONLY, context_type_tables, evaluate_context_types,
                                             question_bootstrap, question_only_results, result_id)
-from juice.when_to_steer.contexts import (SHORT, TITLES, ContextsEvaluation, best_static_method, context_items,
-                                        context_methods, summarize)
+from juice.when_to_steer.contexts import (SHORT, TITLES, ContextsEvaluation, best_static_method, chooses_per_request,
+                                        context_items, context_methods, summarize)
 
 CHUNK = 40
 """Questions per cached decoding chunk."""
@@ -208,9 +208,9 @@ def features_cached(lm: LoadedModel, items: Sequence[ContextItem], cache: Path |
 
 
 def routed_results(items: Sequence[ContextItem], results: Sequence[ItemResult], picks: Sequence[str],
-                   titles: Mapping[str, str], name: str) -> list[ItemResult]:
+                   keys: Mapping[str, str], name: str) -> list[ItemResult]:
     """A router's results without decoding: per item, the result of the candidate it picks
-    (`picks[k]`, a candidate name; `titles`: candidate -> its method's name in `results`),
+    (`picks[k]`, a candidate name; `keys`: candidate -> its method's row key in `results`),
     renamed `name`. Exactly auto's, whose engine decodes the chosen candidate's tokens (module
     docstring; tested against a live decode).
 
@@ -218,13 +218,13 @@ def routed_results(items: Sequence[ContextItem], results: Sequence[ItemResult], 
         KeyError: a picked candidate without a result for its item.
     """
     by = {(r.domain, r.item, r.conflict_type, r.method): r for r in results}
-    return [replace(by[item.source, result_id(item), item.context_type, titles[pick]], method=name)
+    return [replace(by[item.source, result_id(item), item.context_type, keys[pick]], method=name)
             for item, pick in zip(items, picks)]
 
 
 def oracle_results(items: Sequence[ContextItem], results: Sequence[ItemResult], candidates: Sequence[str]
                    ) -> list[ItemResult]:
-    """Per item, the oracle router over `candidates` (method names in `results`, "Original"
+    """Per item, the oracle router over `candidates` (row keys in `results`, Original's
     among them): right under each objective where any candidate is right; its output is the
     first right candidate's (for the degeneration columns), else the first candidate's. A
     request without a passage (its prompt is its question) is Original's, as `auto` decodes it
@@ -233,7 +233,7 @@ def oracle_results(items: Sequence[ContextItem], results: Sequence[ItemResult], 
     by = {(r.domain, r.item, r.conflict_type, r.method): r for r in results}
     out = []
     for item in items:
-        names = ["Original"] if item.prompt == item.question else candidates
+        names = [UNSTEERED] if item.prompt == item.question else candidates
         rows = [by[item.source, result_id(item), item.context_type, c] for c in names]
         best = next((r for r in rows if r.correct), rows[0])
         out.append(replace(best, method=ORACLE, correct=any(r.correct for r in rows),
@@ -265,20 +265,20 @@ class Study:
         """The study in one record (`juice reproduce`'s results and terminal): the best static
         method (chosen on validation), test means and paired differences of the mean over context
         types under "use relevant context" (percent, [low, high]), auto's cross-validation verdicts
-        and the number of test questions."""
+        and the number of test questions; every method by its title (a record's part)."""
         boot, best = self.test.summary["use_relevant"], self.test.best_static
-        auto = next((m for m in self.test.methods if m.startswith("auto")), None)
+        auto = next((m for m in self.test.methods if chooses_per_request(m)), None)
 
         def pct(iv) -> list[float]:
             return [round(100 * iv.mean, 2), round(100 * iv.low, 2), round(100 * iv.high, 2)]
 
-        out: dict[str, Any] = {"best_static": best, "questions": _questions(self.test),
-                               "means": {m: pct(c[MEAN]) for m, c in boot.cells.items()}}
+        out: dict[str, Any] = {"best_static": row_title(best), "questions": _questions(self.test),
+                               "means": {row_title(m): pct(c[MEAN]) for m, c in boot.cells.items()}}
         for other in ([auto, ORACLE] if auto else [ORACLE]):
-            for base in (best, "Original"):
+            for base in (best, UNSTEERED):
                 key = f"{other} - {base}"
                 if key in boot.differences:
-                    out[key] = pct(boot.differences[key][MEAN])
+                    out[row_title(key)] = pct(boot.differences[key][MEAN])
         out["cross_validation"] = {k: {"qualified": v["qualified"],
                                        "difference": [round(v[f], 2) for f in ("difference", "low", "high")]}
                                    for k, v in self.cross_validation.items()}
@@ -290,7 +290,7 @@ class Study:
         parts = [f"# When to steer, split by question: {t.data.get('source', '')}\n",
                  f"Validation: {v.data['counts']} items ({_questions(v)} questions); test: {t.data['counts']} items "
                  f"({_questions(t)} questions); no question in both. Best static method on validation "
-                 f"(use relevant context): **{t.best_static}**.\n"]
+                 f"(use relevant context): **{row_title(t.best_static)}**.\n"]
         if self.fit is not None:
             parts.append(f"auto's policy (fitted on validation): {self.fit.policy.describe()}. Validation mean "
                          f"{self.fit.mean:.1f}% against "
@@ -298,7 +298,8 @@ class Study:
                          + ".\n")
         for label, c in self.cross_validation.items():
             parts.append(f"Cross-validation on validation ({label}): auto {c['auto']:.1f}%, best static "
-                         f"(chosen per fold: {', '.join(sorted(set(c['chosen'])))}) {c['best_static']:.1f}%, "
+                         f"(chosen per fold: {', '.join(sorted(set(map(row_title, c['chosen']))))}) "
+                         f"{c['best_static']:.1f}%, "
                          f"difference {c['difference']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}] points, "
                          "standard error "
                          f"{c['standard_error']:.1f}: {'qualified' if c['qualified'] else 'not qualified'} "
@@ -325,7 +326,8 @@ def _cv_summary(items: Sequence[ContextItem], held: Mapping[str, Any], resamples
     se = boot.detectable["auto - best_static"] / POWER_Z
     return {"auto": 100 * boot.cells["auto"][MEAN].mean, "best_static": 100 * boot.cells["best_static"][MEAN].mean,
             "difference": 100 * diff.mean, "low": 100 * diff.low, "high": 100 * diff.high, "standard_error": 100 * se,
-            "qualified": bool(diff.mean > 2 * se), "chosen": held["chosen"], "folds": held["folds"]}
+            "qualified": bool(diff.mean > 2 * se), "chosen": [row_title(m) for m in held["chosen"]],
+            "folds": held["folds"]}
 
 
 def _questions(evaluation) -> int:
@@ -426,8 +428,8 @@ def _check_decode_options(decode_only: bool, decode_halves: Sequence[str], decod
 
 @dataclass
 class _StudyMethods:
-    """What a study decodes: the static methods (title -> recipe), auto's candidates that are not
-    among them, every decoded method's settings, auto's candidates by name (candidate -> title),
+    """What a study decodes: the static methods (row key -> recipe), auto's candidates that are not
+    among them, every decoded method's settings, auto's candidates by name (candidate -> row key),
     the static rows with the question alone, auto's candidates' betas and the heads' direction
     suffix ("ctx", "mem")."""
 
@@ -452,15 +454,15 @@ def _study_methods(lm: LoadedModel, artifact: HeadsArtifact, names: Sequence[str
     static, settings = context_methods(lm, [artifact], [n for n in names if lookup(n).tuned != "policy"])   # not auto
     settings = {**settings, QUESTION_ONLY: {"from": "Original's output on the question alone (the none item)"}}
     suffix = SHORT[str(artifact.direction)]
-    titles = {c.name: c.title(suffix) for c in CANDIDATE_TABLE}
+    keys = {c.name: c.key(suffix) for c in CANDIDATE_TABLE}
     betas = candidate_betas(artifact.tuned)
     extra: dict[str, Method] = {}
     if auto:   # auto's candidates that are not static methods of the table
         for c in CANDIDATE_TABLE:
-            if c.method is not None and titles[c.name] not in static and (not c.steered or c.name in betas):
-                extra[titles[c.name]] = auto_candidate(lm, artifact, c.name, betas)
-                settings = {**settings, titles[c.name]: {"candidate": c.name, "betas": betas.get(c.name)}}
-    candidates = {c: t for c, t in titles.items() if t in static or t in extra or c == "question"}
+            if c.method is not None and keys[c.name] not in static and (not c.steered or c.name in betas):
+                extra[keys[c.name]] = auto_candidate(lm, artifact, c.name, betas)
+                settings = {**settings, keys[c.name]: {"candidate": c.name, "betas": betas.get(c.name)}}
+    candidates = {c: k for c, k in keys.items() if k in static or k in extra or c == "question"}
     return _StudyMethods(static, extra, settings, candidates, [*static, QUESTION_ONLY], betas, suffix)
 
 
@@ -513,13 +515,13 @@ def _validation_half(half: tuple[list[ContextItem], dict], results: list[ItemRes
     summary (:class:`juice.when_to_steer.ContextsEvaluation`); extends `results` with the oracle's."""
     items, where = half
     results += oracle_results(items, results, list(plan.candidates.values()))
-    titles = [*plan.static_names, *plan.extra, ORACLE]
+    keys = [*plan.static_names, *plan.extra, ORACLE]
     validation = ContextsEvaluation(
-        results, context_type_tables(results, titles, resamples=resamples, seed=seed), titles,
+        results, context_type_tables(results, keys, resamples=resamples, seed=seed), keys,
         plan.settings, {**where, "best_static_from": "this validation run"})
     best = best_static_method({"means": validation.means(), "methods": plan.static_names}, among=plan.static_names)
     validation.best_static = best
-    validation.summary = summarize(results, titles, best, resamples=resamples, seed=seed)
+    validation.summary = summarize(results, keys, best, resamples=resamples, seed=seed)
     return validation
 
 
@@ -538,14 +540,14 @@ def _test_half(half: tuple[list[ContextItem], dict], results: list[ItemResult], 
         results += routed_results(items, results, picks, plan.candidates, name)
         routed = [name]
     results += oracle_results(items, results, list(plan.candidates.values()))
-    titles = [*plan.static_names, *routed, ORACLE]
-    kept = [r for r in results if r.method in titles]
+    keys = [*plan.static_names, *routed, ORACLE]
+    kept = [r for r in results if r.method in keys]
     where = {**where, "best_static_from": f"validation split of {validation.data.get('source')}"}
     best = validation.best_static
     return ContextsEvaluation(
-        kept, context_type_tables(kept, titles, focus=routed[0] if routed else "Original", resamples=resamples,
+        kept, context_type_tables(kept, keys, focus=routed[0] if routed else UNSTEERED, resamples=resamples,
                                   seed=seed),
-        titles, settings, where, summarize(kept, titles, best, resamples=resamples, seed=seed), best)
+        keys, settings, where, summarize(kept, keys, best, resamples=resamples, seed=seed), best)
 
 
 def _fit_auto(artifact: HeadsArtifact, items: Sequence[ContextItem], results: Sequence[ItemResult],
@@ -586,11 +588,11 @@ def _write_study(study: Study, out: Path) -> None:
         (out / name / "contexts.md").write_text(evaluation.markdown(), encoding="utf-8")
         if have_matplotlib():
             evaluation.figure(out / name / "contexts.png")
-    write_json_atomic(out / "study.json", {"best_static": test.best_static, "timings_s": study.timings,
+    write_json_atomic(out / "study.json", {"best_static": row_title(test.best_static), "timings_s": study.timings,
                                            "cross_validation": study.cross_validation,
                                            "auto": None if fit is None else {**fit.policy.to_json(), **fit.to_json()},
-                                           "validation": {k: v.to_json() for k, v in validation.summary.items()},
-                                           "test": {k: v.to_json() for k, v in test.summary.items()}})
+                                           "validation": {k: v.titled().to_json() for k, v in validation.summary.items()},
+                                           "test": {k: v.titled().to_json() for k, v in test.summary.items()}})
     (out / "study.md").write_text(study.markdown(), encoding="utf-8")
 
 

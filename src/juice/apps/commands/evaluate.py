@@ -195,7 +195,7 @@ def _study(data: Optional[Path], heads: list[Path], methods: Optional[str], doma
            test_limit: Optional[int], validation_limit: Optional[int], out: Path, model: str, device: str,
            max_prompt_tokens: Optional[int]) -> None:
     """`juice evaluate --contexts --study` (:mod:`juice.when_to_steer.study`)."""
-    from juice.methods import names as method_names
+    from juice.methods import names as method_names, row_title
     from juice.when_to_steer.study import run_study
     from juice.models import load_model
     from juice.stage1 import load_heads
@@ -224,9 +224,9 @@ def _study(data: Optional[Path], heads: list[Path], methods: Optional[str], doma
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--methods") from None
     boot = result.test.summary["use_relevant"]
-    console.print(f"best static method on validation: {result.test.best_static}")
+    console.print(f"best static method on validation: {row_title(result.test.best_static)}")
     console.print("test, use relevant context, mean over context types (by question): " + "; ".join(
-        f"{m} {boot.cells[m][MEAN].format()}" for m in result.test.methods if m in boot.cells))
+        f"{row_title(m)} {boot.cells[m][MEAN].format()}" for m in result.test.methods if m in boot.cells))
     console.print(f"wrote {out / 'study.md'}, {out / 'study.json'}, {out / 'validation'}, {out / 'test'}")
 
 
@@ -237,6 +237,7 @@ def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optiona
     """`juice evaluate --contexts` (:mod:`juice.when_to_steer.contexts`), on the engine of class `kind`."""
     from juice.apps.terminal import interval_rich
     from juice.io import write_json_atomic
+    from juice.methods import row_title
     from juice.plots import have_matplotlib
     from juice.stage1 import load_heads
     from juice.when_to_steer.contexts import TITLES, context_items, evaluate_contexts
@@ -273,14 +274,14 @@ def _evaluate_contexts(data: Optional[Path], heads: list[Path], methods: Optiona
     columns = report.columns()
     for name, table in report.tables.items():
         cols = [(c, g) for c, g in columns if name != "follows_context" or g != "none"]
-        console.print(interval_rich(table, report.methods, cols, [g for _, g in cols],
+        console.print(interval_rich(table.titled(), [row_title(m) for m in report.methods], cols, [g for _, g in cols],
                                     title=f"{TITLES[name]}, % (95% interval half-width)",
                                     bold=name not in ("follows_context", "degenerate")))
     from juice.when_to_steer.evaluation import MEAN
 
     for name, boot in report.summary.items():
         console.print(f"{TITLES[name]}, mean over context types (by question): " + "; ".join(
-            f"{m} {boot.cells[m][MEAN].format()}" for m in report.methods if m in boot.cells))
+            f"{row_title(m)} {boot.cells[m][MEAN].format()}" for m in report.methods if m in boot.cells))
     console.print(f"items {where['counts']}, skipped {where['skipped']}"
                   + (f", {where['dropped']} dropped (prompts over {where['max_prompt_tokens']} tokens; --full keeps them)"
                      if where.get("dropped") else ""))
