@@ -573,6 +573,9 @@ def by_protocol(name: str) -> MethodSpec:
     Raises:
         ValueError: no method a request may ask for has that name (the message lists them).
     """
+    spec = REGISTRY.find(name)
+    if spec is not None and spec.protocol:   # one lookup; the names are listed only for the error
+        return spec
     return lookup(name, protocol_names())
 
 
@@ -631,15 +634,16 @@ def check(name: str, tuned: TunedSettings | Mapping[str, Any] | None, *, has_hea
     return spec
 
 
-def build(name: str, inputs: MethodInputs, *, warn: bool = True) -> Built:
-    """Method `name` built from `inputs`; with `warn`, an untuned-betas warning is also raised as
-    an :class:`~juice.steering.UntunedBetasWarning`.
+def build(name: str | MethodSpec, inputs: MethodInputs, *, warn: bool = True) -> Built:
+    """Method `name` (a registry name, or an entry already looked up: no second lookup) built
+    from `inputs`; with `warn`, an untuned-betas warning is also raised as an
+    :class:`~juice.steering.UntunedBetasWarning`.
 
     Raises:
         ValueError: an unknown name, or what the method's build refuses (see :func:`check`).
         IndexError: a head outside the model.
     """
-    built = lookup(name).build(inputs)
+    built = (name if isinstance(name, MethodSpec) else lookup(name)).build(inputs)
     if warn and built.warning:
         warnings.warn(built.warning, UntunedBetasWarning, stacklevel=3)
     return built

@@ -35,7 +35,7 @@ unknown field is refused.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,11 +156,14 @@ class SteeringAsk:
     warning: str | None = None
     question: str | None = None
     per_head: tuple[tuple[Head, float], ...] = ()
+    entry: MethodSpec | None = field(default=None, compare=False, repr=False)
+    """The method's registry entry as the request's parse found it (None: looked up by `method`)."""
 
     @property
     def spec(self) -> MethodSpec:
-        """The method's registry entry (:data:`juice.methods.REGISTRY`)."""
-        return REGISTRY[self.method]
+        """The method's registry entry (:data:`juice.methods.REGISTRY`), found once where the
+        request was read (:func:`steering_ask`)."""
+        return self.entry if self.entry is not None else REGISTRY[self.method]
 
     @property
     def steers(self) -> bool:
@@ -184,7 +187,7 @@ class SteeringAsk:
                               self.beta_minus if betas else None, pruned=self.heads or None,
                               coefficients=dict(self.per_head) or None)
         try:
-            built = build(spec.name, inputs, warn=False)
+            built = build(spec, inputs, warn=False)
         except (ValueError, IndexError) as err:
             where = ("juice.heads" if self.heads or self.per_head
                      else served.files.get(self.direction, "the heads file"))
@@ -253,12 +256,18 @@ def request_fields(extra_args: Mapping[str, Any] | None) -> dict[str, Any] | Non
     return fields if ("juice" in extra_args or fields) else None
 
 
-def _text(fields: Mapping[str, Any], key: str, choices: str) -> str | None:
+def _text(fields: Mapping[str, Any], key: str, choices: str | Callable[[], str]) -> str | None:
+    """`fields[key]` stripped and lower-cased, None where absent; `choices` (or the function that
+    gives them, called only for the message) says what it must be.
+
+    Raises:
+        SteeringRequestError: a value that is not a string."""
     value = fields.get(key)
     if value is None:
         return None
     if not isinstance(value, str):
-        raise SteeringRequestError(f"juice.{key} must be {choices}, not {value!r}")
+        raise SteeringRequestError(f"juice.{key} must be {choices() if callable(choices) else choices}, "
+                                   f"not {value!r}")
     return value.strip().lower()
 
 
@@ -362,40 +371,39 @@ def steering_ask(fields: Mapping[str, Any], served: ServedHeads) -> SteeringAsk:
         SteeringRequestError: as :func:`read_steering`, after the object and key checks.
     """
     fields = fields or juice_fields(served.default_fields())
-    allowed = protocol_names()
-    given_method = _text(fields, "method", "one of " + ", ".join(allowed))
+    given_method = _text(fields, "method", lambda: "one of " + ", ".join(protocol_names()))
     spec = None
     if given_method is not None:
         try:
             spec = by_protocol(given_method)
         except ValueError:
-            raise SteeringRequestError(f"juice.method must be one of {', '.join(allowed)}, "
+            raise SteeringRequestError(f"juice.method must be one of {', '.join(protocol_names())}, "
                                        f"not {fields['method']!r}") from None
     for key in ("beta_plus", "beta_minus"):   # a malformed beta is named first, before what else the request lacks
         _beta(fields, key)
     if "heads" in fields and (spec is None or spec.request_heads is None):
-        takers = [n for n in allowed if REGISTRY[n].request_heads]
+        takers = [n for n in protocol_names() if REGISTRY[n].request_heads]
         raise SteeringRequestError(f"juice.heads is for methods {', '.join(takers)} (the heads PH3 zeroes, or "
                                    "per-head coefficients)")
     if "question" in fields and (spec is None or not spec.question):
-        askers = [n for n in allowed if REGISTRY[n].question]
+        askers = [n for n in protocol_names() if REGISTRY[n].question]
         raise SteeringRequestError(f"juice.question is for method {', '.join(askers)}")
     if spec is not None and spec.question and not served.auto:
         raise SteeringRequestError(f"juice.method {spec.name} is not served here: it decodes a question-only second "
                                    "sequence per request, which the vLLM plugin does not run; use juice serve")
     if spec is not None and not spec.heads:   # built now: it needs nothing of the model
-        _servable(spec, build(spec.name, MethodInputs(), warn=False))
-        return SteeringAsk(spec.name)
+        _servable(spec, build(spec, MethodInputs(), warn=False))
+        return SteeringAsk(spec.name, entry=spec)
     if spec is None and not served.selections and not {"direction", "beta_plus", "beta_minus"} & set(fields):
         return SteeringAsk(UNSTEERED)
     if spec is not None and spec.request_heads == "zero":
-        return SteeringAsk(spec.name, heads=_heads(fields.get("heads"), spec, served.geometry))
+        return SteeringAsk(spec.name, heads=_heads(fields.get("heads"), spec, served.geometry), entry=spec)
     if "heads" in fields:   # a method with explicit per-head coefficients
         if {"direction", "beta_plus", "beta_minus"} & set(fields):
             raise SteeringRequestError("juice.heads with coefficients replaces the heads file's heads and betas: "
                                        "send no direction or betas")
         _needs_dual_run(spec, served)
-        return SteeringAsk(spec.name, per_head=_per_head(fields["heads"], spec, served))
+        return SteeringAsk(spec.name, per_head=_per_head(fields["heads"], spec, served), entry=spec)
     given = _text(fields, "direction", "parametric (memory) or contextual (context)")
     if given is None:
         if len(served.selections) != 1:
@@ -421,12 +429,12 @@ def steering_ask(fields: Mapping[str, Any], served: ServedHeads) -> SteeringAsk:
             raise SteeringRequestError(f"{served.files.get(direction, 'the ' + direction + ' heads file')} holds no "
                                        f"{spec.name} policy: run `juice tune --methods {spec.name}` with validation "
                                        "data")
-        return SteeringAsk(spec.name, direction, question=question)
+        return SteeringAsk(spec.name, direction, question=question, entry=spec)
     spec = spec or REGISTRY[served.tuned_method(direction) or TUNED_STEERINGS[0]]
     _needs_dual_run(spec, served)
     bp, bm = _beta(fields, "beta_plus"), _beta(fields, "beta_minus")
     bp, bm, warning = chosen_betas(spec.name, served.tuned_of(direction), bp, bm)
-    return SteeringAsk(spec.name, direction, bp, bm, warning=warning)
+    return SteeringAsk(spec.name, direction, bp, bm, warning=warning, entry=spec)
 
 
 def _needs_dual_run(spec: MethodSpec, served: ServedHeads) -> None:

@@ -115,3 +115,23 @@ def test_a_beta_outside_the_tuned_range_is_served_with_a_warning_naming_the_rang
     # a file that records no range (no grid, no beta_range) is compared with nothing
     bare = ServedHeads({"parametric": PARAMETRIC}, {"parametric": {"june": {"beta_plus": 3.0, "beta_minus": -0.5}}})
     assert read_steering({"method": "june", "beta_plus": -5}, bare).warning is None
+
+
+@pytest.mark.parametrize("value", [None, {"method": "original"}, {"method": "JuICE", "direction": "context"},
+                                   {"method": "june", "direction": "parametric"}, {"direction": "memory"},
+                                   {"method": "ph3", "heads": "L1H1"},
+                                   {"method": "june", "heads": {"L1H1": 1.0}}])
+def test_a_request_finds_its_method_once_and_builds_with_that_entry(value, monkeypatch):
+    """Issue 91: a method's name is read where the request enters: the parse finds its registry
+    entry once, and building the steering uses that entry (no second lookup, no listing of the
+    registry on a request that is right)."""
+    from juice.methods import Registry
+
+    calls = []
+    for name in ("find", "__getitem__", "values", "items", "__iter__"):
+        real = getattr(Registry, name)
+        monkeypatch.setattr(Registry, name, lambda self, *a, _real=real, _name=name: calls.append(_name)
+                            or _real(self, *a))
+    ask = read_steering(value, TWO)
+    ask.steering(GEOMETRY, TWO)
+    assert calls in (["find"], ["__getitem__"]), calls   # by the request's name, or the heads file's tuned one
