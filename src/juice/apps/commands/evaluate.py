@@ -113,7 +113,7 @@ def _evaluate_tristate(data: Path, heads: list[Path], methods: Optional[str], li
     """`juice evaluate --data <TriState-Bench's data/TriState/>` (:func:`juice.pipeline.tristate.run_benchmark`)."""
     from juice.data.tristate import load_tristate
     from juice.io import write_json_atomic
-    from juice.methods import lookup
+    from juice.methods import lookup, names as method_names
     from juice.models import load_model
     from juice.pipeline.tristate import DEFAULT_METHODS, benchmark_markdown, run_benchmark, verdict_markdown
     from juice.stage1 import load_heads
@@ -121,19 +121,21 @@ def _evaluate_tristate(data: Path, heads: list[Path], methods: Optional[str], li
 
     try:   # bad input fails before the model loads
         facts = load_tristate(data)
-        names = [lookup(m).name for m in (methods.split(",") if methods else [*DEFAULT_METHODS, "auto"]) if m.strip()]
+        chosen = methods.split(",") if methods else [*DEFAULT_METHODS, *method_names(tuned="policy")]   # and auto
+        specs = [lookup(m) for m in chosen if m.strip()]
     except (ValueError, FileNotFoundError) as err:
         raise typer.BadParameter(str(err), param_hint="--methods" if "method" in str(err) else "--data") from None
     for path in heads:
         load_heads(path)
     lm = load_model(model, device=device)
-    needs_heads = any(lookup(n).heads for n in names)
+    needs_heads = any(spec.heads for spec in specs)
     artifacts = ([load_heads(p, lm) for p in heads] if heads or not needs_heads
                  else [shipped_heads(lm, d) for d in ("parametric", "contextual")])
     try:
         with progress() as task:
-            result = run_benchmark(lm, facts, artifacts, out / "state", names=[n for n in names if n != "auto"],
-                                   auto="auto" in names, limit=limit, progress=task)
+            result = run_benchmark(lm, facts, artifacts, out / "state",   # auto: tuned on the validation facts
+                                   names=[s.name for s in specs if s.tuned != "policy"],
+                                   auto=any(s.tuned == "policy" for s in specs), limit=limit, progress=task)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--heads") from None
     report = (f"# TriState-Bench on {lm.name}\n\nExact match, % [95% interval], on the test facts; "
