@@ -301,14 +301,15 @@ class ContextsEvaluation:
                       "resamples), the same draws for every method (paired).\n", self.summary_markdown(name)]
         parts.append("# Per item\n\nCells: % (95% bootstrap interval half-width over prompts), averaged over "
                      "sources; bold: interval wholly above the runner-up's.\n")
+        shown = [row_title(m) for m in self.methods]
         for name, table in self.tables.items():
             cols = [(c, g) for c, g in columns if name != "follows_context" or g != "none"]
             heads = [g for _, g in cols]
-            parts += [f"## {TITLES[name]}\n", interval_markdown(table.titled(), [row_title(m) for m in self.methods],
-                                                                 cols, heads,
+            titled = table.titled()
+            parts += [f"## {TITLES[name]}\n", interval_markdown(titled, shown, cols, heads,
                                                                  bold=name not in ("follows_context", "degenerate")),
                       "\nPaired differences, percentage points [95% interval]:\n",
-                      difference_markdown(table.titled(), cols, heads)]
+                      difference_markdown(titled, cols, heads)]
         parts.append("\n## Settings\n\n" + "\n".join(f"- {row_title(m)}: {json.dumps(s)}"
                                                        for m, s in self.settings.items()))
         return "\n".join(parts) + "\n"

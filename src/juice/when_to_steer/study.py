@@ -298,7 +298,7 @@ class Study:
                          + ".\n")
         for label, c in self.cross_validation.items():
             parts.append(f"Cross-validation on validation ({label}): auto {c['auto']:.1f}%, best static "
-                         f"(chosen per fold: {', '.join(sorted(set(map(row_title, c['chosen']))))}) "
+                         f"(chosen per fold: {', '.join(sorted(set(c['chosen'])))}) "   # titles (_cv_summary)
                          f"{c['best_static']:.1f}%, "
                          f"difference {c['difference']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}] points, "
                          "standard error "
