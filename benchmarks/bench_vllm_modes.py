@@ -83,7 +83,7 @@ def child(spec: dict) -> dict:
         return time.perf_counter() - t, sum(len(r.outputs[0].token_ids) for r in results)
 
     run(spec["prompts"][:2], "mixed" if spec["plugin"] else "original", 4)   # warm-up
-    mixes = MIXES if spec["plugin"] else ["original"]
+    mixes = (spec.get("mixes") or MIXES) if spec["plugin"] else ["original"]
     if not spec.get("prefix_only"):
         for batch in spec["batches"]:
             prompts = [spec["prompts"][i % len(spec["prompts"])] for i in range(batch)]
@@ -96,7 +96,7 @@ def child(spec: dict) -> dict:
                 out["rows"].append({"batch": batch, "mix": mix, "tok_per_s": round(statistics.median(runs), 2),
                                     "runs": [round(r, 2) for r in runs]})
                 print(f"{spec['name']:32} batch {batch:3} {mix:9} {statistics.median(runs):8.2f} tok/s", flush=True)
-    if spec["plugin"]:   # the shared-prefix workload
+    if spec["plugin"] and not spec.get("no_prefix"):   # the shared-prefix workload
         words = " ".join(f"fact {i}: the city number {i} lies on the river {i % 7}." for i in range(200))
         ids = tokenizer.encode(words)[: spec["prefix_tokens"]]
         prefix = tokenizer.decode(ids)
@@ -122,7 +122,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--prefix-tokens", type=int, default=512)
-    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS),
+                        help="in the order given (alternate the order across runs to balance drift)")
+    parser.add_argument("--mixes", nargs="+", choices=MIXES, help="the plugin's mixes to time (default: all)")
+    parser.add_argument("--no-prefix", action="store_true", help="skip the shared-prefix workload")
     parser.add_argument("--out", type=Path, default=Path("bench_vllm_modes.json"))
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -149,7 +152,8 @@ def main() -> None:
         config = CONFIGS[name]
         spec = {"name": name, "folder": folder, "prompts": PROMPTS, "plugin": config["plugin"], "llm": config["llm"],
                 "prefix_only": config.get("prefix_only", False), "batches": args.batches, "tokens": args.tokens,
-                "repeats": args.repeats, "prefix_tokens": args.prefix_tokens, "out": str(workdir / f"{name}.json")}
+                "repeats": args.repeats, "prefix_tokens": args.prefix_tokens, "out": str(workdir / f"{name}.json"),
+                "mixes": args.mixes, "no_prefix": args.no_prefix}
         (workdir / f"{name}.in.json").write_text(json.dumps(spec))
         env = {k: v for k, v in os.environ.items() if not k.startswith("JUICE_VLLM")}
         env.update({"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "2")})

@@ -17,6 +17,10 @@ TARGETS: dict[str, dict[int | None, float]] = {
     "juice / original": {32: 0.75},          # every request JuICE
     "mixed / original": {8: 0.85, 32: 0.9},  # one request in four JuICE, the rest Original
     "vllm / juice serve": {None: 2.0},       # vLLM with the plugin against `juice serve`, same requests
+    # Against stock vLLM compiled, offline (bench_vllm_modes.py; issue 93, run 1 as shadow rows):
+    "june / stock": {None: 0.97},            # every request JuNE
+    "juice / stock": {1: 0.92, 32: 0.80},    # every request JuICE (above the compute-bound cap at 32: see docs/vllm.md)
+    "mixed / stock": {32: 0.90},             # one request in four JuICE
 }
 
 

@@ -63,10 +63,11 @@ def steering_for(lm, files: dict[str, HeadSelection], juice: dict | None):
 
 def run_vllm(model_dir: str, requests: list[dict], heads_files: list[str], tmp_path: Path, bad=(), llm=None,
              timeout: int = 900, fails: bool = False, env: dict | None = None, modes=("mixed", "alone"),
-             arrive=None, heads_in_config: bool = False, poison: int = 0) -> dict | str:
-    """vLLM with the plugin on `requests` (tests/vllm_env/run_offline.py): its output, or its log if `fails`."""
+             arrive=None, heads_in_config: bool = False, poison: int = 0, separate_run1: bool = False) -> dict | str:
+    """vLLM with the plugin on `requests` (tests/vllm_env/run_offline.py): its output, or its log if `fails`.
+    `separate_run1`: JuICE's run 1 always runs separately, as on a GPU with CUDA graphs."""
     spec = {"model": model_dir, "requests": requests, "bad": list(bad), "llm": llm or {}, "modes": list(modes),
-            "arrive": arrive, "heads_in_config": heads_in_config, "poison": poison}
+            "arrive": arrive, "heads_in_config": heads_in_config, "poison": poison, "separate_run1": separate_run1}
     (tmp_path / "in.json").write_text(json.dumps(spec))
     env = {**os.environ, "JUICE_VLLM_HEADS": os.pathsep.join(heads_files), "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_LOGGING_LEVEL": "WARNING", **(env or {})}

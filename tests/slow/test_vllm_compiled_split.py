@@ -4,7 +4,8 @@ splitting ops eagerly; run 1's op must be a splitting op alone, or replay would 
 step's clean outputs. vLLM's CPU build compiles differently (one Inductor graph), so the test puts
 its compilation mode back to VLLM_COMPILE (tests/vllm_env/run_offline.py, `piecewise_on_cpu`):
 Dynamo traces the steered model, vLLM's `split_graph` splits it (recorded), Inductor compiles the
-pieces; only the CUDA graph capture is missing. Slow tier: vLLM in a subprocess, from its own
+pieces; only the CUDA graph capture is missing, so run 1 runs separately, as under CUDA graphs
+(not as shadow rows: a graph replays a fixed batch). Slow tier: vLLM in a subprocess, from its own
 environment; skips without it."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from helpers.vllm import CONTEXTUAL, PARAMETRIC, equality_case, needs_vllm, tiny
 
 RUN1 = "juice.clean_run"
 """How run 1's op (:data:`juice.vllm.constraints.CLEAN_RUN_OP`) prints as a traced node's target."""
+SHADOW = "juice.shadow_attention"
+"""How the shadow rows' attention op (:data:`juice.vllm.constraints.SHADOW_ATTENTION_OP`) prints."""
 
 
 @needs_vllm
@@ -24,7 +27,7 @@ def test_run_1_is_a_splitting_piece_of_its_own_in_vllms_piecewise_compilation(tm
     case = equality_case(lm, folder, tmp_path, ["the capital of france is paris", "japan tokyo spain"],
                          {"parametric": PARAMETRIC, "contextual": CONTEXTUAL}, steerings, max_tokens=max_tokens,
                          llm={"enforce_eager": False, "enable_prefix_caching": False},
-                         env={"JUICE_TEST_PIECEWISE_ON_CPU": "1"})
+                         env={"JUICE_TEST_PIECEWISE_ON_CPU": "1"}, separate_run1=True)
     record = case["compilation"]
     pieces = [piece for split in record["splits"] for piece in split]
     print("\n".join(f"splitting {'|'.join(ops)}" if splitting else f"compiled  {len(ops)} ops" for splitting, ops in pieces))
@@ -32,6 +35,8 @@ def test_run_1_is_a_splitting_piece_of_its_own_in_vllms_piecewise_compilation(tm
     assert holding, "run 1's op is not in the traced forward"
     assert all(splitting and len(ops) == 1 for splitting, ops in holding), holding   # alone, run eagerly
     assert any(not splitting for splitting, _ in pieces), "no compiled piece: vLLM did not split"
+    # The shadow rows' attention op is traced inside the compiled pieces (a no-op in a replayed step).
+    assert any(SHADOW in op for splitting, ops in pieces if not splitting for op in ops)
     # Every forward with a JuICE row ran run 1's body once; the others called the op, which returned.
     assert record["forwards_with_juice"] > 0 and record["run1"] == record["forwards_with_juice"]
     assert case["mixed"] == case["expected"]

@@ -67,21 +67,26 @@ def test_vllm_tokens_equal_juice_generate_on_a_tiny_llama_mixed_and_alone(tmp_pa
 
 
 @needs_vllm
-@pytest.mark.parametrize("mode", list(MODES))
-def test_poisoned_buffers_and_padded_batches_still_give_juice_generates_tokens(tmp_path, mode):
+@pytest.mark.parametrize("mode, run1", [("eager", "shadow"), ("compiled", "shadow"), ("compiled", "separate")])
+def test_poisoned_buffers_and_padded_batches_still_give_juice_generates_tokens(tmp_path, mode, run1):
     """Issue 74: what a GPU leaves in memory, made certain (tests/vllm_env/run_offline.py,
     `poisoned_buffers`): before every forward each per-step table the plugin owns is NaN, and each
     forward carries 3 padding rows past its real tokens (as a CUDA-graph capture size pads a
     batch; in eager mode the attention's output there is NaN). Each request alone (a JuICE request
-    alone is a uniform batch: run 1 on every row, padding included), then all in one mixed batch:
-    Original, JuNE, JuICE and pruning keep juice's tokens. Before the fix, the save hook copied
-    run 1's padding rows into `juice_clean` and run 2 computed 0 * `juice_clean` for the rows
-    JuICE does not add to: NaN."""
+    alone is a uniform batch), then all in one mixed batch: Original, JuNE, JuICE and pruning keep
+    juice's tokens. Before the fix, the save hook copied run 1's padding rows into `juice_clean`
+    and run 2 computed 0 * `juice_clean` for the rows JuICE does not add to: NaN. Issue 93: JuICE's
+    run 1 as shadow rows past the padding (the default where no CUDA graph replays the forward),
+    and run 1 run separately (on a GPU with CUDA graphs), each counted where it ran."""
     lm, folder = tiny_llama_dir(tmp_path)
     prompts = ["the capital of france is paris", "who wrote the book ? answer :", "japan tokyo spain"]
     case = equality_case(lm, folder, tmp_path, prompts, {"parametric": PARAMETRIC, "contextual": CONTEXTUAL},
-                         STEERINGS, max_tokens=8, llm=MODES[mode], poison=3, modes=("alone", "mixed"))
-    assert case["poison"]["padded"] >= case["poison"]["forwards"] - 2 > 0   # all but vLLM's warm-up forwards
+                         STEERINGS, max_tokens=8, llm=MODES[mode], poison=3, modes=("alone", "mixed"),
+                         separate_run1=run1 == "separate")
+    seen = case["poison"]
+    assert seen["padded"] >= seen["forwards"] - 2 > 0   # all but vLLM's warm-up forwards
+    ran, other = ("shadowed", "separate") if run1 == "shadow" else ("separate", "shadowed")
+    assert seen[ran] >= 8 and seen[other] == 0   # every JuICE forward: 2 requests alone and mixed, 8 steps each
     assert case["alone"] == case["expected"]
     assert case["mixed"] == case["expected"]
 

@@ -470,3 +470,22 @@ def test_the_verdict_on_the_papers_ordering_reads_each_interval_and_names_every_
     page = results_page.PAGE.read_text(encoding="utf-8")
     with pytest.raises(KeyError, match="bigger-table1-accuracy"):   # its tables need their place on the page
         results_page.write_page(page, both)
+
+
+def test_the_dual_runs_before_and_after_on_the_vllm_page_is_the_committed_record():
+    """Issue 93: JuICE's run 1 run separately against run 1 as shadow rows, each against stock
+    vLLM measured in the same run, and the caps from the model's parameter counts."""
+    import vllm_dual_run
+
+    record = json.loads((ROOT / "benchmarks" / "results" / "vllm-dual-run-gemma-3-270m.json").read_text(encoding="utf-8"))
+    assert record["command"].startswith("python benchmarks/bench_vllm_modes.py")
+    assert all(len(record["commits"][side]) == 40 for side in ("before", "after"))
+    assert {(r["batch"], r["mix"]) for r in record["ratios"] if "after" in r and "before" in r} == {
+        (b, m) for b in (1, 8, 32) for m in vllm_dual_run.MIXES}
+    page = (ROOT / "docs" / "vllm.md").read_text(encoding="utf-8")
+    assert vllm_dual_run.markdown(record) in page
+    assert f"`{record['command']}`" in page
+    assert record["commits"]["before"][:12] in page and record["commits"]["after"][:12] in page
+    caps = record["caps"]
+    for value in (caps["separate"], caps["shadow_arithmetic_bound"]):
+        assert f"{value}x" in page

@@ -18,8 +18,8 @@ from typing import Generic, TypeVar
 
 import pytest
 
-from juice.vllm.constraints import (CLEAN_RUN_OP, COMPILE_KEY, PROCESSOR_NAME, PluginConfigError,
-                                    check_attention_backend, check_engine_config, check_kv_sharing,
+from juice.vllm.constraints import (CLEAN_RUN_OP, COMPILE_KEY, PROCESSOR_NAME, SHADOW_ATTENTION_OP,
+                                    PluginConfigError, check_attention_backend, check_engine_config, check_kv_sharing,
                                     check_logits_processor, check_plugin_on_here, check_scheduler, metadata_fields,
                                     note_compiled_structure, split_at_run1)
 from juice.vllm.launch import find_vllm_python
@@ -402,7 +402,8 @@ def test_run_1_is_a_split_point_of_piecewise_compilation_and_keys_the_compile_ca
     assert whole.compilation_config.splitting_ops == []
     config = SimpleNamespace(additional_config={})
     note_compiled_structure(config, SimpleNamespace(n_layers=4, n_heads=2), [(1, 0)], (1, 2))
-    assert config.additional_config[COMPILE_KEY]["run1"] == CLEAN_RUN_OP   # a graph without the call is not reused
+    # a graph without the calls is not reused
+    assert config.additional_config[COMPILE_KEY]["run1"] == [CLEAN_RUN_OP, SHADOW_ATTENTION_OP]
 
 
 @pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM environment (run scripts/install-vllm.sh)")

@@ -114,3 +114,59 @@ state = plan(m, starts, 8, {0: RequestSteering("june", june, torch.zeros(L, H), 
 print(sorted(state.scaled), sorted(state.added), state.juice_rows.tolist(), m.juice_dirty)
 """)
     assert out.split("\n")[-2] == "[1] [2] [3] 8"
+
+
+def test_shadow_rows_take_their_juice_rows_and_the_tables_go_back_to_the_identity():
+    """Issue 93: JuICE's run 1 as shadow rows appended after a forward's rows
+    (:meth:`~juice.vllm.models.SteerableMixin._juice_shadow_rows`). Every JuICE token row gets
+    one shadow row, not steered (factor 1, add 0), taking its JuICE row's input (`juice_source`)
+    and giving it its head outputs (`juice_partner`); the live attention's slots gain -1 for them,
+    the clean attention gets the JuICE rows' own slots (the batch's, every request being JuICE
+    here, or the sub-batch's); a forward that would pass max_num_batched_tokens gets none; after
+    the forward every index table is the identity again."""
+    out = run_in_vllm("""
+m = mixin("cpu")
+m.juice_shadow_limit, m.juice_clean_names = MAX, {"l.0_clean"}
+ident = torch.arange(MAX)
+m.juice_identity = ident
+m.model.juice_source, m.model.juice_partner = ident.clone(), ident.clone()
+m.model.juice_shadowed = torch.zeros((), dtype=torch.bool)
+live, clean = torch.arange(100, 106), torch.arange(200, 206)
+context = types.SimpleNamespace(attn_metadata={"l.0": "meta", "l.0_clean": "meta"},
+                                slot_mapping={"l.0": live, "l.0_clean": clean})
+juice = torch.zeros(L, H)
+juice[2, 3] = 2.0
+steer = lambda: RequestSteering("juice", torch.zeros(L, H), juice.clone(), None)
+starts = torch.tensor([0, 4, 6], dtype=torch.int32)
+state = plan(m, starts, 7, {0: steer(), 1: steer()})   # every request JuICE; one padding row
+models.get_forward_context = lambda: context
+shadows, metadata, slots = m._juice_shadow_rows(state, 7)
+assert (shadows.start, shadows.count, shadows.tokens.tolist()) == (7, 6, list(range(6)))
+assert m.model.juice_source[7:13].tolist() == list(range(6)) and m.model.juice_source[:7].tolist() == list(range(7))
+assert m.model.juice_partner[:6].tolist() == list(range(7, 13)) and int(m.model.juice_partner[6]) == 6
+assert bool((m.model.juice_factor[7:13] == 1).all()) and bool((m.model.juice_add[7:13] == 0).all())
+assert bool(m.model.juice_shadowed) and m.juice_dirty == 13
+assert slots["l.0"].tolist() == list(range(100, 106)) + [-1] * 7 and slots["l.0_clean"].tolist() == list(range(200, 206))
+assert metadata["l.0_clean"] == "meta"
+m._juice_unshadow(shadows)
+assert torch.equal(m.model.juice_source, ident) and torch.equal(m.model.juice_partner, ident)
+assert not bool(m.model.juice_shadowed)
+# one request in two JuICE: the sub-batch's rows, slots and metadata for the clean attention
+state = plan(m, starts, 6, {1: steer()})
+models.get_forward_context = lambda: context
+m._juice_sub_batch = lambda s: (torch.tensor([4, 5]), {"l.0": "sub", "l.0_clean": "sub"},
+                                {"l.0": live[4:6], "l.0_clean": clean[4:6]})
+shadows, metadata, slots = m._juice_shadow_rows(state, 6)
+assert shadows.tokens.tolist() == [4, 5] and m.model.juice_partner[:6].tolist() == [0, 1, 2, 3, 6, 7]
+assert m.model.juice_source[6:8].tolist() == [4, 5]
+assert metadata == {"l.0": "meta", "l.0_clean": "sub"} and slots["l.0_clean"].tolist() == [204, 205]
+assert slots["l.0"].tolist() == list(range(100, 106)) + [-1, -1]
+m._juice_unshadow(shadows)
+assert torch.equal(m.model.juice_partner, ident) and torch.equal(m.model.juice_source, ident)
+m.juice_shadow_limit = 7   # 6 rows and 2 shadow rows would pass it: run 1 runs separately
+state = plan(m, starts, 6, {1: steer()})
+models.get_forward_context = lambda: context
+assert m._juice_shadow_rows(state, 6) is None
+print("checked")
+""")
+    assert out.strip().endswith("checked")

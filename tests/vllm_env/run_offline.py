@@ -100,6 +100,20 @@ def piecewise_on_cpu() -> None:
     CpuPlatform.check_and_update_config = classmethod(vllm_compile)
 
 
+def separate_run1() -> None:
+    """JuICE's run 1 always run separately (spec "separate_run1"), as where vLLM captures CUDA
+    graphs; elsewhere the model runs it as shadow rows (juice.vllm.models)."""
+    import juice.vllm.models as models
+
+    init = models.SteerableMixin.__init__
+
+    def separate(self, *, vllm_config, prefix: str = ""):   # vLLM reads the signature
+        init(self, vllm_config=vllm_config, prefix=prefix)
+        self.juice_shadows = False
+
+    models.SteerableMixin.__init__ = separate
+
+
 def poisoned_buffers(pad: int) -> dict:
     """The poisoned-buffer mode (spec "poison": pad rows; issue 74): what a GPU leaves in memory,
     made certain on the CPU. Before every forward, every per-step buffer the plugin owns
@@ -109,7 +123,8 @@ def poisoned_buffers(pad: int) -> dict:
     positions 0, KV-cache slots -1, the
     attention's output in those rows NaN in eager mode, as vLLM's uninitialised buffer may hold).
     The engine core and worker run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0). Returns
-    counters filled as vLLM runs."""
+    counters filled as vLLM runs, with the forwards whose JuICE run 1 ran as shadow rows
+    (`shadowed`) and separately (`separate`)."""
     import os
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -118,10 +133,20 @@ def poisoned_buffers(pad: int) -> dict:
 
     import juice.vllm.models as models
 
-    seen = {"forwards": 0, "padded": 0}
-    real_rows = [0]
+    seen = {"forwards": 0, "padded": 0, "shadowed": 0, "separate": 0}
+    real_rows = [0, 0]   # the forward's real rows; with its padding rows (shadow rows come after)
     plan, forward, init = (models.SteerableMixin._juice_plan, models.SteerableMixin.forward,
                            models.SteerableMixin.__init__)
+    shadow_rows, clean_run = models.SteerableMixin._juice_shadow_rows, models.SteerableMixin._clean_run
+
+    def counted_shadow_rows(self, state, n_tokens):
+        made = shadow_rows(self, state, n_tokens)
+        seen["shadowed"] += made is not None
+        return made
+
+    def counted_clean_run(self, *args):
+        seen["separate"] += 1
+        return clean_run(self, *args)
 
     def poisoned_plan(self, n_tokens):
         for name in ("juice_factor", "juice_add", "juice_clean"):
@@ -136,7 +161,7 @@ def poisoned_buffers(pad: int) -> dict:
         if isinstance(saved, dict):
             context.slot_mapping = {k: None if v is None else torch.cat([v, v.new_full((extra,), -1)])
                                     for k, v in saved.items()}
-        real_rows[0] = n
+        real_rows[:] = [n, n + extra]
         seen["forwards"] += 1
         seen["padded"] += extra > 0
         try:
@@ -154,13 +179,15 @@ def poisoned_buffers(pad: int) -> dict:
 
         def garbage(module, args):   # the attention output's padding rows, never written by vLLM
             x = args[0].clone()
-            x[real_rows[0]:] = float("nan")
+            x[real_rows[0]:real_rows[1]] = float("nan")
             return (x, *args[1:])
 
         for layer in self.juice_layers:
             layer.self_attn.o_proj.register_forward_pre_hook(garbage, prepend=True)
 
     models.SteerableMixin._juice_plan = poisoned_plan
+    models.SteerableMixin._juice_shadow_rows = counted_shadow_rows
+    models.SteerableMixin._clean_run = counted_clean_run
     models.SteerableMixin.forward = padded_forward
     models.SteerableMixin.__init__ = init_with_garbage
     return seen
@@ -170,6 +197,8 @@ def main() -> None:
     spec = json.load(open(sys.argv[1]))
     import os
 
+    if spec.get("separate_run1"):
+        separate_run1()
     poison = poisoned_buffers(spec["poison"]) if spec.get("poison") else None
     on_cpu = os.environ.get("JUICE_TEST_PIECEWISE_ON_CPU") == "1"
     record = record_compilation() if on_cpu or os.environ.get("JUICE_TEST_RECORD") == "1" else None

@@ -310,6 +310,13 @@ CLEAN_RUN_OP = "juice::clean_run"
 head outputs into `clean`."""
 
 
+SHADOW_ATTENTION_OP = "juice::shadow_attention"
+"""The custom op through which a dual-run layer's shadow rows (JuICE's run 1 inside run 2's matrix
+products, :mod:`juice.vllm.models`) attend over their clean KV: `(query, key, value, out, layer) ->
+()`, writing the shadow rows of `out`; called after the layer's attention, a no-op in a forward
+without shadow rows."""
+
+
 def split_at_run1(vllm_config: Any) -> None:
     """Make :data:`CLEAN_RUN_OP` a split point of vLLM's piecewise compilation (append it to
     `compilation_config.splitting_ops` when that list is not empty), so that run 1, which runs
@@ -340,7 +347,8 @@ def note_compiled_structure(vllm_config: Any, geometry: Any, slots: list[tuple[i
     if not isinstance(extra, dict):
         raise PluginConfigError("juice's vLLM plugin in compiled mode needs additional_config to be a JSON object "
                                 "(it keys the compile cache by the steered heads); or start vLLM with --enforce-eager")
-    extra[COMPILE_KEY] = {"version": __version__, "run1": CLEAN_RUN_OP, "slots": [list(s) for s in slots],
+    extra[COMPILE_KEY] = {"version": __version__, "run1": [CLEAN_RUN_OP, SHADOW_ATTENTION_OP],
+                          "slots": [list(s) for s in slots],
                           "dual": list(dual) if dual else None, "layers": geometry.n_layers,
                           "heads": geometry.n_heads}
 

@@ -17,27 +17,44 @@ architectures' names. What the mixin adds:
   runs vLLM's forward unchanged.
 - JuICE's dual run (paper Alg. 1): a second attention module (`self_attn.attn_clean`, built from
   the same arguments as `self_attn.attn`, so vLLM gives it its own KV cache) on each layer from
-  the first to the last layer the heads files steer. When a batch holds a JuICE request, run 1
-  (the unmodified model for JuICE rows) starts at the first dual-run layer from run 2's input to
-  that layer (a JuICE row is not steered below it, so the two runs agree there and the layers
-  below run once), takes the JuICE requests' tokens through the clean attention modules up to the
-  last layer the batch adds to, and saves the outputs of the heads JuICE adds to (`juice_clean`);
-  run 2 goes on from the same layer, its hooks adding beta times them. A batch without JuICE
-  requests has no run 1, and the clean KV of its requests is never read.
+  the first to the last layer the heads files steer. A batch without JuICE requests has no run 1,
+  and the clean KV of its requests is never read. When a batch holds a JuICE request, run 1 (the
+  unmodified model for JuICE rows) runs in one of two ways:
 
-Run 1 is a custom op, :data:`juice.vllm.constraints.CLEAN_RUN_OP`, called by a pre-hook of the
+  - **Shadow rows** (the default where no CUDA graph replays the forward: vLLM's CPU build,
+    `--enforce-eager`, `cudagraph_mode=NONE`): the forward gets one more row per JuICE token row,
+    after the batch's rows (and its padding), so run 1 goes through the same matrix products as
+    run 2, each layer's weights read once. Below the first dual-run layer a shadow row's values
+    are not used (the live attention's metadata does not count it, so it reads and writes no KV);
+    at that layer's input it takes its JuICE row's hidden state (`juice_source`: a JuICE row is
+    not steered below it, so the two runs agree there); in each dual-run layer up to the last one
+    the batch adds to, a custom op after the attention
+    (:data:`juice.vllm.constraints.SHADOW_ATTENTION_OP`) runs the clean attention module on the
+    shadow rows with the JuICE requests' own metadata and slots, and the output projection's hook
+    adds beta times the shadow row's head outputs (`juice_partner`) to its JuICE row's. The
+    forward returns the batch's rows. A forward whose shadow rows would pass
+    `max_num_batched_tokens` (a long JuICE prefill chunk) runs run 1 separately instead.
+  - **Separately** (where vLLM captures CUDA graphs, which replay a fixed batch: a forward with
+    more rows has no graph): run 1 starts at the first dual-run layer from run 2's input to that
+    layer (the layers below run once), takes the JuICE requests' tokens through the clean
+    attention modules up to the last layer the batch adds to, and saves the outputs of the heads
+    JuICE adds to (`juice_clean`); run 2 goes on from the same layer, its hooks adding beta times
+    them. Those layers' weights are read twice.
+
+Run 1 run separately is a custom op, :data:`juice.vllm.constraints.CLEAN_RUN_OP`, called by a pre-hook of the
 first dual-run layer, in eager and compiled mode alike. In compiled mode (vLLM's default) vLLM's
 compiled forward (run 2) has the call at that point, traced once; at run time the op runs run 1
 eagerly (vLLM's layers called one by one) when the batch has JuICE rows and returns at once
-when it has none. On vLLM's CPU build,
-which compiles the whole forward with Inductor, Inductor calls the op from its code; with
-piecewise compilation (a GPU) the op is one of vLLM's splitting ops
+when it has none (or runs them as shadow rows). The shadow rows' gather and attention op are in
+the compiled forward too, the identity and a no-op without shadow rows. On vLLM's CPU build,
+which compiles the whole forward with Inductor, Inductor calls the ops from its code; with
+piecewise compilation (a GPU) the run-1 op is one of vLLM's splitting ops
 (:func:`juice.vllm.constraints.split_at_run1`), so it runs between the compiled pieces and
 outside piecewise CUDA graphs, as vLLM's attention does. Every other way of capturing graphs
 (full graphs, graphs with compilation off, breakable graphs) would replay steps without the
 Python that fills the tables and runs run 1: they are refused at start
 (:func:`juice.vllm.constraints.cuda_graph_refusal`). The graph depends on the heads files
-(which heads have slots in `juice_clean`) and on the op, so the model puts both in vLLM's
+(which heads have slots in `juice_clean`) and on the ops, so the model puts both in vLLM's
 `additional_config`, part of vLLM's compile cache key
 (:func:`juice.vllm.constraints.note_compiled_structure`). Measured on the CPU only (docs/vllm.md,
 "Compiled mode").
@@ -84,9 +101,10 @@ from vllm.model_executor.layers.attention import Attention
 from juice.architectures import config_geometry, vllm_architectures
 from juice.models import fingerprint_mismatch, weights_digests
 from juice.stage1.heads_file import check_selection_fits
-from juice.vllm.constraints import (CLEAN_RUN_OP, ROW_FIELD, PluginConfigError, check_attention_backend,
-                                    check_engine_config, check_kv_sharing, check_logits_processor, check_scheduler,
-                                    compiled_mode, missing_rows_message, note_compiled_structure, split_at_run1)
+from juice.vllm.constraints import (CLEAN_RUN_OP, ROW_FIELD, SHADOW_ATTENTION_OP, PluginConfigError,
+                                    captures_cuda_graphs, check_attention_backend, check_engine_config,
+                                    check_kv_sharing, check_logits_processor, check_scheduler, compiled_mode,
+                                    missing_rows_message, note_compiled_structure, split_at_run1)
 from juice.vllm.options import ENV_GEOMETRY, PluginHeads, head_slots, served_heads
 from juice.vllm.processor import BATCH
 
@@ -105,9 +123,42 @@ def _clean_run_op(hidden: Tensor, residual: Tensor | None, positions: Tensor, cl
     _STEERED[model].juice_run1(hidden, residual, positions, clean)
 
 
-torch.library.custom_op(CLEAN_RUN_OP, _clean_run_op, mutates_args=("clean",),
-                        schema="(Tensor hidden, Tensor? residual, Tensor positions, Tensor(a!) clean, str model) -> ()"
-                        ).register_fake(lambda hidden, residual, positions, clean, model: None)
+_SHADOWED: "dict[str, tuple[weakref.ReferenceType, int]]" = {}
+"""This process's dual-run attention modules, by their attention name: (the steered model, the
+layer's index)."""
+
+
+def _shadow_attention_op(query: Tensor, key: Tensor, value: Tensor, out: Tensor, layer: str) -> None:
+    model, index = _SHADOWED[layer]
+    model().juice_shadow_attention(query, key, value, out, index)
+
+
+def _register_op(name: str, schema: str, body: Callable) -> None:
+    """`name` ("juice::op") as a PyTorch operator with `schema`, run by `body` on every device and
+    a no-op under fake tensors. Defined through `torch.library.Library` rather than
+    `torch.library.custom_op`, whose Python wrapper costs more per call (measured here: about 18
+    us against 3 us), as vLLM registers its own ops: the shadow rows' op is called once per
+    dual-run layer on every step."""
+    op = name.split("::")[1]
+    _LIBRARY.define(f"{op}{schema}")
+    _LIBRARY.impl(op, body, "CompositeExplicitAutograd")
+    torch.library.register_fake(name, lambda *args: None, lib=_LIBRARY)
+
+
+_LIBRARY = torch.library.Library("juice", "FRAGMENT")
+_register_op(CLEAN_RUN_OP, "(Tensor hidden, Tensor? residual, Tensor positions, Tensor(a!) clean, str model) -> ()",
+             _clean_run_op)
+_register_op(SHADOW_ATTENTION_OP, "(Tensor query, Tensor key, Tensor value, Tensor(a!) out, str layer) -> ()",
+             _shadow_attention_op)
+
+
+class _Shadows:
+    """A forward's shadow rows (run 1 inside run 2's matrix products, :meth:`SteerableMixin.forward`):
+    rows `start:start + count` of the extended forward are run 1 of the JuICE token rows `tokens`
+    (`[count]`, on the model's device), in that order."""
+
+    def __init__(self, start: int, tokens: Tensor) -> None:
+        self.start, self.count, self.tokens = start, int(tokens.numel()), tokens
 
 
 class _Pass:
@@ -122,6 +173,7 @@ class _Pass:
         self.last_added = max(self.added) if self.added else -1
         self.juice_rows, self.starts = juice_rows, starts   # the JuICE requests' batch indices; query_start_loc
         self.tokens: Tensor | None = None   # the token rows run 1 computes (None: all of them)
+        self.shadows: _Shadows | None = None   # run 1 as shadow rows of this forward (None: run 1 separately)
 
 
 def _to_device(host: Tensor, device: torch.device, dtype: torch.dtype | None = None) -> Tensor:
@@ -204,6 +256,11 @@ class SteerableMixin:
         self._juice_tables(vllm_config)
         for index, layer in enumerate(self.juice_layers):
             layer.self_attn.o_proj.register_forward_pre_hook(self._juice_hook(index))
+        # Shadow rows (run 1 inside run 2's matrix products) wherever no CUDA graph replays the
+        # forward: a step with shadow rows is longer than the batch vLLM padded and captured for.
+        self.juice_shadows = self.juice_dual is not None and not captures_cuda_graphs(vllm_config)
+        self.juice_shadow_limit = min(self.juice_max_tokens, int(vllm_config.scheduler_config.max_num_batched_tokens))
+        self.juice_clean_names: set[str] = set()   # the clean attention modules' names
         if self.juice_dual is not None:
             lo, hi = self.juice_dual
             for index in range(lo, hi + 1):
@@ -211,6 +268,9 @@ class SteerableMixin:
                 arguments = dict(records[attention.attn.layer_name])
                 arguments["prefix"] = attention.attn.layer_name + "_clean"
                 attention.attn_clean = type(attention.attn)(**arguments)
+                self.juice_clean_names.add(attention.attn_clean.layer_name)
+                _SHADOWED[attention.attn.layer_name] = (weakref.ref(self), index)
+                attention.attn.register_forward_hook(self._juice_shadow_hook(attention.attn.layer_name))
         if self.juice_dual is not None:   # run 1: a call (CLEAN_RUN_OP) at the first dual-run layer's input
             layer = self.juice_layers[self.juice_dual[0]]
             key = layer.self_attn.attn.layer_name
@@ -227,7 +287,14 @@ class SteerableMixin:
         - `juice_factor` `[max_tokens, n_layers, n_local_heads, 1]`: the live output's factor,
           1 + scale (1: not scaled);
         - `juice_add` `[max_tokens, n_slots, 1]`: JuICE's coefficient at each head slot (0: none);
-        - `juice_clean` `[max_tokens, n_slots, head_dim]`: run 1's output of each slot's head.
+        - `juice_clean` `[max_tokens, n_slots, head_dim]`: run 1's output of each slot's head, where
+          run 1 runs separately (:meth:`_clean_run`);
+        - `juice_source` `[max_tokens]` (int64): the row whose hidden state each row takes at the
+          first dual-run layer's input (itself, or for a shadow row its JuICE row);
+        - `juice_partner` `[max_tokens]` (int64): each row's shadow row (itself where it has none),
+          whose head outputs a JuICE row adds;
+        - `juice_shadowed` (a 0-d bool): whether this forward's JuICE rows read their shadow rows
+          (True) or `juice_clean` (False).
 
         A slot is a head of a heads file on this rank (:func:`head_slots`): only those heads can
         be added to. They are buffers of the compiled module (`self.model`), so torch.compile lifts
@@ -248,6 +315,11 @@ class SteerableMixin:
         model.register_buffer("juice_add", torch.zeros(n, slots, 1, device=device, dtype=dtype), persistent=False)
         model.register_buffer("juice_clean", torch.zeros(n, slots, head_dim, device=device, dtype=dtype),
                               persistent=False)
+        rows = torch.arange(n, device=device)
+        model.register_buffer("juice_source", rows.clone(), persistent=False)
+        model.register_buffer("juice_partner", rows.clone(), persistent=False)
+        model.register_buffer("juice_shadowed", torch.zeros((), dtype=torch.bool, device=device), persistent=False)
+        self.juice_identity = rows   # what the two index tables hold outside a forward with shadow rows
         self.juice_dirty = 0   # rows of the tables that may hold a request's values
         self.juice_layer_slots: dict[int, list[tuple[int, int]]] = {}
         for slot, (layer, local) in enumerate(self.juice_slots):
@@ -281,15 +353,20 @@ class SteerableMixin:
                 return None   # eager: a layer no request steers is left alone
             # Run 2, branch-free over the batch (the tables hold 1 and 0 where a row is not steered):
             # the compiled graph traces this once and reads the tables' current values every step.
-            # `juice_clean` is read through a `where`: a row JuICE does not add to takes 0, never
-            # 0 times whatever an earlier step or a padding row left there (0 * inf is NaN).
+            # Run 1's head output is the row's shadow row's (`juice_partner`, the same input) or
+            # `juice_clean` (run 1 run separately), read through `where`s: a row JuICE does not
+            # add to takes 0, never 0 times whatever an earlier step or a padding row left there
+            # (0 * inf is NaN).
             rows = x.shape[0]
             h = x.view(rows, self.juice_local_heads, -1)
             out = h * model.juice_factor[:rows, layer]
+            if slots:
+                shadow = h.index_select(0, model.juice_partner[:rows])
             for slot, local in slots:
                 beta = model.juice_add[:rows, slot: slot + 1]
-                added = torch.where(beta != 0, beta * model.juice_clean[:rows, slot: slot + 1], 0)
-                out[:, local: local + 1] += added
+                clean = torch.where(model.juice_shadowed, shadow[:, local: local + 1],
+                                    model.juice_clean[:rows, slot: slot + 1])
+                out[:, local: local + 1] += torch.where(beta != 0, beta * clean, 0)
             return (out.view(x.shape), *args[1:])
 
         return hook
@@ -368,24 +445,142 @@ class SteerableMixin:
         if state is None:
             return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
         self.juice_pass = state
-        try:   # JuICE's run 1 runs inside, at the first dual-run layer's input (CLEAN_RUN_OP)
-            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+        shadowed = self._juice_shadow_rows(state, n_tokens) if self.juice_shadows and state.added else None
+        if shadowed is None:
+            try:   # JuICE's run 1 runs inside, at the first dual-run layer's input (CLEAN_RUN_OP)
+                return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+            finally:
+                self.juice_pass = None
+        shadows, metadata, slots = shadowed
+        tokens = shadows.tokens
+        context = get_forward_context()
+        saved = context.attn_metadata, context.slot_mapping
+        try:   # run 1 in shadow rows past the batch's rows (module docstring)
+            context.attn_metadata, context.slot_mapping = metadata, slots
+            state.shadows = shadows
+            if input_ids is not None:
+                input_ids = torch.cat([input_ids, input_ids[tokens.to(input_ids.device)]])
+            if inputs_embeds is not None:
+                inputs_embeds = torch.cat([inputs_embeds, inputs_embeds[tokens.to(inputs_embeds.device)]])
+            positions = torch.cat([positions, positions[..., tokens.to(positions.device)]], dim=-1)
+            out = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+            return tuple(o[:n_tokens] for o in out) if isinstance(out, tuple) else out[:n_tokens]
         finally:
+            context.attn_metadata, context.slot_mapping = saved
             self.juice_pass = None
+            self._juice_unshadow(shadows)
+
+    # --- run 1 as shadow rows ---------------------------------------------------------------------
+    def _juice_shadow_rows(self, state: _Pass, n_tokens: int) -> tuple[_Shadows, dict, dict] | None:
+        """Shadow rows for this forward's JuICE token rows, appended after its `n_tokens` rows: the
+        tables' rows for them (not steered; `juice_source`, `juice_partner`), and the forward
+        context's attention metadata and slot mappings with them: the live attention modules'
+        slots gain -1 for the shadow rows (whose rows the metadata does not count, so the live
+        attention neither reads nor writes KV for them), the clean modules (`attn_clean`) get the
+        JuICE requests' own metadata and slots (:meth:`_juice_sub_batch`, or the batch's where
+        every request is JuICE). None (run 1 runs separately, :meth:`_clean_run`) where the
+        extended forward would pass `max_num_batched_tokens` or the metadata cannot be read."""
+        context = get_forward_context()
+        metadata, slots = context.attn_metadata, context.slot_mapping
+        if not isinstance(metadata, dict) or not isinstance(slots, dict):
+            return None
+        if state.juice_rows.numel() == state.starts.numel() - 1:   # every request is JuICE
+            real = int(state.starts[-1])
+            if n_tokens + real > self.juice_shadow_limit:
+                return None
+            tokens = torch.arange(real, device=state.starts.device)
+            clean_metadata = metadata
+            clean_slots = {name: None if m is None else m[:real] for name, m in slots.items()}
+        else:
+            counts = state.starts.diff()[state.juice_rows]
+            if n_tokens + int(counts.sum()) > self.juice_shadow_limit:
+                return None
+            sub = self._juice_sub_batch(state)
+            if sub is None:
+                return None
+            tokens, clean_metadata, clean_slots = sub
+        count = int(tokens.numel())
+        model = self.model
+        device = model.juice_source.device
+        tokens = tokens.to(device)
+        end = n_tokens + count
+        model.juice_factor[n_tokens:end].fill_(1)
+        model.juice_add[n_tokens:end].zero_()
+        self.juice_dirty = max(self.juice_dirty, end)
+        model.juice_source[n_tokens:end].copy_(tokens)
+        model.juice_partner.index_copy_(0, tokens, self.juice_identity[n_tokens:end])
+        model.juice_shadowed.fill_(True)
+        clean = self.juice_clean_names
+        new_metadata, new_slots = dict(metadata), {}
+        for name, m in slots.items():
+            if name in clean:
+                new_slots[name] = clean_slots[name]
+            elif m is None:
+                new_slots[name] = None
+            else:
+                new_slots[name] = torch.cat([m, m.new_full((end - m.shape[0],), -1)])
+        for name in clean:
+            new_metadata[name] = clean_metadata[name]
+        return _Shadows(n_tokens, tokens), new_metadata, new_slots
+
+    def _juice_unshadow(self, shadows: _Shadows) -> None:
+        """Set `juice_source`, `juice_partner` and `juice_shadowed` back to no shadow rows."""
+        model, end = self.model, shadows.start + shadows.count
+        model.juice_source[shadows.start:end].copy_(self.juice_identity[shadows.start:end])
+        model.juice_partner.index_copy_(0, shadows.tokens, shadows.tokens)
+        model.juice_shadowed.fill_(False)
 
     def _juice_run1_hook(self, key: str):
         """The first dual-run layer's forward pre-hook: calls :data:`CLEAN_RUN_OP` with the
         layer's input, so a compiled forward has run 1's call at that point (traced once, with no
-        branch on the batch: the op decides at run time whether the batch has JuICE rows)."""
+        branch on the batch: the op decides at run time whether the batch has JuICE rows); then
+        gives each shadow row its JuICE row's input (`juice_source`: run 1 and run 2 agree below
+        this layer, and the shadow rows' own pass below it read no KV). In compiled mode the
+        gather runs on every forward (the identity where there are no shadow rows)."""
         model = self.model
+        compiled = self.juice_compiled
 
         def hook(module: nn.Module, args: tuple):
             positions, hidden = args[0], args[1]
             residual = args[2] if len(args) > 2 else None
             torch.ops.juice.clean_run(hidden, residual, positions, model.juice_clean, key)
-            return None
+            state = self.juice_pass
+            if not compiled and (state is None or state.shadows is None):
+                return None
+            source = model.juice_source[: hidden.shape[0]]
+            hidden = hidden.index_select(0, source)
+            if residual is not None:
+                residual = residual.index_select(0, source)
+            return (positions, hidden, *((residual,) if len(args) > 2 else ()), *args[3:])
 
         return hook
+
+    def _juice_shadow_hook(self, name: str):
+        """A dual-run layer's attention forward hook: :data:`SHADOW_ATTENTION_OP` writes the
+        shadow rows' attention (over their clean KV) into the attention's output, in eager and
+        compiled mode alike (a no-op in a forward without shadow rows)."""
+
+        def hook(module: nn.Module, args: tuple, output: Tensor):
+            if len(args) < 3:
+                raise RuntimeError(f"juice: {name} was called without query, key and value as arguments")
+            torch.ops.juice.shadow_attention(args[0], args[1], args[2], output, name)
+            return output
+
+        return hook
+
+    def juice_shadow_attention(self, query: Tensor, key: Tensor, value: Tensor, out: Tensor, index: int) -> None:
+        """:data:`SHADOW_ATTENTION_OP`'s body for layer `index`: the clean attention module
+        (`attn_clean`, the forward context holding the JuICE requests' own metadata under its name,
+        :meth:`forward`) on the shadow rows of `query`, `key`, `value` `[rows, heads * head_dim]`,
+        written into the same rows of `out`; run 1's KV for the JuICE requests goes to the clean
+        KV cache. Nothing without shadow rows, or past the last layer the batch adds to."""
+        state = self.juice_pass
+        shadows = None if state is None else state.shadows
+        if shadows is None or index > state.last_added:
+            return
+        a, b = shadows.start, shadows.start + shadows.count
+        attention = self.juice_layers[index].self_attn.attn_clean
+        out[a:b].copy_(attention(query[a:b], key[a:b], value[a:b]).view(b - a, -1))
 
     def juice_run1(self, hidden: Tensor, residual: Tensor | None, positions: Tensor, clean: Tensor) -> None:
         """:data:`CLEAN_RUN_OP`'s body: run 1 from the first dual-run layer's input of run 2
@@ -393,8 +588,8 @@ class SteerableMixin:
         outputs JuICE adds into `clean` (the op's argument, `juice_clean` or the compiler's copy
         of it); nothing when the forward has no JuICE row."""
         state = self.juice_pass
-        if state is None or not state.added or state.clean:   # state.clean: run 1's own pass through the layer
-            return
+        if state is None or not state.added or state.clean or state.shadows is not None:
+            return   # state.clean: run 1's own pass through the layer; shadows: run 1 is in the forward
         self._clean_run(positions, state, hidden, residual, clean)
 
     def _clean_run(self, positions: Tensor, state: _Pass, hidden: Tensor, residual: Tensor | None,
