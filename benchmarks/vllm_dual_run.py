@@ -4,8 +4,13 @@ design allows from the weights each layer reads and the work each row does.
 
     python benchmarks/bench_vllm_modes.py --configs stock-compiled plugin-compiled --batches 1 8 32 \\
         --repeats 3 --out AFTER.json            # at the new commit; BEFORE.json at the old one
-    python benchmarks/vllm_dual_run.py --before BEFORE.json --before-commit SHA \\
-        --after AFTER.json --after-commit SHA --record benchmarks/results/vllm-dual-run-gemma-3-270m.json
+    python benchmarks/vllm_dual_run.py --before BEFORE.json [BEFORE2.json] --before-commit SHA \\
+        --after AFTER.json [AFTER2.json] --after-commit SHA --bench-command "COMMAND" ["COMMAND2"] \\
+        --record benchmarks/results/vllm-dual-run-gemma-3-270m.json
+
+Each side is run by each command once (the plugin runs from the side's commit); the engine
+processes of one run vary by several percent from another's, so take two runs a side, the
+configurations in opposite orders.
 
 The caps (:func:`caps`) come from the served model's parameter counts and the heads the benchmark
 serves (`bench_vllm.README_HEADS`), not from a measurement: every request JuICE, against the same
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from datetime import date
@@ -72,23 +78,36 @@ def _rows(modes: dict) -> dict:
     return out
 
 
-def build(before: dict, after: dict, commits: dict, command: str) -> dict:
-    """The record: each side's tokens/s per batch and mix, and each ratio to stock vLLM compiled
-    measured in the same run."""
-    sides = {"before": _rows(before), "after": _rows(after)}
+def build(before: list[dict], after: list[dict], commits: dict, commands: list[str]) -> dict:
+    """The record: each side's runs of the benchmark (tokens/s per batch and mix), and each ratio to
+    stock vLLM compiled, measured within each run (stock and the plugin in the same run), then the
+    median over a side's runs (with two, their mean), each run's ratio kept."""
+    sides = {"before": [_rows(r) for r in before], "after": [_rows(r) for r in after]}
     ratios = []
-    for batch in sorted(sides["after"], key=int):
+    for batch in sorted(sides["after"][0], key=int):
         for mix in MIXES:
             entry = {"batch": int(batch), "mix": mix}
-            for side, rows in sides.items():
-                got = rows.get(batch, {})
-                if mix in got and "stock" in got:
-                    entry[side] = round(got[mix]["tok_s"] / got["stock"]["tok_s"], 3)
-                    entry[f"{side}_ms_per_token"] = round(1000 * int(batch) / got[mix]["tok_s"], 1)
+            for side, runs in sides.items():
+                per_run = [(rows[batch][mix]["tok_s"], rows[batch]["stock"]["tok_s"]) for rows in runs
+                           if mix in rows.get(batch, {}) and "stock" in rows.get(batch, {})]
+                if per_run:
+                    entry[f"{side}_runs"] = [round(t / s, 3) for t, s in per_run]
+                    entry[side] = round(statistics.median(entry[f"{side}_runs"]), 3)
+                    entry[f"{side}_ms_per_token"] = round(statistics.median(1000 * int(batch) / t
+                                                                            for t, _ in per_run), 1)
             ratios.append(entry)
-    return {"command": command, "commits": commits, "date": date.today().isoformat(), "model": after["model"],
-            "tokens": after["tokens"], "cpu_count": after["cpu_count"], "caps": caps(after["model"]),
+    return {"commands": commands, "commits": commits, "date": date.today().isoformat(), "model": after[0]["model"],
+            "tokens": after[0]["tokens"], "cpu_count": after[0]["cpu_count"], "caps": caps(after[0]["model"]),
             "measured": sides, "ratios": ratios}
+
+
+def _cell(ratio: dict, side: str) -> str:
+    """'0.83x (70.2; runs 0.81, 0.85)': the side's median ratio, its time per output token (ms),
+    and each run's ratio."""
+    if side not in ratio:
+        return ""
+    runs = ", ".join(f"{v:.2f}" for v in ratio[f"{side}_runs"])
+    return f"{ratio[side]:.2f}x ({ratio[f'{side}_ms_per_token']:.1f}; runs {runs})"
 
 
 def markdown(record: dict) -> str:
@@ -96,33 +115,36 @@ def markdown(record: dict) -> str:
     time per output token (ms, the step's wall time per request)."""
     from vllm_targets import verdict
 
-    lines = ["| batch | requests | before: x stock (ms/token) | after: x stock (ms/token) | target (after) |",
+    lines = ["| batch | requests | before: x stock (ms/token; each run) | after: x stock (ms/token; each run) "
+             "| target (after) |",
              "|---|---|---|---|---|"]
     for r in record["ratios"]:
         if "after" not in r:
             continue
-        cells = [f"{r[s]:.2f}x ({r[f'{s}_ms_per_token']:.1f})" if s in r else "" for s in ("before", "after")]
+        cells = [_cell(r, side) for side in ("before", "after")]
         mark = verdict(f"{r['mix']} / stock", r["batch"], r["after"])
         lines.append(f"| {r['batch']} | {MIXES[r['mix']]} | {cells[0]} | {cells[1]} | {mark} |")
-    stock = [f"{b}: {rows['stock']['tok_s']:.1f}" for b, rows in sorted(record["measured"]["after"].items(),
-                                                                      key=lambda kv: int(kv[0]))]
+    after = record["measured"]["after"]
+    stock = [f"{b}: " + " / ".join(f"{run[b]['stock']['tok_s']:.1f}" for run in after)
+             for b in sorted(after[0], key=int)]
     lines.append("")
-    lines.append(f"Stock vLLM compiled, tokens/s in the after run (batch: tok/s): {', '.join(stock)}.")
+    lines.append(f"Stock vLLM compiled, tokens/s in the after runs (batch: tok/s per run): {', '.join(stock)}.")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", type=Path, required=True)
+    parser.add_argument("--before", type=Path, nargs="+", required=True, help="bench_vllm_modes.py reports")
     parser.add_argument("--before-commit", required=True)
-    parser.add_argument("--after", type=Path, required=True)
+    parser.add_argument("--after", type=Path, nargs="+", required=True, help="bench_vllm_modes.py reports")
     parser.add_argument("--after-commit", required=True)
-    parser.add_argument("--bench-command", required=True, help="the bench_vllm_modes.py command both sides ran")
+    parser.add_argument("--bench-command", nargs="+", required=True,
+                        help="the bench_vllm_modes.py commands, one per run (each side ran each once)")
     parser.add_argument("--record", type=Path, required=True)
     args = parser.parse_args()
     dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                                 text=True, cwd=HERE.parent).stdout.strip())
-    record = build(json.loads(args.before.read_text()), json.loads(args.after.read_text()),
+    record = build([json.loads(f.read_text()) for f in args.before], [json.loads(f.read_text()) for f in args.after],
                    {"before": args.before_commit, "after": args.after_commit, "dirty_when_recorded": dirty},
                    args.bench_command)
     partial = args.record.with_name(f".{args.record.name}.{os.getpid()}.partial")

@@ -19,7 +19,7 @@ TARGETS: dict[str, dict[int | None, float]] = {
     "vllm / juice serve": {None: 2.0},       # vLLM with the plugin against `juice serve`, same requests
     # Against stock vLLM compiled, offline (bench_vllm_modes.py; issue 93, run 1 as shadow rows):
     "june / stock": {None: 0.97},            # every request JuNE
-    "juice / stock": {1: 0.92, 32: 0.80},    # every request JuICE (above the compute-bound cap at 32: see docs/vllm.md)
+    "juice / stock": {1: 0.92, 32: 0.80},    # every request JuICE (each design's cap: docs/vllm.md)
     "mixed / stock": {32: 0.90},             # one request in four JuICE
 }
 

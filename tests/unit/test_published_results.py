@@ -478,13 +478,14 @@ def test_the_dual_runs_before_and_after_on_the_vllm_page_is_the_committed_record
     import vllm_dual_run
 
     record = json.loads((ROOT / "benchmarks" / "results" / "vllm-dual-run-gemma-3-270m.json").read_text(encoding="utf-8"))
-    assert record["command"].startswith("python benchmarks/bench_vllm_modes.py")
+    assert len(record["commands"]) == len(record["measured"]["after"]) == len(record["measured"]["before"]) >= 2
+    assert all(c.startswith("python benchmarks/bench_vllm_modes.py") for c in record["commands"])
     assert all(len(record["commits"][side]) == 40 for side in ("before", "after"))
     assert {(r["batch"], r["mix"]) for r in record["ratios"] if "after" in r and "before" in r} == {
         (b, m) for b in (1, 8, 32) for m in vllm_dual_run.MIXES}
     page = (ROOT / "docs" / "vllm.md").read_text(encoding="utf-8")
     assert vllm_dual_run.markdown(record) in page
-    assert f"`{record['command']}`" in page
+    assert all(f"`{c}`" in page for c in record["commands"])
     assert record["commits"]["before"][:12] in page and record["commits"]["after"][:12] in page
     caps = record["caps"]
     for value in (caps["separate"], caps["shadow_arithmetic_bound"]):

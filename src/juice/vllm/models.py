@@ -135,10 +135,9 @@ def _shadow_attention_op(query: Tensor, key: Tensor, value: Tensor, out: Tensor,
 
 def _register_op(name: str, schema: str, body: Callable) -> None:
     """`name` ("juice::op") as a PyTorch operator with `schema`, run by `body` on every device and
-    a no-op under fake tensors. Defined through `torch.library.Library` rather than
-    `torch.library.custom_op`, whose Python wrapper costs more per call (measured here: about 18
-    us against 3 us), as vLLM registers its own ops: the shadow rows' op is called once per
-    dual-run layer on every step."""
+    a no-op under fake tensors. Defined through `torch.library.Library`, as vLLM registers its own
+    ops, rather than `torch.library.custom_op`, whose Python wrapper runs on every call: the
+    shadow rows' op is called once per dual-run layer on every step."""
     op = name.split("::")[1]
     _LIBRARY.define(f"{op}{schema}")
     _LIBRARY.impl(op, body, "CompositeExplicitAutograd")
