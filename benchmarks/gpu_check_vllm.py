@@ -114,8 +114,12 @@ def model_and_reference(tmp: Path) -> dict:
 
 
 def start(case: dict, tmp: Path, env: dict, llm: dict, modes=("mixed", "alone"), timeout: int = 600) -> dict:
-    """vLLM with the plugin through tests/vllm_env/run_offline.py: {"refused": line} or its output."""
-    spec = {"model": case["folder"], "requests": case["requests"], "llm": llm, "modes": list(modes)}
+    """vLLM with the plugin through tests/vllm_env/run_offline.py: {"refused": line} or its output.
+    vLLM's piecewise compilation on the CPU (JUICE_TEST_PIECEWISE_ON_CPU, the dry run) captures no
+    CUDA graph, so there JuICE's run 1 is made to run separately, as under a GPU's graphs (elsewhere
+    the model chooses: shadow rows where no graph replays the forward)."""
+    spec = {"model": case["folder"], "requests": case["requests"], "llm": llm, "modes": list(modes),
+            "separate_run1": env.get("JUICE_TEST_PIECEWISE_ON_CPU") == "1"}
     (tmp / "in.json").write_text(json.dumps(spec))
     full = {**os.environ, "JUICE_VLLM_HEADS": os.pathsep.join(case["files"]), "VLLM_USE_V2_MODEL_RUNNER": "0",
             "VLLM_LOGGING_LEVEL": "WARNING", **env}
