@@ -489,7 +489,8 @@ class SteerableMixin:
                 return None
             tokens = torch.arange(real, device=state.starts.device)
             clean_metadata = metadata
-            clean_slots = {name: None if m is None else m[:real] for name, m in slots.items()}
+            clean_slots = {name: None if slots[name] is None else slots[name][:real]
+                           for name in self.juice_clean_names if name in slots}
         else:
             counts = state.starts.diff()[state.juice_rows]
             if n_tokens + int(counts.sum()) > self.juice_shadow_limit:
